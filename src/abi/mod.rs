@@ -1,0 +1,216 @@
+//! Every `extern "C"` function of fusekit, and nothing else: pointer checks, panic
+//! catching and status translation, then a call into the crate.
+//!
+//! Each export runs its body through `guard`, which catches panics
+//! (`FK_ERROR_INTERNAL`) and stores `"<function>: <message>"` as the thread's last
+//! error message on failure. Successful calls leave the last message unchanged.
+
+#![allow(non_camel_case_types)]
+#![allow(clippy::missing_safety_doc)]
+
+pub mod core;
+pub mod elementwise;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use crate::buffer::Buffer;
+use crate::context::Context;
+use crate::error::{
+    Error, FK_ERROR_INTERNAL, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_NULL_POINTER, FK_OK, Result,
+    fk_status, set_last_error,
+};
+use crate::stream::Stream;
+
+const MAGIC_CONTEXT: u64 = 0x666b_636f_6e74_6578; // "fkcontex"
+const MAGIC_STREAM: u64 = 0x666b_7374_7265_616d; // "fkstream"
+const MAGIC_BUFFER: u64 = 0x666b_6275_6666_6572; // "fkbuffer"
+
+/// Opaque handle to a device context (see `fk_context_create`).
+pub struct fk_context {
+    magic: u64,
+    pub(crate) inner: Arc<Context>,
+}
+
+/// Opaque handle to a stream (see `fk_stream_create`, `fk_stream_wrap`).
+pub struct fk_stream {
+    magic: u64,
+    pub(crate) inner: Arc<Stream>,
+}
+
+/// Opaque handle to a buffer (see `fk_buffer_create`, `fk_buffer_wrap`).
+pub struct fk_buffer {
+    magic: u64,
+    pub(crate) inner: Buffer,
+}
+
+/// A scalar argument: a complex number `re + i*im`. For real element types `im`
+/// must be 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct fk_scalar {
+    pub re: f64,
+    pub im: f64,
+}
+
+impl From<fk_scalar> for crate::ops::elementwise::Scalar {
+    fn from(s: fk_scalar) -> Self {
+        crate::ops::elementwise::Scalar { re: s.re, im: s.im }
+    }
+}
+
+/// Runs an export's body: catches panics and records the message on failure.
+pub(crate) fn guard<F: FnOnce() -> Result<()>>(name: &str, f: F) -> fk_status {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => FK_OK,
+        Ok(Err(e)) => {
+            set_last_error(&format!("{name}: {}", e.message));
+            e.status
+        }
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            set_last_error(&format!(
+                "{name}: internal error (caught panic: {msg}); please report it"
+            ));
+            FK_ERROR_INTERNAL
+        }
+    }
+}
+
+fn null(what: &str) -> Error {
+    Error::new(FK_ERROR_NULL_POINTER, format!("{what} is NULL"))
+}
+
+pub(crate) fn bad_handle(what: &str, kind: &str) -> Error {
+    Error::new(
+        FK_ERROR_INVALID_ARGUMENT,
+        format!("{what} is not a live {kind} (destroyed, or a different kind of handle)"),
+    )
+}
+
+pub(crate) unsafe fn context_ref<'a>(p: *const fk_context, what: &str) -> Result<&'a Arc<Context>> {
+    // SAFETY: caller passes a pointer from fk_context_create (or NULL).
+    let h = unsafe { p.as_ref() }.ok_or_else(|| null(what))?;
+    if h.magic != MAGIC_CONTEXT {
+        return Err(bad_handle(what, "fk_context"));
+    }
+    Ok(&h.inner)
+}
+
+pub(crate) unsafe fn buffer_ref<'a>(p: *const fk_buffer, what: &str) -> Result<&'a Buffer> {
+    // SAFETY: caller passes a pointer from an fk_buffer constructor (or NULL).
+    let h = unsafe { p.as_ref() }.ok_or_else(|| null(what))?;
+    if h.magic != MAGIC_BUFFER {
+        return Err(bad_handle(what, "fk_buffer"));
+    }
+    Ok(&h.inner)
+}
+
+pub(crate) unsafe fn stream_ref<'a>(p: *const fk_stream, what: &str) -> Result<&'a Arc<Stream>> {
+    // SAFETY: caller passes a pointer from fk_stream_create/wrap (or NULL).
+    let h = unsafe { p.as_ref() }.ok_or_else(|| null(what))?;
+    if h.magic != MAGIC_STREAM {
+        return Err(bad_handle(what, "fk_stream"));
+    }
+    Ok(&h.inner)
+}
+
+/// The stream an op runs on: `p`, or the context's default stream when `p` is NULL.
+pub(crate) unsafe fn stream_or_default(
+    p: *const fk_stream,
+    ctx: &Arc<Context>,
+) -> Result<Arc<Stream>> {
+    if p.is_null() {
+        Ok(Stream::default_for(ctx))
+    } else {
+        // SAFETY: non-null handle pointer from the caller.
+        unsafe { stream_ref(p, "stream") }.cloned()
+    }
+}
+
+/// Writes `v` through an out-parameter.
+pub(crate) unsafe fn write_out<T>(p: *mut T, what: &str, v: T) -> Result<()> {
+    if p.is_null() {
+        return Err(null(what));
+    }
+    // SAFETY: non-null out-parameter supplied by the caller.
+    unsafe { p.write(v) };
+    Ok(())
+}
+
+/// Checks an out-parameter for a new handle before any work is done.
+pub(crate) fn check_out<T>(p: *mut *mut T, what: &str) -> Result<()> {
+    if p.is_null() { Err(null(what)) } else { Ok(()) }
+}
+
+pub(crate) fn new_context(inner: Arc<Context>) -> *mut fk_context {
+    Box::into_raw(Box::new(fk_context {
+        magic: MAGIC_CONTEXT,
+        inner,
+    }))
+}
+pub(crate) fn new_stream(inner: Arc<Stream>) -> *mut fk_stream {
+    Box::into_raw(Box::new(fk_stream {
+        magic: MAGIC_STREAM,
+        inner,
+    }))
+}
+pub(crate) fn new_buffer(inner: Buffer) -> *mut fk_buffer {
+    Box::into_raw(Box::new(fk_buffer {
+        magic: MAGIC_BUFFER,
+        inner,
+    }))
+}
+
+/// Frees a handle made by `new_*`; NULL is a no-op. The magic is cleared first so a
+/// second destroy of the same pointer is caught while the allocator has not reused it.
+macro_rules! destroy_handle {
+    ($p:expr, $magic:expr, $kind:literal) => {{
+        let p = $p;
+        if p.is_null() {
+            return Ok(());
+        }
+        // SAFETY: pointer from the matching constructor.
+        let h = unsafe { &mut *p };
+        if h.magic != $magic {
+            return Err($crate::abi::bad_handle("the handle", $kind));
+        }
+        h.magic = 0;
+        // SAFETY: made by Box::into_raw in new_*.
+        drop(unsafe { Box::from_raw(p) });
+        Ok(())
+    }};
+}
+pub(crate) use destroy_handle;
+
+/// Reads `n` elements from a caller array (NULL allowed only when n == 0).
+pub(crate) unsafe fn slice_in<'a, T>(p: *const T, n: usize, what: &str) -> Result<&'a [T]> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(null(what));
+    }
+    // SAFETY: caller guarantees `n` readable elements.
+    Ok(unsafe { std::slice::from_raw_parts(p, n) })
+}
+
+/// Validates an `ndim` argument.
+pub(crate) fn ndim_arg(ndim: i32) -> Result<usize> {
+    crate::ensure!(
+        ndim >= 0 && ndim as usize <= crate::layout::FK_MAX_DIMS,
+        FK_ERROR_INVALID_ARGUMENT,
+        "ndim = {ndim} is outside 0..={}",
+        crate::layout::FK_MAX_DIMS
+    );
+    Ok(ndim as usize)
+}
+
+#[allow(dead_code)]
+pub(crate) fn internal(msg: &str) -> Error {
+    Error::new(FK_ERROR_INTERNAL, msg)
+}

@@ -1,0 +1,322 @@
+//! CPU implementations: the fallback without a GPU and the oracle the CUDA path is
+//! tested against. One module per op family; this module holds the element types'
+//! compute arithmetic shared by them.
+
+pub mod elementwise;
+
+use half::{bf16, f16};
+
+/// A complex number with the same arithmetic as `kernels/common.cuh`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[repr(C)]
+pub struct Complex<R> {
+    pub re: R,
+    pub im: R,
+}
+
+/// Arithmetic of a compute type (f32, f64, Complex<f32>, Complex<f64>).
+pub trait Math: Copy + Send + Sync + 'static {
+    /// The real type of `abs`.
+    type Real: Copy;
+    fn from_scalar(re: f64, im: f64) -> Self;
+    fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn div(self, o: Self) -> Self;
+    fn neg(self) -> Self;
+    fn abs(self) -> Self::Real;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    fn sqrt(self) -> Self;
+    fn sin(self) -> Self;
+    fn cos(self) -> Self;
+    fn tanh(self) -> Self;
+    fn sigmoid(self) -> Self;
+    /// `None` where relu is undefined (complex).
+    fn relu(self) -> Option<Self>;
+}
+
+macro_rules! real_math {
+    ($t:ty) => {
+        impl Math for $t {
+            type Real = $t;
+            fn from_scalar(re: f64, _im: f64) -> Self {
+                re as $t
+            }
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            fn sub(self, o: Self) -> Self {
+                self - o
+            }
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            fn div(self, o: Self) -> Self {
+                self / o
+            }
+            fn neg(self) -> Self {
+                -self
+            }
+            fn abs(self) -> $t {
+                <$t>::abs(self)
+            }
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            fn ln(self) -> Self {
+                <$t>::ln(self)
+            }
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
+            fn sin(self) -> Self {
+                <$t>::sin(self)
+            }
+            fn cos(self) -> Self {
+                <$t>::cos(self)
+            }
+            fn tanh(self) -> Self {
+                <$t>::tanh(self)
+            }
+            fn sigmoid(self) -> Self {
+                1.0 / (1.0 + <$t>::exp(-self))
+            }
+            fn relu(self) -> Option<Self> {
+                // NaN propagates, as in the kernel and torch.relu.
+                Some(if self > 0.0 {
+                    self
+                } else if self.is_nan() {
+                    self
+                } else {
+                    0.0
+                })
+            }
+        }
+    };
+}
+real_math!(f32);
+real_math!(f64);
+
+macro_rules! complex_math {
+    ($r:ty) => {
+        impl Math for Complex<$r> {
+            type Real = $r;
+            fn from_scalar(re: f64, im: f64) -> Self {
+                Complex {
+                    re: re as $r,
+                    im: im as $r,
+                }
+            }
+            fn add(self, o: Self) -> Self {
+                Complex {
+                    re: self.re + o.re,
+                    im: self.im + o.im,
+                }
+            }
+            fn sub(self, o: Self) -> Self {
+                Complex {
+                    re: self.re - o.re,
+                    im: self.im - o.im,
+                }
+            }
+            fn mul(self, o: Self) -> Self {
+                Complex {
+                    re: self.re * o.re - self.im * o.im,
+                    im: self.re * o.im + self.im * o.re,
+                }
+            }
+            /// Scaled by |c| + |d| (as cuComplex's cuCdiv and the kernel).
+            fn div(self, o: Self) -> Self {
+                let s = o.re.abs() + o.im.abs();
+                let oos = 1.0 / s;
+                let (ars, ais) = (self.re * oos, self.im * oos);
+                let (brs, bis) = (o.re * oos, o.im * oos);
+                let ood = 1.0 / (brs * brs + bis * bis);
+                Complex {
+                    re: (ars * brs + ais * bis) * ood,
+                    im: (ais * brs - ars * bis) * ood,
+                }
+            }
+            fn neg(self) -> Self {
+                Complex {
+                    re: -self.re,
+                    im: -self.im,
+                }
+            }
+            fn abs(self) -> $r {
+                self.re.hypot(self.im)
+            }
+            fn exp(self) -> Self {
+                let e = self.re.exp();
+                Complex {
+                    re: e * self.im.cos(),
+                    im: e * self.im.sin(),
+                }
+            }
+            fn ln(self) -> Self {
+                Complex {
+                    re: self.abs().ln(),
+                    im: self.im.atan2(self.re),
+                }
+            }
+            fn sqrt(self) -> Self {
+                let r = self.abs();
+                if r == 0.0 {
+                    return Complex {
+                        re: 0.0,
+                        im: self.im,
+                    };
+                }
+                let t = ((r + self.re.abs()) * 0.5).sqrt();
+                if self.re >= 0.0 {
+                    Complex {
+                        re: t,
+                        im: self.im / (2.0 * t),
+                    }
+                } else {
+                    Complex {
+                        re: self.im.abs() / (2.0 * t),
+                        im: t.copysign(self.im),
+                    }
+                }
+            }
+            fn sin(self) -> Self {
+                Complex {
+                    re: self.re.sin() * self.im.cosh(),
+                    im: self.re.cos() * self.im.sinh(),
+                }
+            }
+            fn cos(self) -> Self {
+                Complex {
+                    re: self.re.cos() * self.im.cosh(),
+                    im: -self.re.sin() * self.im.sinh(),
+                }
+            }
+            fn tanh(self) -> Self {
+                let d = (2.0 * self.re).cosh() + (2.0 * self.im).cos();
+                Complex {
+                    re: (2.0 * self.re).sinh() / d,
+                    im: (2.0 * self.im).sin() / d,
+                }
+            }
+            fn sigmoid(self) -> Self {
+                let one = Complex { re: 1.0, im: 0.0 };
+                one.div(one.add(self.neg().exp()))
+            }
+            fn relu(self) -> Option<Self> {
+                None
+            }
+        }
+    };
+}
+complex_math!(f32);
+complex_math!(f64);
+
+/// A storage element type and its compute type (half types compute in f32, as the
+/// kernels do, and round to nearest even on store).
+pub trait Elem: Copy + Send + Sync + 'static {
+    type C: Math;
+    fn to_c(self) -> Self::C;
+    fn from_c(c: Self::C) -> Self;
+}
+
+macro_rules! identity_elem {
+    ($t:ty) => {
+        impl Elem for $t {
+            type C = $t;
+            fn to_c(self) -> $t {
+                self
+            }
+            fn from_c(c: $t) -> Self {
+                c
+            }
+        }
+    };
+}
+identity_elem!(f32);
+identity_elem!(f64);
+identity_elem!(Complex<f32>);
+identity_elem!(Complex<f64>);
+
+impl Elem for f16 {
+    type C = f32;
+    fn to_c(self) -> f32 {
+        self.to_f32()
+    }
+    fn from_c(c: f32) -> Self {
+        f16::from_f32(c)
+    }
+}
+impl Elem for bf16 {
+    type C = f32;
+    fn to_c(self) -> f32 {
+        self.to_f32()
+    }
+    fn from_c(c: f32) -> Self {
+        bf16::from_f32(c)
+    }
+}
+
+/// Calls `$body` with `$t` bound to the storage type of `$dtype`.
+#[macro_export]
+macro_rules! with_elem {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            $crate::dtype::DType::F16 => {
+                type $t = half::f16;
+                $body
+            }
+            $crate::dtype::DType::BF16 => {
+                type $t = half::bf16;
+                $body
+            }
+            $crate::dtype::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            $crate::dtype::DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            $crate::dtype::DType::C64 => {
+                type $t = $crate::cpu::Complex<f32>;
+                $body
+            }
+            $crate::dtype::DType::C128 => {
+                type $t = $crate::cpu::Complex<f64>;
+                $body
+            }
+        }
+    };
+}
+
+/// A short description of the host CPU.
+pub fn cpu_name() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    format!("CPU ({model}, {} threads)", rayon::current_num_threads())
+}
+
+/// `(available, total)` host memory in bytes (0, 0 where unknown).
+pub fn host_memory() -> (u64, u64) {
+    let Ok(s) = std::fs::read_to_string("/proc/meminfo") else {
+        return (0, 0);
+    };
+    let field = |name: &str| -> u64 {
+        s.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .unwrap_or(0)
+    };
+    (field("MemAvailable:"), field("MemTotal:"))
+}

@@ -1,0 +1,68 @@
+//! Kernel launch helpers shared by every op family's launcher.
+
+use std::ffi::c_void;
+
+use cudarc::driver::{result, sys};
+
+use super::CudaDevice;
+use crate::error::{CudaContext as _, Result};
+
+/// Threads per block of the memory-bound grid-stride kernels.
+pub(crate) const BLOCK: u32 = 256;
+
+/// Blocks for a grid-stride loop over `items` work items: enough to fill every
+/// multiprocessor (8 resident blocks of `BLOCK` threads each), never more than needed.
+pub fn grid_for(dev: &CudaDevice, items: i64) -> u32 {
+    let needed = (items.max(1) + BLOCK as i64 - 1) / BLOCK as i64;
+    let full = dev.sm_count.max(1) as i64 * 8;
+    needed.min(full).max(1) as u32
+}
+
+/// `FK_DEBUG_SYNC=1`: every launch synchronises its stream and reports a kernel
+/// fault at the call that caused it (slow; for debugging).
+fn debug_sync() -> bool {
+    static FLAG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FLAG.get_or_init(|| {
+        std::env::var("FK_DEBUG_SYNC")
+            .map(|v| !v.is_empty() && v != "0")
+            .unwrap_or(false)
+    })
+}
+
+/// Launches `module::function` on `stream` with `params` (pointers to each argument).
+pub fn launch(
+    dev: &CudaDevice,
+    module: &'static str,
+    function: &str,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    shared_bytes: u32,
+    stream: usize,
+    params: &mut [*mut c_void],
+) -> Result<()> {
+    let f = dev.function(module, function)?;
+    dev.bind()?;
+    // SAFETY: `params` match the kernel's signature (each launcher pairs a repr(C)
+    // argument struct with its kernel), and the function belongs to this context.
+    unsafe {
+        result::launch_kernel(
+            f,
+            grid,
+            block,
+            shared_bytes,
+            stream as sys::CUstream,
+            params,
+        )
+    }
+    .cuda(&format!("launching {module}::{function}"))?;
+    if debug_sync() {
+        dev.stream_synchronize(stream).map_err(|mut e| {
+            e.message = format!(
+                "kernel {module}::{function} faulted (FK_DEBUG_SYNC): {}",
+                e.message
+            );
+            e
+        })?;
+    }
+    Ok(())
+}

@@ -1,0 +1,330 @@
+//! The CUDA runtime: the device's primary context, streams, stream-ordered memory,
+//! the kernel module cache and launch helpers. One launcher module per op family.
+//!
+//! Everything goes through cudarc's thin `result`/`sys` layers with the driver and
+//! NVRTC loaded at run time. Before the first driver call `driver()` checks that
+//! libcuda can be loaded, so a missing driver is a status, never cudarc's panic.
+
+pub mod elementwise;
+pub mod launch;
+pub mod nvrtc;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{result, sys};
+
+use crate::error::{
+    CudaContext as _, Error, FK_ERROR_CUDA_UNAVAILABLE, FK_ERROR_DEVICE_MISMATCH,
+    FK_ERROR_INVALID_ARGUMENT, Result,
+};
+
+/// Every kernel module: `(name, source)`; sources are embedded in the library.
+/// A new op family chains its launcher's `MODULES` here.
+pub fn modules() -> impl Iterator<Item = &'static (&'static str, fn() -> String)> {
+    elementwise::MODULES.iter()
+}
+
+/// Headers the module sources may `#include "..."` (resolved by NVRTC in memory).
+pub const HEADERS: &[(&str, &str)] = &[("common.cuh", include_str!("../../kernels/common.cuh"))];
+
+/// Loads libcuda and initialises the driver once per process.
+pub fn driver() -> Result<()> {
+    static STATE: OnceLock<std::result::Result<(), Error>> = OnceLock::new();
+    STATE
+        .get_or_init(|| {
+            // SAFETY: only probes whether the shared library can be opened.
+            if !unsafe { sys::is_culib_present() } {
+                crate::bail!(
+                    FK_ERROR_CUDA_UNAVAILABLE,
+                    "the NVIDIA driver library (libcuda.so.1) could not be loaded: install the NVIDIA driver, or use FK_DEVICE_CPU"
+                );
+            }
+            result::init().cuda("cuInit")
+        })
+        .clone()
+}
+
+/// Number of CUDA devices (an error when no usable driver is present).
+pub fn device_count() -> Result<i32> {
+    driver()?;
+    result::device::get_count().cuda("cuDeviceGetCount")
+}
+
+struct Module {
+    raw: sys::CUmodule,
+    functions: Mutex<HashMap<String, sys::CUfunction>>,
+}
+
+/// One CUDA device: its retained primary context and per-context module cache.
+pub struct CudaDevice {
+    pub ordinal: usize,
+    cu_device: sys::CUdevice,
+    cu_ctx: sys::CUcontext,
+    /// Compute capability (major, minor).
+    pub arch: (i32, i32),
+    pub sm_count: i32,
+    modules: Mutex<HashMap<&'static str, Arc<Module>>>,
+}
+
+// SAFETY: CUDA handles are usable from any thread once the context is current;
+// `bind()` makes it current before every use, and the maps are behind mutexes.
+unsafe impl Send for CudaDevice {}
+unsafe impl Sync for CudaDevice {}
+unsafe impl Send for Module {}
+unsafe impl Sync for Module {}
+
+impl CudaDevice {
+    /// Retains the primary context of device `ordinal` (shared with the CUDA
+    /// runtime and PyTorch); never creates a context of its own.
+    pub fn open(ordinal: usize) -> Result<CudaDevice> {
+        let count = device_count()?;
+        crate::ensure!(
+            count > 0,
+            FK_ERROR_CUDA_UNAVAILABLE,
+            "the NVIDIA driver is loaded but reports no CUDA device"
+        );
+        crate::ensure!(
+            (ordinal as i64) < count as i64,
+            FK_ERROR_INVALID_ARGUMENT,
+            "ordinal = {ordinal} but only {count} CUDA device(s) are present"
+        );
+        let cu_device = result::device::get(ordinal as i32).cuda("cuDeviceGet")?;
+        // SAFETY: valid device handle.
+        let cu_ctx =
+            unsafe { result::primary_ctx::retain(cu_device) }.cuda("cuDevicePrimaryCtxRetain")?;
+        let attr =
+            |a| unsafe { result::device::get_attribute(cu_device, a) }.cuda("cuDeviceGetAttribute");
+        use sys::CUdevice_attribute_enum as A;
+        let dev = CudaDevice {
+            ordinal,
+            cu_device,
+            cu_ctx,
+            arch: (
+                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            ),
+            sm_count: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            modules: Mutex::new(HashMap::new()),
+        };
+        dev.bind()?;
+        Ok(dev)
+    }
+
+    /// Makes the primary context current on the calling thread.
+    pub fn bind(&self) -> Result<()> {
+        match result::ctx::get_current() {
+            Ok(Some(c)) if c == self.cu_ctx => Ok(()),
+            // SAFETY: the context is retained for the life of self.
+            _ => unsafe { result::ctx::set_current(self.cu_ctx) }.cuda("cuCtxSetCurrent"),
+        }
+    }
+
+    pub fn name(&self) -> Result<String> {
+        result::device::get_name(self.cu_device).cuda("cuDeviceGetName")
+    }
+
+    pub fn memory_info(&self) -> Result<(u64, u64)> {
+        self.bind()?;
+        let (free, total) = result::mem_get_info().cuda("cuMemGetInfo")?;
+        Ok((free as u64, total as u64))
+    }
+
+    pub fn stream_create(&self) -> Result<usize> {
+        self.bind()?;
+        let s = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .cuda("cuStreamCreate")?;
+        Ok(s as usize)
+    }
+
+    pub fn stream_destroy(&self, raw: usize) {
+        if self.bind().is_ok() {
+            // SAFETY: an owned stream created by stream_create; destroyed once.
+            let _ = unsafe { result::stream::destroy(raw as sys::CUstream) };
+        }
+    }
+
+    pub fn stream_synchronize(&self, raw: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: a stream handle of this context (or the legacy default stream).
+        unsafe { result::stream::synchronize(raw as sys::CUstream) }.cuda("cuStreamSynchronize")
+    }
+
+    pub fn alloc_async(&self, bytes: usize, stream: usize) -> Result<u64> {
+        if bytes == 0 {
+            return Ok(0);
+        }
+        self.bind()?;
+        // SAFETY: stream belongs to this context.
+        let r = unsafe { result::malloc_async(stream as sys::CUstream, bytes) };
+        r.map_err(|e| {
+            let mut err = Error::from(e);
+            let (free, _) = result::mem_get_info().unwrap_or((0, 0));
+            err.message = format!(
+                "cuMemAllocAsync of {bytes} bytes on cuda:{} failed ({} bytes free): {}",
+                self.ordinal, free, err.message
+            );
+            err
+        })
+    }
+
+    pub fn free_async(&self, ptr: u64, stream: usize) {
+        if ptr == 0 || self.bind().is_err() {
+            return;
+        }
+        // SAFETY: ptr came from alloc_async and is freed once.
+        let _ = unsafe { result::free_async(ptr, stream as sys::CUstream) };
+    }
+
+    /// Checks that `ptr` is memory this device can address (device memory of this
+    /// device, managed memory, or registered host memory).
+    pub fn check_pointer(&self, ptr: usize, what: &str) -> Result<()> {
+        self.bind()?;
+        let mut mem_type: u32 = 0;
+        // SAFETY: writes one u32 attribute.
+        let r = unsafe {
+            sys::cuPointerGetAttribute(
+                &mut mem_type as *mut u32 as *mut _,
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                ptr as u64,
+            )
+        };
+        crate::ensure!(
+            r == sys::CUresult::CUDA_SUCCESS,
+            FK_ERROR_DEVICE_MISMATCH,
+            "{what} = {ptr:#x} is not memory CUDA knows (plain host memory?); cuda:{} buffers need device, managed or pinned host memory",
+            self.ordinal
+        );
+        if mem_type == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+            let mut ord: i32 = -1;
+            // SAFETY: as above.
+            unsafe {
+                sys::cuPointerGetAttribute(
+                    &mut ord as *mut i32 as *mut _,
+                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                    ptr as u64,
+                )
+            }
+            .result()
+            .cuda("cuPointerGetAttribute")?;
+            crate::ensure!(
+                ord == self.ordinal as i32,
+                FK_ERROR_DEVICE_MISMATCH,
+                "{what} = {ptr:#x} is memory of cuda:{ord}, not cuda:{}",
+                self.ordinal
+            );
+        }
+        Ok(())
+    }
+
+    pub fn memcpy_htod(
+        &self,
+        dst: u64,
+        src: *const u8,
+        bytes: usize,
+        stream: usize,
+        blocking: bool,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: caller checked sizes; src holds `bytes` bytes.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, src as *const _, bytes, stream as sys::CUstream)
+                .result()
+                .cuda("cuMemcpyHtoDAsync")?;
+        }
+        if blocking {
+            self.stream_synchronize(stream)
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn memcpy_dtoh(
+        &self,
+        dst: *mut u8,
+        src: u64,
+        bytes: usize,
+        stream: usize,
+        blocking: bool,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: as above.
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(dst as *mut _, src, bytes, stream as sys::CUstream)
+                .result()
+                .cuda("cuMemcpyDtoHAsync")?;
+        }
+        if blocking {
+            self.stream_synchronize(stream)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// `sm_XY` for NVRTC.
+    pub fn arch_name(&self) -> String {
+        format!("sm_{}{}", self.arch.0, self.arch.1)
+    }
+
+    fn module(&self, name: &'static str) -> Result<Arc<Module>> {
+        let mut mods = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = mods.get(name) {
+            return Ok(m.clone());
+        }
+        let (_, source) = modules().find(|(n, _)| *n == name).ok_or_else(|| {
+            Error::new(
+                crate::error::FK_ERROR_INTERNAL,
+                format!("no kernel module named {name}"),
+            )
+        })?;
+        let image = nvrtc::compile_cached(name, &source(), &self.arch_name())?;
+        self.bind()?;
+        // SAFETY: image is a complete CUBIN for this device's architecture.
+        let raw = unsafe { result::module::load_data(image.as_ptr() as *const _) }
+            .cuda(&format!("cuModuleLoadData({name})"))?;
+        let m = Arc::new(Module {
+            raw,
+            functions: Mutex::new(HashMap::new()),
+        });
+        mods.insert(name, m.clone());
+        Ok(m)
+    }
+
+    /// Looks up `function` in kernel module `module`, compiling it on first use.
+    pub fn function(&self, module: &'static str, function: &str) -> Result<sys::CUfunction> {
+        let m = self.module(module)?;
+        let mut fns = m.functions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = fns.get(function) {
+            return Ok(*f);
+        }
+        let cname = std::ffi::CString::new(function).unwrap_or_default();
+        // SAFETY: module is loaded.
+        let f = unsafe { result::module::get_function(m.raw, cname) }
+            .cuda(&format!("cuModuleGetFunction({module}::{function})"))?;
+        fns.insert(function.to_string(), f);
+        Ok(f)
+    }
+
+    pub fn warmup(&self) -> Result<()> {
+        for (name, _) in modules() {
+            self.module(name)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        // Kernels still queued (e.g. on a borrowed stream) may use the modules: wait
+        // for the device before unloading them. Only the last reference gets here.
+        if self.bind().is_ok() && result::ctx::synchronize().is_ok() {
+            let mods = self.modules.get_mut().unwrap_or_else(|e| e.into_inner());
+            for (_, m) in mods.drain() {
+                // SAFETY: no function of this module is used after the device is gone.
+                let _ = unsafe { result::module::unload(m.raw) };
+            }
+        }
+        // SAFETY: retained in open().
+        let _ = unsafe { result::primary_ctx::release(self.cu_device) };
+    }
+}

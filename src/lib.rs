@@ -1,0 +1,27 @@
+//! fusekit: fused GPU kernels behind a stable C ABI.
+//!
+//! One Rust library owns the CUDA resources (the device's primary context, streams,
+//! stream-ordered memory, NVRTC-compiled kernel modules) and exposes them through
+//! `include/fusekit.h`. Every op also runs on the CPU, the fallback without a GPU
+//! and the oracle the CUDA path is tested against.
+//!
+//! Module map:
+//! - `abi`: every `extern "C"` function (pointer checks, panic catching, statuses).
+//! - `error`: statuses, `Error`, the thread-local last message.
+//! - `dtype`, `layout`: element types; shapes, strides, broadcasting.
+//! - `context`, `stream`, `buffer`, `dlpack`: devices, queues, memory handles.
+//! - `ops`: per op family, validation then dispatch.
+//! - `cpu`: CPU implementations (reference and fallback).
+//! - `cuda`: CUDA runtime (module cache, launch helpers) and per-family launchers.
+
+pub mod abi;
+pub mod buffer;
+pub mod context;
+pub mod cpu;
+pub mod cuda;
+pub mod dlpack;
+pub mod dtype;
+pub mod error;
+pub mod layout;
+pub mod ops;
+pub mod stream;

@@ -1,0 +1,275 @@
+//! The elementwise family (OPS.md section 1): validation, then dispatch.
+//!
+//! Binary `add, sub, mul, div, axpby` with NumPy broadcasting; unary `neg, abs,
+//! exp, log, sqrt, sin, cos, tanh, sigmoid, relu, scalar_add, scalar_mul, copy`
+//! (the input broadcasts to the output's shape). Any strides on the inputs; the
+//! output must not self-overlap and may alias an input only exactly (in place).
+
+use crate::buffer::{Buffer, check_same_device};
+use crate::context::Device;
+use crate::dtype::DType;
+use crate::error::{
+    FK_ERROR_ALIASING, FK_ERROR_DTYPE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH,
+    FK_ERROR_UNSUPPORTED_DTYPE, Result,
+};
+use crate::layout;
+use crate::stream::Stream;
+
+/// Binary operations. The discriminants are the kernels' op codes (passed to NVRTC
+/// as `-D` definitions, see `cuda::elementwise::defines`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinaryOp {
+    Add = 0,
+    Sub = 1,
+    Mul = 2,
+    Div = 3,
+    /// `alpha*a + beta*b`.
+    Axpby = 4,
+}
+
+pub const ALL_BINARY: [BinaryOp; 5] = [
+    BinaryOp::Add,
+    BinaryOp::Sub,
+    BinaryOp::Mul,
+    BinaryOp::Div,
+    BinaryOp::Axpby,
+];
+
+impl BinaryOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "ADD",
+            BinaryOp::Sub => "SUB",
+            BinaryOp::Mul => "MUL",
+            BinaryOp::Div => "DIV",
+            BinaryOp::Axpby => "AXPBY",
+        }
+    }
+}
+
+/// Unary operations (`ScalarAdd`/`ScalarMul` use `alpha`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnaryOp {
+    Neg = 0,
+    Abs = 1,
+    Exp = 2,
+    Log = 3,
+    Sqrt = 4,
+    Sin = 5,
+    Cos = 6,
+    Tanh = 7,
+    Sigmoid = 8,
+    Relu = 9,
+    ScalarAdd = 10,
+    ScalarMul = 11,
+    Copy = 12,
+}
+
+pub const ALL_UNARY: [UnaryOp; 13] = [
+    UnaryOp::Neg,
+    UnaryOp::Abs,
+    UnaryOp::Exp,
+    UnaryOp::Log,
+    UnaryOp::Sqrt,
+    UnaryOp::Sin,
+    UnaryOp::Cos,
+    UnaryOp::Tanh,
+    UnaryOp::Sigmoid,
+    UnaryOp::Relu,
+    UnaryOp::ScalarAdd,
+    UnaryOp::ScalarMul,
+    UnaryOp::Copy,
+];
+
+impl UnaryOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "NEG",
+            UnaryOp::Abs => "ABS",
+            UnaryOp::Exp => "EXP",
+            UnaryOp::Log => "LOG",
+            UnaryOp::Sqrt => "SQRT",
+            UnaryOp::Sin => "SIN",
+            UnaryOp::Cos => "COS",
+            UnaryOp::Tanh => "TANH",
+            UnaryOp::Sigmoid => "SIGMOID",
+            UnaryOp::Relu => "RELU",
+            UnaryOp::ScalarAdd => "SCALAR_ADD",
+            UnaryOp::ScalarMul => "SCALAR_MUL",
+            UnaryOp::Copy => "COPY",
+        }
+    }
+
+    /// Output dtype for input `d`, or an error for unsupported combinations.
+    pub fn out_dtype(self, d: DType) -> Result<DType> {
+        match (self, d.is_complex()) {
+            (UnaryOp::Abs, true) => Ok(d.real()),
+            (UnaryOp::Relu, true) => crate::bail!(
+                FK_ERROR_UNSUPPORTED_DTYPE,
+                "relu is not defined for complex input (a has dtype {d})"
+            ),
+            _ => Ok(d),
+        }
+    }
+}
+
+/// A complex scalar `(re, im)`; for real dtypes `im` must be 0.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Scalar {
+    pub re: f64,
+    pub im: f64,
+}
+
+/// What the backends execute: the output's (coalesced) shape and each operand's
+/// strides in elements, with broadcasting already applied.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub n: i64,
+    pub shape: Vec<i64>,
+    pub so: Vec<i64>,
+    pub sa: Vec<i64>,
+    pub sb: Vec<i64>,
+    pub out: usize,
+    pub a: usize,
+    pub b: usize,
+    pub in_dtype: DType,
+    pub out_dtype: DType,
+    pub alpha: Scalar,
+    pub beta: Scalar,
+    /// Every operand dense and in the same order as the output (one dim, stride 1).
+    pub contiguous: bool,
+}
+
+fn check_scalar(s: Scalar, dtype: DType, what: &str) -> Result<()> {
+    crate::ensure!(
+        dtype.is_complex() || s.im == 0.0,
+        FK_ERROR_INVALID_ARGUMENT,
+        "{what} has imaginary part {} but the dtype {dtype} is real",
+        s.im
+    );
+    Ok(())
+}
+
+fn check_alias(out: &Buffer, input: &Buffer, name: &str) -> Result<()> {
+    crate::ensure!(
+        !out.overlaps(input) || out.same_view(input),
+        FK_ERROR_ALIASING,
+        "out overlaps {name} without being the same view (in-place is allowed only with identical data pointer, shape and strides)"
+    );
+    Ok(())
+}
+
+fn plan(
+    out: &Buffer,
+    a: &Buffer,
+    b: Option<&Buffer>,
+    in_dtype: DType,
+    alpha: Scalar,
+    beta: Scalar,
+) -> Plan {
+    let sa = layout::broadcast_strides(&a.shape, &a.strides, &out.shape);
+    let sb = match b {
+        Some(b) => layout::broadcast_strides(&b.shape, &b.strides, &out.shape),
+        None => vec![0; out.shape.len()],
+    };
+    let (shape, mut st) = layout::coalesce(&out.shape, &[&out.strides, &sa, &sb]);
+    let sb = st.pop().unwrap();
+    let sa = st.pop().unwrap();
+    let so = st.pop().unwrap();
+    let contiguous = shape.len() == 1 && so[0] == 1 && sa[0] == 1 && (b.is_none() || sb[0] == 1);
+    Plan {
+        n: out.numel(),
+        shape,
+        so,
+        sa,
+        sb,
+        out: out.data,
+        a: a.data,
+        b: b.map(|b| b.data).unwrap_or(0),
+        in_dtype,
+        out_dtype: out.dtype,
+        alpha,
+        beta,
+        contiguous,
+    }
+}
+
+/// `out = a op b` (with `alpha`, `beta` for `Axpby`).
+pub fn binary(
+    op: BinaryOp,
+    a: &Buffer,
+    b: &Buffer,
+    out: &Buffer,
+    alpha: Scalar,
+    beta: Scalar,
+    stream: &Stream,
+) -> Result<()> {
+    let device = out.device();
+    check_same_device(device, &[(a, "a"), (b, "b")])?;
+    stream.check_device(device)?;
+    crate::ensure!(
+        a.dtype == b.dtype && a.dtype == out.dtype,
+        FK_ERROR_DTYPE_MISMATCH,
+        "dtypes differ: a is {}, b is {}, out is {}",
+        a.dtype,
+        b.dtype,
+        out.dtype
+    );
+    check_scalar(alpha, a.dtype, "alpha")?;
+    check_scalar(beta, a.dtype, "beta")?;
+    let shape = layout::broadcast_shapes(&a.shape, &b.shape)?;
+    crate::ensure!(
+        shape == out.shape,
+        FK_ERROR_SHAPE_MISMATCH,
+        "out has shape {:?} but a {:?} and b {:?} broadcast to {shape:?}",
+        out.shape,
+        a.shape,
+        b.shape
+    );
+    out.check_writable("out")?;
+    check_alias(out, a, "a")?;
+    check_alias(out, b, "b")?;
+    if out.numel() == 0 {
+        return Ok(());
+    }
+    let p = plan(out, a, Some(b), a.dtype, alpha, beta);
+    match device {
+        Device::Cpu => crate::cpu::elementwise::binary(op, &p),
+        Device::Cuda(_) => crate::cuda::elementwise::binary(out.ctx.cuda_dev(), op, &p, stream),
+    }
+}
+
+/// `out = op(a)` with `a` broadcast to `out`'s shape (`alpha` for the scalar ops).
+pub fn unary(op: UnaryOp, a: &Buffer, out: &Buffer, alpha: Scalar, stream: &Stream) -> Result<()> {
+    let device = out.device();
+    check_same_device(device, &[(a, "a")])?;
+    stream.check_device(device)?;
+    let want = op.out_dtype(a.dtype)?;
+    crate::ensure!(
+        out.dtype == want,
+        FK_ERROR_DTYPE_MISMATCH,
+        "out has dtype {} but {} of a {} input gives {want}",
+        out.dtype,
+        op.name().to_lowercase(),
+        a.dtype
+    );
+    check_scalar(alpha, a.dtype, "the scalar")?;
+    let shape = layout::broadcast_shapes(&a.shape, &out.shape)?;
+    crate::ensure!(
+        shape == out.shape,
+        FK_ERROR_SHAPE_MISMATCH,
+        "out has shape {:?} but a has shape {:?}, which does not broadcast to it",
+        out.shape,
+        a.shape
+    );
+    out.check_writable("out")?;
+    check_alias(out, a, "a")?;
+    if out.numel() == 0 {
+        return Ok(());
+    }
+    let p = plan(out, a, None, a.dtype, alpha, Scalar::default());
+    match device {
+        Device::Cpu => crate::cpu::elementwise::unary(op, &p),
+        Device::Cuda(_) => crate::cuda::elementwise::unary(out.ctx.cuda_dev(), op, &p, stream),
+    }
+}

@@ -1,0 +1,4 @@
+//! One module per op family: argument validation (shapes, dtypes, devices,
+//! aliasing), then dispatch to `cpu/` or `cuda/`.
+
+pub mod elementwise;

@@ -1,0 +1,36 @@
+//! Compiles every kernel module with NVRTC for sm_80 and sm_90, no GPU needed.
+//!
+//! Needs libnvrtc.so.13 and the CUDA headers (the `nvidia-cuda-nvrtc==13.0.88` and
+//! `nvidia-cuda-runtime==13.0.96` wheels suffice; see scripts/test.sh). Without
+//! them the test reports the skip, and fails if `FK_REQUIRE_NVRTC=1` (as in CI).
+
+#[test]
+fn every_kernel_module_compiles_for_sm80_and_sm90() {
+    if let Err(e) =
+        fusekit::cuda::nvrtc::load_nvrtc().and_then(|_| fusekit::cuda::nvrtc::cuda_include_dir())
+    {
+        if std::env::var("FK_REQUIRE_NVRTC").as_deref() == Ok("1") {
+            panic!(
+                "NVRTC is required (FK_REQUIRE_NVRTC=1) but unavailable: {}",
+                e.message
+            );
+        }
+        eprintln!("SKIPPED: NVRTC unavailable: {}", e.message);
+        return;
+    }
+    let (maj, min) = fusekit::cuda::nvrtc::nvrtc_version().unwrap();
+    for (name, source) in fusekit::cuda::modules() {
+        for arch in ["sm_80", "sm_90"] {
+            let t = std::time::Instant::now();
+            let image = fusekit::cuda::nvrtc::compile(name, &source(), arch)
+                .unwrap_or_else(|e| panic!("{name} for {arch}: {}", e.message));
+            // A CUBIN is an ELF file.
+            assert_eq!(&image[..4], b"\x7fELF", "{name} for {arch} is not a CUBIN");
+            eprintln!(
+                "{name} {arch}: {} bytes in {:.1}s (NVRTC {maj}.{min})",
+                image.len(),
+                t.elapsed().as_secs_f64()
+            );
+        }
+    }
+}

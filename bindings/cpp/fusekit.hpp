@@ -1,0 +1,554 @@
+// fusekit.hpp: header-only C++17 RAII wrapper over the fusekit C ABI (fusekit.h).
+//
+//   #include "fusekit.hpp"               // needs include/ and bindings/cpp/ on the path
+//   fusekit::Context ctx = fusekit::Context::automatic();
+//   auto a = fusekit::Buffer::owned<float>(ctx, {2, 3});
+//   a.copy_from_host(host.data(), host.size());
+//   fusekit::add(a, b, out);                        // default stream
+//   fusekit::add(a, b, out, stream);                // or a fusekit::Stream
+//
+// Every failing C call becomes a fusekit::Error (status, status name, message).
+// Context, Stream and Buffer own exactly one C handle each, are move-only, and
+// release it in their destructor. Link with -lfusekit.
+#ifndef FUSEKIT_HPP
+#define FUSEKIT_HPP
+
+#include "fusekit.h"
+
+#include <complex>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace fusekit {
+
+// ------------------------------------------------------------------ errors
+
+/// A failed fusekit call: the status, its name and the library's message
+/// ("<function>: <cause>"). `what()` is "<STATUS_NAME>: <message>".
+class Error : public std::runtime_error {
+public:
+    Error(fk_status status, std::string message)
+        : std::runtime_error(std::string(fk_status_string(status)) + ": " + message),
+          status_(status), message_(std::move(message)) {}
+
+    fk_status status() const noexcept { return status_; }
+    /// Static name of the status, e.g. "FK_ERROR_SHAPE_MISMATCH".
+    const char* status_name() const noexcept { return fk_status_string(status_); }
+    /// The library's message (without the status name).
+    const std::string& message() const noexcept { return message_; }
+
+private:
+    fk_status status_;
+    std::string message_;
+};
+
+/// This thread's last error message (copy form of fk_last_error_message).
+inline std::string last_error_message() {
+    std::size_t needed = 0;
+    if (fk_last_error_message_copy(nullptr, 0, &needed) != FK_OK || needed == 0) return {};
+    std::string s(needed, '\0');
+    if (fk_last_error_message_copy(&s[0], s.size(), &needed) != FK_OK) return {};
+    s.resize(needed - 1);
+    return s;
+}
+
+/// Throws fusekit::Error with the last message when `status` is not FK_OK.
+inline void check(fk_status status) {
+    if (status != FK_OK) throw Error(status, last_error_message());
+}
+
+// ------------------------------------------------------------------ versions, dtypes
+
+inline std::uint32_t abi_version() noexcept { return fk_abi_version(); }
+inline std::string version() { return fk_version_string(); }
+
+/// Number of usable CUDA devices (0 without a driver or GPU).
+inline int device_count() {
+    std::int32_t n = 0;
+    check(fk_device_count(&n));
+    return n;
+}
+
+inline std::size_t dtype_size(fk_dtype dtype) {
+    std::size_t n = 0;
+    check(fk_dtype_size(dtype, &n));
+    return n;
+}
+
+/// IEEE binary16 stored as its bit pattern (arithmetic is up to the caller).
+struct half {
+    std::uint16_t bits;
+};
+/// bfloat16 stored as its bit pattern.
+struct bfloat16 {
+    std::uint16_t bits;
+};
+
+/// Maps a C++ element type to its fk_dtype: `dtype_of<float>::value == FK_DTYPE_F32`.
+template <class T>
+struct dtype_of;  // undefined for unsupported types
+template <>
+struct dtype_of<half> : std::integral_constant<fk_dtype, FK_DTYPE_F16> {};
+template <>
+struct dtype_of<bfloat16> : std::integral_constant<fk_dtype, FK_DTYPE_BF16> {};
+template <>
+struct dtype_of<float> : std::integral_constant<fk_dtype, FK_DTYPE_F32> {};
+template <>
+struct dtype_of<double> : std::integral_constant<fk_dtype, FK_DTYPE_F64> {};
+template <>
+struct dtype_of<std::complex<float>> : std::integral_constant<fk_dtype, FK_DTYPE_C64> {};
+template <>
+struct dtype_of<std::complex<double>> : std::integral_constant<fk_dtype, FK_DTYPE_C128> {};
+
+template <class T>
+inline constexpr fk_dtype dtype_v = dtype_of<std::remove_cv_t<T>>::value;
+
+static_assert(sizeof(half) == 2 && sizeof(bfloat16) == 2, "half types must be 2 bytes");
+static_assert(sizeof(std::complex<float>) == 8 && sizeof(std::complex<double>) == 16,
+              "std::complex must be interleaved (re, im)");
+
+/// Device kinds (values of fk_device_kind).
+enum class DeviceKind : fk_device_kind {
+    Auto = FK_DEVICE_AUTO,
+    Cpu = FK_DEVICE_CPU,
+    Cuda = FK_DEVICE_CUDA,
+};
+
+struct Device {
+    DeviceKind kind;
+    int ordinal;
+};
+
+struct MemoryInfo {
+    std::uint64_t free_bytes;
+    std::uint64_t total_bytes;
+};
+
+// ------------------------------------------------------------------ DLPack
+
+/// DLPack 1.1 structures (layout of dlpack.h), for to_dlpack/from_dlpack.
+namespace dl {
+struct DLPackVersion {
+    std::uint32_t major;
+    std::uint32_t minor;
+};
+struct DLDevice {
+    std::int32_t device_type;  // 1 = kDLCPU, 2 = kDLCUDA
+    std::int32_t device_id;
+};
+struct DLDataType {
+    std::uint8_t code;  // 2 = kDLFloat, 4 = kDLBfloat, 5 = kDLComplex
+    std::uint8_t bits;
+    std::uint16_t lanes;
+};
+struct DLTensor {
+    void* data;
+    DLDevice device;
+    std::int32_t ndim;
+    DLDataType dtype;
+    std::int64_t* shape;
+    std::int64_t* strides;
+    std::uint64_t byte_offset;
+};
+struct DLManagedTensorVersioned {
+    DLPackVersion version;
+    void* manager_ctx;
+    void (*deleter)(DLManagedTensorVersioned* self);
+    std::uint64_t flags;
+    DLTensor dl_tensor;
+};
+}  // namespace dl
+
+// ------------------------------------------------------------------ handles
+
+namespace detail {
+/// Owns one C handle; move-only.
+template <class H, fk_status (*Destroy)(H*)>
+class Handle {
+public:
+    Handle() noexcept = default;
+    explicit Handle(H* h) noexcept : h_(h) {}
+    Handle(const Handle&) = delete;
+    Handle& operator=(const Handle&) = delete;
+    Handle(Handle&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
+    Handle& operator=(Handle&& o) noexcept {
+        if (this != &o) {
+            reset();
+            h_ = std::exchange(o.h_, nullptr);
+        }
+        return *this;
+    }
+    ~Handle() { reset(); }
+
+    H* get() const noexcept { return h_; }
+    explicit operator bool() const noexcept { return h_ != nullptr; }
+    /// Gives up ownership: the caller must destroy the returned handle.
+    H* release() noexcept { return std::exchange(h_, nullptr); }
+    void reset() noexcept {
+        if (h_ != nullptr) (void)Destroy(std::exchange(h_, nullptr));
+    }
+
+private:
+    H* h_ = nullptr;
+};
+
+inline void require(const void* h, const char* what) {
+    if (h == nullptr)
+        throw Error(FK_ERROR_NULL_POINTER, std::string(what) + " is empty (moved-from or default)");
+}
+}  // namespace detail
+
+/// A device context (fk_context). Move-only.
+class Context {
+public:
+    Context() noexcept = default;
+    /// fk_context_create(FK_ABI_VERSION, kind, ordinal).
+    explicit Context(DeviceKind kind, int ordinal = 0) {
+        fk_context* c = nullptr;
+        check(fk_context_create(FK_ABI_VERSION, static_cast<fk_device_kind>(kind), ordinal, &c));
+        h_ = Handle(c);
+    }
+    static Context cpu() { return Context(DeviceKind::Cpu); }
+    static Context cuda(int ordinal = 0) { return Context(DeviceKind::Cuda, ordinal); }
+    /// CUDA `ordinal` when a GPU is usable, else the CPU.
+    static Context automatic(int ordinal = 0) { return Context(DeviceKind::Auto, ordinal); }
+    /// Takes ownership of a raw handle.
+    static Context adopt(fk_context* c) noexcept {
+        Context x;
+        x.h_ = Handle(c);
+        return x;
+    }
+
+    fk_context* get() const noexcept { return h_.get(); }
+    explicit operator bool() const noexcept { return bool(h_); }
+    fk_context* release() noexcept { return h_.release(); }
+
+    Device device() const {
+        fk_device_kind k = 0;
+        std::int32_t o = 0;
+        check(fk_context_device(checked(), &k, &o));
+        return Device{static_cast<DeviceKind>(k), o};
+    }
+    DeviceKind kind() const { return device().kind; }
+    bool is_cuda() const { return kind() == DeviceKind::Cuda; }
+    std::string name() const {
+        std::size_t needed = 0;
+        check(fk_context_name(checked(), nullptr, 0, &needed));
+        std::string s(needed, '\0');
+        check(fk_context_name(checked(), &s[0], s.size(), &needed));
+        s.resize(needed - 1);
+        return s;
+    }
+    /// (major, minor); (0, 0) on the CPU.
+    std::pair<int, int> compute_capability() const {
+        std::int32_t major = 0, minor = 0;
+        check(fk_context_compute_capability(checked(), &major, &minor));
+        return {major, minor};
+    }
+    MemoryInfo memory() const {
+        MemoryInfo m{0, 0};
+        check(fk_context_memory(checked(), &m.free_bytes, &m.total_bytes));
+        return m;
+    }
+    /// Compiles every kernel module now (no-op on the CPU).
+    void warmup() const { check(fk_context_warmup(checked())); }
+
+private:
+    using Handle = detail::Handle<fk_context, fk_context_destroy>;
+    const fk_context* checked() const {
+        detail::require(h_.get(), "fusekit::Context");
+        return h_.get();
+    }
+    Handle h_;
+};
+
+/// A stream (fk_stream): owned by fusekit (`Stream(ctx)`) or wrapping a caller's
+/// CUstream / cudaStream_t (`Stream::wrap`). Move-only.
+class Stream {
+public:
+    Stream() noexcept = default;
+    /// A new stream owned by fusekit (fk_stream_create).
+    explicit Stream(const Context& ctx) {
+        fk_stream* s = nullptr;
+        check(fk_stream_create(ctx.get(), &s));
+        h_ = Handle(s);
+    }
+    /// Borrows `cu_stream` (nullptr = the legacy default stream) without owning it;
+    /// it must outlive this object. CUDA contexts only.
+    static Stream wrap(const Context& ctx, void* cu_stream) {
+        fk_stream* s = nullptr;
+        check(fk_stream_wrap(ctx.get(), cu_stream, &s));
+        return adopt(s);
+    }
+    static Stream adopt(fk_stream* s) noexcept {
+        Stream x;
+        x.h_ = Handle(s);
+        return x;
+    }
+
+    fk_stream* get() const noexcept { return h_.get(); }
+    explicit operator bool() const noexcept { return bool(h_); }
+    fk_stream* release() noexcept { return h_.release(); }
+
+    void synchronize() const { check(fk_stream_synchronize(h_.get())); }
+    /// The raw CUstream (nullptr for the legacy default stream and on the CPU).
+    void* handle() const {
+        void* p = nullptr;
+        check(fk_stream_handle(h_.get(), &p));
+        return p;
+    }
+
+private:
+    using Handle = detail::Handle<fk_stream, fk_stream_destroy>;
+    Handle h_;
+};
+
+/// Where an op or copy is queued: a Stream, or nothing (the default stream).
+/// Implicitly made from `const Stream&`, `nullptr` or a raw `const fk_stream*`.
+class StreamRef {
+public:
+    StreamRef() noexcept = default;
+    StreamRef(std::nullptr_t) noexcept {}
+    StreamRef(const Stream& s) noexcept : p_(s.get()) {}
+    StreamRef(const fk_stream* s) noexcept : p_(s) {}
+    const fk_stream* get() const noexcept { return p_; }
+
+private:
+    const fk_stream* p_ = nullptr;
+};
+
+/// A buffer (fk_buffer): owned memory (`Buffer::owned`), a borrowed view of caller
+/// memory (`Buffer::borrowed`, no copy) or a DLPack import. Move-only.
+class Buffer {
+public:
+    Buffer() noexcept = default;
+
+    /// Allocates an uninitialised contiguous buffer (fk_buffer_create), stream-ordered
+    /// on `stream` for CUDA.
+    static Buffer owned(const Context& ctx, fk_dtype dtype, const std::vector<std::int64_t>& shape,
+                        StreamRef stream = {}) {
+        fk_buffer* b = nullptr;
+        check(fk_buffer_create(ctx.get(), dtype, static_cast<std::int32_t>(shape.size()),
+                               shape.empty() ? nullptr : shape.data(), stream.get(), &b));
+        return adopt(b);
+    }
+    template <class T>
+    static Buffer owned(const Context& ctx, const std::vector<std::int64_t>& shape,
+                        StreamRef stream = {}) {
+        return owned(ctx, dtype_v<T>, shape, stream);
+    }
+
+    /// Wraps caller memory without copying (fk_buffer_wrap); `data` must outlive the
+    /// buffer. `strides` in elements; empty = contiguous. Host memory for a CPU
+    /// context, device memory for a CUDA context.
+    static Buffer borrowed(const Context& ctx, void* data, fk_dtype dtype,
+                           const std::vector<std::int64_t>& shape,
+                           const std::vector<std::int64_t>& strides = {}) {
+        if (!strides.empty() && strides.size() != shape.size())
+            throw Error(FK_ERROR_INVALID_ARGUMENT,
+                        "fusekit::Buffer::borrowed: strides has " + std::to_string(strides.size()) +
+                            " entries but shape has " + std::to_string(shape.size()));
+        fk_buffer* b = nullptr;
+        check(fk_buffer_wrap(ctx.get(), data, dtype, static_cast<std::int32_t>(shape.size()),
+                             shape.empty() ? nullptr : shape.data(),
+                             strides.empty() ? nullptr : strides.data(), &b));
+        return adopt(b);
+    }
+    template <class T>
+    static Buffer borrowed(const Context& ctx, T* data, const std::vector<std::int64_t>& shape,
+                           const std::vector<std::int64_t>& strides = {}) {
+        return borrowed(ctx, static_cast<void*>(const_cast<std::remove_cv_t<T>*>(data)), dtype_v<T>,
+                        shape, strides);
+    }
+
+    /// Imports a DLManagedTensorVersioned; on success the buffer owns it.
+    static Buffer from_dlpack(const Context& ctx, dl::DLManagedTensorVersioned* managed) {
+        fk_buffer* b = nullptr;
+        check(fk_buffer_from_dlpack(ctx.get(), managed, &b));
+        return adopt(b);
+    }
+    /// Takes ownership of a raw handle.
+    static Buffer adopt(fk_buffer* b) noexcept {
+        Buffer x;
+        x.h_ = Handle(b);
+        return x;
+    }
+
+    fk_buffer* get() const noexcept { return h_.get(); }
+    explicit operator bool() const noexcept { return bool(h_); }
+    fk_buffer* release() noexcept { return h_.release(); }
+
+    fk_dtype dtype() const {
+        fk_dtype d = 0;
+        check(fk_buffer_dtype(h_.get(), &d));
+        return d;
+    }
+    int ndim() const {
+        std::int32_t n = 0;
+        check(fk_buffer_ndim(h_.get(), &n));
+        return n;
+    }
+    std::vector<std::int64_t> shape() const {
+        std::vector<std::int64_t> v(static_cast<std::size_t>(ndim()));
+        check(fk_buffer_shape(h_.get(), v.empty() ? nullptr : v.data()));
+        return v;
+    }
+    /// In elements.
+    std::vector<std::int64_t> strides() const {
+        std::vector<std::int64_t> v(static_cast<std::size_t>(ndim()));
+        check(fk_buffer_strides(h_.get(), v.empty() ? nullptr : v.data()));
+        return v;
+    }
+    std::int64_t numel() const {
+        std::int64_t n = 0;
+        check(fk_buffer_numel(h_.get(), &n));
+        return n;
+    }
+    std::size_t nbytes() const {
+        std::size_t n = 0;
+        check(fk_buffer_nbytes(h_.get(), &n));
+        return n;
+    }
+    bool is_contiguous() const {
+        std::int32_t c = 0;
+        check(fk_buffer_is_contiguous(h_.get(), &c));
+        return c != 0;
+    }
+    /// Address of the first element (host or device).
+    void* data() const {
+        void* p = nullptr;
+        check(fk_buffer_data(h_.get(), &p));
+        return p;
+    }
+    Device device() const {
+        fk_device_kind k = 0;
+        std::int32_t o = 0;
+        check(fk_buffer_device(h_.get(), &k, &o));
+        return Device{static_cast<DeviceKind>(k), o};
+    }
+
+    /// Copies `count` elements of type T from host memory (blocking). T must match
+    /// the buffer's dtype and `count` its number of elements.
+    template <class T>
+    void copy_from_host(const T* src, std::size_t count, StreamRef stream = {}) const {
+        require_dtype<T>("copy_from_host");
+        check(fk_buffer_copy_from_host(h_.get(), src, count * sizeof(T), stream.get()));
+    }
+    template <class T>
+    void copy_from_host(const std::vector<T>& src, StreamRef stream = {}) const {
+        copy_from_host(src.data(), src.size(), stream);
+    }
+    /// Queues the copy only: `src` must stay valid until the stream reaches it.
+    template <class T>
+    void copy_from_host_async(const T* src, std::size_t count, StreamRef stream = {}) const {
+        require_dtype<T>("copy_from_host_async");
+        check(fk_buffer_copy_from_host_async(h_.get(), src, count * sizeof(T), stream.get()));
+    }
+    /// Copies the buffer into `count` elements of host memory (blocking).
+    template <class T>
+    void copy_to_host(T* dst, std::size_t count, StreamRef stream = {}) const {
+        require_dtype<T>("copy_to_host");
+        check(fk_buffer_copy_to_host(h_.get(), dst, count * sizeof(T), stream.get()));
+    }
+    /// Queues the copy only: synchronise the stream before reading `dst`.
+    template <class T>
+    void copy_to_host_async(T* dst, std::size_t count, StreamRef stream = {}) const {
+        require_dtype<T>("copy_to_host_async");
+        check(fk_buffer_copy_to_host_async(h_.get(), dst, count * sizeof(T), stream.get()));
+    }
+    /// The buffer's elements as a vector (blocking copy).
+    template <class T>
+    std::vector<T> to_vector(StreamRef stream = {}) const {
+        std::vector<T> v(static_cast<std::size_t>(numel()));
+        copy_to_host(v.data(), v.size(), stream);
+        return v;
+    }
+
+    /// Exports as a new DLPack 1.1 managed tensor. The caller must call its
+    /// `deleter` exactly once; the memory stays valid until then.
+    dl::DLManagedTensorVersioned* to_dlpack() const {
+        void* p = nullptr;
+        check(fk_buffer_to_dlpack(h_.get(), &p));
+        return static_cast<dl::DLManagedTensorVersioned*>(p);
+    }
+
+private:
+    using Handle = detail::Handle<fk_buffer, fk_buffer_destroy>;
+    template <class T>
+    void require_dtype(const char* what) const {
+        fk_dtype d = dtype();
+        if (d != dtype_v<T>)
+            throw Error(FK_ERROR_DTYPE_MISMATCH,
+                        std::string("fusekit::Buffer::") + what + ": host element type has dtype " +
+                            std::to_string(dtype_v<T>) + " but the buffer has dtype " +
+                            std::to_string(d));
+    }
+    Handle h_;
+};
+
+// ------------------------------------------------------------------ ops
+
+/// A scalar for axpby / scalar_add / scalar_mul: real or complex.
+class Scalar {
+public:
+    Scalar(double re, double im = 0.0) noexcept : v_{re, im} {}
+    Scalar(std::complex<double> z) noexcept : v_{z.real(), z.imag()} {}
+    Scalar(std::complex<float> z) noexcept : v_{z.real(), z.imag()} {}
+    fk_scalar get() const noexcept { return v_; }
+
+private:
+    fk_scalar v_;
+};
+
+#define FUSEKIT_BINARY_OP(NAME)                                                                \
+    /** out = fk_##NAME(a, b), queued on `stream` (default stream when omitted). */          \
+    inline void NAME(const Buffer& a, const Buffer& b, Buffer& out, StreamRef stream = {}) { \
+        check(fk_##NAME(a.get(), b.get(), out.get(), stream.get()));                         \
+    }
+#define FUSEKIT_UNARY_OP(NAME)                                                      \
+    /** out = fk_##NAME(a), queued on `stream` (default stream when omitted). */ \
+    inline void NAME(const Buffer& a, Buffer& out, StreamRef stream = {}) {       \
+        check(fk_##NAME(a.get(), out.get(), stream.get()));                       \
+    }
+
+FUSEKIT_BINARY_OP(add)
+FUSEKIT_BINARY_OP(sub)
+FUSEKIT_BINARY_OP(mul)
+FUSEKIT_BINARY_OP(div)
+FUSEKIT_UNARY_OP(neg)
+FUSEKIT_UNARY_OP(abs)
+FUSEKIT_UNARY_OP(exp)
+FUSEKIT_UNARY_OP(log)
+FUSEKIT_UNARY_OP(sqrt)
+FUSEKIT_UNARY_OP(sin)
+FUSEKIT_UNARY_OP(cos)
+FUSEKIT_UNARY_OP(tanh)
+FUSEKIT_UNARY_OP(sigmoid)
+FUSEKIT_UNARY_OP(relu)
+FUSEKIT_UNARY_OP(copy)
+
+#undef FUSEKIT_BINARY_OP
+#undef FUSEKIT_UNARY_OP
+
+/// out = alpha*a + beta*b in one pass.
+inline void axpby(Scalar alpha, const Buffer& a, Scalar beta, const Buffer& b, Buffer& out,
+                  StreamRef stream = {}) {
+    check(fk_axpby(alpha.get(), a.get(), beta.get(), b.get(), out.get(), stream.get()));
+}
+/// out = a + s.
+inline void scalar_add(const Buffer& a, Scalar s, Buffer& out, StreamRef stream = {}) {
+    check(fk_scalar_add(a.get(), s.get(), out.get(), stream.get()));
+}
+/// out = a * s.
+inline void scalar_mul(const Buffer& a, Scalar s, Buffer& out, StreamRef stream = {}) {
+    check(fk_scalar_mul(a.get(), s.get(), out.get(), stream.get()));
+}
+
+}  // namespace fusekit
+
+#endif  // FUSEKIT_HPP

@@ -1,0 +1,385 @@
+// Tests of bindings/cpp/fusekit.hpp (C++17). Runs on the device named by argv[1] or
+// FK_TEST_DEVICE (cpu, cuda, auto; default cpu). Prints one line per check and ends
+// with "N passed, M failed"; exits non-zero on failure.
+#include "fusekit.hpp"
+
+#include <cmath>
+#include <complex>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+int g_pass = 0;
+int g_fail = 0;
+
+bool check(bool ok, const std::string& what) {
+    std::printf("%s - %s\n", ok ? "ok  " : "FAIL", what.c_str());
+    std::fflush(stdout);
+    (ok ? g_pass : g_fail)++;
+    return ok;
+}
+
+template <class T>
+double diff(T a, T b) {
+    return std::abs(a - b);
+}
+
+template <class T>
+bool close_all(const std::vector<T>& got, const std::vector<T>& ref, double tol) {
+    if (got.size() != ref.size()) return false;
+    for (std::size_t i = 0; i < got.size(); i++) {
+        double scale = std::abs(ref[i]) > 1.0 ? std::abs(ref[i]) : 1.0;
+        if (!(diff(got[i], ref[i]) <= tol * scale)) {
+            std::printf("  element %zu differs\n", i);
+            return false;
+        }
+    }
+    return true;
+}
+
+bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+// Compile-time properties of the wrapper.
+static_assert(fusekit::dtype_v<float> == FK_DTYPE_F32);
+static_assert(fusekit::dtype_v<double> == FK_DTYPE_F64);
+static_assert(fusekit::dtype_v<std::complex<float>> == FK_DTYPE_C64);
+static_assert(fusekit::dtype_v<std::complex<double>> == FK_DTYPE_C128);
+static_assert(fusekit::dtype_v<fusekit::half> == FK_DTYPE_F16);
+static_assert(fusekit::dtype_v<fusekit::bfloat16> == FK_DTYPE_BF16);
+static_assert(fusekit::dtype_v<const float> == FK_DTYPE_F32);
+static_assert(!std::is_copy_constructible_v<fusekit::Context>);
+static_assert(!std::is_copy_assignable_v<fusekit::Context>);
+static_assert(!std::is_copy_constructible_v<fusekit::Stream>);
+static_assert(!std::is_copy_constructible_v<fusekit::Buffer>);
+static_assert(!std::is_copy_assignable_v<fusekit::Buffer>);
+static_assert(std::is_nothrow_move_constructible_v<fusekit::Context>);
+static_assert(std::is_nothrow_move_constructible_v<fusekit::Stream>);
+static_assert(std::is_nothrow_move_constructible_v<fusekit::Buffer>);
+static_assert(std::is_nothrow_move_assignable_v<fusekit::Buffer>);
+static_assert(std::is_base_of_v<std::runtime_error, fusekit::Error>);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const char* dev = argc > 1 ? argv[1] : std::getenv("FK_TEST_DEVICE");
+    std::string device = (dev && *dev) ? dev : "cpu";
+    fusekit::DeviceKind kind = device == "cuda"   ? fusekit::DeviceKind::Cuda
+                               : device == "auto" ? fusekit::DeviceKind::Auto
+                                                  : fusekit::DeviceKind::Cpu;
+    if (device != "cpu" && device != "cuda" && device != "auto") {
+        std::fprintf(stderr, "usage: %s [cpu|cuda|auto]\n", argv[0]);
+        return 2;
+    }
+    std::printf("# fusekit C++ wrapper test, device = %s, %s\n", device.c_str(),
+                fusekit::version().c_str());
+
+    try {
+        check(fusekit::abi_version() == FK_ABI_VERSION, "abi_version matches the header");
+        check(fusekit::version().rfind("fusekit ", 0) == 0, "version() = " + fusekit::version());
+        check(fusekit::dtype_size(FK_DTYPE_C128) == 16, "dtype_size(C128) = 16");
+        check(fusekit::device_count() >= 0, "device_count() >= 0");
+
+        fusekit::Context ctx(kind);
+        check(bool(ctx) && ctx.get() != nullptr, "Context created");
+        const bool cuda = ctx.is_cuda();
+        check(!ctx.name().empty(), "Context::name() = " + ctx.name());
+        auto cc = ctx.compute_capability();
+        check(cuda ? cc.first >= 3 : (cc.first == 0 && cc.second == 0),
+              "compute_capability = " + std::to_string(cc.first) + "." + std::to_string(cc.second));
+        auto mem = ctx.memory();
+        check(mem.total_bytes > 0 && mem.free_bytes <= mem.total_bytes, "memory() sane");
+        ctx.warmup();
+        check(true, "warmup()");
+
+        fusekit::Stream stream(ctx);
+        check(bool(stream), "Stream created");
+        check(cuda ? stream.handle() != nullptr : stream.handle() == nullptr, "Stream::handle()");
+
+        // ---- owned buffers, accessors, host copies
+        auto a = fusekit::Buffer::owned<float>(ctx, {2, 3});
+        check(a.dtype() == FK_DTYPE_F32 && a.ndim() == 2, "owned<float> dtype/ndim");
+        check(a.shape() == std::vector<std::int64_t>{2, 3}, "shape() = [2, 3]");
+        check(a.strides() == std::vector<std::int64_t>{3, 1}, "strides() = [3, 1]");
+        check(a.numel() == 6 && a.nbytes() == 24 && a.is_contiguous(), "numel/nbytes/is_contiguous");
+        check(a.data() != nullptr && a.device().kind == ctx.kind(), "data()/device()");
+        std::vector<float> ha{1, 2, 3, 4, 5, 6};
+        a.copy_from_host(ha.data(), ha.size());
+        check(a.to_vector<float>() == ha, "copy_from_host / to_vector round trip");
+
+        auto b = fusekit::Buffer::owned<float>(ctx, {3});
+        b.copy_from_host(std::vector<float>{10, 20, 30});
+        auto out = fusekit::Buffer::owned(ctx, FK_DTYPE_F32, {2, 3});
+
+        // ---- ops with and without a stream
+        fusekit::add(a, b, out);
+        check(out.to_vector<float>() == std::vector<float>{11, 22, 33, 14, 25, 36},
+              "add with broadcasting [2,3] + [3]");
+        fusekit::axpby(2.0, a, -1.0, b, out, stream);
+        stream.synchronize();
+        check(out.to_vector<float>(stream) == std::vector<float>{-8, -16, -24, -2, -10, -18},
+              "axpby(2, a, -1, b) on a Stream");
+        fusekit::scalar_mul(a, 0.5, out, nullptr);
+        check(out.to_vector<float>() == std::vector<float>{0.5f, 1, 1.5f, 2, 2.5f, 3},
+              "scalar_mul(a, 0.5) with an explicit nullptr stream");
+        fusekit::exp(a, out);
+        {
+            std::vector<float> ref;
+            for (float x : ha) ref.push_back(std::exp(x));
+            check(close_all(out.to_vector<float>(), ref, 1e-6), "exp");
+        }
+        fusekit::sub(a, b, a);  // in place
+        check(a.to_vector<float>() == std::vector<float>{-9, -18, -27, -6, -15, -24}, "in-place sub");
+        fusekit::relu(a, a);
+        check(a.to_vector<float>() == std::vector<float>(6, 0.0f), "in-place relu");
+
+        // ---- f64 and every remaining unary op through the wrapper
+        {
+            auto x = fusekit::Buffer::owned<double>(ctx, {4});
+            auto y = fusekit::Buffer::owned<double>(ctx, {4});
+            std::vector<double> hx{0.25, 0.5, 1.5, 2.0};
+            x.copy_from_host(hx);
+            struct U {
+                const char* name;
+                void (*fn)(const fusekit::Buffer&, fusekit::Buffer&, fusekit::StreamRef);
+                double (*ref)(double);
+            };
+            const U ops[] = {
+                {"neg", fusekit::neg, [](double v) { return -v; }},
+                {"abs", fusekit::abs, [](double v) { return std::fabs(v); }},
+                {"log", fusekit::log, [](double v) { return std::log(v); }},
+                {"sqrt", fusekit::sqrt, [](double v) { return std::sqrt(v); }},
+                {"sin", fusekit::sin, [](double v) { return std::sin(v); }},
+                {"cos", fusekit::cos, [](double v) { return std::cos(v); }},
+                {"tanh", fusekit::tanh, [](double v) { return std::tanh(v); }},
+                {"sigmoid", fusekit::sigmoid, [](double v) { return 1.0 / (1.0 + std::exp(-v)); }},
+                {"copy", fusekit::copy, [](double v) { return v; }},
+            };
+            for (const U& u : ops) {
+                u.fn(x, y, {});
+                std::vector<double> ref;
+                for (double v : hx) ref.push_back(u.ref(v));
+                check(close_all(y.to_vector<double>(), ref, 1e-12), std::string("f64 ") + u.name);
+            }
+            fusekit::scalar_add(x, 1.0, y);
+            check(close_all(y.to_vector<double>(), std::vector<double>{1.25, 1.5, 2.5, 3.0}, 0.0),
+                  "f64 scalar_add");
+            fusekit::mul(x, x, y);
+            fusekit::div(y, x, y);
+            check(close_all(y.to_vector<double>(), hx, 1e-15), "f64 mul then in-place div");
+        }
+
+        // ---- complex
+        {
+            using cf = std::complex<float>;
+            auto z = fusekit::Buffer::owned<cf>(ctx, {3});
+            auto w = fusekit::Buffer::owned<cf>(ctx, {3});
+            auto zo = fusekit::Buffer::owned<cf>(ctx, {3});
+            auto mag = fusekit::Buffer::owned<float>(ctx, {3});
+            std::vector<cf> hz{{3, 4}, {1, -1}, {0, 2}}, hw{{1, 1}, {2, 0}, {0, -1}};
+            z.copy_from_host(hz);
+            w.copy_from_host(hw);
+            fusekit::mul(z, w, zo);
+            std::vector<cf> rm, rd;
+            for (int i = 0; i < 3; i++) {
+                rm.push_back(hz[i] * hw[i]);
+                rd.push_back(hz[i] / hw[i]);
+            }
+            check(close_all(zo.to_vector<cf>(), rm, 1e-6), "complex64 mul");
+            fusekit::div(z, w, zo);
+            check(close_all(zo.to_vector<cf>(), rd, 1e-6), "complex64 div");
+            fusekit::abs(z, mag);
+            check(close_all(mag.to_vector<float>(), std::vector<float>{5, std::sqrt(2.0f), 2}, 1e-6),
+                  "complex64 abs -> float");
+            fusekit::axpby(std::complex<double>(0, 1), z, 0.0, w, zo);
+            std::vector<cf> ri;
+            for (auto v : hz) ri.push_back(cf(0, 1) * v);
+            check(close_all(zo.to_vector<cf>(), ri, 1e-6), "complex64 axpby with complex alpha");
+
+            using cd = std::complex<double>;
+            auto zd = fusekit::Buffer::owned<cd>(ctx, {2});
+            auto zdo = fusekit::Buffer::owned<cd>(ctx, {2});
+            zd.copy_from_host(std::vector<cd>{{0, 3.14159265358979}, {1, 0}});
+            fusekit::exp(zd, zdo);
+            auto e = zdo.to_vector<cd>();
+            check(std::abs(e[0] - cd(-1, 0)) < 1e-12 && std::abs(e[1] - cd(std::exp(1.0), 0)) < 1e-12,
+                  "complex128 exp(i*pi) = -1");
+        }
+
+        // ---- half types (exact values): 1 + 2 = 3 in f16 and bf16
+        {
+            auto h = fusekit::Buffer::owned<fusekit::half>(ctx, {2});
+            auto ho = fusekit::Buffer::owned<fusekit::half>(ctx, {2});
+            std::vector<fusekit::half> hv{{0x3C00}, {0x4000}};
+            h.copy_from_host(hv);
+            fusekit::add(h, h, ho);
+            auto r = ho.to_vector<fusekit::half>();
+            check(r[0].bits == 0x4000 && r[1].bits == 0x4400, "f16 add exact (1+1=2, 2+2=4)");
+            auto bf = fusekit::Buffer::owned<fusekit::bfloat16>(ctx, {1});
+            auto bo = fusekit::Buffer::owned<fusekit::bfloat16>(ctx, {1});
+            bf.copy_from_host(std::vector<fusekit::bfloat16>{{0x3F80}});
+            fusekit::scalar_add(bf, 2.0, bo);
+            check(bo.to_vector<fusekit::bfloat16>()[0].bits == 0x4040, "bf16 scalar_add exact (1+2=3)");
+        }
+
+        // ---- borrowed views with strides (the view's memory is another buffer's)
+        {
+            auto base = fusekit::Buffer::owned<double>(ctx, {2, 3});
+            base.copy_from_host(std::vector<double>{1, 2, 3, 4, 5, 6});
+            // transpose: shape [3, 2], strides [1, 3]
+            auto t = fusekit::Buffer::borrowed(ctx, base.data(), FK_DTYPE_F64, {3, 2}, {1, 3});
+            check(!t.is_contiguous() && t.strides() == std::vector<std::int64_t>{1, 3},
+                  "borrowed transposed view: strides [1, 3], not contiguous");
+            auto tc = fusekit::Buffer::owned<double>(ctx, {3, 2});
+            fusekit::copy(t, tc);
+            check(tc.to_vector<double>() == std::vector<double>{1, 4, 2, 5, 3, 6},
+                  "copy of the transposed view is the transpose");
+            if (!cuda) {
+                std::vector<float> host{1, 2, 3, 4};
+                auto hb = fusekit::Buffer::borrowed<float>(ctx, host.data(), {4});
+                fusekit::scalar_mul(hb, 10.0, hb);
+                check(host == std::vector<float>{10, 20, 30, 40},
+                      "borrowed<float> over a std::vector writes through (CPU)");
+            }
+        }
+
+        // ---- DLPack export
+        {
+            auto d = fusekit::Buffer::owned<float>(ctx, {2, 2});
+            d.copy_from_host(std::vector<float>{1, 2, 3, 4});
+            fusekit::dl::DLManagedTensorVersioned* m = d.to_dlpack();
+            check(m != nullptr && m->version.major == 1 && m->dl_tensor.ndim == 2 &&
+                      m->dl_tensor.dtype.code == 2 && m->dl_tensor.dtype.bits == 32,
+                  "to_dlpack: version 1, ndim 2, float32");
+            m->deleter(m);
+            check(true, "to_dlpack deleter called");
+        }
+
+        // ---- errors become fusekit::Error with status, name and message
+        {
+            auto x = fusekit::Buffer::owned<float>(ctx, {4});
+            auto y = fusekit::Buffer::owned<float>(ctx, {3});
+            auto o = fusekit::Buffer::owned<float>(ctx, {4});
+            bool caught = false;
+            try {
+                fusekit::add(x, y, o);
+            } catch (const fusekit::Error& e) {
+                caught = true;
+                check(e.status() == FK_ERROR_SHAPE_MISMATCH, "Error::status() = FK_ERROR_SHAPE_MISMATCH");
+                check(std::strcmp(e.status_name(), "FK_ERROR_SHAPE_MISMATCH") == 0,
+                      std::string("Error::status_name() = ") + e.status_name());
+                check(contains(e.message(), "fk_add") && contains(e.message(), "[4]") &&
+                          contains(e.message(), "[3]"),
+                      "Error::message() = " + e.message());
+                check(contains(e.what(), "FK_ERROR_SHAPE_MISMATCH: fk_add"),
+                      std::string("Error::what() = ") + e.what());
+            }
+            check(caught, "shape mismatch throws fusekit::Error");
+
+            auto od = fusekit::Buffer::owned<double>(ctx, {4});
+            caught = false;
+            try {
+                fusekit::neg(x, od);
+            } catch (const std::runtime_error& e) {  // catchable as std::runtime_error
+                caught = contains(e.what(), "FK_ERROR_DTYPE_MISMATCH");
+            }
+            check(caught, "dtype mismatch throws (caught as std::runtime_error)");
+
+            caught = false;
+            try {
+                std::vector<double> wrong(4);
+                x.copy_from_host(wrong.data(), wrong.size());
+            } catch (const fusekit::Error& e) {
+                caught = e.status() == FK_ERROR_DTYPE_MISMATCH;
+            }
+            check(caught, "copy_from_host<double> into a float buffer throws FK_ERROR_DTYPE_MISMATCH");
+
+            caught = false;
+            try {
+                std::vector<float> small(3);
+                x.copy_to_host(small.data(), small.size());
+            } catch (const fusekit::Error& e) {
+                caught = e.status() == FK_ERROR_SHAPE_MISMATCH && contains(e.message(), "bytes = 12");
+            }
+            check(caught, "copy_to_host with the wrong count throws FK_ERROR_SHAPE_MISMATCH");
+
+            caught = false;
+            try {
+                fusekit::Context bad(static_cast<fusekit::DeviceKind>(42));
+            } catch (const fusekit::Error& e) {
+                caught = e.status() == FK_ERROR_INVALID_ARGUMENT && contains(e.message(), "kind");
+            }
+            check(caught, "Context with an invalid kind throws FK_ERROR_INVALID_ARGUMENT");
+            check(fusekit::last_error_message().find("fk_context_create") == 0,
+                  "last_error_message() = " + fusekit::last_error_message());
+        }
+
+        // ---- move semantics
+        {
+            auto m1 = fusekit::Buffer::owned<float>(ctx, {5});
+            fk_buffer* raw = m1.get();
+            fusekit::Buffer m2 = std::move(m1);
+            check(m2.get() == raw && !m1 && m1.get() == nullptr, "Buffer move construction transfers the handle");
+            fusekit::Buffer m3 = fusekit::Buffer::owned<float>(ctx, {1});
+            m3 = std::move(m2);  // releases m3's old buffer
+            check(m3.get() == raw && !m2 && m3.numel() == 5, "Buffer move assignment");
+            bool threw = false;
+            try {
+                (void)m2.numel();
+            } catch (const fusekit::Error& e) {
+                threw = e.status() == FK_ERROR_NULL_POINTER;
+            }
+            check(threw, "using a moved-from Buffer throws FK_ERROR_NULL_POINTER");
+            fk_buffer* rel = m3.release();
+            check(!m3 && rel == raw, "release() gives up ownership");
+            fusekit::Buffer back = fusekit::Buffer::adopt(rel);
+            check(back.numel() == 5, "adopt() takes it back");
+
+            fusekit::Context c2 = fusekit::Context::cpu();
+            fusekit::Context c3 = std::move(c2);
+            check(!c2 && bool(c3) && c3.kind() == fusekit::DeviceKind::Cpu, "Context move");
+            bool ctx_threw = false;
+            try {
+                (void)c2.name();
+            } catch (const fusekit::Error& e) {
+                ctx_threw = e.status() == FK_ERROR_NULL_POINTER;
+            }
+            check(ctx_threw, "using a moved-from Context throws");
+            fusekit::Stream s2(c3);
+            fusekit::Stream s3 = std::move(s2);
+            check(!s2 && bool(s3), "Stream move");
+            s3.synchronize();
+
+            std::vector<fusekit::Buffer> many;
+            for (int i = 0; i < 8; i++) many.push_back(fusekit::Buffer::owned<double>(c3, {i + 1}));
+            bool all = true;
+            for (int i = 0; i < 8; i++) all = all && many[i].numel() == i + 1;
+            check(all, "Buffers stored in a std::vector survive reallocation");
+        }
+
+        if (cuda) {
+            // the legacy default stream can be borrowed
+            fusekit::Stream legacy = fusekit::Stream::wrap(ctx, nullptr);
+            check(legacy.handle() == nullptr, "Stream::wrap(nullptr) is the legacy default stream");
+        } else {
+            bool threw = false;
+            try {
+                (void)fusekit::Stream::wrap(ctx, nullptr);
+            } catch (const fusekit::Error& e) {
+                threw = e.status() == FK_ERROR_UNSUPPORTED;
+            }
+            check(threw, "Stream::wrap on a CPU context throws FK_ERROR_UNSUPPORTED");
+        }
+    } catch (const fusekit::Error& e) {
+        check(false, std::string("unexpected fusekit::Error: ") + e.what());
+    } catch (const std::exception& e) {
+        check(false, std::string("unexpected exception: ") + e.what());
+    }
+
+    std::printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail == 0 ? 0 : 1;
+}

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Builds (gcc/g++) and runs fusekit's C-side checks against the built library:
+#   1. include/fusekit.h compiles alone as C99 and as C++17 (syntax, and a link of
+#      one call from each language);
+#   2. tests/c/test_fusekit.c (the C ABI conformance test);
+#   3. every examples/*.c program;
+#   4. the C++ wrapper test (bindings/cpp/run.sh).
+#
+#   cargo build --release && tests/c/run.sh
+#   FK_TEST_DEVICE=cuda tests/c/run.sh           # cpu (default), cuda or auto
+#   FUSEKIT_LIB_DIR=target/debug tests/c/run.sh  # another build of the library
+#
+# Binaries go to ${FK_C_BUILD_DIR:-target/c-tests}; the library is found through
+# an rpath (and LD_LIBRARY_PATH). Exits non-zero when any step fails; the last
+# line is "run.sh: N passed, M failed" (one count per step).
+set -uo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+LIB_DIR="${FUSEKIT_LIB_DIR:-$ROOT/target/release}"
+LIB_DIR="$(cd "$LIB_DIR" 2>/dev/null && pwd || echo "$LIB_DIR")"
+export FK_C_BUILD_DIR="${FK_C_BUILD_DIR:-$ROOT/target/c-tests}"
+BUILD_DIR="$FK_C_BUILD_DIR"
+CC="${CC:-gcc}"
+CXX="${CXX:-g++}"
+export FK_TEST_DEVICE="${FK_TEST_DEVICE:-cpu}"
+export FUSEKIT_LIB_DIR="$LIB_DIR"
+export LD_LIBRARY_PATH="$LIB_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+if [[ ! -e "$LIB_DIR/libfusekit.so" ]]; then
+    echo "tests/c/run.sh: $LIB_DIR/libfusekit.so not found (run 'cargo build --release' or set FUSEKIT_LIB_DIR)" >&2
+    exit 2
+fi
+mkdir -p "$BUILD_DIR"
+echo "# library: $LIB_DIR/libfusekit.so, device: $FK_TEST_DEVICE, build dir: $BUILD_DIR"
+
+passed=0
+failed=0
+step() { # step NAME COMMAND...
+    local name="$1"
+    shift
+    echo "== $name"
+    if "$@"; then
+        echo "== $name: ok"
+        passed=$((passed + 1))
+    else
+        echo "== $name: FAILED"
+        failed=$((failed + 1))
+    fi
+}
+
+LINK=(-L"$LIB_DIR" -lfusekit -Wl,-rpath,"$LIB_DIR")
+CWARN=(-std=c99 -Wall -Wextra -Werror -pedantic)
+
+# --- 1. the header alone, from C99 and C++17
+header_c99() {
+    "$CC" -std=c99 -pedantic -Werror -Wall -Wextra -fsyntax-only -x c "$ROOT/include/fusekit.h" &&
+        printf '#include "fusekit.h"\n#include <stdio.h>\nint main(void) { puts(fk_version_string()); return fk_abi_version() == FK_ABI_VERSION ? 0 : 1; }\n' \
+            >"$BUILD_DIR/header_c99.c" &&
+        "$CC" "${CWARN[@]}" -I"$ROOT/include" "$BUILD_DIR/header_c99.c" -o "$BUILD_DIR/header_c99" "${LINK[@]}" &&
+        "$BUILD_DIR/header_c99"
+}
+header_cxx() {
+    "$CXX" -std=c++17 -pedantic -Werror -Wall -Wextra -fsyntax-only -x c++ "$ROOT/include/fusekit.h" &&
+        printf '#include "fusekit.h"\n#include <cstdio>\nint main() { std::puts(fk_status_string(FK_ERROR_ALIASING)); fk_context* c = nullptr; fk_status s = fk_context_create(FK_ABI_VERSION, FK_DEVICE_CPU, 0, &c); fk_context_destroy(c); return s; }\n' \
+            >"$BUILD_DIR/header_cxx.cpp" &&
+        "$CXX" -std=c++17 -Wall -Wextra -Werror -pedantic -I"$ROOT/include" "$BUILD_DIR/header_cxx.cpp" -o "$BUILD_DIR/header_cxx" "${LINK[@]}" &&
+        "$BUILD_DIR/header_cxx"
+}
+step "fusekit.h compiles as C99 (-std=c99 -pedantic -Werror) and links" header_c99
+step "fusekit.h compiles as C++17 (g++ -std=c++17 -x c++) and links" header_cxx
+
+# --- 2. the C ABI test
+c_test() {
+    "$CC" "${CWARN[@]}" -O1 -I"$ROOT/include" "$HERE/test_fusekit.c" -o "$BUILD_DIR/test_fusekit" "${LINK[@]}" -lm &&
+        "$BUILD_DIR/test_fusekit" "$FK_TEST_DEVICE"
+}
+step "tests/c/test_fusekit.c ($FK_TEST_DEVICE)" c_test
+
+# --- 3. the examples (they pick the device themselves: FK_DEVICE_AUTO)
+example() {
+    local src="$1" exe
+    exe="$BUILD_DIR/example_$(basename "$src" .c)"
+    "$CC" "${CWARN[@]}" -O2 -I"$ROOT/include" "$src" -o "$exe" "${LINK[@]}" -lm && "$exe"
+}
+for src in "$ROOT"/examples/*.c; do
+    [[ -e "$src" ]] || continue
+    step "examples/$(basename "$src")" example "$src"
+done
+
+# --- 4. the C++ wrapper
+step "bindings/cpp (C++17 RAII wrapper test)" bash "$ROOT/bindings/cpp/run.sh"
+
+echo "run.sh: $passed passed, $failed failed"
+[[ $failed -eq 0 ]]

@@ -130,14 +130,15 @@ __device__ __forceinline__ i64 grid_stride() { return (i64)gridDim.x * blockDim.
 __device__ __forceinline__ i64 thread_index() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
 
 // Offsets of linear index `i` in each operand (row-major over args.shape).
+// Offsets in each operand of row `i` over the outer dims [0, g.ndim - 1) (row-major).
 // I: index type (unsigned 32 or signed 64 bit); O: offset type (int or i64). The
 // host picks 32-bit only when every index and offset fits.
 template <typename I, typename O, int NOPS>
-__device__ __forceinline__ void offsets(const EwArgs& g, I i, O* off) {
+__device__ __forceinline__ void row_offsets(const EwArgs& g, I i, O* off) {
     O o0 = 0, o1 = 0, o2 = 0;
 #pragma unroll
-    for (int d = FK_MAX_DIMS - 1; d >= 0; --d) {
-        if (d < g.ndim) {
+    for (int d = FK_MAX_DIMS - 2; d >= 0; --d) {
+        if (d < g.ndim - 1) {
             I ext = (I)g.shape[d];
             I q = i / ext;
             I c = i - q * ext;
@@ -150,6 +151,37 @@ __device__ __forceinline__ void offsets(const EwArgs& g, I i, O* off) {
     off[0] = o0;
     if (NOPS > 1) off[1] = o1;
     if (NOPS > 2) off[2] = o2;
+}
+
+// Loads N consecutive elements along the innermost dim starting at element `off`
+// with inner stride `s`: one 16-byte load when `vec` (s == 1, aligned), one scalar
+// load broadcast when s == 0, else N strided loads (`n_valid` bounds the tail).
+template <typename T>
+__device__ __forceinline__ Vec16<T> load_run(const char* base, i64 off, i64 s, bool vec, int n_valid) {
+    Vec16<T> v;
+    if (vec && s == 1) {
+        v = *reinterpret_cast<const Vec16<T>*>(base + off * (i64)sizeof(T));
+    } else if (s == 0) {
+        T x = ld<T>(base, off);
+#pragma unroll
+        for (int k = 0; k < Vec16<T>::N; ++k) v.v[k] = x;
+    } else {
+#pragma unroll
+        for (int k = 0; k < Vec16<T>::N; ++k)
+            if (k < n_valid) v.v[k] = ld<T>(base, off + k * s);
+    }
+    return v;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_run(char* base, i64 off, i64 s, bool vec, int n_valid, const Vec16<T>& v) {
+    if (vec) {
+        *reinterpret_cast<Vec16<T>*>(base + off * (i64)sizeof(T)) = v;
+    } else {
+#pragma unroll
+        for (int k = 0; k < Vec16<T>::N; ++k)
+            if (k < n_valid) st<T>(base, off + k * s, v.v[k]);
+    }
 }
 
 template <int OP, typename T>
@@ -181,18 +213,36 @@ __device__ void binary_contig(const EwArgs& g) {
     }
 }
 
+// Strided layout: each work item is a run of N = 16/sizeof(T) consecutive elements
+// along the innermost dim of one row, so index arithmetic is paid once per run
+// and, when the host found the runs aligned and dense (`vec_ok`), moves 16 bytes.
 template <int OP, typename T, typename I, typename O>
 __device__ void binary_strided(const EwArgs& g) {
     typedef typename Compute<T>::type C;
+    enum { N = Vec16<T>::N };
     Scalars<C> s = {scalar_of<C>(g.alpha_re, g.alpha_im), scalar_of<C>(g.beta_re, g.beta_im)};
     const char* a = (const char*)g.a;
     const char* b = (const char*)g.b;
     char* o = (char*)g.out;
-    for (i64 i = thread_index(); i < g.n; i += grid_stride()) {
+    const int last = g.ndim - 1;
+    const i64 inner = g.shape[last];
+    const i64 runs = (inner + N - 1) / N;
+    const i64 items = (g.n / inner) * runs;
+    const i64 so = g.so[last], sa = g.sa[last], sb = g.sb[last];
+    for (i64 it = thread_index(); it < items; it += grid_stride()) {
+        I row = (I)it / (I)runs;
+        I c = (I)it - row * (I)runs;
         O off[3];
-        offsets<I, O, 3>(g, (I)i, off);
-        T r = from_compute<T>(Bin<OP, C>::f(to_compute(ld<T>(a, (i64)off[1])), to_compute(ld<T>(b, (i64)off[2])), s));
-        st<T>(o, (i64)off[0], r);
+        row_offsets<I, O, 3>(g, row, off);
+        i64 col = (i64)c * N;
+        int valid = (int)min((i64)N, inner - col);
+        bool vec = g.vec_ok && valid == N;
+        Vec16<T> x = load_run<T>(a, (i64)off[1] + col * sa, sa, vec, valid);
+        Vec16<T> y = load_run<T>(b, (i64)off[2] + col * sb, sb, vec, valid);
+        Vec16<T> z;
+#pragma unroll
+        for (int k = 0; k < N; ++k) z.v[k] = from_compute<T>(Bin<OP, C>::f(to_compute(x.v[k]), to_compute(y.v[k]), s));
+        store_run<T>(o, (i64)off[0] + col * so, so, vec, valid, z);
     }
 }
 
@@ -227,13 +277,34 @@ template <int OP, typename T, typename U, typename I, typename O>
 __device__ void unary_strided(const EwArgs& g) {
     typedef typename Compute<T>::type C;
     typedef typename Compute<U>::type D;
+    enum { N = Vec16<T>::N };
     Scalars<C> s = {scalar_of<C>(g.alpha_re, g.alpha_im), scalar_of<C>(g.beta_re, g.beta_im)};
     const char* a = (const char*)g.a;
     char* o = (char*)g.out;
-    for (i64 i = thread_index(); i < g.n; i += grid_stride()) {
+    const int last = g.ndim - 1;
+    const i64 inner = g.shape[last];
+    const i64 runs = (inner + N - 1) / N;
+    const i64 items = (g.n / inner) * runs;
+    const i64 so = g.so[last], sa = g.sa[last];
+    for (i64 it = thread_index(); it < items; it += grid_stride()) {
+        I row = (I)it / (I)runs;
+        I c = (I)it - row * (I)runs;
         O off[2];
-        offsets<I, O, 2>(g, (I)i, off);
-        st<U>(o, (i64)off[0], from_compute<U>(Un<OP, C, D>::f(to_compute(ld<T>(a, (i64)off[1])), s)));
+        row_offsets<I, O, 2>(g, row, off);
+        i64 col = (i64)c * N;
+        int valid = (int)min((i64)N, inner - col);
+        bool vec = g.vec_ok && valid == N;
+        Vec16<T> x = load_run<T>(a, (i64)off[1] + col * sa, sa, vec, valid);
+        if constexpr (sizeof(T) == sizeof(U)) {
+            Vec16<U> z;
+#pragma unroll
+            for (int k = 0; k < N; ++k) z.v[k] = from_compute<U>(Un<OP, C, D>::f(to_compute(x.v[k]), s));
+            store_run<U>(o, (i64)off[0] + col * so, so, vec, valid, z);
+        } else {
+#pragma unroll
+            for (int k = 0; k < N; ++k)
+                if (k < valid) st<U>(o, (i64)off[0] + (col + k) * so, from_compute<U>(Un<OP, C, D>::f(to_compute(x.v[k]), s)));
+        }
     }
 }
 

@@ -3,10 +3,15 @@
 //! Strides are in elements (as in DLPack, NumPy divided by the item size, and
 //! PyTorch) and may be zero (broadcast views) or negative (reversed views).
 
+use smallvec::SmallVec;
+
 use crate::error::{FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH, Result};
 
 /// Largest rank a buffer may have.
 pub const FK_MAX_DIMS: usize = 8;
+
+/// A shape or strides on the stack (no allocation on the per-call path).
+pub type Dims = SmallVec<[i64; FK_MAX_DIMS]>;
 
 pub fn numel(shape: &[i64]) -> i64 {
     shape.iter().product()
@@ -24,7 +29,11 @@ pub fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
 }
 
 /// True when elements are laid out row-major with no gaps (size-1 dims ignored).
+/// An empty tensor has no elements to lay out and is contiguous whatever its strides.
 pub fn is_contiguous(shape: &[i64], strides: &[i64]) -> bool {
+    if shape.contains(&0) {
+        return true;
+    }
     let mut expected = 1i64;
     for i in (0..shape.len()).rev() {
         if shape[i] == 1 {
@@ -116,9 +125,9 @@ pub fn may_self_overlap(shape: &[i64], strides: &[i64]) -> bool {
 }
 
 /// NumPy broadcasting of two shapes.
-pub fn broadcast_shapes(a: &[i64], b: &[i64]) -> Result<Vec<i64>> {
+pub fn broadcast_shapes(a: &[i64], b: &[i64]) -> Result<Dims> {
     let n = a.len().max(b.len());
-    let mut out = vec![0i64; n];
+    let mut out: Dims = smallvec::smallvec![0i64; n];
     for i in 0..n {
         let da = if i + a.len() >= n {
             a[i + a.len() - n]
@@ -146,7 +155,7 @@ pub fn broadcast_shapes(a: &[i64], b: &[i64]) -> Result<Vec<i64>> {
 
 /// Strides that view `(shape, strides)` as `target` under broadcasting (zero
 /// stride on broadcast dimensions). The caller has checked compatibility.
-pub fn broadcast_strides(shape: &[i64], strides: &[i64], target: &[i64]) -> Vec<i64> {
+pub fn broadcast_strides(shape: &[i64], strides: &[i64], target: &[i64]) -> Dims {
     let n = target.len();
     let off = n - shape.len();
     (0..n)
@@ -163,9 +172,9 @@ pub fn broadcast_strides(shape: &[i64], strides: &[i64], target: &[i64]) -> Vec<
 /// Merges adjacent dimensions that are contiguous with each other in every operand,
 /// and drops size-1 dimensions. All operands share `shape`. Returns the reduced shape
 /// and the reduced strides of each operand (at least one dimension).
-pub fn coalesce(shape: &[i64], strides: &[&[i64]]) -> (Vec<i64>, Vec<Vec<i64>>) {
-    let mut out_shape: Vec<i64> = Vec::new();
-    let mut out_strides: Vec<Vec<i64>> = vec![Vec::new(); strides.len()];
+pub fn coalesce<const K: usize>(shape: &[i64], strides: [&[i64]; K]) -> (Dims, [Dims; K]) {
+    let mut out_shape = Dims::new();
+    let mut out_strides: [Dims; K] = std::array::from_fn(|_| Dims::new());
     for i in 0..shape.len() {
         if shape[i] == 1 {
             continue;
@@ -218,18 +227,31 @@ mod tests {
 
     #[test]
     fn coalescing() {
-        let (s, st) = coalesce(&[2, 3, 4], &[&[12, 4, 1], &[12, 4, 1]]);
-        assert_eq!(s, vec![24]);
-        assert_eq!(st, vec![vec![1], vec![1]]);
+        let (s, st) = coalesce(&[2, 3, 4], [&[12, 4, 1], &[12, 4, 1]]);
+        assert_eq!(s.as_slice(), &[24]);
+        assert_eq!((st[0].as_slice(), st[1].as_slice()), (&[1][..], &[1][..]));
         // a broadcast row vector keeps two dims
-        let (s, st) = coalesce(&[2, 3, 4], &[&[12, 4, 1], &[0, 0, 1]]);
-        assert_eq!(s, vec![6, 4]);
-        assert_eq!(st, vec![vec![4, 1], vec![0, 1]]);
+        let (s, st) = coalesce(&[2, 3, 4], [&[12, 4, 1], &[0, 0, 1]]);
+        assert_eq!(s.as_slice(), &[6, 4]);
+        assert_eq!(
+            (st[0].as_slice(), st[1].as_slice()),
+            (&[4, 1][..], &[0, 1][..])
+        );
         // transposed operand
-        let (s, _) = coalesce(&[3, 4], &[&[4, 1], &[1, 3]]);
-        assert_eq!(s, vec![3, 4]);
-        let (s, st) = coalesce(&[1, 1], &[&[1, 1]]);
-        assert_eq!((s, st), (vec![1], vec![vec![1]]));
+        let (s, _) = coalesce(&[3, 4], [&[4, 1], &[1, 3]]);
+        assert_eq!(s.as_slice(), &[3, 4]);
+        let (s, st) = coalesce(&[1, 1], [&[1, 1]]);
+        assert_eq!((s.as_slice(), st[0].as_slice()), (&[1][..], &[1][..]));
+    }
+
+    #[test]
+    fn contiguity() {
+        assert!(is_contiguous(&[2, 3], &[3, 1]));
+        assert!(!is_contiguous(&[2, 3], &[1, 2]));
+        assert!(is_contiguous(&[2, 1, 3], &[3, 7, 1]));
+        // empty tensors, with the strides `contiguous_strides` gives them
+        assert!(is_contiguous(&[4, 0, 3], &contiguous_strides(&[4, 0, 3])));
+        assert!(is_contiguous(&[0, 0], &contiguous_strides(&[0, 0])));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::layout::FK_MAX_DIMS;
 use crate::ops::elementwise::{ALL_BINARY, ALL_UNARY, BinaryOp, Plan, UnaryOp};
 use crate::stream::Stream;
 
-/// One kernel module per element type: `(name, source)`.
+/// One kernel module per element type: `(name, source)`, in `dtype_index` order.
 pub const MODULES: [(&str, fn() -> String); 6] = [
     ("elementwise_f16", || source("f16")),
     ("elementwise_bf16", || source("bf16")),
@@ -19,14 +19,6 @@ pub const MODULES: [(&str, fn() -> String); 6] = [
     ("elementwise_c64", || source("c64")),
     ("elementwise_c128", || source("c128")),
 ];
-
-fn module_for(d: DType) -> &'static str {
-    MODULES
-        .iter()
-        .find(|(n, _)| n.ends_with(&format!("_{}", d.cuda_name())))
-        .map(|(n, _)| *n)
-        .unwrap_or("")
-}
 
 /// A module's source: op-code definitions generated from the Rust enums, the
 /// element type selector, then `kernels/elementwise.cu`.
@@ -85,6 +77,19 @@ fn args(p: &Plan, op: i32) -> EwArgs {
         && reach(&p.shape, &p.sa) < limit
         && reach(&p.shape, &p.sb) < limit;
     let aligned = [p.out, p.a, p.b].iter().all(|&x| x % 16 == 0);
+    // Strided layout: 16-byte runs along the innermost dim need a dense output run,
+    // inputs that are dense or broadcast there, runs that never straddle a row, and
+    // every dense operand's rows starting on a 16-byte boundary.
+    let vec_n = (16 / p.in_dtype.size()).max(1) as i64;
+    let last = p.shape.len() - 1;
+    let runs_ok = p.shape[last] % vec_n == 0
+        && p.so[last] == 1
+        && [&p.sa, &p.sb].iter().all(|s| s[last] == 0 || s[last] == 1)
+        && [&p.so, &p.sa, &p.sb]
+            .iter()
+            .filter(|s| s[last] == 1)
+            .all(|s| s[..last].iter().all(|&x| x % vec_n == 0));
+    let vec_ok = aligned && (p.contiguous || runs_ok);
     EwArgs {
         n: p.n,
         ndim: p.shape.len() as i32,
@@ -100,26 +105,78 @@ fn args(p: &Plan, op: i32) -> EwArgs {
         alpha_im: p.alpha.im,
         beta_re: p.beta.re,
         beta_im: p.beta.im,
-        vec_ok: aligned as i32,
+        vec_ok: vec_ok as i32,
         small_index: small as i32,
     }
 }
 
-fn run(dev: &CudaDevice, kind: &str, p: &Plan, op: i32, stream: &Stream) -> Result<()> {
+/// `ew_<kind>_<layout>_<dtype>`, as static strings (no formatting per call).
+macro_rules! kernel_names {
+    ($kind:literal, $layout:literal) => {
+        [
+            concat!("ew_", $kind, "_", $layout, "_f16"),
+            concat!("ew_", $kind, "_", $layout, "_bf16"),
+            concat!("ew_", $kind, "_", $layout, "_f32"),
+            concat!("ew_", $kind, "_", $layout, "_f64"),
+            concat!("ew_", $kind, "_", $layout, "_c64"),
+            concat!("ew_", $kind, "_", $layout, "_c128"),
+        ]
+    };
+}
+
+fn kernel_name(kind: Kind, contiguous: bool, d: DType) -> &'static str {
+    const NAMES: [[[&str; 6]; 2]; 3] = [
+        [
+            kernel_names!("binary", "contig"),
+            kernel_names!("binary", "strided"),
+        ],
+        [
+            kernel_names!("unary", "contig"),
+            kernel_names!("unary", "strided"),
+        ],
+        [
+            kernel_names!("abs", "contig"),
+            kernel_names!("abs", "strided"),
+        ],
+    ];
+    NAMES[kind as usize][!contiguous as usize][dtype_index(d)]
+}
+
+fn dtype_index(d: DType) -> usize {
+    match d {
+        DType::F16 => 0,
+        DType::BF16 => 1,
+        DType::F32 => 2,
+        DType::F64 => 3,
+        DType::C64 => 4,
+        DType::C128 => 5,
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Binary = 0,
+    Unary = 1,
+    /// complex -> real magnitude
+    Abs = 2,
+}
+
+fn run(dev: &CudaDevice, kind: Kind, p: &Plan, op: i32, stream: &Stream) -> Result<()> {
     let mut g = args(p, op);
-    let layout = if p.contiguous { "contig" } else { "strided" };
-    let name = format!("ew_{kind}_{layout}_{}", p.in_dtype.cuda_name());
-    let items = if p.contiguous && g.vec_ok != 0 {
-        (p.n * p.in_dtype.size() as i64 + 15) / 16
-    } else {
+    let name = kernel_name(kind, p.contiguous, p.in_dtype);
+    // work items: 16-byte vectors (contiguous) or runs of 16/size elements (strided)
+    let per_item = (16 / p.in_dtype.size()).max(1) as i64;
+    let items = if p.contiguous && g.vec_ok == 0 {
         p.n
+    } else {
+        (p.n + per_item - 1) / per_item
     };
     let grid = grid_for(dev, items);
     let mut params = [&mut g as *mut EwArgs as *mut c_void];
     launch(
         dev,
-        module_for(p.in_dtype),
-        &name,
+        MODULES[dtype_index(p.in_dtype)].0,
+        name,
         (grid, 1, 1),
         (BLOCK, 1, 1),
         0,
@@ -129,14 +186,14 @@ fn run(dev: &CudaDevice, kind: &str, p: &Plan, op: i32, stream: &Stream) -> Resu
 }
 
 pub fn binary(dev: &CudaDevice, op: BinaryOp, p: &Plan, stream: &Stream) -> Result<()> {
-    run(dev, "binary", p, op as i32, stream)
+    run(dev, Kind::Binary, p, op as i32, stream)
 }
 
 pub fn unary(dev: &CudaDevice, op: UnaryOp, p: &Plan, stream: &Stream) -> Result<()> {
     let kind = if op == UnaryOp::Abs && p.in_dtype.is_complex() {
-        "abs"
+        Kind::Abs
     } else {
-        "unary"
+        Kind::Unary
     };
     run(dev, kind, p, op as i32, stream)
 }

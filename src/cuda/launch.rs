@@ -33,7 +33,7 @@ fn debug_sync() -> bool {
 pub fn launch(
     dev: &CudaDevice,
     module: &'static str,
-    function: &str,
+    function: &'static str,
     grid: (u32, u32, u32),
     block: (u32, u32, u32),
     shared_bytes: u32,

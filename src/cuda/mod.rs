@@ -53,7 +53,6 @@ pub fn device_count() -> Result<i32> {
 
 struct Module {
     raw: sys::CUmodule,
-    functions: Mutex<HashMap<String, sys::CUfunction>>,
 }
 
 /// One CUDA device: its retained primary context and per-context module cache.
@@ -65,6 +64,7 @@ pub struct CudaDevice {
     pub arch: (i32, i32),
     pub sm_count: i32,
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
+    functions: Mutex<HashMap<(&'static str, &'static str), sys::CUfunction>>,
 }
 
 // SAFETY: CUDA handles are usable from any thread once the context is current;
@@ -106,6 +106,7 @@ impl CudaDevice {
             ),
             sm_count: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
             modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
         };
         dev.bind()?;
         Ok(dev)
@@ -282,26 +283,34 @@ impl CudaDevice {
         // SAFETY: image is a complete CUBIN for this device's architecture.
         let raw = unsafe { result::module::load_data(image.as_ptr() as *const _) }
             .cuda(&format!("cuModuleLoadData({name})"))?;
-        let m = Arc::new(Module {
-            raw,
-            functions: Mutex::new(HashMap::new()),
-        });
+        let m = Arc::new(Module { raw });
         mods.insert(name, m.clone());
         Ok(m)
     }
 
     /// Looks up `function` in kernel module `module`, compiling it on first use.
-    pub fn function(&self, module: &'static str, function: &str) -> Result<sys::CUfunction> {
-        let m = self.module(module)?;
-        let mut fns = m.functions.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = fns.get(function) {
+    pub fn function(
+        &self,
+        module: &'static str,
+        function: &'static str,
+    ) -> Result<sys::CUfunction> {
+        if let Some(f) = self
+            .functions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(module, function))
+        {
             return Ok(*f);
         }
+        let m = self.module(module)?;
         let cname = std::ffi::CString::new(function).unwrap_or_default();
         // SAFETY: module is loaded.
         let f = unsafe { result::module::get_function(m.raw, cname) }
             .cuda(&format!("cuModuleGetFunction({module}::{function})"))?;
-        fns.insert(function.to_string(), f);
+        self.functions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((module, function), f);
         Ok(f)
     }
 

@@ -12,7 +12,7 @@ use crate::error::{
     FK_ERROR_ALIASING, FK_ERROR_DTYPE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH,
     FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
-use crate::layout;
+use crate::layout::{self, Dims};
 use crate::stream::Stream;
 
 /// Binary operations. The discriminants are the kernels' op codes (passed to NVRTC
@@ -125,10 +125,10 @@ pub struct Scalar {
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub n: i64,
-    pub shape: Vec<i64>,
-    pub so: Vec<i64>,
-    pub sa: Vec<i64>,
-    pub sb: Vec<i64>,
+    pub shape: Dims,
+    pub so: Dims,
+    pub sa: Dims,
+    pub sb: Dims,
     pub out: usize,
     pub a: usize,
     pub b: usize,
@@ -170,12 +170,9 @@ fn plan(
     let sa = layout::broadcast_strides(&a.shape, &a.strides, &out.shape);
     let sb = match b {
         Some(b) => layout::broadcast_strides(&b.shape, &b.strides, &out.shape),
-        None => vec![0; out.shape.len()],
+        None => smallvec::smallvec![0; out.shape.len()],
     };
-    let (shape, mut st) = layout::coalesce(&out.shape, &[&out.strides, &sa, &sb]);
-    let sb = st.pop().unwrap();
-    let sa = st.pop().unwrap();
-    let so = st.pop().unwrap();
+    let (shape, [so, sa, sb]) = layout::coalesce(&out.shape, [&out.strides, &sa, &sb]);
     let contiguous = shape.len() == 1 && so[0] == 1 && sa[0] == 1 && (b.is_none() || sb[0] == 1);
     Plan {
         n: out.numel(),
@@ -217,9 +214,10 @@ pub fn binary(
     );
     check_scalar(alpha, a.dtype, "alpha")?;
     check_scalar(beta, a.dtype, "beta")?;
-    let shape = layout::broadcast_shapes(&a.shape, &b.shape)?;
+    let shape = layout::broadcast_shapes(&a.shape, &b.shape)
+        .map_err(|e| e.context("a and b do not broadcast"))?;
     crate::ensure!(
-        shape == out.shape,
+        shape.as_slice() == out.shape.as_slice(),
         FK_ERROR_SHAPE_MISMATCH,
         "out has shape {:?} but a {:?} and b {:?} broadcast to {shape:?}",
         out.shape,
@@ -253,10 +251,11 @@ pub fn unary(op: UnaryOp, a: &Buffer, out: &Buffer, alpha: Scalar, stream: &Stre
         op.name().to_lowercase(),
         a.dtype
     );
-    check_scalar(alpha, a.dtype, "the scalar")?;
-    let shape = layout::broadcast_shapes(&a.shape, &out.shape)?;
+    check_scalar(alpha, a.dtype, "s")?;
+    let shape = layout::broadcast_shapes(&a.shape, &out.shape)
+        .map_err(|e| e.context("a does not broadcast to out"))?;
     crate::ensure!(
-        shape == out.shape,
+        shape.as_slice() == out.shape.as_slice(),
         FK_ERROR_SHAPE_MISMATCH,
         "out has shape {:?} but a has shape {:?}, which does not broadcast to it",
         out.shape,

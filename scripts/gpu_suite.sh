@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The whole GPU suite in one call, on a machine with a CUDA GPU, from the bundle
+# made by scripts/build_gpu_bundle.sh (carried as .dev/bundle):
+#   CUDA against the CPU oracle (Rust tests through the C ABI), the C and C++ tests on
+#   CUDA, the Python tests (torch, DLPack, streams, the C++ torch extension),
+#   compute-sanitizer memcheck and racecheck, and the benchmarks against PyTorch.
+# Logs go to $OUT (or ./gpu-suite-out); a short table is printed last.
+#   usage: scripts/gpu_suite.sh [step ...]   (default: all steps)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+B=${FK_BUNDLE:-$ROOT/.dev/bundle}
+OUT=${OUT:-$ROOT/gpu-suite-out}
+mkdir -p "$OUT"
+LOG=$OUT/suite.log
+: >"$LOG"
+export FUSEKIT_LIBRARY=$B/lib/libfusekit.so FUSEKIT_LIB_DIR=$B/lib
+export FK_CACHE_DIR=${FK_CACHE_DIR:-/tmp/fusekit-cache} FK_REQUIRE_GPU=1 FK_REQUIRE_NVRTC=1
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+export PYTHONPATH=$ROOT/bindings/python${PYTHONPATH:+:$PYTHONPATH}
+SUMMARY=()
+FAILED=0
+
+step() { # step NAME TIMEOUT CMD...
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  echo "=== $name: $*" | tee -a "$LOG"
+  timeout "$limit" "$@" >>"$LOG" 2>&1
+  local rc=$?
+  local dt=$((SECONDS - t0))
+  local tail_line
+  tail_line=$(grep -E "test result:|passed|failed|ERROR SUMMARY|SKIPPED" "$LOG" | tail -1 | cut -c1-70)
+  if [ $rc -eq 0 ]; then SUMMARY+=("$(printf '%-28s %-6s %5ss  %s' "$name" PASS "$dt" "$tail_line")")
+  else SUMMARY+=("$(printf '%-28s %-6s %5ss  rc=%s %s' "$name" FAIL "$dt" "$rc" "$tail_line")"); FAILED=1; fi
+}
+
+want() { [ $# -eq 0 ] && return 0; for s in "${SELECTED[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+SELECTED=("$@")
+sel() { [ ${#SELECTED[@]} -eq 0 ] || want "$1"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee -a "$LOG"
+
+sel warmup && step warmup 600 python3 -c "import fusekit, time; t=time.time(); c=fusekit.Context('cuda'); c.warmup(); print('warmup', round(time.time()-t,1), 's')"
+for t in gpu_elementwise abi_core abi_elementwise; do
+  [ -x "$B/bin/$t" ] && sel "$t" && step "$t" 600 "$B/bin/$t" --test-threads=1
+done
+sel c_tests && step c_tests 300 env FK_TEST_DEVICE=cuda bash tests/c/run.sh
+sel python && step python 900 python3 -m pytest -q -x bindings/python/tests tests/test_bindings_complete.py
+sel torch_extension && [ -d bindings/cpp/torch_extension ] && \
+  step torch_extension 900 python3 -m pytest -q bindings/cpp/torch_extension
+if sel sanitizer; then
+  export FK_SANITIZE=1   # tests shrink their sizes under the sanitizer
+  step memcheck 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_elementwise" --test-threads=1
+  step racecheck 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_elementwise" --test-threads=1
+  unset FK_SANITIZE
+fi
+sel bench && step bench_rust 300 "$B/bin/bench_elementwise" --json "$OUT/bench_rust.json"
+sel bench && step bench_torch 900 python3 benches/bench_torch.py --json "$OUT/bench_torch.json"
+
+echo
+echo "---- benchmark rows"
+grep -E "^(device|add|mul|axpby|host|device-to-device)" "$LOG" | grep -v "^===" | head -40
+echo
+echo "---- GPU suite summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
+printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"
+exit $FAILED

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs every test that needs no GPU, on a fresh machine; installs what it needs.
+#   - Rust: unit tests, the header staleness check, the C-ABI tests on the CPU
+#     backend, and the NVRTC compile of every kernel for sm_80 and sm_90 (the
+#     nvidia-cuda-nvrtc / nvidia-cuda-runtime wheels provide libnvrtc and headers).
+#   - C and C++: tests/c/run.sh (C test, C example, C++ wrapper test, header as C99/C++).
+#   - Python: the ctypes package (numpy), cffi, bindings completeness, Julia module check.
+# GPU tests run on a CUDA machine with scripts/gpu_suite.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+need() { command -v "$1" >/dev/null 2>&1; }
+if ! need cc || ! need c++ || ! need python3; then
+  echo "installing compilers and python (apt-get)"
+  apt-get update -qq && apt-get install -y -qq build-essential python3 python3-venv python3-pip >/dev/null
+fi
+
+# Python environment with the CUDA compiler wheels (no GPU needed to compile kernels)
+VENV=$ROOT/.venv-test
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+# shellcheck disable=SC1091
+source "$VENV/bin/activate"
+python -m pip install -q --upgrade pip >/dev/null
+python -m pip install -q numpy pytest cffi "nvidia-cuda-nvrtc==13.0.88" "nvidia-cuda-runtime==13.0.96"
+
+echo "==> cargo build --release"
+cargo build --release
+echo "==> cargo test --release (Rust, CPU backend + NVRTC kernel compile)"
+FK_REQUIRE_NVRTC=1 cargo test --release -- --test-threads=2
+
+echo "==> C / C++ tests"
+FUSEKIT_LIB_DIR=$ROOT/target/release FK_TEST_DEVICE=cpu bash tests/c/run.sh
+
+echo "==> Python tests"
+python -m pip install -q "$ROOT/bindings/python"
+FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python -m pytest -q bindings/python/tests tests/*.py

@@ -279,6 +279,15 @@ impl CudaDevice {
             )
         })?;
         let image = nvrtc::compile_cached(name, &source(), &self.arch_name())?;
+        self.load_module(&mut mods, name, &image)
+    }
+
+    fn load_module(
+        &self,
+        mods: &mut HashMap<&'static str, Arc<Module>>,
+        name: &'static str,
+        image: &[u8],
+    ) -> Result<Arc<Module>> {
         self.bind()?;
         // SAFETY: image is a complete CUBIN for this device's architecture.
         let raw = unsafe { result::module::load_data(image.as_ptr() as *const _) }
@@ -314,9 +323,33 @@ impl CudaDevice {
         Ok(f)
     }
 
+    /// Compiles every module not yet loaded, in parallel (NVRTC is thread-safe
+    /// across programs), then loads them.
     pub fn warmup(&self) -> Result<()> {
-        for (name, _) in modules() {
-            self.module(name)?;
+        let mut mods = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        let arch = self.arch_name();
+        let todo: Vec<_> = modules().filter(|(n, _)| !mods.contains_key(n)).collect();
+        let compiled: Vec<Result<Vec<u8>>> = std::thread::scope(|sc| {
+            let jobs: Vec<_> = todo
+                .iter()
+                .map(|(name, source)| {
+                    let arch = &arch;
+                    sc.spawn(move || nvrtc::compile_cached(name, &source(), arch))
+                })
+                .collect();
+            jobs.into_iter()
+                .map(|j| {
+                    j.join().unwrap_or_else(|_| {
+                        Err(Error::new(
+                            crate::error::FK_ERROR_INTERNAL,
+                            "NVRTC worker panicked",
+                        ))
+                    })
+                })
+                .collect()
+        });
+        for ((name, _), image) in todo.iter().zip(compiled) {
+            self.load_module(&mut mods, name, &image?)?;
         }
         Ok(())
     }

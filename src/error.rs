@@ -114,6 +114,13 @@ impl Error {
             message: message.into(),
         }
     }
+
+    /// Prefixes the message with `what` (e.g. which arguments a shape rule was
+    /// applied to): `"<what>: <message>"`.
+    pub fn context(mut self, what: &str) -> Self {
+        self.message = format!("{what}: {}", self.message);
+        self
+    }
 }
 
 /// `bail!(STATUS, "fmt", args)` returns early with an `Error`.

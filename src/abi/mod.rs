@@ -27,18 +27,25 @@ const MAGIC_STREAM: u64 = 0x666b_7374_7265_616d; // "fkstream"
 const MAGIC_BUFFER: u64 = 0x666b_6275_6666_6572; // "fkbuffer"
 
 /// Opaque handle to a device context (see `fk_context_create`).
+// The handles are `repr(C)` so that `magic` is the first word of every kind: the
+// magic check of a wrong-kind pointer (e.g. an fk_stream* passed as fk_buffer*) then
+// reads inside that handle's allocation. Written as `cfg_attr` so that cbindgen,
+// which does not expand it, still emits the handles as opaque structs.
+#[cfg_attr(all(), repr(C))]
 pub struct fk_context {
     magic: u64,
     pub(crate) inner: Arc<Context>,
 }
 
 /// Opaque handle to a stream (see `fk_stream_create`, `fk_stream_wrap`).
+#[cfg_attr(all(), repr(C))]
 pub struct fk_stream {
     magic: u64,
     pub(crate) inner: Arc<Stream>,
 }
 
 /// Opaque handle to a buffer (see `fk_buffer_create`, `fk_buffer_wrap`).
+#[cfg_attr(all(), repr(C))]
 pub struct fk_buffer {
     magic: u64,
     pub(crate) inner: Buffer,
@@ -92,31 +99,47 @@ pub(crate) fn bad_handle(what: &str, kind: &str) -> Error {
     )
 }
 
+/// The first word of a non-NULL handle pointer of any kind (its magic), read
+/// without forming a reference to a handle type that may be the wrong one.
+pub(crate) unsafe fn magic_of<T>(p: *const T) -> u64 {
+    // SAFETY: every handle kind is repr(C) with `magic: u64` first.
+    unsafe { (p as *const u64).read() }
+}
+
 pub(crate) unsafe fn context_ref<'a>(p: *const fk_context, what: &str) -> Result<&'a Arc<Context>> {
     // SAFETY: caller passes a pointer from fk_context_create (or NULL).
-    let h = unsafe { p.as_ref() }.ok_or_else(|| null(what))?;
-    if h.magic != MAGIC_CONTEXT {
+    if p.is_null() {
+        return Err(null(what));
+    }
+    if unsafe { magic_of(p) } != MAGIC_CONTEXT {
         return Err(bad_handle(what, "fk_context"));
     }
-    Ok(&h.inner)
+    // SAFETY: the magic says this is a live fk_context.
+    Ok(unsafe { &(*p).inner })
 }
 
 pub(crate) unsafe fn buffer_ref<'a>(p: *const fk_buffer, what: &str) -> Result<&'a Buffer> {
     // SAFETY: caller passes a pointer from an fk_buffer constructor (or NULL).
-    let h = unsafe { p.as_ref() }.ok_or_else(|| null(what))?;
-    if h.magic != MAGIC_BUFFER {
+    if p.is_null() {
+        return Err(null(what));
+    }
+    if unsafe { magic_of(p) } != MAGIC_BUFFER {
         return Err(bad_handle(what, "fk_buffer"));
     }
-    Ok(&h.inner)
+    // SAFETY: the magic says this is a live fk_buffer.
+    Ok(unsafe { &(*p).inner })
 }
 
 pub(crate) unsafe fn stream_ref<'a>(p: *const fk_stream, what: &str) -> Result<&'a Arc<Stream>> {
     // SAFETY: caller passes a pointer from fk_stream_create/wrap (or NULL).
-    let h = unsafe { p.as_ref() }.ok_or_else(|| null(what))?;
-    if h.magic != MAGIC_STREAM {
+    if p.is_null() {
+        return Err(null(what));
+    }
+    if unsafe { magic_of(p) } != MAGIC_STREAM {
         return Err(bad_handle(what, "fk_stream"));
     }
-    Ok(&h.inner)
+    // SAFETY: the magic says this is a live fk_stream.
+    Ok(unsafe { &(*p).inner })
 }
 
 /// The stream an op runs on: `p`, or the context's default stream when `p` is NULL.
@@ -174,12 +197,13 @@ macro_rules! destroy_handle {
         if p.is_null() {
             return Ok(());
         }
-        // SAFETY: pointer from the matching constructor.
-        let h = unsafe { &mut *p };
-        if h.magic != $magic {
+        // SAFETY: non-NULL handle pointer; only its first word is read before the
+        // magic says which kind it is.
+        if unsafe { $crate::abi::magic_of(p) } != $magic {
             return Err($crate::abi::bad_handle("the handle", $kind));
         }
-        h.magic = 0;
+        // SAFETY: the magic says this is a live handle of this kind.
+        unsafe { (*p).magic = 0 };
         // SAFETY: made by Box::into_raw in new_*.
         drop(unsafe { Box::from_raw(p) });
         Ok(())

@@ -1,0 +1,1371 @@
+//! Shared helpers of the C-ABI integration tests (`abi_core`, `abi_elementwise`,
+//! `gpu_elementwise`). Everything here drives the library through its
+//! `extern "C"` entry points only, as a C caller would.
+//!
+//! - RAII wrappers (`Ctx`, `Stream`, `Buf`) over the raw handles.
+//! - `ok` / `expect_status`: a status, and for failures the message substrings
+//!   read back through `fk_last_error_message`.
+//! - `Cx`: f64 complex values, the currency of every test (real dtypes use im = 0),
+//!   with `encode` / `decode` to and from each dtype's bytes.
+//! - `Rng`: a seeded splitmix64.
+//! - `View`: a strided view (shape, strides, offset) into a 1-D storage buffer, so
+//!   that a test can place an operand transposed, reversed, strided, broadcast by a
+//!   zero stride or misaligned, poison the rest of the storage, and afterwards check
+//!   that nothing outside the view was written.
+//! - `Op`: every elementwise op, its C call and its f64 reference (textbook
+//!   formulas, written independently of the library).
+//! - `assert_close`: `||out - ref|| / ||ref||` against a per-dtype threshold; NaN or
+//!   infinity in the output never passes.
+
+#![allow(dead_code, unused_imports)]
+
+use std::ffi::{CStr, c_char, c_void};
+use std::ptr::{null, null_mut};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub use fusekit::abi::core::*;
+pub use fusekit::abi::elementwise::*;
+pub use fusekit::abi::{fk_buffer, fk_context, fk_scalar, fk_stream};
+pub use fusekit::context::{FK_DEVICE_AUTO, FK_DEVICE_CPU, FK_DEVICE_CUDA, fk_device_kind};
+pub use fusekit::dtype::{
+    FK_DTYPE_BF16, FK_DTYPE_C64, FK_DTYPE_C128, FK_DTYPE_F16, FK_DTYPE_F32, FK_DTYPE_F64, fk_dtype,
+};
+pub use fusekit::error::{
+    FK_ERROR_ABI_MISMATCH, FK_ERROR_ALIASING, FK_ERROR_BUFFER_TOO_SMALL, FK_ERROR_CUDA,
+    FK_ERROR_CUDA_UNAVAILABLE, FK_ERROR_DEVICE_MISMATCH, FK_ERROR_DTYPE_MISMATCH,
+    FK_ERROR_INTERNAL, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_IO, FK_ERROR_KERNEL_COMPILE,
+    FK_ERROR_LIBRARY_NOT_FOUND, FK_ERROR_NULL_POINTER, FK_ERROR_OUT_OF_MEMORY,
+    FK_ERROR_SHAPE_MISMATCH, FK_ERROR_UNSUPPORTED, FK_ERROR_UNSUPPORTED_DTYPE, FK_OK, fk_status,
+};
+
+// ------------------------------------------------------------------ statuses, messages
+
+/// Reads a NUL-terminated string returned by the library.
+pub fn cstr(p: *const c_char) -> String {
+    assert!(!p.is_null(), "the library returned a NULL string");
+    // SAFETY: the library returns NUL-terminated strings.
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .expect("library strings are UTF-8")
+        .to_owned()
+}
+
+/// This thread's last error message (pointer form).
+pub fn last_error() -> String {
+    cstr(fk_last_error_message())
+}
+
+pub fn status_name(s: fk_status) -> String {
+    cstr(fk_status_string(s))
+}
+
+/// Asserts `FK_OK`, printing the status name and the last message otherwise.
+#[track_caller]
+pub fn ok(s: fk_status) {
+    assert!(
+        s == FK_OK,
+        "expected FK_OK, got {} ({s}): {}",
+        status_name(s),
+        last_error()
+    );
+}
+
+/// Asserts that a call failed with `want` and that the last error message contains
+/// every one of `needles` (the function's name, the argument, the cause).
+#[track_caller]
+pub fn expect_status(s: fk_status, want: fk_status, needles: &[&str]) {
+    let msg = last_error();
+    assert!(
+        s == want,
+        "expected {} ({want}), got {} ({s}); last message: {msg:?}",
+        status_name(want),
+        status_name(s)
+    );
+    for n in needles {
+        assert!(
+            msg.contains(n),
+            "status {} is right but the message {msg:?} does not contain {n:?}",
+            status_name(s)
+        );
+    }
+}
+
+/// Whether a usable CUDA device is present (`fk_device_count`).
+pub fn device_count() -> i32 {
+    let mut n = -1;
+    ok(unsafe { fk_device_count(&mut n) });
+    assert!(n >= 0);
+    n
+}
+
+// ------------------------------------------------------------------ RAII handles
+
+/// An `fk_context*`, destroyed on drop.
+pub struct Ctx(pub *mut fk_context);
+
+impl Ctx {
+    pub fn try_new(kind: fk_device_kind, ordinal: i32) -> Result<Ctx, fk_status> {
+        let mut p = null_mut();
+        let s = unsafe { fk_context_create(FK_ABI_VERSION, kind, ordinal, &mut p) };
+        if s == FK_OK {
+            assert!(!p.is_null(), "fk_context_create returned FK_OK and NULL");
+            Ok(Ctx(p))
+        } else {
+            assert!(p.is_null(), "fk_context_create failed but wrote a handle");
+            Err(s)
+        }
+    }
+    pub fn cpu() -> Ctx {
+        Ctx::try_new(FK_DEVICE_CPU, 0)
+            .unwrap_or_else(|s| panic!("CPU context: {} {}", status_name(s), last_error()))
+    }
+    pub fn cuda(ordinal: i32) -> Ctx {
+        Ctx::try_new(FK_DEVICE_CUDA, ordinal)
+            .unwrap_or_else(|s| panic!("CUDA context: {} {}", status_name(s), last_error()))
+    }
+    pub fn raw(&self) -> *mut fk_context {
+        self.0
+    }
+    /// `(kind, ordinal)` of the context's device.
+    pub fn device(&self) -> (fk_device_kind, i32) {
+        let (mut k, mut o) = (-1, -1);
+        ok(unsafe { fk_context_device(self.0, &mut k, &mut o) });
+        (k, o)
+    }
+    pub fn is_cuda(&self) -> bool {
+        self.device().0 == FK_DEVICE_CUDA
+    }
+    pub fn sync_default(&self) {
+        // The legacy default stream orders after every blocking stream.
+        let s = Stream::default_of(self);
+        if let Some(s) = s {
+            s.sync();
+        }
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        let s = unsafe { fk_context_destroy(self.0) };
+        if !std::thread::panicking() {
+            ok(s);
+        }
+    }
+}
+
+/// An `fk_stream*`, destroyed on drop.
+pub struct Stream(pub *mut fk_stream);
+
+impl Stream {
+    pub fn new(ctx: &Ctx) -> Stream {
+        let mut p = null_mut();
+        ok(unsafe { fk_stream_create(ctx.0, &mut p) });
+        assert!(!p.is_null());
+        Stream(p)
+    }
+    /// Wraps a raw `CUstream` (CUDA contexts only).
+    pub fn wrap(ctx: &Ctx, raw: *mut c_void) -> Stream {
+        let mut p = null_mut();
+        ok(unsafe { fk_stream_wrap(ctx.0, raw, &mut p) });
+        assert!(!p.is_null());
+        Stream(p)
+    }
+    /// The legacy default stream wrapped (CUDA), `None` on the CPU.
+    pub fn default_of(ctx: &Ctx) -> Option<Stream> {
+        if ctx.is_cuda() {
+            Some(Stream::wrap(ctx, null_mut()))
+        } else {
+            None
+        }
+    }
+    pub fn raw(&self) -> *mut fk_stream {
+        self.0
+    }
+    pub fn sync(&self) {
+        ok(unsafe { fk_stream_synchronize(self.0) });
+    }
+    pub fn handle(&self) -> *mut c_void {
+        let mut h = 1usize as *mut c_void;
+        ok(unsafe { fk_stream_handle(self.0, &mut h) });
+        h
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let s = unsafe { fk_stream_destroy(self.0) };
+        if !std::thread::panicking() {
+            ok(s);
+        }
+    }
+}
+
+/// An `fk_buffer*`, destroyed on drop.
+pub struct Buf(pub *mut fk_buffer);
+
+impl Buf {
+    pub fn new(ctx: &Ctx, dtype: fk_dtype, shape: &[i64]) -> Buf {
+        Buf::new_on(ctx, dtype, shape, null())
+    }
+    pub fn new_on(ctx: &Ctx, dtype: fk_dtype, shape: &[i64], stream: *const fk_stream) -> Buf {
+        let mut p = null_mut();
+        ok(unsafe {
+            fk_buffer_create(
+                ctx.0,
+                dtype,
+                shape.len() as i32,
+                shape.as_ptr(),
+                stream,
+                &mut p,
+            )
+        });
+        assert!(!p.is_null());
+        Buf(p)
+    }
+    /// Wraps `data` (host memory for a CPU context, device memory for CUDA).
+    ///
+    /// # Safety
+    /// `data` must address every element of the view and outlive the handle.
+    pub unsafe fn wrap(
+        ctx: &Ctx,
+        data: *mut c_void,
+        dtype: fk_dtype,
+        shape: &[i64],
+        strides: Option<&[i64]>,
+    ) -> Buf {
+        let mut p = null_mut();
+        ok(unsafe {
+            fk_buffer_wrap(
+                ctx.0,
+                data,
+                dtype,
+                shape.len() as i32,
+                shape.as_ptr(),
+                strides.map_or(null(), |s| s.as_ptr()),
+                &mut p,
+            )
+        });
+        assert!(!p.is_null());
+        Buf(p)
+    }
+    /// A new buffer holding `vals`.
+    pub fn from_vals(ctx: &Ctx, dtype: fk_dtype, shape: &[i64], vals: &[Cx]) -> Buf {
+        let b = Buf::new(ctx, dtype, shape);
+        b.write(vals);
+        b
+    }
+    pub fn raw(&self) -> *mut fk_buffer {
+        self.0
+    }
+    pub fn dtype(&self) -> fk_dtype {
+        let mut d = -1;
+        ok(unsafe { fk_buffer_dtype(self.0, &mut d) });
+        d
+    }
+    pub fn ndim(&self) -> i32 {
+        let mut n = -1;
+        ok(unsafe { fk_buffer_ndim(self.0, &mut n) });
+        n
+    }
+    pub fn shape(&self) -> Vec<i64> {
+        let mut v = vec![-7i64; self.ndim() as usize];
+        ok(unsafe { fk_buffer_shape(self.0, v.as_mut_ptr()) });
+        v
+    }
+    pub fn strides(&self) -> Vec<i64> {
+        let mut v = vec![-7i64; self.ndim() as usize];
+        ok(unsafe { fk_buffer_strides(self.0, v.as_mut_ptr()) });
+        v
+    }
+    pub fn numel(&self) -> i64 {
+        let mut n = -1;
+        ok(unsafe { fk_buffer_numel(self.0, &mut n) });
+        n
+    }
+    pub fn nbytes(&self) -> usize {
+        let mut n = usize::MAX;
+        ok(unsafe { fk_buffer_nbytes(self.0, &mut n) });
+        n
+    }
+    pub fn is_contiguous(&self) -> bool {
+        let mut c = -1;
+        ok(unsafe { fk_buffer_is_contiguous(self.0, &mut c) });
+        assert!(c == 0 || c == 1);
+        c == 1
+    }
+    pub fn data(&self) -> *mut c_void {
+        let mut p = 1usize as *mut c_void;
+        ok(unsafe { fk_buffer_data(self.0, &mut p) });
+        p
+    }
+    pub fn device(&self) -> (fk_device_kind, i32) {
+        let (mut k, mut o) = (-1, -1);
+        ok(unsafe { fk_buffer_device(self.0, &mut k, &mut o) });
+        (k, o)
+    }
+    pub fn write_bytes(&self, bytes: &[u8]) {
+        ok(unsafe {
+            fk_buffer_copy_from_host(self.0, bytes.as_ptr() as *const c_void, bytes.len(), null())
+        });
+    }
+    pub fn read_bytes(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.nbytes()];
+        ok(unsafe {
+            fk_buffer_copy_to_host(self.0, v.as_mut_ptr() as *mut c_void, v.len(), null())
+        });
+        v
+    }
+    pub fn write(&self, vals: &[Cx]) {
+        self.write_bytes(&encode(self.dtype(), vals));
+    }
+    pub fn read(&self) -> Vec<Cx> {
+        decode(self.dtype(), &self.read_bytes())
+    }
+    /// Gives up ownership (for tests that destroy the handle themselves).
+    pub fn into_raw(self) -> *mut fk_buffer {
+        let p = self.0;
+        std::mem::forget(self);
+        p
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        let s = unsafe { fk_buffer_destroy(self.0) };
+        if !std::thread::panicking() {
+            ok(s);
+        }
+    }
+}
+
+// ------------------------------------------------------------------ dtypes
+
+pub const DTYPES: [fk_dtype; 6] = [
+    FK_DTYPE_F16,
+    FK_DTYPE_BF16,
+    FK_DTYPE_F32,
+    FK_DTYPE_F64,
+    FK_DTYPE_C64,
+    FK_DTYPE_C128,
+];
+
+pub fn dsize(d: fk_dtype) -> usize {
+    match d {
+        FK_DTYPE_F16 | FK_DTYPE_BF16 => 2,
+        FK_DTYPE_F32 => 4,
+        FK_DTYPE_F64 | FK_DTYPE_C64 => 8,
+        FK_DTYPE_C128 => 16,
+        _ => panic!("unknown dtype {d}"),
+    }
+}
+
+pub fn is_complex(d: fk_dtype) -> bool {
+    d == FK_DTYPE_C64 || d == FK_DTYPE_C128
+}
+
+/// The real dtype of a complex one (the dtype itself when real).
+pub fn real_of(d: fk_dtype) -> fk_dtype {
+    match d {
+        FK_DTYPE_C64 => FK_DTYPE_F32,
+        FK_DTYPE_C128 => FK_DTYPE_F64,
+        d => d,
+    }
+}
+
+pub fn dname(d: fk_dtype) -> &'static str {
+    match d {
+        FK_DTYPE_F16 => "f16",
+        FK_DTYPE_BF16 => "bf16",
+        FK_DTYPE_F32 => "f32",
+        FK_DTYPE_F64 => "f64",
+        FK_DTYPE_C64 => "complex64",
+        FK_DTYPE_C128 => "complex128",
+        _ => "?",
+    }
+}
+
+/// Relative-error threshold per dtype (DESIGN.md "Numerics and tests").
+pub fn tol(d: fk_dtype) -> f64 {
+    match d {
+        FK_DTYPE_F16 | FK_DTYPE_BF16 => 1e-2,
+        FK_DTYPE_F32 | FK_DTYPE_C64 => 1e-5,
+        FK_DTYPE_F64 | FK_DTYPE_C128 => 1e-12,
+        _ => panic!("unknown dtype {d}"),
+    }
+}
+
+// ------------------------------------------------------------------ values
+
+/// An f64 complex value; real dtypes use `im == 0`.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct Cx {
+    pub re: f64,
+    pub im: f64,
+}
+
+pub const fn cx(re: f64, im: f64) -> Cx {
+    Cx { re, im }
+}
+pub const fn re(re: f64) -> Cx {
+    Cx { re, im: 0.0 }
+}
+
+impl Cx {
+    pub fn scalar(self) -> fk_scalar {
+        fk_scalar {
+            re: self.re,
+            im: self.im,
+        }
+    }
+    pub fn is_finite(self) -> bool {
+        self.re.is_finite() && self.im.is_finite()
+    }
+    pub fn has_nan(self) -> bool {
+        self.re.is_nan() || self.im.is_nan()
+    }
+    pub fn add(self, o: Cx) -> Cx {
+        cx(self.re + o.re, self.im + o.im)
+    }
+    pub fn sub(self, o: Cx) -> Cx {
+        cx(self.re - o.re, self.im - o.im)
+    }
+    pub fn mul(self, o: Cx) -> Cx {
+        cx(
+            self.re * o.re - self.im * o.im,
+            self.re * o.im + self.im * o.re,
+        )
+    }
+    /// Textbook `a * conj(b) / |b|^2`.
+    pub fn div(self, o: Cx) -> Cx {
+        let d = o.re * o.re + o.im * o.im;
+        cx(
+            (self.re * o.re + self.im * o.im) / d,
+            (self.im * o.re - self.re * o.im) / d,
+        )
+    }
+    pub fn neg(self) -> Cx {
+        cx(-self.re, -self.im)
+    }
+    pub fn abs(self) -> f64 {
+        self.re.hypot(self.im)
+    }
+    pub fn exp(self) -> Cx {
+        let e = self.re.exp();
+        cx(e * self.im.cos(), e * self.im.sin())
+    }
+    pub fn ln(self) -> Cx {
+        cx(self.abs().ln(), self.im.atan2(self.re))
+    }
+    /// Principal root `sqrt(r) * e^(i theta/2)`.
+    pub fn sqrt(self) -> Cx {
+        let (r, t) = (self.abs().sqrt(), self.im.atan2(self.re) / 2.0);
+        cx(r * t.cos(), r * t.sin())
+    }
+    pub fn sin(self) -> Cx {
+        cx(
+            self.re.sin() * self.im.cosh(),
+            self.re.cos() * self.im.sinh(),
+        )
+    }
+    pub fn cos(self) -> Cx {
+        cx(
+            self.re.cos() * self.im.cosh(),
+            -self.re.sin() * self.im.sinh(),
+        )
+    }
+    /// `(e^(2z) - 1) / (e^(2z) + 1)`.
+    pub fn tanh(self) -> Cx {
+        let e = cx(2.0 * self.re, 2.0 * self.im).exp();
+        e.sub(re(1.0)).div(e.add(re(1.0)))
+    }
+    pub fn sigmoid(self) -> Cx {
+        re(1.0).div(re(1.0).add(self.neg().exp()))
+    }
+}
+
+/// Rounds `v` to what `dtype` can hold (the inputs the library really sees).
+pub fn quantize(dtype: fk_dtype, v: Cx) -> Cx {
+    match dtype {
+        FK_DTYPE_F16 => re(half::f16::from_f64(v.re).to_f64()),
+        FK_DTYPE_BF16 => re(half::bf16::from_f64(v.re).to_f64()),
+        FK_DTYPE_F32 => re(v.re as f32 as f64),
+        FK_DTYPE_F64 => re(v.re),
+        FK_DTYPE_C64 => cx(v.re as f32 as f64, v.im as f32 as f64),
+        FK_DTYPE_C128 => v,
+        _ => panic!("unknown dtype {dtype}"),
+    }
+}
+
+/// Encodes values as `dtype` elements (little endian; complex interleaved).
+pub fn encode(dtype: fk_dtype, vals: &[Cx]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(vals.len() * dsize(dtype));
+    for v in vals {
+        match dtype {
+            FK_DTYPE_F16 => {
+                out.extend_from_slice(&half::f16::from_f64(v.re).to_bits().to_le_bytes())
+            }
+            FK_DTYPE_BF16 => {
+                out.extend_from_slice(&half::bf16::from_f64(v.re).to_bits().to_le_bytes())
+            }
+            FK_DTYPE_F32 => out.extend_from_slice(&(v.re as f32).to_le_bytes()),
+            FK_DTYPE_F64 => out.extend_from_slice(&v.re.to_le_bytes()),
+            FK_DTYPE_C64 => {
+                out.extend_from_slice(&(v.re as f32).to_le_bytes());
+                out.extend_from_slice(&(v.im as f32).to_le_bytes());
+            }
+            FK_DTYPE_C128 => {
+                out.extend_from_slice(&v.re.to_le_bytes());
+                out.extend_from_slice(&v.im.to_le_bytes());
+            }
+            _ => panic!("unknown dtype {dtype}"),
+        }
+    }
+    out
+}
+
+/// Decodes `dtype` elements.
+pub fn decode(dtype: fk_dtype, bytes: &[u8]) -> Vec<Cx> {
+    let sz = dsize(dtype);
+    assert_eq!(bytes.len() % sz, 0);
+    bytes
+        .chunks_exact(sz)
+        .map(|c| decode_one(dtype, c))
+        .collect()
+}
+
+fn decode_one(dtype: fk_dtype, c: &[u8]) -> Cx {
+    let f32_at = |i: usize| f32::from_le_bytes(c[i..i + 4].try_into().unwrap()) as f64;
+    let f64_at = |i: usize| f64::from_le_bytes(c[i..i + 8].try_into().unwrap());
+    match dtype {
+        FK_DTYPE_F16 => re(half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64()),
+        FK_DTYPE_BF16 => re(half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64()),
+        FK_DTYPE_F32 => re(f32_at(0)),
+        FK_DTYPE_F64 => re(f64_at(0)),
+        FK_DTYPE_C64 => cx(f32_at(0), f32_at(4)),
+        FK_DTYPE_C128 => cx(f64_at(0), f64_at(8)),
+        _ => panic!("unknown dtype {dtype}"),
+    }
+}
+
+// ------------------------------------------------------------------ random numbers
+
+/// splitmix64: tiny, seeded, good enough for test data.
+#[derive(Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x5851_f42d_4c95_7f2d)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.unit()
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+    /// Magnitude in [lo, hi) with a random sign.
+    pub fn signed(&mut self, lo: f64, hi: f64) -> f64 {
+        let m = self.uniform(lo, hi);
+        if self.next_u64() & 1 == 0 { m } else { -m }
+    }
+}
+
+/// Where an operand's random values come from.
+#[derive(Clone, Copy, Debug)]
+pub enum Domain {
+    /// Components of magnitude in [0.25, 2) with random signs: away from zero (safe
+    /// divisors, no complex branch cuts or poles), both signs for relu.
+    Signed,
+    /// Reals in [0.25, 3) (log, sqrt); complex as `Signed`.
+    Positive,
+}
+
+pub fn random_value(rng: &mut Rng, dtype: fk_dtype, dom: Domain) -> Cx {
+    let v = if is_complex(dtype) {
+        cx(rng.signed(0.25, 2.0), rng.signed(0.25, 2.0))
+    } else {
+        match dom {
+            Domain::Signed => re(rng.signed(0.25, 2.0)),
+            Domain::Positive => re(rng.uniform(0.25, 3.0)),
+        }
+    };
+    quantize(dtype, v)
+}
+
+pub fn random_values(rng: &mut Rng, dtype: fk_dtype, n: usize, dom: Domain) -> Vec<Cx> {
+    (0..n).map(|_| random_value(rng, dtype, dom)).collect()
+}
+
+// ------------------------------------------------------------------ comparison
+
+/// `||out - ref|| / ||ref||`; infinity when `out` holds a NaN or an infinity (an
+/// unwritten, poisoned element or a wrong result never passes).
+pub fn rel_err(out: &[Cx], reference: &[Cx]) -> f64 {
+    assert_eq!(out.len(), reference.len(), "lengths differ");
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (o, r) in out.iter().zip(reference) {
+        assert!(r.is_finite(), "test bug: the reference holds {r:?}");
+        if !o.is_finite() {
+            return f64::INFINITY;
+        }
+        let d = o.sub(*r);
+        num += d.re * d.re + d.im * d.im;
+        den += r.re * r.re + r.im * r.im;
+    }
+    if den == 0.0 {
+        if num == 0.0 { 0.0 } else { f64::INFINITY }
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+/// Asserts `rel_err(out, reference) <= tol`, naming the first bad element.
+#[track_caller]
+pub fn assert_close(out: &[Cx], reference: &[Cx], tol: f64, what: &str) {
+    let e = rel_err(out, reference);
+    if e <= tol {
+        return;
+    }
+    let bad = out
+        .iter()
+        .zip(reference)
+        .position(|(o, r)| !o.is_finite() || o.sub(*r).abs() > tol * r.abs().max(1e-3))
+        .unwrap_or(0);
+    panic!(
+        "{what}: relative error {e:e} > {tol:e} over {} elements; e.g. element {bad}: got {:?}, want {:?}",
+        out.len(),
+        out.get(bad),
+        reference.get(bad)
+    );
+}
+
+// ------------------------------------------------------------------ strided views
+
+/// A view of `shape` with `strides` (elements) whose first element sits at element
+/// `offset` of a 1-D storage of `storage_len` elements.
+#[derive(Clone, Debug, PartialEq)]
+pub struct View {
+    pub shape: Vec<i64>,
+    pub strides: Vec<i64>,
+    pub offset: i64,
+    pub storage_len: i64,
+}
+
+pub fn numel(shape: &[i64]) -> i64 {
+    shape.iter().product()
+}
+
+impl View {
+    /// Lays out `shape` with dimensions nested in `order` (outermost first), each
+    /// dimension's stride multiplied by `step[d]` (2: every other element, negative:
+    /// reversed, 0: broadcast by a zero stride), after `pad` leading elements.
+    pub fn build(shape: &[i64], order: &[usize], step: &[i64], pad: i64) -> View {
+        let nd = shape.len();
+        assert!(order.len() == nd && step.len() == nd);
+        let mut strides = vec![0i64; nd];
+        let mut acc = 1i64;
+        for &d in order.iter().rev() {
+            if step[d] != 0 {
+                strides[d] = acc * step[d];
+                acc *= shape[d].max(1) * step[d].abs();
+            }
+        }
+        if numel(shape) == 0 {
+            return View {
+                shape: shape.to_vec(),
+                strides,
+                offset: pad,
+                storage_len: pad,
+            };
+        }
+        let (mut lo, mut hi) = (0i64, 0i64);
+        for (&n, &s) in shape.iter().zip(&strides) {
+            let span = (n - 1) * s;
+            lo += span.min(0);
+            hi += span.max(0);
+        }
+        View {
+            shape: shape.to_vec(),
+            strides,
+            offset: pad - lo,
+            storage_len: pad + hi - lo + 1,
+        }
+    }
+    pub fn contiguous(shape: &[i64]) -> View {
+        let nd = shape.len();
+        View::build(shape, &(0..nd).collect::<Vec<_>>(), &vec![1; nd], 0)
+    }
+    /// Column-major: the transpose of a contiguous tensor.
+    pub fn transposed(shape: &[i64]) -> View {
+        let nd = shape.len();
+        View::build(shape, &(0..nd).rev().collect::<Vec<_>>(), &vec![1; nd], 0)
+    }
+    /// Every other element along the last dimension (and gaps between rows).
+    pub fn every_other(shape: &[i64]) -> View {
+        let nd = shape.len();
+        let mut step = vec![1; nd];
+        if nd > 0 {
+            step[nd - 1] = 2;
+        }
+        View::build(shape, &(0..nd).collect::<Vec<_>>(), &step, 0)
+    }
+    /// Every dimension reversed (negative strides).
+    pub fn reversed(shape: &[i64]) -> View {
+        let nd = shape.len();
+        View::build(shape, &(0..nd).collect::<Vec<_>>(), &vec![-1; nd], 0)
+    }
+    /// The first dimension broadcast by a zero stride (inputs only).
+    pub fn zero_stride(shape: &[i64]) -> View {
+        let nd = shape.len();
+        let mut step = vec![1; nd];
+        if nd > 0 {
+            step[0] = 0;
+        }
+        View::build(shape, &(0..nd).collect::<Vec<_>>(), &step, 0)
+    }
+    /// Contiguous, but one element past the storage's (aligned) start.
+    pub fn misaligned(shape: &[i64]) -> View {
+        let nd = shape.len();
+        View::build(shape, &(0..nd).collect::<Vec<_>>(), &vec![1; nd], 1)
+    }
+    pub fn numel(&self) -> i64 {
+        numel(&self.shape)
+    }
+    /// Whether this is a plain contiguous tensor filling its whole storage.
+    pub fn is_plain(&self) -> bool {
+        *self == View::contiguous(&self.shape)
+    }
+    /// Storage index of every element, in row-major order of the view.
+    pub fn offsets(&self) -> Vec<usize> {
+        let n = self.numel() as usize;
+        let nd = self.shape.len();
+        let mut out = Vec::with_capacity(n);
+        let mut idx = vec![0i64; nd];
+        for _ in 0..n {
+            let off: i64 = self.offset
+                + idx
+                    .iter()
+                    .zip(&self.strides)
+                    .map(|(i, s)| i * s)
+                    .sum::<i64>();
+            assert!(off >= 0 && off < self.storage_len);
+            out.push(off as usize);
+            for d in (0..nd).rev() {
+                idx[d] += 1;
+                if idx[d] < self.shape[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        out
+    }
+    /// The view's elements (row-major) out of storage values.
+    pub fn gather(&self, storage: &[Cx]) -> Vec<Cx> {
+        self.offsets().into_iter().map(|i| storage[i]).collect()
+    }
+}
+
+/// Named layouts of `shape` that any operand may have (outputs: `zero_ok = false`).
+pub fn layouts(shape: &[i64], zero_ok: bool) -> Vec<(&'static str, View)> {
+    let mut v = vec![
+        ("contiguous", View::contiguous(shape)),
+        ("transposed", View::transposed(shape)),
+        ("every-other", View::every_other(shape)),
+        ("reversed", View::reversed(shape)),
+        ("misaligned", View::misaligned(shape)),
+    ];
+    if zero_ok && shape.first().is_some_and(|&d| d > 1) {
+        v.push(("zero-stride", View::zero_stride(shape)));
+    }
+    v
+}
+
+/// NumPy broadcast of two shapes (for the reference; `None` when incompatible).
+pub fn broadcast_shape(a: &[i64], b: &[i64]) -> Option<Vec<i64>> {
+    let n = a.len().max(b.len());
+    let at = |s: &[i64], i: usize| {
+        if i + s.len() >= n {
+            s[i + s.len() - n]
+        } else {
+            1
+        }
+    };
+    (0..n)
+        .map(|i| {
+            let (x, y) = (at(a, i), at(b, i));
+            if x == y || y == 1 {
+                Some(x)
+            } else if x == 1 {
+                Some(y)
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// Row-major values of `shape` broadcast to `target`.
+pub fn broadcast_to(vals: &[Cx], shape: &[i64], target: &[i64]) -> Vec<Cx> {
+    let view = View {
+        shape: target.to_vec(),
+        strides: {
+            let off = target.len() - shape.len();
+            let cs = View::contiguous(shape).strides;
+            (0..target.len())
+                .map(|i| {
+                    if i < off || shape[i - off] == 1 {
+                        0
+                    } else {
+                        cs[i - off]
+                    }
+                })
+                .collect()
+        },
+        offset: 0,
+        storage_len: vals.len() as i64,
+    };
+    view.gather(vals)
+}
+
+// ------------------------------------------------------------------ operands on a device
+
+/// Random storage values for an input laid out as `view`.
+#[derive(Clone, Debug)]
+pub struct Operand {
+    pub view: View,
+    pub storage: Vec<Cx>,
+}
+
+impl Operand {
+    pub fn random(rng: &mut Rng, dtype: fk_dtype, view: View, dom: Domain) -> Operand {
+        let storage = random_values(rng, dtype, view.storage_len as usize, dom);
+        Operand { view, storage }
+    }
+    /// The view's logical values (row-major).
+    pub fn values(&self) -> Vec<Cx> {
+        self.view.gather(&self.storage)
+    }
+}
+
+/// A view placed on a device: an owned 1-D storage buffer and, unless the view is
+/// the plain storage itself, a borrowed strided wrap of it.
+pub struct Placed {
+    // Declared first: the wrap is destroyed before the storage it borrows.
+    pub wrap: Option<Buf>,
+    pub storage: Buf,
+    pub view: View,
+    pub dtype: fk_dtype,
+}
+
+impl Placed {
+    /// Places storage bytes `bytes` (which must have `view.storage_len` elements).
+    pub fn new(ctx: &Ctx, dtype: fk_dtype, view: &View, bytes: &[u8]) -> Placed {
+        assert_eq!(bytes.len(), view.storage_len as usize * dsize(dtype));
+        if view.is_plain() {
+            // An owned buffer of the view's own shape.
+            let storage = Buf::new(ctx, dtype, &view.shape);
+            storage.write_bytes(bytes);
+            return Placed {
+                wrap: None,
+                storage,
+                view: view.clone(),
+                dtype,
+            };
+        }
+        let storage = Buf::new(ctx, dtype, &[view.storage_len]);
+        storage.write_bytes(bytes);
+        let wrap = {
+            let base = storage.data() as *mut u8;
+            let data = if view.offset == 0 {
+                base
+            } else {
+                base.wrapping_add(view.offset as usize * dsize(dtype))
+            };
+            // SAFETY: the view lies inside the storage (View::build).
+            Some(unsafe {
+                Buf::wrap(
+                    ctx,
+                    data as *mut c_void,
+                    dtype,
+                    &view.shape,
+                    Some(&view.strides),
+                )
+            })
+        };
+        Placed {
+            wrap,
+            storage,
+            view: view.clone(),
+            dtype,
+        }
+    }
+    pub fn input(ctx: &Ctx, dtype: fk_dtype, op: &Operand) -> Placed {
+        Placed::new(ctx, dtype, &op.view, &encode(dtype, &op.storage))
+    }
+    /// An output view whose whole storage is poisoned with 0xFF bytes (NaN in every
+    /// dtype), so an element the op does not write reads back as NaN.
+    pub fn poisoned(ctx: &Ctx, dtype: fk_dtype, view: &View) -> Placed {
+        let bytes = vec![0xFFu8; view.storage_len as usize * dsize(dtype)];
+        Placed::new(ctx, dtype, view, &bytes)
+    }
+    pub fn handle(&self) -> *mut fk_buffer {
+        self.wrap.as_ref().unwrap_or(&self.storage).raw()
+    }
+    /// Reads the view's elements back, asserting that every storage element outside
+    /// the view still holds the 0xFF poison (nothing was written out of bounds).
+    pub fn read_checked(&self) -> Vec<Cx> {
+        let bytes = self.storage.read_bytes();
+        if self.wrap.is_none() {
+            // The view is the whole storage: nothing lies outside it.
+            return decode(self.dtype, &bytes);
+        }
+        let sz = dsize(self.dtype);
+        let offs = self.view.offsets();
+        let mut inside = vec![false; self.view.storage_len as usize];
+        for &o in &offs {
+            inside[o] = true;
+        }
+        for (i, chunk) in bytes.chunks_exact(sz).enumerate() {
+            if !inside[i] {
+                assert!(
+                    chunk.iter().all(|&b| b == 0xFF),
+                    "storage element {i}, outside the output view {:?}, was written",
+                    self.view
+                );
+            }
+        }
+        offs.into_iter()
+            .map(|o| decode_one(self.dtype, &bytes[o * sz..(o + 1) * sz]))
+            .collect()
+    }
+}
+
+// ------------------------------------------------------------------ DLPack
+//
+// Written from dlpack.h (DLPack 1.x), not taken from the crate, so that the tests
+// also check the layout the library reads and writes.
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DLPackVersion {
+    pub major: u32,
+    pub minor: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DLDevice {
+    /// DLDeviceType: kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13.
+    pub device_type: i32,
+    pub device_id: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DLDataType {
+    /// kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLComplex = 5.
+    pub code: u8,
+    pub bits: u8,
+    pub lanes: u16,
+}
+
+#[repr(C)]
+pub struct DLTensor {
+    pub data: *mut c_void,
+    pub device: DLDevice,
+    pub ndim: i32,
+    pub dtype: DLDataType,
+    pub shape: *mut i64,
+    pub strides: *mut i64,
+    pub byte_offset: u64,
+}
+
+#[repr(C)]
+pub struct DLManagedTensorVersioned {
+    pub version: DLPackVersion,
+    pub manager_ctx: *mut c_void,
+    pub deleter: Option<unsafe extern "C" fn(*mut DLManagedTensorVersioned)>,
+    pub flags: u64,
+    pub dl_tensor: DLTensor,
+}
+
+pub const K_DL_CPU: i32 = 1;
+pub const K_DL_CUDA: i32 = 2;
+pub const K_DL_CUDA_HOST: i32 = 3;
+/// `DLPACK_FLAG_BITMASK_READ_ONLY`.
+pub const DL_READ_ONLY: u64 = 1;
+
+/// What a test producer's tensor owns; its deleter counts its calls.
+pub struct Producer {
+    pub calls: Arc<AtomicUsize>,
+    pub data: Vec<u8>,
+    pub shape: Vec<i64>,
+    pub strides: Vec<i64>,
+}
+
+/// The deleter of tensors made by `make_tensor`: frees them and counts the call.
+///
+/// # Safety
+/// `m` must come from `make_tensor` and not have been deleted yet.
+pub unsafe extern "C" fn counting_deleter(m: *mut DLManagedTensorVersioned) {
+    let m = unsafe { Box::from_raw(m) };
+    let p = unsafe { Box::from_raw(m.manager_ctx as *mut Producer) };
+    p.calls.fetch_add(1, Ordering::SeqCst);
+}
+
+/// A tensor made by `make_tensor`.
+pub struct Made {
+    pub managed: *mut DLManagedTensorVersioned,
+    pub calls: Arc<AtomicUsize>,
+    /// The host bytes behind it (or `data` as given).
+    pub data: *mut u8,
+}
+
+impl Made {
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+/// A producer's DLPack 1.1 tensor over host `bytes` (or over `data` when given, e.g.
+/// device memory; `bytes` is then ignored), with a counting deleter. NULL `strides`
+/// means compact row-major.
+pub fn make_tensor(
+    bytes: Vec<u8>,
+    data: Option<*mut c_void>,
+    dtype: DLDataType,
+    shape: &[i64],
+    strides: Option<&[i64]>,
+    device: DLDevice,
+) -> Made {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut p = Box::new(Producer {
+        calls: calls.clone(),
+        data: bytes,
+        shape: shape.to_vec(),
+        strides: strides.map(|s| s.to_vec()).unwrap_or_default(),
+    });
+    let ptr = data.map_or(p.data.as_mut_ptr(), |d| d as *mut u8);
+    let tensor = DLTensor {
+        data: ptr as *mut c_void,
+        device,
+        ndim: shape.len() as i32,
+        dtype,
+        shape: p.shape.as_mut_ptr(),
+        strides: if strides.is_some() {
+            p.strides.as_mut_ptr()
+        } else {
+            null_mut()
+        },
+        byte_offset: 0,
+    };
+    let managed = Box::into_raw(Box::new(DLManagedTensorVersioned {
+        version: DLPackVersion { major: 1, minor: 1 },
+        manager_ctx: Box::into_raw(p) as *mut c_void,
+        deleter: Some(counting_deleter),
+        flags: 0,
+        dl_tensor: tensor,
+    }));
+    Made {
+        managed,
+        calls,
+        data: ptr,
+    }
+}
+
+/// `fk_buffer_from_dlpack`.
+pub fn import_dlpack(ctx: &Ctx, m: *mut DLManagedTensorVersioned) -> Result<Buf, fk_status> {
+    let mut p = null_mut();
+    let s = unsafe { fk_buffer_from_dlpack(ctx.raw(), m as *mut c_void, &mut p) };
+    if s == FK_OK {
+        assert!(!p.is_null());
+        Ok(Buf(p))
+    } else {
+        assert!(p.is_null());
+        Err(s)
+    }
+}
+
+/// `fk_buffer_to_dlpack`.
+pub fn export_dlpack(b: &Buf) -> *mut DLManagedTensorVersioned {
+    let mut p = null_mut();
+    ok(unsafe { fk_buffer_to_dlpack(b.raw(), &mut p) });
+    assert!(!p.is_null());
+    p as *mut DLManagedTensorVersioned
+}
+
+/// Calls a tensor's own deleter (the consumer's duty).
+///
+/// # Safety
+/// `m` must be a live managed tensor.
+pub unsafe fn delete_dlpack(m: *mut DLManagedTensorVersioned) {
+    unsafe { ((*m).deleter.expect("a deleter"))(m) }
+}
+
+// ------------------------------------------------------------------ the ops
+
+/// Every elementwise op, with its scalars.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Op {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Axpby(Cx, Cx),
+    ScalarAdd(Cx),
+    ScalarMul(Cx),
+    Neg,
+    Abs,
+    Exp,
+    Log,
+    Sqrt,
+    Sin,
+    Cos,
+    Tanh,
+    Sigmoid,
+    Relu,
+    Copy,
+}
+
+impl Op {
+    /// Every op, with scalars suited to `dtype` (imaginary parts only for complex;
+    /// values exact in every dtype so the scalar itself is not rounded).
+    pub fn all(dtype: fk_dtype) -> Vec<Op> {
+        let (s, t) = if is_complex(dtype) {
+            (cx(1.5, -0.75), cx(-0.5, 0.25))
+        } else {
+            (re(1.5), re(-0.75))
+        };
+        vec![
+            Op::Add,
+            Op::Sub,
+            Op::Mul,
+            Op::Div,
+            Op::Axpby(s, t),
+            Op::ScalarAdd(t),
+            Op::ScalarMul(s),
+            Op::Neg,
+            Op::Abs,
+            Op::Exp,
+            Op::Log,
+            Op::Sqrt,
+            Op::Sin,
+            Op::Cos,
+            Op::Tanh,
+            Op::Sigmoid,
+            Op::Relu,
+            Op::Copy,
+        ]
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Add => "fk_add",
+            Op::Sub => "fk_sub",
+            Op::Mul => "fk_mul",
+            Op::Div => "fk_div",
+            Op::Axpby(..) => "fk_axpby",
+            Op::ScalarAdd(_) => "fk_scalar_add",
+            Op::ScalarMul(_) => "fk_scalar_mul",
+            Op::Neg => "fk_neg",
+            Op::Abs => "fk_abs",
+            Op::Exp => "fk_exp",
+            Op::Log => "fk_log",
+            Op::Sqrt => "fk_sqrt",
+            Op::Sin => "fk_sin",
+            Op::Cos => "fk_cos",
+            Op::Tanh => "fk_tanh",
+            Op::Sigmoid => "fk_sigmoid",
+            Op::Relu => "fk_relu",
+            Op::Copy => "fk_copy",
+        }
+    }
+    pub fn is_binary(self) -> bool {
+        matches!(self, Op::Add | Op::Sub | Op::Mul | Op::Div | Op::Axpby(..))
+    }
+    /// Whether the op accepts `dtype` (relu is real only).
+    pub fn supports(self, dtype: fk_dtype) -> bool {
+        !(self == Op::Relu && is_complex(dtype))
+    }
+    pub fn out_dtype(self, dtype: fk_dtype) -> fk_dtype {
+        if self == Op::Abs {
+            real_of(dtype)
+        } else {
+            dtype
+        }
+    }
+    pub fn domain_a(self) -> Domain {
+        match self {
+            Op::Log | Op::Sqrt => Domain::Positive,
+            _ => Domain::Signed,
+        }
+    }
+    /// f64 reference: textbook formulas (`complex` selects complex arithmetic).
+    pub fn eval(self, complex: bool, x: Cx, y: Cx) -> Cx {
+        let real = |f: fn(f64) -> f64| re(f(x.re));
+        match self {
+            Op::Add => x.add(y),
+            Op::Sub => x.sub(y),
+            Op::Mul => x.mul(y),
+            Op::Div => x.div(y),
+            Op::Axpby(a, b) => a.mul(x).add(b.mul(y)),
+            Op::ScalarAdd(s) => x.add(s),
+            Op::ScalarMul(s) => x.mul(s),
+            Op::Neg => x.neg(),
+            Op::Abs => re(x.abs()),
+            Op::Copy => x,
+            Op::Relu => {
+                assert!(!complex);
+                re(if x.re > 0.0 || x.re.is_nan() {
+                    x.re
+                } else {
+                    0.0
+                })
+            }
+            _ if complex => match self {
+                Op::Exp => x.exp(),
+                Op::Log => x.ln(),
+                Op::Sqrt => x.sqrt(),
+                Op::Sin => x.sin(),
+                Op::Cos => x.cos(),
+                Op::Tanh => x.tanh(),
+                Op::Sigmoid => x.sigmoid(),
+                _ => unreachable!(),
+            },
+            Op::Exp => real(f64::exp),
+            Op::Log => real(f64::ln),
+            Op::Sqrt => real(f64::sqrt),
+            Op::Sin => real(f64::sin),
+            Op::Cos => real(f64::cos),
+            Op::Tanh => real(f64::tanh),
+            Op::Sigmoid => re(1.0 / (1.0 + (-x.re).exp())),
+        }
+    }
+    /// Calls the op through the C ABI (`b` ignored by unary ops).
+    ///
+    /// # Safety
+    /// The pointers must be NULL or live handles of their kinds.
+    pub unsafe fn call(
+        self,
+        a: *const fk_buffer,
+        b: *const fk_buffer,
+        out: *mut fk_buffer,
+        stream: *const fk_stream,
+    ) -> fk_status {
+        unsafe {
+            match self {
+                Op::Add => fk_add(a, b, out, stream),
+                Op::Sub => fk_sub(a, b, out, stream),
+                Op::Mul => fk_mul(a, b, out, stream),
+                Op::Div => fk_div(a, b, out, stream),
+                Op::Axpby(x, y) => fk_axpby(x.scalar(), a, y.scalar(), b, out, stream),
+                Op::ScalarAdd(s) => fk_scalar_add(a, s.scalar(), out, stream),
+                Op::ScalarMul(s) => fk_scalar_mul(a, s.scalar(), out, stream),
+                Op::Neg => fk_neg(a, out, stream),
+                Op::Abs => fk_abs(a, out, stream),
+                Op::Exp => fk_exp(a, out, stream),
+                Op::Log => fk_log(a, out, stream),
+                Op::Sqrt => fk_sqrt(a, out, stream),
+                Op::Sin => fk_sin(a, out, stream),
+                Op::Cos => fk_cos(a, out, stream),
+                Op::Tanh => fk_tanh(a, out, stream),
+                Op::Sigmoid => fk_sigmoid(a, out, stream),
+                Op::Relu => fk_relu(a, out, stream),
+                Op::Copy => fk_copy(a, out, stream),
+            }
+        }
+    }
+}
+
+/// One op run: operands, output layout.
+pub struct Case<'a> {
+    pub op: Op,
+    pub dtype: fk_dtype,
+    pub a: &'a Operand,
+    pub b: Option<&'a Operand>,
+    pub out: &'a View,
+}
+
+impl Case<'_> {
+    /// Runs the case on `ctx` (queued on `stream`, NULL = default; synchronised
+    /// afterwards) with a poisoned output, and returns the output's elements.
+    pub fn run(&self, ctx: &Ctx, stream: *const fk_stream) -> Vec<Cx> {
+        let a = Placed::input(ctx, self.dtype, self.a);
+        let b = self.b.map(|b| Placed::input(ctx, self.dtype, b));
+        let out = Placed::poisoned(ctx, self.op.out_dtype(self.dtype), self.out);
+        let bh = b.as_ref().map_or(null_mut(), |b| b.handle());
+        let s = unsafe { self.op.call(a.handle(), bh, out.handle(), stream) };
+        assert!(
+            s == FK_OK,
+            "{} on {}: {} {}",
+            self.op.name(),
+            dname(self.dtype),
+            status_name(s),
+            last_error()
+        );
+        if !stream.is_null() {
+            ok(unsafe { fk_stream_synchronize(stream) });
+        }
+        out.read_checked()
+    }
+    /// The f64 reference for the output's elements.
+    pub fn reference(&self) -> Vec<Cx> {
+        let shape = &self.out.shape;
+        let av = broadcast_to(&self.a.values(), &self.a.view.shape, shape);
+        let bv = match self.b {
+            Some(b) => broadcast_to(&b.values(), &b.view.shape, shape),
+            None => vec![Cx::default(); av.len()],
+        };
+        let c = is_complex(self.dtype);
+        av.iter()
+            .zip(&bv)
+            .map(|(&x, &y)| self.op.eval(c, x, y))
+            .collect()
+    }
+    pub fn describe(&self) -> String {
+        format!(
+            "{} {} a {:?}/{:?} b {:?} out {:?}/{:?}",
+            self.op.name(),
+            dname(self.dtype),
+            self.a.view.shape,
+            self.a.view.strides,
+            self.b.map(|b| (&b.view.shape, &b.view.strides)),
+            self.out.shape,
+            self.out.strides
+        )
+    }
+}
+
+/// Runs `case` on `ctx` and checks it against the f64 reference.
+#[track_caller]
+pub fn check_against_reference(ctx: &Ctx, case: &Case, stream: *const fk_stream) {
+    let got = case.run(ctx, stream);
+    assert_close(&got, &case.reference(), tol(case.dtype), &case.describe());
+}
+
+/// Random operands for `op` with inputs shaped `a_view`/`b_view`.
+pub fn operands(
+    rng: &mut Rng,
+    op: Op,
+    dtype: fk_dtype,
+    a_view: View,
+    b_view: View,
+) -> (Operand, Option<Operand>) {
+    let a = Operand::random(rng, dtype, a_view, op.domain_a());
+    let b = op
+        .is_binary()
+        .then(|| Operand::random(rng, dtype, b_view, Domain::Signed));
+    (a, b)
+}

@@ -214,14 +214,14 @@ mod tests {
     #[test]
     fn broadcasting() {
         assert_eq!(
-            broadcast_shapes(&[3, 1, 5], &[4, 1]).unwrap(),
-            vec![3, 4, 5]
+            broadcast_shapes(&[3, 1, 5], &[4, 1]).unwrap().as_slice(),
+            &[3, 4, 5]
         );
-        assert_eq!(broadcast_shapes(&[], &[2]).unwrap(), vec![2]);
+        assert_eq!(broadcast_shapes(&[], &[2]).unwrap().as_slice(), &[2]);
         assert!(broadcast_shapes(&[3], &[4]).is_err());
         assert_eq!(
-            broadcast_strides(&[4, 1], &[1, 1], &[3, 4, 5]),
-            vec![0, 1, 0]
+            broadcast_strides(&[4, 1], &[1, 1], &[3, 4, 5]).as_slice(),
+            &[0, 1, 0]
         );
     }
 

@@ -181,33 +181,37 @@ impl CudaDevice {
     /// device, managed memory, or registered host memory).
     pub fn check_pointer(&self, ptr: usize, what: &str) -> Result<()> {
         self.bind()?;
+        // cuPointerGetAttributes, unlike cuPointerGetAttribute, answers memory CUDA
+        // does not know with memory type 0 instead of an error, so probing plain host
+        // memory raises no CUDA API error (which compute-sanitizer would report).
         let mut mem_type: u32 = 0;
-        // SAFETY: writes one u32 attribute.
-        let r = unsafe {
-            sys::cuPointerGetAttribute(
-                &mut mem_type as *mut u32 as *mut _,
-                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        let mut ord: i32 = -1;
+        let mut attrs = [
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        ];
+        let mut data = [
+            &mut mem_type as *mut u32 as *mut std::ffi::c_void,
+            &mut ord as *mut i32 as *mut std::ffi::c_void,
+        ];
+        // SAFETY: `data[i]` points to storage of the type of attribute `attrs[i]`.
+        unsafe {
+            sys::cuPointerGetAttributes(
+                attrs.len() as u32,
+                attrs.as_mut_ptr(),
+                data.as_mut_ptr(),
                 ptr as u64,
             )
-        };
+        }
+        .result()
+        .cuda("cuPointerGetAttributes")?;
         crate::ensure!(
-            r == sys::CUresult::CUDA_SUCCESS,
+            mem_type != 0,
             FK_ERROR_DEVICE_MISMATCH,
             "{what} = {ptr:#x} is not memory CUDA knows (plain host memory?); cuda:{} buffers need device, managed or pinned host memory",
             self.ordinal
         );
         if mem_type == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
-            let mut ord: i32 = -1;
-            // SAFETY: as above.
-            unsafe {
-                sys::cuPointerGetAttribute(
-                    &mut ord as *mut i32 as *mut _,
-                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                    ptr as u64,
-                )
-            }
-            .result()
-            .cuda("cuPointerGetAttribute")?;
             crate::ensure!(
                 ord == self.ordinal as i32,
                 FK_ERROR_DEVICE_MISMATCH,

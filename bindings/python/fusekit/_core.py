@@ -692,6 +692,12 @@ class Buffer:
         return cls.wrap(need, t.data_ptr(), tuple(t.shape), dt, tuple(t.stride()), owner=t)
 
     @classmethod
+    def from_array(cls, obj, ctx=None, stream=None) -> "Buffer":
+        """Any supported array as a Buffer, zero-copy where possible (see
+        :func:`fusekit.as_buffer`)."""
+        return as_buffer(obj, ctx, where="fusekit.Buffer.from_array", stream=stream)
+
+    @classmethod
     def from_dlpack(cls, obj, ctx=None, stream=None) -> "Buffer":
         """Zero-copy import of an object with ``__dlpack__`` (or of a DLPack capsule).
 

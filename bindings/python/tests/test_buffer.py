@@ -176,3 +176,14 @@ def test_repr():
     assert "float32[2, 3]" in repr(b) and "borrowed" in repr(b)
     b.close()
     assert "closed" in repr(b)
+
+
+def test_from_array_dispatch():
+    a = np.arange(3.0)
+    b = fk.Buffer.from_array(a)
+    assert b.owner is a
+    assert fk.Buffer.from_array(b) is b
+    c = fk.Buffer.from_array([1.0, 2.0])  # via numpy.asarray (a copy)
+    np.testing.assert_array_equal(c.to_numpy(), [1.0, 2.0])
+    with pytest.raises(fk.InvalidArgumentError, match="scalar"):
+        fk.Buffer.from_array(1.0)

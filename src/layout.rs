@@ -107,6 +107,9 @@ pub fn extent(shape: &[i64], strides: &[i64]) -> Option<(i64, i64)> {
 /// or dimensions that interleave). Conservative: sorts dimensions by |stride| and
 /// requires each stride to exceed the extent of the smaller ones.
 pub fn may_self_overlap(shape: &[i64], strides: &[i64]) -> bool {
+    if shape.contains(&0) {
+        return false; // no elements, nothing to overlap (numpy gives empties zero strides)
+    }
     let mut dims: Vec<(i64, i64)> = shape
         .iter()
         .zip(strides)

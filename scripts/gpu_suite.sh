@@ -25,11 +25,14 @@ step() { # step NAME TIMEOUT CMD...
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
   echo "=== $name: $*" | tee -a "$LOG"
-  timeout "$limit" "$@" >>"$LOG" 2>&1
+  local steplog=$OUT/.step.log
+  timeout "$limit" "$@" >"$steplog" 2>&1
   local rc=$?
+  cat "$steplog" >>"$LOG"
   local dt=$((SECONDS - t0))
   local tail_line
-  tail_line=$(grep -E "test result:|passed|failed|ERROR SUMMARY|SKIPPED" "$LOG" | tail -1 | cut -c1-70)
+  tail_line=$(grep -E "test result:|passed|failed|ERROR SUMMARY|SKIPPED|warmup" "$steplog" | tail -1 | cut -c1-70)
+  rm -f "$steplog"
   if [ $rc -eq 0 ]; then SUMMARY+=("$(printf '%-28s %-6s %5ss  %s' "$name" PASS "$dt" "$tail_line")")
   else SUMMARY+=("$(printf '%-28s %-6s %5ss  rc=%s %s' "$name" FAIL "$dt" "$rc" "$tail_line")"); FAILED=1; fi
 }

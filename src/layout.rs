@@ -110,7 +110,7 @@ pub fn may_self_overlap(shape: &[i64], strides: &[i64]) -> bool {
     if shape.contains(&0) {
         return false; // no elements, nothing to overlap (numpy gives empties zero strides)
     }
-    let mut dims: Vec<(i64, i64)> = shape
+    let mut dims: SmallVec<[(i64, i64); FK_MAX_DIMS]> = shape
         .iter()
         .zip(strides)
         .filter(|(d, _)| **d > 1)

@@ -207,7 +207,10 @@ macro_rules! complex_math {
                 let s = self.re.sinh();
                 let r = (1.0 + s * s).sqrt();
                 let d = 1.0 + b * s * s;
-                Complex { re: b * r * s / d, im: t / d }
+                Complex {
+                    re: b * r * s / d,
+                    im: t / d,
+                }
             }
             fn sigmoid(self) -> Self {
                 let one = Complex { re: 1.0, im: 0.0 };

@@ -252,6 +252,9 @@ class Context:
     def closed(self) -> bool:
         return self._handle is None
 
+    def _kind_ordinal(self):
+        return self._kind, self._ordinal
+
     def close(self) -> None:
         """Releases the context handle (idempotent)."""
         h, self._handle = getattr(self, "_handle", None), None
@@ -522,6 +525,28 @@ def _handle_of(s: Stream | None):
 # ---------------------------------------------------------------------------
 
 
+def _contiguous_strides(shape):
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(d), 1)
+    return tuple(reversed(strides))
+
+
+def _is_contiguous(shape, strides):
+    """Row-major dense (size-1 dims ignored; empty shapes are contiguous), as the library."""
+    if 0 in shape:
+        return True
+    expected = 1
+    for d, s in zip(reversed(shape), reversed(strides)):
+        if d == 1:
+            continue
+        if s != expected:
+            return False
+        expected *= d
+    return True
+
+
 class Buffer:
     """A fusekit buffer: owned device/host memory, or a zero-copy view of the
     caller's memory (numpy, torch, DLPack), which it keeps alive.
@@ -531,8 +556,10 @@ class Buffer:
     :meth:`close` or a ``with`` block (also done on garbage collection).
     """
 
-    def __init__(self, handle, ctx: Context, *, owner=None, stream: Stream | None = None, readonly=False):
-        # Internal: use the classmethods.
+    def __init__(self, handle, ctx: Context, *, owner=None, stream: Stream | None = None, readonly=False, meta=None):
+        # Internal: use the classmethods. ``meta`` = (dtype, shape, strides, data)
+        # when the caller already knows them (wrap/empty: the hot path of every op
+        # call), which saves seven ctypes round trips.
         L = lib()
         self._handle = handle
         self._destroy = L.fk_buffer_destroy
@@ -542,6 +569,15 @@ class Buffer:
         self._last_stream = stream  # stream of the last write by fusekit
         self._readonly = bool(readonly)
         self._imported = False  # a DLPack import (the library owns the producer's tensor)
+        if meta is not None:
+            dt, shape, strides, data = meta
+            self._dtype = dt
+            self._shape = shape
+            self._strides = strides if strides is not None else _contiguous_strides(shape)
+            self._kind, self._ordinal = ctx._kind_ordinal()
+            self._data = int(data or 0)
+            self._contiguous = _is_contiguous(self._shape, self._strides)
+            return
         d, n = c_int32(0), c_int32(0)
         L.fk_buffer_dtype(handle, byref(d))
         L.fk_buffer_ndim(handle, byref(n))
@@ -576,7 +612,9 @@ class Buffer:
         h = _lib.buffer_p()
         arr = (c_int64 * max(len(shape), 1))(*shape)
         lib().fk_buffer_create(ctx.handle, int(dt), len(shape), arr, _handle_of(s), byref(h))
-        return cls(h, ctx, stream=s)
+        p = c_void_p()
+        lib().fk_buffer_data(h, byref(p))
+        return cls(h, ctx, stream=s, meta=(dt, shape, None, p.value))
 
     @classmethod
     def zeros(cls, ctx, shape, dtype, stream=None) -> "Buffer":
@@ -617,7 +655,7 @@ class Buffer:
             st = None
         h = _lib.buffer_p()
         lib().fk_buffer_wrap(ctx.handle, c_void_p(int(data_ptr) or None), int(dt), n, sh, st, byref(h))
-        return cls(h, ctx, owner=owner, readonly=readonly)
+        return cls(h, ctx, owner=owner, readonly=readonly, meta=(dt, shape, strides, data_ptr))
 
     @classmethod
     def from_numpy(cls, arr, ctx=None, *, name: str = "array", where: str = "fusekit.Buffer.from_numpy") -> "Buffer":

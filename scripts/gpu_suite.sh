@@ -55,6 +55,8 @@ if sel sanitizer; then
   export FK_SANITIZE=1   # tests shrink their sizes under the sanitizer
   step memcheck 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_elementwise" --test-threads=1
   step racecheck 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_elementwise" --test-threads=1
+  [ -x target/c-tests/test_fusekit ] && \
+    step memcheck_c 300 compute-sanitizer --tool memcheck --error-exitcode 9 target/c-tests/test_fusekit cuda
   unset FK_SANITIZE
 fi
 sel bench && step bench_rust 300 "$B/bin/bench_elementwise" --json "$OUT/bench_rust.json"

@@ -64,7 +64,7 @@ sel bench && step bench_torch 900 python3 benches/bench_torch.py --json "$OUT/be
 
 echo
 echo "---- benchmark rows"
-grep -E "^(device|add|mul|axpby|host|device-to-device)" "$LOG" | grep -v "^===" | head -40
+grep -E "^(device|add|mul|axpby|host|driver|device-to-device)" "$LOG" | grep -v "^===" | head -40
 echo
 echo "---- GPU suite summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
 printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"

@@ -529,7 +529,8 @@ pub fn copy(dst: &Buffer, src: &Buffer, stream: Option<&Arc<Stream>>) -> Result<
                     s.ctx.device
                 );
             }
-            Some(s.clone())
+            // A CPU stream orders nothing: CPU copies run inside the call.
+            s.ctx.cuda.is_some().then(|| s.clone())
         }
         None => r.default.as_ref().map(Stream::default_for),
     };

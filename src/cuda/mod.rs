@@ -106,10 +106,19 @@ impl CudaDevice {
         let attr =
             |a| unsafe { result::device::get_attribute(cu_device, a) }.cuda("cuDeviceGetAttribute");
         use sys::CUdevice_attribute_enum as A;
-        let pool = match runtime::pool_create(cu_ctx, ordinal) {
-            Ok(p) => p,
+        let attrs = (|| {
+            Ok::<_, Error>((
+                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            ))
+        })();
+        let (major, minor, sm_count, pool) = match attrs
+            .and_then(|(a, b, c)| Ok((a, b, c, runtime::pool_create(cu_ctx, ordinal)?)))
+        {
+            Ok(v) => v,
             Err(e) => {
-                // SAFETY: retained above.
+                // SAFETY: retained above; nothing else holds it for us.
                 let _ = unsafe { result::primary_ctx::release(cu_device) };
                 return Err(e);
             }
@@ -121,11 +130,8 @@ impl CudaDevice {
             pool,
             peers_enabled: Mutex::new(HashSet::new()),
             pool_access: Mutex::new(HashSet::new()),
-            arch: (
-                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
-                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
-            ),
-            sm_count: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            arch: (major, minor),
+            sm_count,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
         };

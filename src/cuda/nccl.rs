@@ -178,23 +178,22 @@ fn load() -> Result<Nccl> {
         ));
     };
     macro_rules! sym {
-        ($name:literal) => {{
-            let cs = CString::new($name).unwrap_or_default();
-            // SAFETY: h is a live library handle.
-            let p = unsafe { libc::dlsym(h, cs.as_ptr()) };
-            if p.is_null() {
-                return Err(Error::new(
-                    FK_ERROR_LIBRARY_NOT_FOUND,
-                    format!(
-                        "{path} has no symbol {} (NCCL 2.18 or newer is needed)",
-                        $name
-                    ),
-                ));
+        ($name:literal) => {
+            // SAFETY: h is a live library handle, and the field the symbol is stored
+            // in has the C signature of the NCCL function of that name.
+            match unsafe { symbol(h, $name) } {
+                Some(f) => f,
+                None => {
+                    return Err(Error::new(
+                        FK_ERROR_LIBRARY_NOT_FOUND,
+                        format!(
+                            "{path} has no symbol {} (NCCL 2.18 or newer is needed)",
+                            $name
+                        ),
+                    ));
+                }
             }
-            // SAFETY: the symbol is the NCCL function of that name, whose C
-            // signature the field's type matches.
-            unsafe { std::mem::transmute::<*mut c_void, _>(p) }
-        }};
+        };
     }
     let get_version: unsafe extern "C" fn(*mut c_int) -> c_int = sym!("ncclGetVersion");
     let mut version: c_int = 0;
@@ -218,6 +217,22 @@ fn load() -> Result<Nccl> {
     })
 }
 
+/// The address of `name` in library `h` as a function pointer of type `F`.
+///
+/// # Safety
+/// `F` must be an `extern "C"` function pointer type matching the symbol.
+unsafe fn symbol<F: Copy>(h: *mut c_void, name: &str) -> Option<F> {
+    const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<*mut c_void>()) };
+    let cs = CString::new(name).ok()?;
+    // SAFETY: h is a live library handle.
+    let p = unsafe { libc::dlsym(h, cs.as_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: F is a function pointer of the symbol's signature (caller's contract).
+    Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
+}
+
 fn dlerror() -> String {
     // SAFETY: dlerror returns NULL or a NUL-terminated string.
     let p = unsafe { libc::dlerror() };
@@ -233,7 +248,7 @@ impl Nccl {
     /// Turns an NCCL result into a status: invalid arguments and usage are
     /// `FK_ERROR_INVALID_ARGUMENT`, everything else `FK_ERROR_CUDA`, with NCCL's
     /// own description and last error message.
-    pub fn check(&self, r: c_int, what: &str, comm: ncclComm_t) -> Result<()> {
+    pub(crate) fn check(&self, r: c_int, what: &str, comm: ncclComm_t) -> Result<()> {
         if r == 0 {
             return Ok(());
         }

@@ -9,8 +9,11 @@
  *  - Every function returns fk_status (0 = FK_OK) except the version, status-name
  *    and last-message getters. On failure fk_last_error_message() names the
  *    function, the argument and the cause.
- *  - Handles (fk_context, fk_stream, fk_buffer) are created through
- *    out-parameters and released by exactly one *_destroy, which accepts NULL.
+ *  - Handles (fk_context, fk_stream, fk_buffer, fk_event, fk_comm) are created
+ *    through out-parameters and released by exactly one *_destroy, which accepts
+ *    NULL.
+ *  - Growable structs (fk_memory_stats) start with size_t size, set by the caller
+ *    to sizeof; the library writes only the fields that fit.
  *  - Launching calls take an fk_stream* last (NULL = the default stream).
  */
 

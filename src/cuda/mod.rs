@@ -7,6 +7,7 @@
 
 pub mod elementwise;
 pub mod launch;
+pub mod linalg;
 pub mod nvrtc;
 
 use std::collections::HashMap;
@@ -22,7 +23,7 @@ use crate::error::{
 /// Every kernel module: `(name, source)`; sources are embedded in the library.
 /// A new op family chains its launcher's `MODULES` here.
 pub fn modules() -> impl Iterator<Item = &'static (&'static str, fn() -> String)> {
-    elementwise::MODULES.iter()
+    elementwise::MODULES.iter().chain(linalg::MODULES.iter())
 }
 
 /// Headers the module sources may `#include "..."` (resolved by NVRTC in memory).

@@ -5,6 +5,7 @@
 //! NVRTC loaded at run time. Before the first driver call `driver()` checks that
 //! libcuda can be loaded, so a missing driver is a status, never cudarc's panic.
 
+pub mod cublas;
 pub mod elementwise;
 pub mod launch;
 pub mod linalg;
@@ -66,6 +67,8 @@ pub struct CudaDevice {
     pub sm_count: i32,
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
     functions: Mutex<HashMap<(&'static str, &'static str), sys::CUfunction>>,
+    /// cuBLAS / cuBLASLt handles and workspaces per stream (`cublas.rs`).
+    pub(crate) blas: cublas::BlasCache,
 }
 
 // SAFETY: CUDA handles are usable from any thread once the context is current;
@@ -108,6 +111,7 @@ impl CudaDevice {
             sm_count: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            blas: Default::default(),
         };
         dev.bind()?;
         Ok(dev)
@@ -140,6 +144,7 @@ impl CudaDevice {
     }
 
     pub fn stream_destroy(&self, raw: usize) {
+        self.blas.evict(self, raw);
         if self.bind().is_ok() {
             // SAFETY: an owned stream created by stream_create; destroyed once.
             let _ = unsafe { result::stream::destroy(raw as sys::CUstream) };
@@ -365,6 +370,7 @@ impl Drop for CudaDevice {
         // Kernels still queued (e.g. on a borrowed stream) may use the modules: wait
         // for the device before unloading them. Only the last reference gets here.
         if self.bind().is_ok() && result::ctx::synchronize().is_ok() {
+            self.blas.clear(self);
             let mods = self.modules.get_mut().unwrap_or_else(|e| e.into_inner());
             for (_, m) in mods.drain() {
                 // SAFETY: no function of this module is used after the device is gone.

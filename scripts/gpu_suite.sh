@@ -5,7 +5,8 @@
 #   CUDA, the Python tests (torch, DLPack, streams, the C++ torch extension),
 #   compute-sanitizer memcheck and racecheck, and the benchmarks against PyTorch.
 # Logs go to $OUT (or ./gpu-suite-out); a short table is printed last.
-#   usage: scripts/gpu_suite.sh [step ...]   (default: all steps)
+#   usage: scripts/gpu_suite.sh [step ...]   (default: all steps but "huge", the chunked
+#   GEMM larger than GPU memory, which runs only when named)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -41,7 +42,7 @@ sel() { [ ${#SELECTED[@]} -eq 0 ] || want "$1"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee -a "$LOG"
 
 sel warmup && step warmup 600 python3 -c "import fusekit, time; t=time.time(); c=fusekit.Context('cuda'); c.warmup(); print('warmup', round(time.time()-t,1), 's')"
-for t in gpu_elementwise abi_core abi_elementwise; do
+for t in gpu_elementwise gpu_linalg abi_core abi_elementwise abi_linalg; do
   [ -x "$B/bin/$t" ] && sel "$t" && step "$t" 600 "$B/bin/$t" --test-threads=1
 done
 sel c_tests && step c_tests 300 env FK_TEST_DEVICE=cuda bash tests/c/run.sh
@@ -52,14 +53,18 @@ if sel sanitizer; then
   export FK_SANITIZE=1   # tests shrink their sizes under the sanitizer
   step memcheck 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_elementwise" --test-threads=1
   step racecheck 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_elementwise" --test-threads=1
+  step memcheck_linalg 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_linalg" --test-threads=1
+  step racecheck_linalg 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_linalg" --test-threads=1
   unset FK_SANITIZE
 fi
 sel bench && step bench_rust 300 "$B/bin/bench_elementwise" --json "$OUT/bench_rust.json"
 sel bench && step bench_torch 900 python3 benches/bench_torch.py --json "$OUT/bench_torch.json"
+sel bench && step bench_linalg 900 python3 benches/bench_linalg.py --json "$OUT/bench_linalg.json"
+want huge && step chunked_huge 900 env FK_TEST_HUGE=1 "$B/bin/gpu_linalg" chunked_gemm_larger_than_gpu_memory --nocapture
 
 echo
 echo "---- benchmark rows"
-grep -E "^(device|add|mul|axpby|host|device-to-device)" "$LOG" | grep -v "^===" | head -40
+grep -E "^(device|add|mul|axpby|host|device-to-device|relu|gelu|gemm|chunked|kron)" "$LOG" | grep -v "^===" | head -40
 echo
 echo "---- GPU suite summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
 printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"

@@ -222,8 +222,19 @@ fn linear_sweep(dtype: fk_dtype, fallback: bool) {
     for c in linear_cases(dtype) {
         let d = c.data(&mut rng);
         let want = c.forward(&cpu, &d, null());
+        let (before, _) = fusekit::cuda::cublas::lt_declines_on_this_thread();
         let got = c.forward(&g, &d, null());
         let what = format!("CUDA vs CPU (fallback {fallback}): {}", c.describe());
+        let (after, why) = fusekit::cuda::cublas::lt_declines_on_this_thread();
+        if !fallback && after > before {
+            // cuBLASLt must take the aligned half-precision layouts the benchmarks use
+            let aligned = c.k % 8 == 0 && c.n % 8 == 0 && dtype != FK_DTYPE_F32;
+            assert!(
+                !aligned,
+                "{what}: cuBLASLt declined the fused epilogue ({why})"
+            );
+            println!("{what}: fallback ({why})");
+        }
         let tol = linear_tol(dtype, c.act);
         assert_close(&got.y, &want.y, tol, &what);
         if let (Some(ga), Some(wa)) = (&got.aux, &want.aux) {

@@ -40,14 +40,24 @@ pub const WORKSPACE_BYTES: usize = 32 << 20;
 
 // ------------------------------------------------------------------ loading
 
-fn preload(env: &str, soname: &str) -> Vec<String> {
+/// Opens `lib` (e.g. `libcublas.so`) by full path: `env`, then `<root>/lib64`,
+/// `<root>/lib` of every CUDA root (toolkits, the CUDA 13 wheels' `nvidia/cu13`),
+/// then the CUDA 12 wheel layout (`nvidia/cublas/lib`); major version 13 first,
+/// then 12 (the same API for everything fusekit calls). Returns the places tried.
+fn preload(env: &str, lib: &str) -> Vec<String> {
     let mut candidates: Vec<PathBuf> = Vec::new();
     if let Some(v) = std::env::var_os(env) {
         candidates.push(PathBuf::from(v));
     }
-    for r in super::nvrtc::cuda_roots() {
-        for lib in ["lib64", "lib"] {
-            candidates.push(r.join(lib).join(soname));
+    for major in ["13", "12"] {
+        let soname = format!("{lib}.{major}");
+        for r in super::nvrtc::cuda_roots() {
+            for sub in ["lib64", "lib"] {
+                candidates.push(r.join(sub).join(&soname));
+            }
+            if let Some(nv) = r.parent() {
+                candidates.push(nv.join("cublas").join("lib").join(&soname));
+            }
         }
     }
     for c in &candidates {
@@ -63,8 +73,8 @@ pub fn load() -> Result<()> {
     static STATE: OnceLock<std::result::Result<(), Error>> = OnceLock::new();
     STATE
         .get_or_init(|| {
-            let tried_lt = preload("FK_CUBLASLT_PATH", "libcublasLt.so.13");
-            let tried = preload("FK_CUBLAS_PATH", "libcublas.so.13");
+            let tried_lt = preload("FK_CUBLASLT_PATH", "libcublasLt.so");
+            let tried = preload("FK_CUBLAS_PATH", "libcublas.so");
             // SAFETY: only probe whether the libraries can be opened.
             let (has_lt, has_blas) = unsafe { (lt::is_culib_present(), bs::is_culib_present()) };
             if has_lt && has_blas {
@@ -109,9 +119,38 @@ fn check(what: &str, s: bs::cublasStatus_t) -> Result<()> {
 }
 
 fn lt_status(s: lt::cublasStatus_t) -> bs::cublasStatus_t {
-    // Same numbering in both libraries' headers.
-    // SAFETY: both enums are repr(u32) with the values of cublas_api.h.
-    unsafe { std::mem::transmute::<u32, bs::cublasStatus_t>(s as u32) }
+    use bs::cublasStatus_t as S;
+    // The same numbering in both libraries' headers (cublas_api.h).
+    match s as u32 {
+        0 => S::CUBLAS_STATUS_SUCCESS,
+        1 => S::CUBLAS_STATUS_NOT_INITIALIZED,
+        3 => S::CUBLAS_STATUS_ALLOC_FAILED,
+        7 => S::CUBLAS_STATUS_INVALID_VALUE,
+        8 => S::CUBLAS_STATUS_ARCH_MISMATCH,
+        11 => S::CUBLAS_STATUS_MAPPING_ERROR,
+        13 => S::CUBLAS_STATUS_EXECUTION_FAILED,
+        15 => S::CUBLAS_STATUS_NOT_SUPPORTED,
+        16 => S::CUBLAS_STATUS_LICENSE_ERROR,
+        _ => S::CUBLAS_STATUS_INTERNAL_ERROR,
+    }
+}
+
+thread_local! {
+    static DECLINES: std::cell::RefCell<(u64, String)> = const { std::cell::RefCell::new((0, String::new())) };
+}
+
+fn declined(why: String) {
+    DECLINES.with(|d| {
+        let mut d = d.borrow_mut();
+        d.0 += 1;
+        d.1 = why;
+    });
+}
+
+/// How many fused-epilogue calls cuBLASLt declined on this thread (each then ran
+/// the fallback), and why the last one was declined. For tests and diagnosis.
+pub fn lt_declines_on_this_thread() -> (u64, String) {
+    DECLINES.with(|d| d.borrow().clone())
 }
 
 fn check_lt(what: &str, s: lt::cublasStatus_t) -> Result<()> {
@@ -568,7 +607,14 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
         alignment(c.aux),
     ]);
     let cached = dev.blas.cached_algo(&key);
+    let describe = |what: &str| {
+        format!(
+            "{what} for {:?} {:?} m={} n={} k={} trans_a={} trans_b={} ld={}/{}/{}",
+            c.epilogue, c.dtype, c.m, c.n, c.k, c.trans_a, c.trans_b, c.lda, c.ldb, c.ldd
+        )
+    };
     if cached == Some(None) {
+        declined(describe("cached decline"));
         return Ok(false);
     }
     let t = lt_type(c.dtype);
@@ -664,6 +710,7 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
                             | bs::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE
                     ) {
                         dev.blas.store_algo(key, None);
+                        declined(describe(&format!("heuristic: {s:?}, {count} algorithms")));
                         return Ok(false);
                     }
                     return Err(blas_err("cublasLtMatmulAlgoGetHeuristic", s));
@@ -692,8 +739,13 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
             slot.stream as lt::cudaStream_t,
         );
         let s = lt_status(s);
-        if s == bs::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED {
+        if matches!(
+            s,
+            bs::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED
+                | bs::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE
+        ) {
             dev.blas.store_algo(key, None);
+            declined(describe(&format!("cublasLtMatmul: {s:?}")));
             return Ok(false);
         }
         check("cublasLtMatmul", s)?;

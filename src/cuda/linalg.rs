@@ -676,13 +676,12 @@ pub fn gemm_chunked(dev: &CudaDevice, p: &GemmPlan, budget: u64, stream: &Stream
             total += 2 * sizes[i].next_multiple_of(256);
         }
     }
+    let ev = Events::new(16)?;
+    let e = &ev.0;
     let base = dev.alloc_async(total, compute)?;
-    let run = (|| -> Result<()> {
-        let ev = Events::new(16)?;
-        let e = &ev.0;
-        // fork: the copy stream starts after the work already queued on `stream`
-        record(e[0], compute)?;
-        wait(copy, e[0])?;
+    // fork: the copy stream starts after the work already queued on `stream`
+    let forked = record(e[0], compute).and_then(|_| wait(copy, e[0]));
+    let run = forked.and_then(|_| {
         let bufs = |i: usize| {
             let b = base + offs[i] as u64;
             [b, b + sizes[i].next_multiple_of(256) as u64]
@@ -811,14 +810,13 @@ pub fn gemm_chunked(dev: &CudaDevice, p: &GemmPlan, budget: u64, stream: &Stream
                 }
             }
         }
-        // join: `stream` continues after every copy (C is complete in host memory
-        // when `stream` reaches this point)
-        record(e[1], copy)?;
-        wait(compute, e[1])?;
         Ok(())
-    })();
+    });
+    // join (also after a failure, so the staging memory outlives every queued
+    // copy): `stream` continues after every copy, C complete in host memory
+    let joined = record(e[1], copy).and_then(|_| wait(compute, e[1]));
     dev.free_async(base, compute);
-    run
+    run.and(joined)
 }
 
 #[cfg(test)]

@@ -115,6 +115,7 @@ struct KronArgs {
     i64 sa0, sa1, sa2, sb0, sb1, sb2;
     u64 a, b, out;
     int vec;
+    int small;
 };
 
 template <typename T> struct __align__(16) Vec16 {
@@ -144,7 +145,20 @@ template <typename T> __device__ void kron(const KronArgs& a) {
         const T* arow = reinterpret_cast<const T*>(A) + bi * a.sa0 + i * a.sa1;
         const T* brow = reinterpret_cast<const T*>(B) + bi * a.sb0 + s * a.sb1;
         T* orow = out + row * cols;
-        if (a.vec) {
+        if (a.vec && a.small) {
+            // 32-bit column arithmetic (n*q < 2^31): one cheap division per 16 bytes
+            const unsigned q32 = (unsigned)a.q;
+            for (unsigned u = (unsigned)u0 + threadIdx.x; u < (unsigned)u1; u += blockDim.x) {
+                unsigned c = u * V;
+                unsigned j = c / q32, t = c - j * q32;
+                C x = to_compute(arow[(i64)j * a.sa2]);
+                Vec16<T> bv = *reinterpret_cast<const Vec16<T>*>(brow + t);
+                Vec16<T> o;
+#pragma unroll
+                for (int e = 0; e < V; ++e) o.v[e] = from_compute<T>(x * to_compute(bv.v[e]));
+                *reinterpret_cast<Vec16<T>*>(orow + c) = o;
+            }
+        } else if (a.vec) {
             for (i64 u = u0 + threadIdx.x; u < u1; u += blockDim.x) {
                 i64 c = u * V;
                 i64 j = c / a.q, t = c - j * a.q;

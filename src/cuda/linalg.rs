@@ -382,6 +382,7 @@ struct KronArgs {
     b: u64,
     out: u64,
     vec: i32,
+    small: i32,
 }
 
 fn kron_name(d: DType) -> &'static str {
@@ -427,6 +428,7 @@ pub fn kron(dev: &CudaDevice, p: &KronPlan, stream: &Stream) -> Result<()> {
         b: p.b as u64,
         out: p.out as u64,
         vec: vec as i32,
+        small: (p.n * p.q < i32::MAX as i64) as i32,
     };
     launch(
         dev,

@@ -89,10 +89,19 @@ template <typename C> __device__ __forceinline__ C m_sin(C z) {
 template <typename C> __device__ __forceinline__ C m_cos(C z) {
     return cmake<C>(m_cos(z.re) * cosh(z.im), -m_sin(z.re) * sinh(z.im));
 }
+// Kahan's formula (no cancellation near the poles, where cosh 2x + cos 2y -> 0).
 template <typename C> __device__ __forceinline__ C m_tanh(C z) {
     typedef typename ComplexReal<C>::type R;
-    R d = cosh(R(2) * z.re) + m_cos(R(2) * z.im);
-    return cmake<C>(sinh(R(2) * z.re) / d, m_sin(R(2) * z.im) / d);
+    if (m_abs(z.re) > R(22)) {
+        R e = exp(R(-2) * m_abs(z.re));
+        return cmake<C>(copysign(R(1), z.re), R(4) * m_sin(z.im) * m_cos(z.im) * e);
+    }
+    R t = tan(z.im);
+    R b = R(1) + t * t;
+    R s = sinh(z.re);
+    R r = m_sqrt(R(1) + s * s);
+    R d = R(1) + b * s * s;
+    return cmake<C>(b * r * s / d, t / d);
 }
 template <typename C> __device__ __forceinline__ C m_sigmoid(C z) {
     typedef typename ComplexReal<C>::type R;

@@ -26,11 +26,14 @@ step() { # step NAME TIMEOUT CMD...
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
   echo "=== $name: $*" | tee -a "$LOG"
-  timeout "$limit" "$@" >>"$LOG" 2>&1
+  local steplog=$OUT/.step.log
+  timeout "$limit" "$@" >"$steplog" 2>&1
   local rc=$?
+  cat "$steplog" >>"$LOG"
   local dt=$((SECONDS - t0))
   local tail_line
-  tail_line=$(grep -E "test result:|passed|failed|ERROR SUMMARY|SKIPPED" "$LOG" | tail -1 | cut -c1-70)
+  tail_line=$(grep -E "test result:|passed|failed|ERROR SUMMARY|SKIPPED|warmup" "$steplog" | tail -1 | cut -c1-70)
+  rm -f "$steplog"
   if [ $rc -eq 0 ]; then SUMMARY+=("$(printf '%-28s %-6s %5ss  %s' "$name" PASS "$dt" "$tail_line")")
   else SUMMARY+=("$(printf '%-28s %-6s %5ss  rc=%s %s' "$name" FAIL "$dt" "$rc" "$tail_line")"); FAILED=1; fi
 }
@@ -55,6 +58,8 @@ if sel sanitizer; then
   step racecheck 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_elementwise" --test-threads=1
   step memcheck_linalg 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_linalg" --test-threads=1
   step racecheck_linalg 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_linalg" --test-threads=1
+  [ -x target/c-tests/test_fusekit ] && \
+    step memcheck_c 300 compute-sanitizer --tool memcheck --error-exitcode 9 target/c-tests/test_fusekit cuda
   unset FK_SANITIZE
 fi
 sel bench && step bench_rust 300 "$B/bin/bench_elementwise" --json "$OUT/bench_rust.json"

@@ -66,7 +66,8 @@ pub struct CudaDevice {
     pub arch: (i32, i32),
     pub sm_count: i32,
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
-    functions: Mutex<HashMap<(&'static str, &'static str), sys::CUfunction>>,
+    /// Keyed by the addresses of the static names (cheap to hash on the per-call path).
+    functions: Mutex<HashMap<(usize, usize), sys::CUfunction>>,
     /// cuBLAS / cuBLASLt handles and workspaces per stream (`cublas.rs`).
     pub(crate) blas: cublas::BlasCache,
 }
@@ -313,11 +314,12 @@ impl CudaDevice {
         module: &'static str,
         function: &'static str,
     ) -> Result<sys::CUfunction> {
+        let key = (module.as_ptr() as usize, function.as_ptr() as usize);
         if let Some(f) = self
             .functions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&(module, function))
+            .get(&key)
         {
             return Ok(*f);
         }
@@ -329,7 +331,7 @@ impl CudaDevice {
         self.functions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert((module, function), f);
+            .insert(key, f);
         Ok(f)
     }
 

@@ -44,16 +44,21 @@ def want_cuda() -> bool:
     return torch.cuda.is_available() and cpp_extension.CUDA_HOME is not None
 
 
+def ensure_ninja_on_path() -> bool:
+    """cpp_extension needs ninja on PATH; `pip install ninja` in a virtual
+    environment that is not activated puts it beside the interpreter, off PATH."""
+    if shutil.which("ninja") is None:
+        os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    return shutil.which("ninja") is not None
+
+
 def load(verbose: bool = False):
     """Compiles (once; cached in the build folder) and imports the extension."""
     from torch.utils import cpp_extension
 
     cuda = want_cuda()
     lib = library_dir()
-    if shutil.which("ninja") is None:
-        # `pip install ninja` in a virtual environment that is not activated puts
-        # ninja beside the interpreter, off PATH.
-        os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    ensure_ninja_on_path()
     build_dir = pathlib.Path(
         os.environ.get("FUSEKIT_EXT_BUILD_DIR", ROOT / "target" / "torch_ext" / ("cuda" if cuda else "cpu"))
     )

@@ -36,7 +36,7 @@ use crate::error::{
 use crate::ops::linalg::{GemmPlan, Trans};
 
 /// cuBLAS workspace per stream (NVIDIA's recommendation for Hopper).
-pub const WORKSPACE_BYTES: usize = 32 << 20;
+pub(crate) const WORKSPACE_BYTES: usize = 32 << 20;
 
 // ------------------------------------------------------------------ loading
 

@@ -486,7 +486,8 @@ fn chunked_gemm_with_pinned_host_operands_under_small_budgets() {
                 [false, true, true],
                 [true, true, true],
             ] {
-                for budget in [1u64 << 40, 600 << 10] {
+                // unlimited, and a budget of a few 128-element tiles (many tiles)
+                for budget in [1u64 << 40, dsize(dtype) as u64 * (200 << 10)] {
                     let mut c = GemmCase::new(dtype, op_a, op_b, m, n, k);
                     c.pad = 3;
                     chunked_vs_cpu(&g, &cpu, &c, host, budget, &mut rng);
@@ -498,7 +499,7 @@ fn chunked_gemm_with_pinned_host_operands_under_small_budgets() {
     let mut c = GemmCase::new(FK_DTYPE_F32, FK_OP_N, FK_OP_T, 300, 200, 260);
     (c.batch_a, c.batch_b, c.batch_c) = (Some(2), None, Some(2));
     c.beta = re(0.0);
-    chunked_vs_cpu(&g, &cpu, &c, [true, true, true], 300 << 10, &mut rng);
+    chunked_vs_cpu(&g, &cpu, &c, [true, true, true], 600 << 10, &mut rng);
     // every operand on the device: a plain GEMM
     let c = GemmCase::new(FK_DTYPE_F64, FK_OP_N, FK_OP_N, 50, 40, 30);
     chunked_vs_cpu(&g, &cpu, &c, [false, false, false], 1, &mut rng);

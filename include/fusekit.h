@@ -32,6 +32,13 @@
 #define FK_ABI_VERSION 1000
 
 /**
+ * `fk_gemm` flag: f32 and complex64 products may use TF32 tensor cores (inputs
+ * rounded to a 10-bit mantissa, f32 accumulation; relative error ~1e-3). Ignored
+ * for other dtypes and on the CPU.
+ */
+#define FK_GEMM_ALLOW_TF32 1
+
+/**
  * Size in bytes of a communicator's unique id (`fk_comm_unique_id`).
  */
 #define FK_COMM_ID_BYTES 128
@@ -90,6 +97,16 @@ typedef struct {
     double re;
     double im;
 } fk_scalar;
+
+/**
+ * Operation applied to a GEMM operand (`int32_t`). Values are part of the ABI.
+ */
+typedef int32_t fk_op;
+
+/**
+ * Activation of the fused linear layer (`int32_t`). Values are part of the ABI.
+ */
+typedef int32_t fk_activation;
 
 /**
  * Memory statistics of a context (`fk_context_memory_stats`). The struct may grow
@@ -155,6 +172,37 @@ typedef struct {
  * Reduction selector of `fk_all_reduce` and `fk_reduce_scatter` (`int32_t`).
  */
 typedef int32_t fk_reduce_op;
+
+/**
+ * `op(X) = X`.
+ */
+#define FK_OP_N 0
+
+/**
+ * `op(X) = X^T`.
+ */
+#define FK_OP_T 1
+
+/**
+ * `op(X) = X^H`, the conjugate transpose (the same as `FK_OP_T` for real dtypes).
+ */
+#define FK_OP_C 2
+
+/**
+ * No activation: `y = x W^T + b`.
+ */
+#define FK_ACT_NONE 0
+
+/**
+ * `y = max(z, 0)` (NaN propagates).
+ */
+#define FK_ACT_RELU 1
+
+/**
+ * GELU, tanh approximation, as cuBLASLt's epilogue computes it:
+ * `0.5 z (1 + tanh(0.7978845608 (z + 0.044715 z^3)))`.
+ */
+#define FK_ACT_GELU 2
 
 /**
  * Sum.
@@ -779,6 +827,143 @@ fk_status fk_relu(const fk_buffer *a,
  * `out = a`: a strided copy that also broadcasts `a` to `out`'s shape (e.g. to make a non-contiguous view contiguous). See the module rules.
  */
 fk_status fk_copy(const fk_buffer *a,
+                  fk_buffer *out,
+                  const fk_stream *stream);
+
+/**
+ * General matrix product `C = alpha op(A) op(B) + beta C`, batched.
+ *
+ * - `a`: `op(A)` is `[m, k]`, so `a` is `[m, k]` for `FK_OP_N` and `[k, m]` for
+ *   `FK_OP_T`/`FK_OP_C`, or `[batch, ., .]`; `b` likewise gives `op(B)` `[k, n]`;
+ *   `c` is `[m, n]` or `[batch, m, n]`. An input with batch 1 (or 2-D) is used for
+ *   every matrix of `c`'s batch; otherwise the batches must match.
+ * - dtypes: f16, bf16 (f32 accumulation), f32, f64, complex64, complex128; `a`,
+ *   `b`, `c` share one. `alpha`, `beta`: `im` must be 0 for real dtypes.
+ * - `flags`: 0 or `FK_GEMM_ALLOW_TF32`.
+ * - Layout, aliasing, streams and statuses: see the module rules; `k = 0` gives
+ *   `C = beta C`.
+ */
+fk_status fk_gemm(fk_op op_a,
+                  fk_op op_b,
+                  fk_scalar alpha,
+                  const fk_buffer *a,
+                  const fk_buffer *b,
+                  fk_scalar beta,
+                  fk_buffer *c,
+                  uint32_t flags,
+                  const fk_stream *stream);
+
+/**
+ * `fk_gemm` computed in tiles so that the device memory it allocates for staging
+ * stays within `device_budget_bytes`: `a`, `b` and `c` may live in pinned host
+ * memory (`fk_buffer_wrap` of memory from `cudaHostAlloc`/`cuMemHostAlloc`, or
+ * registered with `cudaHostRegister`), and are streamed to the GPU tile by tile
+ * (`c` is read only when `beta != 0`), copies on a second stream overlapping the
+ * products on `stream` (ordered by events; `stream` sees the finished `c`). The
+ * product may be larger than the GPU's memory.
+ *
+ * - Shapes, dtypes, `alpha`, `beta`, `flags`: as `fk_gemm`.
+ * - `device_budget_bytes`: the staging tiles' bytes (double-buffered panels of the
+ *   host-resident operands); operands already in device memory are used in place
+ *   and cost nothing. The cuBLAS workspace (32 MiB per stream, shared by every
+ *   linear-algebra call) is not counted. On the CPU the budget is ignored.
+ * - Statuses: as `fk_gemm`, and `FK_ERROR_OUT_OF_MEMORY` when the budget cannot
+ *   hold even the smallest tiles (the message gives the minimum).
+ */
+fk_status fk_gemm_chunked(fk_op op_a,
+                          fk_op op_b,
+                          fk_scalar alpha,
+                          const fk_buffer *a,
+                          const fk_buffer *b,
+                          fk_scalar beta,
+                          fk_buffer *c,
+                          uint64_t device_budget_bytes,
+                          uint32_t flags,
+                          const fk_stream *stream);
+
+/**
+ * Bytes of the `aux` buffer `fk_linear_forward` fills for the backward, for an
+ * output of `m` rows (the leading dimensions of `x` multiplied) and `n` features:
+ * `m * n * sizeof(dtype)` for `FK_ACT_GELU` (aux holds the pre-activation
+ * `z = x W^T + b`, shaped and typed like `y`), 0 for `FK_ACT_RELU` (the backward
+ * reads the output `y` itself: `relu'(z) = [y > 0]`) and for `FK_ACT_NONE`.
+ *
+ * Statuses: `FK_ERROR_NULL_POINTER` (`bytes` NULL), `FK_ERROR_INVALID_ARGUMENT`
+ * (unknown `act` or `dtype`, negative sizes), `FK_ERROR_UNSUPPORTED_DTYPE` (not
+ * f16, bf16 or f32).
+ */
+fk_status fk_linear_aux_size(fk_activation act,
+                             fk_dtype dtype,
+                             int64_t m,
+                             int64_t n,
+                             size_t *bytes);
+
+/**
+ * Fused linear layer `y = act(x W^T + b)` in one cuBLASLt call (epilogues
+ * `BIAS`, `RELU_BIAS`, `GELU_BIAS`, `GELU_AUX_BIAS`; a GEMM plus an epilogue
+ * kernel where cuBLASLt declines the layout).
+ *
+ * - `x`: `[..., k]` (leading dimensions flattened into `m` rows); `w`: `[n, k]`;
+ *   `b`: `[n]`, optional (NULL = no bias); `y`: `[..., n]` (x's leading shape).
+ * - `act`: `FK_ACT_NONE`, `FK_ACT_RELU`, `FK_ACT_GELU` (tanh approximation).
+ * - `aux`: optional, GELU only (must be NULL otherwise): receives the
+ *   pre-activation `z`, shaped and typed like `y` (`fk_linear_aux_size` bytes), for
+ *   `fk_linear_backward`. Leave it NULL for inference.
+ * - dtypes: f16, bf16, f32 (f32 accumulation, bias added and activation applied in
+ *   f32 before rounding); every buffer shares one; all must be contiguous.
+ * - Statuses: see the module rules; `FK_ERROR_UNSUPPORTED_DTYPE` for f64/complex
+ *   (use `fk_gemm`).
+ */
+fk_status fk_linear_forward(const fk_buffer *x,
+                            const fk_buffer *w,
+                            const fk_buffer *b,
+                            fk_activation act,
+                            fk_buffer *y,
+                            fk_buffer *aux,
+                            const fk_stream *stream);
+
+/**
+ * Backward of `fk_linear_forward`, given `dy = dL/dy`:
+ * `dz = dy * act'(z)`, `dx = dz W`, `dw = dz^T x`, `db = sum over rows of dz`.
+ *
+ * - `dy`: `[..., n]`; `x`: `[..., k]`; `w`: `[n, k]`, as in the forward.
+ * - `saved`: what the forward left for the backward: for `FK_ACT_RELU` the
+ *   forward's output `y`; for `FK_ACT_GELU` the pre-activation the forward wrote
+ *   to `aux`; ignored for `FK_ACT_NONE` (may be NULL). Shaped and typed like `dy`.
+ * - `dx` (`x`'s shape), `dw` (`w`'s shape), `db` (`[n]`): each optional (NULL = not
+ *   wanted), overwritten (not accumulated); all NULL is a no-op.
+ * - dtypes: f16, bf16, f32 (one for all; f32 accumulation, `db` summed in f32).
+ *   Every buffer must be contiguous.
+ * - On CUDA `dz` lives in a per-stream scratch buffer of the context (grown as
+ *   needed, `m * n` elements); `dx` and `dw` are cuBLAS products.
+ * - Statuses: see the module rules; `FK_ERROR_NULL_POINTER` also when `saved` is
+ *   NULL for relu or gelu.
+ */
+fk_status fk_linear_backward(const fk_buffer *dy,
+                             const fk_buffer *x,
+                             const fk_buffer *w,
+                             fk_activation act,
+                             const fk_buffer *saved,
+                             fk_buffer *dx,
+                             fk_buffer *dw,
+                             fk_buffer *db,
+                             const fk_stream *stream);
+
+/**
+ * Batched Kronecker product: `out[i] = kron(a[i], b[i])`, i.e.
+ * `out[i, r*p + s, c*q + t] = a[i, r, c] * b[i, s, t]`.
+ *
+ * - `a`: `[m, n]` or `[batch, m, n]`; `b`: `[p, q]` or `[batch, p, q]` (a batch of
+ *   1, or a 2-D operand, is used for every matrix); `out`: `[m*p, n*q]` when both
+ *   are 2-D, else `[batch, m*p, n*q]`.
+ * - dtypes: f16, bf16, f32, f64, complex64, complex128 (one for all; half types
+ *   multiply in f32 and round once).
+ * - Inputs may have any strides (zero and negative included); `out` must be
+ *   contiguous.
+ * - Statuses: see the module rules.
+ */
+fk_status fk_kron(const fk_buffer *a,
+                  const fk_buffer *b,
                   fk_buffer *out,
                   const fk_stream *stream);
 

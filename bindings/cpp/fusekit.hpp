@@ -739,6 +739,59 @@ inline void reduce_scatter(const Comm& comm, const Buffer& send, const Buffer& r
                            StreamRef stream = {}) {
     check(fk_reduce_scatter(comm.get(), send.get(), recv.get(), static_cast<fk_reduce_op>(op),
                             stream.get()));
+
+// ------------------------------------------------------------------ linear algebra
+
+/// Operation on a GEMM operand.
+enum class Op : fk_op { N = FK_OP_N, T = FK_OP_T, C = FK_OP_C };
+/// Activation of the fused linear layer.
+enum class Act : fk_activation { None = FK_ACT_NONE, Relu = FK_ACT_RELU, Gelu = FK_ACT_GELU };
+
+namespace detail {
+inline fk_buffer* opt(const Buffer* b) noexcept { return b ? b->get() : nullptr; }
+}  // namespace detail
+
+/// c = alpha op_a(a) op_b(b) + beta c (row-major; batched [batch, rows, cols]).
+/// `flags`: 0 or FK_GEMM_ALLOW_TF32.
+inline void gemm(const Buffer& a, const Buffer& b, Buffer& c, Op op_a = Op::N, Op op_b = Op::N,
+                 Scalar alpha = 1.0, Scalar beta = 0.0, std::uint32_t flags = 0, StreamRef stream = {}) {
+    check(fk_gemm(static_cast<fk_op>(op_a), static_cast<fk_op>(op_b), alpha.get(), a.get(), b.get(),
+                  beta.get(), c.get(), flags, stream.get()));
+}
+
+/// gemm in tiles under `device_budget_bytes` of staging; operands may be pinned host memory.
+inline void gemm_chunked(const Buffer& a, const Buffer& b, Buffer& c, std::uint64_t device_budget_bytes,
+                         Op op_a = Op::N, Op op_b = Op::N, Scalar alpha = 1.0, Scalar beta = 0.0,
+                         std::uint32_t flags = 0, StreamRef stream = {}) {
+    check(fk_gemm_chunked(static_cast<fk_op>(op_a), static_cast<fk_op>(op_b), alpha.get(), a.get(), b.get(),
+                          beta.get(), c.get(), device_budget_bytes, flags, stream.get()));
+}
+
+/// Bytes of the aux buffer linear_forward fills (GELU: the pre-activation; else 0).
+inline std::size_t linear_aux_size(Act act, fk_dtype dtype, std::int64_t m, std::int64_t n) {
+    std::size_t bytes = 0;
+    check(fk_linear_aux_size(static_cast<fk_activation>(act), dtype, m, n, &bytes));
+    return bytes;
+}
+
+/// y = act(x w^T + b): x [..., k], w [n, k], b [n] (nullptr: none), aux (GELU only) or nullptr.
+inline void linear_forward(const Buffer& x, const Buffer& w, const Buffer* b, Act act, Buffer& y,
+                           Buffer* aux = nullptr, StreamRef stream = {}) {
+    check(fk_linear_forward(x.get(), w.get(), detail::opt(b), static_cast<fk_activation>(act), y.get(),
+                            detail::opt(aux), stream.get()));
+}
+
+/// Backward of linear_forward: `saved` is y (relu), aux (gelu) or nullptr (none);
+/// dx, dw, db each optional (nullptr).
+inline void linear_backward(const Buffer& dy, const Buffer& x, const Buffer& w, Act act, const Buffer* saved,
+                            Buffer* dx, Buffer* dw, Buffer* db, StreamRef stream = {}) {
+    check(fk_linear_backward(dy.get(), x.get(), w.get(), static_cast<fk_activation>(act), detail::opt(saved),
+                             detail::opt(dx), detail::opt(dw), detail::opt(db), stream.get()));
+}
+
+/// out = kron(a, b), batched.
+inline void kron(const Buffer& a, const Buffer& b, Buffer& out, StreamRef stream = {}) {
+    check(fk_kron(a.get(), b.get(), out.get(), stream.get()));
 }
 
 }  // namespace fusekit

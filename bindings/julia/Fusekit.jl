@@ -104,6 +104,15 @@ const FK_ERROR_INTERNAL = 15
 const FK_ERROR_IO = 16
 const FK_ERROR_DTYPE_MISMATCH = 17
 
+# linear algebra (fk_op, fk_activation, fk_gemm flags)
+const FK_OP_N = 0
+const FK_OP_T = 1
+const FK_OP_C = 2
+const FK_ACT_NONE = 0
+const FK_ACT_RELU = 1
+const FK_ACT_GELU = 2
+const FK_GEMM_ALLOW_TF32 = 1
+
 # ------------------------------------------------------------------ C types
 
 """Opaque C handle types; only `Ptr`s to them exist."""
@@ -274,6 +283,29 @@ fk_all_gather(comm, send, recv, stream) =
 fk_reduce_scatter(comm, send, recv, op, stream) =
     ccall((:fk_reduce_scatter, libfusekit), Int32,
           (Ptr{fk_comm}, Ptr{fk_buffer}, Ptr{fk_buffer}, Int32, Ptr{fk_stream}), comm, send, recv, op, stream)
+
+# linear algebra (row-major buffers: see `gemm!` for Julia's column-major arrays)
+fk_gemm(op_a, op_b, alpha, a, b, beta, c, flags, stream) =
+    ccall((:fk_gemm, libfusekit), Int32,
+          (Int32, Int32, FkScalar, Ptr{fk_buffer}, Ptr{fk_buffer}, FkScalar, Ptr{fk_buffer}, UInt32, Ptr{fk_stream}),
+          op_a, op_b, alpha, a, b, beta, c, flags, stream)
+fk_gemm_chunked(op_a, op_b, alpha, a, b, beta, c, device_budget_bytes, flags, stream) =
+    ccall((:fk_gemm_chunked, libfusekit), Int32,
+          (Int32, Int32, FkScalar, Ptr{fk_buffer}, Ptr{fk_buffer}, FkScalar, Ptr{fk_buffer}, UInt64, UInt32, Ptr{fk_stream}),
+          op_a, op_b, alpha, a, b, beta, c, device_budget_bytes, flags, stream)
+fk_linear_aux_size(act, dtype, m, n, bytes) =
+    ccall((:fk_linear_aux_size, libfusekit), Int32, (Int32, Int32, Int64, Int64, Ptr{Csize_t}), act, dtype, m, n, bytes)
+fk_linear_forward(x, w, b, act, y, aux, stream) =
+    ccall((:fk_linear_forward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Int32, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
+          x, w, b, act, y, aux, stream)
+fk_linear_backward(dy, x, w, act, saved, dx, dw, db, stream) =
+    ccall((:fk_linear_backward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Int32, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer},
+           Ptr{fk_buffer}, Ptr{fk_stream}),
+          dy, x, w, act, saved, dx, dw, db, stream)
+fk_kron(a, b, out, stream) =
+    ccall((:fk_kron, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, b, out, stream)
 
 # ------------------------------------------------------------------ errors
 
@@ -700,6 +732,58 @@ function scalar_mul!(out::Buffer, a::Buffer, s::Number; stream::Union{Stream,Not
     return out
 end
 
+# ------------------------------------------------------------------ linear algebra on buffers
+#
+# Buffers are row-major: a buffer `[m, k]` is a matrix with m rows. (A Julia array
+# borrowed as a buffer is its transpose: see `gemm!` on arrays below.)
+
+_bptr(::Nothing) = Ptr{fk_buffer}(C_NULL)
+_bptr(b::Buffer) = b
+
+"""`c = alpha op(a) op(b) + beta c` (`op_*` in FK_OP_N, FK_OP_T, FK_OP_C; batched `[batch, rows, cols]`)."""
+function gemm!(c::Buffer, a::Buffer, b::Buffer; op_a::Integer = FK_OP_N, op_b::Integer = FK_OP_N,
+               alpha::Number = 1, beta::Number = 0, flags::Integer = 0, stream::Union{Stream,Nothing} = nothing)
+    check(fk_gemm(Int32(op_a), Int32(op_b), FkScalar(alpha), a, b, FkScalar(beta), c, UInt32(flags), _sptr(stream)))
+    return c
+end
+
+"""`gemm!` in tiles under `budget` bytes of device staging; operands may be pinned host memory."""
+function gemm_chunked!(c::Buffer, a::Buffer, b::Buffer, budget::Integer; op_a::Integer = FK_OP_N,
+                       op_b::Integer = FK_OP_N, alpha::Number = 1, beta::Number = 0, flags::Integer = 0,
+                       stream::Union{Stream,Nothing} = nothing)
+    check(fk_gemm_chunked(Int32(op_a), Int32(op_b), FkScalar(alpha), a, b, FkScalar(beta), c, UInt64(budget),
+                          UInt32(flags), _sptr(stream)))
+    return c
+end
+
+"""Bytes of the aux buffer `linear_forward!` fills for `act` (the pre-activation for GELU, else 0)."""
+function linear_aux_size(act::Integer, ::Type{T}, m::Integer, n::Integer) where {T}
+    r = Ref{Csize_t}(0)
+    check(fk_linear_aux_size(Int32(act), dtype_of(T), Int64(m), Int64(n), r))
+    return Int(r[])
+end
+
+"""`y = act(x w^T + b)` (x `[..., k]`, w `[n, k]`, b `[n]` or nothing; aux: GELU pre-activation or nothing)."""
+function linear_forward!(y::Buffer, x::Buffer, w::Buffer, b::Union{Buffer,Nothing}, act::Integer;
+                         aux::Union{Buffer,Nothing} = nothing, stream::Union{Stream,Nothing} = nothing)
+    check(fk_linear_forward(x, w, _bptr(b), Int32(act), y, _bptr(aux), _sptr(stream)))
+    return y
+end
+
+"""Backward of `linear_forward!` (`saved`: y for relu, aux for gelu; each gradient optional)."""
+function linear_backward!(dy::Buffer, x::Buffer, w::Buffer, act::Integer, saved::Union{Buffer,Nothing};
+                          dx::Union{Buffer,Nothing} = nothing, dw::Union{Buffer,Nothing} = nothing,
+                          db::Union{Buffer,Nothing} = nothing, stream::Union{Stream,Nothing} = nothing)
+    check(fk_linear_backward(dy, x, w, Int32(act), _bptr(saved), _bptr(dx), _bptr(dw), _bptr(db), _sptr(stream)))
+    return (dx, dw, db)
+end
+
+"""`out = kron(a, b)`, batched over a leading dimension."""
+function kron!(out::Buffer, a::Buffer, b::Buffer; stream::Union{Stream,Nothing} = nothing)
+    check(fk_kron(a, b, out, _sptr(stream)))
+    return out
+end
+
 # ------------------------------------------------------------------ ops on Julia arrays (CPU)
 
 # Borrows each array on `ctx`, runs f(buffers...), then releases the views at once.
@@ -736,6 +820,25 @@ function scalar_add!(out::StridedArray, a::StridedArray, s::Number; ctx::Context
 end
 function scalar_mul!(out::StridedArray, a::StridedArray, s::Number; ctx::Context = cpu_context())
     _with_borrowed((o, x) -> scalar_mul!(o, x, s), ctx, out, a)
+    return out
+end
+
+"""
+    gemm!(C, A, B; alpha = 1, beta = 0, ctx = cpu_context())
+
+`C = alpha*A*B + beta*C` on Julia matrices. A column-major matrix is the row-major
+buffer of its transpose, so this runs `C^T = B^T A^T` (fusekit's `a` is `B`).
+"""
+function gemm!(C::StridedMatrix{T}, A::StridedMatrix{T}, B::StridedMatrix{T}; alpha::Number = 1, beta::Number = 0,
+               ctx::Context = cpu_context()) where {T<:FkElement}
+    _with_borrowed((c, a, b) -> gemm!(c, b, a; alpha = alpha, beta = beta), ctx, C, A, B)
+    return C
+end
+
+"""`kron(A, B)` on Julia matrices (`kron(A, B)^T = kron(A^T, B^T)`, so the buffers need no reordering)."""
+function kron(A::StridedMatrix{T}, B::StridedMatrix{T}; ctx::Context = cpu_context()) where {T<:FkElement}
+    out = Array{T}(undef, size(A, 1) * size(B, 1), size(A, 2) * size(B, 2))
+    _with_borrowed((o, a, b) -> kron!(o, a, b), ctx, out, A, B)
     return out
 end
 

@@ -10,6 +10,7 @@
 
 pub mod core;
 pub mod elementwise;
+pub mod linalg;
 pub mod runtime;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};

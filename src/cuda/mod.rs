@@ -5,9 +5,11 @@
 //! NVRTC loaded at run time. Before the first driver call `driver()` checks that
 //! libcuda can be loaded, so a missing driver is a status, never cudarc's panic.
 
+pub mod cublas;
 pub mod elementwise;
 pub mod launch;
 pub mod nccl;
+pub mod linalg;
 pub mod nvrtc;
 pub mod runtime;
 
@@ -24,7 +26,7 @@ use crate::error::{
 /// Every kernel module: `(name, source)`; sources are embedded in the library.
 /// A new op family chains its launcher's `MODULES` here.
 pub fn modules() -> impl Iterator<Item = &'static (&'static str, fn() -> String)> {
-    elementwise::MODULES.iter()
+    elementwise::MODULES.iter().chain(linalg::MODULES.iter())
 }
 
 /// Headers the module sources may `#include "..."` (resolved by NVRTC in memory).
@@ -76,6 +78,8 @@ pub struct CudaDevice {
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
     /// Keyed by the addresses of the static names (cheap to hash on the per-call path).
     functions: Mutex<HashMap<(usize, usize), sys::CUfunction>>,
+    /// cuBLAS / cuBLASLt handles and workspaces per stream (`cublas.rs`).
+    pub(crate) blas: cublas::BlasCache,
 }
 
 // SAFETY: CUDA handles are usable from any thread once the context is current;
@@ -135,6 +139,7 @@ impl CudaDevice {
             sm_count,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            blas: Default::default(),
         };
         dev.bind()?;
         Ok(dev)
@@ -167,6 +172,7 @@ impl CudaDevice {
     }
 
     pub fn stream_destroy(&self, raw: usize) {
+        self.blas.evict(self, raw);
         if self.bind().is_ok() {
             // SAFETY: an owned stream created by stream_create; destroyed once.
             let _ = unsafe { result::stream::destroy(raw as sys::CUstream) };
@@ -406,6 +412,7 @@ impl Drop for CudaDevice {
         // Kernels still queued (e.g. on a borrowed stream) may use the modules: wait
         // for the device before unloading them. Only the last reference gets here.
         if self.bind().is_ok() && result::ctx::synchronize().is_ok() {
+            self.blas.clear(self);
             let mods = self.modules.get_mut().unwrap_or_else(|e| e.into_inner());
             for (_, m) in mods.drain() {
                 // SAFETY: no function of this module is used after the device is gone.

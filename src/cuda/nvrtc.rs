@@ -25,7 +25,7 @@ use crate::error::{Error, FK_ERROR_KERNEL_COMPILE, FK_ERROR_LIBRARY_NOT_FOUND, R
 const NVRTC_SONAME: &str = "libnvrtc.so.13";
 
 /// Roots that may hold a CUDA installation or the `nvidia/cu13` wheel folder.
-fn cuda_roots() -> Vec<PathBuf> {
+pub(crate) fn cuda_roots() -> Vec<PathBuf> {
     let mut roots = Vec::new();
     for var in ["CUDA_HOME", "CUDA_PATH"] {
         if let Some(v) = std::env::var_os(var) {

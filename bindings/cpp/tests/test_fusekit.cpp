@@ -436,6 +436,49 @@ int main(int argc, char** argv) {
             }
             check(threw, "Stream::wrap on a CPU context throws FK_ERROR_UNSUPPORTED");
         }
+        // ---- linear algebra
+        {
+            auto ma = fusekit::Buffer::owned<float>(ctx, {2, 3});
+            auto mb = fusekit::Buffer::owned<float>(ctx, {3, 2});
+            auto mc = fusekit::Buffer::owned<float>(ctx, {2, 2});
+            ma.copy_from_host(std::vector<float>{1, 2, 3, 4, 5, 6});
+            mb.copy_from_host(std::vector<float>{1, 0, 0, 1, 1, 1});
+            fusekit::gemm(ma, mb, mc);
+            check(mc.to_vector<float>() == std::vector<float>{4, 5, 10, 11}, "gemm [2,3] x [3,2]");
+            fusekit::gemm(ma, ma, mc, fusekit::Op::N, fusekit::Op::T, 0.5, 0.0, 0, stream);
+            stream.synchronize();
+            check(mc.to_vector<float>(stream) == std::vector<float>{7, 16, 16, 38.5f}, "gemm a a^T * 0.5 on a Stream");
+            // y = relu(x w^T + b)
+            auto w = fusekit::Buffer::owned<float>(ctx, {2, 3});
+            w.copy_from_host(std::vector<float>{1, 0, -1, 0, 1, 0});
+            auto bias = fusekit::Buffer::owned<float>(ctx, {2});
+            bias.copy_from_host(std::vector<float>{0.5f, -3});
+            auto y = fusekit::Buffer::owned<float>(ctx, {2, 2});
+            fusekit::linear_forward(ma, w, &bias, fusekit::Act::Relu, y);
+            check(y.to_vector<float>() == std::vector<float>{0, 0, 0, 2}, "linear_forward relu");
+            check(fusekit::linear_aux_size(fusekit::Act::Gelu, FK_DTYPE_F32, 2, 2) == 16 &&
+                      fusekit::linear_aux_size(fusekit::Act::Relu, FK_DTYPE_F32, 2, 2) == 0,
+                  "linear_aux_size");
+            auto dy = fusekit::Buffer::owned<float>(ctx, {2, 2});
+            dy.copy_from_host(std::vector<float>{1, 1, 1, 1});
+            auto db = fusekit::Buffer::owned<float>(ctx, {2});
+            fusekit::linear_backward(dy, ma, w, fusekit::Act::Relu, &y, nullptr, nullptr, &db);
+            check(db.to_vector<float>() == std::vector<float>{0, 1}, "linear_backward db only");
+            auto k1 = fusekit::Buffer::owned<float>(ctx, {1, 2});
+            k1.copy_from_host(std::vector<float>{1, 2});
+            auto k2 = fusekit::Buffer::owned<float>(ctx, {2, 1});
+            k2.copy_from_host(std::vector<float>{3, 4});
+            auto ko = fusekit::Buffer::owned<float>(ctx, {2, 2});
+            fusekit::kron(k1, k2, ko);
+            check(ko.to_vector<float>() == std::vector<float>{3, 6, 4, 8}, "kron [1,2] (x) [2,1]");
+            bool threw = false;
+            try {
+                fusekit::gemm(ma, ma, mc);
+            } catch (const fusekit::Error& e) {
+                threw = e.status() == FK_ERROR_SHAPE_MISMATCH && contains(e.what(), "fk_gemm");
+            }
+            check(threw, "gemm shape mismatch throws fusekit::Error");
+        }
     } catch (const fusekit::Error& e) {
         check(false, std::string("unexpected fusekit::Error: ") + e.what());
     } catch (const std::exception& e) {

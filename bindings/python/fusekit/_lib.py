@@ -342,6 +342,25 @@ PROTOTYPES: dict[str, tuple] = {
     "fk_sigmoid": _UNARY,
     "fk_relu": _UNARY,
     "fk_copy": _UNARY,
+    # linear algebra (OPS.md section 4)
+    "fk_gemm": (
+        fk_status,
+        [c_int32, c_int32, fk_scalar, buffer_p, buffer_p, fk_scalar, buffer_p, c_uint32, stream_p],
+    ),
+    "fk_gemm_chunked": (
+        fk_status,
+        [c_int32, c_int32, fk_scalar, buffer_p, buffer_p, fk_scalar, buffer_p, c_uint64, c_uint32, stream_p],
+    ),
+    "fk_linear_aux_size": (fk_status, [c_int32, fk_dtype, c_int64, c_int64, POINTER(c_size_t)]),
+    "fk_linear_forward": (
+        fk_status,
+        [buffer_p, buffer_p, buffer_p, c_int32, buffer_p, buffer_p, stream_p],
+    ),
+    "fk_linear_backward": (
+        fk_status,
+        [buffer_p, buffer_p, buffer_p, c_int32, buffer_p, buffer_p, buffer_p, buffer_p, stream_p],
+    ),
+    "fk_kron": _BINARY,
 }
 
 #: Status-returning functions whose non-OK results are not errors to raise

@@ -170,3 +170,11 @@ def scalar_mul(a: Tensor, s: float) -> Tensor:
 def relu(a: Tensor) -> Tensor:
     """``max(a, 0)`` through ``torch.ops.fusekit.relu`` (differentiable)."""
     return torch.ops.fusekit.relu(a)
+
+
+# --- fusekit::linear, fusekit::linear_backward (the fused linear layer) ------
+#: ``act(x w^T + b)``, differentiable (float16, bfloat16, float32); see fusekit.ops.linalg.
+from .ops.linalg import register_torch_ops as _register_linalg  # noqa: E402
+
+linear = _register_linalg(register)
+__all__.append("linear")

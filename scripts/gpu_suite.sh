@@ -51,7 +51,7 @@ if [ -z "${FK_NCCL_PATH:-}" ]; then
   FK_NCCL_PATH=$(python3 -c 'import glob, site, sys; c = [f for d in site.getsitepackages() + sys.path for f in glob.glob(d + "/nvidia/nccl/lib/libnccl.so.2")]; print(c[0] if c else "")' 2>/dev/null)
   if [ -n "$FK_NCCL_PATH" ]; then export FK_NCCL_PATH; else unset FK_NCCL_PATH; fi
 fi
-echo "GPUs: $NGPU; NCCL: ${FK_NCCL_PATH:-(fusekit's own search)}" | tee -a "$LOG"
+echo "GPUs: $NGPU; NCCL: ${FK_NCCL_PATH:-(fusekit search)}" | tee -a "$LOG"
 
 sel warmup && step warmup 600 python3 -c "import fusekit, time; t=time.time(); c=fusekit.Context('cuda'); c.warmup(); print('warmup', round(time.time()-t,1), 's')"
 for t in gpu_elementwise gpu_linalg gpu_runtime abi_core abi_elementwise abi_linalg abi_runtime multigpu_runtime nccl_missing; do

@@ -739,6 +739,7 @@ inline void reduce_scatter(const Comm& comm, const Buffer& send, const Buffer& r
                            StreamRef stream = {}) {
     check(fk_reduce_scatter(comm.get(), send.get(), recv.get(), static_cast<fk_reduce_op>(op),
                             stream.get()));
+}
 
 // ------------------------------------------------------------------ linear algebra
 

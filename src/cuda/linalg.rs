@@ -560,8 +560,26 @@ fn copy2d(
     if width == 0 || rows == 0 {
         return Ok(());
     }
-    // SAFETY: a zeroed CUDA_MEMCPY2D is a valid starting point (all offsets 0).
-    let mut c: ds::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
+    // Every field written out: CUmemorytype has no zero value, so a zeroed struct
+    // would be invalid (Rust aborts on it).
+    let mut c = ds::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: ds::CUmemorytype::CU_MEMORYTYPE_HOST,
+        srcHost: std::ptr::null(),
+        srcDevice: 0,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: 0,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: ds::CUmemorytype::CU_MEMORYTYPE_HOST,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: 0,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: 0,
+        WidthInBytes: 0,
+        Height: 0,
+    };
     if to_device {
         c.srcMemoryType = ds::CUmemorytype::CU_MEMORYTYPE_HOST;
         c.srcHost = host as *const c_void;

@@ -56,6 +56,8 @@ from .ops.elementwise import *  # noqa: F401,F403
 from .ops.elementwise import __all__ as _elementwise_all
 from .ops.linalg import *  # noqa: F401,F403
 from .ops.linalg import __all__ as _linalg_all
+from .runtime import *  # noqa: F401,F403
+from .runtime import __all__ as _runtime_all
 
 Error.__module__ = "fusekit"
 LibraryLoadError.__module__ = "fusekit"
@@ -113,4 +115,5 @@ __all__ = [
     "complex128",
     *_elementwise_all,
     *_linalg_all,
+    *_runtime_all,
 ]

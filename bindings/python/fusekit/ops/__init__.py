@@ -4,10 +4,12 @@ table (C name -> Python function), and lists it in ``FAMILIES`` below;
 ``fusekit/__init__.py`` re-exports every family's ``__all__``.
 """
 
+from .. import runtime
 from . import elementwise, linalg
 
-#: Every op-family module.
-FAMILIES = (elementwise, linalg)
+#: Every op-family module (``fusekit.runtime``, the runtime API, included for its
+#: entry points).
+FAMILIES = (elementwise, linalg, runtime)
 
 #: C entry point name -> public Python function, over all families.
 ENTRY_POINTS = {name: fn for fam in FAMILIES for name, fn in fam.ENTRY_POINTS.items()}

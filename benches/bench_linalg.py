@@ -270,7 +270,7 @@ def bench_chunked(fk, m, k, n):
     fk.gemm_chunked(a, b, c, budget)
     torch.cuda.synchronize()
     rows_chk = torch.arange(0, m, max(1, m // 64))
-    err = rel_err(c[rows_chk], a[rows_chk].cuda().float() @ b.float())
+    err = rel_err(c[rows_chk].cuda(), a[rows_chk].cuda().float() @ b.float())
     ms = median_ms(lambda: fk.gemm_chunked(a, b, c, budget), samples=5, warmup=1)
     h2d = h2d_bandwidth()
     t_xfer = (a.numel() + c.numel()) * 2 / h2d * 1e3

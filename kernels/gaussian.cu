@@ -1,0 +1,409 @@
+// fusekit: the Gaussian field family (OPS.md section 3). docs/gaussian.md has the
+// design and the performance floors.
+//
+// One module per element type (gaussian_f32, gaussian_f64); the host prepends
+// `#define FK_GS_<dtype> 1`. Kernels:
+//
+//   gs_maha_fwd_<T>   m[b,n] = |(L_n + eps I)^-1 (p_b - mu_n)|^2, written [B,N].
+//                     Thread = Gaussian (its factors in registers), the CTA's
+//                     points staged in shared memory; a warp writes 32
+//                     consecutive m of one row (128 B, coalesced, streaming).
+//   gs_field_fwd_<T>  out[b] = sum_n w_n exp(-0.5 m[b,n]), fused: no [B,N].
+//                     Thread = 2 points in registers; all N Gaussians stream
+//                     through shared memory in tiles of 256 (factors prepared
+//                     once per tile: reciprocal diagonal, so no division in the
+//                     inner loop). When B is small the CTA's threads also split
+//                     the Gaussians GS ways (GS in 1,2,4,8) and the GS partial
+//                     sums are added in a fixed order: deterministic.
+//   gs_bwd_maha_<T>,  thread = 2 Gaussians (factors and 10 gradient
+//   gs_bwd_field_<T>  accumulators in registers), the CTA's points streamed
+//                     through shared memory. Per point, the 3 components of z
+//                     summed over the warp's Gaussians by a xor butterfly, then
+//                     over the 8 warps in order. The CTA (ig, ip) covers a range
+//                     of Gaussian tiles and a range of point chunks and writes
+//                     per-point partials part_p[ig] and per-Gaussian partials
+//                     part_g[ip] to the caller's workspace; no atomics.
+//   gs_finalize_<T>   sums the partials over the splits in a fixed order and
+//                     writes dpoints, dmeans, dchol (full lower triangle, upper
+//                     part 0) and dweights.
+//
+// The field kernels work in scaled coordinates: points and means are multiplied
+// by s = sqrt(0.5 log2 e), so that y_s = s y, m' = |y_s|^2 = 0.5 log2(e) m and
+// exp(-0.5 m) = exp2(-m'): one exp2 per pair and no multiply. The backward
+// accumulates z' = s z and z' y_s^T = s^2 z y^T; the finalize divides by s and s^2.
+#include "common.cuh"
+
+#define GS_THREADS 256
+#define GS_FWD_TILE 256   // Gaussians per shared-memory tile (field forward)
+#define GS_FWD_PPT 2      // points per thread (field forward)
+#define GS_BWD_GPT 2      // Gaussians per thread (backward)
+#define GS_BWD_TILE (GS_THREADS * GS_BWD_GPT)
+#define GS_BWD_CHUNK 64   // points per shared-memory chunk (backward)
+#define GS_MAHA_CHUNK 64  // points per chunk (Mahalanobis forward)
+#define GS_K 10           // per-Gaussian partial sums: z (3), z y^T lower (6), dweights
+
+template <typename T> __device__ __forceinline__ T gs_exp2(T x);
+template <> __device__ __forceinline__ float gs_exp2<float>(float x) { return exp2f(x); }
+template <> __device__ __forceinline__ double gs_exp2<double>(double x) { return exp2(x); }
+
+// Factors of one Gaussian: mean (scaled), weight, reciprocal diagonal of
+// L + eps I, and the strictly lower part of L. 16-byte aligned so a copy from
+// shared memory is a few vector loads.
+template <typename T> struct __align__(16) Gauss {
+    T mu0, mu1, mu2, w;
+    T a0, a1, a2, l10;
+    T l20, l21, pad0, pad1;
+};
+
+template <typename T>
+__device__ __forceinline__ Gauss<T> load_gauss(const T* __restrict__ means, const T* __restrict__ chol,
+                                               const T* __restrict__ weights, i64 n, T eps, T scale) {
+    Gauss<T> g;
+    const T* m = means + n * 3;
+    const T* L = chol + n * 9;
+    g.mu0 = m[0] * scale;
+    g.mu1 = m[1] * scale;
+    g.mu2 = m[2] * scale;
+    g.w = weights ? weights[n] : T(0);
+    g.a0 = T(1) / (L[0] + eps);
+    g.a1 = T(1) / (L[4] + eps);
+    g.a2 = T(1) / (L[8] + eps);
+    g.l10 = L[3];
+    g.l20 = L[6];
+    g.l21 = L[7];
+    g.pad0 = T(0);
+    g.pad1 = T(0);
+    return g;
+}
+
+// Forward substitution (L + eps I) y = p - mu.
+template <typename T>
+__device__ __forceinline__ void solve(const Gauss<T>& g, T p0, T p1, T p2, T& y0, T& y1, T& y2) {
+    T d0 = p0 - g.mu0, d1 = p1 - g.mu1, d2 = p2 - g.mu2;
+    y0 = d0 * g.a0;
+    y1 = fma(-g.l10, y0, d1) * g.a1;
+    y2 = fma(-g.l21, y1, fma(-g.l20, y0, d2)) * g.a2;
+}
+
+// Backward substitution (L + eps I)^T z = v.
+template <typename T>
+__device__ __forceinline__ void backsolve(const Gauss<T>& g, T v0, T v1, T v2, T& z0, T& z1, T& z2) {
+    z2 = v2 * g.a2;
+    z1 = fma(-g.l21, z2, v1) * g.a1;
+    z0 = fma(-g.l20, z2, fma(-g.l10, z1, v0)) * g.a0;
+}
+
+// ---------------------------------------------------------------- Mahalanobis forward
+struct GsMahaFwdArgs {
+    u64 points, means, chol, out;
+    i64 B, N;
+    double eps;
+    int gx;        // threads along N (32..256, a power of two); GS_THREADS / gx along points
+    int pad;
+};
+
+template <typename T>
+__device__ void maha_fwd(const GsMahaFwdArgs& a) {
+    __shared__ T sp[GS_MAHA_CHUNK * 3];
+    const T* __restrict__ points = (const T*)a.points;
+    T* __restrict__ out = (T*)a.out;
+    const int tid = threadIdx.x;
+    const int tx = tid % a.gx, ty = tid / a.gx, gy = GS_THREADS / a.gx;
+    const i64 n = (i64)blockIdx.x * a.gx + tx;
+    const bool live = n < a.N;
+    Gauss<T> g;
+    if (live) g = load_gauss<T>((const T*)a.means, (const T*)a.chol, nullptr, n, (T)a.eps, T(1));
+    const i64 chunks = (a.B + GS_MAHA_CHUNK - 1) / GS_MAHA_CHUNK;
+    for (i64 c = blockIdx.y; c < chunks; c += gridDim.y) {
+        const i64 b0 = c * GS_MAHA_CHUNK;
+        const int cnt = (int)min((i64)GS_MAHA_CHUNK, a.B - b0);
+        __syncthreads();
+        for (int i = tid; i < cnt * 3; i += GS_THREADS) sp[i] = points[b0 * 3 + i];
+        __syncthreads();
+        if (live) {
+#pragma unroll 4
+            for (int j = ty; j < cnt; j += gy) {
+                T y0, y1, y2;
+                solve(g, sp[j * 3], sp[j * 3 + 1], sp[j * 3 + 2], y0, y1, y2);
+                T m = fma(y2, y2, fma(y1, y1, y0 * y0));
+                __stcs(out + (b0 + j) * a.N + n, m);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- field forward
+struct GsFieldFwdArgs {
+    u64 points, means, chol, weights, out;
+    i64 B, N;
+    double eps, scale;
+    int gs;        // Gaussian splits inside a CTA: 1, 2, 4 or 8
+    int pad;
+};
+
+template <typename T>
+__device__ void field_fwd(const GsFieldFwdArgs& a) {
+    __shared__ Gauss<T> sg[GS_FWD_TILE];
+    __shared__ T red[GS_THREADS * GS_FWD_PPT];
+    const T* __restrict__ points = (const T*)a.points;
+    const int tid = threadIdx.x;
+    const int gs = a.gs, pb = GS_THREADS / gs;
+    const int lane = tid % pb, split = tid / pb;
+    const i64 base = (i64)blockIdx.x * pb * GS_FWD_PPT;
+    const T scale = (T)a.scale, eps = (T)a.eps;
+    T p[GS_FWD_PPT][3], acc[GS_FWD_PPT];
+#pragma unroll
+    for (int q = 0; q < GS_FWD_PPT; ++q) {
+        const i64 b = base + q * pb + lane;
+        const bool ok = b < a.B;
+        p[q][0] = ok ? points[b * 3] * scale : T(0);
+        p[q][1] = ok ? points[b * 3 + 1] * scale : T(0);
+        p[q][2] = ok ? points[b * 3 + 2] * scale : T(0);
+        acc[q] = T(0);
+    }
+    for (i64 t0 = 0; t0 < a.N; t0 += GS_FWD_TILE) {
+        const int cnt = (int)min((i64)GS_FWD_TILE, a.N - t0);
+        __syncthreads();
+        if (tid < cnt)
+            sg[tid] = load_gauss<T>((const T*)a.means, (const T*)a.chol, (const T*)a.weights, t0 + tid, eps, scale);
+        __syncthreads();
+#pragma unroll 2
+        for (int k = split; k < cnt; k += gs) {
+            const Gauss<T> g = sg[k];
+#pragma unroll
+            for (int q = 0; q < GS_FWD_PPT; ++q) {
+                T y0, y1, y2;
+                solve(g, p[q][0], p[q][1], p[q][2], y0, y1, y2);
+                T m = fma(y2, y2, fma(y1, y1, y0 * y0));
+                acc[q] = fma(g.w, gs_exp2<T>(-m), acc[q]);
+            }
+        }
+    }
+    if (gs > 1) {
+#pragma unroll
+        for (int q = 0; q < GS_FWD_PPT; ++q) red[split * pb * GS_FWD_PPT + q * pb + lane] = acc[q];
+        __syncthreads();
+        if (split == 0) {
+#pragma unroll
+            for (int q = 0; q < GS_FWD_PPT; ++q) {
+                T s = red[q * pb + lane];
+                for (int r = 1; r < gs; ++r) s += red[r * pb * GS_FWD_PPT + q * pb + lane];
+                acc[q] = s;
+            }
+        }
+    }
+    if (split == 0) {
+        T* __restrict__ out = (T*)a.out;
+#pragma unroll
+        for (int q = 0; q < GS_FWD_PPT; ++q) {
+            const i64 b = base + q * pb + lane;
+            if (b < a.B) out[b] = acc[q];
+        }
+    }
+}
+
+// ---------------------------------------------------------------- backward
+struct GsBwdArgs {
+    u64 points, means, chol, weights;
+    u64 g;          // Mahalanobis: dL/dm [B,N]; field: dL/dout [B]
+    u64 part_p;     // [sg][3][B]: per-point sums of z' over split ig's Gaussians
+    u64 part_g;     // [sp][GS_K][N]: per-Gaussian sums over split ip's points
+    i64 B, N;
+    i64 n_pchunks;  // ceil(B / GS_BWD_CHUNK)
+    double eps, scale;
+    int n_gtiles;   // ceil(N / GS_BWD_TILE)
+    int sg, sp;     // splits of the Gaussian tiles (grid x) and point chunks (grid y)
+    int want_p, want_g;
+    int pad;
+};
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <typename T, bool FIELD>
+__device__ void backward(const GsBwdArgs& a) {
+    __shared__ __align__(16) T spt[GS_BWD_CHUNK][4];            // scaled point, dout
+    __shared__ T red[GS_THREADS / 32][3][GS_BWD_CHUNK];        // per-warp sums of z'
+    const T* __restrict__ points = (const T*)a.points;
+    const T* __restrict__ gin = (const T*)a.g;
+    T* __restrict__ part_p = (T*)a.part_p;
+    T* __restrict__ part_g = (T*)a.part_g;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int ig = blockIdx.x, ip = blockIdx.y;
+    const int gt0 = (int)((i64)ig * a.n_gtiles / a.sg), gt1 = (int)((i64)(ig + 1) * a.n_gtiles / a.sg);
+    const i64 pc0 = (i64)ip * a.n_pchunks / a.sp, pc1 = (i64)(ip + 1) * a.n_pchunks / a.sp;
+    const T scale = (T)a.scale, eps = (T)a.eps;
+    for (int gt = gt0; gt < gt1; ++gt) {
+        Gauss<T> g[GS_BWD_GPT];
+        i64 n[GS_BWD_GPT];
+        bool live[GS_BWD_GPT];
+        T acc[GS_BWD_GPT][GS_K];
+#pragma unroll
+        for (int k = 0; k < GS_BWD_GPT; ++k) {
+            n[k] = (i64)gt * GS_BWD_TILE + k * GS_THREADS + tid;
+            live[k] = n[k] < a.N;
+            g[k] = load_gauss<T>((const T*)a.means, (const T*)a.chol, FIELD ? (const T*)a.weights : nullptr,
+                                 live[k] ? n[k] : 0, eps, scale);
+#pragma unroll
+            for (int i = 0; i < GS_K; ++i) acc[k][i] = T(0);
+        }
+        for (i64 pc = pc0; pc < pc1; ++pc) {
+            const i64 b0 = pc * GS_BWD_CHUNK;
+            const int cnt = (int)min((i64)GS_BWD_CHUNK, a.B - b0);
+            __syncthreads();
+            if (tid < cnt) {
+                const i64 b = b0 + tid;
+                spt[tid][0] = points[b * 3] * scale;
+                spt[tid][1] = points[b * 3 + 1] * scale;
+                spt[tid][2] = points[b * 3 + 2] * scale;
+                spt[tid][3] = FIELD ? gin[b] : T(0);
+            }
+            __syncthreads();
+#pragma unroll 2
+            for (int j = 0; j < cnt; ++j) {
+                const T p0 = spt[j][0], p1 = spt[j][1], p2 = spt[j][2];
+                T zs0 = T(0), zs1 = T(0), zs2 = T(0);
+#pragma unroll
+                for (int k = 0; k < GS_BWD_GPT; ++k) {
+                    T y0, y1, y2;
+                    solve(g[k], p0, p1, p2, y0, y1, y2);
+                    T c;
+                    if (FIELD) {
+                        const T m = fma(y2, y2, fma(y1, y1, y0 * y0));
+                        const T de = spt[j][3] * gs_exp2<T>(-m);     // dout * exp(-0.5 m)
+                        acc[k][9] = live[k] ? acc[k][9] + de : T(0);
+                        c = live[k] ? -g[k].w * de : T(0);             // 2 g, g = -0.5 dout w e
+                    } else {
+                        c = live[k] ? T(2) * __ldcs(gin + (b0 + j) * a.N + n[k]) : T(0);
+                    }
+                    T z0, z1, z2;
+                    backsolve(g[k], c * y0, c * y1, c * y2, z0, z1, z2);
+                    zs0 += z0;
+                    zs1 += z1;
+                    zs2 += z2;
+                    acc[k][0] += z0;
+                    acc[k][1] += z1;
+                    acc[k][2] += z2;
+                    acc[k][3] = fma(z0, y0, acc[k][3]);
+                    acc[k][4] = fma(z1, y0, acc[k][4]);
+                    acc[k][5] = fma(z1, y1, acc[k][5]);
+                    acc[k][6] = fma(z2, y0, acc[k][6]);
+                    acc[k][7] = fma(z2, y1, acc[k][7]);
+                    acc[k][8] = fma(z2, y2, acc[k][8]);
+                }
+                if (a.want_p) {
+                    zs0 = warp_sum(zs0);
+                    zs1 = warp_sum(zs1);
+                    zs2 = warp_sum(zs2);
+                    if (lane == 0) {
+                        red[warp][0][j] = zs0;
+                        red[warp][1][j] = zs1;
+                        red[warp][2][j] = zs2;
+                    }
+                }
+            }
+            if (a.want_p) {
+                __syncthreads();
+                if (tid < cnt * 3) {
+                    const int c = tid / cnt, j = tid % cnt;
+                    T s = red[0][c][j];
+#pragma unroll
+                    for (int w = 1; w < GS_THREADS / 32; ++w) s += red[w][c][j];
+                    T* dst = part_p + ((i64)ig * 3 + c) * a.B + b0 + j;
+                    *dst = gt == gt0 ? s : *dst + s;
+                }
+            }
+        }
+        if (a.want_g) {
+#pragma unroll
+            for (int k = 0; k < GS_BWD_GPT; ++k)
+                if (live[k])
+#pragma unroll
+                    for (int i = 0; i < GS_K; ++i) part_g[((i64)ip * GS_K + i) * a.N + n[k]] = acc[k][i];
+        }
+    }
+}
+
+// ---------------------------------------------------------------- finalize
+struct GsFinalizeArgs {
+    u64 part_p, part_g;
+    u64 dpoints, dmeans, dchol, dweights;   // each optional (0)
+    i64 B, N;
+    double inv_s, inv_s2;   // 1/s and 1/s^2 of the scaled coordinates
+    int sg, sp;
+};
+
+template <typename T>
+__device__ void finalize(const GsFinalizeArgs& a) {
+    const T* __restrict__ pp = (const T*)a.part_p;
+    const T* __restrict__ pg = (const T*)a.part_g;
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    const T inv_s = (T)a.inv_s, inv_s2 = (T)a.inv_s2;
+    if (a.dpoints) {
+        T* __restrict__ dp = (T*)a.dpoints;
+        for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < a.B * 3; i += stride) {
+            const i64 b = i / 3;
+            const int c = (int)(i - b * 3);
+            T s = T(0);
+            for (int r = 0; r < a.sg; ++r) s += pp[((i64)r * 3 + c) * a.B + b];
+            dp[i] = s * inv_s;
+        }
+    }
+    if (a.dmeans || a.dchol || a.dweights) {
+        for (i64 n = (i64)blockIdx.x * blockDim.x + threadIdx.x; n < a.N; n += stride) {
+            T s[GS_K];
+#pragma unroll
+            for (int i = 0; i < GS_K; ++i) s[i] = T(0);
+            for (int r = 0; r < a.sp; ++r)
+#pragma unroll
+                for (int i = 0; i < GS_K; ++i) s[i] += pg[((i64)r * GS_K + i) * a.N + n];
+            if (a.dmeans) {
+                T* dm = (T*)a.dmeans + n * 3;
+                dm[0] = -s[0] * inv_s;
+                dm[1] = -s[1] * inv_s;
+                dm[2] = -s[2] * inv_s;
+            }
+            if (a.dchol) {
+                T* dl = (T*)a.dchol + n * 9;
+                dl[0] = -s[3] * inv_s2;
+                dl[1] = T(0);
+                dl[2] = T(0);
+                dl[3] = -s[4] * inv_s2;
+                dl[4] = -s[5] * inv_s2;
+                dl[5] = T(0);
+                dl[6] = -s[6] * inv_s2;
+                dl[7] = -s[7] * inv_s2;
+                dl[8] = -s[8] * inv_s2;
+            }
+            if (a.dweights) ((T*)a.dweights)[n] = s[9];
+        }
+    }
+}
+
+// ---------------------------------------------------------------- entry points
+#define FK_GS_KERNELS(NAME, T)                                                                            \
+    extern "C" __global__ void __launch_bounds__(GS_THREADS) gs_maha_fwd_##NAME(const GsMahaFwdArgs a) {   \
+        maha_fwd<T>(a);                                                                                   \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(GS_THREADS) gs_field_fwd_##NAME(const GsFieldFwdArgs a) { \
+        field_fwd<T>(a);                                                                                  \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(GS_THREADS) gs_bwd_maha_##NAME(const GsBwdArgs a) {       \
+        backward<T, false>(a);                                                                            \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(GS_THREADS) gs_bwd_field_##NAME(const GsBwdArgs a) {      \
+        backward<T, true>(a);                                                                             \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(GS_THREADS) gs_finalize_##NAME(const GsFinalizeArgs a) {  \
+        finalize<T>(a);                                                                                   \
+    }
+
+#if defined(FK_GS_f32)
+FK_GS_KERNELS(f32, f32)
+#elif defined(FK_GS_f64)
+FK_GS_KERNELS(f64, f64)
+#endif

@@ -55,25 +55,54 @@ template <typename T> struct __align__(16) Gauss {
     T l20, l21, pad0, pad1;
 };
 
+// Raw parameters of one Gaussian as read from global memory (the lower part of L
+// only), so that a tile can be fetched ahead of its use.
+template <typename T> struct RawGauss {
+    T m0, m1, m2, w, l00, l10, l11, l20, l21, l22;
+};
+
 template <typename T>
-__device__ __forceinline__ Gauss<T> load_gauss(const T* __restrict__ means, const T* __restrict__ chol,
-                                               const T* __restrict__ weights, i64 n, T eps, T scale) {
-    Gauss<T> g;
+__device__ __forceinline__ RawGauss<T> load_raw(const T* __restrict__ means, const T* __restrict__ chol,
+                                                const T* __restrict__ weights, i64 n) {
+    RawGauss<T> r;
     const T* m = means + n * 3;
     const T* L = chol + n * 9;
-    g.mu0 = m[0] * scale;
-    g.mu1 = m[1] * scale;
-    g.mu2 = m[2] * scale;
-    g.w = weights ? weights[n] : T(0);
-    g.a0 = T(1) / (L[0] + eps);
-    g.a1 = T(1) / (L[4] + eps);
-    g.a2 = T(1) / (L[8] + eps);
-    g.l10 = L[3];
-    g.l20 = L[6];
-    g.l21 = L[7];
+    r.m0 = m[0];
+    r.m1 = m[1];
+    r.m2 = m[2];
+    r.w = weights ? weights[n] : T(0);
+    r.l00 = L[0];
+    r.l10 = L[3];
+    r.l11 = L[4];
+    r.l20 = L[6];
+    r.l21 = L[7];
+    r.l22 = L[8];
+    return r;
+}
+
+// The factors: reciprocal diagonal (the only divisions), scaled mean.
+template <typename T>
+__device__ __forceinline__ Gauss<T> prepare(const RawGauss<T>& r, T eps, T scale) {
+    Gauss<T> g;
+    g.mu0 = r.m0 * scale;
+    g.mu1 = r.m1 * scale;
+    g.mu2 = r.m2 * scale;
+    g.w = r.w;
+    g.a0 = T(1) / (r.l00 + eps);
+    g.a1 = T(1) / (r.l11 + eps);
+    g.a2 = T(1) / (r.l22 + eps);
+    g.l10 = r.l10;
+    g.l20 = r.l20;
+    g.l21 = r.l21;
     g.pad0 = T(0);
     g.pad1 = T(0);
     return g;
+}
+
+template <typename T>
+__device__ __forceinline__ Gauss<T> load_gauss(const T* __restrict__ means, const T* __restrict__ chol,
+                                               const T* __restrict__ weights, i64 n, T eps, T scale) {
+    return prepare(load_raw(means, chol, weights, n), eps, scale);
 }
 
 // Forward substitution (L + eps I) y = p - mu.
@@ -161,12 +190,19 @@ __device__ void field_fwd(const GsFieldFwdArgs& a) {
         p[q][2] = ok ? points[b * 3 + 2] * scale : T(0);
         acc[q] = T(0);
     }
+    const T* __restrict__ means = (const T*)a.means;
+    const T* __restrict__ chol = (const T*)a.chol;
+    const T* __restrict__ weights = (const T*)a.weights;
+    // Software pipeline: the raw parameters of tile t+1 are in flight while tile t
+    // is computed.
+    RawGauss<T> raw;
+    if (tid < a.N) raw = load_raw(means, chol, weights, tid);
     for (i64 t0 = 0; t0 < a.N; t0 += GS_FWD_TILE) {
         const int cnt = (int)min((i64)GS_FWD_TILE, a.N - t0);
         __syncthreads();
-        if (tid < cnt)
-            sg[tid] = load_gauss<T>((const T*)a.means, (const T*)a.chol, (const T*)a.weights, t0 + tid, eps, scale);
+        if (tid < cnt) sg[tid] = prepare(raw, eps, scale);
         __syncthreads();
+        if (t0 + GS_FWD_TILE + tid < a.N) raw = load_raw(means, chol, weights, t0 + GS_FWD_TILE + tid);
 #pragma unroll 2
         for (int k = split; k < cnt; k += gs) {
             const Gauss<T> g = sg[k];
@@ -251,18 +287,30 @@ __device__ void backward(const GsBwdArgs& a) {
 #pragma unroll
             for (int i = 0; i < GS_K; ++i) acc[k][i] = T(0);
         }
+        // the next chunk's point (thread tid < GS_BWD_CHUNK) is fetched ahead
+        T q0 = T(0), q1 = T(0), q2 = T(0), q3 = T(0);
+        auto fetch = [&](i64 pc) {
+            const i64 b = pc * GS_BWD_CHUNK + tid;
+            if (tid < GS_BWD_CHUNK && pc < pc1 && b < a.B) {
+                q0 = points[b * 3] * scale;
+                q1 = points[b * 3 + 1] * scale;
+                q2 = points[b * 3 + 2] * scale;
+                q3 = FIELD ? gin[b] : T(0);
+            }
+        };
+        fetch(pc0);
         for (i64 pc = pc0; pc < pc1; ++pc) {
             const i64 b0 = pc * GS_BWD_CHUNK;
             const int cnt = (int)min((i64)GS_BWD_CHUNK, a.B - b0);
             __syncthreads();
             if (tid < cnt) {
-                const i64 b = b0 + tid;
-                spt[tid][0] = points[b * 3] * scale;
-                spt[tid][1] = points[b * 3 + 1] * scale;
-                spt[tid][2] = points[b * 3 + 2] * scale;
-                spt[tid][3] = FIELD ? gin[b] : T(0);
+                spt[tid][0] = q0;
+                spt[tid][1] = q1;
+                spt[tid][2] = q2;
+                spt[tid][3] = q3;
             }
             __syncthreads();
+            fetch(pc + 1);
 #pragma unroll 2
             for (int j = 0; j < cnt; ++j) {
                 const T p0 = spt[j][0], p1 = spt[j][1], p2 = spt[j][2];

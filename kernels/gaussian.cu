@@ -311,10 +311,25 @@ __device__ void backward(const GsBwdArgs& a) {
             }
             __syncthreads();
             fetch(pc + 1);
+            // Mahalanobis: g of the next point is loaded while this one is computed
+            T gnext[GS_BWD_GPT];
+            if (!FIELD) {
+#pragma unroll
+                for (int k = 0; k < GS_BWD_GPT; ++k)
+                    gnext[k] = live[k] ? __ldcs(gin + b0 * a.N + n[k]) : T(0);
+            }
 #pragma unroll 2
             for (int j = 0; j < cnt; ++j) {
                 const T p0 = spt[j][0], p1 = spt[j][1], p2 = spt[j][2];
                 T zs0 = T(0), zs1 = T(0), zs2 = T(0);
+                T gcur[GS_BWD_GPT];
+                if (!FIELD) {
+#pragma unroll
+                    for (int k = 0; k < GS_BWD_GPT; ++k) {
+                        gcur[k] = gnext[k];
+                        if (j + 1 < cnt && live[k]) gnext[k] = __ldcs(gin + (b0 + j + 1) * a.N + n[k]);
+                    }
+                }
 #pragma unroll
                 for (int k = 0; k < GS_BWD_GPT; ++k) {
                     T y0, y1, y2;
@@ -326,7 +341,7 @@ __device__ void backward(const GsBwdArgs& a) {
                         acc[k][9] = live[k] ? acc[k][9] + de : T(0);
                         c = live[k] ? -g[k].w * de : T(0);             // 2 g, g = -0.5 dout w e
                     } else {
-                        c = live[k] ? T(2) * __ldcs(gin + (b0 + j) * a.N + n[k]) : T(0);
+                        c = T(2) * gcur[k];   // 0 for a Gaussian past N
                     }
                     T z0, z1, z2;
                     backsolve(g[k], c * y0, c * y1, c * y2, z0, z1, z2);

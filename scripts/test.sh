@@ -3,7 +3,8 @@
 #   - Rust: unit tests, the header staleness check, the C-ABI tests on the CPU
 #     backend, and the NVRTC compile of every kernel for sm_80 and sm_90 (the
 #     nvidia-cuda-nvrtc / nvidia-cuda-runtime wheels provide libnvrtc and headers).
-#   - C and C++: tests/c/run.sh (C test, C example, C++ wrapper test, header as C99/C++).
+#   - C and C++: tests/c/run.sh (C test, C examples, C++ wrapper test, header as C99/C++);
+#     tests/cuda_emu/run.sh (kernels/gaussian.cu executed on the CPU by an emulation).
 #   - Python: the ctypes package (numpy), cffi, bindings completeness, Julia module check.
 # GPU tests run on a CUDA machine with scripts/gpu_suite.sh.
 set -euo pipefail
@@ -30,6 +31,9 @@ echo "==> cargo build --release"
 cargo build --release
 echo "==> cargo test --release (Rust, CPU backend + NVRTC kernel compile)"
 FK_REQUIRE_NVRTC=1 cargo test --release -- --test-threads=2
+
+echo "==> CUDA kernel sources run on the CPU (emulated threads, barriers, shuffles)"
+bash tests/cuda_emu/run.sh
 
 echo "==> C / C++ tests"
 FUSEKIT_LIB_DIR=$ROOT/target/release FK_TEST_DEVICE=cpu bash tests/c/run.sh

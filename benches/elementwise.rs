@@ -65,6 +65,12 @@ unsafe fn buffer(
     b
 }
 
+fn arch_of(ctx: *mut fk_context) -> String {
+    let (mut a, mut b) = (0, 0);
+    unsafe { fk_context_compute_capability(ctx, &mut a, &mut b) };
+    format!("{a}{b}")
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -274,11 +280,36 @@ fn main() {
         per_call.push(t.elapsed().as_secs_f64() * 1e6 / 200.0);
     }
     let us = median(per_call);
+    // the driver's own floor: cuLaunchKernel of an empty kernel with a parameter
+    // struct of the same size as the elementwise kernels' (416 bytes)
+    let src = "struct P { long long w[52]; }; extern \"C\" __global__ void noop(const P p) { if (p.w[0] == 1234567) asm volatile(\"trap;\"); }";
+    let image =
+        fusekit::cuda::nvrtc::compile("noop", src, &format!("sm_{}", arch_of(ctx))).unwrap();
+    let module = unsafe { result::module::load_data(image.as_ptr() as *const _) }.unwrap();
+    let f =
+        unsafe { result::module::get_function(module, std::ffi::CString::new("noop").unwrap()) }
+            .unwrap();
+    let mut param = [0i64; 52];
+    let mut per_launch = Vec::new();
+    for _ in 0..50 {
+        check(unsafe { fk_stream_synchronize(stream) }, "sync");
+        let t = Instant::now();
+        for _ in 0..200 {
+            let mut args = [param.as_mut_ptr() as *mut c_void];
+            unsafe { result::launch_kernel(f, (1, 1, 1), (256, 1, 1), 0, raw, &mut args) }.unwrap();
+        }
+        per_launch.push(t.elapsed().as_secs_f64() * 1e6 / 200.0);
+    }
+    let floor_us = median(per_launch);
     println!(
         "\nhost overhead of one small fk_add call (256 f32, median of 50 batches of 200): {us:.2} us"
     );
+    println!(
+        "driver floor: cuLaunchKernel of an empty kernel with a 416-byte parameter: {floor_us:.2} us (fusekit adds {:.2} us)",
+        us - floor_us
+    );
     out_rows.push(format!(
-        "{{\"case\":\"host overhead small fk_add\",\"us\":{us:.3}}}"
+        "{{\"case\":\"host overhead small fk_add\",\"us\":{us:.3},\"driver_floor_us\":{floor_us:.3}}}"
     ));
     unsafe {
         fk_buffer_destroy(a);

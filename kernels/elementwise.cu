@@ -12,6 +12,8 @@
 #include "common.cuh"
 
 #define FK_MAX_DIMS 8
+// 16-byte vectors per thread per iteration of the contiguous loops (bytes in flight)
+#define UNROLL 4
 
 struct EwArgs {
     i64 n;
@@ -89,10 +91,19 @@ template <typename C> __device__ __forceinline__ C m_sin(C z) {
 template <typename C> __device__ __forceinline__ C m_cos(C z) {
     return cmake<C>(m_cos(z.re) * cosh(z.im), -m_sin(z.re) * sinh(z.im));
 }
+// Kahan's formula (no cancellation near the poles, where cosh 2x + cos 2y -> 0).
 template <typename C> __device__ __forceinline__ C m_tanh(C z) {
     typedef typename ComplexReal<C>::type R;
-    R d = cosh(R(2) * z.re) + m_cos(R(2) * z.im);
-    return cmake<C>(sinh(R(2) * z.re) / d, m_sin(R(2) * z.im) / d);
+    if (m_abs(z.re) > R(22)) {
+        R e = exp(R(-2) * m_abs(z.re));
+        return cmake<C>(copysign(R(1), z.re), R(4) * m_sin(z.im) * m_cos(z.im) * e);
+    }
+    R t = tan(z.im);
+    R b = R(1) + t * t;
+    R s = sinh(z.re);
+    R r = m_sqrt(R(1) + s * s);
+    R d = R(1) + b * s * s;
+    return cmake<C>(b * r * s / d, t / d);
 }
 template <typename C> __device__ __forceinline__ C m_sigmoid(C z) {
     typedef typename ComplexReal<C>::type R;
@@ -198,7 +209,26 @@ __device__ void binary_contig(const EwArgs& g) {
         const V* av = (const V*)a;
         const V* bv = (const V*)b;
         V* ov = (V*)o;
-        for (i64 i = thread_index(); i < nv; i += grid_stride()) {
+        const i64 gs = grid_stride();
+        i64 i = thread_index();
+        // UNROLL independent 16-byte loads of each input in flight per thread
+        for (; i + (UNROLL - 1) * gs < nv; i += UNROLL * gs) {
+            V x[UNROLL], y[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                x[u] = av[i + u * gs];
+                y[u] = bv[i + u * gs];
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                V z;
+#pragma unroll
+                for (int k = 0; k < V::N; ++k)
+                    z.v[k] = from_compute<T>(Bin<OP, C>::f(to_compute(x[u].v[k]), to_compute(y[u].v[k]), s));
+                ov[i + u * gs] = z;
+            }
+        }
+        for (; i < nv; i += gs) {
             V x = av[i], y = bv[i], z;
 #pragma unroll
             for (int k = 0; k < V::N; ++k)
@@ -260,7 +290,21 @@ __device__ void unary_contig(const EwArgs& g) {
         i64 nv = g.n / V::N;
         const V* av = (const V*)a;
         W* ov = (W*)o;
-        for (i64 i = thread_index(); i < nv; i += grid_stride()) {
+        const i64 gs = grid_stride();
+        i64 i = thread_index();
+        for (; i + (UNROLL - 1) * gs < nv; i += UNROLL * gs) {
+            V x[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) x[u] = av[i + u * gs];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                W z;
+#pragma unroll
+                for (int k = 0; k < V::N; ++k) z.v[k] = from_compute<U>(Un<OP, C, D>::f(to_compute(x[u].v[k]), s));
+                ov[i + u * gs] = z;
+            }
+        }
+        for (; i < nv; i += gs) {
             V x = av[i];
             W z;
 #pragma unroll

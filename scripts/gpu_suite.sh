@@ -25,11 +25,14 @@ step() { # step NAME TIMEOUT CMD...
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
   echo "=== $name: $*" | tee -a "$LOG"
-  timeout "$limit" "$@" >>"$LOG" 2>&1
+  local steplog=$OUT/.step.log
+  timeout "$limit" "$@" >"$steplog" 2>&1
   local rc=$?
+  cat "$steplog" >>"$LOG"
   local dt=$((SECONDS - t0))
   local tail_line
-  tail_line=$(grep -E "test result:|passed|failed|ERROR SUMMARY|SKIPPED" "$LOG" | tail -1 | cut -c1-70)
+  tail_line=$(grep -E "test result:|passed|failed|ERROR SUMMARY|SKIPPED|warmup" "$steplog" | tail -1 | cut -c1-70)
+  rm -f "$steplog"
   if [ $rc -eq 0 ]; then SUMMARY+=("$(printf '%-28s %-6s %5ss  %s' "$name" PASS "$dt" "$tail_line")")
   else SUMMARY+=("$(printf '%-28s %-6s %5ss  rc=%s %s' "$name" FAIL "$dt" "$rc" "$tail_line")"); FAILED=1; fi
 }
@@ -54,6 +57,8 @@ if sel sanitizer; then
   step racecheck 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_elementwise" --test-threads=1
   step memcheck_gaussian 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_gaussian" --test-threads=1
   step racecheck_gaussian 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_gaussian" --test-threads=1
+  [ -x target/c-tests/test_fusekit ] && \
+    step memcheck_c 300 compute-sanitizer --tool memcheck --error-exitcode 9 target/c-tests/test_fusekit cuda
   unset FK_SANITIZE
 fi
 sel bench && step bench_rust 300 "$B/bin/bench_elementwise" --json "$OUT/bench_rust.json"
@@ -63,7 +68,7 @@ sel scale && step scale_gaussian 900 env FK_SCALE_TEST=1 "$B/bin/gpu_gaussian" s
 
 echo
 echo "---- benchmark rows"
-grep -E "^(device|add|mul|axpby|host|device-to-device|field_|mahalanobis_)" "$LOG" | grep -v "^===" | head -40
+grep -E "^(device|add|mul|axpby|host|driver|device-to-device|field_|mahalanobis_)" "$LOG" | grep -v "^===" | head -40
 echo
 echo "---- GPU suite summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
 printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"

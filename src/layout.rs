@@ -107,7 +107,10 @@ pub fn extent(shape: &[i64], strides: &[i64]) -> Option<(i64, i64)> {
 /// or dimensions that interleave). Conservative: sorts dimensions by |stride| and
 /// requires each stride to exceed the extent of the smaller ones.
 pub fn may_self_overlap(shape: &[i64], strides: &[i64]) -> bool {
-    let mut dims: Vec<(i64, i64)> = shape
+    if shape.contains(&0) {
+        return false; // no elements, nothing to overlap (numpy gives empties zero strides)
+    }
+    let mut dims: SmallVec<[(i64, i64); FK_MAX_DIMS]> = shape
         .iter()
         .zip(strides)
         .filter(|(d, _)| **d > 1)

@@ -194,11 +194,23 @@ macro_rules! complex_math {
                     im: -self.re.sin() * self.im.sinh(),
                 }
             }
+            /// Kahan's formula (as the kernel): no cancellation near the poles.
             fn tanh(self) -> Self {
-                let d = (2.0 * self.re).cosh() + (2.0 * self.im).cos();
+                if self.re.abs() > 22.0 {
+                    let e = (-2.0 * self.re.abs()).exp();
+                    return Complex {
+                        re: (1.0 as $r).copysign(self.re),
+                        im: 4.0 * self.im.sin() * self.im.cos() * e,
+                    };
+                }
+                let t = self.im.tan();
+                let b = 1.0 + t * t;
+                let s = self.re.sinh();
+                let r = (1.0 + s * s).sqrt();
+                let d = 1.0 + b * s * s;
                 Complex {
-                    re: (2.0 * self.re).sinh() / d,
-                    im: (2.0 * self.im).sin() / d,
+                    re: b * r * s / d,
+                    im: t / d,
                 }
             }
             fn sigmoid(self) -> Self {

@@ -65,7 +65,8 @@ pub struct CudaDevice {
     pub arch: (i32, i32),
     pub sm_count: i32,
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
-    functions: Mutex<HashMap<(&'static str, &'static str), sys::CUfunction>>,
+    /// Keyed by the addresses of the static names (cheap to hash on the per-call path).
+    functions: Mutex<HashMap<(usize, usize), sys::CUfunction>>,
 }
 
 // SAFETY: CUDA handles are usable from any thread once the context is current;
@@ -182,33 +183,37 @@ impl CudaDevice {
     /// device, managed memory, or registered host memory).
     pub fn check_pointer(&self, ptr: usize, what: &str) -> Result<()> {
         self.bind()?;
+        // cuPointerGetAttributes, unlike cuPointerGetAttribute, answers memory CUDA
+        // does not know with memory type 0 instead of an error, so probing plain host
+        // memory raises no CUDA API error (which compute-sanitizer would report).
         let mut mem_type: u32 = 0;
-        // SAFETY: writes one u32 attribute.
-        let r = unsafe {
-            sys::cuPointerGetAttribute(
-                &mut mem_type as *mut u32 as *mut _,
-                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        let mut ord: i32 = -1;
+        let mut attrs = [
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        ];
+        let mut data = [
+            &mut mem_type as *mut u32 as *mut std::ffi::c_void,
+            &mut ord as *mut i32 as *mut std::ffi::c_void,
+        ];
+        // SAFETY: `data[i]` points to storage of the type of attribute `attrs[i]`.
+        unsafe {
+            sys::cuPointerGetAttributes(
+                attrs.len() as u32,
+                attrs.as_mut_ptr(),
+                data.as_mut_ptr(),
                 ptr as u64,
             )
-        };
+        }
+        .result()
+        .cuda("cuPointerGetAttributes")?;
         crate::ensure!(
-            r == sys::CUresult::CUDA_SUCCESS,
+            mem_type != 0,
             FK_ERROR_DEVICE_MISMATCH,
             "{what} = {ptr:#x} is not memory CUDA knows (plain host memory?); cuda:{} buffers need device, managed or pinned host memory",
             self.ordinal
         );
         if mem_type == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
-            let mut ord: i32 = -1;
-            // SAFETY: as above.
-            unsafe {
-                sys::cuPointerGetAttribute(
-                    &mut ord as *mut i32 as *mut _,
-                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                    ptr as u64,
-                )
-            }
-            .result()
-            .cuda("cuPointerGetAttribute")?;
             crate::ensure!(
                 ord == self.ordinal as i32,
                 FK_ERROR_DEVICE_MISMATCH,
@@ -304,11 +309,12 @@ impl CudaDevice {
         module: &'static str,
         function: &'static str,
     ) -> Result<sys::CUfunction> {
+        let key = (module.as_ptr() as usize, function.as_ptr() as usize);
         if let Some(f) = self
             .functions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&(module, function))
+            .get(&key)
         {
             return Ok(*f);
         }
@@ -320,7 +326,7 @@ impl CudaDevice {
         self.functions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert((module, function), f);
+            .insert(key, f);
         Ok(f)
     }
 

@@ -1513,17 +1513,16 @@ static void test_bad_inputs(void)
     if (obad != NULL) {
         expect_err(fk_add(a, b, obad, NULL), FK_ERROR_SHAPE_MISMATCH, "fk_add(out [4,4] for [4,5])",
                    "fk_add", "out has shape [4, 4]", (const char *)NULL);
-        /* (the message names the shapes but not the arguments: see the report) */
         expect_err(fk_neg(a, obad, NULL), FK_ERROR_SHAPE_MISMATCH, "fk_neg(out [4,4] for a [4,5])",
-                   "fk_neg", "[4, 4]", (const char *)NULL);
+                   "fk_neg", "a does not broadcast to out", "[4, 4]", (const char *)NULL);
         fk_buffer_destroy(obad);
     }
     obad = new_poisoned(FK_DTYPE_F32, 1, sbad);
     if (obad != NULL) {
         expect_err(fk_mul(a, obad, o, NULL), FK_ERROR_SHAPE_MISMATCH, "fk_mul([4,5] x [3])",
-                   "fk_mul", "cannot be broadcast", (const char *)NULL);
+                   "fk_mul", "a and b do not broadcast", "cannot be broadcast", (const char *)NULL);
         expect_err(fk_copy(obad, o, NULL), FK_ERROR_SHAPE_MISMATCH, "fk_copy([3] -> [4,5])",
-                   "fk_copy", (const char *)NULL);
+                   "fk_copy", "a does not broadcast to out", (const char *)NULL);
         fk_buffer_destroy(obad);
     }
 

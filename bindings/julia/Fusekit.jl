@@ -1,0 +1,689 @@
+"""
+    Fusekit
+
+Julia bindings for fusekit (fused elementwise GPU kernels with a CPU fallback)
+through its C ABI (`include/fusekit.h`).
+
+Two layers:
+
+- **Raw**: one Julia function per C entry point, same name and argument order
+  (`fk_add(a, b, out, stream)`), each a single `ccall` returning the C result
+  (an `Int32` status for most). Handles are `Ptr{fk_context}`, `Ptr{fk_stream}`,
+  `Ptr{fk_buffer}`; the wrapper objects below convert to them automatically.
+- **Idiomatic**: `Context`, `Stream` and `Buffer` mutable structs whose finalizers
+  release the C handle (call `destroy!` to release early), `check(status)`
+  throwing `FusekitError`, element type mapping for `Float16`, `Float32`,
+  `Float64`, `ComplexF32`, `ComplexF64`, and ops on buffers (`add!(out, a, b)`)
+  and on Julia arrays (`add!(out, a, b)`, `add(a, b)`, CPU context).
+
+# Column-major arrays
+
+fusekit shapes are row-major (C order). A Julia array of size `(d1, ..., dn)`
+with strides `(s1, ..., sn)` is passed as a buffer of **reversed** shape
+`[dn, ..., d1]` and reversed strides `[sn, ..., s1]` (same memory, no copy), and
+`size(buf)` / `Array(buf)` reverse back. Element `A[i, j]` is therefore buffer
+element `[j-1, i-1]`. Because fusekit broadcasts NumPy-style (dimensions aligned
+from the right) on the reversed shapes, this matches Julia's broadcasting
+(dimensions aligned from the left): `Fusekit.add(A, v)` with `A` of size `(m, n)`
+and `v` of size `(m,)` equals `A .+ v`. Strided views such as
+`view(A, 1:2:m, :)` are passed with their strides, without a copy; only
+`StridedArray`s are accepted (a lazy `transpose` or `PermutedDimsArray` is not
+one: `copy` it first).
+
+The array-level ops (`Fusekit.add`, `Fusekit.exp`, `Fusekit.abs`, ...) are not
+exported and deliberately shadow the Base names inside the module: call them
+qualified.
+
+# Library location
+
+`libfusekit` is `ENV["FUSEKIT_LIBRARY"]` when set at load time (a full path to
+`libfusekit.so`), else `"libfusekit"` found through the system loader
+(`LD_LIBRARY_PATH`, `DL_LOAD_PATH`).
+
+```julia
+include("bindings/julia/Fusekit.jl"); using .Fusekit
+ctx = Fusekit.Context(Fusekit.FK_DEVICE_AUTO)
+x = Fusekit.Buffer(ctx, Float32, 1024, 1024); copyto!(x, rand(Float32, 1024, 1024))
+y = Fusekit.Buffer(ctx, Float32, 1024, 1024)
+Fusekit.exp!(y, x); Array(y)
+```
+"""
+module Fusekit
+
+using Libdl
+
+export FusekitError, Context, Stream, Buffer, check, destroy!
+
+# ------------------------------------------------------------------ library
+
+"""Path or name of the shared library (`ENV["FUSEKIT_LIBRARY"]`, else `"libfusekit"`)."""
+const libfusekit = get(ENV, "FUSEKIT_LIBRARY", "libfusekit")
+
+"""True when the library can be loaded (e.g. `FUSEKIT_LIBRARY` points at it)."""
+is_available() = Libdl.dlopen(libfusekit; throw_error = false) !== nothing
+
+# ------------------------------------------------------------------ constants (fusekit.h)
+
+const FK_ABI_VERSION = 1000
+const FK_MAX_DIMS = 8
+
+const FK_DEVICE_AUTO = 0
+const FK_DEVICE_CPU = 1
+const FK_DEVICE_CUDA = 2
+
+const FK_DTYPE_F16 = 1
+const FK_DTYPE_BF16 = 2
+const FK_DTYPE_F32 = 3
+const FK_DTYPE_F64 = 4
+const FK_DTYPE_C64 = 5
+const FK_DTYPE_C128 = 6
+
+const FK_OK = 0
+const FK_ERROR_INVALID_ARGUMENT = 1
+const FK_ERROR_NULL_POINTER = 2
+const FK_ERROR_UNSUPPORTED_DTYPE = 3
+const FK_ERROR_SHAPE_MISMATCH = 4
+const FK_ERROR_DEVICE_MISMATCH = 5
+const FK_ERROR_ALIASING = 6
+const FK_ERROR_OUT_OF_MEMORY = 7
+const FK_ERROR_CUDA_UNAVAILABLE = 8
+const FK_ERROR_LIBRARY_NOT_FOUND = 9
+const FK_ERROR_KERNEL_COMPILE = 10
+const FK_ERROR_CUDA = 11
+const FK_ERROR_ABI_MISMATCH = 12
+const FK_ERROR_BUFFER_TOO_SMALL = 13
+const FK_ERROR_UNSUPPORTED = 14
+const FK_ERROR_INTERNAL = 15
+const FK_ERROR_IO = 16
+const FK_ERROR_DTYPE_MISMATCH = 17
+
+# ------------------------------------------------------------------ C types
+
+"""Opaque C handle types; only `Ptr`s to them exist."""
+struct fk_context end
+struct fk_stream end
+struct fk_buffer end
+
+"""`fk_scalar`: a complex number `re + i*im` passed by value (`im` must be 0 for real dtypes)."""
+struct FkScalar
+    re::Float64
+    im::Float64
+end
+FkScalar(x::Real) = FkScalar(Float64(x), 0.0)
+FkScalar(z::Complex) = FkScalar(Float64(real(z)), Float64(imag(z)))
+FkScalar(s::FkScalar) = s
+
+# ------------------------------------------------------------------ raw layer: one ccall per C function
+
+fk_abi_version() = ccall((:fk_abi_version, libfusekit), UInt32, ())
+fk_version_string() = ccall((:fk_version_string, libfusekit), Cstring, ())
+fk_status_string(status) = ccall((:fk_status_string, libfusekit), Cstring, (Int32,), status)
+fk_last_error_message() = ccall((:fk_last_error_message, libfusekit), Cstring, ())
+fk_last_error_message_copy(buf, capacity, needed) =
+    ccall((:fk_last_error_message_copy, libfusekit), Int32, (Ptr{UInt8}, Csize_t, Ptr{Csize_t}), buf, capacity, needed)
+fk_dtype_size(dtype, out) = ccall((:fk_dtype_size, libfusekit), Int32, (Int32, Ptr{Csize_t}), dtype, out)
+fk_device_count(out) = ccall((:fk_device_count, libfusekit), Int32, (Ptr{Int32},), out)
+
+fk_context_create(abi_version, kind, ordinal, out) =
+    ccall((:fk_context_create, libfusekit), Int32, (UInt32, Int32, Int32, Ptr{Ptr{fk_context}}), abi_version, kind, ordinal, out)
+fk_context_destroy(ctx) = ccall((:fk_context_destroy, libfusekit), Int32, (Ptr{fk_context},), ctx)
+fk_context_device(ctx, kind, ordinal) =
+    ccall((:fk_context_device, libfusekit), Int32, (Ptr{fk_context}, Ptr{Int32}, Ptr{Int32}), ctx, kind, ordinal)
+fk_context_name(ctx, buf, capacity, needed) =
+    ccall((:fk_context_name, libfusekit), Int32, (Ptr{fk_context}, Ptr{UInt8}, Csize_t, Ptr{Csize_t}), ctx, buf, capacity, needed)
+fk_context_compute_capability(ctx, major, minor) =
+    ccall((:fk_context_compute_capability, libfusekit), Int32, (Ptr{fk_context}, Ptr{Int32}, Ptr{Int32}), ctx, major, minor)
+fk_context_memory(ctx, free_bytes, total_bytes) =
+    ccall((:fk_context_memory, libfusekit), Int32, (Ptr{fk_context}, Ptr{UInt64}, Ptr{UInt64}), ctx, free_bytes, total_bytes)
+fk_context_warmup(ctx) = ccall((:fk_context_warmup, libfusekit), Int32, (Ptr{fk_context},), ctx)
+
+fk_stream_create(ctx, out) = ccall((:fk_stream_create, libfusekit), Int32, (Ptr{fk_context}, Ptr{Ptr{fk_stream}}), ctx, out)
+fk_stream_wrap(ctx, cu_stream, out) =
+    ccall((:fk_stream_wrap, libfusekit), Int32, (Ptr{fk_context}, Ptr{Cvoid}, Ptr{Ptr{fk_stream}}), ctx, cu_stream, out)
+fk_stream_destroy(stream) = ccall((:fk_stream_destroy, libfusekit), Int32, (Ptr{fk_stream},), stream)
+fk_stream_synchronize(stream) = ccall((:fk_stream_synchronize, libfusekit), Int32, (Ptr{fk_stream},), stream)
+fk_stream_handle(stream, out) = ccall((:fk_stream_handle, libfusekit), Int32, (Ptr{fk_stream}, Ptr{Ptr{Cvoid}}), stream, out)
+
+fk_buffer_create(ctx, dtype, ndim, shape, stream, out) =
+    ccall((:fk_buffer_create, libfusekit), Int32,
+          (Ptr{fk_context}, Int32, Int32, Ptr{Int64}, Ptr{fk_stream}, Ptr{Ptr{fk_buffer}}),
+          ctx, dtype, ndim, shape, stream, out)
+fk_buffer_wrap(ctx, data, dtype, ndim, shape, strides, out) =
+    ccall((:fk_buffer_wrap, libfusekit), Int32,
+          (Ptr{fk_context}, Ptr{Cvoid}, Int32, Int32, Ptr{Int64}, Ptr{Int64}, Ptr{Ptr{fk_buffer}}),
+          ctx, data, dtype, ndim, shape, strides, out)
+fk_buffer_destroy(buf) = ccall((:fk_buffer_destroy, libfusekit), Int32, (Ptr{fk_buffer},), buf)
+fk_buffer_from_dlpack(ctx, managed, out) =
+    ccall((:fk_buffer_from_dlpack, libfusekit), Int32, (Ptr{fk_context}, Ptr{Cvoid}, Ptr{Ptr{fk_buffer}}), ctx, managed, out)
+fk_buffer_to_dlpack(buf, out) = ccall((:fk_buffer_to_dlpack, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Ptr{Cvoid}}), buf, out)
+fk_buffer_copy_from_host(buf, src, bytes, stream) =
+    ccall((:fk_buffer_copy_from_host, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Cvoid}, Csize_t, Ptr{fk_stream}), buf, src, bytes, stream)
+fk_buffer_copy_from_host_async(buf, src, bytes, stream) =
+    ccall((:fk_buffer_copy_from_host_async, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Cvoid}, Csize_t, Ptr{fk_stream}), buf, src, bytes, stream)
+fk_buffer_copy_to_host(buf, dst, bytes, stream) =
+    ccall((:fk_buffer_copy_to_host, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Cvoid}, Csize_t, Ptr{fk_stream}), buf, dst, bytes, stream)
+fk_buffer_copy_to_host_async(buf, dst, bytes, stream) =
+    ccall((:fk_buffer_copy_to_host_async, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Cvoid}, Csize_t, Ptr{fk_stream}), buf, dst, bytes, stream)
+fk_buffer_dtype(buf, out) = ccall((:fk_buffer_dtype, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Int32}), buf, out)
+fk_buffer_ndim(buf, out) = ccall((:fk_buffer_ndim, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Int32}), buf, out)
+fk_buffer_shape(buf, out) = ccall((:fk_buffer_shape, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Int64}), buf, out)
+fk_buffer_strides(buf, out) = ccall((:fk_buffer_strides, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Int64}), buf, out)
+fk_buffer_data(buf, out) = ccall((:fk_buffer_data, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Ptr{Cvoid}}), buf, out)
+fk_buffer_device(buf, kind, ordinal) =
+    ccall((:fk_buffer_device, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Int32}, Ptr{Int32}), buf, kind, ordinal)
+fk_buffer_numel(buf, out) = ccall((:fk_buffer_numel, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Int64}), buf, out)
+fk_buffer_nbytes(buf, out) = ccall((:fk_buffer_nbytes, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Csize_t}), buf, out)
+fk_buffer_is_contiguous(buf, out) = ccall((:fk_buffer_is_contiguous, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Int32}), buf, out)
+
+fk_add(a, b, out, stream) =
+    ccall((:fk_add, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, b, out, stream)
+fk_sub(a, b, out, stream) =
+    ccall((:fk_sub, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, b, out, stream)
+fk_mul(a, b, out, stream) =
+    ccall((:fk_mul, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, b, out, stream)
+fk_div(a, b, out, stream) =
+    ccall((:fk_div, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, b, out, stream)
+fk_axpby(alpha, a, beta, b, out, stream) =
+    ccall((:fk_axpby, libfusekit), Int32,
+          (FkScalar, Ptr{fk_buffer}, FkScalar, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
+          alpha, a, beta, b, out, stream)
+fk_scalar_add(a, s, out, stream) =
+    ccall((:fk_scalar_add, libfusekit), Int32, (Ptr{fk_buffer}, FkScalar, Ptr{fk_buffer}, Ptr{fk_stream}), a, s, out, stream)
+fk_scalar_mul(a, s, out, stream) =
+    ccall((:fk_scalar_mul, libfusekit), Int32, (Ptr{fk_buffer}, FkScalar, Ptr{fk_buffer}, Ptr{fk_stream}), a, s, out, stream)
+fk_neg(a, out, stream) = ccall((:fk_neg, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
+fk_abs(a, out, stream) = ccall((:fk_abs, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
+fk_exp(a, out, stream) = ccall((:fk_exp, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
+fk_log(a, out, stream) = ccall((:fk_log, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
+fk_sqrt(a, out, stream) = ccall((:fk_sqrt, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
+fk_sin(a, out, stream) = ccall((:fk_sin, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
+fk_cos(a, out, stream) = ccall((:fk_cos, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
+fk_tanh(a, out, stream) = ccall((:fk_tanh, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
+fk_sigmoid(a, out, stream) = ccall((:fk_sigmoid, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
+fk_relu(a, out, stream) = ccall((:fk_relu, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
+fk_copy(a, out, stream) = ccall((:fk_copy, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
+
+# ------------------------------------------------------------------ errors
+
+"""
+    FusekitError(status, name, message)
+
+A failed fusekit call: `status` (an `FK_ERROR_*` value), its `name`
+(e.g. `"FK_ERROR_SHAPE_MISMATCH"`) and the library's `message`
+(`"<function>: <cause>"`, naming the argument at fault).
+"""
+struct FusekitError <: Exception
+    status::Int32
+    name::String
+    message::String
+end
+
+Base.showerror(io::IO, e::FusekitError) = print(io, "FusekitError: ", e.name, ": ", e.message)
+
+"""Static name of a status, e.g. `status_string(4) == "FK_ERROR_SHAPE_MISMATCH"`."""
+status_string(status::Integer) = unsafe_string(fk_status_string(Int32(status)))
+
+"""This thread's last error message (empty when no call has failed)."""
+last_error_message() = unsafe_string(fk_last_error_message())
+
+"""The same message through the copy form (`fk_last_error_message_copy`)."""
+function last_error_message_copy()
+    needed = Ref{Csize_t}(0)
+    fk_last_error_message_copy(Ptr{UInt8}(C_NULL), Csize_t(0), needed)  # size query, always FK_OK
+    buf = Vector{UInt8}(undef, needed[])
+    fk_last_error_message_copy(buf, Csize_t(length(buf)), needed)
+    return String(buf[1:end-1])  # drop the NUL
+end
+
+"""
+    check(status)
+
+Returns `nothing` for `FK_OK`, otherwise throws a [`FusekitError`](@ref) with the
+status name and the last error message.
+"""
+function check(status::Integer)
+    status == FK_OK && return nothing
+    throw(FusekitError(Int32(status), status_string(status), last_error_message()))
+end
+
+# ------------------------------------------------------------------ versions, dtypes, devices
+
+abi_version() = fk_abi_version()
+version() = unsafe_string(fk_version_string())
+
+"""Number of usable CUDA devices (0 when there is no driver or GPU)."""
+function device_count()
+    n = Ref{Int32}(0)
+    check(fk_device_count(n))
+    return Int(n[])
+end
+
+"""Element types with a fusekit dtype. (bfloat16 has no Base type: use raw buffers.)"""
+const FkElement = Union{Float16,Float32,Float64,ComplexF32,ComplexF64}
+
+dtype_of(::Type{Float16}) = Int32(FK_DTYPE_F16)
+dtype_of(::Type{Float32}) = Int32(FK_DTYPE_F32)
+dtype_of(::Type{Float64}) = Int32(FK_DTYPE_F64)
+dtype_of(::Type{ComplexF32}) = Int32(FK_DTYPE_C64)
+dtype_of(::Type{ComplexF64}) = Int32(FK_DTYPE_C128)
+dtype_of(::Type{T}) where {T} = throw(ArgumentError("fusekit has no dtype for element type $T"))
+
+function julia_type(dtype::Integer)
+    dtype == FK_DTYPE_F16 && return Float16
+    dtype == FK_DTYPE_F32 && return Float32
+    dtype == FK_DTYPE_F64 && return Float64
+    dtype == FK_DTYPE_C64 && return ComplexF32
+    dtype == FK_DTYPE_C128 && return ComplexF64
+    dtype == FK_DTYPE_BF16 && return UInt16  # raw bit patterns
+    throw(ArgumentError("unknown fusekit dtype $dtype"))
+end
+
+function dtype_size(dtype::Integer)
+    n = Ref{Csize_t}(0)
+    check(fk_dtype_size(Int32(dtype), n))
+    return Int(n[])
+end
+
+# ------------------------------------------------------------------ Context
+
+"""
+    Context(kind = FK_DEVICE_AUTO, ordinal = 0)
+
+A device context (`fk_context_create`). `kind` is `FK_DEVICE_CPU`,
+`FK_DEVICE_CUDA` or `FK_DEVICE_AUTO`. Released by its finalizer or `destroy!`.
+"""
+mutable struct Context
+    ptr::Ptr{fk_context}
+    function Context(kind::Integer = FK_DEVICE_AUTO, ordinal::Integer = 0)
+        out = Ref{Ptr{fk_context}}(C_NULL)
+        check(fk_context_create(UInt32(FK_ABI_VERSION), Int32(kind), Int32(ordinal), out))
+        c = new(out[])
+        finalizer(destroy!, c)
+        return c
+    end
+end
+
+Base.unsafe_convert(::Type{Ptr{fk_context}}, c::Context) = c.ptr
+
+function destroy!(c::Context)
+    if c.ptr != C_NULL
+        fk_context_destroy(c.ptr)
+        c.ptr = C_NULL
+    end
+    return nothing
+end
+
+const _CPU_CONTEXT = Ref{Union{Context,Nothing}}(nothing)
+"""A process-wide CPU context, created on first use (used for Julia arrays)."""
+function cpu_context()
+    if _CPU_CONTEXT[] === nothing
+        _CPU_CONTEXT[] = Context(FK_DEVICE_CPU)
+    end
+    return _CPU_CONTEXT[]::Context
+end
+
+"""`(kind, ordinal)` of the context's device."""
+function device(c::Context)
+    k = Ref{Int32}(0)
+    o = Ref{Int32}(0)
+    check(fk_context_device(c, k, o))
+    return (Int(k[]), Int(o[]))
+end
+
+is_cuda(c::Context) = device(c)[1] == FK_DEVICE_CUDA
+
+function _copy_string(f)
+    needed = Ref{Csize_t}(0)
+    check(f(Ptr{UInt8}(C_NULL), Csize_t(0), needed))
+    buf = Vector{UInt8}(undef, needed[])
+    check(f(buf, Csize_t(length(buf)), needed))
+    return String(buf[1:end-1])
+end
+
+"""The device's name, e.g. `"NVIDIA H100 80GB HBM3"`."""
+name(c::Context) = _copy_string((buf, cap, needed) -> fk_context_name(c, buf, cap, needed))
+
+function compute_capability(c::Context)
+    major = Ref{Int32}(0)
+    minor = Ref{Int32}(0)
+    check(fk_context_compute_capability(c, major, minor))
+    return (Int(major[]), Int(minor[]))
+end
+
+"""`(free_bytes, total_bytes)` of the context's device."""
+function memory(c::Context)
+    f = Ref{UInt64}(0)
+    t = Ref{UInt64}(0)
+    check(fk_context_memory(c, f, t))
+    return (f[], t[])
+end
+
+"""Compiles every kernel module now (no-op on the CPU)."""
+warmup(c::Context) = (check(fk_context_warmup(c)); nothing)
+
+# ------------------------------------------------------------------ Stream
+
+"""
+    Stream(ctx)                 # owned by fusekit
+    Stream(ctx, cu_stream)      # borrows a CUstream (Ptr{Cvoid}; C_NULL = legacy default)
+
+Released by its finalizer or `destroy!`. A borrowed CUstream must outlive it.
+"""
+mutable struct Stream
+    ptr::Ptr{fk_stream}
+    ctx::Context
+    function Stream(ctx::Context)
+        out = Ref{Ptr{fk_stream}}(C_NULL)
+        check(fk_stream_create(ctx, out))
+        s = new(out[], ctx)
+        finalizer(destroy!, s)
+        return s
+    end
+    function Stream(ctx::Context, cu_stream::Ptr{Cvoid})
+        out = Ref{Ptr{fk_stream}}(C_NULL)
+        check(fk_stream_wrap(ctx, cu_stream, out))
+        s = new(out[], ctx)
+        finalizer(destroy!, s)
+        return s
+    end
+end
+
+Base.unsafe_convert(::Type{Ptr{fk_stream}}, s::Stream) = s.ptr
+
+function destroy!(s::Stream)
+    if s.ptr != C_NULL
+        fk_stream_destroy(s.ptr)
+        s.ptr = C_NULL
+    end
+    return nothing
+end
+
+synchronize(s::Stream) = (check(fk_stream_synchronize(s)); nothing)
+
+"""The raw CUstream (C_NULL for the legacy default stream and on the CPU)."""
+function handle(s::Stream)
+    p = Ref{Ptr{Cvoid}}(C_NULL)
+    check(fk_stream_handle(s, p))
+    return p[]
+end
+
+# `stream = nothing` means the default stream (a NULL fk_stream*).
+_sptr(::Nothing) = Ptr{fk_stream}(C_NULL)
+_sptr(s::Stream) = s
+
+# ------------------------------------------------------------------ Buffer
+
+"""
+    Buffer(ctx, T, dims...; stream = nothing)   # owned, uninitialised
+    borrow(ctx, A)                               # view of a Julia array (no copy)
+
+A fusekit buffer. `size(buf)` is in Julia order (the reverse of the C shape, see
+the module docs). `owner` keeps a borrowed array alive as long as the buffer.
+Released by its finalizer or `destroy!`.
+"""
+mutable struct Buffer
+    ptr::Ptr{fk_buffer}
+    ctx::Union{Context,Nothing}
+    owner::Any
+    function Buffer(ptr::Ptr{fk_buffer}, ctx::Union{Context,Nothing}, owner)
+        b = new(ptr, ctx, owner)
+        finalizer(destroy!, b)
+        return b
+    end
+end
+
+Base.unsafe_convert(::Type{Ptr{fk_buffer}}, b::Buffer) = b.ptr
+
+function destroy!(b::Buffer)
+    if b.ptr != C_NULL
+        fk_buffer_destroy(b.ptr)
+        b.ptr = C_NULL
+    end
+    b.owner = nothing
+    return nothing
+end
+
+function Buffer(ctx::Context, ::Type{T}, dims::Integer...; stream::Union{Stream,Nothing} = nothing) where {T}
+    shape = Int64[reverse(dims)...]
+    out = Ref{Ptr{fk_buffer}}(C_NULL)
+    check(fk_buffer_create(ctx, dtype_of(T), Int32(length(shape)), shape, _sptr(stream), out))
+    return Buffer(out[], ctx, nothing)
+end
+
+"""
+    borrow(ctx, A::StridedArray)
+
+Wraps the memory of `A` (no copy) as a buffer of reversed shape and strides.
+Host arrays need a CPU context (a CUDA context accepts only device, managed or
+pinned memory).
+"""
+function borrow(ctx::Context, A::StridedArray{T}) where {T<:FkElement}
+    shape = Int64[reverse(size(A))...]
+    strd = Int64[reverse(strides(A))...]
+    out = Ref{Ptr{fk_buffer}}(C_NULL)
+    GC.@preserve A begin
+        check(fk_buffer_wrap(ctx, Ptr{Cvoid}(pointer(A)), dtype_of(T), Int32(ndims(A)), shape, strd, out))
+    end
+    return Buffer(out[], ctx, A)
+end
+
+"""
+    wrap(ctx, ptr, T, dims; strides = nothing)
+
+Wraps raw memory (e.g. a device pointer from CUDA.jl: `pointer(cuarray)`) as a
+buffer. `dims` and `strides` are in Julia (column-major) order.
+"""
+function wrap(ctx::Context, ptr::Ptr, ::Type{T}, dims::Dims; strides::Union{Dims,Nothing} = nothing) where {T}
+    shape = Int64[reverse(dims)...]
+    strd = strides === nothing ? Int64[reverse(Base.size_to_strides(1, dims...))...] : Int64[reverse(strides)...]
+    out = Ref{Ptr{fk_buffer}}(C_NULL)
+    check(fk_buffer_wrap(ctx, Ptr{Cvoid}(ptr), dtype_of(T), Int32(length(shape)), shape, strd, out))
+    return Buffer(out[], ctx, nothing)
+end
+
+"""Imports a `DLManagedTensorVersioned*`; on success the buffer owns it."""
+function from_dlpack(ctx::Context, managed::Ptr{Cvoid})
+    out = Ref{Ptr{fk_buffer}}(C_NULL)
+    check(fk_buffer_from_dlpack(ctx, managed, out))
+    return Buffer(out[], ctx, nothing)
+end
+
+"""Exports a new `DLManagedTensorVersioned*` (the consumer must call its deleter once)."""
+function to_dlpack(b::Buffer)
+    p = Ref{Ptr{Cvoid}}(C_NULL)
+    check(fk_buffer_to_dlpack(b, p))
+    return p[]
+end
+
+function dtype(b::Buffer)
+    r = Ref{Int32}(0)
+    check(fk_buffer_dtype(b, r))
+    return r[]
+end
+
+Base.eltype(b::Buffer) = julia_type(dtype(b))
+
+function Base.ndims(b::Buffer)
+    r = Ref{Int32}(0)
+    check(fk_buffer_ndim(b, r))
+    return Int(r[])
+end
+
+"""The C (row-major) shape."""
+function shape(b::Buffer)
+    v = zeros(Int64, ndims(b))
+    check(fk_buffer_shape(b, v))
+    return v
+end
+
+"""The C strides in elements (row-major order of dimensions)."""
+function cstrides(b::Buffer)
+    v = zeros(Int64, ndims(b))
+    check(fk_buffer_strides(b, v))
+    return v
+end
+
+"""Size in Julia order (reverse of `shape`)."""
+Base.size(b::Buffer) = Tuple(Int.(reverse(shape(b))))
+"""Strides in Julia order (reverse of `cstrides`)."""
+Base.strides(b::Buffer) = Tuple(Int.(reverse(cstrides(b))))
+
+function Base.length(b::Buffer)
+    r = Ref{Int64}(0)
+    check(fk_buffer_numel(b, r))
+    return Int(r[])
+end
+
+function Base.sizeof(b::Buffer)
+    r = Ref{Csize_t}(0)
+    check(fk_buffer_nbytes(b, r))
+    return Int(r[])
+end
+
+function is_contiguous(b::Buffer)
+    r = Ref{Int32}(0)
+    check(fk_buffer_is_contiguous(b, r))
+    return r[] != 0
+end
+
+"""Address of the first element (host or device)."""
+function data(b::Buffer)
+    r = Ref{Ptr{Cvoid}}(C_NULL)
+    check(fk_buffer_data(b, r))
+    return r[]
+end
+
+function device(b::Buffer)
+    k = Ref{Int32}(0)
+    o = Ref{Int32}(0)
+    check(fk_buffer_device(b, k, o))
+    return (Int(k[]), Int(o[]))
+end
+
+function _check_eltype(b::Buffer, ::Type{T}) where {T}
+    d = dtype(b)
+    d == dtype_of(T) || throw(ArgumentError("buffer has dtype $(julia_type(d)) but the array has element type $T"))
+    return nothing
+end
+
+"""Copies a host array into a contiguous buffer and waits (`async = true` only queues it)."""
+function Base.copyto!(b::Buffer, A::Array{T}; stream::Union{Stream,Nothing} = nothing, async::Bool = false) where {T<:FkElement}
+    _check_eltype(b, T)
+    f = async ? fk_buffer_copy_from_host_async : fk_buffer_copy_from_host
+    check(f(b, A, Csize_t(sizeof(A)), _sptr(stream)))
+    return b
+end
+
+"""Copies a contiguous buffer into a host array and waits (`async = true` only queues it)."""
+function Base.copyto!(A::Array{T}, b::Buffer; stream::Union{Stream,Nothing} = nothing, async::Bool = false) where {T<:FkElement}
+    _check_eltype(b, T)
+    f = async ? fk_buffer_copy_to_host_async : fk_buffer_copy_to_host
+    check(f(b, A, Csize_t(sizeof(A)), _sptr(stream)))
+    return A
+end
+
+"""The buffer's contents as a Julia `Array` of size `size(b)`."""
+function Base.Array(b::Buffer; stream::Union{Stream,Nothing} = nothing)
+    A = Array{eltype(b)}(undef, size(b)...)
+    check(fk_buffer_copy_to_host(b, A, Csize_t(sizeof(A)), _sptr(stream)))
+    return A
+end
+
+# ------------------------------------------------------------------ ops on buffers
+
+const _BINARY = ((:add!, :fk_add), (:sub!, :fk_sub), (:mul!, :fk_mul), (:div!, :fk_div))
+const _UNARY = ((:neg!, :fk_neg), (:abs!, :fk_abs), (:exp!, :fk_exp), (:log!, :fk_log),
+                (:sqrt!, :fk_sqrt), (:sin!, :fk_sin), (:cos!, :fk_cos), (:tanh!, :fk_tanh),
+                (:sigmoid!, :fk_sigmoid), (:relu!, :fk_relu), (:copy!, :fk_copy))
+
+for (jl, raw) in _BINARY
+    @eval function $jl(out::Buffer, a::Buffer, b::Buffer; stream::Union{Stream,Nothing} = nothing)
+        check($raw(a, b, out, _sptr(stream)))
+        return out
+    end
+end
+
+for (jl, raw) in _UNARY
+    @eval function $jl(out::Buffer, a::Buffer; stream::Union{Stream,Nothing} = nothing)
+        check($raw(a, out, _sptr(stream)))
+        return out
+    end
+end
+
+"""`out = alpha*a + beta*b` in one pass."""
+function axpby!(out::Buffer, alpha::Number, a::Buffer, beta::Number, b::Buffer; stream::Union{Stream,Nothing} = nothing)
+    check(fk_axpby(FkScalar(alpha), a, FkScalar(beta), b, out, _sptr(stream)))
+    return out
+end
+
+"""`out = a + s`."""
+function scalar_add!(out::Buffer, a::Buffer, s::Number; stream::Union{Stream,Nothing} = nothing)
+    check(fk_scalar_add(a, FkScalar(s), out, _sptr(stream)))
+    return out
+end
+
+"""`out = a * s`."""
+function scalar_mul!(out::Buffer, a::Buffer, s::Number; stream::Union{Stream,Nothing} = nothing)
+    check(fk_scalar_mul(a, FkScalar(s), out, _sptr(stream)))
+    return out
+end
+
+# ------------------------------------------------------------------ ops on Julia arrays (CPU)
+
+# Borrows each array on `ctx`, runs f(buffers...), then releases the views at once.
+function _with_borrowed(f, ctx::Context, arrays...)
+    bufs = map(A -> borrow(ctx, A), arrays)
+    try
+        return f(bufs...)
+    finally
+        foreach(destroy!, bufs)
+    end
+end
+
+for (jl, _) in _BINARY
+    @eval function $jl(out::StridedArray, a::StridedArray, b::StridedArray; ctx::Context = cpu_context())
+        _with_borrowed((o, x, y) -> $jl(o, x, y), ctx, out, a, b)
+        return out
+    end
+end
+
+for (jl, _) in _UNARY
+    @eval function $jl(out::StridedArray, a::StridedArray; ctx::Context = cpu_context())
+        _with_borrowed((o, x) -> $jl(o, x), ctx, out, a)
+        return out
+    end
+end
+
+function axpby!(out::StridedArray, alpha::Number, a::StridedArray, beta::Number, b::StridedArray; ctx::Context = cpu_context())
+    _with_borrowed((o, x, y) -> axpby!(o, alpha, x, beta, y), ctx, out, a, b)
+    return out
+end
+function scalar_add!(out::StridedArray, a::StridedArray, s::Number; ctx::Context = cpu_context())
+    _with_borrowed((o, x) -> scalar_add!(o, x, s), ctx, out, a)
+    return out
+end
+function scalar_mul!(out::StridedArray, a::StridedArray, s::Number; ctx::Context = cpu_context())
+    _with_borrowed((o, x) -> scalar_mul!(o, x, s), ctx, out, a)
+    return out
+end
+
+# Allocating versions: the result has Julia's broadcast size (which fusekit's
+# broadcasting of the reversed shapes reproduces).
+_bsize(a, b) = Base.Broadcast.broadcast_shape(size(a), size(b))
+
+add(a::StridedArray{T}, b::StridedArray{T}) where {T<:FkElement} = add!(Array{T}(undef, _bsize(a, b)), a, b)
+sub(a::StridedArray{T}, b::StridedArray{T}) where {T<:FkElement} = sub!(Array{T}(undef, _bsize(a, b)), a, b)
+mul(a::StridedArray{T}, b::StridedArray{T}) where {T<:FkElement} = mul!(Array{T}(undef, _bsize(a, b)), a, b)
+div(a::StridedArray{T}, b::StridedArray{T}) where {T<:FkElement} = div!(Array{T}(undef, _bsize(a, b)), a, b)
+axpby(alpha::Number, a::StridedArray{T}, beta::Number, b::StridedArray{T}) where {T<:FkElement} =
+    axpby!(Array{T}(undef, _bsize(a, b)), alpha, a, beta, b)
+scalar_add(a::StridedArray{T}, s::Number) where {T<:FkElement} = scalar_add!(similar(a, T, size(a)), a, s)
+scalar_mul(a::StridedArray{T}, s::Number) where {T<:FkElement} = scalar_mul!(similar(a, T, size(a)), a, s)
+"""`|a|`; complex input gives the real magnitude."""
+abs(a::StridedArray{T}) where {T<:FkElement} = abs!(Array{real(T)}(undef, size(a)), a)
+for (jl, fn) in ((:neg!, :neg), (:exp!, :exp), (:log!, :log), (:sqrt!, :sqrt), (:sin!, :sin), (:cos!, :cos),
+                 (:tanh!, :tanh), (:sigmoid!, :sigmoid), (:relu!, :relu), (:copy!, :copy))
+    @eval $fn(a::StridedArray{T}) where {T<:FkElement} = $jl(Array{T}(undef, size(a)), a)
+end
+
+end # module Fusekit

@@ -1,0 +1,113 @@
+"""fusekit: fused GPU kernels (CPU fallback) behind a stable C ABI, from Python.
+
+Pure ctypes over ``libfusekit``; numpy arrays, torch tensors (CPU and CUDA) and
+DLPack producers go in and come out without copies::
+
+    import numpy as np, fusekit
+    a = np.linspace(0, 1, 5); b = np.ones(5)
+    fusekit.add(a, b)                    # numpy in, numpy out (CPU backend)
+    fusekit.axpby(2.0, a, -1.0, b, out=a)  # in place
+
+With torch CUDA tensors the ops run on the CUDA backend, on torch's current
+stream. See README.md in this package's source for more.
+"""
+
+from . import _lib  # noqa: F401
+from ._core import (
+    Buffer,
+    Context,
+    DType,
+    Invocation,
+    MemoryInfo,
+    Stream,
+    as_buffer,
+    default_context,
+    from_dlpack,
+)
+from ._lib import (
+    ABI_VERSION,
+    MAX_DIMS,
+    AbiMismatchError,
+    AliasingError,
+    BufferTooSmallError,
+    CudaError,
+    CudaUnavailableError,
+    DeviceMismatchError,
+    DtypeMismatchError,
+    Error,
+    InternalError,
+    InvalidArgumentError,
+    IoError,
+    KernelCompileError,
+    LibraryLoadError,
+    LibraryNotFoundError,
+    NullPointerError,
+    OutOfMemoryError,
+    ShapeMismatchError,
+    UnsupportedDtypeError,
+    UnsupportedError,
+    abi_version,
+    device_count,
+    library_path,
+    version_string,
+)
+from .ops import ENTRY_POINTS
+from .ops.elementwise import *  # noqa: F401,F403
+from .ops.elementwise import __all__ as _elementwise_all
+
+Error.__module__ = "fusekit"
+LibraryLoadError.__module__ = "fusekit"
+
+float16 = DType.float16
+bfloat16 = DType.bfloat16
+float32 = DType.float32
+float64 = DType.float64
+complex64 = DType.complex64
+complex128 = DType.complex128
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Buffer",
+    "Context",
+    "DType",
+    "Invocation",
+    "MemoryInfo",
+    "Stream",
+    "as_buffer",
+    "default_context",
+    "from_dlpack",
+    "ABI_VERSION",
+    "MAX_DIMS",
+    "Error",
+    "AbiMismatchError",
+    "AliasingError",
+    "BufferTooSmallError",
+    "CudaError",
+    "CudaUnavailableError",
+    "DeviceMismatchError",
+    "DtypeMismatchError",
+    "InternalError",
+    "InvalidArgumentError",
+    "IoError",
+    "KernelCompileError",
+    "LibraryLoadError",
+    "LibraryNotFoundError",
+    "NullPointerError",
+    "OutOfMemoryError",
+    "ShapeMismatchError",
+    "UnsupportedDtypeError",
+    "UnsupportedError",
+    "abi_version",
+    "device_count",
+    "library_path",
+    "version_string",
+    "ENTRY_POINTS",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+    *_elementwise_all,
+]

@@ -1,0 +1,172 @@
+"""fusekit ops as torch custom ops (``torch.ops.fusekit.*``): autograd, fake
+tensors and ``torch.compile(fullgraph=True)``.
+
+Import this module explicitly (it imports torch; ``import fusekit`` does not)::
+
+    import fusekit.torch_ops
+    y = torch.ops.fusekit.axpby(a, b, 2.0, -1.0)   # or fusekit.torch_ops.axpby(2.0, a, -1.0, b)
+    y.sum().backward()
+
+The pattern for an op family with a backward (geodesic flow, Gaussian field,
+fused linear, ...): in its own module, call :func:`register` once per op with
+
+- ``fn``: the forward, a function with type annotations (torch infers the schema
+  from them: ``Tensor``, ``Optional[Tensor]``, ``float``, ``int``, ``bool``,
+  ``List[int]``...) that calls the plain fusekit function on real tensors and
+  returns NEW tensors (a custom op's outputs must not alias its inputs);
+- ``fake``: the same signature, returning empty tensors of the right shape, dtype
+  and device (what ``torch.compile`` traces with);
+- ``backward(ctx, *grads)`` and ``setup_context(ctx, inputs, output)``: the
+  autograd formula, written with registered ops (``torch.ops.fusekit.*``, e.g. the
+  fusekit backward kernel as its own custom op) or plain torch ops, so that it
+  traces under ``torch.compile`` too. Return one gradient per input (None for
+  non-tensor inputs).
+
+Then check it with ``torch.library.opcheck`` and ``torch.autograd.gradcheck`` in
+float64 on the CPU, as ``bindings/python/tests/test_torch_custom_ops.py`` does.
+"""
+
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from .ops import elementwise as _ew
+
+__all__ = ["register", "axpby", "scalar_mul", "relu", "NAMESPACE"]
+
+NAMESPACE = "fusekit"
+
+
+def register(
+    name: str,
+    fn: Callable,
+    *,
+    fake: Callable,
+    backward: Optional[Callable] = None,
+    setup_context: Optional[Callable] = None,
+    mutates_args: Sequence[str] = (),
+):
+    """Registers ``fusekit::<name>`` as a torch custom op with a fake (meta)
+    implementation and, when ``backward`` is given, an autograd formula. Returns
+    the op (callable; also reachable as ``torch.ops.fusekit.<name>``)."""
+    op = torch.library.custom_op(f"{NAMESPACE}::{name}", fn, mutates_args=tuple(mutates_args))
+    op.register_fake(fake)
+    if backward is not None:
+        op.register_autograd(backward, setup_context=setup_context)
+    return op
+
+
+def _reduce_to(grad: Tensor, shape) -> Tensor:
+    """Sums a broadcast gradient back to an input's shape."""
+    if tuple(grad.shape) == tuple(shape):
+        return grad
+    return grad.sum_to_size(shape)
+
+
+# --- fusekit::scalar_mul(Tensor a, float s) -> Tensor ------------------------
+
+
+def _scalar_mul(a: Tensor, s: float) -> Tensor:
+    return _ew.scalar_mul(a, s)
+
+
+def _scalar_mul_fake(a: Tensor, s: float) -> Tensor:
+    return torch.empty_like(a, memory_format=torch.contiguous_format)
+
+
+def _scalar_mul_setup(ctx, inputs, output):
+    ctx.s = inputs[1]
+
+
+def _scalar_mul_backward(ctx, grad):
+    return torch.ops.fusekit.scalar_mul(grad, ctx.s), None
+
+
+_scalar_mul_op = register(
+    "scalar_mul",
+    _scalar_mul,
+    fake=_scalar_mul_fake,
+    backward=_scalar_mul_backward,
+    setup_context=_scalar_mul_setup,
+)
+
+
+# --- fusekit::axpby(Tensor a, Tensor b, float alpha, float beta) -> Tensor --
+
+
+def _axpby(a: Tensor, b: Tensor, alpha: float, beta: float) -> Tensor:
+    return _ew.axpby(alpha, a, beta, b)
+
+
+def _axpby_fake(a: Tensor, b: Tensor, alpha: float, beta: float) -> Tensor:
+    torch._check(a.dtype == b.dtype, lambda: f"fusekit::axpby: a is {a.dtype} but b is {b.dtype}")
+    shape = torch.broadcast_shapes(a.shape, b.shape)
+    return a.new_empty(shape)
+
+
+def _axpby_setup(ctx, inputs, output):
+    a, b, alpha, beta = inputs
+    ctx.alpha, ctx.beta = alpha, beta
+    ctx.a_shape, ctx.b_shape = a.shape, b.shape
+
+
+def _axpby_backward(ctx, grad):
+    ga = gb = None
+    if ctx.needs_input_grad[0]:
+        ga = _reduce_to(torch.ops.fusekit.scalar_mul(grad, ctx.alpha), ctx.a_shape)
+    if ctx.needs_input_grad[1]:
+        gb = _reduce_to(torch.ops.fusekit.scalar_mul(grad, ctx.beta), ctx.b_shape)
+    return ga, gb, None, None
+
+
+_axpby_op = register(
+    "axpby",
+    _axpby,
+    fake=_axpby_fake,
+    backward=_axpby_backward,
+    setup_context=_axpby_setup,
+)
+
+
+# --- fusekit::relu(Tensor a) -> Tensor ---------------------------------------
+
+
+def _relu(a: Tensor) -> Tensor:
+    return _ew.relu(a)
+
+
+def _relu_fake(a: Tensor) -> Tensor:
+    torch._check(not a.is_complex(), lambda: "fusekit::relu: complex input is not supported")
+    return torch.empty_like(a, memory_format=torch.contiguous_format)
+
+
+def _relu_setup(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+def _relu_backward(ctx, grad):
+    (out,) = ctx.saved_tensors
+    # d relu / da = 1 where the output is positive (0 at a == 0, as torch.relu).
+    return torch.where(out > 0, grad, torch.zeros_like(grad))
+
+
+_relu_op = register("relu", _relu, fake=_relu_fake, backward=_relu_backward, setup_context=_relu_setup)
+
+
+# --- convenience wrappers with the argument order of the plain functions -------
+
+
+def axpby(alpha: float, a: Tensor, beta: float, b: Tensor) -> Tensor:
+    """``alpha*a + beta*b`` through ``torch.ops.fusekit.axpby`` (differentiable)."""
+    return torch.ops.fusekit.axpby(a, b, float(alpha), float(beta))
+
+
+def scalar_mul(a: Tensor, s: float) -> Tensor:
+    """``a*s`` through ``torch.ops.fusekit.scalar_mul`` (differentiable)."""
+    return torch.ops.fusekit.scalar_mul(a, float(s))
+
+
+def relu(a: Tensor) -> Tensor:
+    """``max(a, 0)`` through ``torch.ops.fusekit.relu`` (differentiable)."""
+    return torch.ops.fusekit.relu(a)

@@ -54,6 +54,8 @@ from ._lib import (
 from .ops import ENTRY_POINTS
 from .ops.elementwise import *  # noqa: F401,F403
 from .ops.elementwise import __all__ as _elementwise_all
+from .ops.gaussian import *  # noqa: F401,F403
+from .ops.gaussian import __all__ as _gaussian_all
 
 Error.__module__ = "fusekit"
 LibraryLoadError.__module__ = "fusekit"
@@ -110,4 +112,5 @@ __all__ = [
     "complex64",
     "complex128",
     *_elementwise_all,
+    *_gaussian_all,
 ]

@@ -170,3 +170,7 @@ def scalar_mul(a: Tensor, s: float) -> Tensor:
 def relu(a: Tensor) -> Tensor:
     """``max(a, 0)`` through ``torch.ops.fusekit.relu`` (differentiable)."""
     return torch.ops.fusekit.relu(a)
+
+
+# The op families with their own torch module register here too.
+from . import torch_gaussian  # noqa: E402,F401

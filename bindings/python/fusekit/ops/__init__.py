@@ -4,12 +4,12 @@ table (C name -> Python function), and lists it in ``FAMILIES`` below;
 ``fusekit/__init__.py`` re-exports every family's ``__all__``.
 """
 
-from . import elementwise
+from . import elementwise, gaussian
 
 #: Every op-family module.
-FAMILIES = (elementwise,)
+FAMILIES = (elementwise, gaussian)
 
 #: C entry point name -> public Python function, over all families.
 ENTRY_POINTS = {name: fn for fam in FAMILIES for name, fn in fam.ENTRY_POINTS.items()}
 
-__all__ = ["FAMILIES", "ENTRY_POINTS", "elementwise"]
+__all__ = ["FAMILIES", "ENTRY_POINTS", "elementwise", "gaussian"]

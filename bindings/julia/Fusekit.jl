@@ -97,6 +97,8 @@ const FK_ERROR_INTERNAL = 15
 const FK_ERROR_IO = 16
 const FK_ERROR_DTYPE_MISMATCH = 17
 
+const FK_GAUSSIAN_DEFAULT_EPS = 1e-6
+
 # ------------------------------------------------------------------ C types
 
 """Opaque C handle types; only `Ptr`s to them exist."""
@@ -202,6 +204,29 @@ fk_tanh(a, out, stream) = ccall((:fk_tanh, libfusekit), Int32, (Ptr{fk_buffer}, 
 fk_sigmoid(a, out, stream) = ccall((:fk_sigmoid, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
 fk_relu(a, out, stream) = ccall((:fk_relu, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
 fk_copy(a, out, stream) = ccall((:fk_copy, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
+
+# Gaussian field (OPS.md section 3, docs/gaussian.md); NULL (C_NULL) for an unwanted gradient.
+fk_mahalanobis_forward(points, means, chol, eps, out, stream) =
+    ccall((:fk_mahalanobis_forward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, Ptr{fk_buffer}, Ptr{fk_stream}),
+          points, means, chol, eps, out, stream)
+fk_mahalanobis_backward(points, means, chol, eps, g, dpoints, dmeans, dchol, workspace, stream) =
+    ccall((:fk_mahalanobis_backward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer},
+           Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
+          points, means, chol, eps, g, dpoints, dmeans, dchol, workspace, stream)
+fk_gaussian_field_forward(points, means, chol, weights, eps, out, stream) =
+    ccall((:fk_gaussian_field_forward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, Ptr{fk_buffer}, Ptr{fk_stream}),
+          points, means, chol, weights, eps, out, stream)
+fk_gaussian_field_backward(points, means, chol, weights, eps, dout, dpoints, dmeans, dchol, dweights, workspace, stream) =
+    ccall((:fk_gaussian_field_backward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, Ptr{fk_buffer}, Ptr{fk_buffer},
+           Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
+          points, means, chol, weights, eps, dout, dpoints, dmeans, dchol, dweights, workspace, stream)
+fk_gaussian_backward_workspace_size(ctx, dtype, num_points, num_gaussians, bytes) =
+    ccall((:fk_gaussian_backward_workspace_size, libfusekit), Int32,
+          (Ptr{fk_context}, Int32, Int64, Int64, Ptr{Csize_t}), ctx, dtype, num_points, num_gaussians, bytes)
 
 # ------------------------------------------------------------------ errors
 

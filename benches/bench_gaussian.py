@@ -30,7 +30,7 @@ EPS = 1e-6
 FP32_TFLOPS = 51.0
 # FP32 instructions per (point, Gaussian) pair (docs/gaussian.md).
 INSTR_FIELD_FWD = 13
-INSTR_FIELD_BWD = 37
+INSTR_FIELD_BWD = 40
 
 
 # ---------------------------------------------------------------- fusekit via ctypes

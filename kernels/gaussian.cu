@@ -329,54 +329,84 @@ __device__ void backward(const GsBwdArgs& a) {
                 for (int k = 0; k < GS_BWD_GPT; ++k)
                     gnext[k] = live[k] ? __ldcs(gin + b0 * a.N + n[k]) : T(0);
             }
-#pragma unroll 2
-            for (int j = 0; j < cnt; ++j) {
-                const T p0 = spt[j][0], p1 = spt[j][1], p2 = spt[j][2];
-                T zs0 = T(0), zs1 = T(0), zs2 = T(0);
-                T gcur[GS_BWD_GPT];
-                if (!FIELD) {
+            // Points in groups of 4: the z sums of the group are reduced over the warp
+            // by a reduce-scatter (18 shuffles per 4 points instead of 60).
+            for (int j0 = 0; j0 < cnt; j0 += 4) {
+                T zs[4][3];
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) {
+                    const int j = j0 + jj;
+                    zs[jj][0] = zs[jj][1] = zs[jj][2] = T(0);
+                    if (j >= cnt) continue;   // uniform over the CTA
+                    const T p0 = spt[j][0], p1 = spt[j][1], p2 = spt[j][2];
+                    T gcur[GS_BWD_GPT];
+                    if (!FIELD) {
+#pragma unroll
+                        for (int k = 0; k < GS_BWD_GPT; ++k) {
+                            gcur[k] = gnext[k];
+                            if (j + 1 < cnt && live[k]) gnext[k] = __ldcs(gin + (b0 + j + 1) * a.N + n[k]);
+                        }
+                    }
 #pragma unroll
                     for (int k = 0; k < GS_BWD_GPT; ++k) {
-                        gcur[k] = gnext[k];
-                        if (j + 1 < cnt && live[k]) gnext[k] = __ldcs(gin + (b0 + j + 1) * a.N + n[k]);
+                        T y0, y1, y2;
+                        solve(g[k], p0, p1, p2, y0, y1, y2);
+                        T c;
+                        if (FIELD) {
+                            const T m = fma(y2, y2, fma(y1, y1, y0 * y0));
+                            const T de = spt[j][3] * gs_exp2<T>(-m);     // dout * exp(-0.5 m)
+                            acc[k][9] += de;
+                            c = live[k] ? -g[k].w * de : T(0);             // 2 g, g = -0.5 dout w e
+                        } else {
+                            c = T(2) * gcur[k];   // 0 for a Gaussian past N
+                        }
+                        T z0, z1, z2;
+                        backsolve(g[k], c * y0, c * y1, c * y2, z0, z1, z2);
+                        zs[jj][0] += z0;
+                        zs[jj][1] += z1;
+                        zs[jj][2] += z2;
+                        acc[k][0] += z0;
+                        acc[k][1] += z1;
+                        acc[k][2] += z2;
+                        acc[k][3] = fma(z0, y0, acc[k][3]);
+                        acc[k][4] = fma(z1, y0, acc[k][4]);
+                        acc[k][5] = fma(z1, y1, acc[k][5]);
+                        acc[k][6] = fma(z2, y0, acc[k][6]);
+                        acc[k][7] = fma(z2, y1, acc[k][7]);
+                        acc[k][8] = fma(z2, y2, acc[k][8]);
                     }
-                }
-#pragma unroll
-                for (int k = 0; k < GS_BWD_GPT; ++k) {
-                    T y0, y1, y2;
-                    solve(g[k], p0, p1, p2, y0, y1, y2);
-                    T c;
-                    if (FIELD) {
-                        const T m = fma(y2, y2, fma(y1, y1, y0 * y0));
-                        const T de = spt[j][3] * gs_exp2<T>(-m);     // dout * exp(-0.5 m)
-                        acc[k][9] = live[k] ? acc[k][9] + de : T(0);
-                        c = live[k] ? -g[k].w * de : T(0);             // 2 g, g = -0.5 dout w e
-                    } else {
-                        c = T(2) * gcur[k];   // 0 for a Gaussian past N
-                    }
-                    T z0, z1, z2;
-                    backsolve(g[k], c * y0, c * y1, c * y2, z0, z1, z2);
-                    zs0 += z0;
-                    zs1 += z1;
-                    zs2 += z2;
-                    acc[k][0] += z0;
-                    acc[k][1] += z1;
-                    acc[k][2] += z2;
-                    acc[k][3] = fma(z0, y0, acc[k][3]);
-                    acc[k][4] = fma(z1, y0, acc[k][4]);
-                    acc[k][5] = fma(z1, y1, acc[k][5]);
-                    acc[k][6] = fma(z2, y0, acc[k][6]);
-                    acc[k][7] = fma(z2, y1, acc[k][7]);
-                    acc[k][8] = fma(z2, y2, acc[k][8]);
                 }
                 if (a.want_p) {
-                    zs0 = warp_sum(zs0);
-                    zs1 = warp_sum(zs1);
-                    zs2 = warp_sum(zs2);
-                    if (lane == 0) {
-                        red[warp][0][j] = zs0;
-                        red[warp][1][j] = zs1;
-                        red[warp][2][j] = zs2;
+                    // step 16: lanes 0-15 keep points 0,1 and lanes 16-31 points 2,3
+                    const bool h16 = lane & 16, h8 = lane & 8;
+                    T w[2][3];
+#pragma unroll
+                    for (int q = 0; q < 2; ++q)
+#pragma unroll
+                        for (int c = 0; c < 3; ++c) {
+                            const T keep = h16 ? zs[q + 2][c] : zs[q][c];
+                            const T send = h16 ? zs[q][c] : zs[q + 2][c];
+                            w[q][c] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+                        }
+                    // step 8: lanes with bit 3 clear keep the first of their two points
+                    T u[3];
+#pragma unroll
+                    for (int c = 0; c < 3; ++c) {
+                        const T keep = h8 ? w[1][c] : w[0][c];
+                        const T send = h8 ? w[0][c] : w[1][c];
+                        u[c] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+                    }
+                    // steps 4, 2, 1 over the 8 lanes that share a point
+#pragma unroll
+                    for (int o = 4; o > 0; o >>= 1)
+#pragma unroll
+                        for (int c = 0; c < 3; ++c) u[c] += __shfl_xor_sync(0xffffffffu, u[c], o);
+                    // lane 8 q holds the warp's sum for point j0 + q (q = 2 h16 + h8)
+                    const int j = j0 + (lane >> 3);
+                    if ((lane & 7) == 0 && j < cnt) {
+                        red[warp][0][j] = u[0];
+                        red[warp][1][j] = u[1];
+                        red[warp][2][j] = u[2];
                     }
                 }
             }
@@ -459,17 +489,17 @@ __device__ void finalize(const GsFinalizeArgs& a) {
 }
 
 // ---------------------------------------------------------------- entry points
-#define FK_GS_KERNELS(NAME, T)                                                                            \
+#define FK_GS_KERNELS(NAME, T, BWD_MIN_BLOCKS)                                                                          \
     extern "C" __global__ void __launch_bounds__(GS_THREADS) gs_maha_fwd_##NAME(const GsMahaFwdArgs a) {   \
         maha_fwd<T>(a);                                                                                   \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(GS_THREADS) gs_field_fwd_##NAME(const GsFieldFwdArgs a) { \
         field_fwd<T>(a);                                                                                  \
     }                                                                                                     \
-    extern "C" __global__ void __launch_bounds__(GS_THREADS) gs_bwd_maha_##NAME(const GsBwdArgs a) {       \
+    extern "C" __global__ void __launch_bounds__(GS_THREADS, BWD_MIN_BLOCKS) gs_bwd_maha_##NAME(const GsBwdArgs a) {       \
         backward<T, false>(a);                                                                            \
     }                                                                                                     \
-    extern "C" __global__ void __launch_bounds__(GS_THREADS) gs_bwd_field_##NAME(const GsBwdArgs a) {      \
+    extern "C" __global__ void __launch_bounds__(GS_THREADS, BWD_MIN_BLOCKS) gs_bwd_field_##NAME(const GsBwdArgs a) {      \
         backward<T, true>(a);                                                                             \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(GS_THREADS) gs_finalize_##NAME(const GsFinalizeArgs a) {  \
@@ -477,7 +507,8 @@ __device__ void finalize(const GsFinalizeArgs& a) {
     }
 
 #if defined(FK_GS_f32)
-FK_GS_KERNELS(f32, f32)
+// f32 backward: 3 CTAs (24 warps) per multiprocessor (<= 85 registers); f64 would spill.
+FK_GS_KERNELS(f32, f32, 3)
 #elif defined(FK_GS_f64)
-FK_GS_KERNELS(f64, f64)
+FK_GS_KERNELS(f64, f64, 1)
 #endif

@@ -21,7 +21,7 @@ typedef double f64;
 #define __global__
 #define __forceinline__ inline
 #define __shared__ static
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 
 using std::fma;

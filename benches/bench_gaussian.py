@@ -83,10 +83,10 @@ class Fusekit:
         self.keep.append((h, t))
         return h
 
-    def workspace(self, dtype, B, N):
+    def workspace(self, dtype, B, N, device="cuda"):
         n = ctypes.c_size_t()
         self.check(self.lib.fk_gaussian_backward_workspace_size(self.ctx, FK_DTYPE[dtype], B, N, ctypes.byref(n)))
-        return torch.empty(max(1, (n.value + 7) // 8), dtype=torch.float64, device="cuda")
+        return torch.empty(max(1, (n.value + 7) // 8), dtype=torch.float64, device=device)
 
 
 # ---------------------------------------------------------------- PyTorch references
@@ -140,13 +140,13 @@ def rel_err(out, ref):
     return num / den if den else num
 
 
-def problem(B, N, dtype, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    u = lambda *s, lo=-1.0, hi=1.0: torch.rand(*s, generator=g, device="cuda", dtype=torch.float64) * (hi - lo) + lo
+def problem(B, N, dtype, seed=0, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    u = lambda *s, lo=-1.0, hi=1.0: torch.rand(*s, generator=g, device=device, dtype=torch.float64) * (hi - lo) + lo
     points = u(B, 3)
     means = u(N, 3)
     chol = u(N, 3, 3, lo=-0.05, hi=0.05)  # small Gaussians in the unit cube
-    idx = torch.arange(3, device="cuda")
+    idx = torch.arange(3, device=device)
     chol[:, idx, idx] = u(N, 3, lo=0.05, hi=0.15)
     weights = u(N, lo=-0.5, hi=1.0)
     return [t.to(dtype).contiguous() for t in (points, means, chol, weights)]

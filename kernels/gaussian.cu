@@ -17,10 +17,11 @@
 //                     sums are added in a fixed order: deterministic.
 //   gs_bwd_maha_<T>,  thread = 2 Gaussians (factors and 10 gradient
 //   gs_bwd_field_<T>  accumulators in registers), the CTA's points streamed
-//                     through shared memory. Per point, the 3 components of z
-//                     summed over the warp's Gaussians by a xor butterfly, then
-//                     over the 8 warps in order. The CTA (ig, ip) covers a range
-//                     of Gaussian tiles and a range of point chunks and writes
+//                     through shared memory. The 3 components of z per point
+//                     are summed over the warp's Gaussians 4 points at a time by
+//                     a reduce-scatter butterfly, then over the 8 warps in
+//                     order. The CTA (ig, ip) covers a range of Gaussian tiles
+//                     and a range of point chunks and writes
 //                     per-point partials part_p[ig] and per-Gaussian partials
 //                     part_g[ip] to the caller's workspace; no atomics.
 //   gs_finalize_<T>   sums the partials over the splits in a fixed order and

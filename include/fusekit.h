@@ -9,8 +9,11 @@
  *  - Every function returns fk_status (0 = FK_OK) except the version, status-name
  *    and last-message getters. On failure fk_last_error_message() names the
  *    function, the argument and the cause.
- *  - Handles (fk_context, fk_stream, fk_buffer) are created through
- *    out-parameters and released by exactly one *_destroy, which accepts NULL.
+ *  - Handles (fk_context, fk_stream, fk_buffer, fk_event, fk_comm) are created
+ *    through out-parameters and released by exactly one *_destroy, which accepts
+ *    NULL.
+ *  - Growable structs (fk_memory_stats) start with size_t size, set by the caller
+ *    to sizeof; the library writes only the fields that fit.
  *  - Launching calls take an fk_stream* last (NULL = the default stream).
  */
 
@@ -34,6 +37,18 @@
 #define FK_GAUSSIAN_DEFAULT_EPS 1e-6
 
 /**
+ * `fk_gemm` flag: f32 and complex64 products may use TF32 tensor cores (inputs
+ * rounded to a 10-bit mantissa, f32 accumulation; relative error ~1e-3). Ignored
+ * for other dtypes and on the CPU.
+ */
+#define FK_GEMM_ALLOW_TF32 1
+
+/**
+ * Size in bytes of a communicator's unique id (`fk_comm_unique_id`).
+ */
+#define FK_COMM_ID_BYTES 128
+
+/**
  * Largest rank a buffer may have.
  */
 #define FK_MAX_DIMS 8
@@ -44,9 +59,20 @@
 typedef struct fk_buffer fk_buffer;
 
 /**
+ * Opaque handle to a communicator: one rank of a clique (see `fk_comm_init_all`,
+ * `fk_comm_init_rank`).
+ */
+typedef struct fk_comm fk_comm;
+
+/**
  * Opaque handle to a device context (see `fk_context_create`).
  */
 typedef struct fk_context fk_context;
+
+/**
+ * Opaque handle to an event (see `fk_event_create`).
+ */
+typedef struct fk_event fk_event;
 
 /**
  * Opaque handle to a stream (see `fk_stream_create`, `fk_stream_wrap`).
@@ -78,6 +104,132 @@ typedef struct {
 } fk_scalar;
 
 /**
+ * Operation applied to a GEMM operand (`int32_t`). Values are part of the ABI.
+ */
+typedef int32_t fk_op;
+
+/**
+ * Activation of the fused linear layer (`int32_t`). Values are part of the ABI.
+ */
+typedef int32_t fk_activation;
+
+/**
+ * Memory statistics of a context (`fk_context_memory_stats`). The struct may grow
+ * in later minor versions (fields are only appended): set `size` to
+ * `sizeof(fk_memory_stats)` before the call; the library fills the fields that fit
+ * in `size` bytes and leaves `size` and anything beyond its own fields untouched.
+ */
+typedef struct {
+    /**
+     * Set by the caller: `sizeof(fk_memory_stats)`.
+     */
+    size_t size;
+    /**
+     * Bytes of the context's live owned buffers (their sizes as requested): device
+     * memory on CUDA, host memory on the CPU. Pinned buffers are counted apart.
+     */
+    uint64_t allocated_bytes;
+    /**
+     * Highest `allocated_bytes` since the context was created.
+     */
+    uint64_t peak_allocated_bytes;
+    /**
+     * Device memory the context's pool holds (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`),
+     * in use or cached for reuse; equals `allocated_bytes` on the CPU.
+     */
+    uint64_t reserved_bytes;
+    /**
+     * Highest `reserved_bytes` (`CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`).
+     */
+    uint64_t peak_reserved_bytes;
+    /**
+     * Pool memory backing live allocations, with the pool's rounding
+     * (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`); equals `allocated_bytes` on the CPU.
+     */
+    uint64_t pool_used_bytes;
+    /**
+     * Number of live owned buffers (pinned ones not included).
+     */
+    uint64_t live_allocations;
+    /**
+     * Free memory of the device (`cuMemGetInfo`; available host memory on the CPU).
+     */
+    uint64_t device_free_bytes;
+    /**
+     * Total memory of the device (host memory on the CPU).
+     */
+    uint64_t device_total_bytes;
+    /**
+     * The pool's release threshold (`fk_context_set_release_threshold`).
+     */
+    uint64_t release_threshold_bytes;
+    /**
+     * Bytes of live pinned host buffers made through this context.
+     */
+    uint64_t pinned_bytes;
+    /**
+     * Number of live pinned host buffers made through this context.
+     */
+    uint64_t pinned_allocations;
+} fk_memory_stats;
+
+/**
+ * Reduction selector of `fk_all_reduce` and `fk_reduce_scatter` (`int32_t`).
+ */
+typedef int32_t fk_reduce_op;
+
+/**
+ * `op(X) = X`.
+ */
+#define FK_OP_N 0
+
+/**
+ * `op(X) = X^T`.
+ */
+#define FK_OP_T 1
+
+/**
+ * `op(X) = X^H`, the conjugate transpose (the same as `FK_OP_T` for real dtypes).
+ */
+#define FK_OP_C 2
+
+/**
+ * No activation: `y = x W^T + b`.
+ */
+#define FK_ACT_NONE 0
+
+/**
+ * `y = max(z, 0)` (NaN propagates).
+ */
+#define FK_ACT_RELU 1
+
+/**
+ * GELU, tanh approximation, as cuBLASLt's epilogue computes it:
+ * `0.5 z (1 + tanh(0.7978845608 (z + 0.044715 z^3)))`.
+ */
+#define FK_ACT_GELU 2
+
+/**
+ * Sum.
+ */
+#define FK_REDUCE_SUM 0
+
+/**
+ * Product (real dtypes only).
+ */
+#define FK_REDUCE_PROD 1
+
+/**
+ * Maximum (real dtypes only).
+ */
+#define FK_REDUCE_MAX 2
+
+/**
+ * Minimum (real dtypes only).
+ */
+#define FK_REDUCE_MIN 3
+
+/**
  * CUDA when a usable driver and GPU are present, otherwise the CPU.
  */
 #define FK_DEVICE_AUTO 0
@@ -91,6 +243,13 @@ typedef struct {
  * A CUDA GPU, selected by ordinal.
  */
 #define FK_DEVICE_CUDA 2
+
+/**
+ * Page-locked (pinned) host memory of a CUDA context (`fk_buffer_create_pinned`):
+ * reported by `fk_buffer_device` only, never a context's kind. Such buffers are
+ * copy endpoints (`fk_buffer_copy`), not operands of ops.
+ */
+#define FK_DEVICE_CUDA_HOST 3
 
 /**
  * IEEE 754 binary16.
@@ -511,7 +670,9 @@ fk_status fk_buffer_data(const fk_buffer *buf,
                          void **out);
 
 /**
- * The buffer's device (`kind`, `ordinal`; either may be NULL). Returns
+ * The buffer's device (`kind`, `ordinal`; either may be NULL): the context's
+ * `FK_DEVICE_CPU` or `FK_DEVICE_CUDA` and ordinal, or `FK_DEVICE_CUDA_HOST` and the
+ * context's ordinal for a pinned buffer (`fk_buffer_create_pinned`). Returns
  * `FK_ERROR_NULL_POINTER` when `buf` is NULL.
  */
 fk_status fk_buffer_device(const fk_buffer *buf,
@@ -798,6 +959,458 @@ fk_status fk_gaussian_backward_workspace_size(const fk_context *ctx,
                                               int64_t num_points,
                                               int64_t num_gaussians,
                                               size_t *bytes);
+
+/**
+ * General matrix product `C = alpha op(A) op(B) + beta C`, batched.
+ *
+ * - `a`: `op(A)` is `[m, k]`, so `a` is `[m, k]` for `FK_OP_N` and `[k, m]` for
+ *   `FK_OP_T`/`FK_OP_C`, or `[batch, ., .]`; `b` likewise gives `op(B)` `[k, n]`;
+ *   `c` is `[m, n]` or `[batch, m, n]`. An input with batch 1 (or 2-D) is used for
+ *   every matrix of `c`'s batch; otherwise the batches must match.
+ * - dtypes: f16, bf16 (f32 accumulation), f32, f64, complex64, complex128; `a`,
+ *   `b`, `c` share one. `alpha`, `beta`: `im` must be 0 for real dtypes.
+ * - `flags`: 0 or `FK_GEMM_ALLOW_TF32`.
+ * - Layout, aliasing, streams and statuses: see the module rules; `k = 0` gives
+ *   `C = beta C`.
+ */
+fk_status fk_gemm(fk_op op_a,
+                  fk_op op_b,
+                  fk_scalar alpha,
+                  const fk_buffer *a,
+                  const fk_buffer *b,
+                  fk_scalar beta,
+                  fk_buffer *c,
+                  uint32_t flags,
+                  const fk_stream *stream);
+
+/**
+ * `fk_gemm` computed in tiles so that the device memory it allocates for staging
+ * stays within `device_budget_bytes`: `a`, `b` and `c` may live in pinned host
+ * memory (`fk_buffer_wrap` of memory from `cudaHostAlloc`/`cuMemHostAlloc`, or
+ * registered with `cudaHostRegister`), and are streamed to the GPU tile by tile
+ * (`c` is read only when `beta != 0`), copies on a second stream overlapping the
+ * products on `stream` (ordered by events; `stream` sees the finished `c`). The
+ * product may be larger than the GPU's memory.
+ *
+ * - Shapes, dtypes, `alpha`, `beta`, `flags`: as `fk_gemm`.
+ * - `device_budget_bytes`: the staging tiles' bytes (double-buffered panels of the
+ *   host-resident operands); operands already in device memory are used in place
+ *   and cost nothing. The cuBLAS workspace (32 MiB per stream, shared by every
+ *   linear-algebra call) is not counted. On the CPU the budget is ignored.
+ * - Statuses: as `fk_gemm`, and `FK_ERROR_OUT_OF_MEMORY` when the budget cannot
+ *   hold even the smallest tiles (the message gives the minimum).
+ */
+fk_status fk_gemm_chunked(fk_op op_a,
+                          fk_op op_b,
+                          fk_scalar alpha,
+                          const fk_buffer *a,
+                          const fk_buffer *b,
+                          fk_scalar beta,
+                          fk_buffer *c,
+                          uint64_t device_budget_bytes,
+                          uint32_t flags,
+                          const fk_stream *stream);
+
+/**
+ * Bytes of the `aux` buffer `fk_linear_forward` fills for the backward, for an
+ * output of `m` rows (the leading dimensions of `x` multiplied) and `n` features:
+ * `m * n * sizeof(dtype)` for `FK_ACT_GELU` (aux holds the pre-activation
+ * `z = x W^T + b`, shaped and typed like `y`), 0 for `FK_ACT_RELU` (the backward
+ * reads the output `y` itself: `relu'(z) = [y > 0]`) and for `FK_ACT_NONE`.
+ *
+ * Statuses: `FK_ERROR_NULL_POINTER` (`bytes` NULL), `FK_ERROR_INVALID_ARGUMENT`
+ * (unknown `act` or `dtype`, negative sizes), `FK_ERROR_UNSUPPORTED_DTYPE` (not
+ * f16, bf16 or f32).
+ */
+fk_status fk_linear_aux_size(fk_activation act,
+                             fk_dtype dtype,
+                             int64_t m,
+                             int64_t n,
+                             size_t *bytes);
+
+/**
+ * Fused linear layer `y = act(x W^T + b)` in one cuBLASLt call (epilogues
+ * `BIAS`, `RELU_BIAS`, `GELU_BIAS`, `GELU_AUX_BIAS`; a GEMM plus an epilogue
+ * kernel where cuBLASLt declines the layout).
+ *
+ * - `x`: `[..., k]` (leading dimensions flattened into `m` rows); `w`: `[n, k]`;
+ *   `b`: `[n]`, optional (NULL = no bias); `y`: `[..., n]` (x's leading shape).
+ * - `act`: `FK_ACT_NONE`, `FK_ACT_RELU`, `FK_ACT_GELU` (tanh approximation).
+ * - `aux`: optional, GELU only (must be NULL otherwise): receives the
+ *   pre-activation `z`, shaped and typed like `y` (`fk_linear_aux_size` bytes), for
+ *   `fk_linear_backward`. Leave it NULL for inference.
+ * - dtypes: f16, bf16, f32 (f32 accumulation, bias added and activation applied in
+ *   f32 before rounding); every buffer shares one; all must be contiguous.
+ * - Statuses: see the module rules; `FK_ERROR_UNSUPPORTED_DTYPE` for f64/complex
+ *   (use `fk_gemm`).
+ */
+fk_status fk_linear_forward(const fk_buffer *x,
+                            const fk_buffer *w,
+                            const fk_buffer *b,
+                            fk_activation act,
+                            fk_buffer *y,
+                            fk_buffer *aux,
+                            const fk_stream *stream);
+
+/**
+ * Backward of `fk_linear_forward`, given `dy = dL/dy`:
+ * `dz = dy * act'(z)`, `dx = dz W`, `dw = dz^T x`, `db = sum over rows of dz`.
+ *
+ * - `dy`: `[..., n]`; `x`: `[..., k]`; `w`: `[n, k]`, as in the forward.
+ * - `saved`: what the forward left for the backward: for `FK_ACT_RELU` the
+ *   forward's output `y`; for `FK_ACT_GELU` the pre-activation the forward wrote
+ *   to `aux`; ignored for `FK_ACT_NONE` (may be NULL). Shaped and typed like `dy`.
+ * - `dx` (`x`'s shape), `dw` (`w`'s shape), `db` (`[n]`): each optional (NULL = not
+ *   wanted), overwritten (not accumulated); all NULL is a no-op.
+ * - dtypes: f16, bf16, f32 (one for all; f32 accumulation, `db` summed in f32).
+ *   Every buffer must be contiguous.
+ * - On CUDA `dz` lives in a per-stream scratch buffer of the context (grown as
+ *   needed, `m * n` elements); `dx` and `dw` are cuBLAS products.
+ * - Statuses: see the module rules; `FK_ERROR_NULL_POINTER` also when `saved` is
+ *   NULL for relu or gelu.
+ */
+fk_status fk_linear_backward(const fk_buffer *dy,
+                             const fk_buffer *x,
+                             const fk_buffer *w,
+                             fk_activation act,
+                             const fk_buffer *saved,
+                             fk_buffer *dx,
+                             fk_buffer *dw,
+                             fk_buffer *db,
+                             const fk_stream *stream);
+
+/**
+ * Batched Kronecker product: `out[i] = kron(a[i], b[i])`, i.e.
+ * `out[i, r*p + s, c*q + t] = a[i, r, c] * b[i, s, t]`.
+ *
+ * - `a`: `[m, n]` or `[batch, m, n]`; `b`: `[p, q]` or `[batch, p, q]` (a batch of
+ *   1, or a 2-D operand, is used for every matrix); `out`: `[m*p, n*q]` when both
+ *   are 2-D, else `[batch, m*p, n*q]`.
+ * - dtypes: f16, bf16, f32, f64, complex64, complex128 (one for all; half types
+ *   multiply in f32 and round once).
+ * - Inputs may have any strides (zero and negative included); `out` must be
+ *   contiguous.
+ * - Statuses: see the module rules.
+ */
+fk_status fk_kron(const fk_buffer *a,
+                  const fk_buffer *b,
+                  fk_buffer *out,
+                  const fk_stream *stream);
+
+/**
+ * Fills `*stats` with the context's memory statistics. Set `stats->size` to
+ * `sizeof(fk_memory_stats)` first: only the fields that fit in `size` bytes are
+ * written (so a caller built against an older, shorter struct stays safe).
+ * Returns `FK_ERROR_NULL_POINTER`, `FK_ERROR_INVALID_ARGUMENT` (a bad `ctx` handle,
+ * or `size` too small to hold any field), `FK_ERROR_CUDA`.
+ */
+fk_status fk_context_memory_stats(const fk_context *ctx,
+                                  fk_memory_stats *stats);
+
+/**
+ * Sets the release threshold of the context's memory pool: the bytes the pool
+ * keeps reserved at a synchronisation point (stream, event or context
+ * synchronise) before it returns memory to the device. It starts at `UINT64_MAX`
+ * (keep everything: freed memory is reused at once, as PyTorch's caching allocator
+ * does); 0 returns all unused memory at every synchronisation. On the CPU the value
+ * is stored and reported, with no effect. Returns `FK_ERROR_NULL_POINTER`,
+ * `FK_ERROR_INVALID_ARGUMENT` (bad handle), `FK_ERROR_CUDA`.
+ */
+fk_status fk_context_set_release_threshold(const fk_context *ctx,
+                                           uint64_t bytes);
+
+/**
+ * Returns unused memory of the context's pool to the device until at most
+ * `keep_bytes` stay reserved (`cuMemPoolTrimTo`). Memory behind live buffers stays,
+ * and so does memory whose free is still queued on a stream: synchronise first to
+ * release everything. No-op on the CPU. Returns `FK_ERROR_NULL_POINTER`,
+ * `FK_ERROR_INVALID_ARGUMENT` (bad handle), `FK_ERROR_CUDA`.
+ */
+fk_status fk_context_trim(const fk_context *ctx,
+                          uint64_t keep_bytes);
+
+/**
+ * Allocates an uninitialised, contiguous buffer of page-locked (pinned) host
+ * memory (`cuMemHostAlloc`, portable: pinned for every CUDA context of the
+ * process), freed by `fk_buffer_destroy` (`cuMemFreeHost`, after the copies that
+ * use it have finished: synchronise first). Its memory is host memory:
+ * `fk_buffer_data` gives a host pointer the caller may read and write directly,
+ * and `fk_buffer_device` reports `FK_DEVICE_CUDA_HOST` with the context's ordinal.
+ * Pinned buffers are endpoints of copies (`fk_buffer_copy`,
+ * `fk_buffer_copy_{from,to}_host`), which they make truly asynchronous; ops refuse
+ * them (`FK_ERROR_DEVICE_MISMATCH`). On a CPU context this is an ordinary host
+ * buffer (as `fk_buffer_create`, reported as `FK_DEVICE_CPU`), so the same program
+ * runs on either backend. Returns `FK_ERROR_NULL_POINTER`,
+ * `FK_ERROR_INVALID_ARGUMENT` (dtype, ndim, negative extent, bad handle),
+ * `FK_ERROR_OUT_OF_MEMORY` (requested and free host bytes in the message),
+ * `FK_ERROR_CUDA`.
+ */
+fk_status fk_buffer_create_pinned(const fk_context *ctx,
+                                  fk_dtype dtype,
+                                  int32_t ndim,
+                                  const int64_t *shape,
+                                  fk_buffer **out);
+
+/**
+ * Copies `src` into `dst`, queued on `stream` (asynchronous: synchronise the stream,
+ * or wait on an event recorded after it, before reading `dst` on another stream or
+ * on the host). Both buffers must be contiguous with the same dtype and number of
+ * elements (shapes may differ). Any pair of buffers works:
+ *
+ * - CPU and CPU (contexts of `FK_DEVICE_CPU`): `stream` must be NULL or a CPU
+ *   stream; the copy runs inside the call.
+ * - host (a CPU buffer, or a pinned buffer) and device, device and device on one
+ *   GPU, pinned and pinned: `cuMemcpyAsync` on a stream of the device side (of
+ *   either pinned side when no device memory takes part). A CPU buffer is pageable
+ *   memory, which makes the copy synchronous with the host (as in CUDA); a pinned
+ *   buffer makes it truly asynchronous.
+ * - device memory of two GPUs: `cuMemcpyPeerAsync` on a stream of either device.
+ *   When `fk_device_can_access_peer` says yes both ways, the first such copy
+ *   enables peer access between the two devices (and their contexts' pools) and
+ *   the copy goes directly over NVLink or PCIe; otherwise the driver stages it
+ *   through host memory. Order work on the other device with events.
+ *
+ * `stream` NULL means the legacy default stream of `dst`'s device (of `src`'s when
+ * only `src` is on a GPU). The same buffer as `dst` and `src` is a no-op.
+ * Returns `FK_ERROR_NULL_POINTER`, `FK_ERROR_DTYPE_MISMATCH`,
+ * `FK_ERROR_SHAPE_MISMATCH` (element counts differ), `FK_ERROR_UNSUPPORTED`
+ * (a non-contiguous buffer), `FK_ERROR_INVALID_ARGUMENT` (read-only `dst`, bad
+ * handle), `FK_ERROR_ALIASING` (partial overlap), `FK_ERROR_DEVICE_MISMATCH`
+ * (`stream` on a device the copy cannot run on), `FK_ERROR_CUDA`.
+ */
+fk_status fk_buffer_copy(const fk_buffer *dst,
+                         const fk_buffer *src,
+                         const fk_stream *stream);
+
+/**
+ * Whether CUDA device `device` can read and write memory of device `peer` directly
+ * (`cuDeviceCanAccessPeer`; 1 when `device == peer`), written to `*out` as 1 or 0.
+ * Returns `FK_ERROR_NULL_POINTER`, `FK_ERROR_INVALID_ARGUMENT` (an ordinal outside
+ * `0..fk_device_count`), `FK_ERROR_CUDA_UNAVAILABLE` (no driver or GPU),
+ * `FK_ERROR_CUDA`.
+ */
+fk_status fk_device_can_access_peer(int32_t device,
+                                    int32_t peer,
+                                    int32_t *out);
+
+/**
+ * Creates an event on the context's device (a CUDA event with timing; on the CPU
+ * a host timestamp taken when recorded). Release with `fk_event_destroy`.
+ * Returns `FK_ERROR_NULL_POINTER`, `FK_ERROR_INVALID_ARGUMENT` (bad handle),
+ * `FK_ERROR_CUDA`.
+ */
+fk_status fk_event_create(const fk_context *ctx,
+                          fk_event **out);
+
+/**
+ * Releases an event (NULL is a no-op); work that waits on it is unaffected.
+ * Returns `FK_ERROR_INVALID_ARGUMENT` for a handle that is not a live event.
+ */
+fk_status fk_event_destroy(fk_event *event);
+
+/**
+ * Records `event` on `stream` (NULL = the default stream of the event's device):
+ * it completes when the work queued there before it has completed. On the CPU it
+ * takes the host time now (every op before it has finished). Recording again
+ * moves the event. Returns `FK_ERROR_NULL_POINTER`, `FK_ERROR_INVALID_ARGUMENT`
+ * (bad handle), `FK_ERROR_DEVICE_MISMATCH` (a stream of another device),
+ * `FK_ERROR_CUDA`.
+ */
+fk_status fk_event_record(const fk_event *event,
+                          const fk_stream *stream);
+
+/**
+ * Makes work queued on `stream` after this call wait until `event` completes,
+ * without blocking the host (`cuStreamWaitEvent`). The event may belong to another
+ * device (cross-device ordering). An event never recorded is complete. A CPU
+ * stream waiting on a CUDA event blocks the host until the event completes; a CUDA
+ * stream waiting on a CPU event does nothing (it is complete). `stream` NULL is the
+ * legacy default stream of the event's device. Returns `FK_ERROR_NULL_POINTER`,
+ * `FK_ERROR_INVALID_ARGUMENT` (bad handle), `FK_ERROR_CUDA`.
+ */
+fk_status fk_stream_wait_event(const fk_stream *stream,
+                               const fk_event *event);
+
+/**
+ * Blocks the host until `event` completes (at once on the CPU, or when the event
+ * was never recorded). A kernel fault queued before it surfaces here.
+ * Returns `FK_ERROR_NULL_POINTER`, `FK_ERROR_INVALID_ARGUMENT` (bad handle),
+ * `FK_ERROR_CUDA`.
+ */
+fk_status fk_event_synchronize(const fk_event *event);
+
+/**
+ * Writes 1 to `*done` when `event` has completed (or was never recorded), else 0;
+ * never blocks. Returns `FK_ERROR_NULL_POINTER`, `FK_ERROR_INVALID_ARGUMENT` (bad
+ * handle), `FK_ERROR_CUDA`.
+ */
+fk_status fk_event_query(const fk_event *event,
+                         int32_t *done);
+
+/**
+ * Writes the time from `start` to `end` in milliseconds to `*ms` (CUDA: GPU time
+ * between the two records, resolution about 0.5 us; CPU: host time between the two
+ * `fk_event_record` calls, so events recorded in order give `*ms >= 0`). Blocks
+ * until `end` has completed. Returns `FK_ERROR_NULL_POINTER`,
+ * `FK_ERROR_INVALID_ARGUMENT` (an event not yet recorded, bad handle),
+ * `FK_ERROR_DEVICE_MISMATCH` (events of different devices), `FK_ERROR_CUDA`.
+ */
+fk_status fk_event_elapsed_ms(const fk_event *start,
+                              const fk_event *end,
+                              float *ms);
+
+/**
+ * Writes a new unique id (`FK_COMM_ID_BYTES` bytes, NCCL's `ncclGetUniqueId`) to
+ * `out`, for `fk_comm_init_rank`. Pass the same bytes to every rank (threads, or
+ * processes through any channel). Needs NCCL even when only CPU communicators are
+ * made (the CPU ignores the id's contents). Returns `FK_ERROR_NULL_POINTER`,
+ * `FK_ERROR_LIBRARY_NOT_FOUND` (no libnccl.so.2: the message says what to install:
+ * `pip install nvidia-nccl-cu13` or the system package libnccl2; `FK_NCCL_PATH`
+ * names the file), `FK_ERROR_CUDA` (NCCL failed; its message is included).
+ */
+fk_status fk_comm_unique_id(uint8_t *out);
+
+/**
+ * Creates rank `rank` (`0 <= rank < nranks`) of a communicator of `nranks` ranks
+ * from `id` (`FK_COMM_ID_BYTES` bytes from `fk_comm_unique_id`), on `ctx`'s device.
+ * On CUDA (`ncclCommInitRank`) this blocks until all `nranks` ranks have called it
+ * with the same id; to create several ranks from one thread, wrap the calls in
+ * `fk_comm_group_start` / `fk_comm_group_end`. A CPU context supports `nranks == 1`
+ * only (a single-rank communicator whose collectives are copies; `id` is not
+ * read beyond the NULL check). Release with `fk_comm_destroy`.
+ * Returns `FK_ERROR_NULL_POINTER`, `FK_ERROR_INVALID_ARGUMENT` (nranks < 1, rank
+ * out of range, bad handle, NCCL's invalid-usage errors), `FK_ERROR_UNSUPPORTED`
+ * (nranks > 1 on a CPU context), `FK_ERROR_LIBRARY_NOT_FOUND` (no NCCL),
+ * `FK_ERROR_CUDA` (NCCL failed; its message is included).
+ */
+fk_status fk_comm_init_rank(const fk_context *ctx,
+                            int32_t nranks,
+                            const uint8_t *id,
+                            int32_t rank,
+                            fk_comm **out);
+
+/**
+ * Creates a communicator of `n` ranks in this process, rank `i` on `ctxs[i]`'s
+ * device, and writes the `n` handles to `comms_out[0..n]` (nothing is written on
+ * failure). CUDA contexts must be on `n` distinct devices (`ncclCommInitAll`); a
+ * single CPU context gives a single-rank communicator. Drive the ranks from one
+ * thread inside `fk_comm_group_start` / `fk_comm_group_end`, or one thread each.
+ * Release each with `fk_comm_destroy`. Returns `FK_ERROR_NULL_POINTER`,
+ * `FK_ERROR_INVALID_ARGUMENT` (n < 1, two contexts on one device, bad handles),
+ * `FK_ERROR_DEVICE_MISMATCH` (CPU and CUDA contexts mixed), `FK_ERROR_UNSUPPORTED`
+ * (more than one CPU context), `FK_ERROR_LIBRARY_NOT_FOUND` (no NCCL),
+ * `FK_ERROR_CUDA` (NCCL failed; its message is included).
+ */
+fk_status fk_comm_init_all(const fk_context *const *ctxs,
+                           int32_t n,
+                           fk_comm **comms_out);
+
+/**
+ * Releases a communicator (NULL is a no-op; `ncclCommDestroy` on CUDA). Destroy
+ * every rank of a clique, after the collectives that use it have completed.
+ * Returns `FK_ERROR_INVALID_ARGUMENT` for a handle that is not a live communicator.
+ */
+fk_status fk_comm_destroy(fk_comm *comm);
+
+/**
+ * This communicator's rank (0-based). Returns `FK_ERROR_NULL_POINTER`,
+ * `FK_ERROR_INVALID_ARGUMENT` (bad handle).
+ */
+fk_status fk_comm_rank(const fk_comm *comm,
+                       int32_t *out);
+
+/**
+ * The number of ranks of the communicator's clique. Returns
+ * `FK_ERROR_NULL_POINTER`, `FK_ERROR_INVALID_ARGUMENT` (bad handle).
+ */
+fk_status fk_comm_size(const fk_comm *comm,
+                       int32_t *out);
+
+/**
+ * Starts a group of communicator calls on this thread (`ncclGroupStart`): the
+ * collectives (or `fk_comm_init_rank` calls) until the matching
+ * `fk_comm_group_end` are issued together, which one thread driving several
+ * devices needs to avoid a deadlock. Groups nest. Without NCCL (CPU
+ * communicators only) this just counts. Returns `FK_ERROR_CUDA` (NCCL failed).
+ */
+fk_status fk_comm_group_start(void);
+
+/**
+ * Ends the innermost group opened on this thread (`ncclGroupEnd`); when the
+ * outermost group ends the grouped collectives are queued on their streams (not
+ * completed) and grouped initialisations are complete. Returns
+ * `FK_ERROR_INVALID_ARGUMENT` (no open group on this thread), `FK_ERROR_CUDA`
+ * (NCCL failed, e.g. a grouped call's error).
+ */
+fk_status fk_comm_group_end(void);
+
+/**
+ * All-reduce: every rank's `recv` becomes the element-wise `op` (`FK_REDUCE_SUM`,
+ * `_PROD`, `_MAX`, `_MIN`) over all ranks' `send`. `send` and `recv` are contiguous
+ * buffers of the communicator's device with the same dtype and number of elements;
+ * in place when `send == recv`. dtypes f16, bf16, f32, f64; complex64/complex128
+ * with `FK_REDUCE_SUM` only (summed as pairs of reals). Queued on `stream` (NULL =
+ * the default stream of the communicator's device); inside a group the call only
+ * records the operation. Every rank must call it. Returns `FK_ERROR_NULL_POINTER`,
+ * `FK_ERROR_INVALID_ARGUMENT` (op, read-only recv, bad handles),
+ * `FK_ERROR_DTYPE_MISMATCH`, `FK_ERROR_UNSUPPORTED_DTYPE` (complex with a
+ * reduction other than sum), `FK_ERROR_SHAPE_MISMATCH` (element counts),
+ * `FK_ERROR_UNSUPPORTED` (non-contiguous), `FK_ERROR_DEVICE_MISMATCH` (a buffer
+ * or the stream on another device, or a pinned buffer), `FK_ERROR_ALIASING`
+ * (partial overlap), `FK_ERROR_LIBRARY_NOT_FOUND`, `FK_ERROR_CUDA` (NCCL failed).
+ */
+fk_status fk_all_reduce(const fk_comm *comm,
+                        const fk_buffer *send,
+                        const fk_buffer *recv,
+                        fk_reduce_op op,
+                        const fk_stream *stream);
+
+/**
+ * Broadcast: every rank's `recv` becomes the `send` of rank `root`. `send` is read
+ * on the root only and may be NULL on the other ranks; in place when
+ * `send == recv`. Same buffer rules as `fk_all_reduce` (equal element counts; any
+ * dtype, complex included). Returns `FK_ERROR_NULL_POINTER` (also `send` NULL on
+ * the root), `FK_ERROR_INVALID_ARGUMENT` (root outside `0..nranks`, read-only
+ * recv, bad handles), `FK_ERROR_DTYPE_MISMATCH`, `FK_ERROR_SHAPE_MISMATCH`,
+ * `FK_ERROR_UNSUPPORTED`, `FK_ERROR_DEVICE_MISMATCH`, `FK_ERROR_ALIASING`,
+ * `FK_ERROR_LIBRARY_NOT_FOUND`, `FK_ERROR_CUDA`.
+ */
+fk_status fk_broadcast(const fk_comm *comm,
+                       const fk_buffer *send,
+                       const fk_buffer *recv,
+                       int32_t root,
+                       const fk_stream *stream);
+
+/**
+ * All-gather: every rank's `recv` (nranks times `send`'s elements) becomes the
+ * concatenation of all ranks' `send` in rank order; in place when `send` is the
+ * rank's slice of `recv` (a wrap of `recv`'s memory at offset `rank * n`). Same
+ * buffer rules as `fk_all_reduce` (any dtype). Returns `FK_ERROR_NULL_POINTER`,
+ * `FK_ERROR_INVALID_ARGUMENT`, `FK_ERROR_DTYPE_MISMATCH`,
+ * `FK_ERROR_SHAPE_MISMATCH` (recv is not nranks times send),
+ * `FK_ERROR_UNSUPPORTED`, `FK_ERROR_DEVICE_MISMATCH`, `FK_ERROR_ALIASING`,
+ * `FK_ERROR_LIBRARY_NOT_FOUND`, `FK_ERROR_CUDA`.
+ */
+fk_status fk_all_gather(const fk_comm *comm,
+                        const fk_buffer *send,
+                        const fk_buffer *recv,
+                        const fk_stream *stream);
+
+/**
+ * Reduce-scatter: `send` holds nranks times `recv`'s elements; rank `r`'s `recv`
+ * becomes slice `r` of the element-wise `op` over all ranks' `send`. In place when
+ * `recv` is the rank's slice of `send`. Same dtype rules as `fk_all_reduce`.
+ * Returns `FK_ERROR_NULL_POINTER`, `FK_ERROR_INVALID_ARGUMENT`,
+ * `FK_ERROR_DTYPE_MISMATCH`, `FK_ERROR_UNSUPPORTED_DTYPE`,
+ * `FK_ERROR_SHAPE_MISMATCH` (send is not nranks times recv),
+ * `FK_ERROR_UNSUPPORTED`, `FK_ERROR_DEVICE_MISMATCH`, `FK_ERROR_ALIASING`,
+ * `FK_ERROR_LIBRARY_NOT_FOUND`, `FK_ERROR_CUDA`.
+ */
+fk_status fk_reduce_scatter(const fk_comm *comm,
+                            const fk_buffer *send,
+                            const fk_buffer *recv,
+                            fk_reduce_op op,
+                            const fk_stream *stream);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -5,7 +5,8 @@
 #   CUDA, the Python tests (torch, DLPack, streams, the C++ torch extension),
 #   compute-sanitizer memcheck and racecheck, and the benchmarks against PyTorch.
 # Logs go to $OUT (or ./gpu-suite-out); a short table is printed last.
-#   usage: scripts/gpu_suite.sh [step ...]   (default: all steps)
+#   usage: scripts/gpu_suite.sh [step ...]   (default: all steps but "huge", the chunked
+#   GEMM larger than GPU memory, which runs only when named)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -42,10 +43,19 @@ SELECTED=("$@")
 sel() { [ ${#SELECTED[@]} -eq 0 ] || want "$1"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee -a "$LOG"
+NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+# two or more GPUs: the multi-GPU tests must run, not skip
+[ "$NGPU" -ge 2 ] && export FK_REQUIRE_MULTI_GPU=1
+# NCCL from the Python environment's nvidia-nccl-cu13 wheel (PyTorch's), unless set
+if [ -z "${FK_NCCL_PATH:-}" ]; then
+  FK_NCCL_PATH=$(python3 -c 'import glob, site, sys; c = [f for d in site.getsitepackages() + sys.path for f in glob.glob(d + "/nvidia/nccl/lib/libnccl.so.2")]; print(c[0] if c else "")' 2>/dev/null)
+  if [ -n "$FK_NCCL_PATH" ]; then export FK_NCCL_PATH; else unset FK_NCCL_PATH; fi
+fi
+echo "GPUs: $NGPU; NCCL: ${FK_NCCL_PATH:-(fusekit search)}" | tee -a "$LOG"
 
 sel warmup && step warmup 600 python3 -c "import fusekit, time; t=time.time(); c=fusekit.Context('cuda'); c.warmup(); print('warmup', round(time.time()-t,1), 's')"
-for t in gpu_elementwise gpu_gaussian abi_core abi_elementwise abi_gaussian; do
-  [ -x "$B/bin/$t" ] && sel "$t" && step "$t" 600 "$B/bin/$t" --test-threads=1
+for t in gpu_elementwise gpu_gaussian gpu_linalg gpu_runtime abi_core abi_elementwise abi_gaussian abi_linalg abi_runtime multigpu_runtime nccl_missing; do
+  [ -x "$B/bin/$t" ] && sel "$t" && step "$t" 600 "$B/bin/$t" --test-threads=1 --nocapture
 done
 sel c_tests && step c_tests 300 env FK_TEST_DEVICE=cuda bash tests/c/run.sh
 sel python && step python 900 python3 -m pytest -q -x bindings/python/tests tests/test_bindings_complete.py
@@ -55,20 +65,26 @@ if sel sanitizer; then
   export FK_SANITIZE=1   # tests shrink their sizes under the sanitizer
   step memcheck 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_elementwise" --test-threads=1
   step racecheck 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_elementwise" --test-threads=1
+  step memcheck_linalg 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_linalg" --test-threads=1
+  step racecheck_linalg 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_linalg" --test-threads=1
   step memcheck_gaussian 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_gaussian" --test-threads=1
   step racecheck_gaussian 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_gaussian" --test-threads=1
   [ -x target/c-tests/test_fusekit ] && \
     step memcheck_c 300 compute-sanitizer --tool memcheck --error-exitcode 9 target/c-tests/test_fusekit cuda
   unset FK_SANITIZE
 fi
-sel bench && step bench_rust 300 "$B/bin/bench_elementwise" --json "$OUT/bench_rust.json"
-sel bench && step bench_torch 900 python3 benches/bench_torch.py --json "$OUT/bench_torch.json"
-sel bench && step bench_gaussian 900 python3 benches/bench_gaussian.py --json "$OUT/bench_gaussian.json"
-sel scale && step scale_gaussian 900 env FK_SCALE_TEST=1 "$B/bin/gpu_gaussian" scale_field --nocapture
+{ sel bench || sel bench_rust; } && step bench_rust 300 "$B/bin/bench_elementwise" --json "$OUT/bench_rust.json"
+{ sel bench || sel bench_runtime; } && step bench_runtime 600 "$B/bin/bench_runtime" --json "$OUT/bench_runtime.json"
+{ sel bench || sel allreduce_torch; } && [ "$NGPU" -ge 2 ] && step allreduce_torch 600 python3 benches/allreduce_torch.py --gpus "$NGPU" --json "$OUT/allreduce_torch.json" --fusekit-json "$OUT/bench_runtime.json"
+{ sel bench || sel bench_torch; } && step bench_torch 900 python3 benches/bench_torch.py --json "$OUT/bench_torch.json"
+{ sel bench || sel bench_linalg; } && step bench_linalg 900 python3 benches/bench_linalg.py --json "$OUT/bench_linalg.json"
+{ sel bench || sel bench_gaussian; } && step bench_gaussian 900 python3 benches/bench_gaussian.py --json "$OUT/bench_gaussian.json"
+{ sel scale || sel scale_gaussian; } && step scale_gaussian 900 env FK_SCALE_TEST=1 "$B/bin/gpu_gaussian" scale_field --nocapture
+want huge && step chunked_huge 900 env FK_TEST_HUGE=1 "$B/bin/gpu_linalg" chunked_gemm_larger_than_gpu_memory --nocapture
 
 echo
 echo "---- benchmark rows"
-grep -E "^(device|add|mul|axpby|host|driver|device-to-device|field_|mahalanobis_)" "$LOG" | grep -v "^===" | head -40
+grep -E "^(device|add|mul|axpby|host|driver|device-to-device|cuda: pooled|overlap|all-reduce|torch.distributed|fusekit busbw|relu|gelu|gemm|chunked|kron|field_|mahalanobis_)" "$LOG" | grep -v "^===" | head -80
 echo
 echo "---- GPU suite summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
 printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"

@@ -2,7 +2,8 @@
 # Runs every test that needs no GPU, on a fresh machine; installs what it needs.
 #   - Rust: unit tests, the header staleness check, the C-ABI tests on the CPU
 #     backend, and the NVRTC compile of every kernel for sm_80 and sm_90 (the
-#     nvidia-cuda-nvrtc / nvidia-cuda-runtime wheels provide libnvrtc and headers).
+#     nvidia-cuda-nvrtc / nvidia-cuda-runtime wheels provide libnvrtc and headers);
+#     NCCL loaded from the nvidia-nccl-cu13 wheel (a unique id needs no GPU).
 #   - C and C++: tests/c/run.sh (C test, C examples, C++ wrapper test, header as C99/C++);
 #     tests/cuda_emu/run.sh (kernels/gaussian.cu executed on the CPU by an emulation).
 #   - Python: the ctypes package (numpy), cffi, bindings completeness, Julia module check.
@@ -26,11 +27,13 @@ fi
 source "$VENV/bin/activate"
 python -m pip install -q --upgrade pip >/dev/null
 python -m pip install -q numpy pytest cffi "nvidia-cuda-nvrtc==13.0.88" "nvidia-cuda-runtime==13.0.96"
+# NCCL (no GPU needed to load it and make a unique id): checks the run-time loader
+python -m pip install -q "nvidia-nccl-cu13==2.32.3"
 
 echo "==> cargo build --release"
 cargo build --release
-echo "==> cargo test --release (Rust, CPU backend + NVRTC kernel compile)"
-FK_REQUIRE_NVRTC=1 cargo test --release -- --test-threads=2
+echo "==> cargo test --release (Rust, CPU backend + NVRTC kernel compile + NCCL loading)"
+FK_REQUIRE_NVRTC=1 FK_REQUIRE_NCCL=1 cargo test --release -- --test-threads=2
 
 echo "==> CUDA kernel sources run on the CPU (emulated threads, barriers, shuffles)"
 bash tests/cuda_emu/run.sh

@@ -1,4 +1,5 @@
-//! Memory handles: owned allocations, borrowed wraps of caller memory, DLPack imports.
+//! Memory handles: owned allocations, pinned host buffers, borrowed wraps of caller
+//! memory, DLPack imports; and copies between any two buffers (`copy`).
 //!
 //! A `Buffer` is a view (dtype, shape, strides, data pointer) onto a `Storage`. The
 //! storage is reference counted, so a DLPack export keeps the memory alive after
@@ -24,10 +25,18 @@ pub enum Storage {
         ptr: *mut u8,
         layout: Layout,
     },
-    /// Device memory allocated by fusekit, stream-ordered: freed on `stream`.
+    /// Device memory allocated by fusekit from the context's pool, stream-ordered:
+    /// freed on `stream`.
     Device {
         stream: Arc<Stream>,
         ptr: u64,
+        bytes: usize,
+    },
+    /// Page-locked host memory of a CUDA context (`cuMemHostAlloc`): a copy
+    /// endpoint, refused as an op operand.
+    Pinned {
+        ctx: Arc<Context>,
+        ptr: *mut u8,
         bytes: usize,
     },
     /// Caller memory; fusekit never frees it.
@@ -54,6 +63,12 @@ impl Drop for Storage {
                     d.free_async(*ptr, stream.raw);
                 }
                 stream.ctx.mem.on_free(*bytes as u64);
+            }
+            Storage::Pinned { ctx, ptr, bytes } => {
+                if let Some(d) = &ctx.cuda {
+                    d.host_free(*ptr);
+                }
+                ctx.mem.on_pinned_free(*bytes as u64);
             }
             Storage::Borrowed | Storage::DLPack(_) => {}
         }
@@ -137,6 +152,38 @@ impl Buffer {
         })
     }
 
+    /// Allocates an uninitialised contiguous buffer of page-locked host memory on a
+    /// CUDA context (`cuMemHostAlloc`, portable to every context); on a CPU context
+    /// an ordinary host buffer (as `alloc`).
+    pub fn alloc_pinned(ctx: &Arc<Context>, dtype: DType, shape: &[i64]) -> Result<Buffer> {
+        let Some(d) = &ctx.cuda else {
+            return Buffer::alloc(ctx, dtype, shape, &Stream::default_for(ctx));
+        };
+        let strides = layout::validate(shape, None, "shape")?;
+        let bytes = (layout::numel(shape) as u128) * dtype.size() as u128;
+        crate::ensure!(
+            bytes <= isize::MAX as u128,
+            FK_ERROR_OUT_OF_MEMORY,
+            "cannot allocate {bytes} bytes"
+        );
+        let bytes = bytes as usize;
+        let ptr = d.host_alloc(bytes)?;
+        ctx.mem.on_pinned_alloc(bytes as u64);
+        Ok(Buffer {
+            ctx: ctx.clone(),
+            dtype,
+            shape: shape.to_vec(),
+            strides,
+            data: ptr as usize,
+            read_only: false,
+            storage: Arc::new(Storage::Pinned {
+                ctx: ctx.clone(),
+                ptr,
+                bytes,
+            }),
+        })
+    }
+
     /// Wraps caller memory without copying. `strides` (elements) default to contiguous.
     pub fn wrap(
         ctx: &Arc<Context>,
@@ -166,8 +213,33 @@ impl Buffer {
         })
     }
 
+    /// The device of the buffer's context (for a pinned buffer, the CUDA device whose
+    /// context allocated it; see `is_pinned`).
     pub fn device(&self) -> Device {
         self.ctx.device
+    }
+    /// Whether this is a pinned host buffer from `alloc_pinned` on a CUDA context.
+    pub fn is_pinned(&self) -> bool {
+        matches!(*self.storage, Storage::Pinned { .. })
+    }
+    /// The `fk_device_kind` reported by `fk_buffer_device`: `FK_DEVICE_CUDA_HOST` for
+    /// pinned buffers, the context's kind otherwise.
+    pub fn device_kind_abi(&self) -> crate::context::fk_device_kind {
+        if self.is_pinned() {
+            crate::context::FK_DEVICE_CUDA_HOST
+        } else {
+            self.ctx.device.kind_abi()
+        }
+    }
+    /// Refuses pinned host buffers as operands of ops (`what` names the argument).
+    pub fn check_not_pinned(&self, what: &str) -> Result<()> {
+        crate::ensure!(
+            !self.is_pinned(),
+            FK_ERROR_DEVICE_MISMATCH,
+            "{what} is a pinned host buffer (FK_DEVICE_CUDA_HOST, from fk_buffer_create_pinned of {}); ops take device buffers: copy it with fk_buffer_copy first",
+            self.ctx.device
+        );
+        Ok(())
     }
     pub fn numel(&self) -> i64 {
         layout::numel(&self.shape)
@@ -203,8 +275,15 @@ impl Buffer {
         }
     }
 
-    /// Checks that this buffer can be written as an output named `what`.
+    /// Checks that this buffer can be written as an op output named `what` (not a
+    /// pinned host buffer, not read-only, not self-overlapping).
     pub fn check_writable(&self, what: &str) -> Result<()> {
+        self.check_not_pinned(what)?;
+        self.check_writable_memory(what)
+    }
+
+    /// Checks that this buffer's memory can be written (copies: pinned is fine).
+    pub fn check_writable_memory(&self, what: &str) -> Result<()> {
         crate::ensure!(
             !self.read_only,
             FK_ERROR_INVALID_ARGUMENT,
@@ -250,7 +329,7 @@ impl Buffer {
         blocking: bool,
     ) -> Result<()> {
         self.check_host_copy(bytes, "copy from host")?;
-        self.check_writable("the destination")?;
+        self.check_writable_memory("the destination")?;
         stream.check_device(self.device())?;
         if bytes == 0 {
             return Ok(());
@@ -260,6 +339,13 @@ impl Buffer {
                 // SAFETY: caller guarantees src holds `bytes` bytes; ranges may not
                 // overlap in a well-formed call, `copy` tolerates it anyway.
                 unsafe { std::ptr::copy(src, self.data as *mut u8, bytes) };
+                Ok(())
+            }
+            Some(d) if self.is_pinned() => {
+                d.memcpy_async(self.data as u64, src as u64, bytes, stream.raw)?;
+                if blocking {
+                    stream.synchronize()?;
+                }
                 Ok(())
             }
             Some(d) => d.memcpy_htod(self.data as u64, src, bytes, stream.raw, blocking),
@@ -285,14 +371,24 @@ impl Buffer {
                 unsafe { std::ptr::copy(self.data as *const u8, dst, bytes) };
                 Ok(())
             }
+            Some(d) if self.is_pinned() => {
+                d.memcpy_async(dst as u64, self.data as u64, bytes, stream.raw)?;
+                if blocking {
+                    stream.synchronize()?;
+                }
+                Ok(())
+            }
             Some(d) => d.memcpy_dtoh(dst, self.data as u64, bytes, stream.raw, blocking),
         }
     }
 }
 
-/// Checks that every buffer lives on `device` (`names` label them for the message).
+/// Checks that every buffer lives on `device` (`names` label them for the message)
+/// and that none is a pinned host buffer (ops refuse those; see `check_writable`
+/// for outputs).
 pub fn check_same_device(device: Device, bufs: &[(&Buffer, &str)]) -> Result<()> {
     for (b, name) in bufs {
+        b.check_not_pinned(name)?;
         crate::ensure!(
             b.device() == device,
             FK_ERROR_DEVICE_MISMATCH,
@@ -301,4 +397,177 @@ pub fn check_same_device(device: Device, bufs: &[(&Buffer, &str)]) -> Result<()>
         );
     }
     Ok(())
+}
+
+/// Where a copy endpoint's memory lives.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Place {
+    /// Host memory of a CPU context (pageable).
+    Host,
+    /// A pinned host buffer of the CUDA context on this ordinal.
+    Pinned(usize),
+    /// Memory of a CUDA context on this ordinal (owned, borrowed or DLPack).
+    Device(usize),
+}
+
+impl Place {
+    fn of(b: &Buffer) -> Place {
+        match b.ctx.device {
+            Device::Cpu => Place::Host,
+            Device::Cuda(o) if b.is_pinned() => Place::Pinned(o),
+            Device::Cuda(o) => Place::Device(o),
+        }
+    }
+    fn describe(self) -> String {
+        match self {
+            Place::Host => "cpu".into(),
+            Place::Pinned(o) => format!("pinned host memory (cuda:{o})"),
+            Place::Device(o) => format!("cuda:{o}"),
+        }
+    }
+}
+
+/// How `copy` runs: the devices whose streams may order it and the one that runs it
+/// with a NULL stream.
+struct Route {
+    allowed: Vec<usize>,
+    default: Option<Arc<Context>>,
+}
+
+fn route(dst: &Buffer, src: &Buffer) -> Route {
+    let (pd, ps) = (Place::of(dst), Place::of(src));
+    let ctx_of = |b: &Buffer| Some(b.ctx.clone());
+    match (pd, ps) {
+        (Place::Host, Place::Host) => Route {
+            allowed: vec![],
+            default: None,
+        },
+        // Device memory on one side: that device's stream runs it (both, for peers).
+        (Place::Device(a), Place::Device(b)) if a != b => Route {
+            allowed: vec![a, b],
+            default: ctx_of(dst),
+        },
+        (Place::Device(a), _) => Route {
+            allowed: vec![a],
+            default: ctx_of(dst),
+        },
+        (_, Place::Device(b)) => Route {
+            allowed: vec![b],
+            default: ctx_of(src),
+        },
+        // Pinned on one or both sides, no device memory: any of their contexts.
+        (Place::Pinned(a), Place::Pinned(b)) => Route {
+            allowed: if a == b { vec![a] } else { vec![a, b] },
+            default: ctx_of(dst),
+        },
+        (Place::Pinned(a), Place::Host) => Route {
+            allowed: vec![a],
+            default: ctx_of(dst),
+        },
+        (Place::Host, Place::Pinned(b)) => Route {
+            allowed: vec![b],
+            default: ctx_of(src),
+        },
+    }
+}
+
+/// Copies `src` into `dst` (contiguous, same dtype, same number of elements; shapes
+/// may differ), queued on `stream` (`None`: the default stream of the CUDA side, or
+/// immediately when both are CPU buffers). Covers every pair: CPU and CPU, host
+/// (CPU or pinned) and device, device and device on one GPU (`cuMemcpyAsync`), and
+/// across GPUs (`cuMemcpyPeerAsync`, direct when the devices are peer capable,
+/// staged through host memory by the driver otherwise).
+pub fn copy(dst: &Buffer, src: &Buffer, stream: Option<&Arc<Stream>>) -> Result<()> {
+    crate::ensure!(
+        dst.dtype == src.dtype,
+        crate::error::FK_ERROR_DTYPE_MISMATCH,
+        "dst has dtype {} but src has dtype {}",
+        dst.dtype,
+        src.dtype
+    );
+    crate::ensure!(
+        dst.numel() == src.numel(),
+        FK_ERROR_SHAPE_MISMATCH,
+        "dst has shape {:?} ({} elements) but src has shape {:?} ({} elements)",
+        dst.shape,
+        dst.numel(),
+        src.shape,
+        src.numel()
+    );
+    for (b, name) in [(dst, "dst"), (src, "src")] {
+        crate::ensure!(
+            b.is_contiguous(),
+            FK_ERROR_UNSUPPORTED,
+            "{name} with shape {:?} and strides {:?} is not contiguous; fk_buffer_copy copies contiguous buffers (use fk_copy for strided views on one device)",
+            b.shape,
+            b.strides
+        );
+    }
+    dst.check_writable_memory("dst")?;
+    let r = route(dst, src);
+    let (pd, ps) = (Place::of(dst), Place::of(src));
+    let what = format!("a copy from {} to {}", ps.describe(), pd.describe());
+    let stream: Option<Arc<Stream>> = match stream {
+        Some(s) => {
+            let ok = match s.ctx.device {
+                Device::Cpu => r.allowed.is_empty(),
+                Device::Cuda(o) => r.allowed.contains(&o),
+            };
+            if !ok {
+                let want = if r.allowed.is_empty() {
+                    "NULL or a stream of a CPU context".to_string()
+                } else {
+                    r.allowed
+                        .iter()
+                        .map(|o| format!("cuda:{o}"))
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                };
+                crate::bail!(
+                    FK_ERROR_DEVICE_MISMATCH,
+                    "stream is on {} but {what} runs on a stream of {want}",
+                    s.ctx.device
+                );
+            }
+            // A CPU stream orders nothing: CPU copies run inside the call.
+            s.ctx.cuda.is_some().then(|| s.clone())
+        }
+        None => r.default.as_ref().map(Stream::default_for),
+    };
+    let bytes = dst.nbytes();
+    if bytes == 0 {
+        return Ok(());
+    }
+    if dst.overlaps(src) {
+        crate::ensure!(
+            dst.data == src.data,
+            crate::error::FK_ERROR_ALIASING,
+            "dst and src overlap partially ({bytes} bytes at {:#x} and {:#x})",
+            dst.data,
+            src.data
+        );
+        return Ok(()); // the same memory: nothing to do
+    }
+    let Some(stream) = stream else {
+        // CPU to CPU: both are host memory of CPU contexts; ops ran synchronously.
+        // SAFETY: both buffers hold `bytes` bytes and do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.data as *const u8, dst.data as *mut u8, bytes) };
+        return Ok(());
+    };
+    let sdev = stream.ctx.cuda_dev();
+    match (pd, ps) {
+        (Place::Device(a), Place::Device(b)) if a != b => {
+            let (dd, sd) = (dst.ctx.cuda_dev(), src.ctx.cuda_dev());
+            dd.ensure_peer(sd)?;
+            dd.memcpy_peer_async(
+                dst.data as u64,
+                sd,
+                src.data as u64,
+                bytes,
+                sdev,
+                stream.raw,
+            )
+        }
+        _ => sdev.memcpy_async(dst.data as u64, src.data as u64, bytes, stream.raw),
+    }
 }

@@ -202,6 +202,10 @@ pub fn export(buf: &Buffer) -> *mut DLManagedTensorVersioned {
     });
     let (code, bits, lanes) = buf.dtype.to_dlpack();
     let device = match buf.device() {
+        Device::Cuda(_) if buf.is_pinned() => DLDevice {
+            device_type: KDL_CUDA_HOST,
+            device_id: 0,
+        },
         Device::Cpu => DLDevice {
             device_type: KDL_CPU,
             device_id: 0,

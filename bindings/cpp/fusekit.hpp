@@ -8,13 +8,21 @@
 //   fusekit::add(a, b, out, stream);                // or a fusekit::Stream
 //
 // Every failing C call becomes a fusekit::Error (status, status name, message).
-// Context, Stream and Buffer own exactly one C handle each, are move-only, and
-// release it in their destructor. Link with -lfusekit.
+// Context, Stream, Buffer, Event and Comm own exactly one C handle each, are
+// move-only, and release it in their destructor. Link with -lfusekit.
+//
+// Runtime (pool, pinned buffers, copies, events, collectives):
+//   auto pin = fusekit::Buffer::pinned<float>(ctx, {n});     // page-locked host memory
+//   dev.copy_from(pin, stream);                              // fk_buffer_copy, async
+//   fusekit::Event done(ctx); done.record(stream); other.wait(done);
+//   auto comms = fusekit::Comm::init_all({&ctx0, &ctx1});
+//   { fusekit::Group g; for (...) fusekit::all_reduce(comms[r], x[r], x[r], fusekit::ReduceOp::Sum, s[r]); }
 #ifndef FUSEKIT_HPP
 #define FUSEKIT_HPP
 
 #include "fusekit.h"
 
+#include <array>
 #include <complex>
 #include <cstddef>
 #include <cstdint>
@@ -117,6 +125,8 @@ enum class DeviceKind : fk_device_kind {
     Auto = FK_DEVICE_AUTO,
     Cpu = FK_DEVICE_CPU,
     Cuda = FK_DEVICE_CUDA,
+    /// Pinned host memory of a CUDA context (reported by Buffer::device() only).
+    CudaHost = FK_DEVICE_CUDA_HOST,
 };
 
 struct Device {
@@ -258,6 +268,20 @@ public:
     /// Compiles every kernel module now (no-op on the CPU).
     void warmup() const { check(fk_context_warmup(checked())); }
 
+    /// The context's memory statistics (fk_context_memory_stats).
+    fk_memory_stats memory_stats() const {
+        fk_memory_stats m{};
+        m.size = sizeof(fk_memory_stats);
+        check(fk_context_memory_stats(checked(), &m));
+        return m;
+    }
+    /// Bytes the pool keeps reserved at a synchronisation (UINT64_MAX at first).
+    void set_release_threshold(std::uint64_t bytes) const {
+        check(fk_context_set_release_threshold(checked(), bytes));
+    }
+    /// Returns unused pool memory until at most `keep_bytes` stay reserved.
+    void trim(std::uint64_t keep_bytes = 0) const { check(fk_context_trim(checked(), keep_bytes)); }
+
 private:
     using Handle = detail::Handle<fk_context, fk_context_destroy>;
     const fk_context* checked() const {
@@ -364,6 +388,26 @@ public:
                            const std::vector<std::int64_t>& strides = {}) {
         return borrowed(ctx, static_cast<void*>(const_cast<std::remove_cv_t<T>*>(data)), dtype_v<T>,
                         shape, strides);
+    }
+
+    /// Page-locked host memory (fk_buffer_create_pinned): a copy endpoint, refused by
+    /// ops; an ordinary host buffer on a CPU context.
+    static Buffer pinned(const Context& ctx, fk_dtype dtype, const std::vector<std::int64_t>& shape) {
+        fk_buffer* b = nullptr;
+        check(fk_buffer_create_pinned(ctx.get(), dtype, static_cast<std::int32_t>(shape.size()),
+                                      shape.empty() ? nullptr : shape.data(), &b));
+        return adopt(b);
+    }
+    template <class T>
+    static Buffer pinned(const Context& ctx, const std::vector<std::int64_t>& shape) {
+        return pinned(ctx, dtype_v<T>, shape);
+    }
+
+    /// Copies `src` into this buffer (fk_buffer_copy: any two contiguous buffers of
+    /// one dtype and element count, host, pinned or device, across GPUs too), queued
+    /// on `stream`.
+    void copy_from(const Buffer& src, StreamRef stream = {}) const {
+        check(fk_buffer_copy(h_.get(), src.get(), stream.get()));
     }
 
     /// Imports a DLManagedTensorVersioned; on success the buffer owns it.
@@ -547,6 +591,208 @@ inline void scalar_add(const Buffer& a, Scalar s, Buffer& out, StreamRef stream 
 /// out = a * s.
 inline void scalar_mul(const Buffer& a, Scalar s, Buffer& out, StreamRef stream = {}) {
     check(fk_scalar_mul(a.get(), s.get(), out.get(), stream.get()));
+}
+
+// ------------------------------------------------------------------ runtime
+
+/// Whether CUDA device `device` can access memory of `peer` directly.
+inline bool can_access_peer(int device, int peer) {
+    std::int32_t v = 0;
+    check(fk_device_can_access_peer(device, peer, &v));
+    return v != 0;
+}
+
+/// An event (fk_event): a CUDA event, or a host timestamp on the CPU. Move-only.
+class Event {
+public:
+    Event() noexcept = default;
+    explicit Event(const Context& ctx) {
+        fk_event* e = nullptr;
+        check(fk_event_create(ctx.get(), &e));
+        h_ = Handle(e);
+    }
+    fk_event* get() const noexcept { return h_.get(); }
+    explicit operator bool() const noexcept { return bool(h_); }
+
+    void record(StreamRef stream = {}) const { check(fk_event_record(h_.get(), stream.get())); }
+    void synchronize() const { check(fk_event_synchronize(h_.get())); }
+    bool query() const {
+        std::int32_t d = 0;
+        check(fk_event_query(h_.get(), &d));
+        return d != 0;
+    }
+    /// Milliseconds from this event to `end` (waits for `end`).
+    float elapsed_ms(const Event& end) const {
+        float ms = 0;
+        check(fk_event_elapsed_ms(h_.get(), end.get(), &ms));
+        return ms;
+    }
+
+private:
+    using Handle = detail::Handle<fk_event, fk_event_destroy>;
+    Handle h_;
+};
+
+/// Makes work queued on `stream` after this call wait for `event`.
+inline void wait(StreamRef stream, const Event& event) {
+    check(fk_stream_wait_event(stream.get(), event.get()));
+}
+
+/// Reductions of all_reduce / reduce_scatter.
+enum class ReduceOp : fk_reduce_op {
+    Sum = FK_REDUCE_SUM,
+    Prod = FK_REDUCE_PROD,
+    Max = FK_REDUCE_MAX,
+    Min = FK_REDUCE_MIN,
+};
+
+using CommId = std::array<std::uint8_t, FK_COMM_ID_BYTES>;
+
+/// A new unique id for Comm::init_rank (needs NCCL).
+inline CommId comm_unique_id() {
+    CommId id{};
+    check(fk_comm_unique_id(id.data()));
+    return id;
+}
+
+/// One rank of a communicator (fk_comm). Move-only.
+class Comm {
+public:
+    Comm() noexcept = default;
+    /// Rank `rank` of `nranks` (blocks until all ranks joined, unless in a Group).
+    static Comm init_rank(const Context& ctx, int nranks, const CommId& id, int rank) {
+        fk_comm* c = nullptr;
+        check(fk_comm_init_rank(ctx.get(), nranks, id.data(), rank, &c));
+        return adopt(c);
+    }
+    /// One rank per context, rank i on ctxs[i] (distinct GPUs, or one CPU context).
+    static std::vector<Comm> init_all(const std::vector<const Context*>& ctxs) {
+        std::vector<const fk_context*> raw;
+        for (const Context* c : ctxs) raw.push_back(c ? c->get() : nullptr);
+        std::vector<fk_comm*> out(ctxs.size(), nullptr);
+        check(fk_comm_init_all(raw.empty() ? nullptr : raw.data(),
+                               static_cast<std::int32_t>(raw.size()),
+                               out.empty() ? nullptr : out.data()));
+        std::vector<Comm> v;
+        for (fk_comm* c : out) v.push_back(adopt(c));
+        return v;
+    }
+    static Comm adopt(fk_comm* c) noexcept {
+        Comm x;
+        x.h_ = Handle(c);
+        return x;
+    }
+    fk_comm* get() const noexcept { return h_.get(); }
+    explicit operator bool() const noexcept { return bool(h_); }
+    int rank() const {
+        std::int32_t r = 0;
+        check(fk_comm_rank(h_.get(), &r));
+        return r;
+    }
+    int size() const {
+        std::int32_t n = 0;
+        check(fk_comm_size(h_.get(), &n));
+        return n;
+    }
+
+private:
+    using Handle = detail::Handle<fk_comm, fk_comm_destroy>;
+    Handle h_;
+};
+
+/// fk_comm_group_start in the constructor, fk_comm_group_end in close() or the
+/// destructor (which cannot report an error: call close() to see it).
+class Group {
+public:
+    Group() { check(fk_comm_group_start()); }
+    Group(const Group&) = delete;
+    Group& operator=(const Group&) = delete;
+    void close() {
+        if (open_) {
+            open_ = false;
+            check(fk_comm_group_end());
+        }
+    }
+    ~Group() {
+        if (open_) (void)fk_comm_group_end();
+    }
+
+private:
+    bool open_ = true;
+};
+
+inline void all_reduce(const Comm& comm, const Buffer& send, const Buffer& recv, ReduceOp op,
+                       StreamRef stream = {}) {
+    check(fk_all_reduce(comm.get(), send.get(), recv.get(), static_cast<fk_reduce_op>(op),
+                        stream.get()));
+}
+/// `send` may be nullptr on ranks other than `root`.
+inline void broadcast(const Comm& comm, const Buffer* send, const Buffer& recv, int root,
+                      StreamRef stream = {}) {
+    check(fk_broadcast(comm.get(), send ? send->get() : nullptr, recv.get(), root, stream.get()));
+}
+inline void all_gather(const Comm& comm, const Buffer& send, const Buffer& recv,
+                       StreamRef stream = {}) {
+    check(fk_all_gather(comm.get(), send.get(), recv.get(), stream.get()));
+}
+inline void reduce_scatter(const Comm& comm, const Buffer& send, const Buffer& recv, ReduceOp op,
+                           StreamRef stream = {}) {
+    check(fk_reduce_scatter(comm.get(), send.get(), recv.get(), static_cast<fk_reduce_op>(op),
+                            stream.get()));
+}
+
+// ------------------------------------------------------------------ linear algebra
+
+/// Operation on a GEMM operand.
+enum class Op : fk_op { N = FK_OP_N, T = FK_OP_T, C = FK_OP_C };
+/// Activation of the fused linear layer.
+enum class Act : fk_activation { None = FK_ACT_NONE, Relu = FK_ACT_RELU, Gelu = FK_ACT_GELU };
+
+namespace detail {
+inline fk_buffer* opt(const Buffer* b) noexcept { return b ? b->get() : nullptr; }
+}  // namespace detail
+
+/// c = alpha op_a(a) op_b(b) + beta c (row-major; batched [batch, rows, cols]).
+/// `flags`: 0 or FK_GEMM_ALLOW_TF32.
+inline void gemm(const Buffer& a, const Buffer& b, Buffer& c, Op op_a = Op::N, Op op_b = Op::N,
+                 Scalar alpha = 1.0, Scalar beta = 0.0, std::uint32_t flags = 0, StreamRef stream = {}) {
+    check(fk_gemm(static_cast<fk_op>(op_a), static_cast<fk_op>(op_b), alpha.get(), a.get(), b.get(),
+                  beta.get(), c.get(), flags, stream.get()));
+}
+
+/// gemm in tiles under `device_budget_bytes` of staging; operands may be pinned host memory.
+inline void gemm_chunked(const Buffer& a, const Buffer& b, Buffer& c, std::uint64_t device_budget_bytes,
+                         Op op_a = Op::N, Op op_b = Op::N, Scalar alpha = 1.0, Scalar beta = 0.0,
+                         std::uint32_t flags = 0, StreamRef stream = {}) {
+    check(fk_gemm_chunked(static_cast<fk_op>(op_a), static_cast<fk_op>(op_b), alpha.get(), a.get(), b.get(),
+                          beta.get(), c.get(), device_budget_bytes, flags, stream.get()));
+}
+
+/// Bytes of the aux buffer linear_forward fills (GELU: the pre-activation; else 0).
+inline std::size_t linear_aux_size(Act act, fk_dtype dtype, std::int64_t m, std::int64_t n) {
+    std::size_t bytes = 0;
+    check(fk_linear_aux_size(static_cast<fk_activation>(act), dtype, m, n, &bytes));
+    return bytes;
+}
+
+/// y = act(x w^T + b): x [..., k], w [n, k], b [n] (nullptr: none), aux (GELU only) or nullptr.
+inline void linear_forward(const Buffer& x, const Buffer& w, const Buffer* b, Act act, Buffer& y,
+                           Buffer* aux = nullptr, StreamRef stream = {}) {
+    check(fk_linear_forward(x.get(), w.get(), detail::opt(b), static_cast<fk_activation>(act), y.get(),
+                            detail::opt(aux), stream.get()));
+}
+
+/// Backward of linear_forward: `saved` is y (relu), aux (gelu) or nullptr (none);
+/// dx, dw, db each optional (nullptr).
+inline void linear_backward(const Buffer& dy, const Buffer& x, const Buffer& w, Act act, const Buffer* saved,
+                            Buffer* dx, Buffer* dw, Buffer* db, StreamRef stream = {}) {
+    check(fk_linear_backward(dy.get(), x.get(), w.get(), static_cast<fk_activation>(act), detail::opt(saved),
+                             detail::opt(dx), detail::opt(dw), detail::opt(db), stream.get()));
+}
+
+/// out = kron(a, b), batched.
+inline void kron(const Buffer& a, const Buffer& b, Buffer& out, StreamRef stream = {}) {
+    check(fk_kron(a.get(), b.get(), out.get(), stream.get()));
 }
 
 }  // namespace fusekit

@@ -70,6 +70,13 @@ const FK_MAX_DIMS = 8
 const FK_DEVICE_AUTO = 0
 const FK_DEVICE_CPU = 1
 const FK_DEVICE_CUDA = 2
+const FK_DEVICE_CUDA_HOST = 3
+
+const FK_COMM_ID_BYTES = 128
+const FK_REDUCE_SUM = 0
+const FK_REDUCE_PROD = 1
+const FK_REDUCE_MAX = 2
+const FK_REDUCE_MIN = 3
 
 const FK_DTYPE_F16 = 1
 const FK_DTYPE_BF16 = 2
@@ -97,6 +104,15 @@ const FK_ERROR_INTERNAL = 15
 const FK_ERROR_IO = 16
 const FK_ERROR_DTYPE_MISMATCH = 17
 
+# linear algebra (fk_op, fk_activation, fk_gemm flags)
+const FK_OP_N = 0
+const FK_OP_T = 1
+const FK_OP_C = 2
+const FK_ACT_NONE = 0
+const FK_ACT_RELU = 1
+const FK_ACT_GELU = 2
+const FK_GEMM_ALLOW_TF32 = 1
+
 const FK_GAUSSIAN_DEFAULT_EPS = 1e-6
 
 # ------------------------------------------------------------------ C types
@@ -105,6 +121,25 @@ const FK_GAUSSIAN_DEFAULT_EPS = 1e-6
 struct fk_context end
 struct fk_stream end
 struct fk_buffer end
+struct fk_event end
+struct fk_comm end
+
+"""`fk_memory_stats` (`fk_context_memory_stats`): `size` is set by the caller to
+`sizeof(FkMemoryStats)`; all counts in bytes unless named otherwise."""
+struct FkMemoryStats
+    size::Csize_t
+    allocated_bytes::UInt64
+    peak_allocated_bytes::UInt64
+    reserved_bytes::UInt64
+    peak_reserved_bytes::UInt64
+    pool_used_bytes::UInt64
+    live_allocations::UInt64
+    device_free_bytes::UInt64
+    device_total_bytes::UInt64
+    release_threshold_bytes::UInt64
+    pinned_bytes::UInt64
+    pinned_allocations::UInt64
+end
 
 """`fk_scalar`: a complex number `re + i*im` passed by value (`im` must be 0 for real dtypes)."""
 struct FkScalar
@@ -204,6 +239,75 @@ fk_tanh(a, out, stream) = ccall((:fk_tanh, libfusekit), Int32, (Ptr{fk_buffer}, 
 fk_sigmoid(a, out, stream) = ccall((:fk_sigmoid, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
 fk_relu(a, out, stream) = ccall((:fk_relu, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
 fk_copy(a, out, stream) = ccall((:fk_copy, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
+
+# runtime: memory, pinned buffers, copies, peers, events, communicators
+fk_context_memory_stats(ctx, stats) =
+    ccall((:fk_context_memory_stats, libfusekit), Int32, (Ptr{fk_context}, Ptr{FkMemoryStats}), ctx, stats)
+fk_context_set_release_threshold(ctx, bytes) =
+    ccall((:fk_context_set_release_threshold, libfusekit), Int32, (Ptr{fk_context}, UInt64), ctx, bytes)
+fk_context_trim(ctx, keep_bytes) = ccall((:fk_context_trim, libfusekit), Int32, (Ptr{fk_context}, UInt64), ctx, keep_bytes)
+fk_buffer_create_pinned(ctx, dtype, ndim, shape, out) =
+    ccall((:fk_buffer_create_pinned, libfusekit), Int32,
+          (Ptr{fk_context}, Int32, Int32, Ptr{Int64}, Ptr{Ptr{fk_buffer}}), ctx, dtype, ndim, shape, out)
+fk_buffer_copy(dst, src, stream) =
+    ccall((:fk_buffer_copy, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), dst, src, stream)
+fk_device_can_access_peer(device, peer, out) =
+    ccall((:fk_device_can_access_peer, libfusekit), Int32, (Int32, Int32, Ptr{Int32}), device, peer, out)
+fk_event_create(ctx, out) = ccall((:fk_event_create, libfusekit), Int32, (Ptr{fk_context}, Ptr{Ptr{fk_event}}), ctx, out)
+fk_event_destroy(event) = ccall((:fk_event_destroy, libfusekit), Int32, (Ptr{fk_event},), event)
+fk_event_record(event, stream) = ccall((:fk_event_record, libfusekit), Int32, (Ptr{fk_event}, Ptr{fk_stream}), event, stream)
+fk_stream_wait_event(stream, event) =
+    ccall((:fk_stream_wait_event, libfusekit), Int32, (Ptr{fk_stream}, Ptr{fk_event}), stream, event)
+fk_event_synchronize(event) = ccall((:fk_event_synchronize, libfusekit), Int32, (Ptr{fk_event},), event)
+fk_event_query(event, done) = ccall((:fk_event_query, libfusekit), Int32, (Ptr{fk_event}, Ptr{Int32}), event, done)
+fk_event_elapsed_ms(start, stop, ms) =
+    ccall((:fk_event_elapsed_ms, libfusekit), Int32, (Ptr{fk_event}, Ptr{fk_event}, Ptr{Cfloat}), start, stop, ms)
+fk_comm_unique_id(out) = ccall((:fk_comm_unique_id, libfusekit), Int32, (Ptr{UInt8},), out)
+fk_comm_init_rank(ctx, nranks, id, rank, out) =
+    ccall((:fk_comm_init_rank, libfusekit), Int32,
+          (Ptr{fk_context}, Int32, Ptr{UInt8}, Int32, Ptr{Ptr{fk_comm}}), ctx, nranks, id, rank, out)
+fk_comm_init_all(ctxs, n, comms_out) =
+    ccall((:fk_comm_init_all, libfusekit), Int32, (Ptr{Ptr{fk_context}}, Int32, Ptr{Ptr{fk_comm}}), ctxs, n, comms_out)
+fk_comm_destroy(comm) = ccall((:fk_comm_destroy, libfusekit), Int32, (Ptr{fk_comm},), comm)
+fk_comm_rank(comm, out) = ccall((:fk_comm_rank, libfusekit), Int32, (Ptr{fk_comm}, Ptr{Int32}), comm, out)
+fk_comm_size(comm, out) = ccall((:fk_comm_size, libfusekit), Int32, (Ptr{fk_comm}, Ptr{Int32}), comm, out)
+fk_comm_group_start() = ccall((:fk_comm_group_start, libfusekit), Int32, ())
+fk_comm_group_end() = ccall((:fk_comm_group_end, libfusekit), Int32, ())
+fk_all_reduce(comm, send, recv, op, stream) =
+    ccall((:fk_all_reduce, libfusekit), Int32,
+          (Ptr{fk_comm}, Ptr{fk_buffer}, Ptr{fk_buffer}, Int32, Ptr{fk_stream}), comm, send, recv, op, stream)
+fk_broadcast(comm, send, recv, root, stream) =
+    ccall((:fk_broadcast, libfusekit), Int32,
+          (Ptr{fk_comm}, Ptr{fk_buffer}, Ptr{fk_buffer}, Int32, Ptr{fk_stream}), comm, send, recv, root, stream)
+fk_all_gather(comm, send, recv, stream) =
+    ccall((:fk_all_gather, libfusekit), Int32,
+          (Ptr{fk_comm}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), comm, send, recv, stream)
+fk_reduce_scatter(comm, send, recv, op, stream) =
+    ccall((:fk_reduce_scatter, libfusekit), Int32,
+          (Ptr{fk_comm}, Ptr{fk_buffer}, Ptr{fk_buffer}, Int32, Ptr{fk_stream}), comm, send, recv, op, stream)
+
+# linear algebra (row-major buffers: see `gemm!` for Julia's column-major arrays)
+fk_gemm(op_a, op_b, alpha, a, b, beta, c, flags, stream) =
+    ccall((:fk_gemm, libfusekit), Int32,
+          (Int32, Int32, FkScalar, Ptr{fk_buffer}, Ptr{fk_buffer}, FkScalar, Ptr{fk_buffer}, UInt32, Ptr{fk_stream}),
+          op_a, op_b, alpha, a, b, beta, c, flags, stream)
+fk_gemm_chunked(op_a, op_b, alpha, a, b, beta, c, device_budget_bytes, flags, stream) =
+    ccall((:fk_gemm_chunked, libfusekit), Int32,
+          (Int32, Int32, FkScalar, Ptr{fk_buffer}, Ptr{fk_buffer}, FkScalar, Ptr{fk_buffer}, UInt64, UInt32, Ptr{fk_stream}),
+          op_a, op_b, alpha, a, b, beta, c, device_budget_bytes, flags, stream)
+fk_linear_aux_size(act, dtype, m, n, bytes) =
+    ccall((:fk_linear_aux_size, libfusekit), Int32, (Int32, Int32, Int64, Int64, Ptr{Csize_t}), act, dtype, m, n, bytes)
+fk_linear_forward(x, w, b, act, y, aux, stream) =
+    ccall((:fk_linear_forward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Int32, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
+          x, w, b, act, y, aux, stream)
+fk_linear_backward(dy, x, w, act, saved, dx, dw, db, stream) =
+    ccall((:fk_linear_backward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Int32, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer},
+           Ptr{fk_buffer}, Ptr{fk_stream}),
+          dy, x, w, act, saved, dx, dw, db, stream)
+fk_kron(a, b, out, stream) =
+    ccall((:fk_kron, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, b, out, stream)
 
 # Gaussian field (OPS.md section 3, docs/gaussian.md); NULL (C_NULL) for an unwanted gradient.
 fk_mahalanobis_forward(points, means, chol, eps, out, stream) =
@@ -653,6 +757,58 @@ function scalar_mul!(out::Buffer, a::Buffer, s::Number; stream::Union{Stream,Not
     return out
 end
 
+# ------------------------------------------------------------------ linear algebra on buffers
+#
+# Buffers are row-major: a buffer `[m, k]` is a matrix with m rows. (A Julia array
+# borrowed as a buffer is its transpose: see `gemm!` on arrays below.)
+
+_bptr(::Nothing) = Ptr{fk_buffer}(C_NULL)
+_bptr(b::Buffer) = b
+
+"""`c = alpha op(a) op(b) + beta c` (`op_*` in FK_OP_N, FK_OP_T, FK_OP_C; batched `[batch, rows, cols]`)."""
+function gemm!(c::Buffer, a::Buffer, b::Buffer; op_a::Integer = FK_OP_N, op_b::Integer = FK_OP_N,
+               alpha::Number = 1, beta::Number = 0, flags::Integer = 0, stream::Union{Stream,Nothing} = nothing)
+    check(fk_gemm(Int32(op_a), Int32(op_b), FkScalar(alpha), a, b, FkScalar(beta), c, UInt32(flags), _sptr(stream)))
+    return c
+end
+
+"""`gemm!` in tiles under `budget` bytes of device staging; operands may be pinned host memory."""
+function gemm_chunked!(c::Buffer, a::Buffer, b::Buffer, budget::Integer; op_a::Integer = FK_OP_N,
+                       op_b::Integer = FK_OP_N, alpha::Number = 1, beta::Number = 0, flags::Integer = 0,
+                       stream::Union{Stream,Nothing} = nothing)
+    check(fk_gemm_chunked(Int32(op_a), Int32(op_b), FkScalar(alpha), a, b, FkScalar(beta), c, UInt64(budget),
+                          UInt32(flags), _sptr(stream)))
+    return c
+end
+
+"""Bytes of the aux buffer `linear_forward!` fills for `act` (the pre-activation for GELU, else 0)."""
+function linear_aux_size(act::Integer, ::Type{T}, m::Integer, n::Integer) where {T}
+    r = Ref{Csize_t}(0)
+    check(fk_linear_aux_size(Int32(act), dtype_of(T), Int64(m), Int64(n), r))
+    return Int(r[])
+end
+
+"""`y = act(x w^T + b)` (x `[..., k]`, w `[n, k]`, b `[n]` or nothing; aux: GELU pre-activation or nothing)."""
+function linear_forward!(y::Buffer, x::Buffer, w::Buffer, b::Union{Buffer,Nothing}, act::Integer;
+                         aux::Union{Buffer,Nothing} = nothing, stream::Union{Stream,Nothing} = nothing)
+    check(fk_linear_forward(x, w, _bptr(b), Int32(act), y, _bptr(aux), _sptr(stream)))
+    return y
+end
+
+"""Backward of `linear_forward!` (`saved`: y for relu, aux for gelu; each gradient optional)."""
+function linear_backward!(dy::Buffer, x::Buffer, w::Buffer, act::Integer, saved::Union{Buffer,Nothing};
+                          dx::Union{Buffer,Nothing} = nothing, dw::Union{Buffer,Nothing} = nothing,
+                          db::Union{Buffer,Nothing} = nothing, stream::Union{Stream,Nothing} = nothing)
+    check(fk_linear_backward(dy, x, w, Int32(act), _bptr(saved), _bptr(dx), _bptr(dw), _bptr(db), _sptr(stream)))
+    return (dx, dw, db)
+end
+
+"""`out = kron(a, b)`, batched over a leading dimension."""
+function kron!(out::Buffer, a::Buffer, b::Buffer; stream::Union{Stream,Nothing} = nothing)
+    check(fk_kron(a, b, out, _sptr(stream)))
+    return out
+end
+
 # ------------------------------------------------------------------ ops on Julia arrays (CPU)
 
 # Borrows each array on `ctx`, runs f(buffers...), then releases the views at once.
@@ -692,6 +848,25 @@ function scalar_mul!(out::StridedArray, a::StridedArray, s::Number; ctx::Context
     return out
 end
 
+"""
+    gemm!(C, A, B; alpha = 1, beta = 0, ctx = cpu_context())
+
+`C = alpha*A*B + beta*C` on Julia matrices. A column-major matrix is the row-major
+buffer of its transpose, so this runs `C^T = B^T A^T` (fusekit's `a` is `B`).
+"""
+function gemm!(C::StridedMatrix{T}, A::StridedMatrix{T}, B::StridedMatrix{T}; alpha::Number = 1, beta::Number = 0,
+               ctx::Context = cpu_context()) where {T<:FkElement}
+    _with_borrowed((c, a, b) -> gemm!(c, b, a; alpha = alpha, beta = beta), ctx, C, A, B)
+    return C
+end
+
+"""`kron(A, B)` on Julia matrices (`kron(A, B)^T = kron(A^T, B^T)`, so the buffers need no reordering)."""
+function kron(A::StridedMatrix{T}, B::StridedMatrix{T}; ctx::Context = cpu_context()) where {T<:FkElement}
+    out = Array{T}(undef, size(A, 1) * size(B, 1), size(A, 2) * size(B, 2))
+    _with_borrowed((o, a, b) -> kron!(o, a, b), ctx, out, A, B)
+    return out
+end
+
 # Allocating versions: the result has Julia's broadcast size (which fusekit's
 # broadcasting of the reversed shapes reproduces).
 _bsize(a, b) = Base.Broadcast.broadcast_shape(size(a), size(b))
@@ -710,5 +885,169 @@ for (jl, fn) in ((:neg!, :neg), (:exp!, :exp), (:log!, :log), (:sqrt!, :sqrt), (
                  (:tanh!, :tanh), (:sigmoid!, :sigmoid), (:relu!, :relu), (:copy!, :copy))
     @eval $fn(a::StridedArray{T}) where {T<:FkElement} = $jl(Array{T}(undef, size(a)), a)
 end
+
+# ------------------------------------------------------------------ runtime
+
+"""The context's memory statistics as an `FkMemoryStats` (`fk_context_memory_stats`)."""
+function memory_stats(c::Context)
+    r = Ref(FkMemoryStats(Csize_t(sizeof(FkMemoryStats)), zeros(UInt64, 11)...))
+    check(fk_context_memory_stats(c, r))
+    return r[]
+end
+
+"""Bytes the context's pool keeps reserved at a synchronisation (`typemax(UInt64)` at first)."""
+set_release_threshold!(c::Context, bytes::Integer) = (check(fk_context_set_release_threshold(c, UInt64(bytes))); nothing)
+
+"""Returns unused pool memory until at most `keep_bytes` stay reserved."""
+trim!(c::Context, keep_bytes::Integer = 0) = (check(fk_context_trim(c, UInt64(keep_bytes))); nothing)
+
+"""
+    pinned(ctx, T, dims...)
+
+A buffer of page-locked host memory (`fk_buffer_create_pinned`): a copy endpoint
+that ops refuse; an ordinary host buffer on a CPU context.
+"""
+function pinned(ctx::Context, ::Type{T}, dims::Integer...) where {T}
+    shape = Int64[reverse(dims)...]
+    out = Ref{Ptr{fk_buffer}}(C_NULL)
+    check(fk_buffer_create_pinned(ctx, dtype_of(T), Int32(length(shape)), shape, out))
+    return Buffer(out[], ctx, nothing)
+end
+
+"""`dst .= src` between any two contiguous buffers (`fk_buffer_copy`), queued on `stream`."""
+function copy_buffer!(dst::Buffer, src::Buffer; stream::Union{Stream,Nothing} = nothing)
+    check(fk_buffer_copy(dst, src, _sptr(stream)))
+    return dst
+end
+
+"""Whether CUDA device `device` can access memory of `peer` directly."""
+function can_access_peer(device::Integer, peer::Integer)
+    v = Ref{Int32}(0)
+    check(fk_device_can_access_peer(Int32(device), Int32(peer), v))
+    return v[] != 0
+end
+
+"""
+    Event(ctx)
+
+An event (`fk_event_create`): `record!(e, stream)`, `wait!(stream, e)`,
+`synchronize(e)`, `isdone(e)`, `elapsed_ms(start, stop)`.
+"""
+mutable struct Event
+    ptr::Ptr{fk_event}
+    ctx::Context
+    function Event(ctx::Context)
+        out = Ref{Ptr{fk_event}}(C_NULL)
+        check(fk_event_create(ctx, out))
+        e = new(out[], ctx)
+        finalizer(destroy!, e)
+        return e
+    end
+end
+
+Base.unsafe_convert(::Type{Ptr{fk_event}}, e::Event) = e.ptr
+
+function destroy!(e::Event)
+    if e.ptr != C_NULL
+        fk_event_destroy(e.ptr)
+        e.ptr = C_NULL
+    end
+    return nothing
+end
+
+record!(e::Event, stream::Union{Stream,Nothing} = nothing) = (check(fk_event_record(e, _sptr(stream))); e)
+wait!(stream::Union{Stream,Nothing}, e::Event) = (check(fk_stream_wait_event(_sptr(stream), e)); nothing)
+synchronize(e::Event) = (check(fk_event_synchronize(e)); nothing)
+function isdone(e::Event)
+    d = Ref{Int32}(0)
+    check(fk_event_query(e, d))
+    return d[] != 0
+end
+function elapsed_ms(start::Event, stop::Event)
+    ms = Ref{Cfloat}(0)
+    check(fk_event_elapsed_ms(start, stop, ms))
+    return ms[]
+end
+
+"""A new unique id for `Comm(ctx, nranks, id, rank)` (needs NCCL)."""
+function comm_unique_id()
+    id = zeros(UInt8, FK_COMM_ID_BYTES)
+    check(fk_comm_unique_id(id))
+    return id
+end
+
+"""
+    Comm(ctx, nranks, id, rank)   # fk_comm_init_rank
+    comm_init_all(ctxs)           # fk_comm_init_all: one Comm per context
+
+One rank of a communicator. Collectives: `all_reduce!`, `comm_broadcast!`,
+`all_gather!`, `reduce_scatter!`; `group(f)` runs `f` between
+`fk_comm_group_start` and `fk_comm_group_end`.
+"""
+mutable struct Comm
+    ptr::Ptr{fk_comm}
+    ctx::Context
+    function Comm(ptr::Ptr{fk_comm}, ctx::Context)
+        c = new(ptr, ctx)
+        finalizer(destroy!, c)
+        return c
+    end
+end
+
+function Comm(ctx::Context, nranks::Integer, id::Vector{UInt8}, rank::Integer)
+    length(id) == FK_COMM_ID_BYTES || throw(ArgumentError("id must have FK_COMM_ID_BYTES bytes"))
+    out = Ref{Ptr{fk_comm}}(C_NULL)
+    check(fk_comm_init_rank(ctx, Int32(nranks), id, Int32(rank), out))
+    return Comm(out[], ctx)
+end
+
+function comm_init_all(ctxs::Vector{Context})
+    ptrs = Ptr{fk_context}[c.ptr for c in ctxs]
+    out = fill(Ptr{fk_comm}(C_NULL), length(ctxs))
+    GC.@preserve ctxs check(fk_comm_init_all(ptrs, Int32(length(ptrs)), out))
+    return [Comm(out[i], ctxs[i]) for i in eachindex(ctxs)]
+end
+
+Base.unsafe_convert(::Type{Ptr{fk_comm}}, c::Comm) = c.ptr
+
+function destroy!(c::Comm)
+    if c.ptr != C_NULL
+        fk_comm_destroy(c.ptr)
+        c.ptr = C_NULL
+    end
+    return nothing
+end
+
+function rank(c::Comm)
+    r = Ref{Int32}(0)
+    check(fk_comm_rank(c, r))
+    return Int(r[])
+end
+function nranks(c::Comm)
+    n = Ref{Int32}(0)
+    check(fk_comm_size(c, n))
+    return Int(n[])
+end
+
+function group(f)
+    check(fk_comm_group_start())
+    try
+        f()
+    finally
+        check(fk_comm_group_end())
+    end
+end
+
+_bptr(::Nothing) = Ptr{fk_buffer}(C_NULL)
+_bptr(b::Buffer) = b.ptr
+
+all_reduce!(c::Comm, send::Buffer, recv::Buffer; op::Integer = FK_REDUCE_SUM, stream::Union{Stream,Nothing} = nothing) =
+    (check(fk_all_reduce(c, send, recv, Int32(op), _sptr(stream))); recv)
+comm_broadcast!(c::Comm, send::Union{Buffer,Nothing}, recv::Buffer; root::Integer = 0, stream::Union{Stream,Nothing} = nothing) =
+    (check(fk_broadcast(c, _bptr(send), recv, Int32(root), _sptr(stream))); recv)
+all_gather!(c::Comm, send::Buffer, recv::Buffer; stream::Union{Stream,Nothing} = nothing) =
+    (check(fk_all_gather(c, send, recv, _sptr(stream))); recv)
+reduce_scatter!(c::Comm, send::Buffer, recv::Buffer; op::Integer = FK_REDUCE_SUM, stream::Union{Stream,Nothing} = nothing) =
+    (check(fk_reduce_scatter(c, send, recv, Int32(op), _sptr(stream))); recv)
 
 end # module Fusekit

@@ -611,7 +611,9 @@ pub unsafe extern "C" fn fk_buffer_data(buf: *const fk_buffer, out: *mut *mut c_
     })
 }
 
-/// The buffer's device (`kind`, `ordinal`; either may be NULL). Returns
+/// The buffer's device (`kind`, `ordinal`; either may be NULL): the context's
+/// `FK_DEVICE_CPU` or `FK_DEVICE_CUDA` and ordinal, or `FK_DEVICE_CUDA_HOST` and the
+/// context's ordinal for a pinned buffer (`fk_buffer_create_pinned`). Returns
 /// `FK_ERROR_NULL_POINTER` when `buf` is NULL.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_buffer_device(
@@ -622,7 +624,7 @@ pub unsafe extern "C" fn fk_buffer_device(
     guard("fk_buffer_device", || {
         let b = unsafe { buffer_ref(buf, "buf") }?;
         if !kind.is_null() {
-            unsafe { *kind = b.device().kind_abi() };
+            unsafe { *kind = b.device_kind_abi() };
         }
         if !ordinal.is_null() {
             unsafe { *ordinal = b.device().ordinal() as i32 };

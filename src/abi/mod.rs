@@ -11,6 +11,8 @@
 pub mod core;
 pub mod elementwise;
 pub mod gaussian;
+pub mod linalg;
+pub mod runtime;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -26,6 +28,8 @@ use crate::stream::Stream;
 const MAGIC_CONTEXT: u64 = 0x666b_636f_6e74_6578; // "fkcontex"
 const MAGIC_STREAM: u64 = 0x666b_7374_7265_616d; // "fkstream"
 const MAGIC_BUFFER: u64 = 0x666b_6275_6666_6572; // "fkbuffer"
+const MAGIC_EVENT: u64 = 0x666b_6576_656e_7421; // "fkevent!"
+const MAGIC_COMM: u64 = 0x666b_636f_6d6d_2121; // "fkcomm!!"
 
 /// Opaque handle to a device context (see `fk_context_create`).
 // The handles are `repr(C)` so that `magic` is the first word of every kind: the
@@ -50,6 +54,21 @@ pub struct fk_stream {
 pub struct fk_buffer {
     magic: u64,
     pub(crate) inner: Buffer,
+}
+
+/// Opaque handle to an event (see `fk_event_create`).
+#[cfg_attr(all(), repr(C))]
+pub struct fk_event {
+    magic: u64,
+    pub(crate) inner: crate::event::Event,
+}
+
+/// Opaque handle to a communicator: one rank of a clique (see `fk_comm_init_all`,
+/// `fk_comm_init_rank`).
+#[cfg_attr(all(), repr(C))]
+pub struct fk_comm {
+    magic: u64,
+    pub(crate) inner: crate::comm::Comm,
 }
 
 /// A scalar argument: a complex number `re + i*im`. For real element types `im`
@@ -143,6 +162,33 @@ pub(crate) unsafe fn stream_ref<'a>(p: *const fk_stream, what: &str) -> Result<&
     Ok(unsafe { &(*p).inner })
 }
 
+pub(crate) unsafe fn event_ref<'a>(
+    p: *const fk_event,
+    what: &str,
+) -> Result<&'a crate::event::Event> {
+    if p.is_null() {
+        return Err(null(what));
+    }
+    // SAFETY: caller passes a pointer from fk_event_create (or NULL).
+    if unsafe { magic_of(p) } != MAGIC_EVENT {
+        return Err(bad_handle(what, "fk_event"));
+    }
+    // SAFETY: the magic says this is a live fk_event.
+    Ok(unsafe { &(*p).inner })
+}
+
+pub(crate) unsafe fn comm_ref<'a>(p: *const fk_comm, what: &str) -> Result<&'a crate::comm::Comm> {
+    if p.is_null() {
+        return Err(null(what));
+    }
+    // SAFETY: caller passes a pointer from an fk_comm constructor (or NULL).
+    if unsafe { magic_of(p) } != MAGIC_COMM {
+        return Err(bad_handle(what, "fk_comm"));
+    }
+    // SAFETY: the magic says this is a live fk_comm.
+    Ok(unsafe { &(*p).inner })
+}
+
 /// The stream an op runs on: `p`, or the context's default stream when `p` is NULL.
 pub(crate) unsafe fn stream_or_default(
     p: *const fk_stream,
@@ -186,6 +232,19 @@ pub(crate) fn new_stream(inner: Arc<Stream>) -> *mut fk_stream {
 pub(crate) fn new_buffer(inner: Buffer) -> *mut fk_buffer {
     Box::into_raw(Box::new(fk_buffer {
         magic: MAGIC_BUFFER,
+        inner,
+    }))
+}
+
+pub(crate) fn new_event(inner: crate::event::Event) -> *mut fk_event {
+    Box::into_raw(Box::new(fk_event {
+        magic: MAGIC_EVENT,
+        inner,
+    }))
+}
+pub(crate) fn new_comm(inner: crate::comm::Comm) -> *mut fk_comm {
+    Box::into_raw(Box::new(fk_comm {
+        magic: MAGIC_COMM,
         inner,
     }))
 }

@@ -20,7 +20,7 @@ pub fn grid_for(dev: &CudaDevice, items: i64) -> u32 {
 
 /// `FK_DEBUG_SYNC=1`: every launch synchronises its stream and reports a kernel
 /// fault at the call that caused it (slow; for debugging).
-fn debug_sync() -> bool {
+pub(crate) fn debug_sync() -> bool {
     static FLAG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *FLAG.get_or_init(|| {
         std::env::var("FK_DEBUG_SYNC")

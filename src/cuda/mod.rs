@@ -5,12 +5,16 @@
 //! NVRTC loaded at run time. Before the first driver call `driver()` checks that
 //! libcuda can be loaded, so a missing driver is a status, never cudarc's panic.
 
+pub mod cublas;
 pub mod elementwise;
 pub mod gaussian;
 pub mod launch;
+pub mod linalg;
+pub mod nccl;
 pub mod nvrtc;
+pub mod runtime;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{result, sys};
@@ -23,7 +27,10 @@ use crate::error::{
 /// Every kernel module: `(name, source)`; sources are embedded in the library.
 /// A new op family chains its launcher's `MODULES` here.
 pub fn modules() -> impl Iterator<Item = &'static (&'static str, fn() -> String)> {
-    elementwise::MODULES.iter().chain(gaussian::MODULES.iter())
+    elementwise::MODULES
+        .iter()
+        .chain(gaussian::MODULES.iter())
+        .chain(linalg::MODULES.iter())
 }
 
 /// Headers the module sources may `#include "..."` (resolved by NVRTC in memory).
@@ -56,17 +63,27 @@ struct Module {
     raw: sys::CUmodule,
 }
 
-/// One CUDA device: its retained primary context and per-context module cache.
+/// One CUDA device: its retained primary context, the memory pool owned by this
+/// fusekit context, and the per-context module cache.
 pub struct CudaDevice {
     pub ordinal: usize,
     cu_device: sys::CUdevice,
     cu_ctx: sys::CUcontext,
+    /// The stream-ordered memory pool of this context (`cuMemPoolCreate`); every
+    /// owned device buffer comes from it (`cuMemAllocFromPoolAsync`).
+    pool: sys::CUmemoryPool,
+    /// Peer devices whose primary context this one has enabled peer access to.
+    peers_enabled: Mutex<HashSet<usize>>,
+    /// Devices granted read/write access to allocations of `pool`.
+    pool_access: Mutex<HashSet<usize>>,
     /// Compute capability (major, minor).
     pub arch: (i32, i32),
     pub sm_count: i32,
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
     /// Keyed by the addresses of the static names (cheap to hash on the per-call path).
     functions: Mutex<HashMap<(usize, usize), sys::CUfunction>>,
+    /// cuBLAS / cuBLASLt handles and workspaces per stream (`cublas.rs`).
+    pub(crate) blas: cublas::BlasCache,
 }
 
 // SAFETY: CUDA handles are usable from any thread once the context is current;
@@ -98,17 +115,35 @@ impl CudaDevice {
         let attr =
             |a| unsafe { result::device::get_attribute(cu_device, a) }.cuda("cuDeviceGetAttribute");
         use sys::CUdevice_attribute_enum as A;
+        let attrs = (|| {
+            Ok::<_, Error>((
+                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            ))
+        })();
+        let (major, minor, sm_count, pool) = match attrs
+            .and_then(|(a, b, c)| Ok((a, b, c, runtime::pool_create(cu_ctx, ordinal)?)))
+        {
+            Ok(v) => v,
+            Err(e) => {
+                // SAFETY: retained above; nothing else holds it for us.
+                let _ = unsafe { result::primary_ctx::release(cu_device) };
+                return Err(e);
+            }
+        };
         let dev = CudaDevice {
             ordinal,
             cu_device,
             cu_ctx,
-            arch: (
-                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
-                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
-            ),
-            sm_count: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            pool,
+            peers_enabled: Mutex::new(HashSet::new()),
+            pool_access: Mutex::new(HashSet::new()),
+            arch: (major, minor),
+            sm_count,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            blas: Default::default(),
         };
         dev.bind()?;
         Ok(dev)
@@ -141,6 +176,7 @@ impl CudaDevice {
     }
 
     pub fn stream_destroy(&self, raw: usize) {
+        self.blas.evict(self, raw);
         if self.bind().is_ok() {
             // SAFETY: an owned stream created by stream_create; destroyed once.
             let _ = unsafe { result::stream::destroy(raw as sys::CUstream) };
@@ -153,22 +189,35 @@ impl CudaDevice {
         unsafe { result::stream::synchronize(raw as sys::CUstream) }.cuda("cuStreamSynchronize")
     }
 
+    /// Allocates `bytes` from this context's memory pool, stream-ordered on `stream`.
+    /// Out of memory is `FK_ERROR_OUT_OF_MEMORY` with the requested and free bytes.
     pub fn alloc_async(&self, bytes: usize, stream: usize) -> Result<u64> {
         if bytes == 0 {
             return Ok(0);
         }
         self.bind()?;
-        // SAFETY: stream belongs to this context.
-        let r = unsafe { result::malloc_async(stream as sys::CUstream, bytes) };
-        r.map_err(|e| {
-            let mut err = Error::from(e);
-            let (free, _) = result::mem_get_info().unwrap_or((0, 0));
-            err.message = format!(
-                "cuMemAllocAsync of {bytes} bytes on cuda:{} failed ({} bytes free): {}",
-                self.ordinal, free, err.message
-            );
-            err
-        })
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: the pool and stream belong to this context; ptr is a valid out-param.
+        let r = unsafe {
+            sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, self.pool, stream as sys::CUstream)
+        }
+        .result();
+        match r {
+            Ok(()) => Ok(ptr),
+            Err(e) => {
+                let mut err = Error::from(e);
+                let (free, total) = result::mem_get_info().unwrap_or((0, 0));
+                if e.0 == sys::CUresult::CUDA_ERROR_INVALID_VALUE && bytes > total {
+                    // Some drivers answer an impossible size with INVALID_VALUE.
+                    err.status = crate::error::FK_ERROR_OUT_OF_MEMORY;
+                }
+                err.message = format!(
+                    "cuMemAllocFromPoolAsync of {bytes} bytes on cuda:{} failed ({free} bytes free of {total}): {}",
+                    self.ordinal, err.message
+                );
+                Err(err)
+            }
+        }
     }
 
     pub fn free_async(&self, ptr: u64, stream: usize) {
@@ -367,11 +416,18 @@ impl Drop for CudaDevice {
         // Kernels still queued (e.g. on a borrowed stream) may use the modules: wait
         // for the device before unloading them. Only the last reference gets here.
         if self.bind().is_ok() && result::ctx::synchronize().is_ok() {
+            self.blas.clear(self);
             let mods = self.modules.get_mut().unwrap_or_else(|e| e.into_inner());
             for (_, m) in mods.drain() {
                 // SAFETY: no function of this module is used after the device is gone.
                 let _ = unsafe { result::module::unload(m.raw) };
             }
+        }
+        // Every buffer of this pool holds the context, so none is outstanding; were
+        // one still queued, the driver releases the pool once it is freed.
+        if self.bind().is_ok() {
+            // SAFETY: created in open(), destroyed once.
+            let _ = unsafe { sys::cuMemPoolDestroy(self.pool) }.result();
         }
         // SAFETY: retained in open().
         let _ = unsafe { result::primary_ctx::release(self.cu_device) };

@@ -25,7 +25,7 @@ use crate::error::{Error, FK_ERROR_KERNEL_COMPILE, FK_ERROR_LIBRARY_NOT_FOUND, R
 const NVRTC_SONAME: &str = "libnvrtc.so.13";
 
 /// Roots that may hold a CUDA installation or the `nvidia/cu13` wheel folder.
-fn cuda_roots() -> Vec<PathBuf> {
+pub(crate) fn cuda_roots() -> Vec<PathBuf> {
     let mut roots = Vec::new();
     for var in ["CUDA_HOME", "CUDA_PATH"] {
         if let Some(v) = std::env::var_os(var) {
@@ -33,7 +33,18 @@ fn cuda_roots() -> Vec<PathBuf> {
         }
     }
     roots.push(PathBuf::from("/usr/local/cuda"));
-    // pip wheels: <prefix>/lib/python3.*/site-packages/nvidia/cu13
+    roots.extend(nvidia_wheel_dirs().into_iter().map(|d| d.join("cu13")));
+    roots
+}
+
+/// The `nvidia` folders of Python environments, where NVIDIA's pip wheels install
+/// (`nvidia/cu13` for the CUDA 13 toolkit wheels, `nvidia/nccl` for NCCL):
+/// `site-packages` (or `dist-packages`) of `$VIRTUAL_ENV`, `$CONDA_PREFIX`,
+/// `~/.local`, `/usr/local`, `/usr` and of the environments whose `bin` folder is on
+/// `PATH` (e.g. a virtual environment's `python3` that is not activated), then the
+/// `PYTHONPATH` entries (e.g. a `--target` install of the wheels).
+pub(crate) fn nvidia_wheel_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
     let mut prefixes: Vec<PathBuf> = Vec::new();
     for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
         if let Some(v) = std::env::var_os(var) {
@@ -45,6 +56,17 @@ fn cuda_roots() -> Vec<PathBuf> {
     }
     prefixes.push(PathBuf::from("/usr/local"));
     prefixes.push(PathBuf::from("/usr"));
+    if let Some(path) = std::env::var_os("PATH") {
+        for p in std::env::split_paths(&path) {
+            if p.file_name().is_some_and(|n| n == "bin") {
+                if let Some(prefix) = p.parent() {
+                    if !prefixes.iter().any(|q| q == prefix) {
+                        prefixes.push(prefix.to_path_buf());
+                    }
+                }
+            }
+        }
+    }
     for p in prefixes {
         for lib in ["lib", "lib64"] {
             if let Ok(rd) = std::fs::read_dir(p.join(lib)) {
@@ -52,20 +74,19 @@ fn cuda_roots() -> Vec<PathBuf> {
                     let name = e.file_name();
                     if name.to_string_lossy().starts_with("python3") {
                         for site in ["site-packages", "dist-packages"] {
-                            roots.push(e.path().join(site).join("nvidia").join("cu13"));
+                            dirs.push(e.path().join(site).join("nvidia"));
                         }
                     }
                 }
             }
         }
     }
-    // PYTHONPATH entries (e.g. a --target install of the wheels)
     if let Some(pp) = std::env::var_os("PYTHONPATH") {
         for p in std::env::split_paths(&pp) {
-            roots.push(p.join("nvidia").join("cu13"));
+            dirs.push(p.join("nvidia"));
         }
     }
-    roots
+    dirs
 }
 
 /// The folder with `cuda_fp16.h`, or an error saying where we looked.
@@ -146,7 +167,7 @@ pub fn load_nvrtc() -> Result<()> {
 
 /// `dlopen(path, RTLD_NOW | RTLD_GLOBAL)`; the handle is kept for the process's life,
 /// and a later load by soname (cudarc's, NVRTC's own) finds this library.
-fn dlopen_global(path: &Path) -> bool {
+pub(crate) fn dlopen_global(path: &Path) -> bool {
     let Ok(cs) = CString::new(path.as_os_str().as_encoded_bytes()) else {
         return false;
     };

@@ -202,7 +202,7 @@ pub fn binary(
     stream: &Stream,
 ) -> Result<()> {
     let device = out.device();
-    check_same_device(device, &[(a, "a"), (b, "b")])?;
+    check_same_device(device, &[(a, "a"), (b, "b"), (out, "out")])?;
     stream.check_device(device)?;
     crate::ensure!(
         a.dtype == b.dtype && a.dtype == out.dtype,
@@ -240,7 +240,7 @@ pub fn binary(
 /// `out = op(a)` with `a` broadcast to `out`'s shape (`alpha` for the scalar ops).
 pub fn unary(op: UnaryOp, a: &Buffer, out: &Buffer, alpha: Scalar, stream: &Stream) -> Result<()> {
     let device = out.device();
-    check_same_device(device, &[(a, "a")])?;
+    check_same_device(device, &[(a, "a"), (out, "out")])?;
     stream.check_device(device)?;
     let want = op.out_dtype(a.dtype)?;
     crate::ensure!(

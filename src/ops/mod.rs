@@ -3,3 +3,4 @@
 
 pub mod elementwise;
 pub mod gaussian;
+pub mod linalg;

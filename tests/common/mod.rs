@@ -19,6 +19,8 @@
 
 #![allow(dead_code, unused_imports)]
 
+pub mod runtime;
+
 use std::ffi::{CStr, c_char, c_void};
 use std::ptr::{null, null_mut};
 use std::sync::Arc;

@@ -62,6 +62,10 @@ static_assert(std::is_nothrow_move_constructible_v<fusekit::Stream>);
 static_assert(std::is_nothrow_move_constructible_v<fusekit::Buffer>);
 static_assert(std::is_nothrow_move_assignable_v<fusekit::Buffer>);
 static_assert(std::is_base_of_v<std::runtime_error, fusekit::Error>);
+static_assert(!std::is_copy_constructible_v<fusekit::Event>);
+static_assert(!std::is_copy_constructible_v<fusekit::Comm>);
+static_assert(std::is_nothrow_move_constructible_v<fusekit::Event>);
+static_assert(std::is_nothrow_move_constructible_v<fusekit::Comm>);
 
 }  // namespace
 
@@ -361,6 +365,64 @@ int main(int argc, char** argv) {
             check(all, "Buffers stored in a std::vector survive reallocation");
         }
 
+
+        // ---- runtime: memory statistics, pinned buffers, copies, events, communicators
+        {
+            fusekit::Context rc(kind);
+            auto st0 = rc.memory_stats();
+            check(st0.size == sizeof(fk_memory_stats) && st0.live_allocations == 0,
+                  "memory_stats() of a fresh context");
+            auto big = fusekit::Buffer::owned<float>(rc, {1000});
+            auto st1 = rc.memory_stats();
+            check(st1.allocated_bytes == 4000 && st1.live_allocations == 1, "memory_stats() counts a buffer");
+            rc.set_release_threshold(0);
+            check(rc.memory_stats().release_threshold_bytes == 0, "set_release_threshold");
+            rc.trim(0);
+            auto pin = fusekit::Buffer::pinned<float>(rc, {1000});
+            check(pin.device().kind == (rc.is_cuda() ? fusekit::DeviceKind::CudaHost : fusekit::DeviceKind::Cpu),
+                  "pinned buffer's device kind");
+            float* hp = static_cast<float*>(pin.data());
+            for (int i = 0; i < 1000; i++) hp[i] = float(i);
+            fusekit::Stream rs(rc);
+            fusekit::Event e0(rc), e1(rc);
+            e0.record(rs);
+            big.copy_from(pin, rs);
+            auto twice = fusekit::Buffer::owned<float>(rc, {1000});
+            fusekit::scalar_mul(big, 2.0, twice, rs);
+            pin.copy_from(twice, rs);
+            e1.record(rs);
+            e1.synchronize();
+            bool ok = e1.query();
+            for (int i = 0; i < 1000; i++) ok = ok && hp[i] == 2.0f * float(i);
+            check(ok, "pinned -> device -> op -> pinned, ordered by an event");
+            check(e0.elapsed_ms(e1) >= 0.0f, "Event::elapsed_ms >= 0");
+            fusekit::wait(rs, e1);
+            bool refused = false;
+            try {
+                fusekit::Buffer::owned<float>(rc, {999}).copy_from(pin);
+            } catch (const fusekit::Error& e) {
+                refused = e.status() == FK_ERROR_SHAPE_MISMATCH && contains(e.message(), "fk_buffer_copy");
+            }
+            check(refused, "copy_from of another size throws FK_ERROR_SHAPE_MISMATCH");
+            if (!rc.is_cuda()) {
+                fusekit::CommId id{};
+                auto comm = fusekit::Comm::init_rank(rc, 1, id, 0);
+                check(comm.rank() == 0 && comm.size() == 1, "single-rank CPU communicator");
+                auto recv = fusekit::Buffer::owned<float>(rc, {1000});
+                {
+                    fusekit::Group g;
+                    fusekit::all_reduce(comm, twice, recv, fusekit::ReduceOp::Sum, rs);
+                    g.close();
+                }
+                check(recv.to_vector<float>() == twice.to_vector<float>(), "all_reduce over one rank copies");
+                fusekit::broadcast(comm, &twice, recv, 0);
+                fusekit::all_gather(comm, twice, recv);
+                fusekit::reduce_scatter(comm, twice, recv, fusekit::ReduceOp::Max);
+                check(recv.to_vector<float>() == twice.to_vector<float>(), "broadcast/all_gather/reduce_scatter");
+                auto all = fusekit::Comm::init_all({&rc});
+                check(all.size() == 1 && all[0].size() == 1, "Comm::init_all of one CPU context");
+            }
+        }
         if (cuda) {
             // the legacy default stream can be borrowed
             fusekit::Stream legacy = fusekit::Stream::wrap(ctx, nullptr);
@@ -373,6 +435,49 @@ int main(int argc, char** argv) {
                 threw = e.status() == FK_ERROR_UNSUPPORTED;
             }
             check(threw, "Stream::wrap on a CPU context throws FK_ERROR_UNSUPPORTED");
+        }
+        // ---- linear algebra
+        {
+            auto ma = fusekit::Buffer::owned<float>(ctx, {2, 3});
+            auto mb = fusekit::Buffer::owned<float>(ctx, {3, 2});
+            auto mc = fusekit::Buffer::owned<float>(ctx, {2, 2});
+            ma.copy_from_host(std::vector<float>{1, 2, 3, 4, 5, 6});
+            mb.copy_from_host(std::vector<float>{1, 0, 0, 1, 1, 1});
+            fusekit::gemm(ma, mb, mc);
+            check(mc.to_vector<float>() == std::vector<float>{4, 5, 10, 11}, "gemm [2,3] x [3,2]");
+            fusekit::gemm(ma, ma, mc, fusekit::Op::N, fusekit::Op::T, 0.5, 0.0, 0, stream);
+            stream.synchronize();
+            check(mc.to_vector<float>(stream) == std::vector<float>{7, 16, 16, 38.5f}, "gemm a a^T * 0.5 on a Stream");
+            // y = relu(x w^T + b)
+            auto w = fusekit::Buffer::owned<float>(ctx, {2, 3});
+            w.copy_from_host(std::vector<float>{1, 0, -1, 0, 1, 0});
+            auto bias = fusekit::Buffer::owned<float>(ctx, {2});
+            bias.copy_from_host(std::vector<float>{0.5f, -3});
+            auto y = fusekit::Buffer::owned<float>(ctx, {2, 2});
+            fusekit::linear_forward(ma, w, &bias, fusekit::Act::Relu, y);
+            check(y.to_vector<float>() == std::vector<float>{0, 0, 0, 2}, "linear_forward relu");
+            check(fusekit::linear_aux_size(fusekit::Act::Gelu, FK_DTYPE_F32, 2, 2) == 16 &&
+                      fusekit::linear_aux_size(fusekit::Act::Relu, FK_DTYPE_F32, 2, 2) == 0,
+                  "linear_aux_size");
+            auto dy = fusekit::Buffer::owned<float>(ctx, {2, 2});
+            dy.copy_from_host(std::vector<float>{1, 1, 1, 1});
+            auto db = fusekit::Buffer::owned<float>(ctx, {2});
+            fusekit::linear_backward(dy, ma, w, fusekit::Act::Relu, &y, nullptr, nullptr, &db);
+            check(db.to_vector<float>() == std::vector<float>{0, 1}, "linear_backward db only");
+            auto k1 = fusekit::Buffer::owned<float>(ctx, {1, 2});
+            k1.copy_from_host(std::vector<float>{1, 2});
+            auto k2 = fusekit::Buffer::owned<float>(ctx, {2, 1});
+            k2.copy_from_host(std::vector<float>{3, 4});
+            auto ko = fusekit::Buffer::owned<float>(ctx, {2, 2});
+            fusekit::kron(k1, k2, ko);
+            check(ko.to_vector<float>() == std::vector<float>{3, 6, 4, 8}, "kron [1,2] (x) [2,1]");
+            bool threw = false;
+            try {
+                fusekit::gemm(ma, ma, mc);
+            } catch (const fusekit::Error& e) {
+                threw = e.status() == FK_ERROR_SHAPE_MISMATCH && contains(e.what(), "fk_gemm");
+            }
+            check(threw, "gemm shape mismatch throws fusekit::Error");
         }
     } catch (const fusekit::Error& e) {
         check(false, std::string("unexpected fusekit::Error: ") + e.what());

@@ -54,6 +54,10 @@ from ._lib import (
 from .ops import ENTRY_POINTS
 from .ops.elementwise import *  # noqa: F401,F403
 from .ops.elementwise import __all__ as _elementwise_all
+from .ops.linalg import *  # noqa: F401,F403
+from .ops.linalg import __all__ as _linalg_all
+from .runtime import *  # noqa: F401,F403
+from .runtime import __all__ as _runtime_all
 from .ops.gaussian import *  # noqa: F401,F403
 from .ops.gaussian import __all__ as _gaussian_all
 
@@ -112,5 +116,7 @@ __all__ = [
     "complex64",
     "complex128",
     *_elementwise_all,
+    *_linalg_all,
+    *_runtime_all,
     *_gaussian_all,
 ]

@@ -217,6 +217,8 @@ def _parse_device(device, ordinal=None) -> tuple[int, int]:
 
 
 def _device_str(kind: int, ordinal: int) -> str:
+    if kind == _lib.DEVICE_CUDA_HOST:
+        return f"cuda_host:{ordinal}"  # pinned host memory of a CUDA context
     return "cpu" if kind == _lib.DEVICE_CPU else f"cuda:{ordinal}"
 
 
@@ -893,6 +895,12 @@ class Buffer:
         return self._kind == _lib.DEVICE_CUDA
 
     @property
+    def is_pinned(self) -> bool:
+        """Page-locked host memory of a CUDA context (``fusekit.pinned_empty``;
+        device ``"cuda_host:N"``): a copy endpoint, not an operand of ops."""
+        return self._kind == _lib.DEVICE_CUDA_HOST
+
+    @property
     def data_ptr(self) -> int:
         """Address of the first element (host or device)."""
         return self._data
@@ -971,6 +979,18 @@ class Buffer:
             stream if isinstance(stream, Stream) else None
         )
         torch = _torch()
+        if self.is_pinned and (isinstance(src, Buffer) or (torch is not None and isinstance(src, torch.Tensor))):
+            # ops refuse pinned buffers: a buffer-to-buffer copy (same element count)
+            b = as_buffer(src, name="src", where=where, stream=s)
+            try:
+                if b.is_cuda and s is None:
+                    s = resolve_stream(b.context, stream, where)
+                lib().fk_buffer_copy(self.handle, b.handle, _handle_of(s))
+            finally:
+                if b is not src:
+                    b.close()
+            self._last_stream = s
+            return self
         same_device_obj = isinstance(src, Buffer) or (
             torch is not None and isinstance(src, torch.Tensor) and (src.device.type == "cuda") == self.is_cuda
         )
@@ -1003,7 +1023,7 @@ class Buffer:
             except ValueError as e:
                 raise_error(ERROR_SHAPE_MISMATCH, where, f"src does not broadcast to {self._shape}: {e}")
             ptr, nbytes, keep = arr.ctypes.data, arr.nbytes, arr
-        if not self.is_cuda:
+        if not self.is_cuda and not self.is_pinned:
             tmp = Buffer.wrap(_live_ctx(self._context), ptr, self._shape, self._dtype, owner=keep)
             try:
                 lib().fk_copy(tmp.handle, self.handle, _handle_of(s))
@@ -1025,6 +1045,8 @@ class Buffer:
 
     # -- DLPack export
     def __dlpack_device__(self) -> tuple[int, int]:
+        if self.is_pinned:
+            return (dl.KDL_CUDA_HOST, 0)
         return (dl.KDL_CUDA, self._ordinal) if self.is_cuda else (dl.KDL_CPU, 0)
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):

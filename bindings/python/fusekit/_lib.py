@@ -24,11 +24,13 @@ from ctypes import (
     Structure,
     c_char_p,
     c_double,
+    c_float,
     c_int32,
     c_int64,
     c_size_t,
     c_uint32,
     c_uint64,
+    c_uint8,
     c_void_p,
 )
 from pathlib import Path
@@ -59,6 +61,17 @@ MAX_DIMS = 8
 DEVICE_AUTO = 0
 DEVICE_CPU = 1
 DEVICE_CUDA = 2
+#: ``FK_DEVICE_CUDA_HOST``: pinned host memory of a CUDA context (a buffer's kind
+#: only, never a context's).
+DEVICE_CUDA_HOST = 3
+
+#: ``FK_COMM_ID_BYTES``: size of a communicator's unique id.
+COMM_ID_BYTES = 128
+
+REDUCE_SUM = 0
+REDUCE_PROD = 1
+REDUCE_MAX = 2
+REDUCE_MIN = 3
 
 DTYPE_F16 = 1
 DTYPE_BF16 = 2
@@ -263,9 +276,38 @@ class fk_buffer(Structure):
     """Opaque ``fk_buffer``."""
 
 
+class fk_event(Structure):
+    """Opaque ``fk_event``."""
+
+
+class fk_comm(Structure):
+    """Opaque ``fk_comm``."""
+
+
+class fk_memory_stats(Structure):
+    """``fk_memory_stats``: a growable struct; set ``size`` to ``sizeof`` first."""
+
+    _fields_ = [
+        ("size", c_size_t),
+        ("allocated_bytes", c_uint64),
+        ("peak_allocated_bytes", c_uint64),
+        ("reserved_bytes", c_uint64),
+        ("peak_reserved_bytes", c_uint64),
+        ("pool_used_bytes", c_uint64),
+        ("live_allocations", c_uint64),
+        ("device_free_bytes", c_uint64),
+        ("device_total_bytes", c_uint64),
+        ("release_threshold_bytes", c_uint64),
+        ("pinned_bytes", c_uint64),
+        ("pinned_allocations", c_uint64),
+    ]
+
+
 ctx_p = POINTER(fk_context)
 stream_p = POINTER(fk_stream)
 buffer_p = POINTER(fk_buffer)
+event_p = POINTER(fk_event)
+comm_p = POINTER(fk_comm)
 fk_status = c_int32
 fk_dtype = c_int32
 fk_device_kind = c_int32
@@ -342,6 +384,54 @@ PROTOTYPES: dict[str, tuple] = {
     "fk_sigmoid": _UNARY,
     "fk_relu": _UNARY,
     "fk_copy": _UNARY,
+    # linear algebra (OPS.md section 4)
+    "fk_gemm": (
+        fk_status,
+        [c_int32, c_int32, fk_scalar, buffer_p, buffer_p, fk_scalar, buffer_p, c_uint32, stream_p],
+    ),
+    "fk_gemm_chunked": (
+        fk_status,
+        [c_int32, c_int32, fk_scalar, buffer_p, buffer_p, fk_scalar, buffer_p, c_uint64, c_uint32, stream_p],
+    ),
+    "fk_linear_aux_size": (fk_status, [c_int32, fk_dtype, c_int64, c_int64, POINTER(c_size_t)]),
+    "fk_linear_forward": (
+        fk_status,
+        [buffer_p, buffer_p, buffer_p, c_int32, buffer_p, buffer_p, stream_p],
+    ),
+    "fk_linear_backward": (
+        fk_status,
+        [buffer_p, buffer_p, buffer_p, c_int32, buffer_p, buffer_p, buffer_p, buffer_p, stream_p],
+    ),
+    "fk_kron": _BINARY,
+    # runtime: memory, pinned buffers, copies, events, communicators (docs/abi.md)
+    "fk_context_memory_stats": (fk_status, [ctx_p, POINTER(fk_memory_stats)]),
+    "fk_context_set_release_threshold": (fk_status, [ctx_p, c_uint64]),
+    "fk_context_trim": (fk_status, [ctx_p, c_uint64]),
+    "fk_buffer_create_pinned": (
+        fk_status,
+        [ctx_p, fk_dtype, c_int32, POINTER(c_int64), POINTER(buffer_p)],
+    ),
+    "fk_buffer_copy": (fk_status, [buffer_p, buffer_p, stream_p]),
+    "fk_device_can_access_peer": (fk_status, [c_int32, c_int32, POINTER(c_int32)]),
+    "fk_event_create": (fk_status, [ctx_p, POINTER(event_p)]),
+    "fk_event_destroy": (fk_status, [event_p]),
+    "fk_event_record": (fk_status, [event_p, stream_p]),
+    "fk_stream_wait_event": (fk_status, [stream_p, event_p]),
+    "fk_event_synchronize": (fk_status, [event_p]),
+    "fk_event_query": (fk_status, [event_p, POINTER(c_int32)]),
+    "fk_event_elapsed_ms": (fk_status, [event_p, event_p, POINTER(c_float)]),
+    "fk_comm_unique_id": (fk_status, [POINTER(c_uint8)]),
+    "fk_comm_init_rank": (fk_status, [ctx_p, c_int32, POINTER(c_uint8), c_int32, POINTER(comm_p)]),
+    "fk_comm_init_all": (fk_status, [POINTER(ctx_p), c_int32, POINTER(comm_p)]),
+    "fk_comm_destroy": (fk_status, [comm_p]),
+    "fk_comm_rank": (fk_status, [comm_p, POINTER(c_int32)]),
+    "fk_comm_size": (fk_status, [comm_p, POINTER(c_int32)]),
+    "fk_comm_group_start": (fk_status, []),
+    "fk_comm_group_end": (fk_status, []),
+    "fk_all_reduce": (fk_status, [comm_p, buffer_p, buffer_p, c_int32, stream_p]),
+    "fk_broadcast": (fk_status, [comm_p, buffer_p, buffer_p, c_int32, stream_p]),
+    "fk_all_gather": (fk_status, [comm_p, buffer_p, buffer_p, stream_p]),
+    "fk_reduce_scatter": (fk_status, [comm_p, buffer_p, buffer_p, c_int32, stream_p]),
     # Gaussian field (OPS.md section 3)
     "fk_mahalanobis_forward": (fk_status, [buffer_p, buffer_p, buffer_p, c_double, buffer_p, stream_p]),
     "fk_mahalanobis_backward": (

@@ -172,5 +172,12 @@ def relu(a: Tensor) -> Tensor:
     return torch.ops.fusekit.relu(a)
 
 
+# --- fusekit::linear, fusekit::linear_backward (the fused linear layer) ------
+#: ``act(x w^T + b)``, differentiable (float16, bfloat16, float32); see fusekit.ops.linalg.
+from .ops.linalg import register_torch_ops as _register_linalg  # noqa: E402
+
+linear = _register_linalg(register)
+__all__.append("linear")
+
 # The op families with their own torch module register here too.
 from . import torch_gaussian  # noqa: E402,F401

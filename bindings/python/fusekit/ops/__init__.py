@@ -4,12 +4,19 @@ table (C name -> Python function), and lists it in ``FAMILIES`` below;
 ``fusekit/__init__.py`` re-exports every family's ``__all__``.
 """
 
-from . import elementwise, gaussian
+from .. import runtime
+from . import elementwise, gaussian, linalg
 
-#: Every op-family module.
-FAMILIES = (elementwise, gaussian)
+#: Every op-family module (``fusekit.runtime``, the runtime API, included for its
+#: entry points).
+FAMILIES = (elementwise, gaussian, linalg, runtime)
 
 #: C entry point name -> public Python function, over all families.
 ENTRY_POINTS = {name: fn for fam in FAMILIES for name, fn in fam.ENTRY_POINTS.items()}
 
-__all__ = ["FAMILIES", "ENTRY_POINTS", "elementwise", "gaussian"]
+from .. import runtime
+from . import elementwise, gaussian, linalg
+
+#: Every op-family module (``fusekit.runtime``, the runtime API, included for its
+#: entry points).
+FAMILIES = (elementwise, gaussian, linalg, runtime)

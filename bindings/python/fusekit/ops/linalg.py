@@ -1,0 +1,273 @@
+"""Linear algebra (OPS.md section 4): one function per C entry point, plus the torch
+custom ops of the fused linear layer (registered by ``fusekit.torch_ops``).
+
+Each function takes numpy arrays, torch tensors (CPU or CUDA), fusekit Buffers or
+other DLPack producers and returns the caller's kind of array (torch in -> torch
+out). Matrices are row-major ``[rows, cols]`` or ``[batch, rows, cols]`` with unit
+column stride (contiguous, or a row stride >= cols); transposes go through
+``op_a``/``op_b`` (``"N"``, ``"T"``, ``"C"`` or the FK_OP_* integers).
+
+- :func:`gemm`: ``c = alpha op(a) op(b) + beta c``; every dtype (half types
+  accumulate in f32; ``allow_tf32=True`` lets f32/complex64 use TF32).
+- :func:`linear_forward` / :func:`linear_backward`: ``y = act(x w^T + b)`` and its
+  gradients (float16, bfloat16, float32); ``act`` in ``"none"``, ``"relu"``,
+  ``"gelu"`` (tanh approximation). The backward needs ``saved``: the output ``y``
+  for relu, the pre-activation ``aux`` the forward returns for gelu.
+- :func:`gemm_chunked`: the product in tiles under a device-memory budget, with
+  operands in pinned host memory streamed to the GPU.
+- :func:`kron`: batched Kronecker product.
+
+Gradient checks: the fused linear layer exists in float16, bfloat16 and float32
+only (no float64 kernel), so ``torch.autograd.gradcheck`` runs it on the CPU in
+float32 with tolerances for float32 finite differences, and the backward is also
+compared with torch's own autograd of the same expression in float64
+(``bindings/python/tests/test_linalg.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from .._core import Invocation, as_dtype
+from .._lib import lib, scalar
+
+__all__ = ["gemm", "gemm_chunked", "linear_aux_size", "linear_forward", "linear_backward", "kron"]
+
+FK_OP_N, FK_OP_T, FK_OP_C = 0, 1, 2
+FK_ACT_NONE, FK_ACT_RELU, FK_ACT_GELU = 0, 1, 2
+FK_GEMM_ALLOW_TF32 = 1
+
+_OPS = {"N": FK_OP_N, "T": FK_OP_T, "C": FK_OP_C, "n": FK_OP_N, "t": FK_OP_T, "c": FK_OP_C}
+_ACTS = {"none": FK_ACT_NONE, None: FK_ACT_NONE, "relu": FK_ACT_RELU, "gelu": FK_ACT_GELU}
+
+
+def _op(v):
+    # unknown values go to the library, which names them in its error
+    return _OPS.get(v, v) if isinstance(v, str) else int(v)
+
+
+def _act(v):
+    if isinstance(v, str) or v is None:
+        if v not in _ACTS:
+            return -1  # the library reports "act = -1 is not a valid fk_activation"
+        return _ACTS[v]
+    return int(v)
+
+
+def _dims(shape, op):
+    """(batch, rows, cols) of op(X) for a stored shape."""
+    batch = shape[0] if len(shape) == 3 else 1
+    r, c = (shape[-2], shape[-1]) if len(shape) >= 2 else (None, None)
+    return batch, (c, r) if op != FK_OP_N else (r, c)
+
+
+def _take(inv):
+    """The caller-kind result of the output just adapted or allocated."""
+    return inv._result
+
+
+def gemm(a, b, *, op_a="N", op_b="N", alpha=1.0, beta=0.0, c=None, allow_tf32=False, stream=None):
+    """``c = alpha op(a) op(b) + beta c``. Without ``c`` a new ``[m, n]`` (or
+    ``[batch, m, n]``) result is allocated and ``beta`` must be 0."""
+    where = "fusekit.gemm"
+    sa, sb = scalar(alpha, where, "alpha"), scalar(beta, where, "beta")
+    oa, ob = _op(op_a), _op(op_b)
+    with Invocation(where, stream) as inv:
+        A = inv.input(a, "a")
+        B = inv.input(b, "b")
+        if c is None:
+            if beta != 0:
+                from .._lib import ERROR_INVALID_ARGUMENT, raise_error
+
+                raise_error(ERROR_INVALID_ARGUMENT, where, "beta != 0 needs c")
+            ba, (m, _) = _dims(tuple(A.shape), oa)
+            bb, (_, n) = _dims(tuple(B.shape), ob)
+            shape = (m, n) if len(A.shape) < 3 and len(B.shape) < 3 else (max(ba, bb), m, n)
+            if m is None or n is None:
+                shape = (0, 0)  # the library reports the rank error
+        else:
+            shape = None
+        C = inv.output(c, "c", shape, A.dtype)
+        flags = FK_GEMM_ALLOW_TF32 if allow_tf32 else 0
+        lib().fk_gemm(oa, ob, sa, A.handle, B.handle, sb, C.handle, flags, inv.stream_handle)
+        return inv.result()
+
+
+def gemm_chunked(a, b, c, *, device_budget_bytes, op_a="N", op_b="N", alpha=1.0, beta=0.0, allow_tf32=False,
+                 stream=None):
+    """``gemm`` in tiles whose device staging stays within ``device_budget_bytes``;
+    ``a``, ``b``, ``c`` may be pinned host memory (e.g. ``tensor.pin_memory()``)."""
+    where = "fusekit.gemm_chunked"
+    sa, sb = scalar(alpha, where, "alpha"), scalar(beta, where, "beta")
+    with Invocation(where, stream) as inv:
+        A = inv.input(a, "a")
+        B = inv.input(b, "b")
+        C = inv.output(c, "c", None, A.dtype)
+        flags = FK_GEMM_ALLOW_TF32 if allow_tf32 else 0
+        lib().fk_gemm_chunked(_op(op_a), _op(op_b), sa, A.handle, B.handle, sb, C.handle,
+                              int(device_budget_bytes), flags, inv.stream_handle)
+        return inv.result()
+
+
+def linear_aux_size(act, dtype, m: int, n: int) -> int:
+    """Bytes of the aux tensor ``linear_forward`` returns for ``act`` (the GELU
+    pre-activation, shaped like y; 0 for relu and none)."""
+    out = ctypes.c_size_t()
+    lib().fk_linear_aux_size(_act(act), int(as_dtype(dtype, "fusekit.linear_aux_size")), int(m), int(n), ctypes.byref(out))
+    return out.value
+
+
+def linear_forward(x, w, b=None, *, act="relu", y=None, aux=None, want_aux=False, stream=None):
+    """``y = act(x w^T + b)``. With ``want_aux=True`` (gelu) or ``aux`` given, also
+    the pre-activation for the backward: returns ``(y, aux)``; else ``y``."""
+    a = _act(act)
+    with Invocation("fusekit.linear_forward", stream) as inv:
+        X = inv.input(x, "x")
+        W = inv.input(w, "w")
+        Bb = inv.input(b, "b") if b is not None else None
+        yshape = tuple(X.shape[:-1]) + (W.shape[0] if len(W.shape) == 2 else 0,)
+        Y = inv.output(y, "y", yshape, X.dtype)
+        y_res = _take(inv)
+        A = None
+        if aux is not None or want_aux:
+            A = inv.output(aux, "aux", yshape, X.dtype)
+        a_res = _take(inv) if A is not None else None
+        lib().fk_linear_forward(X.handle, W.handle, Bb.handle if Bb else None, a, Y.handle,
+                                A.handle if A else None, inv.stream_handle)
+        inv.result()
+        return (y_res, a_res) if A is not None else y_res
+
+
+def linear_backward(dy, x, w, *, act="relu", saved=None, dx=True, dw=True, db=True, stream=None):
+    """Gradients of ``linear_forward`` given ``dy``: returns ``(dx, dw, db)``. Each
+    of ``dx``, ``dw``, ``db`` is ``True`` (allocate), an array to write, or
+    ``False``/``None`` (not wanted: None is returned in its place). ``saved``: y for
+    relu, aux for gelu, unused for none."""
+    with Invocation("fusekit.linear_backward", stream) as inv:
+        DY = inv.input(dy, "dy")
+        X = inv.input(x, "x")
+        W = inv.input(w, "w")
+        S = inv.input(saved, "saved") if saved is not None else None
+        outs = []
+        for arg, name, shape in ((dx, "dx", tuple(X.shape)), (dw, "dw", tuple(W.shape)),
+                                 (db, "db", (W.shape[0],) if len(W.shape) == 2 else (0,))):
+            if arg is None or arg is False:
+                outs.append((None, None))
+                continue
+            O = inv.output(None if arg is True else arg, name, shape, DY.dtype)
+            outs.append((O, _take(inv)))
+        h = [o.handle if o is not None else None for o, _ in outs]
+        lib().fk_linear_backward(DY.handle, X.handle, W.handle, _act(act), S.handle if S else None,
+                                 h[0], h[1], h[2], inv.stream_handle)
+        inv.result()
+        return tuple(r for _, r in outs)
+
+
+def kron(a, b, *, out=None, stream=None):
+    """Batched Kronecker product: ``kron(a [m, n], b [p, q]) -> [m*p, n*q]``, or
+    ``[batch, m*p, n*q]`` when either is 3-D (a batch of 1 broadcasts)."""
+    with Invocation("fusekit.kron", stream) as inv:
+        A = inv.input(a, "a")
+        B = inv.input(b, "b")
+        sa, sb = tuple(A.shape), tuple(B.shape)
+        shape = None
+        if len(sa) in (2, 3) and len(sb) in (2, 3):
+            ba, bb = (sa[0] if len(sa) == 3 else 1), (sb[0] if len(sb) == 3 else 1)
+            shape = (sa[-2] * sb[-2], sa[-1] * sb[-1])
+            if len(sa) == 3 or len(sb) == 3:
+                shape = (max(ba, bb),) + shape
+        else:
+            shape = (0, 0)  # the library reports the rank error
+        O = inv.output(out, "out", shape, A.dtype)
+        lib().fk_kron(A.handle, B.handle, O.handle, inv.stream_handle)
+        return inv.result()
+
+
+#: C entry point -> Python wrapper (checked by tests/test_bindings_complete.py).
+ENTRY_POINTS = {
+    "fk_gemm": gemm,
+    "fk_gemm_chunked": gemm_chunked,
+    "fk_linear_aux_size": linear_aux_size,
+    "fk_linear_forward": linear_forward,
+    "fk_linear_backward": linear_backward,
+    "fk_kron": kron,
+}
+
+
+# ---------------------------------------------------------------------------
+# torch custom ops (registered by fusekit.torch_ops, which imports torch)
+# ---------------------------------------------------------------------------
+
+
+def register_torch_ops(register):
+    """Registers ``fusekit::linear`` (forward, returns ``(y, aux)``; aux is the GELU
+    pre-activation, empty otherwise) and
+    ``fusekit::linear_backward`` with fake implementations and autograd; returns
+    the user-facing ``linear(x, w, b=None, act="relu")``."""
+    import torch
+    from torch import Tensor
+    from typing import Optional
+
+    def _y_shape(x, w):
+        return tuple(x.shape[:-1]) + (w.shape[0],)
+
+    def _linear(x: Tensor, w: Tensor, b: Optional[Tensor], act: int) -> tuple[Tensor, Tensor]:
+        if act == FK_ACT_GELU:
+            y, aux = linear_forward(x.contiguous(), w.contiguous(), None if b is None else b.contiguous(),
+                                    act=act, want_aux=True)
+            return y, aux
+        y = linear_forward(x.contiguous(), w.contiguous(), None if b is None else b.contiguous(), act=act)
+        # relu's backward reads y itself (saved in setup_context); none needs nothing
+        return y, y.new_empty((0,))
+
+    def _linear_fake(x, w, b, act):
+        torch._check(x.dtype in (torch.float16, torch.bfloat16, torch.float32),
+                     lambda: f"fusekit::linear takes float16, bfloat16 or float32, not {x.dtype}")
+        torch._check(w.dim() == 2 and w.shape[1] == x.shape[-1],
+                     lambda: f"fusekit::linear: w {tuple(w.shape)} does not match x {tuple(x.shape)}")
+        shape = _y_shape(x, w)
+        y = x.new_empty(shape)
+        aux = x.new_empty(shape) if act == FK_ACT_GELU else x.new_empty((0,))
+        return y, aux
+
+    def _linear_bwd(dy: Tensor, x: Tensor, w: Tensor, saved: Tensor, act: int,
+                    has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+        dx, dw, db = linear_backward(dy.contiguous(), x.contiguous(), w.contiguous(), act=act,
+                                     saved=saved if act != FK_ACT_NONE else None, db=has_bias)
+        if db is None:
+            db = dy.new_empty((0,))
+        return dx, dw, db
+
+    def _linear_bwd_fake(dy, x, w, saved, act, has_bias):
+        return x.new_empty(x.shape), w.new_empty(w.shape), dy.new_empty((w.shape[0],) if has_bias else (0,))
+
+    # this module uses `from __future__ import annotations`: give torch's schema
+    # inference real types
+    _linear.__annotations__ = {"x": Tensor, "w": Tensor, "b": Optional[Tensor], "act": int,
+                               "return": tuple[Tensor, Tensor]}
+    _linear_bwd.__annotations__ = {"dy": Tensor, "x": Tensor, "w": Tensor, "saved": Tensor, "act": int,
+                                   "has_bias": bool, "return": tuple[Tensor, Tensor, Tensor]}
+    bwd_op = register("linear_backward", _linear_bwd, fake=_linear_bwd_fake)
+
+    def _setup(ctx, inputs, output):
+        x, w, b, act = inputs
+        y, aux = output
+        saved = y if act == FK_ACT_RELU else aux
+        ctx.act = act
+        ctx.has_bias = b is not None
+        ctx.save_for_backward(x, w, saved)
+
+    def _backward(ctx, gy, _gsaved):
+        x, w, saved = ctx.saved_tensors
+        dx, dw, db = bwd_op(gy, x, w, saved, ctx.act, ctx.has_bias)
+        return dx, dw, (db if ctx.has_bias else None), None
+
+    fwd_op = register("linear", _linear, fake=_linear_fake, backward=_backward, setup_context=_setup)
+
+    def linear(x, w, b=None, act="relu"):
+        """``act(x w^T + b)`` through ``torch.ops.fusekit.linear`` (differentiable;
+        float16, bfloat16, float32)."""
+        y, _ = fwd_op(x, w, b, _act(act))
+        return y
+
+    return linear

@@ -1,0 +1,161 @@
+"""Linear algebra through the Python bindings (CPU backend; CUDA in test_cuda-style
+runs when a GPU is present): GEMM, the fused linear layer and its torch custom op
+(opcheck, gradcheck, torch.compile), the Kronecker product, errors."""
+
+import numpy as np
+import pytest
+
+import fusekit
+
+
+def _rand(rng, shape, dtype=np.float64):
+    x = rng.standard_normal(shape)
+    if np.dtype(dtype).kind == "c":
+        x = x + 1j * rng.standard_normal(shape)
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.complex128])
+@pytest.mark.parametrize("op_a,op_b", [("N", "N"), ("T", "N"), ("N", "C"), ("C", "T")])
+def test_gemm_numpy(rng, dtype, op_a, op_b):
+    m, n, k = 5, 7, 6
+    op = {"N": lambda x: x, "T": lambda x: x.T, "C": lambda x: x.conj().T}
+    a = _rand(rng, (m, k) if op_a == "N" else (k, m), dtype)
+    b = _rand(rng, (k, n) if op_b == "N" else (n, k), dtype)
+    c0 = _rand(rng, (m, n), dtype)
+    want = 0.5 * op[op_a](a) @ op[op_b](b) - 2.0 * c0
+    c = c0.copy()
+    got = fusekit.gemm(a, b, op_a=op_a, op_b=op_b, alpha=0.5, beta=-2.0, c=c)
+    assert got is c
+    tol = 1e-5 if dtype in (np.float32, np.complex64) else 1e-12
+    np.testing.assert_allclose(c, want, rtol=tol, atol=tol * 10)
+    # allocated output, batched with a broadcast operand
+    a3 = _rand(rng, (3, m, k), dtype)
+    b_kn = b if op_b == "N" else b.T.copy()
+    out = fusekit.gemm(a3, b_kn)
+    assert out.shape == (3, m, n)
+    np.testing.assert_allclose(out, a3 @ b_kn, rtol=tol, atol=tol * 10)
+
+
+def test_gemm_errors(rng):
+    a = _rand(rng, (3, 4), np.float32)
+    with pytest.raises(fusekit.ShapeMismatchError, match="inner dimensions"):
+        fusekit.gemm(a, a)
+    with pytest.raises(fusekit.InvalidArgumentError, match="op_a = 7"):
+        fusekit.gemm(a, a.T.copy(), op_a=7)
+    with pytest.raises(fusekit.UnsupportedError, match="row-major"):
+        fusekit.gemm(a, a.T)  # a transposed view: pass op_b="T" instead
+
+
+def test_kron_numpy(rng):
+    a, b = _rand(rng, (3, 2)), _rand(rng, (4, 5))
+    np.testing.assert_allclose(fusekit.kron(a, b), np.kron(a, b), rtol=1e-14)
+    a3, b3 = _rand(rng, (2, 3, 2)), _rand(rng, (2, 2, 2))
+    got = fusekit.kron(a3, b3)
+    assert got.shape == (2, 6, 4)
+    for i in range(2):
+        np.testing.assert_allclose(got[i], np.kron(a3[i], b3[i]), rtol=1e-14)
+
+
+def _gelu(z):
+    return 0.5 * z * (1 + np.tanh(0.7978845608028654 * (z + 0.044715 * z**3)))
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "gelu"])
+def test_linear_numpy(rng, act):
+    x, w, b = _rand(rng, (2, 3, 8), np.float32), _rand(rng, (5, 8), np.float32), _rand(rng, (5,), np.float32)
+    z = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    want = {"none": z, "relu": np.maximum(z, 0), "gelu": _gelu(z)}[act]
+    if act == "gelu":
+        y, aux = fusekit.linear_forward(x, w, b, act=act, want_aux=True)
+        np.testing.assert_allclose(aux, z, rtol=1e-5, atol=1e-5)
+    else:
+        y = fusekit.linear_forward(x, w, b, act=act)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    assert fusekit.linear_aux_size(act, "float32", 6, 5) == (120 if act == "gelu" else 0)
+    dy = _rand(rng, y.shape, np.float32)
+    saved = {"none": None, "relu": y, "gelu": aux if act == "gelu" else None}[act]
+    dx, dw, db = fusekit.linear_backward(dy, x, w, act=act, saved=saved)
+    grad = {"none": np.ones_like(z), "relu": (z > 0).astype(np.float64),
+            "gelu": None}[act]
+    if act == "gelu":
+        h = 1e-6
+        grad = (_gelu(z + h) - _gelu(z - h)) / (2 * h)
+    dz = dy.astype(np.float64) * grad
+    np.testing.assert_allclose(dx, dz @ w.astype(np.float64), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dw, dz.reshape(-1, 5).T @ x.reshape(-1, 8).astype(np.float64), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(db, dz.reshape(-1, 5).sum(0), rtol=1e-4, atol=1e-4)
+    only_db = fusekit.linear_backward(dy, x, w, act=act, saved=saved, dx=False, dw=None)
+    assert only_db[0] is None and only_db[1] is None
+    np.testing.assert_allclose(only_db[2], db, rtol=1e-6)
+
+
+def test_linear_errors(rng):
+    x = _rand(rng, (4, 3), np.float64)
+    w = _rand(rng, (2, 3), np.float64)
+    with pytest.raises(fusekit.UnsupportedDtypeError, match="fk_gemm"):
+        fusekit.linear_forward(x, w)
+    with pytest.raises(fusekit.InvalidArgumentError, match="act = -1"):
+        fusekit.linear_forward(x.astype(np.float32), w.astype(np.float32), act="swish")
+
+
+# ---------------------------------------------------------------- torch custom op
+
+torch = pytest.importorskip("torch")
+
+
+def _tinputs(dtype=torch.float32, seed=0, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, 4, 6, generator=g, dtype=torch.float64).to(dtype).requires_grad_(True)
+    w = (torch.randn(5, 6, generator=g, dtype=torch.float64) * 0.4).to(dtype).requires_grad_(True)
+    b = torch.randn(5, generator=g, dtype=torch.float64).to(dtype).requires_grad_(True) if bias else None
+    return x, w, b
+
+
+def _torch_ref(x, w, b, act):
+    z = torch.nn.functional.linear(x, w, b)
+    return {"none": z, "relu": torch.relu(z), "gelu": torch.nn.functional.gelu(z, approximate="tanh")}[act]
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "gelu"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_torch_linear_matches_torch_autograd_in_f64(act, bias):
+    import fusekit.torch_ops as fto
+
+    x, w, b = _tinputs(seed=1, bias=bias)
+    y = fto.linear(x, w, b, act)
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, [t for t in (x, w, b) if t is not None], dy)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    b64 = b.detach().double().requires_grad_() if b is not None else None
+    y64 = _torch_ref(x64, w64, b64, act)
+    ref = torch.autograd.grad(y64, [t for t in (x64, w64, b64) if t is not None], dy.double())
+    torch.testing.assert_close(y.double(), y64, rtol=1e-5, atol=1e-5)
+    for g, r in zip(grads, ref):
+        torch.testing.assert_close(g.double(), r, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:Input #.* is not a double precision")
+@pytest.mark.parametrize("act", ["none", "gelu"])
+def test_torch_linear_gradcheck_f32(act):
+    # The fused linear layer has no float64 kernel: gradcheck in float32 with
+    # step and tolerances for float32 finite differences (relu is checked against
+    # torch's autograd above; its kink defeats finite differences).
+    import fusekit.torch_ops as fto
+
+    x, w, b = _tinputs(seed=2)
+    assert torch.autograd.gradcheck(lambda x, w, b: fto.linear(x, w, b, act), (x, w, b),
+                                    eps=1e-2, atol=5e-3, rtol=5e-3, fast_mode=False)
+
+
+def test_torch_linear_opcheck_and_compile():
+    import fusekit.torch_ops as fto
+
+    x, w, b = _tinputs(seed=3)
+    torch.library.opcheck(torch.ops.fusekit.linear.default, (x, w, b, 2),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    f = torch.compile(lambda x, w, b: fto.linear(x, w, b, "gelu"), fullgraph=True, backend="eager")
+    y = f(x, w, b)
+    torch.testing.assert_close(y, fto.linear(x, w, b, "gelu"))
+    y.sum().backward()
+    assert x.grad is not None and w.grad is not None and b.grad is not None

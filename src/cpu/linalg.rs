@@ -1,0 +1,615 @@
+//! CPU linear algebra: GEMM through `matrixmultiply` (blocked, SIMD microkernels),
+//! parallel over tiles of C with rayon; f16/bf16 convert to f32 (f32 accumulation,
+//! as cuBLAS's compute type 32F), complex conjugation by a conjugated copy.
+//! The fused linear layer, its backward and the Kronecker product build on it.
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use super::Complex;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::ops::linalg::{Activation, GemmPlan, KronPlan, LinearBwdPlan, LinearPlan, Mat, Trans};
+
+/// A matrix view for the kernels: base address and (row, column) strides in
+/// elements of an `rows x cols` matrix.
+#[derive(Clone, Copy)]
+struct View {
+    ptr: usize,
+    rs: isize,
+    cs: isize,
+}
+
+/// Element types matrixmultiply multiplies.
+trait Mm: Copy + Send + Sync + 'static {
+    const ZERO: Self;
+    /// `C = alpha A B + beta C` on one tile (single-threaded).
+    unsafe fn mm(m: usize, k: usize, n: usize, alpha: Self, a: View, b: View, beta: Self, c: View);
+    fn conj(self) -> Self;
+    fn scalar(re: f64, im: f64) -> Self;
+}
+
+impl Mm for f32 {
+    const ZERO: Self = 0.0;
+    unsafe fn mm(m: usize, k: usize, n: usize, alpha: f32, a: View, b: View, beta: f32, c: View) {
+        // SAFETY: the caller passes views inside live buffers, C tiles disjoint.
+        unsafe {
+            matrixmultiply::sgemm(
+                m,
+                k,
+                n,
+                alpha,
+                a.ptr as *const f32,
+                a.rs,
+                a.cs,
+                b.ptr as *const f32,
+                b.rs,
+                b.cs,
+                beta,
+                c.ptr as *mut f32,
+                c.rs,
+                c.cs,
+            )
+        }
+    }
+    fn conj(self) -> Self {
+        self
+    }
+    fn scalar(re: f64, _: f64) -> Self {
+        re as f32
+    }
+}
+
+impl Mm for f64 {
+    const ZERO: Self = 0.0;
+    unsafe fn mm(m: usize, k: usize, n: usize, alpha: f64, a: View, b: View, beta: f64, c: View) {
+        // SAFETY: as for f32.
+        unsafe {
+            matrixmultiply::dgemm(
+                m,
+                k,
+                n,
+                alpha,
+                a.ptr as *const f64,
+                a.rs,
+                a.cs,
+                b.ptr as *const f64,
+                b.rs,
+                b.cs,
+                beta,
+                c.ptr as *mut f64,
+                c.rs,
+                c.cs,
+            )
+        }
+    }
+    fn conj(self) -> Self {
+        self
+    }
+    fn scalar(re: f64, _: f64) -> Self {
+        re
+    }
+}
+
+macro_rules! complex_mm {
+    ($r:ty, $f:ident) => {
+        impl Mm for Complex<$r> {
+            const ZERO: Self = Complex { re: 0.0, im: 0.0 };
+            unsafe fn mm(
+                m: usize,
+                k: usize,
+                n: usize,
+                alpha: Self,
+                a: View,
+                b: View,
+                beta: Self,
+                c: View,
+            ) {
+                use matrixmultiply::CGemmOption::Standard;
+                // SAFETY: Complex<R> is repr(C) {re, im}, the layout of [R; 2].
+                unsafe {
+                    matrixmultiply::$f(
+                        Standard,
+                        Standard,
+                        m,
+                        k,
+                        n,
+                        [alpha.re, alpha.im],
+                        a.ptr as *const [$r; 2],
+                        a.rs,
+                        a.cs,
+                        b.ptr as *const [$r; 2],
+                        b.rs,
+                        b.cs,
+                        [beta.re, beta.im],
+                        c.ptr as *mut [$r; 2],
+                        c.rs,
+                        c.cs,
+                    )
+                }
+            }
+            fn conj(self) -> Self {
+                Complex {
+                    re: self.re,
+                    im: -self.im,
+                }
+            }
+            fn scalar(re: f64, im: f64) -> Self {
+                Complex {
+                    re: re as $r,
+                    im: im as $r,
+                }
+            }
+        }
+    };
+}
+complex_mm!(f32, cgemm);
+complex_mm!(f64, zgemm);
+
+/// `C = alpha A B + beta C` for `batch` matrices (`a_at(i)` etc. give the views of
+/// matrix `i`), parallel over tiles of C. `A` is `m x k`, `B` `k x n`.
+#[allow(clippy::too_many_arguments)]
+fn par_gemm<T: Mm>(
+    batch: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: T,
+    a_at: &(dyn Fn(usize) -> View + Sync),
+    b_at: &(dyn Fn(usize) -> View + Sync),
+    beta: T,
+    c_at: &(dyn Fn(usize) -> View + Sync),
+) {
+    let threads = rayon::current_num_threads().max(1);
+    let work = (batch * m * n).saturating_mul(k.max(1));
+    // Tiles: enough for every thread twice over, none smaller than 32 rows x 128
+    // columns (below that, packing overheads dominate).
+    let (mut mb, mut nb) = (m.max(1), n.max(1));
+    if threads > 1 && work >= 1 << 18 {
+        let want = 2 * threads;
+        let per_batch = want.div_ceil(batch).max(1);
+        let row_tiles = per_batch.min(m.div_ceil(32)).max(1);
+        mb = m.div_ceil(row_tiles);
+        let col_tiles = per_batch.div_ceil(row_tiles).min(n.div_ceil(128)).max(1);
+        nb = n.div_ceil(col_tiles);
+    }
+    let (rt, ct) = (m.div_ceil(mb).max(1), n.div_ceil(nb).max(1));
+    let tiles = batch * rt * ct;
+    let run = |t: usize| {
+        let (bi, r) = (t / (rt * ct), t % (rt * ct));
+        let (i0, j0) = ((r / ct) * mb, (r % ct) * nb);
+        let (mi, nj) = (mb.min(m - i0.min(m)), nb.min(n - j0.min(n)));
+        if mi == 0 || nj == 0 {
+            return;
+        }
+        let (a, b, c) = (a_at(bi), b_at(bi), c_at(bi));
+        let sz = size_of::<T>() as isize;
+        let a = View {
+            ptr: (a.ptr as isize + i0 as isize * a.rs * sz) as usize,
+            ..a
+        };
+        let b = View {
+            ptr: (b.ptr as isize + j0 as isize * b.cs * sz) as usize,
+            ..b
+        };
+        let c = View {
+            ptr: (c.ptr as isize + (i0 as isize * c.rs + j0 as isize * c.cs) * sz) as usize,
+            ..c
+        };
+        // SAFETY: the tile lies inside the operands; C tiles are disjoint.
+        unsafe { T::mm(mi, k, nj, alpha, a, b, beta, c) };
+    };
+    if tiles == 1 {
+        run(0);
+    } else {
+        (0..tiles).into_par_iter().for_each(run);
+    }
+}
+
+/// The view of `op(X)` for a stored row-major matrix at `ptr` with row stride `ld`.
+fn op_view(ptr: usize, ld: i64, op: Trans) -> View {
+    if op.transposed() {
+        View {
+            ptr,
+            rs: 1,
+            cs: ld as isize,
+        }
+    } else {
+        View {
+            ptr,
+            rs: ld as isize,
+            cs: 1,
+        }
+    }
+}
+
+/// A conjugated contiguous copy of every distinct matrix of `x` (row-major, `ld =
+/// cols`), for `op = C` on complex types.
+fn conj_copy<T: Mm>(x: &Mat, batch: i64) -> (Vec<T>, Mat) {
+    let nb = if x.batch_stride == 0 { 1 } else { batch };
+    let (r, c) = (x.rows as usize, x.cols as usize);
+    let mut v = vec![T::ZERO; nb as usize * r * c];
+    v.par_chunks_mut((r * c).max(1))
+        .enumerate()
+        .for_each(|(bi, dst)| {
+            let base = x.at(bi as i64, size_of::<T>());
+            for i in 0..r {
+                for j in 0..c {
+                    // SAFETY: (i, j) lies inside matrix bi of the validated operand.
+                    let e = unsafe { *((base as *const T).add(i * x.ld as usize + j)) };
+                    dst[i * c + j] = e.conj();
+                }
+            }
+        });
+    let m = Mat {
+        ptr: v.as_ptr() as usize,
+        rows: x.rows,
+        cols: x.cols,
+        ld: x.cols.max(1),
+        batch_stride: if nb == 1 { 0 } else { x.rows * x.cols },
+    };
+    (v, m)
+}
+
+fn gemm_t<T: Mm>(p: &GemmPlan) {
+    let conj = |op: Trans| op == Trans::C && p.dtype.is_complex();
+    let (_ka, a) = if conj(p.op_a) {
+        let (v, m) = conj_copy::<T>(&p.a, p.batch);
+        (Some(v), m)
+    } else {
+        (None, p.a)
+    };
+    let (_kb, b) = if conj(p.op_b) {
+        let (v, m) = conj_copy::<T>(&p.b, p.batch);
+        (Some(v), m)
+    } else {
+        (None, p.b)
+    };
+    let es = size_of::<T>();
+    let a_at = |i: usize| op_view(a.at(i as i64, es), a.ld, p.op_a);
+    let b_at = |i: usize| op_view(b.at(i as i64, es), b.ld, p.op_b);
+    let c_at = |i: usize| op_view(p.c.at(i as i64, es), p.c.ld, Trans::N);
+    par_gemm::<T>(
+        p.batch as usize,
+        p.m as usize,
+        p.n as usize,
+        p.k as usize,
+        T::scalar(p.alpha.re, p.alpha.im),
+        &a_at,
+        &b_at,
+        T::scalar(p.beta.re, p.beta.im),
+        &c_at,
+    );
+}
+
+/// Half types: storage element <-> f32.
+trait Half: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+    fn from_f32(v: f32) -> Self;
+}
+impl Half for f16 {
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+}
+impl Half for bf16 {
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+
+/// Contiguous f32 copies of `rows x cols` row-major matrices (row stride `ld`).
+fn widen<H: Half>(x: &Mat, count: i64) -> Vec<f32> {
+    let (r, c) = (x.rows as usize, x.cols as usize);
+    let mut v = vec![0f32; count as usize * r * c];
+    v.par_chunks_mut(c.max(1))
+        .enumerate()
+        .for_each(|(row, dst)| {
+            let (bi, i) = (row / r.max(1), row % r.max(1));
+            let base = x.at(bi as i64, 2) + i * x.ld as usize * 2;
+            for (j, d) in dst.iter_mut().enumerate() {
+                // SAFETY: inside the validated operand.
+                *d = unsafe { *((base as *const H).add(j)) }.to_f32();
+            }
+        });
+    v
+}
+
+fn gemm_half<H: Half>(p: &GemmPlan) {
+    let count = |x: &Mat| if x.batch_stride == 0 { 1 } else { p.batch };
+    let (ca, cb) = (count(&p.a), count(&p.b));
+    let a32 = widen::<H>(&p.a, ca);
+    let b32 = widen::<H>(&p.b, cb);
+    let (m, n) = (p.m as usize, p.n as usize);
+    let beta = p.beta.re as f32;
+    let mut c32 = if beta != 0.0 {
+        widen::<H>(&p.c, p.batch)
+    } else {
+        vec![0f32; p.batch as usize * m * n]
+    };
+    let (asz, bsz) = (
+        (p.a.rows * p.a.cols) as usize,
+        (p.b.rows * p.b.cols) as usize,
+    );
+    let (ap, bp, cp) = (
+        a32.as_ptr() as usize,
+        b32.as_ptr() as usize,
+        c32.as_mut_ptr() as usize,
+    );
+    let a_at = |i: usize| {
+        let i = if ca == 1 { 0 } else { i };
+        op_view(ap + i * asz * 4, p.a.cols.max(1), p.op_a)
+    };
+    let b_at = |i: usize| {
+        let i = if cb == 1 { 0 } else { i };
+        op_view(bp + i * bsz * 4, p.b.cols.max(1), p.op_b)
+    };
+    let c_at = |i: usize| op_view(cp + i * m * n * 4, n.max(1) as i64, Trans::N);
+    par_gemm::<f32>(
+        p.batch as usize,
+        m,
+        n,
+        p.k as usize,
+        p.alpha.re as f32,
+        &a_at,
+        &b_at,
+        beta,
+        &c_at,
+    );
+    // round back into C (with its own strides)
+    c32.par_chunks_mut(n.max(1))
+        .enumerate()
+        .for_each(|(row, src)| {
+            let (bi, i) = (row / m.max(1), row % m.max(1));
+            let base = p.c.at(bi as i64, 2) + i * p.c.ld as usize * 2;
+            for (j, s) in src.iter().enumerate() {
+                // SAFETY: inside the validated output.
+                unsafe { *((base as *mut H).add(j)) = H::from_f32(*s) };
+            }
+        });
+}
+
+/// `C = alpha op(A) op(B) + beta C` (beta = 0: C is not read, NaN in it is ignored).
+pub fn gemm(p: &GemmPlan) -> Result<()> {
+    match p.dtype {
+        DType::F16 => gemm_half::<f16>(p),
+        DType::BF16 => gemm_half::<bf16>(p),
+        DType::F32 => gemm_t::<f32>(p),
+        DType::F64 => gemm_t::<f64>(p),
+        DType::C64 => gemm_t::<Complex<f32>>(p),
+        DType::C128 => gemm_t::<Complex<f64>>(p),
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------ fused linear
+
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+const GELU_A: f32 = 0.044715;
+
+/// GELU, tanh approximation (cuBLASLt's epilogue formula).
+pub fn gelu(z: f32) -> f32 {
+    let u = SQRT_2_OVER_PI * (z + GELU_A * z * z * z);
+    0.5 * z * (1.0 + u.tanh())
+}
+
+/// d gelu / dz of the tanh approximation.
+pub fn gelu_grad(z: f32) -> f32 {
+    let u = SQRT_2_OVER_PI * (z + GELU_A * z * z * z);
+    let t = u.tanh();
+    0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_A * z * z)
+}
+
+fn act_fwd(act: Activation, z: f32) -> f32 {
+    match act {
+        Activation::None => z,
+        // NaN propagates (as torch.relu and the kernels)
+        Activation::Relu => {
+            if z > 0.0 || z.is_nan() {
+                z
+            } else {
+                0.0
+            }
+        }
+        Activation::Gelu => gelu(z),
+    }
+}
+
+/// Reads `n` elements of `dtype` (f16, bf16, f32) at `ptr` as f32.
+fn load_f32(dtype: DType, ptr: usize, n: usize) -> Vec<f32> {
+    let mut v = vec![0f32; n];
+    let chunk = 1 << 16;
+    v.par_chunks_mut(chunk).enumerate().for_each(|(ci, dst)| {
+        let off = ci * chunk;
+        for (j, d) in dst.iter_mut().enumerate() {
+            // SAFETY: ptr holds n elements of dtype (validated).
+            *d = unsafe {
+                match dtype {
+                    DType::F16 => (*(ptr as *const f16).add(off + j)).to_f32(),
+                    DType::BF16 => (*(ptr as *const bf16).add(off + j)).to_f32(),
+                    _ => *(ptr as *const f32).add(off + j),
+                }
+            };
+        }
+    });
+    v
+}
+
+/// Writes f32 values rounded to `dtype` at `ptr`.
+fn store_f32(dtype: DType, ptr: usize, src: &[f32]) {
+    let chunk = 1 << 16;
+    src.par_chunks(chunk).enumerate().for_each(|(ci, s)| {
+        let off = ci * chunk;
+        for (j, &v) in s.iter().enumerate() {
+            // SAFETY: ptr holds src.len() elements of dtype (validated).
+            unsafe {
+                match dtype {
+                    DType::F16 => *(ptr as *mut f16).add(off + j) = f16::from_f32(v),
+                    DType::BF16 => *(ptr as *mut bf16).add(off + j) = bf16::from_f32(v),
+                    _ => *(ptr as *mut f32).add(off + j) = v,
+                }
+            }
+        }
+    });
+}
+
+/// `C[m x n] = A B` in f32 on contiguous row-major slices, `A` viewed through
+/// `(ars, acs)` and `B` through `(brs, bcs)`.
+#[allow(clippy::too_many_arguments)]
+fn mm_f32(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    ars: isize,
+    acs: isize,
+    b: &[f32],
+    brs: isize,
+    bcs: isize,
+) -> Vec<f32> {
+    let mut c = vec![0f32; m * n];
+    let (ap, bp, cp) = (
+        a.as_ptr() as usize,
+        b.as_ptr() as usize,
+        c.as_mut_ptr() as usize,
+    );
+    par_gemm::<f32>(
+        1,
+        m,
+        n,
+        k,
+        1.0,
+        &|_| View {
+            ptr: ap,
+            rs: ars,
+            cs: acs,
+        },
+        &|_| View {
+            ptr: bp,
+            rs: brs,
+            cs: bcs,
+        },
+        0.0,
+        &|_| View {
+            ptr: cp,
+            rs: n.max(1) as isize,
+            cs: 1,
+        },
+    );
+    c
+}
+
+/// `y = act(x W^T + b)`; the pre-activation into `aux` when given.
+pub fn linear_forward(p: &LinearPlan) -> Result<()> {
+    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+    let x = load_f32(p.dtype, p.x, m * k);
+    let w = load_f32(p.dtype, p.w, n * k);
+    // z = x W^T: W [n, k] viewed as W^T [k, n] has strides (1, k)
+    let mut z = mm_f32(m, n, k, &x, k as isize, 1, &w, 1, k.max(1) as isize);
+    if let Some(bp) = p.bias {
+        let b = load_f32(p.dtype, bp, n);
+        z.par_chunks_mut(n).for_each(|row| {
+            for (v, bj) in row.iter_mut().zip(&b) {
+                *v += bj;
+            }
+        });
+    }
+    if let Some(ap) = p.aux {
+        store_f32(p.dtype, ap, &z);
+    }
+    z.par_iter_mut().for_each(|v| *v = act_fwd(p.act, *v));
+    store_f32(p.dtype, p.y, &z);
+    Ok(())
+}
+
+/// `dz = dy * act'(saved)`, `dx = dz W`, `dW = dz^T x`, `db = sum_rows dz`.
+pub fn linear_backward(p: &LinearBwdPlan) -> Result<()> {
+    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+    let mut dz = load_f32(p.dtype, p.dy, m * n);
+    match p.act {
+        Activation::None => {}
+        Activation::Relu => {
+            let y = load_f32(p.dtype, p.saved, m * n);
+            dz.par_iter_mut().zip(&y).for_each(|(d, &y)| {
+                if !(y > 0.0) {
+                    *d = 0.0;
+                }
+            });
+        }
+        Activation::Gelu => {
+            let z = load_f32(p.dtype, p.saved, m * n);
+            dz.par_iter_mut()
+                .zip(&z)
+                .for_each(|(d, &z)| *d *= gelu_grad(z));
+        }
+    }
+    if let Some(dbp) = p.db {
+        // column sums in f64, parallel over column blocks
+        let mut db = vec![0f32; n];
+        db.par_chunks_mut(64).enumerate().for_each(|(cb, out)| {
+            let j0 = cb * 64;
+            let mut acc = vec![0f64; out.len()];
+            for i in 0..m {
+                let row = &dz[i * n + j0..i * n + j0 + out.len()];
+                for (a, &v) in acc.iter_mut().zip(row) {
+                    *a += v as f64;
+                }
+            }
+            for (o, a) in out.iter_mut().zip(acc) {
+                *o = a as f32;
+            }
+        });
+        store_f32(p.dtype, dbp, &db);
+    }
+    if let Some(dxp) = p.dx {
+        let w = load_f32(p.dtype, p.w, n * k);
+        // dx [m, k] = dz [m, n] W [n, k]
+        let dx = mm_f32(m, k, n, &dz, n as isize, 1, &w, k as isize, 1);
+        store_f32(p.dtype, dxp, &dx);
+    }
+    if let Some(dwp) = p.dw {
+        let x = load_f32(p.dtype, p.x, m * k);
+        // dW [n, k] = dz^T [n, m] x [m, k]
+        let dw = mm_f32(n, k, m, &dz, 1, n.max(1) as isize, &x, k as isize, 1);
+        store_f32(p.dtype, dwp, &dw);
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------ Kronecker
+
+fn kron_t<T: super::Elem>(p: &KronPlan) {
+    let (m, n, pp, q) = (p.m, p.n, p.p, p.q);
+    let rows = (p.batch * m * pp) as usize;
+    let cols = (n * q) as usize;
+    let out = p.out;
+    (0..rows).into_par_iter().for_each(|row| {
+        let row = row as i64;
+        let (bi, r) = (row / (m * pp), row % (m * pp));
+        let (i, s) = (r / pp, r % pp);
+        let a_row = p.a as i64 + (bi * p.sa[0] + i * p.sa[1]) * size_of::<T>() as i64;
+        let b_row = p.b as i64 + (bi * p.sb[0] + s * p.sb[1]) * size_of::<T>() as i64;
+        let dst = (out + row as usize * cols * size_of::<T>()) as *mut T;
+        for j in 0..n {
+            // SAFETY: indices inside the validated operands and output.
+            let av = unsafe { *((a_row + j * p.sa[2] * size_of::<T>() as i64) as *const T) }.to_c();
+            for t in 0..q {
+                let bv =
+                    unsafe { *((b_row + t * p.sb[2] * size_of::<T>() as i64) as *const T) }.to_c();
+                unsafe { *dst.add((j * q + t) as usize) = T::from_c(super::Math::mul(av, bv)) };
+            }
+        }
+    });
+}
+
+/// `out = kron(a, b)`, batched.
+pub fn kron(p: &KronPlan) -> Result<()> {
+    crate::with_elem!(p.dtype, T => kron_t::<T>(p));
+    Ok(())
+}

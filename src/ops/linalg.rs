@@ -1,0 +1,834 @@
+//! The linear-algebra family (OPS.md section 4): validation, then dispatch.
+//!
+//! - GEMM `C = alpha op(A) op(B) + beta C`, strided batches, every dtype.
+//! - Fused linear `y = act(x W^T + b)` forward and backward (f16, bf16, f32).
+//! - Chunked GEMM under a device-memory budget, operands in pinned host memory.
+//! - Batched Kronecker product.
+//!
+//! Matrices are row-major. A matrix operand is a buffer `[rows, cols]` or
+//! `[batch, rows, cols]` whose column stride is 1 and whose row stride (the leading
+//! dimension `ld`) is at least `cols`; the batch stride is free (0 broadcasts one
+//! matrix over the batch). Anything else is refused with a message saying how to make
+//! it acceptable (`fk_copy` into a contiguous buffer).
+
+use crate::buffer::{Buffer, check_same_device};
+use crate::context::Device;
+use crate::dtype::DType;
+use crate::error::{
+    FK_ERROR_ALIASING, FK_ERROR_DTYPE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH,
+    FK_ERROR_UNSUPPORTED, FK_ERROR_UNSUPPORTED_DTYPE, Result,
+};
+use crate::ops::elementwise::Scalar;
+use crate::stream::Stream;
+
+/// `op(X)` of a GEMM operand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trans {
+    /// `X`
+    N = 0,
+    /// `X^T`
+    T = 1,
+    /// `X^H` (conjugate transpose; the same as `T` for real dtypes)
+    C = 2,
+}
+
+impl Trans {
+    pub fn name(self) -> &'static str {
+        match self {
+            Trans::N => "FK_OP_N",
+            Trans::T => "FK_OP_T",
+            Trans::C => "FK_OP_C",
+        }
+    }
+    pub fn transposed(self) -> bool {
+        self != Trans::N
+    }
+}
+
+/// Activation of the fused linear layer. The discriminants are the kernels' codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    None = 0,
+    Relu = 1,
+    /// tanh approximation: `0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))`, the
+    /// formula of cuBLASLt's GELU epilogue.
+    Gelu = 2,
+}
+
+impl Activation {
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::None => "FK_ACT_NONE",
+            Activation::Relu => "FK_ACT_RELU",
+            Activation::Gelu => "FK_ACT_GELU",
+        }
+    }
+    /// Whether the forward can keep an aux tensor for the backward (the
+    /// pre-activation, GELU only: ReLU's backward reads the output `y`).
+    pub fn has_aux(self) -> bool {
+        self == Activation::Gelu
+    }
+}
+
+/// A row-major matrix operand: `batch` matrices of `rows x cols`, row stride `ld`,
+/// consecutive matrices `batch_stride` elements apart (0: one matrix for all).
+#[derive(Debug, Clone, Copy)]
+pub struct Mat {
+    pub ptr: usize,
+    pub rows: i64,
+    pub cols: i64,
+    pub ld: i64,
+    pub batch_stride: i64,
+}
+
+impl Mat {
+    /// Address of matrix `i` of the batch.
+    pub fn at(&self, i: i64, elem: usize) -> usize {
+        (self.ptr as i64 + i * self.batch_stride * elem as i64) as usize
+    }
+}
+
+/// What the backends execute for a GEMM: `C[i] = alpha op(A[i]) op(B[i]) + beta C[i]`
+/// for `i < batch`, `op(A)` `m x k`, `op(B)` `k x n`, `C` `m x n`.
+#[derive(Debug, Clone, Copy)]
+pub struct GemmPlan {
+    pub dtype: DType,
+    pub op_a: Trans,
+    pub op_b: Trans,
+    pub m: i64,
+    pub n: i64,
+    pub k: i64,
+    pub batch: i64,
+    pub a: Mat,
+    pub b: Mat,
+    pub c: Mat,
+    pub alpha: Scalar,
+    pub beta: Scalar,
+    /// f32 / complex64 may use TF32 tensor cores (`FK_GEMM_ALLOW_TF32`).
+    pub allow_tf32: bool,
+}
+
+/// `FK_GEMM_ALLOW_TF32` (the ABI constant lives in `abi::linalg`).
+pub(crate) const GEMM_ALLOW_TF32: u32 = crate::abi::linalg::FK_GEMM_ALLOW_TF32;
+const GEMM_KNOWN_FLAGS: u32 = GEMM_ALLOW_TF32;
+
+fn check_scalar(s: Scalar, dtype: DType, what: &str) -> Result<()> {
+    crate::ensure!(
+        dtype.is_complex() || s.im == 0.0,
+        FK_ERROR_INVALID_ARGUMENT,
+        "{what} has imaginary part {} but the dtype {dtype} is real",
+        s.im
+    );
+    Ok(())
+}
+
+/// Reads a matrix operand `[r, c]` or `[batch, r, c]`; `what` names the argument.
+fn matrix(buf: &Buffer, what: &str) -> Result<(i64, Mat)> {
+    let nd = buf.shape.len();
+    crate::ensure!(
+        nd == 2 || nd == 3,
+        FK_ERROR_SHAPE_MISMATCH,
+        "{what} has shape {:?}; a matrix operand is [rows, cols] or [batch, rows, cols]",
+        buf.shape
+    );
+    let (rows, cols) = (buf.shape[nd - 2], buf.shape[nd - 1]);
+    let (rs, cs) = (buf.strides[nd - 2], buf.strides[nd - 1]);
+    let batch = if nd == 3 { buf.shape[0] } else { 1 };
+    let bs = if nd == 3 && batch > 1 {
+        buf.strides[0]
+    } else {
+        0
+    };
+    let empty = rows == 0 || cols == 0 || batch == 0;
+    crate::ensure!(
+        empty || cols == 1 || cs == 1,
+        FK_ERROR_UNSUPPORTED,
+        "{what} has strides {:?} for shape {:?}: matrices must be row-major with unit column stride (strides [.., ld, 1]); copy it into a contiguous buffer with fk_copy first",
+        buf.strides,
+        buf.shape
+    );
+    let ld = if rows <= 1 { cols.max(1) } else { rs };
+    crate::ensure!(
+        empty || ld >= cols.max(1),
+        FK_ERROR_UNSUPPORTED,
+        "{what} has row stride {rs} < {cols} columns (strides {:?}, shape {:?}): rows must not overlap; copy it with fk_copy first",
+        buf.strides,
+        buf.shape
+    );
+    crate::ensure!(
+        empty || bs >= 0,
+        FK_ERROR_UNSUPPORTED,
+        "{what} has a negative batch stride {bs}",
+    );
+    Ok((
+        batch,
+        Mat {
+            ptr: buf.data,
+            rows,
+            cols,
+            ld,
+            batch_stride: bs,
+        },
+    ))
+}
+
+fn check_alias(out: &Buffer, input: &Buffer, oname: &str, iname: &str) -> Result<()> {
+    crate::ensure!(
+        !out.overlaps(input),
+        FK_ERROR_ALIASING,
+        "{oname} overlaps {iname}; the output of this operation must not share memory with its inputs"
+    );
+    Ok(())
+}
+
+fn int32(v: i64, what: &str) -> Result<()> {
+    crate::ensure!(
+        v <= i32::MAX as i64,
+        FK_ERROR_UNSUPPORTED,
+        "{what} = {v} exceeds 2^31 - 1, the largest size cuBLAS takes"
+    );
+    Ok(())
+}
+
+/// Validates a GEMM and returns the plan (`None` when there is nothing to compute).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_plan(
+    op_a: Trans,
+    op_b: Trans,
+    alpha: Scalar,
+    a: &Buffer,
+    b: &Buffer,
+    beta: Scalar,
+    c: &Buffer,
+    flags: u32,
+    stream: &Stream,
+) -> Result<GemmPlan> {
+    let device = c.device();
+    check_same_device(device, &[(a, "a"), (b, "b")])?;
+    stream.check_device(device)?;
+    crate::ensure!(
+        flags & !GEMM_KNOWN_FLAGS == 0,
+        FK_ERROR_INVALID_ARGUMENT,
+        "flags = {flags:#x} has unknown bits (known: FK_GEMM_ALLOW_TF32 = {GEMM_ALLOW_TF32})"
+    );
+    crate::ensure!(
+        a.dtype == b.dtype && a.dtype == c.dtype,
+        FK_ERROR_DTYPE_MISMATCH,
+        "dtypes differ: a is {}, b is {}, c is {}",
+        a.dtype,
+        b.dtype,
+        c.dtype
+    );
+    let dtype = a.dtype;
+    check_scalar(alpha, dtype, "alpha")?;
+    check_scalar(beta, dtype, "beta")?;
+    let (ba, ma) = matrix(a, "a")?;
+    let (bb, mb) = matrix(b, "b")?;
+    let (bc, mut mc) = matrix(c, "c")?;
+    let (m, k) = if op_a.transposed() {
+        (ma.cols, ma.rows)
+    } else {
+        (ma.rows, ma.cols)
+    };
+    let (kb, n) = if op_b.transposed() {
+        (mb.cols, mb.rows)
+    } else {
+        (mb.rows, mb.cols)
+    };
+    crate::ensure!(
+        kb == k,
+        FK_ERROR_SHAPE_MISMATCH,
+        "op(a) is [{m}, {k}] (a {:?}, op_a = {}) but op(b) is [{kb}, {n}] (b {:?}, op_b = {}): the inner dimensions differ",
+        a.shape,
+        op_a.name(),
+        b.shape,
+        op_b.name()
+    );
+    crate::ensure!(
+        mc.rows == m && mc.cols == n,
+        FK_ERROR_SHAPE_MISMATCH,
+        "c has shape {:?} but op(a) op(b) is [{m}, {n}] (a {:?} with {}, b {:?} with {})",
+        c.shape,
+        a.shape,
+        op_a.name(),
+        b.shape,
+        op_b.name()
+    );
+    for (bx, name) in [(ba, "a"), (bb, "b")] {
+        crate::ensure!(
+            bx == 1 || bx == bc,
+            FK_ERROR_SHAPE_MISMATCH,
+            "{name} has batch {bx} but c has batch {bc} (an input's batch must be 1 or c's)"
+        );
+    }
+    if c.shape.len() == 3 && bc > 1 {
+        mc.batch_stride = c.strides[0];
+    }
+    c.check_writable("c")?;
+    check_alias(c, a, "c", "a")?;
+    check_alias(c, b, "c", "b")?;
+    let mut a_m = ma;
+    let mut b_m = mb;
+    if ba == 1 {
+        a_m.batch_stride = 0;
+    }
+    if bb == 1 {
+        b_m.batch_stride = 0;
+    }
+    Ok(GemmPlan {
+        dtype,
+        op_a,
+        op_b,
+        m,
+        n,
+        k,
+        batch: bc,
+        a: a_m,
+        b: b_m,
+        c: mc,
+        alpha,
+        beta,
+        allow_tf32: flags & GEMM_ALLOW_TF32 != 0 && matches!(dtype, DType::F32 | DType::C64),
+    })
+}
+
+/// `C = alpha op(A) op(B) + beta C`.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    op_a: Trans,
+    op_b: Trans,
+    alpha: Scalar,
+    a: &Buffer,
+    b: &Buffer,
+    beta: Scalar,
+    c: &Buffer,
+    flags: u32,
+    stream: &Stream,
+) -> Result<()> {
+    let p = gemm_plan(op_a, op_b, alpha, a, b, beta, c, flags, stream)?;
+    if p.m == 0 || p.n == 0 || p.batch == 0 {
+        return Ok(());
+    }
+    match c.device() {
+        Device::Cpu => crate::cpu::linalg::gemm(&p),
+        Device::Cuda(_) => {
+            for (v, what) in [(p.m, "m"), (p.n, "n"), (p.k, "k"), (p.batch, "batch")] {
+                int32(v, what)?;
+            }
+            for (mat, what) in [(&p.a, "a"), (&p.b, "b"), (&p.c, "c")] {
+                int32(mat.ld, &format!("the row stride of {what}"))?;
+            }
+            crate::cuda::linalg::gemm(c.ctx.cuda_dev(), &p, stream)
+        }
+    }
+}
+
+/// The chunked GEMM: as `gemm` (2-D operands or batches), computed in tiles so that
+/// the device memory fusekit allocates for staging stays within `budget` bytes.
+/// Operands in pinned host memory are streamed to the device tile by tile.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_chunked(
+    op_a: Trans,
+    op_b: Trans,
+    alpha: Scalar,
+    a: &Buffer,
+    b: &Buffer,
+    beta: Scalar,
+    c: &Buffer,
+    budget: u64,
+    flags: u32,
+    stream: &Stream,
+) -> Result<()> {
+    let p = gemm_plan(op_a, op_b, alpha, a, b, beta, c, flags, stream)?;
+    if p.m == 0 || p.n == 0 || p.batch == 0 {
+        return Ok(());
+    }
+    match c.device() {
+        // On the CPU every operand is already in host memory: the budget is moot.
+        Device::Cpu => crate::cpu::linalg::gemm(&p),
+        Device::Cuda(_) => crate::cuda::linalg::gemm_chunked(c.ctx.cuda_dev(), &p, budget, stream),
+    }
+}
+
+// ------------------------------------------------------------------ fused linear
+
+/// What the backends execute for `y = act(x W^T + b)`: `x [m, k]`, `W [n, k]`,
+/// `b [n]`, `y [m, n]`, `aux [m, n]` (the pre-activation, GELU only), all contiguous.
+#[derive(Debug, Clone, Copy)]
+pub struct LinearPlan {
+    pub dtype: DType,
+    pub act: Activation,
+    pub m: i64,
+    pub n: i64,
+    pub k: i64,
+    pub x: usize,
+    pub w: usize,
+    pub bias: Option<usize>,
+    pub y: usize,
+    pub aux: Option<usize>,
+}
+
+/// The backward: `dz = dy * act'(z)` (`saved`: `y` for ReLU, the pre-activation `z`
+/// for GELU), `dx = dz W`, `dW = dz^T x`, `db = sum_rows dz`, each optional.
+#[derive(Debug, Clone, Copy)]
+pub struct LinearBwdPlan {
+    pub dtype: DType,
+    pub act: Activation,
+    pub m: i64,
+    pub n: i64,
+    pub k: i64,
+    pub dy: usize,
+    pub x: usize,
+    pub w: usize,
+    pub saved: usize,
+    pub dx: Option<usize>,
+    pub dw: Option<usize>,
+    pub db: Option<usize>,
+}
+
+fn linear_dtype(d: DType, what: &str) -> Result<()> {
+    crate::ensure!(
+        matches!(d, DType::F16 | DType::BF16 | DType::F32),
+        FK_ERROR_UNSUPPORTED_DTYPE,
+        "{what} has dtype {d}; the fused linear layer takes f16, bf16 or f32 (f32 accumulation); use fk_gemm for other dtypes"
+    );
+    Ok(())
+}
+
+fn contiguous(b: &Buffer, what: &str) -> Result<()> {
+    crate::ensure!(
+        b.is_contiguous(),
+        FK_ERROR_UNSUPPORTED,
+        "{what} with shape {:?} and strides {:?} is not contiguous; copy it with fk_copy first",
+        b.shape,
+        b.strides
+    );
+    Ok(())
+}
+
+fn same_dtype(bufs: &[(&Buffer, &str)]) -> Result<()> {
+    let (first, fname) = bufs[0];
+    for (b, name) in &bufs[1..] {
+        crate::ensure!(
+            b.dtype == first.dtype,
+            FK_ERROR_DTYPE_MISMATCH,
+            "{name} has dtype {} but {fname} has {}",
+            b.dtype,
+            first.dtype
+        );
+    }
+    Ok(())
+}
+
+/// `(m, k)` of `x [..., k]` (the leading dimensions flattened).
+fn rows_of(x: &Buffer, what: &str) -> Result<(i64, i64)> {
+    crate::ensure!(
+        !x.shape.is_empty(),
+        FK_ERROR_SHAPE_MISMATCH,
+        "{what} is 0-dimensional; it must be [..., features]"
+    );
+    let k = *x.shape.last().unwrap();
+    let m: i64 = x.shape[..x.shape.len() - 1].iter().product();
+    Ok((m, k))
+}
+
+/// `y`'s expected shape: `x`'s with the last dimension `n`.
+fn with_last(shape: &[i64], n: i64) -> Vec<i64> {
+    let mut s = shape.to_vec();
+    *s.last_mut().unwrap() = n;
+    s
+}
+
+fn weight(w: &Buffer, k: i64, xname: &str, xshape: &[i64]) -> Result<i64> {
+    crate::ensure!(
+        w.shape.len() == 2,
+        FK_ERROR_SHAPE_MISMATCH,
+        "w has shape {:?}; it must be [out_features, in_features]",
+        w.shape
+    );
+    crate::ensure!(
+        w.shape[1] == k,
+        FK_ERROR_SHAPE_MISMATCH,
+        "w has shape {:?} but {xname} {xshape:?} has {k} features: w must be [n, {k}]",
+        w.shape
+    );
+    Ok(w.shape[0])
+}
+
+fn bias_vec(b: &Buffer, n: i64, what: &str) -> Result<()> {
+    crate::ensure!(
+        b.shape.as_slice() == [n],
+        FK_ERROR_SHAPE_MISMATCH,
+        "{what} has shape {:?} but w has {n} output features: it must be [{n}]",
+        b.shape
+    );
+    Ok(())
+}
+
+/// Bytes of the aux buffer `fk_linear_forward` fills for the backward: the
+/// pre-activation `[m, n]` in `dtype` for GELU, nothing (0) for ReLU and none.
+pub fn aux_size(act: Activation, dtype: DType, m: i64, n: i64) -> Result<usize> {
+    crate::ensure!(
+        m >= 0 && n >= 0,
+        FK_ERROR_INVALID_ARGUMENT,
+        "m = {m} and n = {n} must be >= 0"
+    );
+    linear_dtype(dtype, "dtype")?;
+    if !act.has_aux() {
+        return Ok(0);
+    }
+    (m as u128 * n as u128 * dtype.size() as u128)
+        .try_into()
+        .map_err(|_| {
+            crate::error::Error::new(
+                FK_ERROR_INVALID_ARGUMENT,
+                format!("m = {m} x n = {n} overflows"),
+            )
+        })
+}
+
+/// `y = act(x W^T + b)`, and the pre-activation into `aux` (GELU, optional).
+pub fn linear_forward(
+    x: &Buffer,
+    w: &Buffer,
+    bias: Option<&Buffer>,
+    act: Activation,
+    y: &Buffer,
+    aux: Option<&Buffer>,
+    stream: &Stream,
+) -> Result<()> {
+    let device = y.device();
+    check_same_device(device, &[(x, "x"), (w, "w")])?;
+    if let Some(b) = bias {
+        check_same_device(device, &[(b, "b")])?;
+    }
+    if let Some(a) = aux {
+        check_same_device(device, &[(a, "aux")])?;
+    }
+    stream.check_device(device)?;
+    linear_dtype(x.dtype, "x")?;
+    let mut typed = vec![(x, "x"), (w, "w"), (y, "y")];
+    if let Some(b) = bias {
+        typed.push((b, "b"));
+    }
+    if let Some(a) = aux {
+        typed.push((a, "aux"));
+    }
+    same_dtype(&typed)?;
+    let (m, k) = rows_of(x, "x")?;
+    let n = weight(w, k, "x", &x.shape)?;
+    if let Some(b) = bias {
+        bias_vec(b, n, "b")?;
+    }
+    let want = with_last(&x.shape, n);
+    crate::ensure!(
+        y.shape == want,
+        FK_ERROR_SHAPE_MISMATCH,
+        "y has shape {:?} but x {:?} times w^T {:?} gives {want:?}",
+        y.shape,
+        x.shape,
+        w.shape
+    );
+    match (act.has_aux(), aux) {
+        (false, Some(_)) => crate::bail!(
+            FK_ERROR_INVALID_ARGUMENT,
+            "aux must be NULL for act = {} (fk_linear_aux_size is 0: the backward of relu reads the output y, that of none needs nothing)",
+            act.name()
+        ),
+        (true, Some(a)) => crate::ensure!(
+            a.shape == want,
+            FK_ERROR_SHAPE_MISMATCH,
+            "aux has shape {:?} but must have y's shape {want:?} (the pre-activation)",
+            a.shape
+        ),
+        _ => {}
+    }
+    for (b, name) in [(x, "x"), (w, "w"), (y, "y")] {
+        contiguous(b, name)?;
+    }
+    if let Some(b) = bias {
+        contiguous(b, "b")?;
+    }
+    if let Some(a) = aux {
+        contiguous(a, "aux")?;
+        a.check_writable("aux")?;
+    }
+    y.check_writable("y")?;
+    for (o, oname) in [(Some(y), "y"), (aux, "aux")] {
+        let Some(o) = o else { continue };
+        check_alias(o, x, oname, "x")?;
+        check_alias(o, w, oname, "w")?;
+        if let Some(b) = bias {
+            check_alias(o, b, oname, "b")?;
+        }
+    }
+    if let Some(a) = aux {
+        check_alias(a, y, "aux", "y")?;
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let p = LinearPlan {
+        dtype: x.dtype,
+        act,
+        m,
+        n,
+        k,
+        x: x.data,
+        w: w.data,
+        bias: bias.map(|b| b.data),
+        y: y.data,
+        aux: aux.map(|a| a.data),
+    };
+    match device {
+        Device::Cpu => crate::cpu::linalg::linear_forward(&p),
+        Device::Cuda(_) => {
+            for (v, what) in [(m, "m (rows of x)"), (n, "n"), (k, "k")] {
+                int32(v, what)?;
+            }
+            crate::cuda::linalg::linear_forward(y.ctx.cuda_dev(), &p, stream)
+        }
+    }
+}
+
+/// The backward of `linear_forward`.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_backward(
+    dy: &Buffer,
+    x: &Buffer,
+    w: &Buffer,
+    act: Activation,
+    saved: Option<&Buffer>,
+    dx: Option<&Buffer>,
+    dw: Option<&Buffer>,
+    db: Option<&Buffer>,
+    stream: &Stream,
+) -> Result<()> {
+    let device = dy.device();
+    check_same_device(device, &[(x, "x"), (w, "w")])?;
+    let saved = if act == Activation::None { None } else { saved };
+    let outs = [(dx, "dx"), (dw, "dw"), (db, "db")];
+    for (o, name) in outs.iter().chain([(saved, "saved")].iter()) {
+        if let Some(o) = o {
+            check_same_device(device, &[(o, name)])?;
+        }
+    }
+    stream.check_device(device)?;
+    linear_dtype(dy.dtype, "dy")?;
+    let mut typed = vec![(dy, "dy"), (x, "x"), (w, "w")];
+    for (o, name) in outs.iter().chain([(saved, "saved")].iter()) {
+        if let Some(o) = o {
+            typed.push((o, name));
+        }
+    }
+    same_dtype(&typed)?;
+    let (m, k) = rows_of(x, "x")?;
+    let n = weight(w, k, "x", &x.shape)?;
+    let yshape = with_last(&x.shape, n);
+    crate::ensure!(
+        dy.shape == yshape,
+        FK_ERROR_SHAPE_MISMATCH,
+        "dy has shape {:?} but the layer's output (x {:?}, w {:?}) is {yshape:?}",
+        dy.shape,
+        x.shape,
+        w.shape
+    );
+    let saved_buf = match act {
+        Activation::None => None,
+        _ => {
+            let what = if act == Activation::Relu {
+                "the forward's output y"
+            } else {
+                "the pre-activation the forward wrote to aux"
+            };
+            let Some(s) = saved else {
+                crate::bail!(
+                    crate::error::FK_ERROR_NULL_POINTER,
+                    "saved is NULL but act = {} needs {what}",
+                    act.name()
+                );
+            };
+            crate::ensure!(
+                s.shape == yshape,
+                FK_ERROR_SHAPE_MISMATCH,
+                "saved has shape {:?} but must be {what}, shaped {yshape:?}",
+                s.shape
+            );
+            contiguous(s, "saved")?;
+            Some(s)
+        }
+    };
+    if let Some(o) = dx {
+        crate::ensure!(
+            o.shape == x.shape,
+            FK_ERROR_SHAPE_MISMATCH,
+            "dx has shape {:?} but x has {:?}",
+            o.shape,
+            x.shape
+        );
+    }
+    if let Some(o) = dw {
+        crate::ensure!(
+            o.shape == w.shape,
+            FK_ERROR_SHAPE_MISMATCH,
+            "dw has shape {:?} but w has {:?}",
+            o.shape,
+            w.shape
+        );
+    }
+    if let Some(o) = db {
+        bias_vec(o, n, "db")?;
+    }
+    for (b, name) in [(dy, "dy"), (x, "x"), (w, "w")] {
+        contiguous(b, name)?;
+    }
+    let mut inputs = vec![(dy, "dy"), (x, "x"), (w, "w")];
+    if let Some(s) = saved_buf {
+        inputs.push((s, "saved"));
+    }
+    for (i, (o, oname)) in outs.iter().enumerate() {
+        let Some(o) = o else { continue };
+        contiguous(o, oname)?;
+        o.check_writable(oname)?;
+        for (inp, iname) in &inputs {
+            check_alias(o, inp, oname, iname)?;
+        }
+        for (o2, o2name) in &outs[i + 1..] {
+            if let Some(o2) = o2 {
+                check_alias(o, o2, oname, o2name)?;
+            }
+        }
+    }
+    if dx.is_none() && dw.is_none() && db.is_none() {
+        return Ok(());
+    }
+    let p = LinearBwdPlan {
+        dtype: dy.dtype,
+        act,
+        m,
+        n,
+        k,
+        dy: dy.data,
+        x: x.data,
+        w: w.data,
+        saved: saved_buf.map_or(0, |s| s.data),
+        dx: dx.map(|b| b.data),
+        dw: dw.map(|b| b.data),
+        db: db.map(|b| b.data),
+    };
+    match device {
+        Device::Cpu => crate::cpu::linalg::linear_backward(&p),
+        Device::Cuda(_) => {
+            for (v, what) in [(m, "m (rows of x)"), (n, "n"), (k, "k")] {
+                int32(v, what)?;
+            }
+            crate::cuda::linalg::linear_backward(dy.ctx.cuda_dev(), &p, stream)
+        }
+    }
+}
+
+// ------------------------------------------------------------------ Kronecker
+
+/// `out[i, r*p + s, c*q + t] = A[i, r, c] * B[i, s, t]`; inputs with any strides
+/// (batch stride 0 broadcasts), `out` contiguous.
+#[derive(Debug, Clone, Copy)]
+pub struct KronPlan {
+    pub dtype: DType,
+    pub batch: i64,
+    pub m: i64,
+    pub n: i64,
+    pub p: i64,
+    pub q: i64,
+    pub a: usize,
+    /// (batch, row, col) strides of A in elements.
+    pub sa: [i64; 3],
+    pub b: usize,
+    pub sb: [i64; 3],
+    pub out: usize,
+}
+
+fn kron_operand(buf: &Buffer, what: &str) -> Result<(i64, i64, i64, [i64; 3])> {
+    let nd = buf.shape.len();
+    crate::ensure!(
+        nd == 2 || nd == 3,
+        FK_ERROR_SHAPE_MISMATCH,
+        "{what} has shape {:?}; it must be [rows, cols] or [batch, rows, cols]",
+        buf.shape
+    );
+    let batch = if nd == 3 { buf.shape[0] } else { 1 };
+    let bs = if nd == 3 && batch > 1 {
+        buf.strides[0]
+    } else {
+        0
+    };
+    Ok((
+        batch,
+        buf.shape[nd - 2],
+        buf.shape[nd - 1],
+        [bs, buf.strides[nd - 2], buf.strides[nd - 1]],
+    ))
+}
+
+/// Batched Kronecker product `out = kron(a, b)`.
+pub fn kron(a: &Buffer, b: &Buffer, out: &Buffer, stream: &Stream) -> Result<()> {
+    let device = out.device();
+    check_same_device(device, &[(a, "a"), (b, "b")])?;
+    stream.check_device(device)?;
+    crate::ensure!(
+        a.dtype == b.dtype && a.dtype == out.dtype,
+        FK_ERROR_DTYPE_MISMATCH,
+        "dtypes differ: a is {}, b is {}, out is {}",
+        a.dtype,
+        b.dtype,
+        out.dtype
+    );
+    let (ba, m, n, sa) = kron_operand(a, "a")?;
+    let (bb, p, q, sb) = kron_operand(b, "b")?;
+    let batch = if ba == 1 { bb } else { ba };
+    crate::ensure!(
+        ba == bb || ba == 1 || bb == 1,
+        FK_ERROR_SHAPE_MISMATCH,
+        "a has batch {ba} but b has batch {bb} (batches must match, or one be 1)"
+    );
+    let (mp, nq) = (
+        m.checked_mul(p).unwrap_or(i64::MAX),
+        n.checked_mul(q).unwrap_or(i64::MAX),
+    );
+    let want: Vec<i64> = if a.shape.len() == 3 || b.shape.len() == 3 {
+        vec![batch, mp, nq]
+    } else {
+        vec![mp, nq]
+    };
+    crate::ensure!(
+        out.shape == want,
+        FK_ERROR_SHAPE_MISMATCH,
+        "out has shape {:?} but kron(a {:?}, b {:?}) is {want:?}",
+        out.shape,
+        a.shape,
+        b.shape
+    );
+    contiguous(out, "out")?;
+    out.check_writable("out")?;
+    check_alias(out, a, "out", "a")?;
+    check_alias(out, b, "out", "b")?;
+    if out.numel() == 0 {
+        return Ok(());
+    }
+    let plan = KronPlan {
+        dtype: a.dtype,
+        batch,
+        m,
+        n,
+        p,
+        q,
+        a: a.data,
+        sa,
+        b: b.data,
+        sb,
+        out: out.data,
+    };
+    match device {
+        Device::Cpu => crate::cpu::linalg::kron(&plan),
+        Device::Cuda(_) => crate::cuda::linalg::kron(out.ctx.cuda_dev(), &plan, stream),
+    }
+}

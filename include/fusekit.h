@@ -32,6 +32,11 @@
 #define FK_ABI_VERSION 1000
 
 /**
+ * Default `eps` added to the diagonal of every Cholesky factor (the source model's value).
+ */
+#define FK_GAUSSIAN_DEFAULT_EPS 1e-6
+
+/**
  * `fk_gemm` flag: f32 and complex64 products may use TF32 tensor cores (inputs
  * rounded to a 10-bit mantissa, f32 accumulation; relative error ~1e-3). Ignored
  * for other dtypes and on the CPU.
@@ -829,6 +834,131 @@ fk_status fk_relu(const fk_buffer *a,
 fk_status fk_copy(const fk_buffer *a,
                   fk_buffer *out,
                   const fk_stream *stream);
+
+/**
+ * Squared Mahalanobis distances: `out[b,n] = |y|^2` where `(L_n + eps I) y = p_b - mu_n`
+ * is solved by forward substitution.
+ *
+ * - `points` `[B,3]`, `means` `[N,3]`, `chol` `[N,3,3]` (lower-triangular L,
+ *   row-major; the upper part is ignored): f32 or f64, one dtype, contiguous.
+ * - `eps`: finite and >= 0, added to the diagonal of L (default `FK_GAUSSIAN_DEFAULT_EPS`).
+ * - `out` `[B,N]`, same dtype, contiguous, overlapping no input; overwritten.
+ * - `stream`: queued there (NULL = the default stream of `points`' context); no
+ *   synchronisation, no allocation.
+ *
+ * Statuses: `FK_ERROR_NULL_POINTER` (points, means, chol or out NULL),
+ * `FK_ERROR_UNSUPPORTED_DTYPE` (not f32/f64), `FK_ERROR_DTYPE_MISMATCH`,
+ * `FK_ERROR_SHAPE_MISMATCH`, `FK_ERROR_UNSUPPORTED` (non-contiguous buffer),
+ * `FK_ERROR_INVALID_ARGUMENT` (eps negative or not finite, read-only out, a dead
+ * handle), `FK_ERROR_ALIASING` (out overlaps an input), `FK_ERROR_DEVICE_MISMATCH`;
+ * on CUDA also `FK_ERROR_LIBRARY_NOT_FOUND`, `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
+ */
+fk_status fk_mahalanobis_forward(const fk_buffer *points,
+                                 const fk_buffer *means,
+                                 const fk_buffer *chol,
+                                 double eps,
+                                 fk_buffer *out,
+                                 const fk_stream *stream);
+
+/**
+ * Backward of `fk_mahalanobis_forward`: given `g = dL/dm` `[B,N]`, with
+ * `y = (L+eps I)^-1 (p_b - mu_n)` and `z = (L+eps I)^-T (2 g_bn y)`:
+ * `dpoints[b] = sum_n z`, `dmeans[n] = -sum_b z`, and the exact full lower triangle
+ * `dchol[n][i][j] = -sum_b z_i y_j` for `i >= j` (the upper part is written as 0:
+ * it does not enter the op).
+ *
+ * - `points`, `means`, `chol`, `eps`: as `fk_mahalanobis_forward`; `g` `[B,N]`.
+ * - `dpoints` `[B,3]`, `dmeans` `[N,3]`, `dchol` `[N,3,3]`: each optional (NULL =
+ *   not wanted; all NULL is a no-op); overwritten; no overlap with any input or
+ *   other output.
+ * - `workspace`: on CUDA, a contiguous buffer (any dtype) of at least the bytes
+ *   `fk_gaussian_backward_workspace_size` gives for this dtype, B and N, where the
+ *   partial sums go (the reduction is deterministic: same inputs, same bits). On
+ *   the CPU it is ignored and may be NULL. fusekit allocates nothing.
+ * - `stream`: as `fk_mahalanobis_forward`. The workspace is in use until the
+ *   stream passes this call.
+ *
+ * Statuses: those of `fk_mahalanobis_forward`, plus `FK_ERROR_NULL_POINTER` (g NULL,
+ * or workspace NULL on CUDA), `FK_ERROR_BUFFER_TOO_SMALL` (workspace smaller than
+ * needed), `FK_ERROR_ALIASING` (an output or the workspace overlaps another argument).
+ */
+fk_status fk_mahalanobis_backward(const fk_buffer *points,
+                                  const fk_buffer *means,
+                                  const fk_buffer *chol,
+                                  double eps,
+                                  const fk_buffer *g,
+                                  fk_buffer *dpoints,
+                                  fk_buffer *dmeans,
+                                  fk_buffer *dchol,
+                                  fk_buffer *workspace,
+                                  const fk_stream *stream);
+
+/**
+ * Gaussian field, fused: `out[b] = sum_n weights[n] * exp(-0.5 m[b,n])` with `m` the
+ * squared Mahalanobis distance of `fk_mahalanobis_forward`; no `[B,N]` array is
+ * ever written, so B and N may be large together (1M points x 65536 Gaussians).
+ *
+ * - `points` `[B,3]`, `means` `[N,3]`, `chol` `[N,3,3]`, `weights` `[N]`: f32 or
+ *   f64, one dtype, contiguous. `eps` as `fk_mahalanobis_forward`.
+ * - `out` `[B]`, same dtype; overwritten (0 when N = 0).
+ * - `stream`: queued there (NULL = the default stream); no synchronisation, no
+ *   allocation. The sum over Gaussians is in a fixed order (deterministic).
+ *
+ * Statuses: those of `fk_mahalanobis_forward` (weights NULL: `FK_ERROR_NULL_POINTER`).
+ */
+fk_status fk_gaussian_field_forward(const fk_buffer *points,
+                                    const fk_buffer *means,
+                                    const fk_buffer *chol,
+                                    const fk_buffer *weights,
+                                    double eps,
+                                    fk_buffer *out,
+                                    const fk_stream *stream);
+
+/**
+ * Backward of `fk_gaussian_field_forward`, fused (no `[B,N]` intermediate): given
+ * `dout = dL/dout` `[B]`, with `e = exp(-0.5 m[b,n])` it applies the Mahalanobis
+ * backward to `g[b,n] = -0.5 dout[b] weights[n] e` and gives
+ * `dweights[n] = sum_b dout[b] e`.
+ *
+ * - inputs as `fk_gaussian_field_forward`; `dout` `[B]`.
+ * - `dpoints` `[B,3]`, `dmeans` `[N,3]`, `dchol` `[N,3,3]` (exact full lower
+ *   triangle, upper part written as 0), `dweights` `[N]`: each optional (NULL = not
+ *   wanted; all NULL is a no-op); overwritten.
+ * - `workspace`: as `fk_mahalanobis_backward` (size from
+ *   `fk_gaussian_backward_workspace_size`; not O(B*N): about 270 MB in f32 for
+ *   B = 1M, N = 65536); ignored on the CPU. Sums are deterministic.
+ *
+ * Statuses: those of `fk_mahalanobis_backward` (dout in place of g).
+ */
+fk_status fk_gaussian_field_backward(const fk_buffer *points,
+                                     const fk_buffer *means,
+                                     const fk_buffer *chol,
+                                     const fk_buffer *weights,
+                                     double eps,
+                                     const fk_buffer *dout,
+                                     fk_buffer *dpoints,
+                                     fk_buffer *dmeans,
+                                     fk_buffer *dchol,
+                                     fk_buffer *dweights,
+                                     fk_buffer *workspace,
+                                     const fk_stream *stream);
+
+/**
+ * Bytes of workspace `fk_mahalanobis_backward` and `fk_gaussian_field_backward`
+ * need on `ctx` for `num_points` (B) points and `num_gaussians` (N) Gaussians of `dtype`, written to `*bytes`:
+ * 0 on a CPU context and when B or N is 0; on CUDA about
+ * `(3 sg B + 10 sp N) * sizeof(dtype)` with `sg * sp` about 512 (never O(B*N)).
+ * It depends only on the arguments, so one workspace serves every call of that
+ * size or smaller.
+ *
+ * Statuses: `FK_ERROR_NULL_POINTER` (ctx or bytes NULL), `FK_ERROR_INVALID_ARGUMENT`
+ * (unknown dtype value, negative B or N), `FK_ERROR_UNSUPPORTED_DTYPE` (not f32/f64).
+ */
+fk_status fk_gaussian_backward_workspace_size(const fk_context *ctx,
+                                              fk_dtype dtype,
+                                              int64_t num_points,
+                                              int64_t num_gaussians,
+                                              size_t *bytes);
 
 /**
  * General matrix product `C = alpha op(A) op(B) + beta C`, batched.

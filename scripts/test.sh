@@ -4,7 +4,8 @@
 #     backend, and the NVRTC compile of every kernel for sm_80 and sm_90 (the
 #     nvidia-cuda-nvrtc / nvidia-cuda-runtime wheels provide libnvrtc and headers);
 #     NCCL loaded from the nvidia-nccl-cu13 wheel (a unique id needs no GPU).
-#   - C and C++: tests/c/run.sh (C test, C example, C++ wrapper test, header as C99/C++).
+#   - C and C++: tests/c/run.sh (C test, C examples, C++ wrapper test, header as C99/C++);
+#     tests/cuda_emu/run.sh (kernels/gaussian.cu executed on the CPU by an emulation).
 #   - Python: the ctypes package (numpy), cffi, bindings completeness, Julia module check.
 # GPU tests run on a CUDA machine with scripts/gpu_suite.sh.
 set -euo pipefail
@@ -33,6 +34,9 @@ echo "==> cargo build --release"
 cargo build --release
 echo "==> cargo test --release (Rust, CPU backend + NVRTC kernel compile + NCCL loading)"
 FK_REQUIRE_NVRTC=1 FK_REQUIRE_NCCL=1 cargo test --release -- --test-threads=2
+
+echo "==> CUDA kernel sources run on the CPU (emulated threads, barriers, shuffles)"
+bash tests/cuda_emu/run.sh
 
 echo "==> C / C++ tests"
 FUSEKIT_LIB_DIR=$ROOT/target/release FK_TEST_DEVICE=cpu bash tests/c/run.sh

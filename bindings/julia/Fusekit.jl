@@ -113,6 +113,8 @@ const FK_ACT_RELU = 1
 const FK_ACT_GELU = 2
 const FK_GEMM_ALLOW_TF32 = 1
 
+const FK_GAUSSIAN_DEFAULT_EPS = 1e-6
+
 # ------------------------------------------------------------------ C types
 
 """Opaque C handle types; only `Ptr`s to them exist."""
@@ -306,6 +308,29 @@ fk_linear_backward(dy, x, w, act, saved, dx, dw, db, stream) =
           dy, x, w, act, saved, dx, dw, db, stream)
 fk_kron(a, b, out, stream) =
     ccall((:fk_kron, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, b, out, stream)
+
+# Gaussian field (OPS.md section 3, docs/gaussian.md); NULL (C_NULL) for an unwanted gradient.
+fk_mahalanobis_forward(points, means, chol, eps, out, stream) =
+    ccall((:fk_mahalanobis_forward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, Ptr{fk_buffer}, Ptr{fk_stream}),
+          points, means, chol, eps, out, stream)
+fk_mahalanobis_backward(points, means, chol, eps, g, dpoints, dmeans, dchol, workspace, stream) =
+    ccall((:fk_mahalanobis_backward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer},
+           Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
+          points, means, chol, eps, g, dpoints, dmeans, dchol, workspace, stream)
+fk_gaussian_field_forward(points, means, chol, weights, eps, out, stream) =
+    ccall((:fk_gaussian_field_forward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, Ptr{fk_buffer}, Ptr{fk_stream}),
+          points, means, chol, weights, eps, out, stream)
+fk_gaussian_field_backward(points, means, chol, weights, eps, dout, dpoints, dmeans, dchol, dweights, workspace, stream) =
+    ccall((:fk_gaussian_field_backward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, Ptr{fk_buffer}, Ptr{fk_buffer},
+           Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
+          points, means, chol, weights, eps, dout, dpoints, dmeans, dchol, dweights, workspace, stream)
+fk_gaussian_backward_workspace_size(ctx, dtype, num_points, num_gaussians, bytes) =
+    ccall((:fk_gaussian_backward_workspace_size, libfusekit), Int32,
+          (Ptr{fk_context}, Int32, Int64, Int64, Ptr{Csize_t}), ctx, dtype, num_points, num_gaussians, bytes)
 
 # ------------------------------------------------------------------ errors
 

@@ -10,6 +10,7 @@
 
 pub mod core;
 pub mod elementwise;
+pub mod gaussian;
 pub mod linalg;
 pub mod runtime;
 

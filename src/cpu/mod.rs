@@ -3,6 +3,7 @@
 //! compute arithmetic shared by them.
 
 pub mod elementwise;
+pub mod gaussian;
 pub mod linalg;
 
 use half::{bf16, f16};

@@ -7,9 +7,10 @@
 
 pub mod cublas;
 pub mod elementwise;
+pub mod gaussian;
 pub mod launch;
-pub mod nccl;
 pub mod linalg;
+pub mod nccl;
 pub mod nvrtc;
 pub mod runtime;
 
@@ -26,7 +27,10 @@ use crate::error::{
 /// Every kernel module: `(name, source)`; sources are embedded in the library.
 /// A new op family chains its launcher's `MODULES` here.
 pub fn modules() -> impl Iterator<Item = &'static (&'static str, fn() -> String)> {
-    elementwise::MODULES.iter().chain(linalg::MODULES.iter())
+    elementwise::MODULES
+        .iter()
+        .chain(gaussian::MODULES.iter())
+        .chain(linalg::MODULES.iter())
 }
 
 /// Headers the module sources may `#include "..."` (resolved by NVRTC in memory).

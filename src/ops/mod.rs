@@ -2,4 +2,5 @@
 //! aliasing), then dispatch to `cpu/` or `cuda/`.
 
 pub mod elementwise;
+pub mod gaussian;
 pub mod linalg;

@@ -81,7 +81,8 @@ step "tests/c/test_fusekit.c ($FK_TEST_DEVICE)" c_test
 example() {
     local src="$1" exe
     exe="$BUILD_DIR/example_$(basename "$src" .c)"
-    "$CC" "${CWARN[@]}" -O2 -I"$ROOT/include" "$src" -o "$exe" "${LINK[@]}" -lm && "$exe"
+    # run inside the build dir: files an example writes (gaussian_fit.png) land there
+    "$CC" "${CWARN[@]}" -O2 -I"$ROOT/include" "$src" -o "$exe" "${LINK[@]}" -lm && (cd "$BUILD_DIR" && "$exe")
 }
 for src in "$ROOT"/examples/*.c; do
     [[ -e "$src" ]] || continue

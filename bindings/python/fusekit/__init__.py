@@ -58,6 +58,8 @@ from .ops.linalg import *  # noqa: F401,F403
 from .ops.linalg import __all__ as _linalg_all
 from .runtime import *  # noqa: F401,F403
 from .runtime import __all__ as _runtime_all
+from .ops.gaussian import *  # noqa: F401,F403
+from .ops.gaussian import __all__ as _gaussian_all
 
 Error.__module__ = "fusekit"
 LibraryLoadError.__module__ = "fusekit"
@@ -116,4 +118,5 @@ __all__ = [
     *_elementwise_all,
     *_linalg_all,
     *_runtime_all,
+    *_gaussian_all,
 ]

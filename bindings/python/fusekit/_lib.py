@@ -432,6 +432,22 @@ PROTOTYPES: dict[str, tuple] = {
     "fk_broadcast": (fk_status, [comm_p, buffer_p, buffer_p, c_int32, stream_p]),
     "fk_all_gather": (fk_status, [comm_p, buffer_p, buffer_p, stream_p]),
     "fk_reduce_scatter": (fk_status, [comm_p, buffer_p, buffer_p, c_int32, stream_p]),
+    # Gaussian field (OPS.md section 3)
+    "fk_mahalanobis_forward": (fk_status, [buffer_p, buffer_p, buffer_p, c_double, buffer_p, stream_p]),
+    "fk_mahalanobis_backward": (
+        fk_status,
+        [buffer_p, buffer_p, buffer_p, c_double, buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, stream_p],
+    ),
+    "fk_gaussian_field_forward": (
+        fk_status,
+        [buffer_p, buffer_p, buffer_p, buffer_p, c_double, buffer_p, stream_p],
+    ),
+    "fk_gaussian_field_backward": (
+        fk_status,
+        [buffer_p, buffer_p, buffer_p, buffer_p, c_double, buffer_p, buffer_p, buffer_p, buffer_p, buffer_p,
+         buffer_p, stream_p],
+    ),
+    "fk_gaussian_backward_workspace_size": (fk_status, [ctx_p, fk_dtype, c_int64, c_int64, POINTER(c_size_t)]),
 }
 
 #: Status-returning functions whose non-OK results are not errors to raise

@@ -178,3 +178,6 @@ from .ops.linalg import register_torch_ops as _register_linalg  # noqa: E402
 
 linear = _register_linalg(register)
 __all__.append("linear")
+
+# The op families with their own torch module register here too.
+from . import torch_gaussian  # noqa: E402,F401

@@ -1,0 +1,376 @@
+//! Launcher for `kernels/gaussian.cu` (docs/gaussian.md has the design).
+
+use std::ffi::c_void;
+
+use cudarc::driver::sys;
+
+use super::CudaDevice;
+use super::launch::launch;
+use crate::dtype::DType;
+use crate::error::{CudaContext as _, Result};
+use crate::ops::gaussian::{Grads, Inputs};
+use crate::stream::Stream;
+
+/// One kernel module per element type: `(name, source)`.
+pub const MODULES: [(&str, fn() -> String); 2] = [
+    ("gaussian_f32", || source("f32")),
+    ("gaussian_f64", || source("f64")),
+];
+
+fn source(dtype: &str) -> String {
+    format!("#define FK_GS_{dtype} 1\n") + include_str!("../../kernels/gaussian.cu")
+}
+
+// Must match the #defines of kernels/gaussian.cu.
+const THREADS: u32 = 256;
+const FWD_PPT: i64 = 2;
+const BWD_TILE: i64 = 512;
+const BWD_CHUNK: i64 = 64;
+const MAHA_CHUNK: i64 = 64;
+const K: i64 = 10;
+
+/// CTAs the backward aims for (about four per multiprocessor on an H100); a
+/// constant, so the split, hence the summation order and the bits, does not
+/// depend on the GPU model.
+const BWD_TARGET_CTAS: i64 = 512;
+/// The workspace start is rounded up to this alignment (slack included in the size).
+const WS_ALIGN: usize = 256;
+
+/// `s = sqrt(0.5 log2 e)`: the field kernels scale coordinates by it so that
+/// `exp(-0.5 m) = exp2(-|s y|^2)`.
+fn field_scale() -> f64 {
+    (0.5 * std::f64::consts::LOG2_E).sqrt()
+}
+
+/// How the backward splits the work (a function of `B` and `N` only).
+#[derive(Debug, Clone, Copy)]
+struct BwdPlan {
+    n_gtiles: i64,
+    n_pchunks: i64,
+    /// splits of the Gaussian tiles (grid x) and of the point chunks (grid y)
+    sg: i64,
+    sp: i64,
+}
+
+impl BwdPlan {
+    fn new(b: i64, n: i64) -> BwdPlan {
+        let n_gtiles = (n + BWD_TILE - 1) / BWD_TILE;
+        let n_pchunks = (b + BWD_CHUNK - 1) / BWD_CHUNK;
+        // sg * sp ~ target; the workspace sg*3*B + sp*K*N is smallest at
+        // sg = sqrt(target * K * N / (3 * B)).
+        let t = BWD_TARGET_CTAS as f64;
+        let opt = (t * K as f64 * n as f64 / (3.0 * b.max(1) as f64)).sqrt();
+        let sg = (opt.round() as i64).clamp(1, n_gtiles.max(1));
+        let sp = ((BWD_TARGET_CTAS + sg - 1) / sg).clamp(1, n_pchunks.max(1));
+        let sg = ((BWD_TARGET_CTAS + sp - 1) / sp).clamp(1, n_gtiles.max(1));
+        BwdPlan {
+            n_gtiles,
+            n_pchunks,
+            sg,
+            sp,
+        }
+    }
+    /// Elements of the per-point and per-Gaussian partials.
+    fn elems(&self, b: i64, n: i64) -> (i64, i64) {
+        (self.sg * 3 * b, self.sp * K * n)
+    }
+}
+
+/// Workspace bytes of the backward ops (0 when B or N is 0).
+pub fn workspace_bytes(dtype: DType, b: i64, n: i64) -> usize {
+    if b == 0 || n == 0 {
+        return 0;
+    }
+    let plan = BwdPlan::new(b, n);
+    let (pp, pg) = plan.elems(b, n);
+    (pp + pg) as usize * dtype.size() + WS_ALIGN
+}
+
+fn module(d: DType) -> &'static str {
+    if d == DType::F64 {
+        MODULES[1].0
+    } else {
+        MODULES[0].0
+    }
+}
+
+fn name(d: DType, f32_name: &'static str, f64_name: &'static str) -> &'static str {
+    if d == DType::F64 { f64_name } else { f32_name }
+}
+
+fn memset_zero(dev: &CudaDevice, ptr: usize, bytes: usize, stream: &Stream) -> Result<()> {
+    if ptr == 0 || bytes == 0 {
+        return Ok(());
+    }
+    dev.bind()?;
+    // SAFETY: `ptr` is a validated output of `bytes` bytes on this device.
+    unsafe { sys::cuMemsetD8Async(ptr as u64, 0, bytes, stream.raw as sys::CUstream) }
+        .result()
+        .cuda("cuMemsetD8Async")
+}
+
+#[repr(C)]
+struct MahaFwdArgs {
+    points: u64,
+    means: u64,
+    chol: u64,
+    out: u64,
+    b: i64,
+    n: i64,
+    eps: f64,
+    gx: i32,
+    pad: i32,
+}
+
+pub fn mahalanobis_forward(
+    dev: &CudaDevice,
+    inp: &Inputs,
+    out: usize,
+    stream: &Stream,
+) -> Result<()> {
+    // Threads along N: enough for N (a warp at least), the rest along points.
+    let gx = (inp.n.clamp(1, THREADS as i64) as u64)
+        .next_power_of_two()
+        .max(32) as i64;
+    let mut a = MahaFwdArgs {
+        points: inp.points as u64,
+        means: inp.means as u64,
+        chol: inp.chol as u64,
+        out: out as u64,
+        b: inp.b,
+        n: inp.n,
+        eps: inp.eps,
+        gx: gx as i32,
+        pad: 0,
+    };
+    let grid_x = (inp.n + gx - 1) / gx;
+    let chunks = (inp.b + MAHA_CHUNK - 1) / MAHA_CHUNK;
+    let grid_y = chunks.clamp(1, 65535);
+    let mut params = [&mut a as *mut MahaFwdArgs as *mut c_void];
+    launch(
+        dev,
+        module(inp.dtype),
+        name(inp.dtype, "gs_maha_fwd_f32", "gs_maha_fwd_f64"),
+        (grid_x as u32, grid_y as u32, 1),
+        (THREADS, 1, 1),
+        0,
+        stream.raw,
+        &mut params,
+    )
+}
+
+#[repr(C)]
+struct FieldFwdArgs {
+    points: u64,
+    means: u64,
+    chol: u64,
+    weights: u64,
+    out: u64,
+    b: i64,
+    n: i64,
+    eps: f64,
+    scale: f64,
+    gs: i32,
+    pad: i32,
+}
+
+/// Gaussian splits inside a CTA of the field forward: the smallest of 1, 2, 4, 8
+/// that gives at least 256 CTAs (a function of `B` only).
+fn field_splits(b: i64) -> i64 {
+    let mut gs = 1;
+    while gs < 8 {
+        let per_cta = (THREADS as i64 / gs) * FWD_PPT;
+        if (b + per_cta - 1) / per_cta >= 256 {
+            break;
+        }
+        gs *= 2;
+    }
+    gs
+}
+
+pub fn field_forward(dev: &CudaDevice, inp: &Inputs, out: usize, stream: &Stream) -> Result<()> {
+    let gs = field_splits(inp.b);
+    let per_cta = (THREADS as i64 / gs) * FWD_PPT;
+    let mut a = FieldFwdArgs {
+        points: inp.points as u64,
+        means: inp.means as u64,
+        chol: inp.chol as u64,
+        weights: inp.weights as u64,
+        out: out as u64,
+        b: inp.b,
+        n: inp.n,
+        eps: inp.eps,
+        scale: field_scale(),
+        gs: gs as i32,
+        pad: 0,
+    };
+    let grid = (inp.b + per_cta - 1) / per_cta;
+    let mut params = [&mut a as *mut FieldFwdArgs as *mut c_void];
+    launch(
+        dev,
+        module(inp.dtype),
+        name(inp.dtype, "gs_field_fwd_f32", "gs_field_fwd_f64"),
+        (grid as u32, 1, 1),
+        (THREADS, 1, 1),
+        0,
+        stream.raw,
+        &mut params,
+    )
+}
+
+#[repr(C)]
+struct BwdArgs {
+    points: u64,
+    means: u64,
+    chol: u64,
+    weights: u64,
+    g: u64,
+    part_p: u64,
+    part_g: u64,
+    b: i64,
+    n: i64,
+    n_pchunks: i64,
+    eps: f64,
+    scale: f64,
+    n_gtiles: i32,
+    sg: i32,
+    sp: i32,
+    want_p: i32,
+    want_g: i32,
+    pad: i32,
+}
+
+#[repr(C)]
+struct FinalizeArgs {
+    part_p: u64,
+    part_g: u64,
+    dpoints: u64,
+    dmeans: u64,
+    dchol: u64,
+    dweights: u64,
+    b: i64,
+    n: i64,
+    inv_s: f64,
+    inv_s2: f64,
+    sg: i32,
+    sp: i32,
+}
+
+/// Both backwards: `field` selects the fused field backward (`g` is `dout [B]`)
+/// over the Mahalanobis one (`g` is `[B,N]`). `ws` is the caller's workspace.
+pub fn backward(
+    dev: &CudaDevice,
+    inp: &Inputs,
+    field: bool,
+    g: usize,
+    grads: &Grads,
+    ws: usize,
+    stream: &Stream,
+) -> Result<()> {
+    let (b, n, sz) = (inp.b, inp.n, inp.dtype.size());
+    if b == 0 || n == 0 {
+        // Empty sums: every requested gradient is zero.
+        memset_zero(dev, grads.dpoints, (b * 3) as usize * sz, stream)?;
+        memset_zero(dev, grads.dmeans, (n * 3) as usize * sz, stream)?;
+        memset_zero(dev, grads.dchol, (n * 9) as usize * sz, stream)?;
+        memset_zero(dev, grads.dweights, n as usize * sz, stream)?;
+        return Ok(());
+    }
+    let plan = BwdPlan::new(b, n);
+    let (pp_elems, _) = plan.elems(b, n);
+    let base = (ws + WS_ALIGN - 1) / WS_ALIGN * WS_ALIGN;
+    let part_p = base as u64;
+    let part_g = (base + pp_elems as usize * sz) as u64;
+    let scale = if field { field_scale() } else { 1.0 };
+    let mut a = BwdArgs {
+        points: inp.points as u64,
+        means: inp.means as u64,
+        chol: inp.chol as u64,
+        weights: inp.weights as u64,
+        g: g as u64,
+        part_p,
+        part_g,
+        b,
+        n,
+        n_pchunks: plan.n_pchunks,
+        eps: inp.eps,
+        scale,
+        n_gtiles: plan.n_gtiles as i32,
+        sg: plan.sg as i32,
+        sp: plan.sp as i32,
+        want_p: (grads.dpoints != 0) as i32,
+        want_g: grads.per_gaussian() as i32,
+        pad: 0,
+    };
+    let kernel = match (field, inp.dtype) {
+        (true, DType::F64) => "gs_bwd_field_f64",
+        (true, _) => "gs_bwd_field_f32",
+        (false, DType::F64) => "gs_bwd_maha_f64",
+        (false, _) => "gs_bwd_maha_f32",
+    };
+    let mut params = [&mut a as *mut BwdArgs as *mut c_void];
+    launch(
+        dev,
+        module(inp.dtype),
+        kernel,
+        (plan.sg as u32, plan.sp as u32, 1),
+        (THREADS, 1, 1),
+        0,
+        stream.raw,
+        &mut params,
+    )?;
+    let mut f = FinalizeArgs {
+        part_p,
+        part_g,
+        dpoints: grads.dpoints as u64,
+        dmeans: grads.dmeans as u64,
+        dchol: grads.dchol as u64,
+        dweights: grads.dweights as u64,
+        b,
+        n,
+        inv_s: 1.0 / scale,
+        inv_s2: 1.0 / (scale * scale),
+        sg: plan.sg as i32,
+        sp: plan.sp as i32,
+    };
+    let items = (b * 3).max(n);
+    let grid = super::launch::grid_for(dev, items);
+    let mut params = [&mut f as *mut FinalizeArgs as *mut c_void];
+    launch(
+        dev,
+        module(inp.dtype),
+        name(inp.dtype, "gs_finalize_f32", "gs_finalize_f64"),
+        (grid, 1, 1),
+        (THREADS, 1, 1),
+        0,
+        stream.raw,
+        &mut params,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_are_bounded() {
+        for (b, n) in [
+            (1, 1),
+            (7, 5),
+            (16384, 4096),
+            (1 << 20, 65536),
+            (100, 1 << 20),
+            (1 << 24, 3),
+        ] {
+            let p = BwdPlan::new(b, n);
+            assert!(p.sg >= 1 && p.sg <= p.n_gtiles.max(1), "{b} {n} {p:?}");
+            assert!(p.sp >= 1 && p.sp <= p.n_pchunks.max(1) && p.sp <= 65535);
+            assert!(p.sg * p.sp <= 2 * BWD_TARGET_CTAS, "{b} {n} {p:?}");
+        }
+        // the scale case stays far from O(B*N)
+        let bytes = workspace_bytes(DType::F32, 1 << 20, 65536);
+        assert!(bytes < 400 << 20, "{bytes}");
+        assert_eq!(field_splits(16384), 8);
+        assert_eq!(field_splits(1 << 20), 1);
+    }
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Compiles kernels/gaussian.cu with the host C++ compiler against the CUDA emulation
+# in emu.cuh and runs every kernel against an f64 reference (no GPU needed):
+# catches indexing, reduction, split and synchronisation-order mistakes in the
+# kernel source itself. f32 and f64. Last line: "N passed, M failed".
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+BUILD="${FK_EMU_BUILD_DIR:-$ROOT/target/cuda-emu}"
+mkdir -p "$BUILD"
+cp "$ROOT/kernels/gaussian.cu" "$BUILD/gaussian.cu"
+cp "$HERE/emu.cuh" "$BUILD/common.cuh"
+passed=0
+failed=0
+for dt in f32 f64; do
+  "${CXX:-g++}" -std=c++20 -O1 -pthread -I"$BUILD" -DFK_GS_$dt "$HERE/gaussian_emu.cpp" -o "$BUILD/gaussian_emu_$dt"
+  echo "== gaussian kernels ($dt), emulated"
+  if "$BUILD/gaussian_emu_$dt"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+done
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]

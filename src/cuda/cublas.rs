@@ -443,34 +443,6 @@ pub fn gemm_ex(slot: &Slot, p: &GemmPlan) -> Result<()> {
     let alpha = HostScalar::new(p.dtype, p.alpha.re, p.alpha.im);
     let beta = HostScalar::new(p.dtype, p.beta.re, p.beta.im);
     let t = bs_type(p.dtype);
-    if p.dtype == DType::C128 {
-        // complex128 goes through the typed Zgemm entry point: cublasGemmStridedBatchedEx
-        // with CUDA_C_64F crashed (SIGSEGV in cublasLtZZZMatmul) on the H100 with cuBLAS 13.0.
-        // SAFETY: as below; cuDoubleComplex is two f64, as fusekit's complex128.
-        let s = unsafe {
-            bs::cublasZgemmStridedBatched(
-                slot.blas,
-                bs_op(p.op_b),
-                bs_op(p.op_a),
-                p.n as i32,
-                p.m as i32,
-                p.k as i32,
-                alpha.ptr() as *const bs::cuDoubleComplex,
-                p.b.ptr as *const bs::cuDoubleComplex,
-                p.b.ld as i32,
-                p.b.batch_stride,
-                p.a.ptr as *const bs::cuDoubleComplex,
-                p.a.ld as i32,
-                p.a.batch_stride,
-                beta.ptr() as *const bs::cuDoubleComplex,
-                p.c.ptr as *mut bs::cuDoubleComplex,
-                p.c.ld as i32,
-                p.c.batch_stride,
-                p.batch as i32,
-            )
-        };
-        return check("cublasZgemmStridedBatched", s);
-    }
     // SAFETY: the plan was validated (every pointer and stride addresses the
     // operands), the handle is bound to the slot's stream, the scalars outlive the
     // call (host pointer mode reads them before returning).

@@ -312,6 +312,7 @@ pub fn gemm(
     match c.device() {
         Device::Cpu => crate::cpu::linalg::gemm(&p),
         Device::Cuda(_) => {
+            cuda_gemm_dtype(&p)?;
             for (v, what) in [(p.m, "m"), (p.n, "n"), (p.k, "k"), (p.batch, "batch")] {
                 int32(v, what)?;
             }
@@ -346,8 +347,24 @@ pub fn gemm_chunked(
     match c.device() {
         // On the CPU every operand is already in host memory: the budget is moot.
         Device::Cpu => crate::cpu::linalg::gemm(&p),
-        Device::Cuda(_) => crate::cuda::linalg::gemm_chunked(c.ctx.cuda_dev(), &p, budget, stream),
+        Device::Cuda(_) => {
+            cuda_gemm_dtype(&p)?;
+            crate::cuda::linalg::gemm_chunked(c.ctx.cuda_dev(), &p, budget, stream)
+        }
     }
+}
+
+/// complex128 GEMM is refused on CUDA: with cuBLAS 13.0 on the H100 both
+/// `cublasGemmStridedBatchedEx` (CUDA_C_64F) and `cublasZgemmStridedBatched`
+/// crashed the process (SIGSEGV inside `cublasLtZZZMatmul`) in tests/gpu_linalg.rs.
+/// A status is better than a crash; the CPU backend computes it.
+fn cuda_gemm_dtype(p: &GemmPlan) -> Result<()> {
+    crate::ensure!(
+        p.dtype != DType::C128,
+        FK_ERROR_UNSUPPORTED_DTYPE,
+        "complex128 GEMM is not available on CUDA (cuBLAS 13.0 crashed in cublasLtZZZMatmul on the H100 in testing); use a CPU context, complex64, or real GEMMs on the parts"
+    );
+    Ok(())
 }
 
 // ------------------------------------------------------------------ fused linear

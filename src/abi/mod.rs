@@ -10,6 +10,7 @@
 
 pub mod core;
 pub mod elementwise;
+pub mod geodesic;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;

@@ -3,6 +3,7 @@
 //! compute arithmetic shared by them.
 
 pub mod elementwise;
+pub mod geodesic;
 
 use half::{bf16, f16};
 

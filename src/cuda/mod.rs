@@ -6,6 +6,7 @@
 //! libcuda can be loaded, so a missing driver is a status, never cudarc's panic.
 
 pub mod elementwise;
+pub mod geodesic;
 pub mod launch;
 pub mod nvrtc;
 
@@ -22,7 +23,7 @@ use crate::error::{
 /// Every kernel module: `(name, source)`; sources are embedded in the library.
 /// A new op family chains its launcher's `MODULES` here.
 pub fn modules() -> impl Iterator<Item = &'static (&'static str, fn() -> String)> {
-    elementwise::MODULES.iter()
+    elementwise::MODULES.iter().chain(geodesic::MODULES.iter())
 }
 
 /// Headers the module sources may `#include "..."` (resolved by NVRTC in memory).

@@ -2,3 +2,4 @@
 //! aliasing), then dispatch to `cpu/` or `cuda/`.
 
 pub mod elementwise;
+pub mod geodesic;

@@ -9,8 +9,10 @@
 //! - `c`: the clamp bound, `>= 0`; `INFINITY` disables clamping. The clamp is
 //!   `torch.clamp(gamma_raw, -c, c)` (NaN propagates) and its derivative the
 //!   inclusive mask `-c <= gamma_raw <= c` (0 where `gamma_raw` is NaN).
-//! - `flags`: 0, or `FK_GEO_ALLOW_TF32` (permission to use TF32 tensor cores for
-//!   f32 on CUDA; today every kernel is strict IEEE, so the flag changes nothing).
+//! - `flags`: 0, or a combination of `FK_GEO_ALLOW_TF32` (permission to use TF32
+//!   tensor cores for f32 on CUDA; today every kernel is strict IEEE, so the flag
+//!   changes nothing) and `FK_GEO_FORCE_GENERIC` (debugging: the generic CUDA
+//!   kernels); other bits are `FK_ERROR_INVALID_ARGUMENT`.
 //! - aliasing: outputs must not overlap inputs or each other, except the exact
 //!   in-place forms named in each function.
 //! - `stream`: the op is queued there (NULL = the default stream of `v`'s context);
@@ -40,6 +42,11 @@ use crate::ops::geodesic as geo;
 /// f32 products (about 1e-3 relative accuracy). A permission: kernels without a
 /// TF32 path stay strict IEEE f32.
 pub const FK_GEO_ALLOW_TF32: u32 = geo::GEO_ALLOW_TF32;
+
+/// `flags` bit of the geodesic ops, for testing and debugging: the CUDA backend
+/// uses its generic kernels even where a fast configuration exists (same results
+/// to rounding, several times slower). Ignored on the CPU.
+pub const FK_GEO_FORCE_GENERIC: u32 = geo::GEO_FORCE_GENERIC;
 
 unsafe fn opt<'a>(p: *const fk_buffer, what: &str) -> Result<Option<&'a Buffer>> {
     if p.is_null() {

@@ -27,8 +27,11 @@ use crate::stream::Stream;
 /// backends without a TF32 path (the CPU, f64, and currently every CUDA kernel)
 /// compute in strict IEEE arithmetic.
 pub const GEO_ALLOW_TF32: u32 = 1;
+/// Flag bit for testing and debugging: the CUDA backend uses its generic kernels
+/// even where a fast configuration exists (same results to rounding, slower).
+pub const GEO_FORCE_GENERIC: u32 = 2;
 /// Every flag bit this version knows.
-pub const GEO_KNOWN_FLAGS: u32 = GEO_ALLOW_TF32;
+pub const GEO_KNOWN_FLAGS: u32 = GEO_ALLOW_TF32 | GEO_FORCE_GENERIC;
 
 /// What the backends execute: sizes, scalars and the data addresses (0 = absent).
 /// Every buffer is contiguous row-major, so an address and the sizes say it all.
@@ -153,7 +156,7 @@ fn check_scalars(c: f64, flags: u32) -> Result<()> {
     crate::ensure!(
         flags & !GEO_KNOWN_FLAGS == 0,
         FK_ERROR_INVALID_ARGUMENT,
-        "flags = {flags:#x} has unknown bits (known: FK_GEO_ALLOW_TF32 = 1)"
+        "flags = {flags:#x} has unknown bits (known: FK_GEO_ALLOW_TF32 = 1, FK_GEO_FORCE_GENERIC = 2)"
     );
     Ok(())
 }

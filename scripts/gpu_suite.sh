@@ -41,7 +41,7 @@ sel() { [ ${#SELECTED[@]} -eq 0 ] || want "$1"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee -a "$LOG"
 
 sel warmup && step warmup 600 python3 -c "import fusekit, time; t=time.time(); c=fusekit.Context('cuda'); c.warmup(); print('warmup', round(time.time()-t,1), 's')"
-for t in gpu_elementwise abi_core abi_elementwise; do
+for t in gpu_elementwise gpu_geodesic abi_core abi_elementwise abi_geodesic; do
   [ -x "$B/bin/$t" ] && sel "$t" && step "$t" 600 "$B/bin/$t" --test-threads=1
 done
 sel c_tests && step c_tests 300 env FK_TEST_DEVICE=cuda bash tests/c/run.sh
@@ -52,14 +52,17 @@ if sel sanitizer; then
   export FK_SANITIZE=1   # tests shrink their sizes under the sanitizer
   step memcheck 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_elementwise" --test-threads=1
   step racecheck 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_elementwise" --test-threads=1
+  step memcheck_geodesic 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_geodesic" --test-threads=1
+  step racecheck_geodesic 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_geodesic" --test-threads=1
   unset FK_SANITIZE
 fi
 sel bench && step bench_rust 300 "$B/bin/bench_elementwise" --json "$OUT/bench_rust.json"
 sel bench && step bench_torch 900 python3 benches/bench_torch.py --json "$OUT/bench_torch.json"
+sel bench && step bench_geodesic 900 python3 benches/bench_geodesic.py --json "$OUT/bench_geodesic.json"
 
 echo
 echo "---- benchmark rows"
-grep -E "^(device|add|mul|axpby|host|device-to-device)" "$LOG" | grep -v "^===" | head -40
+grep -E "^(device|add|mul|axpby|host|device-to-device|christoffel|leapfrog|float64 check)" "$LOG" | grep -v "^===" | head -60
 echo
 echo "---- GPU suite summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
 printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"

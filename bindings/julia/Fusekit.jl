@@ -97,6 +97,9 @@ const FK_ERROR_INTERNAL = 15
 const FK_ERROR_IO = 16
 const FK_ERROR_DTYPE_MISMATCH = 17
 
+const FK_GEO_ALLOW_TF32 = 1
+const FK_GEO_FORCE_GENERIC = 2
+
 # ------------------------------------------------------------------ C types
 
 """Opaque C handle types; only `Ptr`s to them exist."""
@@ -202,6 +205,30 @@ fk_tanh(a, out, stream) = ccall((:fk_tanh, libfusekit), Int32, (Ptr{fk_buffer}, 
 fk_sigmoid(a, out, stream) = ccall((:fk_sigmoid, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
 fk_relu(a, out, stream) = ccall((:fk_relu, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
 fk_copy(a, out, stream) = ccall((:fk_copy, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, out, stream)
+
+# Geodesic flow ops (docs/geodesic.md). fusekit's row-major [B, D] is a Julia (D, B)
+# matrix (one geodesic per column); U, W [D, R] are Julia (R, D) matrices. Optional
+# buffers are C_NULL.
+fk_christoffel_forward(v, U, W, c, flags, gamma, stream) =
+    ccall((:fk_christoffel_forward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, UInt32, Ptr{fk_buffer}, Ptr{fk_stream}),
+          v, U, W, c, flags, gamma, stream)
+fk_christoffel_backward(v, U, W, g, c, flags, dv, dU, dW, stream) =
+    ccall((:fk_christoffel_backward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, UInt32,
+           Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
+          v, U, W, g, c, flags, dv, dU, dW, stream)
+fk_leapfrog_forward(x0, v0, f, U, W, mu, dt, steps, c, flags, x_out, v_out, traj, stream) =
+    ccall((:fk_leapfrog_forward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer},
+           Cdouble, Int64, Cdouble, UInt32, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
+          x0, v0, f, U, W, mu, dt, steps, c, flags, x_out, v_out, traj, stream)
+fk_leapfrog_backward(v0, f, U, W, mu, dt, steps, c, flags, traj, gx, gv, dx0, dv0, df, dU, dW, stream) =
+    ccall((:fk_leapfrog_backward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer},
+           Cdouble, Int64, Cdouble, UInt32, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer},
+           Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
+          v0, f, U, W, mu, dt, steps, c, flags, traj, gx, gv, dx0, dv0, df, dU, dW, stream)
 
 # ------------------------------------------------------------------ errors
 

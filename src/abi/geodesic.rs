@@ -41,12 +41,16 @@ use crate::ops::geodesic as geo;
 /// `flags` bit of the geodesic ops: the CUDA backend may use TF32 tensor cores for
 /// f32 products (about 1e-3 relative accuracy). A permission: kernels without a
 /// TF32 path stay strict IEEE f32.
-pub const FK_GEO_ALLOW_TF32: u32 = geo::GEO_ALLOW_TF32;
+pub const FK_GEO_ALLOW_TF32: u32 = 1;
 
 /// `flags` bit of the geodesic ops, for testing and debugging: the CUDA backend
 /// uses its generic kernels even where a fast configuration exists (same results
 /// to rounding, several times slower). Ignored on the CPU.
-pub const FK_GEO_FORCE_GENERIC: u32 = geo::GEO_FORCE_GENERIC;
+pub const FK_GEO_FORCE_GENERIC: u32 = 2;
+
+// cbindgen copies literal values only; the crate's constants must agree.
+const _: () = assert!(FK_GEO_ALLOW_TF32 == geo::GEO_ALLOW_TF32);
+const _: () = assert!(FK_GEO_FORCE_GENERIC == geo::GEO_FORCE_GENERIC);
 
 unsafe fn opt<'a>(p: *const fk_buffer, what: &str) -> Result<Option<&'a Buffer>> {
     if p.is_null() {
@@ -61,12 +65,21 @@ unsafe fn opt<'a>(p: *const fk_buffer, what: &str) -> Result<Option<&'a Buffer>>
 /// disables clamping).
 ///
 /// `v` `[B, D]`, `U` and `W` `[D, R]`, `gamma` `[B, D]` (output), all required,
-/// f32 or f64. `gamma` may be `v` itself (in place); no other overlap. See the
-/// module rules for `flags`, streams and statuses: `FK_ERROR_NULL_POINTER`,
-/// `FK_ERROR_UNSUPPORTED_DTYPE`, `FK_ERROR_DTYPE_MISMATCH`, `FK_ERROR_SHAPE_MISMATCH`,
-/// `FK_ERROR_UNSUPPORTED`, `FK_ERROR_INVALID_ARGUMENT`, `FK_ERROR_DEVICE_MISMATCH`,
-/// `FK_ERROR_ALIASING`, and on CUDA `FK_ERROR_OUT_OF_MEMORY`,
-/// `FK_ERROR_LIBRARY_NOT_FOUND`, `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
+/// f32 or f64 (one dtype), any B, D, R. `c >= 0`. `gamma` may be `v` itself (in
+/// place); no other overlap.
+/// `flags`: 0, or `FK_GEO_ALLOW_TF32` (may use TF32 tensor cores for f32 on CUDA;
+/// currently always strict f32) and/or `FK_GEO_FORCE_GENERIC` (debugging: the generic
+/// CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
+/// of `v`'s context; the call queues work and never synchronises.
+/// Statuses: `FK_ERROR_NULL_POINTER` (a required buffer is NULL),
+/// `FK_ERROR_UNSUPPORTED_DTYPE` (`v` not f32/f64), `FK_ERROR_DTYPE_MISMATCH` (a buffer
+/// of another dtype than `v`), `FK_ERROR_SHAPE_MISMATCH` (wrong rank or extent; the
+/// message names the argument and the expected shape), `FK_ERROR_UNSUPPORTED` (a
+/// non-contiguous buffer), `FK_ERROR_INVALID_ARGUMENT` (`c` negative or NaN,
+/// unknown `flags` bits, a stale handle, a read-only output), `FK_ERROR_DEVICE_MISMATCH`
+/// (buffers or stream on different devices), `FK_ERROR_ALIASING` (a forbidden
+/// overlap), and on CUDA `FK_ERROR_OUT_OF_MEMORY` (workspace), `FK_ERROR_LIBRARY_NOT_FOUND`,
+/// `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_christoffel_forward(
     v: *const fk_buffer,
@@ -95,7 +108,22 @@ pub unsafe extern "C" fn fk_christoffel_forward(
 /// all NULL is a no-op). Outputs are overwritten (not accumulated) and must not
 /// overlap inputs or each other. `dU`/`dW` sum over the batch deterministically
 /// (per-block partial sums, then a fixed-order second pass; no atomics), so
-/// repeated calls give bit-identical results. Statuses as `fk_christoffel_forward`.
+/// repeated calls give bit-identical results. `v`, `g` `[B, D]`; `U`, `W`, `dU`, `dW`
+/// `[D, R]`; one dtype, f32 or f64. On CUDA a workspace of (blocks x D x R) elements
+/// per wanted parameter gradient is allocated stream-ordered on `stream`.
+/// `flags`: 0, or `FK_GEO_ALLOW_TF32` (may use TF32 tensor cores for f32 on CUDA;
+/// currently always strict f32) and/or `FK_GEO_FORCE_GENERIC` (debugging: the generic
+/// CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
+/// of `v`'s context; the call queues work and never synchronises.
+/// Statuses: `FK_ERROR_NULL_POINTER` (a required buffer is NULL),
+/// `FK_ERROR_UNSUPPORTED_DTYPE` (`v` not f32/f64), `FK_ERROR_DTYPE_MISMATCH` (a buffer
+/// of another dtype than `v`), `FK_ERROR_SHAPE_MISMATCH` (wrong rank or extent; the
+/// message names the argument and the expected shape), `FK_ERROR_UNSUPPORTED` (a
+/// non-contiguous buffer), `FK_ERROR_INVALID_ARGUMENT` (`c` negative or NaN,
+/// unknown `flags` bits, a stale handle, a read-only output), `FK_ERROR_DEVICE_MISMATCH`
+/// (buffers or stream on different devices), `FK_ERROR_ALIASING` (a forbidden
+/// overlap), and on CUDA `FK_ERROR_OUT_OF_MEMORY` (workspace), `FK_ERROR_LIBRARY_NOT_FOUND`,
+/// `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_christoffel_backward(
     v: *const fk_buffer,
@@ -136,9 +164,21 @@ pub unsafe extern "C" fn fk_christoffel_backward(
 /// `traj[t][0] = x` and `traj[t][1] = v` after step t (so `traj[T-1]` is the final
 /// state), kept for `fk_leapfrog_backward`. `dt` finite.
 ///
-/// `x_out` may be `x0` and `v_out` may be `v0` (in place); no other overlap.
-/// Statuses as `fk_christoffel_forward` (`FK_ERROR_INVALID_ARGUMENT` also for a
-/// non-finite `dt` or `steps < 1`).
+/// `x_out` may be `x0` and `v_out` may be `v0` (in place); no other overlap. One
+/// dtype, f32 or f64; any B, D, R.
+/// `flags`: 0, or `FK_GEO_ALLOW_TF32` (may use TF32 tensor cores for f32 on CUDA;
+/// currently always strict f32) and/or `FK_GEO_FORCE_GENERIC` (debugging: the generic
+/// CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
+/// of `v0`'s context; the call queues work and never synchronises.
+/// Statuses: `FK_ERROR_NULL_POINTER` (a required buffer is NULL),
+/// `FK_ERROR_UNSUPPORTED_DTYPE` (`v0` not f32/f64), `FK_ERROR_DTYPE_MISMATCH` (a buffer
+/// of another dtype than `v0`), `FK_ERROR_SHAPE_MISMATCH` (wrong rank or extent; the
+/// message names the argument and the expected shape), `FK_ERROR_UNSUPPORTED` (a
+/// non-contiguous buffer), `FK_ERROR_INVALID_ARGUMENT` (`c` negative or NaN, `dt` not finite, `steps < 1`,
+/// unknown `flags` bits, a stale handle, a read-only output), `FK_ERROR_DEVICE_MISMATCH`
+/// (buffers or stream on different devices), `FK_ERROR_ALIASING` (a forbidden
+/// overlap), and on CUDA `FK_ERROR_OUT_OF_MEMORY` (workspace), `FK_ERROR_LIBRARY_NOT_FOUND`,
+/// `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_leapfrog_forward(
     x0: *const fk_buffer,
@@ -186,7 +226,20 @@ pub unsafe extern "C" fn fk_leapfrog_forward(
 /// its states in a per-block workspace of `(T-1)*rows_per_block*D` elements (a few
 /// MB, independent of B). Either way each step costs two Christoffel forwards and
 /// two Christoffel backwards (about 3x the forward's work; 4x without `traj`).
-/// `dU`/`dW` are deterministic (no atomics). Statuses as `fk_leapfrog_forward`.
+/// `dU`/`dW` are deterministic (no atomics). One dtype, f32 or f64; any B, D, R.
+/// `flags`: 0, or `FK_GEO_ALLOW_TF32` (may use TF32 tensor cores for f32 on CUDA;
+/// currently always strict f32) and/or `FK_GEO_FORCE_GENERIC` (debugging: the generic
+/// CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
+/// of `v0`'s context; the call queues work and never synchronises.
+/// Statuses: `FK_ERROR_NULL_POINTER` (a required buffer is NULL),
+/// `FK_ERROR_UNSUPPORTED_DTYPE` (`v0` not f32/f64), `FK_ERROR_DTYPE_MISMATCH` (a buffer
+/// of another dtype than `v0`), `FK_ERROR_SHAPE_MISMATCH` (wrong rank or extent; the
+/// message names the argument and the expected shape), `FK_ERROR_UNSUPPORTED` (a
+/// non-contiguous buffer), `FK_ERROR_INVALID_ARGUMENT` (`c` negative or NaN, `dt` not finite, `steps < 1`,
+/// unknown `flags` bits, a stale handle, a read-only output), `FK_ERROR_DEVICE_MISMATCH`
+/// (buffers or stream on different devices), `FK_ERROR_ALIASING` (a forbidden
+/// overlap), and on CUDA `FK_ERROR_OUT_OF_MEMORY` (workspace), `FK_ERROR_LIBRARY_NOT_FOUND`,
+/// `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_leapfrog_backward(
     v0: *const fk_buffer,

@@ -404,6 +404,7 @@ struct LfChunk {
     dw: Vec<f64>,
 }
 
+#[allow(clippy::needless_range_loop)] // the adjoint updates read clearest with one index
 fn leapfrog_backward_t<T: Real>(job: &Job) {
     let m = Model::new::<T>(job);
     let mu = load_mu::<T>(job);

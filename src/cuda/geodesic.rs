@@ -400,8 +400,8 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
         }
     };
     let per_cta_bytes = (ws_per_cta + params) * esize;
-    if per_cta_bytes > 0 {
-        grid = grid.min((WS_BUDGET / per_cta_bytes).max(1));
+    if let Some(fit) = WS_BUDGET.checked_div(per_cta_bytes) {
+        grid = grid.min(fit.max(1));
     }
     let total = grid * per_cta_bytes;
     let ws = if total > 0 {

@@ -26,12 +26,12 @@ use crate::stream::Stream;
 /// (about 1e-3 relative accuracy instead of 1e-6). A permission, not a demand:
 /// backends without a TF32 path (the CPU, f64, and currently every CUDA kernel)
 /// compute in strict IEEE arithmetic.
-pub const GEO_ALLOW_TF32: u32 = 1;
+pub(crate) const GEO_ALLOW_TF32: u32 = 1;
 /// Flag bit for testing and debugging: the CUDA backend uses its generic kernels
 /// even where a fast configuration exists (same results to rounding, slower).
-pub const GEO_FORCE_GENERIC: u32 = 2;
+pub(crate) const GEO_FORCE_GENERIC: u32 = 2;
 /// Every flag bit this version knows.
-pub const GEO_KNOWN_FLAGS: u32 = GEO_ALLOW_TF32 | GEO_FORCE_GENERIC;
+pub(crate) const GEO_KNOWN_FLAGS: u32 = GEO_ALLOW_TF32 | GEO_FORCE_GENERIC;
 
 /// What the backends execute: sizes, scalars and the data addresses (0 = absent).
 /// Every buffer is contiguous row-major, so an address and the sizes say it all.

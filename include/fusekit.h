@@ -37,6 +37,20 @@
 #define FK_GAUSSIAN_DEFAULT_EPS 1e-6
 
 /**
+ * `flags` bit of the geodesic ops: the CUDA backend may use TF32 tensor cores for
+ * f32 products (about 1e-3 relative accuracy). A permission: kernels without a
+ * TF32 path stay strict IEEE f32.
+ */
+#define FK_GEO_ALLOW_TF32 1
+
+/**
+ * `flags` bit of the geodesic ops, for testing and debugging: the CUDA backend
+ * uses its generic kernels even where a fast configuration exists (same results
+ * to rounding, several times slower). Ignored on the CPU.
+ */
+#define FK_GEO_FORCE_GENERIC 2
+
+/**
  * `fk_gemm` flag: f32 and complex64 products may use TF32 tensor cores (inputs
  * rounded to a 10-bit mantissa, f32 accumulation; relative error ~1e-3). Ignored
  * for other dtypes and on the CPU.
@@ -959,6 +973,169 @@ fk_status fk_gaussian_backward_workspace_size(const fk_context *ctx,
                                               int64_t num_points,
                                               int64_t num_gaussians,
                                               size_t *bytes);
+
+/**
+ * Christoffel forward: `p = v U` `[B, R]`, `s = p*p`, `gamma_raw = s W^T` `[B, D]`,
+ * `gamma = clamp(gamma_raw, -c, c)` (`c = 5` in the source model; `INFINITY`
+ * disables clamping).
+ *
+ * `v` `[B, D]`, `U` and `W` `[D, R]`, `gamma` `[B, D]` (output), all required,
+ * f32 or f64 (one dtype), any B, D, R. `c >= 0`. `gamma` may be `v` itself (in
+ * place); no other overlap.
+ * `flags`: 0, or `FK_GEO_ALLOW_TF32` (may use TF32 tensor cores for f32 on CUDA;
+ * currently always strict f32) and/or `FK_GEO_FORCE_GENERIC` (debugging: the generic
+ * CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
+ * of `v`'s context; the call queues work and never synchronises.
+ * Statuses: `FK_ERROR_NULL_POINTER` (a required buffer is NULL),
+ * `FK_ERROR_UNSUPPORTED_DTYPE` (`v` not f32/f64), `FK_ERROR_DTYPE_MISMATCH` (a buffer
+ * of another dtype than `v`), `FK_ERROR_SHAPE_MISMATCH` (wrong rank or extent; the
+ * message names the argument and the expected shape), `FK_ERROR_UNSUPPORTED` (a
+ * non-contiguous buffer), `FK_ERROR_INVALID_ARGUMENT` (`c` negative or NaN,
+ * unknown `flags` bits, a stale handle, a read-only output), `FK_ERROR_DEVICE_MISMATCH`
+ * (buffers or stream on different devices), `FK_ERROR_ALIASING` (a forbidden
+ * overlap), and on CUDA `FK_ERROR_OUT_OF_MEMORY` (workspace), `FK_ERROR_LIBRARY_NOT_FOUND`,
+ * `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
+ */
+fk_status fk_christoffel_forward(const fk_buffer *v,
+                                 const fk_buffer *U,
+                                 const fk_buffer *W,
+                                 double c,
+                                 uint32_t flags,
+                                 fk_buffer *gamma,
+                                 const fk_stream *stream);
+
+/**
+ * Christoffel backward, given `g = dL/dgamma` `[B, D]`: with `p, s, gamma_raw` of
+ * the forward (recomputed), `g' = g * 1[-c <= gamma_raw <= c]`, `dW = g'^T s`,
+ * `dp = 2 p * (g' W)`, `dv = dp U^T` `[B, D]`, `dU = v^T dp` `[D, R]`.
+ *
+ * `v`, `U`, `W`, `g` required; `dv`, `dU`, `dW` each optional (NULL = not wanted;
+ * all NULL is a no-op). Outputs are overwritten (not accumulated) and must not
+ * overlap inputs or each other. `dU`/`dW` sum over the batch deterministically
+ * (per-block partial sums, then a fixed-order second pass; no atomics), so
+ * repeated calls give bit-identical results. `v`, `g` `[B, D]`; `U`, `W`, `dU`, `dW`
+ * `[D, R]`; one dtype, f32 or f64. On CUDA a workspace of (blocks x D x R) elements
+ * per wanted parameter gradient is allocated stream-ordered on `stream`.
+ * `flags`: 0, or `FK_GEO_ALLOW_TF32` (may use TF32 tensor cores for f32 on CUDA;
+ * currently always strict f32) and/or `FK_GEO_FORCE_GENERIC` (debugging: the generic
+ * CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
+ * of `v`'s context; the call queues work and never synchronises.
+ * Statuses: `FK_ERROR_NULL_POINTER` (a required buffer is NULL),
+ * `FK_ERROR_UNSUPPORTED_DTYPE` (`v` not f32/f64), `FK_ERROR_DTYPE_MISMATCH` (a buffer
+ * of another dtype than `v`), `FK_ERROR_SHAPE_MISMATCH` (wrong rank or extent; the
+ * message names the argument and the expected shape), `FK_ERROR_UNSUPPORTED` (a
+ * non-contiguous buffer), `FK_ERROR_INVALID_ARGUMENT` (`c` negative or NaN,
+ * unknown `flags` bits, a stale handle, a read-only output), `FK_ERROR_DEVICE_MISMATCH`
+ * (buffers or stream on different devices), `FK_ERROR_ALIASING` (a forbidden
+ * overlap), and on CUDA `FK_ERROR_OUT_OF_MEMORY` (workspace), `FK_ERROR_LIBRARY_NOT_FOUND`,
+ * `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
+ */
+fk_status fk_christoffel_backward(const fk_buffer *v,
+                                  const fk_buffer *U,
+                                  const fk_buffer *W,
+                                  const fk_buffer *g,
+                                  double c,
+                                  uint32_t flags,
+                                  fk_buffer *dv,
+                                  fk_buffer *dU,
+                                  fk_buffer *dW,
+                                  const fk_stream *stream);
+
+/**
+ * Leapfrog (kick-drift-kick), `steps` = T >= 1 steps fused in one launch:
+ * ```text
+ * for t in 0..T:
+ *     vh = v + 0.5*dt*(f - Gamma(v) - mu*v)
+ *     x  = x + dt*vh
+ *     v  = vh + 0.5*dt*(f - Gamma(vh) - mu*vh)
+ * ```
+ * with `Gamma` the clamped Christoffel map of `fk_christoffel_forward` (`U`, `W`,
+ * `c`). `x0`, `v0` `[B, D]`, `U`, `W` `[D, R]`, `x_out`, `v_out` `[B, D]` required;
+ * `f` `[B, D]` optional (NULL = zero force; constant over the steps), `mu` `[D]`
+ * optional (per-feature friction; NULL = 0), `traj` `[T, 2, B, D]` optional output:
+ * `traj[t][0] = x` and `traj[t][1] = v` after step t (so `traj[T-1]` is the final
+ * state), kept for `fk_leapfrog_backward`. `dt` finite.
+ *
+ * `x_out` may be `x0` and `v_out` may be `v0` (in place); no other overlap. One
+ * dtype, f32 or f64; any B, D, R.
+ * `flags`: 0, or `FK_GEO_ALLOW_TF32` (may use TF32 tensor cores for f32 on CUDA;
+ * currently always strict f32) and/or `FK_GEO_FORCE_GENERIC` (debugging: the generic
+ * CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
+ * of `v0`'s context; the call queues work and never synchronises.
+ * Statuses: `FK_ERROR_NULL_POINTER` (a required buffer is NULL),
+ * `FK_ERROR_UNSUPPORTED_DTYPE` (`v0` not f32/f64), `FK_ERROR_DTYPE_MISMATCH` (a buffer
+ * of another dtype than `v0`), `FK_ERROR_SHAPE_MISMATCH` (wrong rank or extent; the
+ * message names the argument and the expected shape), `FK_ERROR_UNSUPPORTED` (a
+ * non-contiguous buffer), `FK_ERROR_INVALID_ARGUMENT` (`c` negative or NaN, `dt` not finite, `steps < 1`,
+ * unknown `flags` bits, a stale handle, a read-only output), `FK_ERROR_DEVICE_MISMATCH`
+ * (buffers or stream on different devices), `FK_ERROR_ALIASING` (a forbidden
+ * overlap), and on CUDA `FK_ERROR_OUT_OF_MEMORY` (workspace), `FK_ERROR_LIBRARY_NOT_FOUND`,
+ * `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
+ */
+fk_status fk_leapfrog_forward(const fk_buffer *x0,
+                              const fk_buffer *v0,
+                              const fk_buffer *f,
+                              const fk_buffer *U,
+                              const fk_buffer *W,
+                              const fk_buffer *mu,
+                              double dt,
+                              int64_t steps,
+                              double c,
+                              uint32_t flags,
+                              fk_buffer *x_out,
+                              fk_buffer *v_out,
+                              fk_buffer *traj,
+                              const fk_stream *stream);
+
+/**
+ * Leapfrog backward: gradients of a loss L(x_T, v_T) of `fk_leapfrog_forward` with
+ * the same `v0, f, U, W, mu, dt, steps, c`, given `gx = dL/dx_T` and
+ * `gv = dL/dv_T` (`[B, D]`, each optional: NULL = zero). Outputs, each optional
+ * (NULL = not wanted): `dx0`, `dv0`, `df` `[B, D]`, `dU`, `dW` `[D, R]`; they are
+ * overwritten, not accumulated, and must not overlap inputs or each other.
+ * (`x0` is not an argument: nothing depends on it but `x_T = x0 + ...`, so
+ * `dx0 = gx`.)
+ *
+ * `traj` (optional) is the `[T, 2, B, D]` trajectory written by the forward; with
+ * it the backward reads the velocities `v_t` from it (T*B*D elements read, no
+ * extra memory). Without it the backward recomputes them: the CPU keeps `T*D`
+ * values per row in flight; CUDA recomputes each tile of rows on chip and keeps
+ * its states in a per-block workspace of `(T-1)*rows_per_block*D` elements (a few
+ * MB, independent of B). Either way each step costs two Christoffel forwards and
+ * two Christoffel backwards (about 3x the forward's work; 4x without `traj`).
+ * `dU`/`dW` are deterministic (no atomics). One dtype, f32 or f64; any B, D, R.
+ * `flags`: 0, or `FK_GEO_ALLOW_TF32` (may use TF32 tensor cores for f32 on CUDA;
+ * currently always strict f32) and/or `FK_GEO_FORCE_GENERIC` (debugging: the generic
+ * CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
+ * of `v0`'s context; the call queues work and never synchronises.
+ * Statuses: `FK_ERROR_NULL_POINTER` (a required buffer is NULL),
+ * `FK_ERROR_UNSUPPORTED_DTYPE` (`v0` not f32/f64), `FK_ERROR_DTYPE_MISMATCH` (a buffer
+ * of another dtype than `v0`), `FK_ERROR_SHAPE_MISMATCH` (wrong rank or extent; the
+ * message names the argument and the expected shape), `FK_ERROR_UNSUPPORTED` (a
+ * non-contiguous buffer), `FK_ERROR_INVALID_ARGUMENT` (`c` negative or NaN, `dt` not finite, `steps < 1`,
+ * unknown `flags` bits, a stale handle, a read-only output), `FK_ERROR_DEVICE_MISMATCH`
+ * (buffers or stream on different devices), `FK_ERROR_ALIASING` (a forbidden
+ * overlap), and on CUDA `FK_ERROR_OUT_OF_MEMORY` (workspace), `FK_ERROR_LIBRARY_NOT_FOUND`,
+ * `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
+ */
+fk_status fk_leapfrog_backward(const fk_buffer *v0,
+                               const fk_buffer *f,
+                               const fk_buffer *U,
+                               const fk_buffer *W,
+                               const fk_buffer *mu,
+                               double dt,
+                               int64_t steps,
+                               double c,
+                               uint32_t flags,
+                               const fk_buffer *traj,
+                               const fk_buffer *gx,
+                               const fk_buffer *gv,
+                               fk_buffer *dx0,
+                               fk_buffer *dv0,
+                               fk_buffer *df,
+                               fk_buffer *dU,
+                               fk_buffer *dW,
+                               const fk_stream *stream);
 
 /**
  * General matrix product `C = alpha op(A) op(B) + beta C`, batched.

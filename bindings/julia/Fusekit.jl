@@ -115,6 +115,9 @@ const FK_GEMM_ALLOW_TF32 = 1
 
 const FK_GAUSSIAN_DEFAULT_EPS = 1e-6
 
+const FK_GEO_ALLOW_TF32 = 1
+const FK_GEO_FORCE_GENERIC = 2
+
 # ------------------------------------------------------------------ C types
 
 """Opaque C handle types; only `Ptr`s to them exist."""
@@ -331,6 +334,30 @@ fk_gaussian_field_backward(points, means, chol, weights, eps, dout, dpoints, dme
 fk_gaussian_backward_workspace_size(ctx, dtype, num_points, num_gaussians, bytes) =
     ccall((:fk_gaussian_backward_workspace_size, libfusekit), Int32,
           (Ptr{fk_context}, Int32, Int64, Int64, Ptr{Csize_t}), ctx, dtype, num_points, num_gaussians, bytes)
+
+# Geodesic flow ops (docs/geodesic.md). fusekit's row-major [B, D] is a Julia (D, B)
+# matrix (one geodesic per column); U, W [D, R] are Julia (R, D) matrices. Optional
+# buffers are C_NULL.
+fk_christoffel_forward(v, U, W, c, flags, gamma, stream) =
+    ccall((:fk_christoffel_forward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, UInt32, Ptr{fk_buffer}, Ptr{fk_stream}),
+          v, U, W, c, flags, gamma, stream)
+fk_christoffel_backward(v, U, W, g, c, flags, dv, dU, dW, stream) =
+    ccall((:fk_christoffel_backward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, UInt32,
+           Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
+          v, U, W, g, c, flags, dv, dU, dW, stream)
+fk_leapfrog_forward(x0, v0, f, U, W, mu, dt, steps, c, flags, x_out, v_out, traj, stream) =
+    ccall((:fk_leapfrog_forward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer},
+           Cdouble, Int64, Cdouble, UInt32, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
+          x0, v0, f, U, W, mu, dt, steps, c, flags, x_out, v_out, traj, stream)
+fk_leapfrog_backward(v0, f, U, W, mu, dt, steps, c, flags, traj, gx, gv, dx0, dv0, df, dU, dW, stream) =
+    ccall((:fk_leapfrog_backward, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer},
+           Cdouble, Int64, Cdouble, UInt32, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer},
+           Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
+          v0, f, U, W, mu, dt, steps, c, flags, traj, gx, gv, dx0, dv0, df, dU, dW, stream)
 
 # ------------------------------------------------------------------ errors
 

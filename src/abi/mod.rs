@@ -11,6 +11,7 @@
 pub mod core;
 pub mod elementwise;
 pub mod gaussian;
+pub mod geodesic;
 pub mod linalg;
 pub mod runtime;
 

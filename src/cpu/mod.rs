@@ -4,6 +4,7 @@
 
 pub mod elementwise;
 pub mod gaussian;
+pub mod geodesic;
 pub mod linalg;
 
 use half::{bf16, f16};

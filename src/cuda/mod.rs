@@ -8,6 +8,7 @@
 pub mod cublas;
 pub mod elementwise;
 pub mod gaussian;
+pub mod geodesic;
 pub mod launch;
 pub mod linalg;
 pub mod nccl;
@@ -31,6 +32,7 @@ pub fn modules() -> impl Iterator<Item = &'static (&'static str, fn() -> String)
         .iter()
         .chain(gaussian::MODULES.iter())
         .chain(linalg::MODULES.iter())
+        .chain(geodesic::MODULES.iter())
 }
 
 /// Headers the module sources may `#include "..."` (resolved by NVRTC in memory).

@@ -3,4 +3,5 @@
 
 pub mod elementwise;
 pub mod gaussian;
+pub mod geodesic;
 pub mod linalg;

@@ -1,0 +1,1073 @@
+// fusekit: the geodesic flow family (OPS.md section 2). docs/geodesic.md explains
+// the design; the short version:
+//
+//   Gamma(v) = clamp((v U)^2 W^T, -c, c),  v [B, D],  U, W [D, R].
+//
+// Per row this is two small products, p = v U (a reduction over D) and
+// gamma_raw = s W^T (a reduction over R). Over a tile of M rows they are GEMMs
+// [M, D] x [D, R] and [M, R] x [R, D], so the fast kernels are register-tiled GEMM
+// kernels with U and W resident in shared memory for the whole (persistent) block:
+//
+// - 256 threads = 8 warps per block, one block per SM (the smem holds U and W).
+//   Features are split into 8 warp slices of KW = 8*DJ columns (D padded to
+//   DP = 64*DJ). Rows: tiles of M = 4*MB rows, grid-stride over tiles.
+// - "Row layout" (elementwise work, state, phase B outputs): lane = (g, dg), thread
+//   owns rows g + 4i (i < MB) and features w*KW + j*8 + dg (j < DJ). The leapfrog
+//   keeps x, v (and the backward its adjoints) in these registers for all T steps.
+// - Phase A, P[M, RP] = X[M, D] . U[D, RP]: split-K over the 8 warps (each warp its
+//   own feature slice, read from its smem slice), lane tile MB rows x RA = RP/8
+//   columns, then the 8 partial tiles are summed in warp order (deterministic) by
+//   the whole block.
+// - Phase B, raw[M, D] = S[M, RP] . W^T: row layout, K = RP, 4-wide vector loads.
+// - Parameter gradients dU, dW (sums over rows): per-thread register accumulators
+//   over a fixed (d, r) block, written once per block as a partial [D, R]; a second
+//   kernel (geo_reduce) adds the partials in block order. No atomics: results are
+//   bit-reproducible for a given device and launch configuration.
+// - Shared-memory row strides are padded (RP + 4, KW + 4) so that the 16-byte
+//   loads of all three access patterns are free of bank conflicts.
+//
+// The generic kernels (any D, any R; used when the fast configuration does not fit
+// the device's shared memory, e.g. R > 32 or D > 1024 or f64 with large D*R) keep
+// every per-row vector in a per-block global workspace (L1/L2 resident) and read U
+// and W from global memory; slower, simple, unlimited sizes.
+//
+// The host (src/cuda/geodesic.rs) prepends `#define GEO_T float|double` and one of
+// `GEO_MODULE_CHR_FWD`, `_CHR_BWD`, `_LF_FWD`, `_LF_BWD` (one module per op and
+// dtype, so a program compiles only what it uses), and mirrors the shared-memory
+// sizes (the kernels check them and trap on a mismatch).
+#include "common.cuh"
+
+#define GEO_NT 256
+#define GEO_NW 8
+#define GEN_RG 4
+
+#define GEO_WANT_DV 1
+#define GEO_WANT_DU 2
+#define GEO_WANT_DW 4
+#define GEO_WANT_DF 8
+#define GEO_WANT_DX 16
+
+// Mirrors `GeoArgs` in src/cuda/geodesic.rs (passed by value).
+struct GeoArgs {
+    i64 B, D, R, steps;
+    double dt, c;
+    u64 x0, v0, f, u, w, mu, g, gx, gv;
+    u64 x_out, v_out, traj, gamma;
+    u64 dx, dv, df, du_part, dw_part;
+    u64 ws;          // workspace: per-block slabs of ws_per_cta elements
+    i64 ws_per_cta;
+    int want;        // GEO_WANT_* (backwards)
+    int vec_ok;      // rows of v start 16-byte aligned (cp.async path)
+    unsigned smem_bytes;
+    int pad_;
+};
+
+struct ReduceArgs {
+    u64 parts;  // [nparts][n]
+    u64 out;    // [n]
+    i64 nparts;
+    i64 n;
+};
+
+extern __shared__ __align__(32) unsigned char geo_smem[];
+
+template <typename T> __device__ __forceinline__ T clampc(T x, T c) {
+    return x < -c ? -c : (x > c ? c : x);  // NaN passes through, as torch.clamp
+}
+template <typename T> __device__ __forceinline__ bool passc(T x, T c) {
+    return x >= -c && x <= c;  // the clamp's derivative: inclusive, 0 for NaN
+}
+
+__device__ __forceinline__ unsigned dyn_smem_size() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}
+
+// ---------------------------------------------------------------- vector loads
+template <typename T, int N> struct __align__(sizeof(T) * N) GVec { T x[N]; };
+
+// Loads N consecutive elements (N in {1, 2, 4, 8}); `p` is aligned to min(N, 4) elements.
+template <int N, typename T> __device__ __forceinline__ void ldv(const T* p, T (&o)[N]) {
+    if constexpr (N >= 4) {
+#pragma unroll
+        for (int k = 0; k < N; k += 4) {
+            GVec<T, 4> v = *reinterpret_cast<const GVec<T, 4>*>(p + k);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[k + e] = v.x[e];
+        }
+    } else if constexpr (N == 2) {
+        GVec<T, 2> v = *reinterpret_cast<const GVec<T, 2>*>(p);
+        o[0] = v.x[0];
+        o[1] = v.x[1];
+    } else {
+        o[0] = p[0];
+    }
+}
+
+// ---------------------------------------------------------------- cp.async
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if __CUDA_ARCH__ >= 800
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+    *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// ---------------------------------------------------------------- fast path
+template <typename T_, int RP_, int DJ_, int MB_> struct Cfg {
+    typedef T_ T;
+    static constexpr int RP = RP_;  // R padded (8, 16, 32)
+    static constexpr int DJ = DJ_;  // feature groups of 8 per thread (D padded to 64*DJ)
+    static constexpr int MB = MB_;  // rows per thread (tile = 4*MB rows)
+    static constexpr int M = 4 * MB;
+    static constexpr int KW = 8 * DJ;          // features per warp slice
+    static constexpr int DP = GEO_NW * KW;     // padded D
+    static constexpr int SU = RP + 4;          // row stride of U, W, P, S, DP in smem
+    static constexpr int SV = KW + 4;          // row stride of a warp slice
+    static constexpr int SLICE = M * (SV > SU ? SV : SU);  // a warp slice (also holds a [M][SU] partial)
+    static constexpr int RA = RP / 8;          // phase A: columns per lane
+    static constexpr int PV = DJ >= 4 ? 4 : DJ;  // parameter layout: features per vector
+    static constexpr int NB = DJ / PV;
+    static constexpr int RQ = RP / 4;          // parameter layout: columns per lane
+    static constexpr int NPAR = DJ * RP / 4;   // parameter accumulators per thread
+    // shared memory of each fast kernel, in elements (src/cuda/geodesic.rs mirrors these)
+    static constexpr int SMEM_CHR_FWD = 2 * DP * SU + 2 * GEO_NW * SLICE + M * SU;
+    static constexpr int SMEM_LF_FWD = 2 * DP * SU + GEO_NW * SLICE + M * SU;
+    static constexpr int SMEM_CHR_BWD = 2 * DP * SU + 2 * GEO_NW * SLICE + 3 * M * SU;
+    static constexpr int SMEM_LF_BWD = 2 * DP * SU + 2 * GEO_NW * SLICE + 5 * M * SU + 2 * M * DP;
+    static_assert(MB * DJ <= 32, "mask bits must fit one word");
+};
+
+// Largest opt-in shared memory per block of the supported GPUs (227 KB on sm_90);
+// configurations above it are compiled as stubs and never chosen by the host.
+#define GEO_SMEM_MAX 232448
+
+// U or W [D, R] (global) into smem [DP][SU], zero padded.
+template <class C> __device__ void load_mat(typename C::T* dst, const typename C::T* src, i64 D, i64 R) {
+    typedef typename C::T T;
+    for (int idx = threadIdx.x; idx < C::DP * C::SU; idx += GEO_NT) {
+        int d = idx / C::SU, r = idx - d * C::SU;
+        dst[idx] = (d < D && r < R) ? src[(i64)d * R + r] : T(0);
+    }
+}
+
+// Row layout: rows row0 + g + 4i, features w*KW + j*8 + dg. Element (i, j) of a
+// [B, D] matrix is at `off + i*4D + j*8`: one base offset per thread and immediate
+// column offsets, so that hoisted addresses cost few registers.
+template <class C> struct Rows {
+    typedef typename C::T T;
+    typedef T Tile[C::MB][C::DJ];
+    int g, dg, w;
+    i64 row0, off, D4;
+    i64 rlim;  // rows left from this thread's first row: row i valid iff 4i < rlim
+    int dlim;  // features left from this thread's first feature: column j valid iff 8j < dlim
+    __device__ Rows(i64 r0, i64 B, i64 D) {
+        const int lane = threadIdx.x & 31;
+        w = threadIdx.x >> 5;
+        g = lane >> 3;
+        dg = lane & 7;
+        row0 = r0;
+        const i64 c0 = w * C::KW + dg;
+        off = (r0 + g) * D + c0;
+        D4 = 4 * D;
+        rlim = B - (r0 + g);
+        dlim = (int)min(D - c0, (i64)(8 * C::DJ));
+    }
+    __device__ __forceinline__ int col(int j) const { return w * C::KW + j * 8 + dg; }
+    __device__ __forceinline__ bool ok(int i, int j) const { return 4 * i < rlim && 8 * j < dlim; }
+    // src [B, D] (NULL: zeros)
+    __device__ __forceinline__ void load(Tile& o, const T* src) const {
+#pragma unroll
+        for (int i = 0; i < C::MB; ++i) {
+            const T* p = src + off + i * D4;
+#pragma unroll
+            for (int j = 0; j < C::DJ; ++j) o[i][j] = (src != nullptr && ok(i, j)) ? p[j * 8] : T(0);
+        }
+    }
+    __device__ __forceinline__ void store(const Tile& o, T* dst) const {
+#pragma unroll
+        for (int i = 0; i < C::MB; ++i) {
+            T* p = dst + off + i * D4;
+#pragma unroll
+            for (int j = 0; j < C::DJ; ++j)
+                if (ok(i, j)) p[j * 8] = o[i][j];
+        }
+    }
+    // into the warp's own smem slice [M][SV]; the __syncwarp orders the write after
+    // every earlier read of the slice by the warp's lanes (they need not be converged)
+    __device__ __forceinline__ void to_slice(const Tile& o, T* slice) const {
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+            for (int j = 0; j < C::DJ; ++j) slice[(g + 4 * i) * C::SV + j * 8 + dg] = o[i][j];
+    }
+};
+
+// Phase A over the warp's feature slice: acc[i][j] = sum_k X[am + 4i][k] M[k][ar*RA + j].
+// `xs`: the warp's slice [M][SV]; `mat`: the first of the slice's rows of U or W ([KW][SU]).
+template <class C>
+__device__ __forceinline__ void phase_a(const typename C::T* xs, const typename C::T* mat, int lane,
+                                        typename C::T (&acc)[C::MB][C::RA]) {
+    typedef typename C::T T;
+    const int am = lane >> 3, ar = lane & 7;
+#pragma unroll
+    for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+        for (int j = 0; j < C::RA; ++j) acc[i][j] = T(0);
+    const T* mrow = mat + ar * C::RA;
+#pragma unroll 2
+    for (int k = 0; k < C::KW; k += 4) {
+        T xv[C::MB][4];
+#pragma unroll
+        for (int i = 0; i < C::MB; ++i) ldv<4>(xs + (am + 4 * i) * C::SV + k, xv[i]);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            T mv[C::RA];
+            ldv<C::RA>(mrow + (k + q) * C::SU, mv);
+#pragma unroll
+            for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+                for (int j = 0; j < C::RA; ++j) acc[i][j] = fma(xv[i][q], mv[j], acc[i][j]);
+        }
+    }
+}
+
+// A warp's partial [M][RP] tile (stride SU) into its slice `part`.
+template <class C>
+__device__ __forceinline__ void store_part(typename C::T* part, const typename C::T (&acc)[C::MB][C::RA], int lane) {
+    const int am = lane >> 3, ar = lane & 7;
+#pragma unroll
+    for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+        for (int j = 0; j < C::RA; ++j) part[(am + 4 * i) * C::SU + ar * C::RA + j] = acc[i][j];
+}
+
+// Sums the 8 warps' partials (slices of `parts`) in warp order: epi(m, r, sum).
+template <class C, typename Epi> __device__ __forceinline__ void reduce_parts(const typename C::T* parts, Epi epi) {
+    typedef typename C::T T;
+    for (int idx = threadIdx.x; idx < C::M * C::RP; idx += GEO_NT) {
+        int m = idx / C::RP, r = idx - m * C::RP;
+        T s = parts[m * C::SU + r];
+#pragma unroll
+        for (int w = 1; w < GEO_NW; ++w) s += parts[w * C::SLICE + m * C::SU + r];
+        epi(m, r, s);
+    }
+}
+
+// Phase B, row layout: acc[i][j] = sum_r S[g + 4i][r] M[w*KW + j*8 + dg][r].
+template <class C>
+__device__ __forceinline__ void phase_b(const typename C::T* S, const typename C::T* mat, int lane,
+                                        typename C::T (&acc)[C::MB][C::DJ]) {
+    typedef typename C::T T;
+    const int w = threadIdx.x >> 5, g = lane >> 3, dg = lane & 7;
+#pragma unroll
+    for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+        for (int j = 0; j < C::DJ; ++j) acc[i][j] = T(0);
+    const T* mbase = mat + (w * C::KW + dg) * C::SU;
+#pragma unroll 2
+    for (int r0 = 0; r0 < C::RP; r0 += 4) {
+        T sv[C::MB][4];
+#pragma unroll
+        for (int i = 0; i < C::MB; ++i) ldv<4>(S + (g + 4 * i) * C::SU + r0, sv[i]);
+#pragma unroll
+        for (int j = 0; j < C::DJ; ++j) {
+            T mv[4];
+            ldv<4>(mbase + j * 8 * C::SU + r0, mv);
+#pragma unroll
+            for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) acc[i][j] = fma(sv[i][q], mv[q], acc[i][j]);
+        }
+    }
+}
+
+// Parameter gradient: acc[(b*PV + jj)*RQ + k] += sum_m X[m][b*8*PV + dq*PV + jj] Y[m][rq*RQ + k]
+// (X: the warp's slice, Y: [M][SU]); the thread's (d, r) block is fixed for the kernel.
+template <class C>
+__device__ __forceinline__ void param_acc(const typename C::T* xs, const typename C::T* Y, int lane,
+                                          typename C::T (&acc)[C::NPAR]) {
+    typedef typename C::T T;
+    const int dq = lane & 7, rq = lane >> 3;
+#pragma unroll 2
+    for (int m = 0; m < C::M; ++m) {
+        T xv[C::NB][C::PV];
+#pragma unroll
+        for (int b = 0; b < C::NB; ++b) ldv<C::PV>(xs + m * C::SV + b * 8 * C::PV + dq * C::PV, xv[b]);
+        T yv[C::RQ];
+        ldv<C::RQ>(Y + m * C::SU + rq * C::RQ, yv);
+#pragma unroll
+        for (int b = 0; b < C::NB; ++b)
+#pragma unroll
+            for (int jj = 0; jj < C::PV; ++jj)
+#pragma unroll
+                for (int k = 0; k < C::RQ; ++k)
+                    acc[(b * C::PV + jj) * C::RQ + k] = fma(xv[b][jj], yv[k], acc[(b * C::PV + jj) * C::RQ + k]);
+    }
+}
+
+// This block's partial [D][R] (every element of the block's share written, zeros included).
+template <class C>
+__device__ void param_store(const typename C::T (&acc)[C::NPAR], typename C::T* out, i64 D, i64 R) {
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, dq = lane & 7, rq = lane >> 3;
+#pragma unroll
+    for (int b = 0; b < C::NB; ++b)
+#pragma unroll
+        for (int jj = 0; jj < C::PV; ++jj)
+#pragma unroll
+            for (int k = 0; k < C::RQ; ++k) {
+                i64 d = w * C::KW + b * 8 * C::PV + dq * C::PV + jj;
+                i64 r = rq * C::RQ + k;
+                if (d < D && r < R) out[d * R + r] = acc[(b * C::PV + jj) * C::RQ + k];
+            }
+}
+
+__device__ __forceinline__ void check_smem(unsigned needed_bytes, const GeoArgs& a) {
+    if (needed_bytes > a.smem_bytes || a.smem_bytes > dyn_smem_size()) __trap();
+}
+
+// Gamma of a row-layout tile: writes it to the warp's slice of `vb`, phase A with
+// the partials in the slices of `pb` (may be `vb`), P (optional) and S = P^2 into
+// smem, phase B into `raw` (unclamped). Contains two __syncthreads.
+template <class C>
+__device__ __forceinline__ void gamma_regs(const typename Rows<C>::Tile& vin, const Rows<C>& rl, typename C::T* vb,
+                                           typename C::T* pb, typename C::T* P, typename C::T* S,
+                                           const typename C::T* Us, const typename C::T* Ws, i64 R,
+                                           typename Rows<C>::Tile& raw) {
+    typedef typename C::T T;
+    const int lane = threadIdx.x & 31;
+    T* vs = vb + rl.w * C::SLICE;
+    rl.to_slice(vin, vs);
+    __syncwarp();
+    T acc[C::MB][C::RA];
+    phase_a<C>(vs, Us + rl.w * C::KW * C::SU, lane, acc);
+    __syncwarp();
+    store_part<C>(pb + rl.w * C::SLICE, acc, lane);
+    __syncthreads();
+    reduce_parts<C>(pb, [&](int m, int r, T s) {
+        bool in = r < R;
+        if (P != nullptr) P[m * C::SU + r] = in ? s : T(0);
+        S[m * C::SU + r] = in ? s * s : T(0);
+    });
+    __syncthreads();
+    phase_b<C>(S, Ws, lane, raw);
+}
+
+// The tail of a Christoffel vector-Jacobian product: with g' in the warp's slice of
+// `gb`, Q = g' W (phase A, partials in `gb`), DP = 2 P Q into smem, and (if
+// `want_dv`) dv = DP U^T in row layout. Contains two __syncthreads.
+template <class C>
+__device__ __forceinline__ void vjp_tail(typename C::T* gb, const typename C::T* P, typename C::T* DPs,
+                                         const typename C::T* Us, const typename C::T* Ws, bool want_dv,
+                                         typename Rows<C>::Tile& dv) {
+    typedef typename C::T T;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    T* gs = gb + w * C::SLICE;
+    T acc[C::MB][C::RA];
+    phase_a<C>(gs, Ws + w * C::KW * C::SU, lane, acc);
+    __syncwarp();
+    store_part<C>(gs, acc, lane);
+    __syncthreads();
+    reduce_parts<C>(gb, [&](int m, int r, T s) { DPs[m * C::SU + r] = T(2) * P[m * C::SU + r] * s; });
+    __syncthreads();
+    if (want_dv) phase_b<C>(DPs, Us, lane, dv);
+}
+
+// Tile of v rows into the (warp-sliced) smem buffer `vb`: cp.async (16-byte chunks)
+// when rows are 16-byte aligned, else plain loads. Padding is zero.
+template <class C>
+__device__ void load_tile(typename C::T* vb, const typename C::T* v, i64 row0, i64 B, i64 D, bool vec) {
+    typedef typename C::T T;
+    if (vec) {
+        constexpr int CH = 16 / sizeof(T);
+        constexpr int NCH = C::DP / CH;
+        for (int idx = threadIdx.x; idx < C::M * NCH; idx += GEO_NT) {
+            int m = idx / NCH, d = (idx - m * NCH) * CH;
+            int w = d / C::KW, kk = d - w * C::KW;
+            T* dst = vb + w * C::SLICE + m * C::SV + kk;
+            i64 row = row0 + m;
+            if (row < B && d < D) {
+                cp_async16(dst, v + row * D + d);
+            } else {
+#pragma unroll
+                for (int e = 0; e < CH; ++e) dst[e] = T(0);
+            }
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < C::M * C::DP; idx += GEO_NT) {
+            int m = idx / C::DP, d = idx - m * C::DP;
+            int w = d / C::KW, kk = d - w * C::KW;
+            i64 row = row0 + m;
+            vb[w * C::SLICE + m * C::SV + kk] = (row < B && d < D) ? v[row * D + d] : T(0);
+        }
+    }
+}
+
+template <class C> __device__ void chr_fwd_fast(const GeoArgs& a) {
+    typedef typename C::T T;
+    check_smem(C::SMEM_CHR_FWD * sizeof(T), a);
+    T* Us = reinterpret_cast<T*>(geo_smem);
+    T* Ws = Us + C::DP * C::SU;
+    T* const V0 = Ws + C::DP * C::SU;
+    T* const V1 = V0 + GEO_NW * C::SLICE;
+    T* S = V1 + GEO_NW * C::SLICE;
+    const T* v = reinterpret_cast<const T*>(a.v0);
+    T* out = reinterpret_cast<T*>(a.gamma);
+    const T c = T(a.c);
+    const i64 ntiles = (a.B + C::M - 1) / C::M;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const bool vec = a.vec_ok != 0;
+    load_mat<C>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
+    load_mat<C>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
+    i64 tile = blockIdx.x;
+    int buf = 0;
+    if (tile < ntiles) load_tile<C>(V0, v, tile * C::M, a.B, a.D, vec);
+    cp_async_commit();
+    for (; tile < ntiles; tile += gridDim.x) {
+        const i64 next = tile + gridDim.x;
+        if (next < ntiles) load_tile<C>(buf ? V0 : V1, v, next * C::M, a.B, a.D, vec);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        T* const vb = buf ? V1 : V0;
+        T* vs = vb + w * C::SLICE;
+        T acc[C::MB][C::RA];
+        phase_a<C>(vs, Us + w * C::KW * C::SU, lane, acc);
+        __syncwarp();
+        store_part<C>(vs, acc, lane);  // the slice is consumed: its partial goes there
+        __syncthreads();
+        reduce_parts<C>(vb, [&](int m, int r, T s) { S[m * C::SU + r] = r < a.R ? s * s : T(0); });
+        __syncthreads();
+        Rows<C> rl(tile * C::M, a.B, a.D);
+        typename Rows<C>::Tile raw;
+        phase_b<C>(S, Ws, lane, raw);
+#pragma unroll
+        for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+            for (int j = 0; j < C::DJ; ++j) raw[i][j] = clampc(raw[i][j], c);
+        rl.store(raw, out);
+        buf ^= 1;
+    }
+    cp_async_wait<0>();
+}
+
+template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
+    typedef typename C::T T;
+    typedef typename Rows<C>::Tile Tile;
+    check_smem(C::SMEM_CHR_BWD * sizeof(T), a);
+    T* Us = reinterpret_cast<T*>(geo_smem);
+    T* Ws = Us + C::DP * C::SU;
+    T* Vb = Ws + C::DP * C::SU;
+    T* Gb = Vb + GEO_NW * C::SLICE;
+    T* P = Gb + GEO_NW * C::SLICE;
+    T* S = P + C::M * C::SU;
+    T* DPs = S + C::M * C::SU;
+    const T c = T(a.c);
+    const i64 ntiles = (a.B + C::M - 1) / C::M;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const bool want_dv = a.want & GEO_WANT_DV, want_du = a.want & GEO_WANT_DU, want_dw = a.want & GEO_WANT_DW;
+    load_mat<C>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
+    load_mat<C>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
+    T acc_u[C::NPAR], acc_w[C::NPAR];
+#pragma unroll
+    for (int k = 0; k < C::NPAR; ++k) acc_u[k] = acc_w[k] = T(0);
+    T* vs = Vb + w * C::SLICE;
+    T* gs = Gb + w * C::SLICE;
+    __syncthreads();
+    for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        Rows<C> rl(tile * C::M, a.B, a.D);
+        Tile t;
+        rl.load(t, reinterpret_cast<const T*>(a.v0));
+        Tile gr;
+        rl.load(gr, reinterpret_cast<const T*>(a.g));
+        // p, s (partials in the G slices, free now)
+        Tile raw;
+        gamma_regs<C>(t, rl, Vb, Gb, P, S, Us, Ws, a.R, raw);
+        // g' = g * 1[-c <= raw <= c] into the G slice
+#pragma unroll
+        for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+            for (int j = 0; j < C::DJ; ++j) gr[i][j] = passc(raw[i][j], c) ? gr[i][j] : T(0);
+        rl.to_slice(gr, gs);
+        __syncwarp();
+        if (want_dw) param_acc<C>(gs, S, lane, acc_w);
+        // q = g' W, dp = 2 p q, dv = dp U^T
+        vjp_tail<C>(Gb, P, DPs, Us, Ws, want_dv, raw);
+        if (want_dv) rl.store(raw, reinterpret_cast<T*>(a.dv));
+        if (want_du) param_acc<C>(vs, DPs, lane, acc_u);
+    }
+    if (want_du) param_store<C>(acc_u, reinterpret_cast<T*>(a.du_part) + (i64)blockIdx.x * a.D * a.R, a.D, a.R);
+    if (want_dw) param_store<C>(acc_w, reinterpret_cast<T*>(a.dw_part) + (i64)blockIdx.x * a.D * a.R, a.D, a.R);
+}
+
+template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
+    typedef typename C::T T;
+    typedef typename Rows<C>::Tile Tile;
+    check_smem(C::SMEM_LF_FWD * sizeof(T), a);
+    T* Us = reinterpret_cast<T*>(geo_smem);
+    T* Ws = Us + C::DP * C::SU;
+    T* Vb = Ws + C::DP * C::SU;
+    T* S = Vb + GEO_NW * C::SLICE;
+    const T c = T(a.c), dt = T(a.dt), h = T(0.5 * a.dt);
+    const i64 ntiles = (a.B + C::M - 1) / C::M;
+    const i64 BD = a.B * a.D;
+    load_mat<C>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
+    load_mat<C>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
+    const T* mu = reinterpret_cast<const T*>(a.mu);
+    T mur[C::DJ];
+    {
+        Rows<C> rl(0, a.B, a.D);
+#pragma unroll
+        for (int j = 0; j < C::DJ; ++j) mur[j] = (mu != nullptr && 8 * j < rl.dlim) ? mu[rl.col(j)] : T(0);
+    }
+    T* traj = reinterpret_cast<T*>(a.traj);
+    __syncthreads();
+    for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        Rows<C> rl(tile * C::M, a.B, a.D);
+        Tile x, v, f, raw;
+        rl.load(x, reinterpret_cast<const T*>(a.x0));
+        rl.load(v, reinterpret_cast<const T*>(a.v0));
+        rl.load(f, reinterpret_cast<const T*>(a.f));
+        for (i64 t = 0; t < a.steps; ++t) {
+            gamma_regs<C>(v, rl, Vb, Vb, nullptr, S, Us, Ws, a.R, raw);
+#pragma unroll
+            for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+                for (int j = 0; j < C::DJ; ++j) {
+                    T vh = v[i][j] + h * (f[i][j] - clampc(raw[i][j], c) - mur[j] * v[i][j]);
+                    v[i][j] = vh;
+                    x[i][j] += dt * vh;
+                }
+            gamma_regs<C>(v, rl, Vb, Vb, nullptr, S, Us, Ws, a.R, raw);
+#pragma unroll
+            for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+                for (int j = 0; j < C::DJ; ++j)
+                    v[i][j] = v[i][j] + h * (f[i][j] - clampc(raw[i][j], c) - mur[j] * v[i][j]);
+            if (traj != nullptr) {
+                rl.store(x, traj + (2 * t) * BD);
+                rl.store(v, traj + (2 * t + 1) * BD);
+            }
+        }
+        rl.store(x, reinterpret_cast<T*>(a.x_out));
+        rl.store(v, reinterpret_cast<T*>(a.v_out));
+    }
+}
+
+// Leapfrog backward, per tile of rows: the velocities v_t at the start of each step
+// come from the trajectory, or are recomputed on chip first and parked in this
+// block's workspace slab ((T-1) x M x DP elements, thread-private order); then the
+// adjoint sweeps t = T-1 .. 0 with two Christoffel forwards (v_t, vh_t) and two
+// vector-Jacobian products per step.
+template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
+    typedef typename C::T T;
+    typedef typename Rows<C>::Tile Tile;
+    constexpr int E = C::MB * C::DJ;
+    check_smem(C::SMEM_LF_BWD * sizeof(T), a);
+    T* Us = reinterpret_cast<T*>(geo_smem);
+    T* Ws = Us + C::DP * C::SU;
+    T* Vb = Ws + C::DP * C::SU;
+    T* Gb = Vb + GEO_NW * C::SLICE;
+    T* P0 = Gb + GEO_NW * C::SLICE;
+    T* S0 = P0 + C::M * C::SU;
+    T* P1 = S0 + C::M * C::SU;
+    T* S1 = P1 + C::M * C::SU;
+    T* DPs = S1 + C::M * C::SU;
+    // thread-private stash (element e of thread t at e*NT + t: conflict-free, no syncs):
+    // v_t of the current step, and the df accumulator
+    T* VT = DPs + C::M * C::SU + threadIdx.x;
+    T* DF = VT + E * GEO_NT;
+    const T c = T(a.c), dt = T(a.dt), h = T(0.5 * a.dt);
+    const i64 ntiles = (a.B + C::M - 1) / C::M;
+    const i64 BD = a.B * a.D;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const bool want_du = a.want & GEO_WANT_DU, want_dw = a.want & GEO_WANT_DW, want_df = a.want & GEO_WANT_DF;
+    load_mat<C>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
+    load_mat<C>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
+    const T* mu = reinterpret_cast<const T*>(a.mu);
+    const T* v0 = reinterpret_cast<const T*>(a.v0);
+    const T* f = reinterpret_cast<const T*>(a.f);
+    const T* traj = reinterpret_cast<const T*>(a.traj);
+    const T* gx = reinterpret_cast<const T*>(a.gx);
+    T* slab = reinterpret_cast<T*>(a.ws) + (i64)blockIdx.x * a.ws_per_cta + threadIdx.x;
+    T mur[C::DJ];
+    {
+        Rows<C> rl(0, a.B, a.D);
+#pragma unroll
+        for (int j = 0; j < C::DJ; ++j) mur[j] = (mu != nullptr && 8 * j < rl.dlim) ? mu[rl.col(j)] : T(0);
+    }
+    T acc_u[C::NPAR], acc_w[C::NPAR];
+#pragma unroll
+    for (int k = 0; k < C::NPAR; ++k) acc_u[k] = acc_w[k] = T(0);
+    T* vs = Vb + w * C::SLICE;
+    T* gs = Gb + w * C::SLICE;
+    __syncthreads();
+    for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        Rows<C> rl(tile * C::M, a.B, a.D);
+        Tile t0, t1, raw;
+        if (traj == nullptr && a.steps > 1) {
+            // recompute v_1 .. v_{T-1} of this tile into the slab
+            rl.load(t0, v0);
+            for (i64 t = 0; t + 1 < a.steps; ++t) {
+                for (int k = 0; k < 2; ++k) {
+                    gamma_regs<C>(t0, rl, Vb, Gb, nullptr, S0, Us, Ws, a.R, raw);
+                    rl.load(t1, f);
+#pragma unroll
+                    for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+                        for (int j = 0; j < C::DJ; ++j)
+                            t0[i][j] = t0[i][j] + h * (t1[i][j] - clampc(raw[i][j], c) - mur[j] * t0[i][j]);
+                }
+                T* s = slab + t * E * GEO_NT;
+#pragma unroll
+                for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+                    for (int j = 0; j < C::DJ; ++j) s[(i * C::DJ + j) * GEO_NT] = t0[i][j];
+            }
+        }
+        Tile lv;
+        rl.load(lv, reinterpret_cast<const T*>(a.gv));
+        if (want_df) {
+#pragma unroll
+            for (int e = 0; e < E; ++e) DF[e * GEO_NT] = T(0);
+        }
+        for (i64 t = a.steps - 1; t >= 0; --t) {
+            // v_t: from v0, the trajectory or the slab; kept in the stash for dU
+            if (t == 0) {
+                rl.load(t0, v0);
+            } else if (traj != nullptr) {
+                rl.load(t0, traj + (2 * (t - 1) + 1) * BD);
+            } else {
+                const T* s = slab + (t - 1) * E * GEO_NT;
+#pragma unroll
+                for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+                    for (int j = 0; j < C::DJ; ++j) t0[i][j] = s[(i * C::DJ + j) * GEO_NT];
+            }
+            if (want_du) {
+#pragma unroll
+                for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+                    for (int j = 0; j < C::DJ; ++j) VT[(i * C::DJ + j) * GEO_NT] = t0[i][j];
+            }
+            // forward recomputation of the step: Gamma(v_t), vh, Gamma(vh)
+            gamma_regs<C>(t0, rl, Vb, Gb, P0, S0, Us, Ws, a.R, raw);
+            unsigned m0 = 0, m1 = 0;
+            rl.load(t1, f);
+#pragma unroll
+            for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+                for (int j = 0; j < C::DJ; ++j) {
+                    if (passc(raw[i][j], c)) m0 |= 1u << (i * C::DJ + j);
+                    t1[i][j] = t0[i][j] + h * (t1[i][j] - clampc(raw[i][j], c) - mur[j] * t0[i][j]);
+                }
+            gamma_regs<C>(t1, rl, Vb, Gb, P1, S1, Us, Ws, a.R, raw);  // vh stays in the V slice
+            // second kick, adjoint lv: g' = -h lv * mask1
+#pragma unroll
+            for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+                for (int j = 0; j < C::DJ; ++j) {
+                    if (passc(raw[i][j], c)) m1 |= 1u << (i * C::DJ + j);
+                    t1[i][j] = (m1 >> (i * C::DJ + j)) & 1u ? -h * lv[i][j] : T(0);
+                }
+            rl.to_slice(t1, gs);
+            __syncwarp();
+            if (want_dw) param_acc<C>(gs, S1, lane, acc_w);
+            vjp_tail<C>(Gb, P1, DPs, Us, Ws, true, raw);
+            if (want_du) param_acc<C>(vs, DPs, lane, acc_u);  // vs holds vh
+            // lvh = lv (1 - h mu) + dt gx + J^T g'; df += h (lv + lvh)
+            rl.load(t1, gx);
+#pragma unroll
+            for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+                for (int j = 0; j < C::DJ; ++j) {
+                    const T lvh = lv[i][j] * (T(1) - h * mur[j]) + dt * t1[i][j] + raw[i][j];
+                    if (want_df) DF[(i * C::DJ + j) * GEO_NT] += h * lv[i][j] + h * lvh;
+                    lv[i][j] = lvh;
+                    t1[i][j] = (m0 >> (i * C::DJ + j)) & 1u ? -h * lvh : T(0);
+                }
+            // first kick
+            rl.to_slice(t1, gs);
+            __syncwarp();
+            if (want_dw) param_acc<C>(gs, S0, lane, acc_w);
+            vjp_tail<C>(Gb, P0, DPs, Us, Ws, true, raw);
+            if (want_du) {
+#pragma unroll
+                for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+                    for (int j = 0; j < C::DJ; ++j) t0[i][j] = VT[(i * C::DJ + j) * GEO_NT];
+                rl.to_slice(t0, vs);
+                __syncwarp();
+                param_acc<C>(vs, DPs, lane, acc_u);
+            }
+#pragma unroll
+            for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+                for (int j = 0; j < C::DJ; ++j) lv[i][j] = lv[i][j] * (T(1) - h * mur[j]) + raw[i][j];
+        }
+        if (a.want & GEO_WANT_DV) rl.store(lv, reinterpret_cast<T*>(a.dv));
+        if (want_df) {
+#pragma unroll
+            for (int i = 0; i < C::MB; ++i)
+#pragma unroll
+                for (int j = 0; j < C::DJ; ++j) t1[i][j] = DF[(i * C::DJ + j) * GEO_NT];
+            rl.store(t1, reinterpret_cast<T*>(a.df));
+        }
+        if (a.want & GEO_WANT_DX) {
+            rl.load(t1, gx);
+            rl.store(t1, reinterpret_cast<T*>(a.dx));
+        }
+    }
+    if (want_du) param_store<C>(acc_u, reinterpret_cast<T*>(a.du_part) + (i64)blockIdx.x * a.D * a.R, a.D, a.R);
+    if (want_dw) param_store<C>(acc_w, reinterpret_cast<T*>(a.dw_part) + (i64)blockIdx.x * a.D * a.R, a.D, a.R);
+}
+
+// ---------------------------------------------------------------- generic path
+// Groups of GEN_RG rows per block iteration; per-row vectors live in this block's
+// global workspace; U, W are read from global memory (L1/L2).
+
+// out[m][r] = sum_d A[m*lda + d] M[d*R + r] for m < nr: epi(m, r, value). Block-wide.
+template <typename T, typename Epi>
+__device__ void gen_vecmat(const T* A, i64 lda, int nr, const T* Mt, i64 D, i64 R, T* red, Epi epi) {
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (i64 r0 = 0; r0 < R; r0 += 32) {
+        const i64 r = r0 + lane;
+        T acc[GEN_RG];
+#pragma unroll
+        for (int m = 0; m < GEN_RG; ++m) acc[m] = T(0);
+        if (r < R) {
+            for (i64 d = w; d < D; d += GEO_NW) {
+                const T mv = Mt[d * R + r];
+#pragma unroll
+                for (int m = 0; m < GEN_RG; ++m)
+                    if (m < nr) acc[m] = fma(A[m * lda + d], mv, acc[m]);
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < GEN_RG; ++m) red[(w * GEN_RG + m) * 32 + lane] = acc[m];
+        __syncthreads();
+        if (threadIdx.x < GEN_RG * 32) {
+            const int m = threadIdx.x >> 5, l = threadIdx.x & 31;
+            if (m < nr && r0 + l < R) {
+                T s = red[m * 32 + l];
+                for (int ww = 1; ww < GEO_NW; ++ww) s += red[(ww * GEN_RG + m) * 32 + l];
+                epi(m, r0 + l, s);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// For every feature d (one thread each) and m < nr: fn(m, d, sum_r S[m*R + r] M[d*R + r]).
+template <typename T, typename Fn>
+__device__ void gen_rows(const T* S, int nr, const T* Mt, i64 D, i64 R, Fn fn) {
+    for (i64 d = threadIdx.x; d < D; d += GEO_NT) {
+        T acc[GEN_RG];
+#pragma unroll
+        for (int m = 0; m < GEN_RG; ++m) acc[m] = T(0);
+        const T* mrow = Mt + d * R;
+        for (i64 r = 0; r < R; ++r) {
+            const T mv = mrow[r];
+#pragma unroll
+            for (int m = 0; m < GEN_RG; ++m)
+                if (m < nr) acc[m] = fma(S[m * R + r], mv, acc[m]);
+        }
+#pragma unroll
+        for (int m = 0; m < GEN_RG; ++m)
+            if (m < nr) fn(m, d, acc[m]);
+    }
+}
+
+// part[d*R + r] += sum_{m < nr} X[m*ldx + d] Y[m*R + r].
+template <typename T>
+__device__ void gen_param(T* part, const T* X, i64 ldx, const T* Y, int nr, i64 D, i64 R) {
+    for (i64 idx = threadIdx.x; idx < D * R; idx += GEO_NT) {
+        const i64 d = idx / R, r = idx - d * R;
+        T acc = part[idx];
+        for (int m = 0; m < nr; ++m) acc = fma(X[m * ldx + d], Y[m * R + r], acc);
+        part[idx] = acc;
+    }
+}
+
+template <typename T> __device__ void gen_zero(T* p, i64 n) {
+    for (i64 i = threadIdx.x; i < n; i += GEO_NT) p[i] = T(0);
+}
+
+template <typename T> __device__ void chr_fwd_gen(const GeoArgs& a) {
+    __shared__ T red[GEO_NW * GEN_RG * 32];
+    const i64 B = a.B, D = a.D, R = a.R;
+    const T c = T(a.c);
+    const T* v = reinterpret_cast<const T*>(a.v0);
+    const T* U = reinterpret_cast<const T*>(a.u);
+    const T* W = reinterpret_cast<const T*>(a.w);
+    T* out = reinterpret_cast<T*>(a.gamma);
+    T* S = reinterpret_cast<T*>(a.ws) + (i64)blockIdx.x * a.ws_per_cta;
+    for (i64 row0 = (i64)blockIdx.x * GEN_RG; row0 < B; row0 += (i64)gridDim.x * GEN_RG) {
+        const int nr = (int)min((i64)GEN_RG, B - row0);
+        gen_vecmat(v + row0 * D, D, nr, U, D, R, red, [&](int m, i64 r, T s) { S[m * R + r] = s * s; });
+        gen_rows(S, nr, W, D, R, [&](int m, i64 d, T acc) { out[(row0 + m) * D + d] = clampc(acc, c); });
+        __syncthreads();
+    }
+}
+
+template <typename T> __device__ void chr_bwd_gen(const GeoArgs& a) {
+    __shared__ T red[GEO_NW * GEN_RG * 32];
+    const i64 B = a.B, D = a.D, R = a.R;
+    const T c = T(a.c);
+    const T* v = reinterpret_cast<const T*>(a.v0);
+    const T* g = reinterpret_cast<const T*>(a.g);
+    const T* U = reinterpret_cast<const T*>(a.u);
+    const T* W = reinterpret_cast<const T*>(a.w);
+    T* dv = reinterpret_cast<T*>(a.dv);
+    T* ws = reinterpret_cast<T*>(a.ws) + (i64)blockIdx.x * a.ws_per_cta;
+    T* P = ws;
+    T* S = P + GEN_RG * R;
+    T* DP = S + GEN_RG * R;
+    T* Gp = DP + GEN_RG * R;
+    const bool want_dv = a.want & GEO_WANT_DV, want_du = a.want & GEO_WANT_DU, want_dw = a.want & GEO_WANT_DW;
+    T* du = want_du ? reinterpret_cast<T*>(a.du_part) + (i64)blockIdx.x * D * R : nullptr;
+    T* dw = want_dw ? reinterpret_cast<T*>(a.dw_part) + (i64)blockIdx.x * D * R : nullptr;
+    if (want_du) gen_zero(du, D * R);
+    if (want_dw) gen_zero(dw, D * R);
+    __syncthreads();
+    for (i64 row0 = (i64)blockIdx.x * GEN_RG; row0 < B; row0 += (i64)gridDim.x * GEN_RG) {
+        const int nr = (int)min((i64)GEN_RG, B - row0);
+        const T* vr = v + row0 * D;
+        gen_vecmat(vr, D, nr, U, D, R, red, [&](int m, i64 r, T s) {
+            P[m * R + r] = s;
+            S[m * R + r] = s * s;
+        });
+        gen_rows(S, nr, W, D, R, [&](int m, i64 d, T acc) {
+            Gp[m * D + d] = passc(acc, c) ? g[(row0 + m) * D + d] : T(0);
+        });
+        __syncthreads();
+        gen_vecmat(Gp, D, nr, W, D, R, red, [&](int m, i64 r, T s) { DP[m * R + r] = T(2) * P[m * R + r] * s; });
+        if (want_dv) gen_rows(DP, nr, U, D, R, [&](int m, i64 d, T acc) { dv[(row0 + m) * D + d] = acc; });
+        if (want_dw) gen_param(dw, Gp, D, S, nr, D, R);
+        if (want_du) gen_param(du, vr, D, DP, nr, D, R);
+        __syncthreads();
+    }
+}
+
+template <typename T> __device__ void lf_fwd_gen(const GeoArgs& a) {
+    __shared__ T red[GEO_NW * GEN_RG * 32];
+    const i64 B = a.B, D = a.D, R = a.R, BD = a.B * a.D;
+    const T c = T(a.c), dt = T(a.dt), h = T(0.5 * a.dt);
+    const T* x0 = reinterpret_cast<const T*>(a.x0);
+    const T* v0 = reinterpret_cast<const T*>(a.v0);
+    const T* f = reinterpret_cast<const T*>(a.f);
+    const T* mu = reinterpret_cast<const T*>(a.mu);
+    const T* U = reinterpret_cast<const T*>(a.u);
+    const T* W = reinterpret_cast<const T*>(a.w);
+    T* xo = reinterpret_cast<T*>(a.x_out);
+    T* vo = reinterpret_cast<T*>(a.v_out);
+    T* traj = reinterpret_cast<T*>(a.traj);
+    T* S = reinterpret_cast<T*>(a.ws) + (i64)blockIdx.x * a.ws_per_cta;
+    for (i64 row0 = (i64)blockIdx.x * GEN_RG; row0 < B; row0 += (i64)gridDim.x * GEN_RG) {
+        const int nr = (int)min((i64)GEN_RG, B - row0);
+        // the state lives in x_out, v_out (exact in-place x_out == x0 is fine)
+        for (i64 k = threadIdx.x; k < nr * D; k += GEO_NT) {
+            xo[row0 * D + k] = x0[row0 * D + k];
+            vo[row0 * D + k] = v0[row0 * D + k];
+        }
+        __syncthreads();
+        for (i64 t = 0; t < a.steps; ++t) {
+            for (int half = 0; half < 2; ++half) {
+                gen_vecmat(vo + row0 * D, D, nr, U, D, R, red, [&](int m, i64 r, T s) { S[m * R + r] = s * s; });
+                gen_rows(S, nr, W, D, R, [&](int m, i64 d, T acc) {
+                    const i64 o = (row0 + m) * D + d;
+                    const T vv = vo[o];
+                    const T ff = f != nullptr ? f[o] : T(0);
+                    const T mm = mu != nullptr ? mu[d] : T(0);
+                    const T vn = vv + h * (ff - clampc(acc, c) - mm * vv);
+                    vo[o] = vn;
+                    if (half == 0) {
+                        xo[o] += dt * vn;
+                    } else if (traj != nullptr) {
+                        traj[(2 * t) * BD + o] = xo[o];
+                        traj[(2 * t + 1) * BD + o] = vn;
+                    }
+                });
+                __syncthreads();
+            }
+        }
+    }
+}
+
+template <typename T> __device__ void lf_bwd_gen(const GeoArgs& a) {
+    __shared__ T red[GEO_NW * GEN_RG * 32];
+    const i64 B = a.B, D = a.D, R = a.R, BD = a.B * a.D;
+    const T c = T(a.c), dt = T(a.dt), h = T(0.5 * a.dt);
+    const T* v0 = reinterpret_cast<const T*>(a.v0);
+    const T* f = reinterpret_cast<const T*>(a.f);
+    const T* mu = reinterpret_cast<const T*>(a.mu);
+    const T* U = reinterpret_cast<const T*>(a.u);
+    const T* W = reinterpret_cast<const T*>(a.w);
+    const T* traj = reinterpret_cast<const T*>(a.traj);
+    const T* gx = reinterpret_cast<const T*>(a.gx);
+    const T* gv = reinterpret_cast<const T*>(a.gv);
+    T* ws = reinterpret_cast<T*>(a.ws) + (i64)blockIdx.x * a.ws_per_cta;
+    T* P0 = ws;
+    T* S0 = P0 + GEN_RG * R;
+    T* P1 = S0 + GEN_RG * R;
+    T* S1 = P1 + GEN_RG * R;
+    T* DP = S1 + GEN_RG * R;
+    T* VH = DP + GEN_RG * R;
+    T* M0 = VH + GEN_RG * D;
+    T* GP = M0 + GEN_RG * D;
+    T* LV = GP + GEN_RG * D;
+    T* slab = LV + GEN_RG * D;  // (T-1) x GEN_RG x D when there is no trajectory
+    const bool want_du = a.want & GEO_WANT_DU, want_dw = a.want & GEO_WANT_DW, want_df = a.want & GEO_WANT_DF;
+    T* du = want_du ? reinterpret_cast<T*>(a.du_part) + (i64)blockIdx.x * D * R : nullptr;
+    T* dw = want_dw ? reinterpret_cast<T*>(a.dw_part) + (i64)blockIdx.x * D * R : nullptr;
+    T* df = reinterpret_cast<T*>(a.df);
+    if (want_du) gen_zero(du, D * R);
+    if (want_dw) gen_zero(dw, D * R);
+    __syncthreads();
+    auto kick = [&](T* vrow, i64 row0, int nr, T* Sbuf) {
+        // vrow [nr][D] in place: v += h (f - Gamma(v) - mu v)
+        gen_vecmat(vrow, D, nr, U, D, R, red, [&](int m, i64 r, T s) { Sbuf[m * R + r] = s * s; });
+        gen_rows(Sbuf, nr, W, D, R, [&](int m, i64 d, T acc) {
+            const T vv = vrow[m * D + d];
+            const T ff = f != nullptr ? f[(row0 + m) * D + d] : T(0);
+            const T mm = mu != nullptr ? mu[d] : T(0);
+            vrow[m * D + d] = vv + h * (ff - clampc(acc, c) - mm * vv);
+        });
+        __syncthreads();
+    };
+    for (i64 row0 = (i64)blockIdx.x * GEN_RG; row0 < B; row0 += (i64)gridDim.x * GEN_RG) {
+        const int nr = (int)min((i64)GEN_RG, B - row0);
+        if (traj == nullptr) {
+            for (i64 t = 0; t + 1 < a.steps; ++t) {
+                T* dst = slab + t * GEN_RG * D;
+                const T* src = t == 0 ? v0 + row0 * D : slab + (t - 1) * GEN_RG * D;
+                for (i64 k = threadIdx.x; k < nr * D; k += GEO_NT) dst[k] = src[k];
+                __syncthreads();
+                kick(dst, row0, nr, S1);
+                kick(dst, row0, nr, S1);
+            }
+        }
+        for (i64 k = threadIdx.x; k < nr * D; k += GEO_NT) {
+            LV[k] = gv != nullptr ? gv[row0 * D + k] : T(0);
+            if (want_df) df[row0 * D + k] = T(0);
+        }
+        __syncthreads();
+        for (i64 t = a.steps - 1; t >= 0; --t) {
+            const T* vt = t == 0 ? v0 + row0 * D
+                          : traj != nullptr ? traj + (2 * (t - 1) + 1) * BD + row0 * D
+                                            : slab + (t - 1) * GEN_RG * D;
+            gen_vecmat(vt, D, nr, U, D, R, red, [&](int m, i64 r, T s) {
+                P0[m * R + r] = s;
+                S0[m * R + r] = s * s;
+            });
+            gen_rows(S0, nr, W, D, R, [&](int m, i64 d, T acc) {
+                const i64 k = m * D + d;
+                const T vv = vt[k];
+                const T ff = f != nullptr ? f[row0 * D + k] : T(0);
+                const T mm = mu != nullptr ? mu[d] : T(0);
+                M0[k] = passc(acc, c) ? T(1) : T(0);
+                VH[k] = vv + h * (ff - clampc(acc, c) - mm * vv);
+            });
+            __syncthreads();
+            gen_vecmat(VH, D, nr, U, D, R, red, [&](int m, i64 r, T s) {
+                P1[m * R + r] = s;
+                S1[m * R + r] = s * s;
+            });
+            gen_rows(S1, nr, W, D, R, [&](int m, i64 d, T acc) {
+                const i64 k = m * D + d;
+                const T lv = LV[k];
+                if (want_df) df[row0 * D + k] += h * lv;
+                GP[k] = passc(acc, c) ? -h * lv : T(0);
+            });
+            __syncthreads();
+            gen_vecmat(GP, D, nr, W, D, R, red, [&](int m, i64 r, T s) { DP[m * R + r] = T(2) * P1[m * R + r] * s; });
+            if (want_dw) gen_param(dw, GP, D, S1, nr, D, R);
+            if (want_du) gen_param(du, VH, D, DP, nr, D, R);
+            __syncthreads();
+            gen_rows(DP, nr, U, D, R, [&](int m, i64 d, T acc) {
+                const i64 k = m * D + d;
+                const T mm = mu != nullptr ? mu[d] : T(0);
+                const T gxv = gx != nullptr ? gx[row0 * D + k] : T(0);
+                const T lvh = LV[k] * (T(1) - h * mm) + dt * gxv + acc;
+                LV[k] = lvh;
+                if (want_df) df[row0 * D + k] += h * lvh;
+                GP[k] = M0[k] != T(0) ? -h * lvh : T(0);
+            });
+            __syncthreads();
+            gen_vecmat(GP, D, nr, W, D, R, red, [&](int m, i64 r, T s) { DP[m * R + r] = T(2) * P0[m * R + r] * s; });
+            if (want_dw) gen_param(dw, GP, D, S0, nr, D, R);
+            if (want_du) gen_param(du, vt, D, DP, nr, D, R);
+            __syncthreads();
+            gen_rows(DP, nr, U, D, R, [&](int m, i64 d, T acc) {
+                const i64 k = m * D + d;
+                const T mm = mu != nullptr ? mu[d] : T(0);
+                LV[k] = LV[k] * (T(1) - h * mm) + acc;
+            });
+            __syncthreads();
+        }
+        for (i64 k = threadIdx.x; k < nr * D; k += GEO_NT) {
+            if (a.want & GEO_WANT_DV) reinterpret_cast<T*>(a.dv)[row0 * D + k] = LV[k];
+            if (a.want & GEO_WANT_DX) reinterpret_cast<T*>(a.dx)[row0 * D + k] = gx != nullptr ? gx[row0 * D + k] : T(0);
+        }
+        __syncthreads();
+    }
+}
+
+// ---------------------------------------------------------------- entry points
+#if defined(GEO_MODULE_CHR_BWD) || defined(GEO_MODULE_LF_BWD)
+// Partial [D, R] sums of the blocks, added in block order (f64 accumulation).
+extern "C" __global__ void __launch_bounds__(GEO_NT) geo_reduce(const ReduceArgs a) {
+    const GEO_T* parts = reinterpret_cast<const GEO_T*>(a.parts);
+    GEO_T* out = reinterpret_cast<GEO_T*>(a.out);
+    for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < a.n; i += (i64)gridDim.x * GEO_NT) {
+        double s = 0.0;
+        for (i64 p = 0; p < a.nparts; ++p) s += (double)parts[p * a.n + i];
+        out[i] = (GEO_T)s;
+    }
+}
+#endif
+
+// Rows per thread of the fast kernels: forwards and the Christoffel backward use
+// tiles of 16 rows (8 for DJ = 16); the leapfrog backward, which also keeps its
+// adjoints and the dU, dW accumulators in registers, half of that.
+#define GEO_MB_A(DJ) ((DJ) <= 8 ? 4 : 2)
+#define GEO_MB_B(DJ) ((DJ) <= 8 ? 2 : 1)
+
+// One module per (op, direction, dtype): the host defines GEO_MODULE_<...> and GEO_T.
+#define GEO_ENTRY(NAME, FN, SMEM, MBX, RP, DJ)                                                              \
+    extern "C" __global__ void __launch_bounds__(GEO_NT, 1) geo_##NAME##_r##RP##_d##DJ(const GeoArgs a) {  \
+        typedef Cfg<GEO_T, RP, DJ, MBX(DJ)> C;                                                            \
+        if constexpr (C::SMEM * sizeof(GEO_T) <= GEO_SMEM_MAX) FN<C>(a);                                  \
+        else __trap();                                                                                     \
+    }
+#if defined(GEO_MODULE_CHR_FWD)
+#define GEO_FAST(RP, DJ) GEO_ENTRY(chr_fwd, chr_fwd_fast, SMEM_CHR_FWD, GEO_MB_A, RP, DJ)
+extern "C" __global__ void __launch_bounds__(GEO_NT) geo_chr_fwd_gen(const GeoArgs a) { chr_fwd_gen<GEO_T>(a); }
+#elif defined(GEO_MODULE_CHR_BWD)
+#define GEO_FAST(RP, DJ) GEO_ENTRY(chr_bwd, chr_bwd_fast, SMEM_CHR_BWD, GEO_MB_A, RP, DJ)
+extern "C" __global__ void __launch_bounds__(GEO_NT) geo_chr_bwd_gen(const GeoArgs a) { chr_bwd_gen<GEO_T>(a); }
+#elif defined(GEO_MODULE_LF_FWD)
+#define GEO_FAST(RP, DJ) GEO_ENTRY(lf_fwd, lf_fwd_fast, SMEM_LF_FWD, GEO_MB_A, RP, DJ)
+extern "C" __global__ void __launch_bounds__(GEO_NT) geo_lf_fwd_gen(const GeoArgs a) { lf_fwd_gen<GEO_T>(a); }
+#elif defined(GEO_MODULE_LF_BWD)
+#define GEO_FAST(RP, DJ) GEO_ENTRY(lf_bwd, lf_bwd_fast, SMEM_LF_BWD, GEO_MB_B, RP, DJ)
+extern "C" __global__ void __launch_bounds__(GEO_NT) geo_lf_bwd_gen(const GeoArgs a) { lf_bwd_gen<GEO_T>(a); }
+#endif
+
+#define GEO_FAST_ALL_DJ(RP) GEO_FAST(RP, 2) GEO_FAST(RP, 4) GEO_FAST(RP, 8) GEO_FAST(RP, 16)
+GEO_FAST_ALL_DJ(8)
+GEO_FAST_ALL_DJ(16)
+GEO_FAST_ALL_DJ(32)

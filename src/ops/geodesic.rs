@@ -1,0 +1,568 @@
+//! The geodesic flow family (OPS.md section 2): validation, then dispatch.
+//!
+//! - `christoffel_forward`: `gamma = clamp((v U)^2 W^T, -c, c)`.
+//! - `christoffel_backward`: `dv, dU, dW` (each optional) given `g = dL/dgamma`.
+//! - `leapfrog_forward`: `T` kick-drift-kick steps with optional force `f` and
+//!   per-feature friction `mu`, optional trajectory `[T, 2, B, D]`
+//!   (`traj[t, 0] = x_{t+1}`, `traj[t, 1] = v_{t+1}`: the state after step `t`).
+//! - `leapfrog_backward`: gradients of a loss on `(x_T, v_T)` w.r.t. `x0, v0, f, U,
+//!   W` (each optional), from the trajectory when given, else recomputed.
+//!
+//! Every buffer is a contiguous row-major matrix (vector for `mu`, 4-D for the
+//! trajectory) of one dtype, f32 or f64, on one device. Outputs may not overlap
+//! inputs or each other, except the exact in-place forms `gamma == v`,
+//! `x_out == x0`, `v_out == v0`.
+
+use crate::buffer::{Buffer, check_same_device};
+use crate::context::Device;
+use crate::dtype::DType;
+use crate::error::{
+    FK_ERROR_ALIASING, FK_ERROR_DTYPE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH,
+    FK_ERROR_UNSUPPORTED, FK_ERROR_UNSUPPORTED_DTYPE, Result,
+};
+use crate::stream::Stream;
+
+/// Flag bit: the CUDA backend may use TF32 tensor cores for f32 products
+/// (about 1e-3 relative accuracy instead of 1e-6). A permission, not a demand:
+/// backends without a TF32 path (the CPU, f64, and currently every CUDA kernel)
+/// compute in strict IEEE arithmetic.
+pub(crate) const GEO_ALLOW_TF32: u32 = 1;
+/// Flag bit for testing and debugging: the CUDA backend uses its generic kernels
+/// even where a fast configuration exists (same results to rounding, slower).
+pub(crate) const GEO_FORCE_GENERIC: u32 = 2;
+/// Every flag bit this version knows.
+pub(crate) const GEO_KNOWN_FLAGS: u32 = GEO_ALLOW_TF32 | GEO_FORCE_GENERIC;
+
+/// What the backends execute: sizes, scalars and the data addresses (0 = absent).
+/// Every buffer is contiguous row-major, so an address and the sizes say it all.
+#[derive(Debug, Clone, Copy)]
+pub struct Job {
+    pub dtype: DType,
+    /// Rows (batch).
+    pub b: usize,
+    /// Features.
+    pub d: usize,
+    /// Rank of `U`, `W`.
+    pub r: usize,
+    /// Clamp bound (`+inf` disables clamping).
+    pub c: f64,
+    pub dt: f64,
+    /// `T`, the number of leapfrog steps.
+    pub steps: usize,
+    pub flags: u32,
+    // inputs
+    pub x0: usize,
+    pub v0: usize,
+    pub f: usize,
+    pub u: usize,
+    pub w: usize,
+    pub mu: usize,
+    /// `g = dL/dgamma` (Christoffel backward).
+    pub g: usize,
+    /// `dL/dx_T`, `dL/dv_T` (leapfrog backward).
+    pub gx: usize,
+    pub gv: usize,
+    // outputs (forward)
+    pub gamma: usize,
+    pub x_out: usize,
+    pub v_out: usize,
+    /// `[T, 2, B, D]`: an output of the forward, an input of the backward.
+    pub traj: usize,
+    // outputs (backward)
+    pub dx: usize,
+    pub dv: usize,
+    pub df: usize,
+    pub du: usize,
+    pub dw: usize,
+}
+
+impl Job {
+    fn new(dtype: DType, b: usize, d: usize, r: usize) -> Job {
+        Job {
+            dtype,
+            b,
+            d,
+            r,
+            c: f64::INFINITY,
+            dt: 0.0,
+            steps: 0,
+            flags: 0,
+            x0: 0,
+            v0: 0,
+            f: 0,
+            u: 0,
+            w: 0,
+            mu: 0,
+            g: 0,
+            gx: 0,
+            gv: 0,
+            gamma: 0,
+            x_out: 0,
+            v_out: 0,
+            traj: 0,
+            dx: 0,
+            dv: 0,
+            df: 0,
+            du: 0,
+            dw: 0,
+        }
+    }
+}
+
+/// A named buffer argument.
+type Arg<'a> = (&'a Buffer, &'a str);
+
+fn addr(b: Option<&Buffer>) -> usize {
+    b.map(|b| b.data).unwrap_or(0)
+}
+
+/// Checks rank, contiguity and dtype of `b`, returns its shape.
+fn check_buf<'a>(
+    b: &'a Buffer,
+    name: &str,
+    ndim: usize,
+    what: &str,
+    dtype: DType,
+    vname: &str,
+) -> Result<&'a [i64]> {
+    crate::ensure!(
+        b.shape.len() == ndim,
+        FK_ERROR_SHAPE_MISMATCH,
+        "{name} must be {what} but has shape {:?}",
+        b.shape
+    );
+    crate::ensure!(
+        b.dtype == dtype,
+        FK_ERROR_DTYPE_MISMATCH,
+        "{name} has dtype {} but {vname} has dtype {dtype}",
+        b.dtype
+    );
+    crate::ensure!(
+        b.is_contiguous(),
+        FK_ERROR_UNSUPPORTED,
+        "{name} must be contiguous (row-major) but has strides {:?} for shape {:?}; copy it with fk_copy first",
+        b.strides,
+        b.shape
+    );
+    Ok(&b.shape)
+}
+
+fn check_scalars(c: f64, flags: u32) -> Result<()> {
+    crate::ensure!(
+        c >= 0.0,
+        FK_ERROR_INVALID_ARGUMENT,
+        "c = {c} must be >= 0 (the clamp bound; +inf disables clamping)"
+    );
+    crate::ensure!(
+        flags & !GEO_KNOWN_FLAGS == 0,
+        FK_ERROR_INVALID_ARGUMENT,
+        "flags = {flags:#x} has unknown bits (known: FK_GEO_ALLOW_TF32 = 1, FK_GEO_FORCE_GENERIC = 2)"
+    );
+    Ok(())
+}
+
+fn check_steps(dt: f64, steps: i64) -> Result<usize> {
+    crate::ensure!(
+        dt.is_finite(),
+        FK_ERROR_INVALID_ARGUMENT,
+        "dt = {dt} must be finite"
+    );
+    crate::ensure!(
+        steps >= 1,
+        FK_ERROR_INVALID_ARGUMENT,
+        "steps (T) = {steps} must be >= 1"
+    );
+    Ok(steps as usize)
+}
+
+/// `v` (or `v0`): the [B, D] matrix that fixes dtype, B and D.
+fn check_v(v: &Buffer, name: &str) -> Result<(DType, usize, usize)> {
+    crate::ensure!(
+        matches!(v.dtype, DType::F32 | DType::F64),
+        FK_ERROR_UNSUPPORTED_DTYPE,
+        "{name} has dtype {}, but the geodesic ops support f32 and f64",
+        v.dtype
+    );
+    crate::ensure!(
+        v.shape.len() == 2,
+        FK_ERROR_SHAPE_MISMATCH,
+        "{name} must be a [B, D] matrix but has shape {:?}",
+        v.shape
+    );
+    crate::ensure!(
+        v.is_contiguous(),
+        FK_ERROR_UNSUPPORTED,
+        "{name} must be contiguous (row-major) but has strides {:?} for shape {:?}; copy it with fk_copy first",
+        v.strides,
+        v.shape
+    );
+    Ok((v.dtype, v.shape[0] as usize, v.shape[1] as usize))
+}
+
+/// `U`, `W`: both [D, R]; returns R.
+fn check_uw(u: &Buffer, w: &Buffer, vname: &str, dtype: DType, d: usize) -> Result<usize> {
+    let us = check_buf(u, "U", 2, "a [D, R] matrix", dtype, vname)?;
+    crate::ensure!(
+        us[0] as usize == d,
+        FK_ERROR_SHAPE_MISMATCH,
+        "U has shape {us:?} but {vname} has {d} columns"
+    );
+    let ws = check_buf(w, "W", 2, "a [D, R] matrix", dtype, vname)?;
+    crate::ensure!(
+        ws == us,
+        FK_ERROR_SHAPE_MISMATCH,
+        "W has shape {ws:?} but U has shape {us:?} (both must be [D, R])"
+    );
+    Ok(us[1] as usize)
+}
+
+/// A [B, D] companion of `v` (same shape).
+fn check_like(b: &Buffer, name: &str, vname: &str, v: &Buffer, dtype: DType) -> Result<()> {
+    let s = check_buf(b, name, 2, "a [B, D] matrix", dtype, vname)?;
+    crate::ensure!(
+        s == v.shape.as_slice(),
+        FK_ERROR_SHAPE_MISMATCH,
+        "{name} has shape {s:?} but {vname} has shape {:?}",
+        v.shape
+    );
+    Ok(())
+}
+
+fn check_mu(mu: &Buffer, dtype: DType, d: usize) -> Result<()> {
+    let s = check_buf(mu, "mu", 1, "a [D] vector", dtype, "v0")?;
+    crate::ensure!(
+        s[0] as usize == d,
+        FK_ERROR_SHAPE_MISMATCH,
+        "mu has shape {s:?} but must be [D] = [{d}]"
+    );
+    Ok(())
+}
+
+fn check_traj(traj: &Buffer, dtype: DType, steps: usize, b: usize, d: usize) -> Result<()> {
+    let want = [steps as i64, 2, b as i64, d as i64];
+    crate::ensure!(
+        traj.shape.as_slice() == want,
+        FK_ERROR_SHAPE_MISMATCH,
+        "traj has shape {:?} but must be [T, 2, B, D] = {want:?}",
+        traj.shape
+    );
+    check_buf(traj, "traj", 4, "[T, 2, B, D]", dtype, "v0")?;
+    Ok(())
+}
+
+/// Devices of every buffer and of the stream; outputs writable; no forbidden
+/// overlaps (`inplace` lists the (output, input) pairs that may be the same view).
+fn check_common(
+    device: Device,
+    inputs: &[Arg],
+    outputs: &[Arg],
+    inplace: &[(&str, &str)],
+    stream: &Stream,
+) -> Result<()> {
+    let all: Vec<(&Buffer, &str)> = inputs.iter().chain(outputs).copied().collect();
+    check_same_device(device, &all)?;
+    stream.check_device(device)?;
+    for (i, (o, on)) in outputs.iter().enumerate() {
+        o.check_writable(on)?;
+        for (inp, iname) in inputs {
+            if o.overlaps(inp) {
+                let allowed = o.same_view(inp) && inplace.contains(&(*on, *iname));
+                crate::ensure!(
+                    allowed,
+                    FK_ERROR_ALIASING,
+                    "{on} overlaps the input {iname}{}",
+                    if inplace.iter().any(|(a, _)| a == on) {
+                        " (only the exact in-place form listed in the documentation is allowed)"
+                    } else {
+                        " (outputs must not overlap inputs)"
+                    }
+                );
+            }
+        }
+        for (o2, on2) in &outputs[..i] {
+            crate::ensure!(
+                !o.overlaps(o2),
+                FK_ERROR_ALIASING,
+                "{on} overlaps the output {on2}"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn dispatch(device: Device, v: &Buffer, stream: &Stream, job: &Job, kind: Kind) -> Result<()> {
+    match device {
+        Device::Cpu => match kind {
+            Kind::ChristoffelForward => crate::cpu::geodesic::christoffel_forward(job),
+            Kind::ChristoffelBackward => crate::cpu::geodesic::christoffel_backward(job),
+            Kind::LeapfrogForward => crate::cpu::geodesic::leapfrog_forward(job),
+            Kind::LeapfrogBackward => crate::cpu::geodesic::leapfrog_backward(job),
+        },
+        Device::Cuda(_) => crate::cuda::geodesic::run(v.ctx.cuda_dev(), kind, job, stream),
+    }
+}
+
+/// The four entry points (the CUDA launcher picks kernels by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    ChristoffelForward,
+    ChristoffelBackward,
+    LeapfrogForward,
+    LeapfrogBackward,
+}
+
+/// `gamma = clamp((v U)^2 W^T, -c, c)`; `gamma` may be `v` itself (in place).
+pub fn christoffel_forward(
+    v: &Buffer,
+    u: &Buffer,
+    w: &Buffer,
+    c: f64,
+    flags: u32,
+    gamma: &Buffer,
+    stream: &Stream,
+) -> Result<()> {
+    let (dtype, b, d) = check_v(v, "v")?;
+    let r = check_uw(u, w, "v", dtype, d)?;
+    check_like(gamma, "gamma", "v", v, dtype)?;
+    check_scalars(c, flags)?;
+    check_common(
+        v.device(),
+        &[(v, "v"), (u, "U"), (w, "W")],
+        &[(gamma, "gamma")],
+        &[("gamma", "v")],
+        stream,
+    )?;
+    let mut job = Job::new(dtype, b, d, r);
+    job.c = c;
+    job.flags = flags;
+    job.v0 = v.data;
+    job.u = u.data;
+    job.w = w.data;
+    job.gamma = gamma.data;
+    if b == 0 || d == 0 {
+        return Ok(());
+    }
+    dispatch(v.device(), v, stream, &job, Kind::ChristoffelForward)
+}
+
+/// `dv = dp U^T`, `dU = v^T dp`, `dW = g'^T s` for `g = dL/dgamma` (each output optional).
+#[allow(clippy::too_many_arguments)]
+pub fn christoffel_backward(
+    v: &Buffer,
+    u: &Buffer,
+    w: &Buffer,
+    g: &Buffer,
+    c: f64,
+    flags: u32,
+    dv: Option<&Buffer>,
+    du: Option<&Buffer>,
+    dw: Option<&Buffer>,
+    stream: &Stream,
+) -> Result<()> {
+    let (dtype, b, d) = check_v(v, "v")?;
+    let r = check_uw(u, w, "v", dtype, d)?;
+    check_like(g, "g", "v", v, dtype)?;
+    if let Some(dv) = dv {
+        check_like(dv, "dv", "v", v, dtype)?;
+    }
+    for (x, name) in [(du, "dU"), (dw, "dW")] {
+        if let Some(x) = x {
+            let s = check_buf(x, name, 2, "a [D, R] matrix", dtype, "v")?;
+            crate::ensure!(
+                s == u.shape.as_slice(),
+                FK_ERROR_SHAPE_MISMATCH,
+                "{name} has shape {s:?} but U has shape {:?}",
+                u.shape
+            );
+        }
+    }
+    check_scalars(c, flags)?;
+    let outs: Vec<Arg> = [(dv, "dv"), (du, "dU"), (dw, "dW")]
+        .into_iter()
+        .filter_map(|(b, n)| b.map(|b| (b, n)))
+        .collect();
+    check_common(
+        v.device(),
+        &[(v, "v"), (u, "U"), (w, "W"), (g, "g")],
+        &outs,
+        &[],
+        stream,
+    )?;
+    let mut job = Job::new(dtype, b, d, r);
+    job.c = c;
+    job.flags = flags;
+    job.v0 = v.data;
+    job.u = u.data;
+    job.w = w.data;
+    job.g = g.data;
+    job.dv = addr(dv);
+    job.du = addr(du);
+    job.dw = addr(dw);
+    if outs.is_empty() || d == 0 {
+        return Ok(());
+    }
+    dispatch(v.device(), v, stream, &job, Kind::ChristoffelBackward)
+}
+
+/// `T` fused kick-drift-kick steps; `x_out`/`v_out` may be `x0`/`v0` (in place).
+#[allow(clippy::too_many_arguments)]
+pub fn leapfrog_forward(
+    x0: &Buffer,
+    v0: &Buffer,
+    f: Option<&Buffer>,
+    u: &Buffer,
+    w: &Buffer,
+    mu: Option<&Buffer>,
+    dt: f64,
+    steps: i64,
+    c: f64,
+    flags: u32,
+    x_out: &Buffer,
+    v_out: &Buffer,
+    traj: Option<&Buffer>,
+    stream: &Stream,
+) -> Result<()> {
+    let (dtype, b, d) = check_v(v0, "v0")?;
+    check_like(x0, "x0", "v0", v0, dtype)?;
+    if let Some(f) = f {
+        check_like(f, "f", "v0", v0, dtype)?;
+    }
+    let r = check_uw(u, w, "v0", dtype, d)?;
+    if let Some(mu) = mu {
+        check_mu(mu, dtype, d)?;
+    }
+    let steps = check_steps(dt, steps)?;
+    check_scalars(c, flags)?;
+    check_like(x_out, "x_out", "v0", v0, dtype)?;
+    check_like(v_out, "v_out", "v0", v0, dtype)?;
+    if let Some(t) = traj {
+        check_traj(t, dtype, steps, b, d)?;
+    }
+    let mut ins: Vec<Arg> = vec![(x0, "x0"), (v0, "v0"), (u, "U"), (w, "W")];
+    ins.extend(f.map(|b| (b, "f")));
+    ins.extend(mu.map(|b| (b, "mu")));
+    let mut outs: Vec<Arg> = vec![(x_out, "x_out"), (v_out, "v_out")];
+    outs.extend(traj.map(|b| (b, "traj")));
+    check_common(
+        v0.device(),
+        &ins,
+        &outs,
+        &[("x_out", "x0"), ("v_out", "v0")],
+        stream,
+    )?;
+    let mut job = Job::new(dtype, b, d, r);
+    job.c = c;
+    job.dt = dt;
+    job.steps = steps;
+    job.flags = flags;
+    job.x0 = x0.data;
+    job.v0 = v0.data;
+    job.f = addr(f);
+    job.u = u.data;
+    job.w = w.data;
+    job.mu = addr(mu);
+    job.x_out = x_out.data;
+    job.v_out = v_out.data;
+    job.traj = addr(traj);
+    if b == 0 || d == 0 {
+        return Ok(());
+    }
+    dispatch(v0.device(), v0, stream, &job, Kind::LeapfrogForward)
+}
+
+/// Gradients of a loss on `(x_T, v_T)` (given `gx = dL/dx_T`, `gv = dL/dv_T`, each
+/// optional = zero) w.r.t. `x0, v0, f, U, W` (each optional).
+#[allow(clippy::too_many_arguments)]
+pub fn leapfrog_backward(
+    v0: &Buffer,
+    f: Option<&Buffer>,
+    u: &Buffer,
+    w: &Buffer,
+    mu: Option<&Buffer>,
+    dt: f64,
+    steps: i64,
+    c: f64,
+    flags: u32,
+    traj: Option<&Buffer>,
+    gx: Option<&Buffer>,
+    gv: Option<&Buffer>,
+    dx0: Option<&Buffer>,
+    dv0: Option<&Buffer>,
+    df: Option<&Buffer>,
+    du: Option<&Buffer>,
+    dw: Option<&Buffer>,
+    stream: &Stream,
+) -> Result<()> {
+    let (dtype, b, d) = check_v(v0, "v0")?;
+    if let Some(f) = f {
+        check_like(f, "f", "v0", v0, dtype)?;
+    }
+    let r = check_uw(u, w, "v0", dtype, d)?;
+    if let Some(mu) = mu {
+        check_mu(mu, dtype, d)?;
+    }
+    let steps = check_steps(dt, steps)?;
+    check_scalars(c, flags)?;
+    if let Some(t) = traj {
+        check_traj(t, dtype, steps, b, d)?;
+    }
+    for (x, name) in [
+        (gx, "gx"),
+        (gv, "gv"),
+        (dx0, "dx0"),
+        (dv0, "dv0"),
+        (df, "df"),
+    ] {
+        if let Some(x) = x {
+            check_like(x, name, "v0", v0, dtype)?;
+        }
+    }
+    for (x, name) in [(du, "dU"), (dw, "dW")] {
+        if let Some(x) = x {
+            let s = check_buf(x, name, 2, "a [D, R] matrix", dtype, "v0")?;
+            crate::ensure!(
+                s == u.shape.as_slice(),
+                FK_ERROR_SHAPE_MISMATCH,
+                "{name} has shape {s:?} but U has shape {:?}",
+                u.shape
+            );
+        }
+    }
+    let mut ins: Vec<Arg> = vec![(v0, "v0"), (u, "U"), (w, "W")];
+    for (x, name) in [(f, "f"), (mu, "mu"), (traj, "traj"), (gx, "gx"), (gv, "gv")] {
+        ins.extend(x.map(|b| (b, name)));
+    }
+    let outs: Vec<Arg> = [
+        (dx0, "dx0"),
+        (dv0, "dv0"),
+        (df, "df"),
+        (du, "dU"),
+        (dw, "dW"),
+    ]
+    .into_iter()
+    .filter_map(|(b, n)| b.map(|b| (b, n)))
+    .collect();
+    check_common(v0.device(), &ins, &outs, &[], stream)?;
+    let mut job = Job::new(dtype, b, d, r);
+    job.c = c;
+    job.dt = dt;
+    job.steps = steps;
+    job.flags = flags;
+    job.v0 = v0.data;
+    job.f = addr(f);
+    job.u = u.data;
+    job.w = w.data;
+    job.mu = addr(mu);
+    job.traj = addr(traj);
+    job.gx = addr(gx);
+    job.gv = addr(gv);
+    job.dx = addr(dx0);
+    job.dv = addr(dv0);
+    job.df = addr(df);
+    job.du = addr(du);
+    job.dw = addr(dw);
+    if outs.is_empty() || d == 0 {
+        return Ok(());
+    }
+    dispatch(v0.device(), v0, stream, &job, Kind::LeapfrogBackward)
+}

@@ -1,0 +1,114 @@
+// The emulator's scheduler (see emu.h).
+#include "emu.h"
+
+namespace emu {
+uint3 threadIdx, blockIdx, gridDim;
+unsigned dyn_smem = 0;
+unsigned char* smem = nullptr;
+
+namespace {
+enum State { READY, AT_BLOCK, AT_WARP, DONE };
+struct Thread {
+    ucontext_t ctx;
+    std::vector<char> stack;
+    State state = READY;
+};
+std::vector<Thread> threads;
+ucontext_t sched_ctx;
+int current = -1;
+KernelFn cur_fn;
+const void* cur_args;
+
+void entry() {
+    cur_fn(cur_args);
+    threads[current].state = DONE;
+    swapcontext(&threads[current].ctx, &sched_ctx);
+}
+
+void yield(State s) {
+    Thread& t = threads[current];
+    t.state = s;
+    swapcontext(&t.ctx, &sched_ctx);
+}
+}  // namespace
+
+void sync_block() { yield(AT_BLOCK); }
+void sync_warp() { yield(AT_WARP); }
+[[noreturn]] void trap() {
+    fprintf(stderr, "__trap() in block %u thread %u\n", blockIdx.x, threadIdx.x);
+    abort();
+}
+
+void launch(KernelFn fn, unsigned grid, unsigned block, unsigned smem_bytes, const void* args, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::vector<unsigned char> shared(smem_bytes + 64);
+    gridDim = {grid, 1, 1};
+    dyn_smem = smem_bytes;
+    cur_fn = fn;
+    cur_args = args;
+    const unsigned nwarps = (block + 31) / 32;
+    for (unsigned b = 0; b < grid; ++b) {
+        blockIdx = {b, 0, 0};
+        std::fill(shared.begin(), shared.end(), 0xFF);
+        smem = shared.data();
+        threads.assign(block, Thread{});
+        for (unsigned t = 0; t < block; ++t) {
+            Thread& th = threads[t];
+            th.stack.resize(1 << 20);
+            getcontext(&th.ctx);
+            th.ctx.uc_stack.ss_sp = th.stack.data();
+            th.ctx.uc_stack.ss_size = th.stack.size();
+            th.ctx.uc_link = nullptr;
+            makecontext(&th.ctx, entry, 0);
+        }
+        std::vector<int> order(block);
+        for (;;) {
+            // run every ready thread once, in a random order, until it blocks
+            bool ran = false;
+            for (unsigned t = 0; t < block; ++t) order[t] = t;
+            std::shuffle(order.begin(), order.end(), rng);
+            for (int t : order) {
+                if (threads[t].state != READY) continue;
+                current = t;
+                threadIdx = {(unsigned)t, 0, 0};
+                swapcontext(&sched_ctx, &threads[t].ctx);
+                ran = true;
+            }
+            // release barriers: a warp barrier when all its live threads wait at it,
+            // the block barrier when every live thread waits at it
+            bool all_block = true, any_live = false;
+            for (unsigned t = 0; t < block; ++t) {
+                if (threads[t].state == DONE) continue;
+                any_live = true;
+                if (threads[t].state != AT_BLOCK) all_block = false;
+            }
+            if (!any_live) break;
+            bool released = false;
+            if (all_block) {
+                for (auto& th : threads)
+                    if (th.state == AT_BLOCK) th.state = READY;
+                released = true;
+            } else {
+                for (unsigned w = 0; w < nwarps; ++w) {
+                    bool all = true, some = false;
+                    for (unsigned t = w * 32; t < std::min(block, w * 32 + 32); ++t) {
+                        if (threads[t].state == DONE) continue;
+                        some = true;
+                        if (threads[t].state != AT_WARP) all = false;
+                    }
+                    if (some && all) {
+                        for (unsigned t = w * 32; t < std::min(block, w * 32 + 32); ++t)
+                            if (threads[t].state == AT_WARP) threads[t].state = READY;
+                        released = true;
+                    }
+                }
+            }
+            if (!released && !ran) {
+                fprintf(stderr, "deadlock in block %u: threads wait at different barriers\n", b);
+                abort();
+            }
+        }
+    }
+    threads.clear();
+}
+}  // namespace emu

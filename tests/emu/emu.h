@@ -1,0 +1,61 @@
+// A small CPU emulator of the CUDA subset that kernels/geodesic.cu uses, to run its
+// kernels without a GPU (tests/emu/run.sh). Each CUDA thread of a block is a
+// coroutine (ucontext) on one OS thread; `__syncthreads` and `__syncwarp` are
+// scheduling points, and the scheduler runs the ready threads in a random order
+// (seeded), so a missing barrier shows up as results that change with the seed.
+// Blocks run one after another. Shared memory is poisoned (0xFF bytes: NaN) before
+// every block.
+//
+// Not emulated: warp-synchronous execution (there is none in these kernels), the
+// memory model beyond barriers, cp.async (a plain copy), PTX.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <vector>
+#include <ucontext.h>
+
+#define __device__
+#define __global__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+#define __restrict__
+#define __shared__ static
+
+typedef long long i64;
+typedef unsigned long long u64;
+struct uint3 { unsigned x, y, z; };
+struct uint4 { unsigned x, y, z, w; };
+
+namespace emu {
+extern uint3 threadIdx, blockIdx, gridDim;
+extern unsigned dyn_smem;
+extern unsigned char* smem;
+void sync_block();
+void sync_warp();
+[[noreturn]] void trap();
+}  // namespace emu
+
+using emu::threadIdx;
+using emu::blockIdx;
+using emu::gridDim;
+using std::fma;
+inline i64 min(i64 a, i64 b) { return a < b ? a : b; }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline void __syncthreads() { emu::sync_block(); }
+inline void __syncwarp() { emu::sync_warp(); }
+#define __trap() emu::trap()
+
+namespace emu {
+using KernelFn = void (*)(const void* args);
+// Runs `fn` on a grid of `grid` blocks of `block` threads with `smem_bytes` of
+// dynamic shared memory; `seed` picks the thread interleaving.
+void launch(KernelFn fn, unsigned grid, unsigned block, unsigned smem_bytes, const void* args, unsigned seed);
+}  // namespace emu

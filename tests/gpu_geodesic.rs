@@ -1,0 +1,677 @@
+//! The geodesic ops on CUDA against the CPU oracle, through the C ABI.
+//!
+//! Without a CUDA device every test prints "SKIPPED: no CUDA device" and passes,
+//! unless `FK_REQUIRE_GPU=1`, which makes the skip a failure. `FK_SANITIZE=1`
+//! (compute-sanitizer runs) shrinks the sizes.
+//!
+//! Covered, f32 and f64: random shapes with odd B, D, R, R > 32 and R > 128 (the
+//! generic kernels), D > 1024, B = 0, several tiles per block; every kernel also
+//! with `FK_GEO_FORCE_GENERIC`, so the fast and the generic kernels are both checked
+//! on the same shapes; misaligned rows (the non-cp.async load path); the in-place
+//! forms; trajectory on/off; optional arguments; outputs poisoned with NaN before
+//! every run; bit-reproducible dU, dW; an owned stream.
+//!
+//! Tolerances (relative error ||out - ref|| / ||ref||): f64 1e-11, f32 2e-5
+//! (forwards) and 1e-4 (backwards). The oracle computes in f64, so an f32 kernel
+//! may see `gamma_raw` on the other side of `+-c` than the oracle does at an element
+//! within rounding of the boundary: the Christoffel backward tests zero `g` at such
+//! elements (the mask is then irrelevant there); in the leapfrog backward a flip is
+//! damped by `dt/2` and stays inside the tolerance.
+
+#![allow(non_snake_case)]
+
+use std::ffi::CStr;
+use std::ptr::{null, null_mut};
+
+use fusekit::abi::core::*;
+use fusekit::abi::geodesic::*;
+use fusekit::abi::{fk_buffer, fk_context, fk_stream};
+use fusekit::context::{FK_DEVICE_CPU, FK_DEVICE_CUDA, fk_device_kind};
+use fusekit::dtype::{FK_DTYPE_F32, FK_DTYPE_F64, fk_dtype};
+use fusekit::error::*;
+
+fn last_error() -> String {
+    unsafe { CStr::from_ptr(fk_last_error_message()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn status_name(s: fk_status) -> String {
+    unsafe { CStr::from_ptr(fk_status_string(s)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[track_caller]
+fn ok(s: fk_status) {
+    assert!(
+        s == FK_OK,
+        "expected FK_OK, got {}: {}",
+        status_name(s),
+        last_error()
+    );
+}
+
+struct Ctx(*mut fk_context);
+impl Ctx {
+    fn new(kind: fk_device_kind) -> Ctx {
+        let mut p = null_mut();
+        ok(unsafe { fk_context_create(FK_ABI_VERSION, kind, 0, &mut p) });
+        Ctx(p)
+    }
+}
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        unsafe { fk_context_destroy(self.0) };
+    }
+}
+
+/// The CUDA context, or `None` after printing the skip.
+fn gpu() -> Option<Ctx> {
+    let mut n = 0;
+    ok(unsafe { fk_device_count(&mut n) });
+    if n == 0 {
+        if std::env::var("FK_REQUIRE_GPU").as_deref() == Ok("1") {
+            panic!("FK_REQUIRE_GPU=1 but fk_device_count reports no CUDA device");
+        }
+        println!("SKIPPED: no CUDA device");
+        return None;
+    }
+    Some(Ctx::new(FK_DEVICE_CUDA))
+}
+
+fn sanitizing() -> bool {
+    std::env::var("FK_SANITIZE").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+struct Buf {
+    h: *mut fk_buffer,
+    dtype: fk_dtype,
+    n: usize,
+}
+impl Buf {
+    /// A new buffer, poisoned with NaN.
+    fn new(ctx: &Ctx, dtype: fk_dtype, shape: &[i64]) -> Buf {
+        let mut h = null_mut();
+        ok(unsafe {
+            fk_buffer_create(
+                ctx.0,
+                dtype,
+                shape.len() as i32,
+                shape.as_ptr(),
+                null(),
+                &mut h,
+            )
+        });
+        let n = shape.iter().product::<i64>() as usize;
+        let b = Buf { h, dtype, n };
+        b.write(&vec![f64::NAN; n]);
+        b
+    }
+    fn from(ctx: &Ctx, dtype: fk_dtype, shape: &[i64], vals: &[f64]) -> Buf {
+        let b = Buf::new(ctx, dtype, shape);
+        assert_eq!(vals.len(), b.n);
+        b.write(vals);
+        b
+    }
+    fn write(&self, vals: &[f64]) {
+        let bytes = encode(self.dtype, vals);
+        ok(unsafe {
+            fk_buffer_copy_from_host(self.h, bytes.as_ptr() as *const _, bytes.len(), null())
+        });
+    }
+    fn read(&self) -> Vec<f64> {
+        let mut bytes = vec![0u8; self.n * esize(self.dtype)];
+        ok(unsafe {
+            fk_buffer_copy_to_host(self.h, bytes.as_mut_ptr() as *mut _, bytes.len(), null())
+        });
+        decode(self.dtype, &bytes)
+    }
+}
+impl Drop for Buf {
+    fn drop(&mut self) {
+        unsafe { fk_buffer_destroy(self.h) };
+    }
+}
+
+fn esize(d: fk_dtype) -> usize {
+    if d == FK_DTYPE_F32 { 4 } else { 8 }
+}
+
+fn encode(dtype: fk_dtype, vals: &[f64]) -> Vec<u8> {
+    if dtype == FK_DTYPE_F32 {
+        vals.iter()
+            .flat_map(|&x| (x as f32).to_le_bytes())
+            .collect()
+    } else {
+        vals.iter().flat_map(|&x| x.to_le_bytes()).collect()
+    }
+}
+
+fn decode(dtype: fk_dtype, bytes: &[u8]) -> Vec<f64> {
+    if dtype == FK_DTYPE_F32 {
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect()
+    } else {
+        bytes
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+        z ^ (z >> 31)
+    }
+    fn uni(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * ((self.next() >> 11) as f64 / (1u64 << 53) as f64)
+    }
+    fn vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+        (0..n).map(|_| self.uni(lo, hi)).collect()
+    }
+}
+
+#[track_caller]
+fn close(out: &[f64], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(out.len(), want.len(), "{what}: length");
+    if let Some(k) = out.iter().position(|x| !x.is_finite()) {
+        panic!(
+            "{what}: non-finite output {} at {k} (reference {})",
+            out[k], want[k]
+        );
+    }
+    let num: f64 = out.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
+    let den: f64 = want.iter().map(|b| b * b).sum();
+    let e = if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    };
+    assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:.1e}");
+}
+
+fn tol_fwd(d: fk_dtype) -> f64 {
+    if d == FK_DTYPE_F32 { 2e-5 } else { 1e-11 }
+}
+fn tol_bwd(d: fk_dtype) -> f64 {
+    if d == FK_DTYPE_F32 { 1e-4 } else { 1e-11 }
+}
+
+// ------------------------------------------------------------------ problems
+
+#[derive(Clone)]
+struct Prob {
+    b: usize,
+    d: usize,
+    r: usize,
+    t: usize,
+    x: Vec<f64>,
+    v: Vec<f64>,
+    f: Option<Vec<f64>>,
+    u: Vec<f64>,
+    w: Vec<f64>,
+    mu: Option<Vec<f64>>,
+    g: Vec<f64>,
+    gx: Option<Vec<f64>>,
+    gv: Option<Vec<f64>>,
+    c: f64,
+    dt: f64,
+}
+
+impl Prob {
+    /// Values scaled so that |gamma_raw| is O(1) whatever D and R, and the clamp
+    /// (at `c`) cuts a good fraction of the entries.
+    fn new(rng: &mut Rng, b: usize, d: usize, r: usize, t: usize, opt: bool, c: f64) -> Prob {
+        let su = 1.0 / (d as f64).sqrt().max(1.0);
+        let sw = 1.0 / (r as f64).max(1.0);
+        Prob {
+            b,
+            d,
+            r,
+            t,
+            x: rng.vec(b * d, -1.0, 1.0),
+            v: rng.vec(b * d, -1.5, 1.5),
+            f: opt.then(|| rng.vec(b * d, -0.5, 0.5)),
+            u: rng.vec(d * r, -2.0 * su, 2.0 * su),
+            w: rng.vec(d * r, -2.0 * sw, 2.0 * sw),
+            mu: opt.then(|| rng.vec(d, 0.0, 0.5)),
+            g: rng.vec(b * d, -1.0, 1.0),
+            gx: opt.then(|| rng.vec(b * d, -1.0, 1.0)),
+            gv: Some(rng.vec(b * d, -1.0, 1.0)),
+            c,
+            dt: 0.1,
+        }
+    }
+}
+
+/// Every input of a problem on one context.
+struct On {
+    x: Buf,
+    v: Buf,
+    f: Option<Buf>,
+    u: Buf,
+    w: Buf,
+    mu: Option<Buf>,
+    g: Buf,
+    gx: Option<Buf>,
+    gv: Option<Buf>,
+}
+
+fn h(b: &Option<Buf>) -> *mut fk_buffer {
+    b.as_ref().map_or(null_mut(), |b| b.h)
+}
+
+fn upload(ctx: &Ctx, dt: fk_dtype, p: &Prob) -> On {
+    let (b, d, r) = (p.b as i64, p.d as i64, p.r as i64);
+    let bd = |v: &Vec<f64>| Buf::from(ctx, dt, &[b, d], v);
+    On {
+        x: bd(&p.x),
+        v: bd(&p.v),
+        f: p.f.as_ref().map(bd),
+        u: Buf::from(ctx, dt, &[d, r], &p.u),
+        w: Buf::from(ctx, dt, &[d, r], &p.w),
+        mu: p.mu.as_ref().map(|m| Buf::from(ctx, dt, &[d], m)),
+        g: bd(&p.g),
+        gx: p.gx.as_ref().map(bd),
+        gv: p.gv.as_ref().map(bd),
+    }
+}
+
+/// The outputs of all four ops on one context.
+struct Outs {
+    gamma: Vec<f64>,
+    chr: [Vec<f64>; 3],
+    x: Vec<f64>,
+    v: Vec<f64>,
+    traj: Vec<f64>,
+    lf: [Vec<f64>; 5],
+    lf_notraj: [Vec<f64>; 5],
+}
+
+fn run_all(ctx: &Ctx, dt: fk_dtype, p: &Prob, flags: u32, stream: *const fk_stream) -> Outs {
+    let i = upload(ctx, dt, p);
+    let (b, d, r, t) = (p.b as i64, p.d as i64, p.r as i64, p.t as i64);
+    let sync = || {
+        if !stream.is_null() {
+            ok(unsafe { fk_stream_synchronize(stream) });
+        }
+    };
+    let gamma = Buf::new(ctx, dt, &[b, d]);
+    ok(unsafe { fk_christoffel_forward(i.v.h, i.u.h, i.w.h, p.c, flags, gamma.h, stream) });
+    let chr = [
+        Buf::new(ctx, dt, &[b, d]),
+        Buf::new(ctx, dt, &[d, r]),
+        Buf::new(ctx, dt, &[d, r]),
+    ];
+    ok(unsafe {
+        fk_christoffel_backward(
+            i.v.h, i.u.h, i.w.h, i.g.h, p.c, flags, chr[0].h, chr[1].h, chr[2].h, stream,
+        )
+    });
+    let xo = Buf::new(ctx, dt, &[b, d]);
+    let vo = Buf::new(ctx, dt, &[b, d]);
+    let tr = Buf::new(ctx, dt, &[t, 2, b, d]);
+    ok(unsafe {
+        fk_leapfrog_forward(
+            i.x.h,
+            i.v.h,
+            h(&i.f),
+            i.u.h,
+            i.w.h,
+            h(&i.mu),
+            p.dt,
+            t,
+            p.c,
+            flags,
+            xo.h,
+            vo.h,
+            tr.h,
+            stream,
+        )
+    });
+    let bwd = |traj: *const fk_buffer| {
+        let o = [
+            Buf::new(ctx, dt, &[b, d]),
+            Buf::new(ctx, dt, &[b, d]),
+            Buf::new(ctx, dt, &[b, d]),
+            Buf::new(ctx, dt, &[d, r]),
+            Buf::new(ctx, dt, &[d, r]),
+        ];
+        ok(unsafe {
+            fk_leapfrog_backward(
+                i.v.h,
+                h(&i.f),
+                i.u.h,
+                i.w.h,
+                h(&i.mu),
+                p.dt,
+                t,
+                p.c,
+                flags,
+                traj,
+                h(&i.gx),
+                h(&i.gv),
+                o[0].h,
+                o[1].h,
+                o[2].h,
+                o[3].h,
+                o[4].h,
+                stream,
+            )
+        });
+        sync();
+        o.map(|o| o.read())
+    };
+    let lf = bwd(tr.h);
+    let lf_notraj = bwd(null());
+    sync();
+    Outs {
+        gamma: gamma.read(),
+        chr: chr.map(|o| o.read()),
+        x: xo.read(),
+        v: vo.read(),
+        traj: tr.read(),
+        lf,
+        lf_notraj,
+    }
+}
+
+/// Zeroes `g` where the f64 |gamma_raw| is within `rel` of c (see the module doc).
+fn guard_boundary(p: &mut Prob, rel: f64) {
+    if !p.c.is_finite() {
+        return;
+    }
+    let (d, r) = (p.d, p.r);
+    for i in 0..p.b {
+        let mut pp = vec![0.0; r];
+        for k in 0..d {
+            for q in 0..r {
+                pp[q] += p.v[i * d + k] * p.u[k * r + q];
+            }
+        }
+        for k in 0..d {
+            let raw: f64 = (0..r).map(|q| pp[q] * pp[q] * p.w[k * r + q]).sum();
+            if (raw.abs() - p.c).abs() <= rel * p.c.max(1e-30) + 1e-30 {
+                p.g[i * d + k] = 0.0;
+            }
+        }
+    }
+}
+
+fn compare(dt: fk_dtype, got: &Outs, want: &Outs, what: &str) {
+    let (tf, tb) = (tol_fwd(dt), tol_bwd(dt));
+    close(&got.gamma, &want.gamma, tf, &format!("gamma {what}"));
+    for (k, n) in ["dv", "dU", "dW"].iter().enumerate() {
+        close(
+            &got.chr[k],
+            &want.chr[k],
+            tb,
+            &format!("christoffel {n} {what}"),
+        );
+    }
+    close(&got.x, &want.x, tf, &format!("x_T {what}"));
+    close(&got.v, &want.v, tf, &format!("v_T {what}"));
+    close(&got.traj, &want.traj, tf, &format!("traj {what}"));
+    for (k, n) in ["dx0", "dv0", "df", "dU", "dW"].iter().enumerate() {
+        close(
+            &got.lf[k],
+            &want.lf[k],
+            tb,
+            &format!("leapfrog {n} (traj) {what}"),
+        );
+        close(
+            &got.lf_notraj[k],
+            &want.lf[k],
+            tb,
+            &format!("leapfrog {n} (no traj) {what}"),
+        );
+    }
+}
+
+fn shapes() -> Vec<(usize, usize, usize, usize)> {
+    // (B, D, R, T)
+    if sanitizing() {
+        vec![
+            (1, 1, 1, 1),
+            (7, 33, 5, 2),
+            (40, 70, 17, 2),
+            (3, 130, 33, 1),
+            (33, 20, 3, 3),
+        ]
+    } else {
+        vec![
+            (1, 1, 1, 1),
+            (7, 33, 5, 2),
+            (33, 100, 17, 3),
+            (257, 512, 32, 2),
+            (129, 300, 31, 1),
+            (64, 1000, 8, 2),
+            (17, 1030, 3, 2),
+            (9, 64, 33, 2),
+            (5, 40, 129, 2),
+            (3001, 128, 16, 2),
+            (6, 2100, 2, 1),
+        ]
+    }
+}
+
+#[test]
+fn cuda_matches_cpu_fast_and_generic() {
+    let Some(gpu) = gpu() else { return };
+    let cpu = Ctx::new(FK_DEVICE_CPU);
+    let mut rng = Rng(11);
+    for (b, d, r, t) in shapes() {
+        for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
+            for (opt, c) in [(true, 0.6), (false, f64::INFINITY)] {
+                let mut p = Prob::new(&mut rng, b, d, r, t, opt, c);
+                if dt == FK_DTYPE_F32 {
+                    guard_boundary(&mut p, 1e-4);
+                }
+                let want = run_all(&cpu, dt, &p, 0, null());
+                for flags in [0, FK_GEO_FORCE_GENERIC] {
+                    let got = run_all(&gpu, dt, &p, flags, null());
+                    let what = format!(
+                        "B={b} D={d} R={r} T={t} {} f/mu={opt} c={c} flags={flags}",
+                        if dt == FK_DTYPE_F32 { "f32" } else { "f64" }
+                    );
+                    compare(dt, &got, &want, &what);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cuda_zero_rows_zero_gradients() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = Rng(12);
+    let p = Prob::new(&mut rng, 0, 24, 5, 2, true, 0.5);
+    for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
+        for flags in [0, FK_GEO_FORCE_GENERIC] {
+            let o = run_all(&gpu, dt, &p, flags, null());
+            assert!(o.gamma.is_empty() && o.x.is_empty());
+            assert_eq!(o.chr[1], vec![0.0; 120]);
+            assert_eq!(o.chr[2], vec![0.0; 120]);
+            assert_eq!(o.lf[3], vec![0.0; 120]);
+            assert_eq!(o.lf_notraj[4], vec![0.0; 120]);
+        }
+    }
+}
+
+#[test]
+fn cuda_owned_stream_and_reproducible_gradients() {
+    let Some(gpu) = gpu() else { return };
+    let mut s = null_mut();
+    ok(unsafe { fk_stream_create(gpu.0, &mut s) });
+    let mut rng = Rng(13);
+    let (b, d, r) = if sanitizing() {
+        (40, 64, 8)
+    } else {
+        (2000, 512, 32)
+    };
+    let mut p = Prob::new(&mut rng, b, d, r, 2, true, 0.6);
+    guard_boundary(&mut p, 1e-4);
+    for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
+        let a = run_all(&gpu, dt, &p, 0, s);
+        let b2 = run_all(&gpu, dt, &p, 0, s);
+        let same = |x: &[f64], y: &[f64]| x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+        assert!(
+            same(&a.chr[1], &b2.chr[1]) && same(&a.chr[2], &b2.chr[2]),
+            "christoffel dU/dW differ between runs"
+        );
+        assert!(
+            same(&a.lf[3], &b2.lf[3]) && same(&a.lf[4], &b2.lf[4]),
+            "leapfrog dU/dW differ between runs"
+        );
+        assert!(same(&a.gamma, &b2.gamma) && same(&a.v, &b2.v));
+    }
+    ok(unsafe { fk_stream_destroy(s) });
+}
+
+#[test]
+fn cuda_misaligned_rows_and_in_place() {
+    let Some(gpu) = gpu() else { return };
+    let cpu = Ctx::new(FK_DEVICE_CPU);
+    let mut rng = Rng(14);
+    let (b, d, r) = (37usize, 64usize, 12usize);
+    let p = Prob::new(&mut rng, b, d, r, 1, false, 0.6);
+    for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
+        let want = run_all(&cpu, dt, &p, 0, null());
+        // v one element into a larger buffer: rows no longer 16-byte aligned
+        let big = Buf::new(&gpu, dt, &[(b * d + 1) as i64]);
+        let mut vals = vec![0.0; b * d + 1];
+        vals[1..].copy_from_slice(&p.v);
+        big.write(&vals);
+        let mut base = null_mut();
+        ok(unsafe { fk_buffer_data(big.h, &mut base) });
+        let shape = [b as i64, d as i64];
+        let mut vh = null_mut();
+        ok(unsafe {
+            fk_buffer_wrap(
+                gpu.0,
+                (base as *mut u8).add(esize(dt)) as *mut _,
+                dt,
+                2,
+                shape.as_ptr(),
+                null(),
+                &mut vh,
+            )
+        });
+        let v = Buf {
+            h: vh,
+            dtype: dt,
+            n: b * d,
+        };
+        let i = upload(&gpu, dt, &p);
+        let out = Buf::new(&gpu, dt, &[b as i64, d as i64]);
+        ok(unsafe { fk_christoffel_forward(v.h, i.u.h, i.w.h, p.c, 0, out.h, null()) });
+        close(&out.read(), &want.gamma, tol_fwd(dt), "gamma, misaligned v");
+        // in place: gamma over v
+        ok(unsafe { fk_christoffel_forward(i.v.h, i.u.h, i.w.h, p.c, 0, i.v.h, null()) });
+        close(&i.v.read(), &want.gamma, tol_fwd(dt), "gamma in place");
+        // leapfrog in place: x_out = x0, v_out = v0
+        let i = upload(&gpu, dt, &p);
+        ok(unsafe {
+            fk_leapfrog_forward(
+                i.x.h,
+                i.v.h,
+                null(),
+                i.u.h,
+                i.w.h,
+                null(),
+                p.dt,
+                1,
+                p.c,
+                0,
+                i.x.h,
+                i.v.h,
+                null_mut(),
+                null(),
+            )
+        });
+        close(&i.x.read(), &want.x, tol_fwd(dt), "x in place");
+        close(&i.v.read(), &want.v, tol_fwd(dt), "v in place");
+    }
+}
+
+#[test]
+fn cuda_backward_optional_outputs() {
+    let Some(gpu) = gpu() else { return };
+    let cpu = Ctx::new(FK_DEVICE_CPU);
+    let mut rng = Rng(15);
+    let mut p = Prob::new(&mut rng, 50, 96, 8, 3, true, 0.6);
+    guard_boundary(&mut p, 1e-4);
+    let dt = FK_DTYPE_F64;
+    let want = run_all(&cpu, dt, &p, 0, null());
+    let (b, d, r) = (50i64, 96i64, 8i64);
+    for flags in [0, FK_GEO_FORCE_GENERIC] {
+        let i = upload(&gpu, dt, &p);
+        // each output alone
+        for k in 0..3 {
+            let shape = if k == 0 { [b, d] } else { [d, r] };
+            let o = Buf::new(&gpu, dt, &shape);
+            let ptr = |j: usize| if j == k { o.h } else { null_mut() };
+            ok(unsafe {
+                fk_christoffel_backward(
+                    i.v.h,
+                    i.u.h,
+                    i.w.h,
+                    i.g.h,
+                    p.c,
+                    flags,
+                    ptr(0),
+                    ptr(1),
+                    ptr(2),
+                    null(),
+                )
+            });
+            close(
+                &o.read(),
+                &want.chr[k],
+                1e-11,
+                &format!("christoffel output {k} alone"),
+            );
+        }
+        for k in 0..5 {
+            let shape = if k < 3 { [b, d] } else { [d, r] };
+            let o = Buf::new(&gpu, dt, &shape);
+            let ptr = |j: usize| if j == k { o.h } else { null_mut() };
+            ok(unsafe {
+                fk_leapfrog_backward(
+                    i.v.h,
+                    h(&i.f),
+                    i.u.h,
+                    i.w.h,
+                    h(&i.mu),
+                    p.dt,
+                    3,
+                    p.c,
+                    flags,
+                    null(),
+                    h(&i.gx),
+                    h(&i.gv),
+                    ptr(0),
+                    ptr(1),
+                    ptr(2),
+                    ptr(3),
+                    ptr(4),
+                    null(),
+                )
+            });
+            close(
+                &o.read(),
+                &want.lf[k],
+                1e-11,
+                &format!("leapfrog output {k} alone"),
+            );
+        }
+    }
+}

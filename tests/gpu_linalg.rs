@@ -153,7 +153,19 @@ fn gemm_c128_is_refused_on_cuda() {
     let b = Placed::input(&g, FK_DTYPE_C128, &d.b);
     let c = Placed::poisoned(&g, FK_DTYPE_C128, &d.c_view);
     let one = fusekit::abi::fk_scalar { re: 1.0, im: 0.0 };
-    let s = unsafe { fk_gemm(FK_OP_N, FK_OP_N, one, a.handle(), b.handle(), one, c.handle(), 0, null()) };
+    let s = unsafe {
+        fk_gemm(
+            FK_OP_N,
+            FK_OP_N,
+            one,
+            a.handle(),
+            b.handle(),
+            one,
+            c.handle(),
+            0,
+            null(),
+        )
+    };
     expect_status(s, FK_ERROR_UNSUPPORTED_DTYPE, &["fk_gemm", "complex128"]);
 }
 

@@ -795,6 +795,76 @@ inline void kron(const Buffer& a, const Buffer& b, Buffer& out, StreamRef stream
     check(fk_kron(a.get(), b.get(), out.get(), stream.get()));
 }
 
+// ------------------------------------------------------------------ Gaussian field
+
+/// Bytes of workspace the Gaussian backwards need on `ctx` (0 on the CPU).
+inline std::size_t gaussian_backward_workspace_size(const Context& ctx, fk_dtype dtype, std::int64_t num_points,
+                                                    std::int64_t num_gaussians) {
+    std::size_t bytes = 0;
+    check(fk_gaussian_backward_workspace_size(ctx.get(), dtype, num_points, num_gaussians, &bytes));
+    return bytes;
+}
+/// m[b,n] = |(L_n + eps I)^-1 (p_b - mu_n)|^2, out [B,N].
+inline void mahalanobis_forward(const Buffer& points, const Buffer& means, const Buffer& chol, double eps,
+                                Buffer& out, StreamRef stream = {}) {
+    check(fk_mahalanobis_forward(points.get(), means.get(), chol.get(), eps, out.get(), stream.get()));
+}
+/// Gradients of the Mahalanobis op given g = dL/dm [B,N]; outputs optional (nullptr).
+inline void mahalanobis_backward(const Buffer& points, const Buffer& means, const Buffer& chol, double eps,
+                                 const Buffer& g, Buffer* dpoints, Buffer* dmeans, Buffer* dchol,
+                                 Buffer* workspace, StreamRef stream = {}) {
+    check(fk_mahalanobis_backward(points.get(), means.get(), chol.get(), eps, g.get(), detail::opt(dpoints),
+                                  detail::opt(dmeans), detail::opt(dchol), detail::opt(workspace), stream.get()));
+}
+/// out[b] = sum_n weights[n] exp(-0.5 m[b,n]), fused (no [B,N] array).
+inline void gaussian_field_forward(const Buffer& points, const Buffer& means, const Buffer& chol,
+                                   const Buffer& weights, double eps, Buffer& out, StreamRef stream = {}) {
+    check(fk_gaussian_field_forward(points.get(), means.get(), chol.get(), weights.get(), eps, out.get(),
+                                    stream.get()));
+}
+/// Gradients of the field given dout [B]; outputs optional (nullptr); deterministic.
+inline void gaussian_field_backward(const Buffer& points, const Buffer& means, const Buffer& chol,
+                                    const Buffer& weights, double eps, const Buffer& dout, Buffer* dpoints,
+                                    Buffer* dmeans, Buffer* dchol, Buffer* dweights, Buffer* workspace,
+                                    StreamRef stream = {}) {
+    check(fk_gaussian_field_backward(points.get(), means.get(), chol.get(), weights.get(), eps, dout.get(),
+                                     detail::opt(dpoints), detail::opt(dmeans), detail::opt(dchol),
+                                     detail::opt(dweights), detail::opt(workspace), stream.get()));
+}
+
+// ------------------------------------------------------------------ geodesic flow
+
+/// gamma = clamp((v U)^2 W^T, -c, c) [B,D]; `flags`: 0 or FK_GEO_*.
+inline void christoffel_forward(const Buffer& v, const Buffer& U, const Buffer& W, double c, Buffer& gamma,
+                                std::uint32_t flags = 0, StreamRef stream = {}) {
+    check(fk_christoffel_forward(v.get(), U.get(), W.get(), c, flags, gamma.get(), stream.get()));
+}
+/// Gradients given g = dL/dgamma; dv, dU, dW optional (nullptr).
+inline void christoffel_backward(const Buffer& v, const Buffer& U, const Buffer& W, const Buffer& g, double c,
+                                 Buffer* dv, Buffer* dU, Buffer* dW, std::uint32_t flags = 0,
+                                 StreamRef stream = {}) {
+    check(fk_christoffel_backward(v.get(), U.get(), W.get(), g.get(), c, flags, detail::opt(dv), detail::opt(dU),
+                                  detail::opt(dW), stream.get()));
+}
+/// `steps` fused kick-drift-kick steps; f, mu, traj optional (nullptr).
+inline void leapfrog_forward(const Buffer& x0, const Buffer& v0, const Buffer* f, const Buffer& U, const Buffer& W,
+                             const Buffer* mu, double dt, std::int64_t steps, double c, Buffer& x_out,
+                             Buffer& v_out, Buffer* traj = nullptr, std::uint32_t flags = 0,
+                             StreamRef stream = {}) {
+    check(fk_leapfrog_forward(x0.get(), v0.get(), detail::opt(f), U.get(), W.get(), detail::opt(mu), dt, steps, c,
+                              flags, x_out.get(), v_out.get(), detail::opt(traj), stream.get()));
+}
+/// Gradients of a loss on (x_T, v_T) w.r.t. x0, v0, f, U, W (each optional);
+/// `traj` from the forward, or nullptr to recompute.
+inline void leapfrog_backward(const Buffer& v0, const Buffer* f, const Buffer& U, const Buffer& W,
+                              const Buffer* mu, double dt, std::int64_t steps, double c, const Buffer* traj,
+                              const Buffer& gx, const Buffer& gv, Buffer* dx0, Buffer* dv0, Buffer* df, Buffer* dU,
+                              Buffer* dW, std::uint32_t flags = 0, StreamRef stream = {}) {
+    check(fk_leapfrog_backward(v0.get(), detail::opt(f), U.get(), W.get(), detail::opt(mu), dt, steps, c, flags,
+                               detail::opt(traj), gx.get(), gv.get(), detail::opt(dx0), detail::opt(dv0),
+                               detail::opt(df), detail::opt(dU), detail::opt(dW), stream.get()));
+}
+
 }  // namespace fusekit
 
 #endif  // FUSEKIT_HPP

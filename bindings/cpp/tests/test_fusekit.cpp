@@ -479,6 +479,56 @@ int main(int argc, char** argv) {
             }
             check(threw, "gemm shape mismatch throws fusekit::Error");
         }
+
+        // ---- Gaussian field and geodesic flow (values by hand)
+        {
+            const double eps = 1e-6;
+            auto pts = fusekit::Buffer::owned<double>(ctx, {1, 3});
+            pts.copy_from_host(std::vector<double>{1, 0, 0});
+            auto mean = fusekit::Buffer::owned<double>(ctx, {1, 3});
+            mean.copy_from_host(std::vector<double>{0, 0, 0});
+            auto chol = fusekit::Buffer::owned<double>(ctx, {1, 3, 3});
+            chol.copy_from_host(std::vector<double>{1, 0, 0, 0, 1, 0, 0, 0, 1});
+            auto w = fusekit::Buffer::owned<double>(ctx, {1});
+            w.copy_from_host(std::vector<double>{2});
+            auto field = fusekit::Buffer::owned<double>(ctx, {1});
+            fusekit::gaussian_field_forward(pts, mean, chol, w, eps, field);
+            const double m = 1.0 / ((1 + eps) * (1 + eps));
+            check(std::abs(field.to_vector<double>()[0] - 2 * std::exp(-0.5 * m)) < 1e-12,
+                  "gaussian_field_forward: one unit Gaussian at distance 1");
+            auto dist = fusekit::Buffer::owned<double>(ctx, {1, 1});
+            fusekit::mahalanobis_forward(pts, mean, chol, eps, dist);
+            check(std::abs(dist.to_vector<double>()[0] - m) < 1e-12, "mahalanobis_forward = 1/(1+eps)^2");
+            auto dout = fusekit::Buffer::owned<double>(ctx, {1});
+            dout.copy_from_host(std::vector<double>{1});
+            auto dw = fusekit::Buffer::owned<double>(ctx, {1});
+            std::size_t ws_bytes = fusekit::gaussian_backward_workspace_size(ctx, FK_DTYPE_F64, 1, 1);
+            auto ws = fusekit::Buffer::owned<double>(ctx, {static_cast<std::int64_t>(ws_bytes / 8 + 1)});
+            fusekit::gaussian_field_backward(pts, mean, chol, w, eps, dout, nullptr, nullptr, nullptr, &dw,
+                                             ws_bytes ? &ws : nullptr);
+            check(std::abs(dw.to_vector<double>()[0] - std::exp(-0.5 * m)) < 1e-12,
+                  "gaussian_field_backward: dweights = exp(-m/2)");
+
+            // v = [1, 2], U = [[1], [1]] -> p = 3, s = 9; W = [[0.1], [0.2]] -> gamma = [0.9, 1.8]
+            auto v = fusekit::Buffer::owned<double>(ctx, {1, 2});
+            v.copy_from_host(std::vector<double>{1, 2});
+            auto U = fusekit::Buffer::owned<double>(ctx, {2, 1});
+            U.copy_from_host(std::vector<double>{1, 1});
+            auto W = fusekit::Buffer::owned<double>(ctx, {2, 1});
+            W.copy_from_host(std::vector<double>{0.1, 0.2});
+            auto gamma = fusekit::Buffer::owned<double>(ctx, {1, 2});
+            fusekit::christoffel_forward(v, U, W, 5.0, gamma);
+            auto gv = gamma.to_vector<double>();
+            check(std::abs(gv[0] - 0.9) < 1e-12 && std::abs(gv[1] - 1.8) < 1e-12, "christoffel_forward by hand");
+            fusekit::christoffel_forward(v, U, W, 1.0, gamma);
+            gv = gamma.to_vector<double>();
+            check(std::abs(gv[0] - 0.9) < 1e-12 && gv[1] == 1.0, "christoffel_forward clamps at c");
+            auto x1 = fusekit::Buffer::owned<double>(ctx, {1, 2});
+            auto v1 = fusekit::Buffer::owned<double>(ctx, {1, 2});
+            fusekit::leapfrog_forward(v, v, nullptr, U, W, nullptr, 0.0, 1, 5.0, x1, v1);
+            check(x1.to_vector<double>() == std::vector<double>{1, 2} && v1.to_vector<double>() == std::vector<double>{1, 2},
+                  "leapfrog_forward with dt = 0 is the identity");
+        }
     } catch (const fusekit::Error& e) {
         check(false, std::string("unexpected fusekit::Error: ") + e.what());
     } catch (const std::exception& e) {

@@ -60,6 +60,8 @@ from .runtime import *  # noqa: F401,F403
 from .runtime import __all__ as _runtime_all
 from .ops.gaussian import *  # noqa: F401,F403
 from .ops.gaussian import __all__ as _gaussian_all
+from .ops.geodesic import *  # noqa: F401,F403
+from .ops.geodesic import __all__ as _geodesic_all
 
 Error.__module__ = "fusekit"
 LibraryLoadError.__module__ = "fusekit"
@@ -119,4 +121,5 @@ __all__ = [
     *_linalg_all,
     *_runtime_all,
     *_gaussian_all,
+    *_geodesic_all,
 ]

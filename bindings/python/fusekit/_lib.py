@@ -57,6 +57,10 @@ __all__ = [
 ABI_VERSION = 1000
 #: ``FK_MAX_DIMS``.
 MAX_DIMS = 8
+#: ``FK_GEO_ALLOW_TF32``: geodesic ops may use TF32 tensor cores for f32 on CUDA.
+GEO_ALLOW_TF32 = 1
+#: ``FK_GEO_FORCE_GENERIC``: geodesic ops use the generic CUDA kernels (debugging).
+GEO_FORCE_GENERIC = 2
 
 DEVICE_AUTO = 0
 DEVICE_CPU = 1
@@ -448,6 +452,22 @@ PROTOTYPES: dict[str, tuple] = {
          buffer_p, stream_p],
     ),
     "fk_gaussian_backward_workspace_size": (fk_status, [ctx_p, fk_dtype, c_int64, c_int64, POINTER(c_size_t)]),
+    # Geodesic flow (OPS.md section 2)
+    "fk_christoffel_forward": (fk_status, [buffer_p, buffer_p, buffer_p, c_double, c_uint32, buffer_p, stream_p]),
+    "fk_christoffel_backward": (
+        fk_status,
+        [buffer_p, buffer_p, buffer_p, buffer_p, c_double, c_uint32, buffer_p, buffer_p, buffer_p, stream_p],
+    ),
+    "fk_leapfrog_forward": (
+        fk_status,
+        [buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, c_double, c_int64, c_double, c_uint32,
+         buffer_p, buffer_p, buffer_p, stream_p],
+    ),
+    "fk_leapfrog_backward": (
+        fk_status,
+        [buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, c_double, c_int64, c_double, c_uint32, buffer_p,
+         buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, stream_p],
+    ),
 }
 
 #: Status-returning functions whose non-OK results are not errors to raise

@@ -181,3 +181,4 @@ __all__.append("linear")
 
 # The op families with their own torch module register here too.
 from . import torch_gaussian  # noqa: E402,F401
+from . import torch_geodesic  # noqa: E402,F401

@@ -1,0 +1,158 @@
+"""The geodesic flow ops as torch custom ops (autograd, fake tensors,
+``torch.compile``), registered by ``import fusekit.torch_ops`` (which imports this
+module) under ``torch.ops.fusekit``:
+
+- ``christoffel(v, U, W, c) -> gamma [B,D]``: differentiable with respect to ``v``,
+  ``U``, ``W`` (through ``fk_christoffel_backward``);
+- ``leapfrog(x0, v0, U, W, f, mu, dt, steps, c) -> (x_T, v_T, traj)``:
+  differentiable with respect to ``x0``, ``v0``, ``U``, ``W`` and ``f`` (through
+  ``fk_leapfrog_backward``; ``mu`` gets no gradient). The forward writes the
+  trajectory ``traj [steps,2,B,D]`` and saves it for the backward (``steps*2*B*D``
+  extra elements, no recomputation); ``traj`` itself gets no gradient;
+- ``christoffel_backward(v, U, W, g, c)`` and
+  ``leapfrog_backward(v0, U, W, f, mu, traj, gx, gv, dt, steps, c)``: the fusekit
+  backward kernels as their own ops (what the autograd formulas call).
+
+::
+
+    import fusekit.torch_ops
+    from fusekit.torch_geodesic import christoffel, leapfrog
+    x, v = leapfrog(x0, v0, U, W, dt=0.1, steps=4, f=f)   # c defaults to 5.0
+    (x.square().sum() + v.square().sum()).backward()
+
+Double backward is not supported (the backward ops have no autograd formula).
+"""
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .ops import geodesic as _g
+from .torch_ops import register
+
+__all__ = ["christoffel", "leapfrog"]
+
+
+def _c(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.detach().contiguous()
+
+
+# --- fusekit::christoffel_backward ----------------------------------------------------
+
+
+def _chr_bwd(v: Tensor, U: Tensor, W: Tensor, g: Tensor, c: float) -> Tuple[Tensor, Tensor, Tensor]:
+    dv, dU, dW = _g.christoffel_backward(_c(v), _c(U), _c(W), _c(g), c)
+    return dv, dU, dW
+
+
+def _chr_bwd_fake(v, U, W, g, c):
+    return v.new_empty(v.shape), U.new_empty(U.shape), W.new_empty(W.shape)
+
+
+register("christoffel_backward", _chr_bwd, fake=_chr_bwd_fake)
+
+
+# --- fusekit::christoffel ------------------------------------------------------------------
+
+
+def _chr(v: Tensor, U: Tensor, W: Tensor, c: float) -> Tensor:
+    return _g.christoffel_forward(_c(v), _c(U), _c(W), c)
+
+
+def _chr_fake(v, U, W, c):
+    torch._check(v.dim() == 2, lambda: "fusekit::christoffel: v must be [B,D]")
+    torch._check(U.dim() == 2 and W.dim() == 2, lambda: "fusekit::christoffel: U and W must be [D,R]")
+    return v.new_empty(v.shape)
+
+
+def _chr_setup(ctx, inputs, output):
+    v, U, W, c = inputs
+    ctx.save_for_backward(v, U, W)
+    ctx.c = c
+
+
+def _chr_backward(ctx, grad):
+    v, U, W = ctx.saved_tensors
+    dv, dU, dW = torch.ops.fusekit.christoffel_backward(v, U, W, grad, ctx.c)
+    need = ctx.needs_input_grad
+    return dv if need[0] else None, dU if need[1] else None, dW if need[2] else None, None
+
+
+register("christoffel", _chr, fake=_chr_fake, backward=_chr_backward, setup_context=_chr_setup)
+
+
+# --- fusekit::leapfrog_backward -------------------------------------------------------------
+
+
+def _lf_bwd(
+    v0: Tensor, U: Tensor, W: Tensor, f: Optional[Tensor], mu: Optional[Tensor], traj: Optional[Tensor],
+    gx: Optional[Tensor], gv: Optional[Tensor], dt: float, steps: int, c: float
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    dx0, dv0, df, dU, dW = _g.leapfrog_backward(
+        _c(v0), _c(U), _c(W), dt, steps, _c(gx), _c(gv), f=_c(f), mu=_c(mu), traj=_c(traj), c=c
+    )
+    return dx0, dv0, df, dU, dW
+
+
+def _lf_bwd_fake(v0, U, W, f, mu, traj, gx, gv, dt, steps, c):
+    return (v0.new_empty(v0.shape), v0.new_empty(v0.shape), v0.new_empty(v0.shape), U.new_empty(U.shape),
+            W.new_empty(W.shape))
+
+
+register("leapfrog_backward", _lf_bwd, fake=_lf_bwd_fake)
+
+
+# --- fusekit::leapfrog --------------------------------------------------------------------------
+
+
+def _lf(
+    x0: Tensor, v0: Tensor, U: Tensor, W: Tensor, f: Optional[Tensor], mu: Optional[Tensor], dt: float, steps: int,
+    c: float
+) -> Tuple[Tensor, Tensor, Tensor]:
+    x, v, traj = _g.leapfrog_forward(_c(x0), _c(v0), _c(U), _c(W), dt, steps, f=_c(f), mu=_c(mu), c=c, traj=True)
+    return x, v, traj
+
+
+def _lf_fake(x0, v0, U, W, f, mu, dt, steps, c):
+    torch._check(v0.dim() == 2, lambda: "fusekit::leapfrog: v0 must be [B,D]")
+    torch._check(steps >= 1, lambda: "fusekit::leapfrog: steps must be >= 1")
+    b, d = v0.shape
+    return x0.new_empty(x0.shape), v0.new_empty(v0.shape), v0.new_empty((steps, 2, b, d))
+
+
+def _lf_setup(ctx, inputs, output):
+    x0, v0, U, W, f, mu, dt, steps, c = inputs
+    ctx.save_for_backward(v0, U, W, f, mu, output[2])
+    ctx.dt, ctx.steps, ctx.c = dt, steps, c
+
+
+def _lf_backward(ctx, gx, gv, gtraj):
+    v0, U, W, f, mu, traj = ctx.saved_tensors
+    dx0, dv0, df, dU, dW = torch.ops.fusekit.leapfrog_backward(
+        v0, U, W, f, mu, traj, gx, gv, ctx.dt, ctx.steps, ctx.c
+    )
+    need = ctx.needs_input_grad
+    return (dx0 if need[0] else None, dv0 if need[1] else None, dU if need[2] else None, dW if need[3] else None,
+            df if need[4] else None, None, None, None, None)
+
+
+register("leapfrog", _lf, fake=_lf_fake, backward=_lf_backward, setup_context=_lf_setup)
+
+
+# --- wrappers with the default c ----------------------------------------------------------------
+
+
+def christoffel(v: Tensor, U: Tensor, W: Tensor, c: float = _g.DEFAULT_C) -> Tensor:
+    """Differentiable clamped Christoffel term ``[B,D]`` (``torch.ops.fusekit.christoffel``)."""
+    return torch.ops.fusekit.christoffel(v, U, W, float(c))
+
+
+def leapfrog(
+    x0: Tensor, v0: Tensor, U: Tensor, W: Tensor, dt: float, steps: int, f: Optional[Tensor] = None,
+    mu: Optional[Tensor] = None, c: float = _g.DEFAULT_C, return_traj: bool = False
+):
+    """Differentiable fused leapfrog (``torch.ops.fusekit.leapfrog``): ``(x_T, v_T)``,
+    plus the trajectory ``[steps,2,B,D]`` when ``return_traj``."""
+    x, v, traj = torch.ops.fusekit.leapfrog(x0, v0, U, W, f, mu, float(dt), int(steps), float(c))
+    return (x, v, traj) if return_traj else (x, v)

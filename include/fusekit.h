@@ -37,9 +37,11 @@
 #define FK_GAUSSIAN_DEFAULT_EPS 1e-6
 
 /**
- * `flags` bit of the geodesic ops: the CUDA backend may use TF32 tensor cores for
- * f32 products (about 1e-3 relative accuracy). A permission: kernels without a
- * TF32 path stay strict IEEE f32.
+ * `flags` bit of the geodesic ops: the CUDA forwards (`fk_christoffel_forward`,
+ * `fk_leapfrog_forward`) may use TF32 tensor cores (mma.sync) for the f32 products,
+ * about 5e-4 relative error in gamma instead of 1e-7. A permission, not a demand:
+ * it takes effect for f32 on CUDA where the fast kernels apply (D <= 512, R <= 32);
+ * the CPU, f64, the generic kernels and both backwards stay strict IEEE.
  */
 #define FK_GEO_ALLOW_TF32 1
 
@@ -982,9 +984,9 @@ fk_status fk_gaussian_backward_workspace_size(const fk_context *ctx,
  * `v` `[B, D]`, `U` and `W` `[D, R]`, `gamma` `[B, D]` (output), all required,
  * f32 or f64 (one dtype), any B, D, R. `c >= 0`. `gamma` may be `v` itself (in
  * place); no other overlap.
- * `flags`: 0, or `FK_GEO_ALLOW_TF32` (may use TF32 tensor cores for f32 on CUDA;
- * currently always strict f32) and/or `FK_GEO_FORCE_GENERIC` (debugging: the generic
- * CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
+ * `flags`: 0, or `FK_GEO_ALLOW_TF32` (f32 forwards on CUDA may use TF32 tensor
+ * cores, ~5e-4 relative error; ignored by the backwards) and/or
+ * `FK_GEO_FORCE_GENERIC` (debugging: the generic CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
  * of `v`'s context; the call queues work and never synchronises.
  * Statuses: `FK_ERROR_NULL_POINTER` (a required buffer is NULL),
  * `FK_ERROR_UNSUPPORTED_DTYPE` (`v` not f32/f64), `FK_ERROR_DTYPE_MISMATCH` (a buffer
@@ -1016,9 +1018,9 @@ fk_status fk_christoffel_forward(const fk_buffer *v,
  * repeated calls give bit-identical results. `v`, `g` `[B, D]`; `U`, `W`, `dU`, `dW`
  * `[D, R]`; one dtype, f32 or f64. On CUDA a workspace of (blocks x D x R) elements
  * per wanted parameter gradient is allocated stream-ordered on `stream`.
- * `flags`: 0, or `FK_GEO_ALLOW_TF32` (may use TF32 tensor cores for f32 on CUDA;
- * currently always strict f32) and/or `FK_GEO_FORCE_GENERIC` (debugging: the generic
- * CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
+ * `flags`: 0, or `FK_GEO_ALLOW_TF32` (f32 forwards on CUDA may use TF32 tensor
+ * cores, ~5e-4 relative error; ignored by the backwards) and/or
+ * `FK_GEO_FORCE_GENERIC` (debugging: the generic CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
  * of `v`'s context; the call queues work and never synchronises.
  * Statuses: `FK_ERROR_NULL_POINTER` (a required buffer is NULL),
  * `FK_ERROR_UNSUPPORTED_DTYPE` (`v` not f32/f64), `FK_ERROR_DTYPE_MISMATCH` (a buffer
@@ -1058,9 +1060,9 @@ fk_status fk_christoffel_backward(const fk_buffer *v,
  *
  * `x_out` may be `x0` and `v_out` may be `v0` (in place); no other overlap. One
  * dtype, f32 or f64; any B, D, R.
- * `flags`: 0, or `FK_GEO_ALLOW_TF32` (may use TF32 tensor cores for f32 on CUDA;
- * currently always strict f32) and/or `FK_GEO_FORCE_GENERIC` (debugging: the generic
- * CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
+ * `flags`: 0, or `FK_GEO_ALLOW_TF32` (f32 forwards on CUDA may use TF32 tensor
+ * cores, ~5e-4 relative error; ignored by the backwards) and/or
+ * `FK_GEO_FORCE_GENERIC` (debugging: the generic CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
  * of `v0`'s context; the call queues work and never synchronises.
  * Statuses: `FK_ERROR_NULL_POINTER` (a required buffer is NULL),
  * `FK_ERROR_UNSUPPORTED_DTYPE` (`v0` not f32/f64), `FK_ERROR_DTYPE_MISMATCH` (a buffer
@@ -1104,9 +1106,9 @@ fk_status fk_leapfrog_forward(const fk_buffer *x0,
  * MB, independent of B). Either way each step costs two Christoffel forwards and
  * two Christoffel backwards (about 3x the forward's work; 4x without `traj`).
  * `dU`/`dW` are deterministic (no atomics). One dtype, f32 or f64; any B, D, R.
- * `flags`: 0, or `FK_GEO_ALLOW_TF32` (may use TF32 tensor cores for f32 on CUDA;
- * currently always strict f32) and/or `FK_GEO_FORCE_GENERIC` (debugging: the generic
- * CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
+ * `flags`: 0, or `FK_GEO_ALLOW_TF32` (f32 forwards on CUDA may use TF32 tensor
+ * cores, ~5e-4 relative error; ignored by the backwards) and/or
+ * `FK_GEO_FORCE_GENERIC` (debugging: the generic CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
  * of `v0`'s context; the call queues work and never synchronises.
  * Statuses: `FK_ERROR_NULL_POINTER` (a required buffer is NULL),
  * `FK_ERROR_UNSUPPORTED_DTYPE` (`v0` not f32/f64), `FK_ERROR_DTYPE_MISMATCH` (a buffer

@@ -31,10 +31,11 @@
 // every per-row vector in a per-block global workspace (L1/L2 resident) and read U
 // and W from global memory; slower, simple, unlimited sizes.
 //
-// The host (src/cuda/geodesic.rs) prepends `#define GEO_T float|double` and one of
-// `GEO_MODULE_CHR_FWD`, `_CHR_BWD`, `_LF_FWD`, `_LF_BWD` (one module per op and
-// dtype, so a program compiles only what it uses), and mirrors the shared-memory
-// sizes (the kernels check them and trap on a mismatch).
+// The host (src/cuda/geodesic.rs) prepends `#define GEO_T float|double`, one of
+// `GEO_MODULE_CHR_FWD`, `_CHR_BWD`, `_LF_FWD`, `_LF_BWD`, and the configuration (see
+// the end of the file): one module per op, dtype and fast configuration, so a
+// program compiles only the kernels it uses. It mirrors the shared-memory sizes (the
+// kernels check them and trap on a mismatch).
 #include "common.cuh"
 
 #define GEO_NT 256
@@ -126,15 +127,19 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 }
 
 // ---------------------------------------------------------------- fast path
-template <typename T_, int RP_, int DJ_, int MB_> struct Cfg {
+template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     typedef T_ T;
+    // TF32 tensor cores (mma.sync.m16n8k8) for phases A and B: f32 forwards only,
+    // M = 16, D <= 512; the row layout follows the MMA accumulator layout
+    static constexpr bool TC = TC_;
     static constexpr int RP = RP_;  // R padded (8, 16, 32)
     static constexpr int DJ = DJ_;  // feature groups of 8 per thread (D padded to 64*DJ)
     static constexpr int MB = MB_;  // rows per thread (tile = 4*MB rows)
     static constexpr int M = 4 * MB;
     static constexpr int KW = 8 * DJ;          // features per warp slice
     static constexpr int DP = GEO_NW * KW;     // padded D
-    static constexpr int SU = RP + 4;          // row stride of U, W, P, S, DP in smem
+    static constexpr int SU = RP + 4;          // row stride of W, P, S, DP (and U) in smem
+    static constexpr int SUU = TC ? RP + 8 : SU;  // row stride of U (TC: conflict-free B fragments)
     static constexpr int SV = KW + 4;          // row stride of a warp slice
     static constexpr int SLICE = M * (SV > SU ? SV : SU);  // a warp slice (also holds a [M][SU] partial)
     static constexpr int RA = RP / 8;          // phase A: columns per lane
@@ -142,77 +147,113 @@ template <typename T_, int RP_, int DJ_, int MB_> struct Cfg {
     static constexpr int NB = DJ / PV;
     static constexpr int RQ = RP / 4;          // parameter layout: columns per lane
     static constexpr int NPAR = DJ * RP / 4;   // parameter accumulators per thread
+    static constexpr int TI = TC ? 2 : MB;     // row-layout tile per thread: rows
+    static constexpr int TJ = TC ? 2 * DJ : DJ;  // and columns
     // shared memory of each fast kernel, in elements (src/cuda/geodesic.rs mirrors these)
-    static constexpr int SMEM_CHR_FWD = 2 * DP * SU + 2 * GEO_NW * SLICE + M * SU;
-    static constexpr int SMEM_LF_FWD = 2 * DP * SU + GEO_NW * SLICE + M * SU;
-    static constexpr int SMEM_CHR_BWD = 2 * DP * SU + 2 * GEO_NW * SLICE + 3 * M * SU;
-    static constexpr int SMEM_LF_BWD = 2 * DP * SU + 2 * GEO_NW * SLICE + 5 * M * SU + 2 * M * DP;
-    static_assert(MB * DJ <= 32, "mask bits must fit one word");
+    static constexpr int SMEM_CHR_FWD = DP * (SUU + SU) + 2 * GEO_NW * SLICE + M * SU;
+    static constexpr int SMEM_LF_FWD = DP * (SUU + SU) + GEO_NW * SLICE + M * SU;
+    static constexpr int SMEM_CHR_BWD = DP * (SUU + SU) + 2 * GEO_NW * SLICE + 3 * M * SU;
+    static constexpr int SMEM_LF_BWD = DP * (SUU + SU) + 2 * GEO_NW * SLICE + 5 * M * SU + 2 * M * DP;
+    static_assert(TI * TJ <= 32, "mask bits must fit one word");
+    static_assert(!TC || (MB == 4 && DJ <= 8 && sizeof(T) == 4), "TF32 configurations: f32, M = 16, D <= 512");
 };
 
 // Largest opt-in shared memory per block of the supported GPUs (227 KB on sm_90);
 // configurations above it are compiled as stubs and never chosen by the host.
 #define GEO_SMEM_MAX 232448
 
-// U or W [D, R] (global) into smem [DP][SU], zero padded.
-template <class C> __device__ void load_mat(typename C::T* dst, const typename C::T* src, i64 D, i64 R) {
+// TF32 helpers: round to TF32 (cvt.rna: nearest, ties away) and the warp-wide
+// D += A B of mma.sync.m16n8k8 (A 16x8 row-major, B 8x8 column-major, f32 accumulate).
+// A host compilation (the CPU emulator, tests/emu/emu.h) provides its own.
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ float geo_tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return __uint_as_float(r);
+}
+__device__ __forceinline__ void geo_mma_tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
+                   "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b[0])), "r"(__float_as_uint(b[1])));
+#else
+    __trap();
+#endif
+}
+#endif
+
+template <bool ROUND> __device__ __forceinline__ float maybe_tf32(float x) {
+    if constexpr (ROUND) return geo_tf32(x);
+    else return x;
+}
+template <bool ROUND> __device__ __forceinline__ double maybe_tf32(double x) { return x; }
+
+// U or W [D, R] (global) into smem [DP][LD], zero padded (TF32-rounded for the TC kernels).
+template <class C, int LD> __device__ void load_mat(typename C::T* dst, const typename C::T* src, i64 D, i64 R) {
     typedef typename C::T T;
-    for (int idx = threadIdx.x; idx < C::DP * C::SU; idx += GEO_NT) {
-        int d = idx / C::SU, r = idx - d * C::SU;
-        dst[idx] = (d < D && r < R) ? src[(i64)d * R + r] : T(0);
+    for (int idx = threadIdx.x; idx < C::DP * LD; idx += GEO_NT) {
+        int d = idx / LD, r = idx - d * LD;
+        dst[idx] = maybe_tf32<C::TC>((d < D && r < R) ? src[(i64)d * R + r] : T(0));
     }
 }
 
-// Row layout: rows row0 + g + 4i, features w*KW + j*8 + dg. Element (i, j) of a
-// [B, D] matrix is at `off + i*4D + j*8`: one base offset per thread and immediate
-// column offsets, so that hoisted addresses cost few registers.
+// Row layout (FFMA kernels): rows row0 + g + 4i, features w*KW + 8j + dg, with
+// lane = 8g + dg. TC kernels: the mma accumulator layout, lane = 4g + t, rows
+// row0 + g + 8i (i < 2), features w*KW + 8(j/2) + 2t + (j%2). Element (i, j) of a
+// [B, D] matrix is at `off + roff(i)*D + coff(j)`: one base offset per thread and
+// immediate offsets, so that hoisted addresses cost few registers.
 template <class C> struct Rows {
     typedef typename C::T T;
-    typedef T Tile[C::MB][C::DJ];
-    int g, dg, w;
-    i64 row0, off, D4;
-    i64 rlim;  // rows left from this thread's first row: row i valid iff 4i < rlim
-    int dlim;  // features left from this thread's first feature: column j valid iff 8j < dlim
-    __device__ Rows(i64 r0, i64 B, i64 D) {
+    typedef T Tile[C::TI][C::TJ];
+    int g, c, w;  // first row in the tile, first column in the warp slice, warp
+    i64 row0, off, D;
+    i64 rlim;  // rows left from this thread's first row
+    int dlim;  // features left from this thread's first feature
+    static constexpr int roff(int i) { return C::TC ? 8 * i : 4 * i; }
+    static constexpr int coff(int j) { return C::TC ? 8 * (j >> 1) + (j & 1) : 8 * j; }
+    __device__ Rows(i64 r0, i64 B, i64 D_) {
         const int lane = threadIdx.x & 31;
         w = threadIdx.x >> 5;
-        g = lane >> 3;
-        dg = lane & 7;
+        g = C::TC ? lane >> 2 : lane >> 3;
+        c = C::TC ? 2 * (lane & 3) : lane & 7;
         row0 = r0;
-        const i64 c0 = w * C::KW + dg;
+        D = D_;
+        const i64 c0 = w * C::KW + c;
         off = (r0 + g) * D + c0;
-        D4 = 4 * D;
         rlim = B - (r0 + g);
         dlim = (int)min(D - c0, (i64)(8 * C::DJ));
     }
-    __device__ __forceinline__ int col(int j) const { return w * C::KW + j * 8 + dg; }
-    __device__ __forceinline__ bool ok(int i, int j) const { return 4 * i < rlim && 8 * j < dlim; }
+    __device__ __forceinline__ int col(int j) const { return w * C::KW + c + coff(j); }
+    __device__ __forceinline__ bool colok(int j) const { return coff(j) < dlim; }
+    __device__ __forceinline__ bool ok(int i, int j) const { return roff(i) < rlim && coff(j) < dlim; }
     // src [B, D] (NULL: zeros)
     __device__ __forceinline__ void load(Tile& o, const T* src) const {
 #pragma unroll
-        for (int i = 0; i < C::MB; ++i) {
-            const T* p = src + off + i * D4;
+        for (int i = 0; i < C::TI; ++i) {
+            const T* p = src + off + roff(i) * D;
 #pragma unroll
-            for (int j = 0; j < C::DJ; ++j) o[i][j] = (src != nullptr && ok(i, j)) ? p[j * 8] : T(0);
+            for (int j = 0; j < C::TJ; ++j) o[i][j] = (src != nullptr && ok(i, j)) ? p[coff(j)] : T(0);
         }
     }
     __device__ __forceinline__ void store(const Tile& o, T* dst) const {
 #pragma unroll
-        for (int i = 0; i < C::MB; ++i) {
-            T* p = dst + off + i * D4;
+        for (int i = 0; i < C::TI; ++i) {
+            T* p = dst + off + roff(i) * D;
 #pragma unroll
-            for (int j = 0; j < C::DJ; ++j)
-                if (ok(i, j)) p[j * 8] = o[i][j];
+            for (int j = 0; j < C::TJ; ++j)
+                if (ok(i, j)) p[coff(j)] = o[i][j];
         }
     }
-    // into the warp's own smem slice [M][SV]; the __syncwarp orders the write after
-    // every earlier read of the slice by the warp's lanes (they need not be converged)
+    // into the warp's own smem slice [M][SV] (TF32-rounded for the TC kernels); the
+    // __syncwarp orders the write after every earlier read of the slice by the warp's
+    // lanes (they need not be converged)
     __device__ __forceinline__ void to_slice(const Tile& o, T* slice) const {
         __syncwarp();
 #pragma unroll
-        for (int i = 0; i < C::MB; ++i)
+        for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-            for (int j = 0; j < C::DJ; ++j) slice[(g + 4 * i) * C::SV + j * 8 + dg] = o[i][j];
+            for (int j = 0; j < C::TJ; ++j) slice[(g + roff(i)) * C::SV + c + coff(j)] = maybe_tf32<C::TC>(o[i][j]);
     }
 };
 
@@ -335,6 +376,75 @@ __device__ void param_store(const typename C::T (&acc)[C::NPAR], typename C::T* 
             }
 }
 
+// ---------------------------------------------------------------- TF32 tensor-core phases
+// Lane = 4g + t. Phase A over the warp's feature slice: P[16][RP] partial =
+// X[16][KW] U[KW][RP], one m16n8k8 per (k-step of 8, column tile of 8). `xs`: the
+// slice [16][SV]; `mat`: U's rows of the slice (stride SUU, TF32-rounded). ROUND:
+// round X on load (the cp.async'd Christoffel input), else X is already TF32.
+template <class C, bool ROUND>
+__device__ __forceinline__ void phase_a_tc(const float* xs, const float* mat, int lane, float (&acc)[C::RP / 8][4]) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int n = 0; n < C::RP / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
+#pragma unroll 2
+    for (int k0 = 0; k0 < C::KW; k0 += 8) {
+        float a[4] = {xs[g * C::SV + k0 + t], xs[(g + 8) * C::SV + k0 + t], xs[g * C::SV + k0 + t + 4],
+                      xs[(g + 8) * C::SV + k0 + t + 4]};
+        if constexpr (ROUND)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a[e] = geo_tf32(a[e]);
+#pragma unroll
+        for (int n = 0; n < C::RP / 8; ++n) {
+            const float b[2] = {mat[(k0 + t) * C::SUU + 8 * n + g], mat[(k0 + t + 4) * C::SUU + 8 * n + g]};
+            geo_mma_tf32(acc[n], a, b);
+        }
+    }
+}
+
+// The warp's partial [16][RP] (accumulator layout) into its slice `part` (stride SU).
+template <class C> __device__ __forceinline__ void store_part_tc(float* part, const float (&acc)[C::RP / 8][4], int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int n = 0; n < C::RP / 8; ++n) {
+        part[g * C::SU + 8 * n + 2 * t] = acc[n][0];
+        part[g * C::SU + 8 * n + 2 * t + 1] = acc[n][1];
+        part[(g + 8) * C::SU + 8 * n + 2 * t] = acc[n][2];
+        part[(g + 8) * C::SU + 8 * n + 2 * t + 1] = acc[n][3];
+    }
+}
+
+// Phase B: raw[16][warp's KW features] = S[16][RP] W^T, S and W TF32-rounded; the
+// result lands in the TC row layout (tile (i, 2n + e) = accumulator n, element 2i + e).
+template <class C>
+__device__ __forceinline__ void phase_b_tc(const float* S, const float* mat, int lane, float (&out)[C::TI][C::TJ]) {
+    const int w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    float acc[C::KW / 8][4];
+#pragma unroll
+    for (int n = 0; n < C::KW / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
+    const float* wb = mat + (w * C::KW + g) * C::SU;
+#pragma unroll
+    for (int k0 = 0; k0 < C::RP; k0 += 8) {
+        const float a[4] = {S[g * C::SU + k0 + t], S[(g + 8) * C::SU + k0 + t], S[g * C::SU + k0 + t + 4],
+                            S[(g + 8) * C::SU + k0 + t + 4]};
+#pragma unroll
+        for (int n = 0; n < C::KW / 8; ++n) {
+            const float b[2] = {wb[8 * n * C::SU + k0 + t], wb[8 * n * C::SU + k0 + t + 4]};
+            geo_mma_tf32(acc[n], a, b);
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < C::KW / 8; ++n) {
+        out[0][2 * n] = acc[n][0];
+        out[0][2 * n + 1] = acc[n][1];
+        out[1][2 * n] = acc[n][2];
+        out[1][2 * n + 1] = acc[n][3];
+    }
+}
+
 __device__ __forceinline__ void check_smem(unsigned needed_bytes, const GeoArgs& a) {
     if (needed_bytes > a.smem_bytes || a.smem_bytes > dyn_smem_size()) __trap();
 }
@@ -352,18 +462,26 @@ __device__ __forceinline__ void gamma_regs(const typename Rows<C>::Tile& vin, co
     T* vs = vb + rl.w * C::SLICE;
     rl.to_slice(vin, vs);
     __syncwarp();
-    T acc[C::MB][C::RA];
-    phase_a<C>(vs, Us + rl.w * C::KW * C::SU, lane, acc);
-    __syncwarp();
-    store_part<C>(pb + rl.w * C::SLICE, acc, lane);
+    if constexpr (C::TC) {
+        float acc[C::RP / 8][4];
+        phase_a_tc<C, false>(vs, Us + rl.w * C::KW * C::SUU, lane, acc);
+        __syncwarp();
+        store_part_tc<C>(pb + rl.w * C::SLICE, acc, lane);
+    } else {
+        T acc[C::MB][C::RA];
+        phase_a<C>(vs, Us + rl.w * C::KW * C::SUU, lane, acc);
+        __syncwarp();
+        store_part<C>(pb + rl.w * C::SLICE, acc, lane);
+    }
     __syncthreads();
     reduce_parts<C>(pb, [&](int m, int r, T s) {
         bool in = r < R;
         if (P != nullptr) P[m * C::SU + r] = in ? s : T(0);
-        S[m * C::SU + r] = in ? s * s : T(0);
+        S[m * C::SU + r] = maybe_tf32<C::TC>(in ? s * s : T(0));
     });
     __syncthreads();
-    phase_b<C>(S, Ws, lane, raw);
+    if constexpr (C::TC) phase_b_tc<C>(S, Ws, lane, raw);
+    else phase_b<C>(S, Ws, lane, raw);
 }
 
 // The tail of a Christoffel vector-Jacobian product: with g' in the warp's slice of
@@ -420,7 +538,7 @@ template <class C> __device__ void chr_fwd_fast(const GeoArgs& a) {
     typedef typename C::T T;
     check_smem(C::SMEM_CHR_FWD * sizeof(T), a);
     T* Us = reinterpret_cast<T*>(geo_smem);
-    T* Ws = Us + C::DP * C::SU;
+    T* Ws = Us + C::DP * C::SUU;
     T* const V0 = Ws + C::DP * C::SU;
     T* const V1 = V0 + GEO_NW * C::SLICE;
     T* S = V1 + GEO_NW * C::SLICE;
@@ -430,8 +548,8 @@ template <class C> __device__ void chr_fwd_fast(const GeoArgs& a) {
     const i64 ntiles = (a.B + C::M - 1) / C::M;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const bool vec = a.vec_ok != 0;
-    load_mat<C>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
-    load_mat<C>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
+    load_mat<C, C::SUU>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
+    load_mat<C, C::SU>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
     i64 tile = blockIdx.x;
     int buf = 0;
     if (tile < ntiles) load_tile<C>(V0, v, tile * C::M, a.B, a.D, vec);
@@ -444,20 +562,28 @@ template <class C> __device__ void chr_fwd_fast(const GeoArgs& a) {
         __syncthreads();
         T* const vb = buf ? V1 : V0;
         T* vs = vb + w * C::SLICE;
-        T acc[C::MB][C::RA];
-        phase_a<C>(vs, Us + w * C::KW * C::SU, lane, acc);
-        __syncwarp();
-        store_part<C>(vs, acc, lane);  // the slice is consumed: its partial goes there
+        if constexpr (C::TC) {
+            float acc[C::RP / 8][4];
+            phase_a_tc<C, true>(vs, Us + w * C::KW * C::SUU, lane, acc);
+            __syncwarp();
+            store_part_tc<C>(vs, acc, lane);  // the slice is consumed: its partial goes there
+        } else {
+            T acc[C::MB][C::RA];
+            phase_a<C>(vs, Us + w * C::KW * C::SUU, lane, acc);
+            __syncwarp();
+            store_part<C>(vs, acc, lane);
+        }
         __syncthreads();
-        reduce_parts<C>(vb, [&](int m, int r, T s) { S[m * C::SU + r] = r < a.R ? s * s : T(0); });
+        reduce_parts<C>(vb, [&](int m, int r, T s) { S[m * C::SU + r] = maybe_tf32<C::TC>(r < a.R ? s * s : T(0)); });
         __syncthreads();
         Rows<C> rl(tile * C::M, a.B, a.D);
         typename Rows<C>::Tile raw;
-        phase_b<C>(S, Ws, lane, raw);
+        if constexpr (C::TC) phase_b_tc<C>(S, Ws, lane, raw);
+        else phase_b<C>(S, Ws, lane, raw);
 #pragma unroll
-        for (int i = 0; i < C::MB; ++i)
+        for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-            for (int j = 0; j < C::DJ; ++j) raw[i][j] = clampc(raw[i][j], c);
+            for (int j = 0; j < C::TJ; ++j) raw[i][j] = clampc(raw[i][j], c);
         rl.store(raw, out);
         buf ^= 1;
     }
@@ -469,7 +595,7 @@ template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
     typedef typename Rows<C>::Tile Tile;
     check_smem(C::SMEM_CHR_BWD * sizeof(T), a);
     T* Us = reinterpret_cast<T*>(geo_smem);
-    T* Ws = Us + C::DP * C::SU;
+    T* Ws = Us + C::DP * C::SUU;
     T* Vb = Ws + C::DP * C::SU;
     T* Gb = Vb + GEO_NW * C::SLICE;
     T* P = Gb + GEO_NW * C::SLICE;
@@ -479,8 +605,8 @@ template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
     const i64 ntiles = (a.B + C::M - 1) / C::M;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const bool want_dv = a.want & GEO_WANT_DV, want_du = a.want & GEO_WANT_DU, want_dw = a.want & GEO_WANT_DW;
-    load_mat<C>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
-    load_mat<C>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
+    load_mat<C, C::SUU>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
+    load_mat<C, C::SU>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
     T acc_u[C::NPAR], acc_w[C::NPAR];
 #pragma unroll
     for (int k = 0; k < C::NPAR; ++k) acc_u[k] = acc_w[k] = T(0);
@@ -498,9 +624,9 @@ template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
         gamma_regs<C>(t, rl, Vb, Gb, P, S, Us, Ws, a.R, raw);
         // g' = g * 1[-c <= raw <= c] into the G slice
 #pragma unroll
-        for (int i = 0; i < C::MB; ++i)
+        for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-            for (int j = 0; j < C::DJ; ++j) gr[i][j] = passc(raw[i][j], c) ? gr[i][j] : T(0);
+            for (int j = 0; j < C::TJ; ++j) gr[i][j] = passc(raw[i][j], c) ? gr[i][j] : T(0);
         rl.to_slice(gr, gs);
         __syncwarp();
         if (want_dw) param_acc<C>(gs, S, lane, acc_w);
@@ -518,20 +644,20 @@ template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
     typedef typename Rows<C>::Tile Tile;
     check_smem(C::SMEM_LF_FWD * sizeof(T), a);
     T* Us = reinterpret_cast<T*>(geo_smem);
-    T* Ws = Us + C::DP * C::SU;
+    T* Ws = Us + C::DP * C::SUU;
     T* Vb = Ws + C::DP * C::SU;
     T* S = Vb + GEO_NW * C::SLICE;
     const T c = T(a.c), dt = T(a.dt), h = T(0.5 * a.dt);
     const i64 ntiles = (a.B + C::M - 1) / C::M;
     const i64 BD = a.B * a.D;
-    load_mat<C>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
-    load_mat<C>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
+    load_mat<C, C::SUU>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
+    load_mat<C, C::SU>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
     const T* mu = reinterpret_cast<const T*>(a.mu);
-    T mur[C::DJ];
+    T mur[C::TJ];
     {
         Rows<C> rl(0, a.B, a.D);
 #pragma unroll
-        for (int j = 0; j < C::DJ; ++j) mur[j] = (mu != nullptr && 8 * j < rl.dlim) ? mu[rl.col(j)] : T(0);
+        for (int j = 0; j < C::TJ; ++j) mur[j] = (mu != nullptr && rl.colok(j)) ? mu[rl.col(j)] : T(0);
     }
     T* traj = reinterpret_cast<T*>(a.traj);
     __syncthreads();
@@ -544,18 +670,18 @@ template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
         for (i64 t = 0; t < a.steps; ++t) {
             gamma_regs<C>(v, rl, Vb, Vb, nullptr, S, Us, Ws, a.R, raw);
 #pragma unroll
-            for (int i = 0; i < C::MB; ++i)
+            for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-                for (int j = 0; j < C::DJ; ++j) {
+                for (int j = 0; j < C::TJ; ++j) {
                     T vh = v[i][j] + h * (f[i][j] - clampc(raw[i][j], c) - mur[j] * v[i][j]);
                     v[i][j] = vh;
                     x[i][j] += dt * vh;
                 }
             gamma_regs<C>(v, rl, Vb, Vb, nullptr, S, Us, Ws, a.R, raw);
 #pragma unroll
-            for (int i = 0; i < C::MB; ++i)
+            for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-                for (int j = 0; j < C::DJ; ++j)
+                for (int j = 0; j < C::TJ; ++j)
                     v[i][j] = v[i][j] + h * (f[i][j] - clampc(raw[i][j], c) - mur[j] * v[i][j]);
             if (traj != nullptr) {
                 rl.store(x, traj + (2 * t) * BD);
@@ -575,10 +701,10 @@ template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
 template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
     typedef typename C::T T;
     typedef typename Rows<C>::Tile Tile;
-    constexpr int E = C::MB * C::DJ;
+    constexpr int E = C::TI * C::TJ;
     check_smem(C::SMEM_LF_BWD * sizeof(T), a);
     T* Us = reinterpret_cast<T*>(geo_smem);
-    T* Ws = Us + C::DP * C::SU;
+    T* Ws = Us + C::DP * C::SUU;
     T* Vb = Ws + C::DP * C::SU;
     T* Gb = Vb + GEO_NW * C::SLICE;
     T* P0 = Gb + GEO_NW * C::SLICE;
@@ -595,19 +721,19 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
     const i64 BD = a.B * a.D;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const bool want_du = a.want & GEO_WANT_DU, want_dw = a.want & GEO_WANT_DW, want_df = a.want & GEO_WANT_DF;
-    load_mat<C>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
-    load_mat<C>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
+    load_mat<C, C::SUU>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
+    load_mat<C, C::SU>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
     const T* mu = reinterpret_cast<const T*>(a.mu);
     const T* v0 = reinterpret_cast<const T*>(a.v0);
     const T* f = reinterpret_cast<const T*>(a.f);
     const T* traj = reinterpret_cast<const T*>(a.traj);
     const T* gx = reinterpret_cast<const T*>(a.gx);
     T* slab = reinterpret_cast<T*>(a.ws) + (i64)blockIdx.x * a.ws_per_cta + threadIdx.x;
-    T mur[C::DJ];
+    T mur[C::TJ];
     {
         Rows<C> rl(0, a.B, a.D);
 #pragma unroll
-        for (int j = 0; j < C::DJ; ++j) mur[j] = (mu != nullptr && 8 * j < rl.dlim) ? mu[rl.col(j)] : T(0);
+        for (int j = 0; j < C::TJ; ++j) mur[j] = (mu != nullptr && rl.colok(j)) ? mu[rl.col(j)] : T(0);
     }
     T acc_u[C::NPAR], acc_w[C::NPAR];
 #pragma unroll
@@ -626,16 +752,16 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
                     gamma_regs<C>(t0, rl, Vb, Gb, nullptr, S0, Us, Ws, a.R, raw);
                     rl.load(t1, f);
 #pragma unroll
-                    for (int i = 0; i < C::MB; ++i)
+                    for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-                        for (int j = 0; j < C::DJ; ++j)
+                        for (int j = 0; j < C::TJ; ++j)
                             t0[i][j] = t0[i][j] + h * (t1[i][j] - clampc(raw[i][j], c) - mur[j] * t0[i][j]);
                 }
                 T* s = slab + t * E * GEO_NT;
 #pragma unroll
-                for (int i = 0; i < C::MB; ++i)
+                for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-                    for (int j = 0; j < C::DJ; ++j) s[(i * C::DJ + j) * GEO_NT] = t0[i][j];
+                    for (int j = 0; j < C::TJ; ++j) s[(i * C::TJ + j) * GEO_NT] = t0[i][j];
             }
         }
         Tile lv;
@@ -653,35 +779,35 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
             } else {
                 const T* s = slab + (t - 1) * E * GEO_NT;
 #pragma unroll
-                for (int i = 0; i < C::MB; ++i)
+                for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-                    for (int j = 0; j < C::DJ; ++j) t0[i][j] = s[(i * C::DJ + j) * GEO_NT];
+                    for (int j = 0; j < C::TJ; ++j) t0[i][j] = s[(i * C::TJ + j) * GEO_NT];
             }
             if (want_du) {
 #pragma unroll
-                for (int i = 0; i < C::MB; ++i)
+                for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-                    for (int j = 0; j < C::DJ; ++j) VT[(i * C::DJ + j) * GEO_NT] = t0[i][j];
+                    for (int j = 0; j < C::TJ; ++j) VT[(i * C::TJ + j) * GEO_NT] = t0[i][j];
             }
             // forward recomputation of the step: Gamma(v_t), vh, Gamma(vh)
             gamma_regs<C>(t0, rl, Vb, Gb, P0, S0, Us, Ws, a.R, raw);
             unsigned m0 = 0, m1 = 0;
             rl.load(t1, f);
 #pragma unroll
-            for (int i = 0; i < C::MB; ++i)
+            for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-                for (int j = 0; j < C::DJ; ++j) {
-                    if (passc(raw[i][j], c)) m0 |= 1u << (i * C::DJ + j);
+                for (int j = 0; j < C::TJ; ++j) {
+                    if (passc(raw[i][j], c)) m0 |= 1u << (i * C::TJ + j);
                     t1[i][j] = t0[i][j] + h * (t1[i][j] - clampc(raw[i][j], c) - mur[j] * t0[i][j]);
                 }
             gamma_regs<C>(t1, rl, Vb, Gb, P1, S1, Us, Ws, a.R, raw);  // vh stays in the V slice
             // second kick, adjoint lv: g' = -h lv * mask1
 #pragma unroll
-            for (int i = 0; i < C::MB; ++i)
+            for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-                for (int j = 0; j < C::DJ; ++j) {
-                    if (passc(raw[i][j], c)) m1 |= 1u << (i * C::DJ + j);
-                    t1[i][j] = (m1 >> (i * C::DJ + j)) & 1u ? -h * lv[i][j] : T(0);
+                for (int j = 0; j < C::TJ; ++j) {
+                    if (passc(raw[i][j], c)) m1 |= 1u << (i * C::TJ + j);
+                    t1[i][j] = (m1 >> (i * C::TJ + j)) & 1u ? -h * lv[i][j] : T(0);
                 }
             rl.to_slice(t1, gs);
             __syncwarp();
@@ -691,13 +817,13 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
             // lvh = lv (1 - h mu) + dt gx + J^T g'; df += h (lv + lvh)
             rl.load(t1, gx);
 #pragma unroll
-            for (int i = 0; i < C::MB; ++i)
+            for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-                for (int j = 0; j < C::DJ; ++j) {
+                for (int j = 0; j < C::TJ; ++j) {
                     const T lvh = lv[i][j] * (T(1) - h * mur[j]) + dt * t1[i][j] + raw[i][j];
-                    if (want_df) DF[(i * C::DJ + j) * GEO_NT] += h * lv[i][j] + h * lvh;
+                    if (want_df) DF[(i * C::TJ + j) * GEO_NT] += h * lv[i][j] + h * lvh;
                     lv[i][j] = lvh;
-                    t1[i][j] = (m0 >> (i * C::DJ + j)) & 1u ? -h * lvh : T(0);
+                    t1[i][j] = (m0 >> (i * C::TJ + j)) & 1u ? -h * lvh : T(0);
                 }
             // first kick
             rl.to_slice(t1, gs);
@@ -706,24 +832,24 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
             vjp_tail<C>(Gb, P0, DPs, Us, Ws, true, raw);
             if (want_du) {
 #pragma unroll
-                for (int i = 0; i < C::MB; ++i)
+                for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-                    for (int j = 0; j < C::DJ; ++j) t0[i][j] = VT[(i * C::DJ + j) * GEO_NT];
+                    for (int j = 0; j < C::TJ; ++j) t0[i][j] = VT[(i * C::TJ + j) * GEO_NT];
                 rl.to_slice(t0, vs);
                 __syncwarp();
                 param_acc<C>(vs, DPs, lane, acc_u);
             }
 #pragma unroll
-            for (int i = 0; i < C::MB; ++i)
+            for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-                for (int j = 0; j < C::DJ; ++j) lv[i][j] = lv[i][j] * (T(1) - h * mur[j]) + raw[i][j];
+                for (int j = 0; j < C::TJ; ++j) lv[i][j] = lv[i][j] * (T(1) - h * mur[j]) + raw[i][j];
         }
         if (a.want & GEO_WANT_DV) rl.store(lv, reinterpret_cast<T*>(a.dv));
         if (want_df) {
 #pragma unroll
-            for (int i = 0; i < C::MB; ++i)
+            for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-                for (int j = 0; j < C::DJ; ++j) t1[i][j] = DF[(i * C::DJ + j) * GEO_NT];
+                for (int j = 0; j < C::TJ; ++j) t1[i][j] = DF[(i * C::TJ + j) * GEO_NT];
             rl.store(t1, reinterpret_cast<T*>(a.df));
         }
         if (a.want & GEO_WANT_DX) {
@@ -1027,7 +1153,15 @@ template <typename T> __device__ void lf_bwd_gen(const GeoArgs& a) {
 }
 
 // ---------------------------------------------------------------- entry points
-#if defined(GEO_MODULE_CHR_BWD) || defined(GEO_MODULE_LF_BWD)
+// Module contents: the host defines GEO_T, one GEO_MODULE_<op>, and either
+// GEO_CFG_RP + GEO_CFG_DJ (a module with that one fast kernel) or GEO_GENERIC (the
+// generic kernel, and geo_reduce for the backwards). With neither, everything of
+// the op is instantiated (tests/emu, scripts/ptxas_report.py).
+#if !defined(GEO_CFG_RP) && !defined(GEO_GENERIC)
+#define GEO_ALL 1
+#endif
+
+#if (defined(GEO_GENERIC) || defined(GEO_ALL)) && (defined(GEO_MODULE_CHR_BWD) || defined(GEO_MODULE_LF_BWD))
 // Partial [D, R] sums of the blocks, added in block order (f64 accumulation).
 extern "C" __global__ void __launch_bounds__(GEO_NT) geo_reduce(const ReduceArgs a) {
     const GEO_T* parts = reinterpret_cast<const GEO_T*>(a.parts);
@@ -1046,28 +1180,51 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_reduce(const ReduceArgs
 #define GEO_MB_A(DJ) ((DJ) <= 8 ? 4 : 2)
 #define GEO_MB_B(DJ) ((DJ) <= 8 ? 2 : 1)
 
-// One module per (op, direction, dtype): the host defines GEO_MODULE_<...> and GEO_T.
 #define GEO_ENTRY(NAME, FN, SMEM, MBX, RP, DJ)                                                              \
     extern "C" __global__ void __launch_bounds__(GEO_NT, 1) geo_##NAME##_r##RP##_d##DJ(const GeoArgs a) {  \
         typedef Cfg<GEO_T, RP, DJ, MBX(DJ)> C;                                                            \
         if constexpr (C::SMEM * sizeof(GEO_T) <= GEO_SMEM_MAX) FN<C>(a);                                  \
         else __trap();                                                                                     \
     }
+// TF32 variants (GEO_TF32: f32 modules of the forwards): geo_<op>_tc_r<RP>_d<DJ>,
+// stubs for DJ = 16.
+#define GEO_ENTRY_TC(NAME, FN, SMEM, RP, DJ)                                                                   \
+    extern "C" __global__ void __launch_bounds__(GEO_NT, 1) geo_##NAME##_tc_r##RP##_d##DJ(const GeoArgs a) {  \
+        typedef Cfg<float, RP, ((DJ) <= 8 ? (DJ) : 8), 4, true> C;                                           \
+        if constexpr ((DJ) <= 8 && C::SMEM * sizeof(float) <= GEO_SMEM_MAX) FN<C>(a);                         \
+        else __trap();                                                                                         \
+    }
+#if defined(GEO_TF32) && defined(GEO_MODULE_CHR_FWD)
+#define GEO_FAST_TC(RP, DJ) GEO_ENTRY_TC(chr_fwd, chr_fwd_fast, SMEM_CHR_FWD, RP, DJ)
+#elif defined(GEO_TF32) && defined(GEO_MODULE_LF_FWD)
+#define GEO_FAST_TC(RP, DJ) GEO_ENTRY_TC(lf_fwd, lf_fwd_fast, SMEM_LF_FWD, RP, DJ)
+#else
+#define GEO_FAST_TC(RP, DJ)
+#endif
 #if defined(GEO_MODULE_CHR_FWD)
 #define GEO_FAST(RP, DJ) GEO_ENTRY(chr_fwd, chr_fwd_fast, SMEM_CHR_FWD, GEO_MB_A, RP, DJ)
-extern "C" __global__ void __launch_bounds__(GEO_NT) geo_chr_fwd_gen(const GeoArgs a) { chr_fwd_gen<GEO_T>(a); }
+#define GEO_GEN_KERNEL extern "C" __global__ void __launch_bounds__(GEO_NT) geo_chr_fwd_gen(const GeoArgs a) { chr_fwd_gen<GEO_T>(a); }
 #elif defined(GEO_MODULE_CHR_BWD)
 #define GEO_FAST(RP, DJ) GEO_ENTRY(chr_bwd, chr_bwd_fast, SMEM_CHR_BWD, GEO_MB_A, RP, DJ)
-extern "C" __global__ void __launch_bounds__(GEO_NT) geo_chr_bwd_gen(const GeoArgs a) { chr_bwd_gen<GEO_T>(a); }
+#define GEO_GEN_KERNEL extern "C" __global__ void __launch_bounds__(GEO_NT) geo_chr_bwd_gen(const GeoArgs a) { chr_bwd_gen<GEO_T>(a); }
 #elif defined(GEO_MODULE_LF_FWD)
 #define GEO_FAST(RP, DJ) GEO_ENTRY(lf_fwd, lf_fwd_fast, SMEM_LF_FWD, GEO_MB_A, RP, DJ)
-extern "C" __global__ void __launch_bounds__(GEO_NT) geo_lf_fwd_gen(const GeoArgs a) { lf_fwd_gen<GEO_T>(a); }
+#define GEO_GEN_KERNEL extern "C" __global__ void __launch_bounds__(GEO_NT) geo_lf_fwd_gen(const GeoArgs a) { lf_fwd_gen<GEO_T>(a); }
 #elif defined(GEO_MODULE_LF_BWD)
 #define GEO_FAST(RP, DJ) GEO_ENTRY(lf_bwd, lf_bwd_fast, SMEM_LF_BWD, GEO_MB_B, RP, DJ)
-extern "C" __global__ void __launch_bounds__(GEO_NT) geo_lf_bwd_gen(const GeoArgs a) { lf_bwd_gen<GEO_T>(a); }
+#define GEO_GEN_KERNEL extern "C" __global__ void __launch_bounds__(GEO_NT) geo_lf_bwd_gen(const GeoArgs a) { lf_bwd_gen<GEO_T>(a); }
 #endif
+#define GEO_FAST_EXPAND(RP, DJ) GEO_FAST(RP, DJ) GEO_FAST_TC(RP, DJ)
 
-#define GEO_FAST_ALL_DJ(RP) GEO_FAST(RP, 2) GEO_FAST(RP, 4) GEO_FAST(RP, 8) GEO_FAST(RP, 16)
+#if defined(GEO_CFG_RP)
+GEO_FAST_EXPAND(GEO_CFG_RP, GEO_CFG_DJ)
+#endif
+#if defined(GEO_GENERIC) || defined(GEO_ALL)
+GEO_GEN_KERNEL
+#endif
+#if defined(GEO_ALL)
+#define GEO_FAST_ALL_DJ(RP) GEO_FAST_EXPAND(RP, 2) GEO_FAST_EXPAND(RP, 4) GEO_FAST_EXPAND(RP, 8) GEO_FAST_EXPAND(RP, 16)
 GEO_FAST_ALL_DJ(8)
 GEO_FAST_ALL_DJ(16)
 GEO_FAST_ALL_DJ(32)
+#endif

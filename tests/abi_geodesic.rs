@@ -1534,3 +1534,45 @@ fn leapfrog_rejects_bad_inputs() {
     };
     expect(s, FK_ERROR_NULL_POINTER, &["W is NULL"]);
 }
+
+#[test]
+fn flags_are_accepted_and_change_nothing_on_the_cpu() {
+    let ctx = Ctx::cpu();
+    let mut rng = Rng(9);
+    let mut p = Prob::random(&mut rng, 5, 12, 3, 2, true, true);
+    p.c = 0.2;
+    let i = upload(&ctx, FK_DTYPE_F32, &p);
+    let (b, d) = (5i64, 12i64);
+    let mut outs = Vec::new();
+    for flags in [
+        0,
+        FK_GEO_ALLOW_TF32,
+        FK_GEO_FORCE_GENERIC,
+        FK_GEO_ALLOW_TF32 | FK_GEO_FORCE_GENERIC,
+    ] {
+        let g = Buf::new(&ctx, FK_DTYPE_F32, &[b, d]);
+        ok(unsafe { fk_christoffel_forward(i.v.h, i.u.h, i.w.h, p.c, flags, g.h, null()) });
+        let xo = Buf::new(&ctx, FK_DTYPE_F32, &[b, d]);
+        let vo = Buf::new(&ctx, FK_DTYPE_F32, &[b, d]);
+        ok(unsafe {
+            fk_leapfrog_forward(
+                i.x.h,
+                i.v.h,
+                h(&i.f),
+                i.u.h,
+                i.w.h,
+                h(&i.mu),
+                p.dt,
+                2,
+                p.c,
+                flags,
+                xo.h,
+                vo.h,
+                null_mut(),
+                null(),
+            )
+        });
+        outs.push((g.read(), xo.read(), vo.read()));
+    }
+    assert!(outs.iter().all(|o| *o == outs[0]));
+}

@@ -9,7 +9,8 @@
 //! with `FK_GEO_FORCE_GENERIC`, so the fast and the generic kernels are both checked
 //! on the same shapes; misaligned rows (the non-cp.async load path); the in-place
 //! forms; trajectory on/off; optional arguments; outputs poisoned with NaN before
-//! every run; bit-reproducible dU, dW; an owned stream.
+//! every run; bit-reproducible dU, dW; an owned stream; the TF32 forwards
+//! (`FK_GEO_ALLOW_TF32`, tolerance 5e-3; f64 and the backwards unaffected).
 //!
 //! Tolerances (relative error ||out - ref|| / ||ref||): f64 1e-11, f32 2e-5
 //! (forwards) and 1e-4 (backwards). The oracle computes in f64, so an f32 kernel
@@ -673,5 +674,51 @@ fn cuda_backward_optional_outputs() {
                 &format!("leapfrog output {k} alone"),
             );
         }
+    }
+}
+
+#[test]
+fn cuda_tf32_forwards() {
+    let Some(gpu) = gpu() else { return };
+    let cpu = Ctx::new(FK_DEVICE_CPU);
+    let mut rng = Rng(16);
+    let shapes: &[(usize, usize, usize, usize)] = if sanitizing() {
+        &[(7, 33, 5, 2), (40, 64, 32, 1)]
+    } else {
+        &[
+            (7, 33, 5, 2),
+            (257, 512, 32, 2),
+            (129, 300, 31, 8),
+            (50, 100, 16, 1),
+        ]
+    };
+    for &(b, d, r, t) in shapes {
+        let p = Prob::new(&mut rng, b, d, r, t, true, 0.6);
+        let want = run_all(&cpu, FK_DTYPE_F32, &p, 0, null());
+        let got = run_all(&gpu, FK_DTYPE_F32, &p, FK_GEO_ALLOW_TF32, null());
+        let what = format!("TF32 B={b} D={d} R={r} T={t}");
+        close(&got.gamma, &want.gamma, 5e-3, &format!("gamma {what}"));
+        close(&got.x, &want.x, 5e-3, &format!("x_T {what}"));
+        close(&got.v, &want.v, 5e-3, &format!("v_T {what}"));
+        close(&got.traj, &want.traj, 5e-3, &format!("traj {what}"));
+        // the backwards ignore the flag (bit-identical to strict runs); f64 too
+        let strict = run_all(&gpu, FK_DTYPE_F32, &p, 0, null());
+        assert!(
+            got.chr.iter().zip(&strict.chr).all(|(a, b)| a == b),
+            "christoffel backward changed with FK_GEO_ALLOW_TF32"
+        );
+        assert!(
+            got.lf_notraj
+                .iter()
+                .zip(&strict.lf_notraj)
+                .all(|(a, b)| a == b),
+            "leapfrog backward (recompute) changed with FK_GEO_ALLOW_TF32"
+        );
+        let g64 = run_all(&gpu, FK_DTYPE_F64, &p, FK_GEO_ALLOW_TF32, null());
+        let s64 = run_all(&gpu, FK_DTYPE_F64, &p, 0, null());
+        assert!(
+            g64.gamma == s64.gamma && g64.v == s64.v,
+            "f64 changed with FK_GEO_ALLOW_TF32"
+        );
     }
 }

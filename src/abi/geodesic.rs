@@ -9,10 +9,9 @@
 //! - `c`: the clamp bound, `>= 0`; `INFINITY` disables clamping. The clamp is
 //!   `torch.clamp(gamma_raw, -c, c)` (NaN propagates) and its derivative the
 //!   inclusive mask `-c <= gamma_raw <= c` (0 where `gamma_raw` is NaN).
-//! - `flags`: 0, or a combination of `FK_GEO_ALLOW_TF32` (permission to use TF32
-//!   tensor cores for f32 on CUDA; today every kernel is strict IEEE, so the flag
-//!   changes nothing) and `FK_GEO_FORCE_GENERIC` (debugging: the generic CUDA
-//!   kernels); other bits are `FK_ERROR_INVALID_ARGUMENT`.
+//! - `flags`: 0, or a combination of `FK_GEO_ALLOW_TF32` (the f32 forwards on CUDA
+//!   may use TF32 tensor cores) and `FK_GEO_FORCE_GENERIC` (debugging: the generic
+//!   CUDA kernels); other bits are `FK_ERROR_INVALID_ARGUMENT`.
 //! - aliasing: outputs must not overlap inputs or each other, except the exact
 //!   in-place forms named in each function.
 //! - `stream`: the op is queued there (NULL = the default stream of `v`'s context);
@@ -38,9 +37,11 @@ use crate::buffer::Buffer;
 use crate::error::{Result, fk_status};
 use crate::ops::geodesic as geo;
 
-/// `flags` bit of the geodesic ops: the CUDA backend may use TF32 tensor cores for
-/// f32 products (about 1e-3 relative accuracy). A permission: kernels without a
-/// TF32 path stay strict IEEE f32.
+/// `flags` bit of the geodesic ops: the CUDA forwards (`fk_christoffel_forward`,
+/// `fk_leapfrog_forward`) may use TF32 tensor cores (mma.sync) for the f32 products,
+/// about 5e-4 relative error in gamma instead of 1e-7. A permission, not a demand:
+/// it takes effect for f32 on CUDA where the fast kernels apply (D <= 512, R <= 32);
+/// the CPU, f64, the generic kernels and both backwards stay strict IEEE.
 pub const FK_GEO_ALLOW_TF32: u32 = 1;
 
 /// `flags` bit of the geodesic ops, for testing and debugging: the CUDA backend
@@ -67,9 +68,9 @@ unsafe fn opt<'a>(p: *const fk_buffer, what: &str) -> Result<Option<&'a Buffer>>
 /// `v` `[B, D]`, `U` and `W` `[D, R]`, `gamma` `[B, D]` (output), all required,
 /// f32 or f64 (one dtype), any B, D, R. `c >= 0`. `gamma` may be `v` itself (in
 /// place); no other overlap.
-/// `flags`: 0, or `FK_GEO_ALLOW_TF32` (may use TF32 tensor cores for f32 on CUDA;
-/// currently always strict f32) and/or `FK_GEO_FORCE_GENERIC` (debugging: the generic
-/// CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
+/// `flags`: 0, or `FK_GEO_ALLOW_TF32` (f32 forwards on CUDA may use TF32 tensor
+/// cores, ~5e-4 relative error; ignored by the backwards) and/or
+/// `FK_GEO_FORCE_GENERIC` (debugging: the generic CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
 /// of `v`'s context; the call queues work and never synchronises.
 /// Statuses: `FK_ERROR_NULL_POINTER` (a required buffer is NULL),
 /// `FK_ERROR_UNSUPPORTED_DTYPE` (`v` not f32/f64), `FK_ERROR_DTYPE_MISMATCH` (a buffer
@@ -111,9 +112,9 @@ pub unsafe extern "C" fn fk_christoffel_forward(
 /// repeated calls give bit-identical results. `v`, `g` `[B, D]`; `U`, `W`, `dU`, `dW`
 /// `[D, R]`; one dtype, f32 or f64. On CUDA a workspace of (blocks x D x R) elements
 /// per wanted parameter gradient is allocated stream-ordered on `stream`.
-/// `flags`: 0, or `FK_GEO_ALLOW_TF32` (may use TF32 tensor cores for f32 on CUDA;
-/// currently always strict f32) and/or `FK_GEO_FORCE_GENERIC` (debugging: the generic
-/// CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
+/// `flags`: 0, or `FK_GEO_ALLOW_TF32` (f32 forwards on CUDA may use TF32 tensor
+/// cores, ~5e-4 relative error; ignored by the backwards) and/or
+/// `FK_GEO_FORCE_GENERIC` (debugging: the generic CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
 /// of `v`'s context; the call queues work and never synchronises.
 /// Statuses: `FK_ERROR_NULL_POINTER` (a required buffer is NULL),
 /// `FK_ERROR_UNSUPPORTED_DTYPE` (`v` not f32/f64), `FK_ERROR_DTYPE_MISMATCH` (a buffer
@@ -166,9 +167,9 @@ pub unsafe extern "C" fn fk_christoffel_backward(
 ///
 /// `x_out` may be `x0` and `v_out` may be `v0` (in place); no other overlap. One
 /// dtype, f32 or f64; any B, D, R.
-/// `flags`: 0, or `FK_GEO_ALLOW_TF32` (may use TF32 tensor cores for f32 on CUDA;
-/// currently always strict f32) and/or `FK_GEO_FORCE_GENERIC` (debugging: the generic
-/// CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
+/// `flags`: 0, or `FK_GEO_ALLOW_TF32` (f32 forwards on CUDA may use TF32 tensor
+/// cores, ~5e-4 relative error; ignored by the backwards) and/or
+/// `FK_GEO_FORCE_GENERIC` (debugging: the generic CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
 /// of `v0`'s context; the call queues work and never synchronises.
 /// Statuses: `FK_ERROR_NULL_POINTER` (a required buffer is NULL),
 /// `FK_ERROR_UNSUPPORTED_DTYPE` (`v0` not f32/f64), `FK_ERROR_DTYPE_MISMATCH` (a buffer
@@ -227,9 +228,9 @@ pub unsafe extern "C" fn fk_leapfrog_forward(
 /// MB, independent of B). Either way each step costs two Christoffel forwards and
 /// two Christoffel backwards (about 3x the forward's work; 4x without `traj`).
 /// `dU`/`dW` are deterministic (no atomics). One dtype, f32 or f64; any B, D, R.
-/// `flags`: 0, or `FK_GEO_ALLOW_TF32` (may use TF32 tensor cores for f32 on CUDA;
-/// currently always strict f32) and/or `FK_GEO_FORCE_GENERIC` (debugging: the generic
-/// CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
+/// `flags`: 0, or `FK_GEO_ALLOW_TF32` (f32 forwards on CUDA may use TF32 tensor
+/// cores, ~5e-4 relative error; ignored by the backwards) and/or
+/// `FK_GEO_FORCE_GENERIC` (debugging: the generic CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream
 /// of `v0`'s context; the call queues work and never synchronises.
 /// Statuses: `FK_ERROR_NULL_POINTER` (a required buffer is NULL),
 /// `FK_ERROR_UNSUPPORTED_DTYPE` (`v0` not f32/f64), `FK_ERROR_DTYPE_MISMATCH` (a buffer

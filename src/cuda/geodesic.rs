@@ -1,11 +1,11 @@
 //! Launcher for `kernels/geodesic.cu` (docs/geodesic.md has the design).
 //!
-//! Two modules per dtype: `geodesic_christoffel_<dtype>` and
-//! `geodesic_leapfrog_<dtype>`. Each holds the fast kernels for every (RP, DJ)
-//! configuration (R padded to 8, 16 or 32; D padded to 64*DJ, DJ in 2, 4, 8, 16),
-//! a generic kernel per op, and `geo_reduce` (the deterministic second pass of the
-//! dU/dW sums). The fast kernel runs when its shared memory (U and W resident, plus
-//! tile buffers) fits the device's opt-in limit; otherwise the generic kernel.
+//! Modules `geodesic_<op>_<dtype>_r<RP>_d<DJ>` hold one fast kernel each (R padded
+//! to RP = 8, 16 or 32; D padded to 64*DJ, DJ = 2, 4, 8, 16), and
+//! `geodesic_<op>_<dtype>_generic` the generic kernel and, for the backwards,
+//! `geo_reduce` (the deterministic second pass of the dU/dW sums). The fast kernel
+//! runs when its shared memory (U and W resident, plus tile buffers) fits the
+//! device's opt-in limit; otherwise the generic kernel.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -17,33 +17,114 @@ use super::CudaDevice;
 use super::launch::launch;
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, FK_ERROR_INTERNAL, Result};
-use crate::ops::geodesic::{GEO_FORCE_GENERIC, Job, Kind};
+use crate::ops::geodesic::{GEO_ALLOW_TF32, GEO_FORCE_GENERIC, Job, Kind};
 use crate::stream::Stream;
 
-/// `(name, source)` of the family's kernel modules: one per op (`Kind` order) and
-/// dtype (f32, f64), so a program compiles only the kernels it uses.
-pub const MODULES: [(&str, fn() -> String); 8] = [
-    ("geodesic_christoffel_fwd_f32", || {
-        source("CHR_FWD", "float")
-    }),
-    ("geodesic_christoffel_fwd_f64", || {
-        source("CHR_FWD", "double")
-    }),
-    ("geodesic_christoffel_bwd_f32", || {
-        source("CHR_BWD", "float")
-    }),
-    ("geodesic_christoffel_bwd_f64", || {
-        source("CHR_BWD", "double")
-    }),
-    ("geodesic_leapfrog_fwd_f32", || source("LF_FWD", "float")),
-    ("geodesic_leapfrog_fwd_f64", || source("LF_FWD", "double")),
-    ("geodesic_leapfrog_bwd_f32", || source("LF_BWD", "float")),
-    ("geodesic_leapfrog_bwd_f64", || source("LF_BWD", "double")),
+/// One op's modules for one dtype: the 12 fast configurations (RP-major, DJ-minor,
+/// as `RPS` x `DJS`), then the generic module (which also holds `geo_reduce`).
+macro_rules! op_modules {
+    ($op:literal, $def:literal, $t:literal, $ct:literal, $x:literal) => {
+        [
+            (concat!("geodesic_", $op, "_", $t, "_r8_d2"), || {
+                source($def, $ct, "8", "2", $x)
+            }),
+            (concat!("geodesic_", $op, "_", $t, "_r8_d4"), || {
+                source($def, $ct, "8", "4", $x)
+            }),
+            (concat!("geodesic_", $op, "_", $t, "_r8_d8"), || {
+                source($def, $ct, "8", "8", $x)
+            }),
+            (concat!("geodesic_", $op, "_", $t, "_r8_d16"), || {
+                source($def, $ct, "8", "16", $x)
+            }),
+            (concat!("geodesic_", $op, "_", $t, "_r16_d2"), || {
+                source($def, $ct, "16", "2", $x)
+            }),
+            (concat!("geodesic_", $op, "_", $t, "_r16_d4"), || {
+                source($def, $ct, "16", "4", $x)
+            }),
+            (concat!("geodesic_", $op, "_", $t, "_r16_d8"), || {
+                source($def, $ct, "16", "8", $x)
+            }),
+            (concat!("geodesic_", $op, "_", $t, "_r16_d16"), || {
+                source($def, $ct, "16", "16", $x)
+            }),
+            (concat!("geodesic_", $op, "_", $t, "_r32_d2"), || {
+                source($def, $ct, "32", "2", $x)
+            }),
+            (concat!("geodesic_", $op, "_", $t, "_r32_d4"), || {
+                source($def, $ct, "32", "4", $x)
+            }),
+            (concat!("geodesic_", $op, "_", $t, "_r32_d8"), || {
+                source($def, $ct, "32", "8", $x)
+            }),
+            (concat!("geodesic_", $op, "_", $t, "_r32_d16"), || {
+                source($def, $ct, "32", "16", $x)
+            }),
+            (concat!("geodesic_", $op, "_", $t, "_generic"), || {
+                source($def, $ct, "", "", $x)
+            }),
+        ]
+    };
+}
+
+/// Modules per op and dtype (12 fast + 1 generic).
+const PER: usize = 13;
+const OPS: [[[(&str, fn() -> String); PER]; 2]; 4] = [
+    [
+        op_modules!(
+            "christoffel_fwd",
+            "CHR_FWD",
+            "f32",
+            "float",
+            "#define GEO_TF32 1\n"
+        ),
+        op_modules!("christoffel_fwd", "CHR_FWD", "f64", "double", ""),
+    ],
+    [
+        op_modules!("christoffel_bwd", "CHR_BWD", "f32", "float", ""),
+        op_modules!("christoffel_bwd", "CHR_BWD", "f64", "double", ""),
+    ],
+    [
+        op_modules!(
+            "leapfrog_fwd",
+            "LF_FWD",
+            "f32",
+            "float",
+            "#define GEO_TF32 1\n"
+        ),
+        op_modules!("leapfrog_fwd", "LF_FWD", "f64", "double", ""),
+    ],
+    [
+        op_modules!("leapfrog_bwd", "LF_BWD", "f32", "float", ""),
+        op_modules!("leapfrog_bwd", "LF_BWD", "f64", "double", ""),
+    ],
 ];
 
-fn source(module: &str, t: &str) -> String {
+/// `(name, source)` of the family's kernel modules: one per op, dtype and fast
+/// configuration, plus a generic one per op and dtype, so a program compiles only the
+/// kernels it uses (a few seconds of NVRTC each).
+pub const MODULES: [(&str, fn() -> String); 4 * 2 * PER] = {
+    let mut all = [OPS[0][0][0]; 4 * 2 * PER];
+    let mut i = 0;
+    while i < 4 * 2 * PER {
+        all[i] = OPS[i / (2 * PER)][(i / PER) % 2][i % PER];
+        i += 1;
+    }
+    all
+};
+
+/// A module's source: the op, the element type, the configuration (empty: generic)
+/// and `extra` definitions (`GEO_TF32` for the f32 forwards, which also hold the
+/// TF32 tensor-core variants of their fast kernel).
+fn source(op: &str, t: &str, rp: &str, dj: &str, extra: &str) -> String {
+    let cfg = if rp.is_empty() {
+        "#define GEO_GENERIC 1\n".to_string()
+    } else {
+        format!("#define GEO_CFG_RP {rp}\n#define GEO_CFG_DJ {dj}\n")
+    };
     format!(
-        "// generated by src/cuda/geodesic.rs\n#define GEO_MODULE_{module} 1\n#define GEO_T {t}\n{}",
+        "// generated by src/cuda/geodesic.rs\n#define GEO_MODULE_{op} 1\n#define GEO_T {t}\n{cfg}{extra}{}",
         include_str!("../../kernels/geodesic.cu")
     )
 }
@@ -92,6 +173,8 @@ const FAST: [[[&str; 4]; 3]; 4] = [
     fast_names!("lf_fwd"),
     fast_names!("lf_bwd"),
 ];
+/// The TF32 tensor-core variants of the f32 forwards (`Kind` order of the two).
+const FAST_TC: [[[&str; 4]; 3]; 2] = [fast_names!("chr_fwd_tc"), fast_names!("lf_fwd_tc")];
 const GENERIC: [&str; 4] = [
     "geo_chr_fwd_gen",
     "geo_chr_bwd_gen",
@@ -108,8 +191,11 @@ fn kind_index(k: Kind) -> usize {
     }
 }
 
-fn module_name(k: Kind, d: DType) -> &'static str {
-    MODULES[2 * kind_index(k) + usize::from(d != DType::F32)].0
+/// The module of `kind` for dtype `d`: fast configuration `(ri, di)`, or the generic
+/// module (`None`).
+fn module_name(k: Kind, d: DType, cfg: Option<(usize, usize)>) -> &'static str {
+    let j = cfg.map_or(PER - 1, |(ri, di)| ri * DJS.len() + di);
+    OPS[kind_index(k)][usize::from(d != DType::F32)][j].0
 }
 
 /// Mirrors `struct GeoArgs` in the kernel source (passed by value).
@@ -173,6 +259,8 @@ struct Fast {
     /// padded D
     dp: usize,
     smem: usize,
+    /// the TF32 tensor-core variant
+    tc: bool,
 }
 
 /// Rows per thread (`GEO_MB_A` / `GEO_MB_B` in the kernel source).
@@ -216,13 +304,23 @@ fn fast_smem(kind: Kind, rp: usize, dj: usize, esize: usize) -> (usize, usize) {
 fn fast_config(kind: Kind, job: &Job, max_smem: usize) -> Option<Fast> {
     let ri = RPS.iter().position(|&rp| rp >= job.r)?;
     let di = DJS.iter().position(|&dj| 64 * dj >= job.d)?;
-    let (smem, m) = fast_smem(kind, RPS[ri], DJS[di], job.dtype.size());
+    let dp = 64 * DJS[di];
+    let (mut smem, m) = fast_smem(kind, RPS[ri], DJS[di], job.dtype.size());
+    // TF32 variants: f32 forwards with D <= 512; U rows of stride RP + 8 (not RP + 4)
+    let tc = job.flags & GEO_ALLOW_TF32 != 0
+        && job.dtype == DType::F32
+        && matches!(kind, Kind::ChristoffelForward | Kind::LeapfrogForward)
+        && DJS[di] <= 8;
+    if tc {
+        smem += dp * 4 * job.dtype.size();
+    }
     (smem <= max_smem.min(SMEM_MAX)).then_some(Fast {
         ri,
         di,
         m,
-        dp: 64 * DJS[di],
+        dp,
         smem,
+        tc,
     })
 }
 
@@ -345,7 +443,6 @@ fn reduce(
 /// Runs one geodesic op on `stream` (validated by `ops::geodesic`).
 pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<()> {
     let esize = job.dtype.size();
-    let module = module_name(kind, job.dtype);
     let sms = dev.sm_count.max(1) as usize;
     let fast = if job.flags & GEO_FORCE_GENERIC != 0 {
         None
@@ -361,7 +458,7 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
         job.d * job.r * usize::from(job.du != 0) + job.d * job.r * usize::from(job.dw != 0);
     let no_traj_slab = kind == Kind::LeapfrogBackward && job.traj == 0 && job.steps > 1;
     // grid, per-block workspace (elements), kernel name, dynamic smem
-    let (mut grid, ws_per_cta, name, smem) = match fast {
+    let (mut grid, ws_per_cta, name, smem, module) = match fast {
         Some(f) => {
             let tiles = job.b.div_ceil(f.m);
             let ws = if no_traj_slab {
@@ -372,8 +469,13 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
             (
                 tiles.clamp(1, sms),
                 ws,
-                FAST[kind_index(kind)][f.ri][f.di],
+                if f.tc {
+                    FAST_TC[kind_index(kind) / 2][f.ri][f.di]
+                } else {
+                    FAST[kind_index(kind)][f.ri][f.di]
+                },
                 f.smem,
+                module_name(kind, job.dtype, Some((f.ri, f.di))),
             )
         }
         None => {
@@ -396,6 +498,7 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
                 ws,
                 GENERIC[kind_index(kind)],
                 0,
+                module_name(kind, job.dtype, None),
             )
         }
     };
@@ -461,11 +564,12 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
     );
     launch_args(dev, module, name, grid as u32, smem, stream, &mut args)?;
     let n = job.d * job.r;
+    let generic = module_name(kind, job.dtype, None); // holds geo_reduce
     if job.du != 0 {
-        reduce(dev, module, du_part, grid, job.du, n, stream)?;
+        reduce(dev, generic, du_part, grid, job.du, n, stream)?;
     }
     if job.dw != 0 {
-        reduce(dev, module, dw_part, grid, job.dw, n, stream)?;
+        reduce(dev, generic, dw_part, grid, job.dw, n, stream)?;
     }
     drop(ws);
     Ok(())
@@ -474,6 +578,28 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Module names are unique and every kernel's module is found.
+    #[test]
+    fn module_table() {
+        let mut names: Vec<&str> = MODULES.iter().map(|m| m.0).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), MODULES.len());
+        assert_eq!(
+            module_name(Kind::LeapfrogBackward, DType::F64, Some((2, 3))),
+            "geodesic_leapfrog_bwd_f64_r32_d16"
+        );
+        assert_eq!(
+            module_name(Kind::ChristoffelForward, DType::F32, None),
+            "geodesic_christoffel_fwd_f32_generic"
+        );
+        assert!(
+            MODULES[0].1()
+                .contains("#define GEO_CFG_RP 8\n#define GEO_CFG_DJ 2\n#define GEO_TF32 1")
+        );
+        assert_eq!(FAST_TC[1][2][2], "geo_lf_fwd_tc_r32_d8");
+    }
 
     /// The H100 configuration of the performance goals fits its 227 KB opt-in limit.
     #[test]

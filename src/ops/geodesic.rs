@@ -22,10 +22,9 @@ use crate::error::{
 };
 use crate::stream::Stream;
 
-/// Flag bit: the CUDA backend may use TF32 tensor cores for f32 products
-/// (about 1e-3 relative accuracy instead of 1e-6). A permission, not a demand:
-/// backends without a TF32 path (the CPU, f64, and currently every CUDA kernel)
-/// compute in strict IEEE arithmetic.
+/// Flag bit: the CUDA forwards may use TF32 tensor cores for f32 products (about
+/// 5e-4 relative error instead of 1e-7). A permission, not a demand: the CPU, f64,
+/// the generic kernels and the backwards compute in strict IEEE arithmetic.
 pub(crate) const GEO_ALLOW_TF32: u32 = 1;
 /// Flag bit for testing and debugging: the CUDA backend uses its generic kernels
 /// even where a fast configuration exists (same results to rounding, slower).

@@ -39,6 +39,59 @@ void sync_warp() { yield(AT_WARP); }
     abort();
 }
 
+namespace {
+struct MmaScratch {
+    float a[32][4], b[32][2], c[32][4];
+};
+MmaScratch mma_scratch[32];
+float tf32_trunc(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    u &= 0xffffe000u;
+    std::memcpy(&x, &u, 4);
+    return x;
+}
+}  // namespace
+
+}  // namespace emu
+
+float geo_tf32(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) {
+        u += 0x1000u;  // half an ulp of TF32 on the magnitude: ties away from zero
+        u &= 0xffffe000u;
+    }
+    std::memcpy(&x, &u, 4);
+    return x;
+}
+
+void geo_mma_tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
+    using namespace emu;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    MmaScratch& sc = mma_scratch[w];
+    for (int e = 0; e < 4; ++e) sc.a[lane][e] = tf32_trunc(a[e]), sc.c[lane][e] = d[e];
+    for (int e = 0; e < 2; ++e) sc.b[lane][e] = tf32_trunc(b[e]);
+    sync_warp();
+    // A(r, k): lane 4(r%8) + k%4, register (r/8) + 2(k/4); B(k, n): lane 4n + k%4,
+    // register k/4; C(r, n): lane 4(r%8) + n/2, register 2(r/8) + n%2
+    const int g = lane >> 2, t = lane & 3;
+    float out[4];
+    for (int e = 0; e < 4; ++e) {
+        const int r = g + 8 * (e >> 1), n = 2 * t + (e & 1);
+        float acc = sc.c[lane][e];
+        for (int k = 0; k < 8; ++k) {
+            const float av = sc.a[4 * (r % 8) + k % 4][(r / 8) + 2 * (k / 4)];
+            const float bv = sc.b[4 * n + k % 4][k / 4];
+            acc += av * bv;
+        }
+        out[e] = acc;
+    }
+    sync_warp();  // every lane has read the scratch before the next mma reuses it
+    for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
+
+namespace emu {
 void launch(KernelFn fn, unsigned grid, unsigned block, unsigned smem_bytes, const void* args, unsigned seed) {
     std::mt19937 rng(seed);
     std::vector<unsigned char> shared(smem_bytes + 64);

@@ -53,6 +53,12 @@ inline void __syncthreads() { emu::sync_block(); }
 inline void __syncwarp() { emu::sync_warp(); }
 #define __trap() emu::trap()
 
+// TF32 (kernels/geodesic.cu calls these where a GPU build uses PTX): cvt.rna.tf32.f32,
+// and the warp-collective mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32 (D += A B; every
+// lane of the warp must call it; operands' low 13 mantissa bits are ignored).
+float geo_tf32(float x);
+void geo_mma_tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]);
+
 namespace emu {
 using KernelFn = void (*)(const void* args);
 // Runs `fn` on a grid of `grid` blocks of `block` threads with `smem_bytes` of

@@ -36,8 +36,12 @@ def main():
             ns = f"mod_{kind}_{ty}"
             names = [f"geo_{kind}_r{rp}_d{dj}" for rp in (8, 16, 32) for dj in (2, 4, 8, 16)]
             names.append(f"geo_{kind}_gen")
+            tf32 = ty == "f32" and kind in ("chr_fwd", "lf_fwd")
+            if tf32:
+                names += [f"geo_{kind}_tc_r{rp}_d{dj}" for rp in (8, 16, 32) for dj in (2, 4, 8, 16)]
             lines = ['#include "emu.h"', '#include "registry.h"', f"namespace {ns} {{",
-                     f"#define GEO_MODULE_{mod} 1", f"#define GEO_T {cty}", text, "}  // namespace", ""]
+                     f"#define GEO_MODULE_{mod} 1", f"#define GEO_T {cty}"] + (["#define GEO_TF32 1"] if tf32 else []) + [
+                     text, "}  // namespace", ""]
             lines.append(f"void register_{kind}_{ty}(Registry& r) {{")
             for n in names:
                 lines.append(f'    r["{kind}_{ty}/{n}"] = [](const void* a) {{ {ns}::{n}(*static_cast<const {ns}::GeoArgs*>(a)); }};')

@@ -222,13 +222,61 @@ def _device_str(kind: int, ordinal: int) -> str:
     return "cpu" if kind == _lib.DEVICE_CPU else f"cuda:{ordinal}"
 
 
-class Context:
+class _Handle:
+    """Owns one C handle: ``handle`` (raises once closed), ``closed``, an idempotent
+    ``close`` (destroys the handle, then drops what ``_after_close`` releases), a
+    context manager, and release on garbage collection. Subclasses set ``_handle``
+    and ``_destroy`` and name themselves in ``_where`` / ``_noun``."""
+
+    _handle = None
+    _where = "fusekit"
+    _noun = "handle"
+
+    @property
+    def handle(self):
+        """The C handle (raises once closed)."""
+        h = self._handle
+        if h is None:
+            raise_error(ERROR_INVALID_ARGUMENT, self._where, f"the {self._noun} is closed")
+        return h
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def close(self) -> None:
+        """Releases the handle (idempotent)."""
+        h, self._handle = self._handle, None
+        if h is not None:
+            self._destroy(h)
+        self._after_close()
+
+    def _after_close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Context(_Handle):
     """A device context: ``Context("cpu")``, ``Context("cuda")``, ``Context("cuda:1")``
     or ``Context("auto")`` (CUDA when a usable GPU is present, else the CPU).
 
     Release with :meth:`close` or a ``with`` block (also done on garbage
     collection). Streams and buffers made from it stay valid after it is closed.
     """
+
+    _where = "fusekit.Context"
+    _noun = "context"
 
     def __init__(self, device="auto", ordinal: int | None = None):
         kind, o = _parse_device(device, ordinal)
@@ -242,38 +290,9 @@ class Context:
         self._kind, self._ordinal = int(k.value), int(oo.value)
 
     # -- handle management
-    @property
-    def handle(self):
-        """The ``fk_context*`` (raises once closed)."""
-        h = self._handle
-        if h is None:
-            raise_error(ERROR_INVALID_ARGUMENT, "fusekit.Context", "the context is closed")
-        return h
-
-    @property
-    def closed(self) -> bool:
-        return self._handle is None
-
     def _kind_ordinal(self):
         return self._kind, self._ordinal
 
-    def close(self) -> None:
-        """Releases the context handle (idempotent)."""
-        h, self._handle = getattr(self, "_handle", None), None
-        if h is not None:
-            self._destroy(h)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     # -- queries
     @property
@@ -365,7 +384,7 @@ def _ctx_arg(ctx, where="fusekit") -> Context:
 # ---------------------------------------------------------------------------
 
 
-class Stream:
+class Stream(_Handle):
     """A fusekit stream.
 
     ``Stream(ctx)`` creates an owned stream (a non-blocking CUDA stream; on the
@@ -373,6 +392,9 @@ class Stream:
     borrows a caller's ``CUstream`` (an int, or an object with ``cuda_stream``
     such as ``torch.cuda.Stream``); fusekit never destroys it.
     """
+
+    _where = "fusekit.Stream"
+    _noun = "stream"
 
     def __init__(self, ctx=None, *, _handle=None, _owned=True, _keepalive=None):
         self._context = _ctx_arg(ctx)
@@ -398,17 +420,6 @@ class Stream:
         return cls(ctx, _handle=h, _owned=False, _keepalive=keepalive if keepalive is not None else ka)
 
     @property
-    def handle(self):
-        h = self._handle
-        if h is None:
-            raise_error(ERROR_INVALID_ARGUMENT, "fusekit.Stream", "the stream is closed")
-        return h
-
-    @property
-    def closed(self) -> bool:
-        return self._handle is None
-
-    @property
     def owned(self) -> bool:
         return self._owned
 
@@ -427,23 +438,8 @@ class Stream:
         """Blocks until all queued work has finished (kernel faults surface here)."""
         lib().fk_stream_synchronize(self.handle)
 
-    def close(self) -> None:
-        h, self._handle = getattr(self, "_handle", None), None
-        if h is not None:
-            self._destroy(h)
+    def _after_close(self) -> None:
         self._keepalive = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         kind = "owned" if self._owned else "borrowed"
@@ -549,7 +545,7 @@ def _is_contiguous(shape, strides):
     return True
 
 
-class Buffer:
+class Buffer(_Handle):
     """A fusekit buffer: owned device/host memory, or a zero-copy view of the
     caller's memory (numpy, torch, DLPack), which it keeps alive.
 
@@ -557,6 +553,9 @@ class Buffer:
     :meth:`from_dlpack`, :meth:`wrap` or :func:`fusekit.as_buffer`. Release with
     :meth:`close` or a ``with`` block (also done on garbage collection).
     """
+
+    _where = "fusekit.Buffer"
+    _noun = "buffer"
 
     def __init__(self, handle, ctx: Context, *, owner=None, stream: Stream | None = None, readonly=False, meta=None):
         # Internal: use the classmethods. ``meta`` = (dtype, shape, strides, data)
@@ -814,37 +813,8 @@ class Buffer:
         )
 
     # -- handle management
-    @property
-    def handle(self):
-        """The ``fk_buffer*`` (raises once closed)."""
-        h = self._handle
-        if h is None:
-            raise_error(ERROR_INVALID_ARGUMENT, "fusekit.Buffer", "the buffer is closed")
-        return h
-
-    @property
-    def closed(self) -> bool:
-        return self._handle is None
-
-    def close(self) -> None:
-        """Releases the handle (idempotent). Owned CUDA memory is freed stream-ordered
-        on its allocation stream; borrowed memory is left to its owner."""
-        h, self._handle = getattr(self, "_handle", None), None
-        if h is not None:
-            self._destroy(h)
+    def _after_close(self) -> None:
         self._owner = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     # -- properties
     @property

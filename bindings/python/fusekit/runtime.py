@@ -31,6 +31,7 @@ from dataclasses import dataclass, fields
 from . import _lib
 from ._core import (
     Buffer,
+    _Handle,
     Context,
     Invocation,
     Stream,
@@ -267,7 +268,7 @@ def device_can_access_peer(device, peer) -> bool:
 # ---------------------------------------------------------------------------
 
 
-class Event:
+class Event(_Handle):
     """An event on a context's device (a timing CUDA event; a host timestamp on
     the CPU)::
 
@@ -280,6 +281,9 @@ class Event:
     ``with`` block, or garbage collection.
     """
 
+    _where = "fusekit.Event"
+    _noun = "event"
+
     def __init__(self, ctx=None):
         self._context = _ctx_arg(ctx)
         L = lib()
@@ -287,17 +291,6 @@ class Event:
         L.fk_event_create(self._context.handle, byref(h))
         self._handle = h
         self._destroy = L.fk_event_destroy
-
-    @property
-    def handle(self):
-        h = self._handle
-        if h is None:
-            raise_error(ERROR_INVALID_ARGUMENT, "fusekit.Event", "the event is closed")
-        return h
-
-    @property
-    def closed(self) -> bool:
-        return self._handle is None
 
     @property
     def context(self) -> Context:
@@ -341,22 +334,6 @@ class Event:
         """Makes ``stream`` (default as for ops) wait for this event."""
         stream_wait_event(stream, self)
 
-    def close(self) -> None:
-        h, self._handle = getattr(self, "_handle", None), None
-        if h is not None:
-            self._destroy(h)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         state = " closed" if self.closed else ""
@@ -428,7 +405,7 @@ def comm_unique_id() -> bytes:
     return bytes(buf)
 
 
-class Comm:
+class Comm(_Handle):
     """A communicator rank (NCCL on CUDA; a single-rank communicator on the CPU).
 
     ``Comm.init_all([ctx0, ctx1])`` makes all ranks of a clique in this process;
@@ -437,6 +414,9 @@ class Comm:
     ``with fusekit.Comm.group():``. Release with :meth:`close` (after the
     collectives that use it have completed), a ``with`` block or garbage collection.
     """
+
+    _where = "fusekit.Comm"
+    _noun = "communicator"
 
     def __init__(self, handle, ctx: Context):
         # Internal: use init_rank / init_all.
@@ -514,17 +494,6 @@ class Comm:
         lib().fk_comm_group_end()
 
     @property
-    def handle(self):
-        h = self._handle
-        if h is None:
-            raise_error(ERROR_INVALID_ARGUMENT, "fusekit.Comm", "the communicator is closed")
-        return h
-
-    @property
-    def closed(self) -> bool:
-        return self._handle is None
-
-    @property
     def context(self) -> Context:
         return self._context
 
@@ -540,22 +509,6 @@ class Comm:
     def size(self) -> int:
         return self._size
 
-    def close(self) -> None:
-        h, self._handle = getattr(self, "_handle", None), None
-        if h is not None:
-            self._destroy(h)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         state = " closed" if self.closed else ""

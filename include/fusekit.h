@@ -29,7 +29,7 @@
  * ABI version of this header: `major * 1000 + minor`. A library accepts callers
  * with the same major version and a minor version no newer than its own.
  */
-#define FK_ABI_VERSION 1000
+#define FK_ABI_VERSION 1001
 
 /**
  * Default `eps` added to the diagonal of every Cholesky factor (the source model's value).
@@ -130,6 +130,45 @@ typedef int32_t fk_op;
 typedef int32_t fk_activation;
 
 /**
+ * Method of `fk_matrix_power` (`int32_t`). Values are part of the ABI.
+ */
+typedef int32_t fk_matpow_method;
+
+/**
+ * What `fk_matrix_power` did (filled when the caller passes a non-NULL pointer).
+ */
+typedef struct {
+    /**
+     * The method that produced `out`: `FK_MATPOW_EIGH` or `FK_MATPOW_NEWTON`.
+     */
+    fk_matpow_method method;
+    /**
+     * Newton iterations run (0 for the eigendecomposition).
+     */
+    int32_t iterations;
+    /**
+     * 1 when every matrix converged (Newton: residual <= tol, or tol <= 0; eigh:
+     * the solver reported success), else 0.
+     */
+    int32_t converged;
+    /**
+     * Always 0 (padding; keeps the doubles aligned in every language).
+     */
+    int32_t reserved;
+    /**
+     * Newton: the largest `max_ij |M - I|_ij` over the batch after the last checked
+     * iteration (`M = X^p (A + eps I)`, so 0 means `out` is the exact root); NaN when
+     * not checked (tol <= 0) and for the eigendecomposition.
+     */
+    double residual;
+    /**
+     * Eigendecomposition: the smallest eigenvalue of `A + eps I` over the batch
+     * (below `eps` means the spectrum was shifted); NaN for Newton.
+     */
+    double min_eigenvalue;
+} fk_matpow_report;
+
+/**
  * Memory statistics of a context (`fk_context_memory_stats`). The struct may grow
  * in later minor versions (fields are only appended): set `size` to
  * `sizeof(fk_memory_stats)` before the call; the library fills the fields that fit
@@ -224,6 +263,25 @@ typedef int32_t fk_reduce_op;
  * `0.5 z (1 + tanh(0.7978845608 (z + 0.044715 z^3)))`.
  */
 #define FK_ACT_GELU 2
+
+/**
+ * Newton for inverse roots (`power = -1/p`) of matrices larger than 32 on CUDA
+ * (falling back to the eigendecomposition when Newton does not converge); the
+ * eigendecomposition otherwise.
+ */
+#define FK_MATPOW_AUTO 0
+
+/**
+ * Eigendecomposition: cuSOLVER `syevjBatched` (n <= 32), `XsyevBatched` (batched)
+ * or `syevd`; nalgebra's symmetric QR on the CPU. Any real power.
+ */
+#define FK_MATPOW_EIGH 1
+
+/**
+ * The coupled Newton iteration on GEMMs (tensor cores with `FK_GEMM_ALLOW_TF32` or
+ * f64); inverse roots only (`power = -1/p`, integer `1 <= p <= 64`).
+ */
+#define FK_MATPOW_NEWTON 2
 
 /**
  * Sum.
@@ -387,6 +445,12 @@ typedef int32_t fk_reduce_op;
  * Arguments that must share an element type do not.
  */
 #define FK_ERROR_DTYPE_MISMATCH 17
+
+/**
+ * An iterative method did not reach its tolerance (the outputs hold its last
+ * iterate; the message gives the residual).
+ */
+#define FK_ERROR_NOT_CONVERGED 18
 
 #ifdef __cplusplus
 extern "C" {
@@ -1278,6 +1342,163 @@ fk_status fk_kron(const fk_buffer *a,
                   const fk_buffer *b,
                   fk_buffer *out,
                   const fk_stream *stream);
+
+/**
+ * Matrix power of symmetric positive semi-definite matrices, batched:
+ * `out = (A + eps I)^power` (Shampoo's inverse p-th root is `power = -1/p`).
+ *
+ * Eigendecomposition (OPS.md): `A + eps I = Q diag(lambda) Q^T`; when the smallest
+ * eigenvalue is below `eps` the spectrum is shifted up by `eps - lambda_min`;
+ * `out = Q diag(lambda^power) Q^T`. Only the upper triangle of `A` is read.
+ *
+ * Newton: `X0 = z^(1/p) I`, `M0 = z (A + eps I)`, `z = (1+p) / (2 |A + eps I|_F)`;
+ * each iteration `T = ((p+1) I - M) / p`, `X = X T`, `M = T^p M`, so that
+ * `M = X^p (A + eps I)` and `X -> (A + eps I)^(-1/p)` as `M -> I`. All of `A` is
+ * read (it must be symmetric). There is no spectrum shift: `A + eps I` must be
+ * positive definite, else the iteration does not converge.
+ *
+ * - `a` `[n, n]` or `[batch, n, n]`, f32 or f64; `out` the same shape and dtype.
+ * - `power`: finite. `eps`: finite, >= 0.
+ * - `method`: `FK_MATPOW_AUTO`, `FK_MATPOW_EIGH` or `FK_MATPOW_NEWTON`.
+ * - `max_iter` (Newton, >= 1; e.g. 100) and `tol` (Newton: stop when every matrix
+ *   has `max |M - I| <= tol`, e.g. 1e-6 for f32, 1e-12 for f64, 1e-3 with TF32;
+ *   also stops when the residual stops shrinking at the precision floor).
+ *   With `tol > 0` the iteration checks the residual every step, which waits for the
+ *   stream; `tol <= 0` runs exactly `max_iter` iterations, fully asynchronous. Both
+ *   are ignored by `FK_MATPOW_EIGH`.
+ * - `flags`: 0 or `FK_GEMM_ALLOW_TF32` (Newton's f32 GEMMs on tensor cores).
+ * - `report`: optional (NULL = not wanted), filled on `FK_OK` and on
+ *   `FK_ERROR_NOT_CONVERGED`.
+ * - `stream`: see the module rules. The eigendecomposition waits for the stream
+ *   (cuSOLVER's convergence flags are read on the host).
+ *
+ * Statuses: the common ones; `FK_ERROR_SHAPE_MISMATCH` (not square, out's shape),
+ * `FK_ERROR_INVALID_ARGUMENT` (power/eps/tol not valid, unknown method or flags,
+ * max_iter < 1 for Newton, a power that is not an inverse root with
+ * `FK_MATPOW_NEWTON`), `FK_ERROR_ALIASING` (out overlaps a), and
+ * `FK_ERROR_NOT_CONVERGED` (Newton: tol not reached; eigh: the solver failed):
+ * `out` then holds the last iterate and `report` says how far it got.
+ * `FK_MATPOW_AUTO` never returns an unconverged Newton result: it recomputes
+ * with the eigendecomposition.
+ */
+fk_status fk_matrix_power(const fk_buffer *a,
+                          double power,
+                          double eps,
+                          fk_matpow_method method,
+                          int32_t max_iter,
+                          double tol,
+                          uint32_t flags,
+                          fk_buffer *out,
+                          fk_matpow_report *report,
+                          const fk_stream *stream);
+
+/**
+ * Shampoo statistics: `L = beta L + alpha G G^T` and `R = beta R + alpha G^T G`
+ * (symmetric rank-k updates; `alpha = beta = 1` accumulates, `beta = decay`,
+ * `alpha = 1 - decay` is the exponential moving average).
+ *
+ * - `grad` `[m, n]` or `[batch, m, n]` (f32 or f64).
+ * - `l` `[m, m]` / `[batch, m, m]` and `r` `[n, n]` / `[batch, n, n]`: updated in
+ *   place, each optional (NULL = not wanted) but not both. Only their upper
+ *   triangle is read (with `beta = 0` nothing is read; NaN there is ignored); both
+ *   triangles are written, exactly symmetric.
+ * - `alpha`, `beta`: finite.
+ * - CUDA: cuBLAS SYRK per matrix (a strided batched GEMM when batch > 1), then the
+ *   lower triangle is mirrored from the upper.
+ *
+ * Statuses: the common ones; `FK_ERROR_NULL_POINTER` (grad NULL, or l and r both
+ * NULL), `FK_ERROR_ALIASING` (l or r overlaps grad, or each other).
+ */
+fk_status fk_shampoo_stats(const fk_buffer *grad,
+                           double alpha,
+                           double beta,
+                           fk_buffer *l,
+                           fk_buffer *r,
+                           const fk_stream *stream);
+
+/**
+ * Shampoo preconditioning: `out = L_root grad R_root`.
+ *
+ * - `grad` `[m, n]` or `[batch, m, n]`; `out` the same shape.
+ * - `l_root` `[m, m]` and `r_root` `[n, n]` (or with grad's batch, or batch 1 for
+ *   all): each optional (NULL = the identity), e.g. from `fk_matrix_power`.
+ * - `flags`: 0 or `FK_GEMM_ALLOW_TF32`.
+ * - With both roots, `tmp = grad R_root` goes to stream-ordered scratch
+ *   (`batch*m*n` elements), then `out = L_root tmp`.
+ *
+ * Statuses: the common ones; `FK_ERROR_NULL_POINTER` (grad or out NULL),
+ * `FK_ERROR_ALIASING` (out overlaps grad or a root).
+ */
+fk_status fk_shampoo_precondition(const fk_buffer *l_root,
+                                  const fk_buffer *grad,
+                                  const fk_buffer *r_root,
+                                  fk_buffer *out,
+                                  uint32_t flags,
+                                  const fk_stream *stream);
+
+/**
+ * Per-sample gradients of a linear layer `y = a W^T`, materialised:
+ * `out[b] = g_b^T a_b` `[B, out, in]`.
+ *
+ * - `a` `[B, in]` or `[B, T, in]` (activations), `g` `[B, out]` or `[B, T, out]`
+ *   (gradients of the layer's output), same leading dimensions; `out`
+ *   `[B, out, in]`.
+ * - `flags`: 0 or `FK_GEMM_ALLOW_TF32` (sequences only; one step is an exact
+ *   outer product).
+ * - CUDA: one step is a write-bound outer-product kernel (16-byte streaming stores
+ *   when `in` and the pointers allow); sequences are one batched GEMM with `k = T`.
+ *
+ * Statuses: the common ones; `FK_ERROR_NULL_POINTER` (a, g or out NULL),
+ * `FK_ERROR_ALIASING` (out overlaps a or g).
+ */
+fk_status fk_per_sample_grads(const fk_buffer *a,
+                              const fk_buffer *g,
+                              fk_buffer *out,
+                              uint32_t flags,
+                              const fk_stream *stream);
+
+/**
+ * Squared Frobenius norms of the per-sample gradients without materialising them:
+ * `sq_norms[b] = |g_b^T a_b|_F^2`, as `|g_b|^2 |a_b|^2` for 2-D inputs and the Gram
+ * form `<a_b a_b^T, g_b g_b^T>` for sequences (accumulated in f64).
+ *
+ * - `a`, `g`: as `fk_per_sample_grads`; `sq_norms` `[B]`.
+ * - CUDA: one kernel for 2-D inputs; sequences add two batched GEMMs into
+ *   stream-ordered scratch of `2*B*T*T` elements (cheaper than materialising when
+ *   `T*T < out*in`).
+ *
+ * Statuses: the common ones; `FK_ERROR_NULL_POINTER`, `FK_ERROR_ALIASING`
+ * (sq_norms overlaps a or g).
+ */
+fk_status fk_per_sample_grad_norms(const fk_buffer *a,
+                                   const fk_buffer *g,
+                                   fk_buffer *sq_norms,
+                                   const fk_stream *stream);
+
+/**
+ * The DP-SGD clipped sum in one pass:
+ * `out = sum_b min(1, max_norm / |G_b|_F) G_b` with `G_b = g_b^T a_b`, never
+ * materialising the `G_b` (a zero gradient keeps factor 1).
+ *
+ * - `a`, `g`: as `fk_per_sample_grads`; `out` `[out, in]` (overwritten).
+ * - `max_norm`: finite, >= 0 (the clipping bound C).
+ * - `sq_norms` `[B]`: optional (NULL = not wanted), receives `|G_b|_F^2`.
+ * - `flags`: 0 or `FK_GEMM_ALLOW_TF32` (the final GEMM).
+ * - CUDA: one kernel computes the norms and scales `g` (2-D inputs; sequences use
+ *   the Gram norms of `fk_per_sample_grad_norms` and a scaling kernel) into
+ *   stream-ordered scratch of `B*T*out` elements, then one GEMM `out = gs^T a` over
+ *   the `B*T` rows.
+ *
+ * Statuses: the common ones; `FK_ERROR_NULL_POINTER` (a, g or out NULL),
+ * `FK_ERROR_ALIASING` (out or sq_norms overlaps an input or each other).
+ */
+fk_status fk_dp_clipped_grad_sum(const fk_buffer *a,
+                                 const fk_buffer *g,
+                                 double max_norm,
+                                 fk_buffer *out,
+                                 fk_buffer *sq_norms,
+                                 uint32_t flags,
+                                 const fk_stream *stream);
 
 /**
  * Fills `*stats` with the context's memory statistics. Set `stats->size` to

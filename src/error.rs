@@ -48,6 +48,9 @@ pub const FK_ERROR_INTERNAL: fk_status = 15;
 pub const FK_ERROR_IO: fk_status = 16;
 /// Arguments that must share an element type do not.
 pub const FK_ERROR_DTYPE_MISMATCH: fk_status = 17;
+/// An iterative method did not reach its tolerance (the outputs hold its last
+/// iterate; the message gives the residual).
+pub const FK_ERROR_NOT_CONVERGED: fk_status = 18;
 
 /// Static name of a status, e.g. `"FK_ERROR_SHAPE_MISMATCH"`.
 pub fn status_name(s: fk_status) -> &'static str {
@@ -70,12 +73,13 @@ pub fn status_name(s: fk_status) -> &'static str {
         FK_ERROR_INTERNAL => "FK_ERROR_INTERNAL",
         FK_ERROR_IO => "FK_ERROR_IO",
         FK_ERROR_DTYPE_MISMATCH => "FK_ERROR_DTYPE_MISMATCH",
+        FK_ERROR_NOT_CONVERGED => "FK_ERROR_NOT_CONVERGED",
         _ => "FK_UNKNOWN_STATUS",
     }
 }
 
 /// Every status value, in order (used by tests and bindings generators).
-pub const ALL_STATUSES: [fk_status; 18] = [
+pub const ALL_STATUSES: [fk_status; 19] = [
     FK_OK,
     FK_ERROR_INVALID_ARGUMENT,
     FK_ERROR_NULL_POINTER,
@@ -94,6 +98,7 @@ pub const ALL_STATUSES: [fk_status; 18] = [
     FK_ERROR_INTERNAL,
     FK_ERROR_IO,
     FK_ERROR_DTYPE_MISMATCH,
+    FK_ERROR_NOT_CONVERGED,
 ];
 
 /// The crate's error: a status and a human-readable message naming the argument

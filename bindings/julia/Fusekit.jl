@@ -64,7 +64,7 @@ is_available() = Libdl.dlopen(libfusekit; throw_error = false) !== nothing
 
 # ------------------------------------------------------------------ constants (fusekit.h)
 
-const FK_ABI_VERSION = 1000
+const FK_ABI_VERSION = 1001
 const FK_MAX_DIMS = 8
 
 const FK_DEVICE_AUTO = 0
@@ -103,6 +103,7 @@ const FK_ERROR_UNSUPPORTED = 14
 const FK_ERROR_INTERNAL = 15
 const FK_ERROR_IO = 16
 const FK_ERROR_DTYPE_MISMATCH = 17
+const FK_ERROR_NOT_CONVERGED = 18
 
 # linear algebra (fk_op, fk_activation, fk_gemm flags)
 const FK_OP_N = 0

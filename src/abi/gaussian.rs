@@ -10,24 +10,15 @@
 //!   gives inf/NaN as IEEE arithmetic does.
 
 use super::{
-    buffer_ref, context_ref, fk_buffer, fk_context, fk_stream, guard, stream_or_default, write_out,
+    buffer_ref, context_ref, fk_buffer, fk_context, fk_stream, guard, opt_buffer, stream_or_default,
+    write_out,
 };
-use crate::buffer::Buffer;
 use crate::dtype::{DType, fk_dtype};
-use crate::error::{Result, fk_status};
+use crate::error::fk_status;
 use crate::ops::gaussian as gs;
 
 /// Default `eps` added to the diagonal of every Cholesky factor (the source model's value).
 pub const FK_GAUSSIAN_DEFAULT_EPS: f64 = 1e-6;
-
-unsafe fn opt_buffer<'a>(p: *const fk_buffer, what: &str) -> Result<Option<&'a Buffer>> {
-    if p.is_null() {
-        Ok(None)
-    } else {
-        // SAFETY: non-null handle from the caller.
-        unsafe { buffer_ref(p, what) }.map(Some)
-    }
-}
 
 /// Squared Mahalanobis distances: `out[b,n] = |y|^2` where `(L_n + eps I) y = p_b - mu_n`
 /// is solved by forward substitution.

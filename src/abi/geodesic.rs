@@ -32,9 +32,8 @@
 
 #![allow(non_snake_case)]
 
-use super::{buffer_ref, fk_buffer, fk_stream, guard, stream_or_default};
-use crate::buffer::Buffer;
-use crate::error::{Result, fk_status};
+use super::{buffer_ref, fk_buffer, fk_stream, guard, opt_buffer, stream_or_default};
+use crate::error::fk_status;
 use crate::ops::geodesic as geo;
 
 /// `flags` bit of the geodesic ops: the CUDA forwards (`fk_christoffel_forward`,
@@ -52,14 +51,6 @@ pub const FK_GEO_FORCE_GENERIC: u32 = 2;
 // cbindgen copies literal values only; the crate's constants must agree.
 const _: () = assert!(FK_GEO_ALLOW_TF32 == geo::GEO_ALLOW_TF32);
 const _: () = assert!(FK_GEO_FORCE_GENERIC == geo::GEO_FORCE_GENERIC);
-
-unsafe fn opt<'a>(p: *const fk_buffer, what: &str) -> Result<Option<&'a Buffer>> {
-    if p.is_null() {
-        Ok(None)
-    } else {
-        unsafe { buffer_ref(p, what) }.map(Some)
-    }
-}
 
 /// Christoffel forward: `p = v U` `[B, R]`, `s = p*p`, `gamma_raw = s W^T` `[B, D]`,
 /// `gamma = clamp(gamma_raw, -c, c)` (`c = 5` in the source model; `INFINITY`
@@ -143,9 +134,9 @@ pub unsafe extern "C" fn fk_christoffel_backward(
         let u = buffer_ref(U, "U")?;
         let w = buffer_ref(W, "W")?;
         let g = buffer_ref(g, "g")?;
-        let dv = opt(dv, "dv")?;
-        let du = opt(dU, "dU")?;
-        let dw = opt(dW, "dW")?;
+        let dv = opt_buffer(dv, "dv")?;
+        let du = opt_buffer(dU, "dU")?;
+        let dw = opt_buffer(dW, "dW")?;
         let s = stream_or_default(stream, &v.ctx)?;
         geo::christoffel_backward(v, u, w, g, c, flags, dv, du, dw, &s)
     })
@@ -200,13 +191,13 @@ pub unsafe extern "C" fn fk_leapfrog_forward(
     guard("fk_leapfrog_forward", || unsafe {
         let x0 = buffer_ref(x0, "x0")?;
         let v0 = buffer_ref(v0, "v0")?;
-        let f = opt(f, "f")?;
+        let f = opt_buffer(f, "f")?;
         let u = buffer_ref(U, "U")?;
         let w = buffer_ref(W, "W")?;
-        let mu = opt(mu, "mu")?;
+        let mu = opt_buffer(mu, "mu")?;
         let xo = buffer_ref(x_out, "x_out")?;
         let vo = buffer_ref(v_out, "v_out")?;
-        let tr = opt(traj, "traj")?;
+        let tr = opt_buffer(traj, "traj")?;
         let s = stream_or_default(stream, &v0.ctx)?;
         geo::leapfrog_forward(x0, v0, f, u, w, mu, dt, steps, c, flags, xo, vo, tr, &s)
     })
@@ -264,18 +255,18 @@ pub unsafe extern "C" fn fk_leapfrog_backward(
 ) -> fk_status {
     guard("fk_leapfrog_backward", || unsafe {
         let v0 = buffer_ref(v0, "v0")?;
-        let f = opt(f, "f")?;
+        let f = opt_buffer(f, "f")?;
         let u = buffer_ref(U, "U")?;
         let w = buffer_ref(W, "W")?;
-        let mu = opt(mu, "mu")?;
-        let tr = opt(traj, "traj")?;
-        let gx = opt(gx, "gx")?;
-        let gv = opt(gv, "gv")?;
-        let dx0 = opt(dx0, "dx0")?;
-        let dv0 = opt(dv0, "dv0")?;
-        let df = opt(df, "df")?;
-        let du = opt(dU, "dU")?;
-        let dw = opt(dW, "dW")?;
+        let mu = opt_buffer(mu, "mu")?;
+        let tr = opt_buffer(traj, "traj")?;
+        let gx = opt_buffer(gx, "gx")?;
+        let gv = opt_buffer(gv, "gv")?;
+        let dx0 = opt_buffer(dx0, "dx0")?;
+        let dv0 = opt_buffer(dv0, "dv0")?;
+        let df = opt_buffer(df, "df")?;
+        let du = opt_buffer(dU, "dU")?;
+        let dw = opt_buffer(dW, "dW")?;
         let s = stream_or_default(stream, &v0.ctx)?;
         geo::leapfrog_backward(
             v0, f, u, w, mu, dt, steps, c, flags, tr, gx, gv, dx0, dv0, df, du, dw, &s,

@@ -33,7 +33,7 @@
 //!   `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_OUT_OF_MEMORY`, `FK_ERROR_CUDA` (a driver or
 //!   cuBLAS call failed: the message names it).
 
-use super::{buffer_ref, fk_buffer, fk_scalar, fk_stream, guard, stream_or_default, write_out};
+use super::{buffer_ref, fk_buffer, fk_scalar, fk_stream, guard, opt_buffer, stream_or_default, write_out};
 use crate::dtype::{DType, fk_dtype};
 use crate::error::{FK_ERROR_INVALID_ARGUMENT, Result, fk_status};
 use crate::ops::elementwise::Scalar;
@@ -85,19 +85,6 @@ fn activation(v: fk_activation) -> Result<Activation> {
             "act = {v} is not a valid fk_activation (FK_ACT_NONE=0, FK_ACT_RELU=1, FK_ACT_GELU=2)"
         ),
     })
-}
-
-/// An optional buffer argument: NULL is `None`.
-unsafe fn opt_buffer<'a>(
-    p: *const fk_buffer,
-    what: &str,
-) -> Result<Option<&'a crate::buffer::Buffer>> {
-    if p.is_null() {
-        Ok(None)
-    } else {
-        // SAFETY: non-NULL handle pointer from the caller.
-        unsafe { buffer_ref(p, what) }.map(Some)
-    }
 }
 
 /// General matrix product `C = alpha op(A) op(B) + beta C`, batched.

@@ -13,6 +13,7 @@ pub mod elementwise;
 pub mod gaussian;
 pub mod geodesic;
 pub mod linalg;
+pub mod optim;
 pub mod runtime;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -188,6 +189,16 @@ pub(crate) unsafe fn comm_ref<'a>(p: *const fk_comm, what: &str) -> Result<&'a c
     }
     // SAFETY: the magic says this is a live fk_comm.
     Ok(unsafe { &(*p).inner })
+}
+
+/// An optional buffer argument: NULL is `None`.
+pub(crate) unsafe fn opt_buffer<'a>(p: *const fk_buffer, what: &str) -> Result<Option<&'a Buffer>> {
+    if p.is_null() {
+        Ok(None)
+    } else {
+        // SAFETY: non-null handle pointer from the caller.
+        unsafe { buffer_ref(p, what) }.map(Some)
+    }
 }
 
 /// The stream an op runs on: `p`, or the context's default stream when `p` is NULL.

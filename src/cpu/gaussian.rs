@@ -11,28 +11,7 @@ use rayon::prelude::*;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::gaussian::{Grads, Inputs};
-
-/// f32 / f64 storage.
-pub trait Real: Copy + Send + Sync + 'static {
-    fn to_f64(self) -> f64;
-    fn from_f64(v: f64) -> Self;
-}
-impl Real for f32 {
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
-}
-impl Real for f64 {
-    fn to_f64(self) -> f64 {
-        self
-    }
-    fn from_f64(v: f64) -> Self {
-        v
-    }
-}
+pub use super::Real;
 
 /// One Gaussian's factors: mean, weight, `1 / (L_ii + eps)` and the strictly
 /// lower part of L.

@@ -6,6 +6,7 @@ pub mod elementwise;
 pub mod gaussian;
 pub mod geodesic;
 pub mod linalg;
+pub mod optim;
 
 use half::{bf16, f16};
 
@@ -228,6 +229,28 @@ macro_rules! complex_math {
 complex_math!(f32);
 complex_math!(f64);
 
+/// f32 / f64 storage of the real-only families (computed in f64).
+pub trait Real: Copy + Send + Sync + 'static {
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
+}
+impl Real for f32 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+impl Real for f64 {
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+}
+
 /// A storage element type and its compute type (half types compute in f32, as the
 /// kernels do, and round to nearest even on store).
 pub trait Elem: Copy + Send + Sync + 'static {
@@ -271,6 +294,25 @@ impl Elem for bf16 {
     fn from_c(c: f32) -> Self {
         bf16::from_f32(c)
     }
+}
+
+/// Runs `$body` with `$t` the storage type of a real dtype (f32 or f64; the
+/// real-only families validate the dtype first).
+#[macro_export]
+macro_rules! with_real {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            $crate::dtype::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            $crate::dtype::DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            d => unreachable!("dtype {d} reached an f32/f64-only kernel"),
+        }
+    };
 }
 
 /// Calls `$body` with `$t` bound to the storage type of `$dtype`.

@@ -42,9 +42,9 @@ pub(crate) const WORKSPACE_BYTES: usize = 32 << 20;
 
 /// Opens `lib` (e.g. `libcublas.so`) by full path: `env`, then `<root>/lib64`,
 /// `<root>/lib` of every CUDA root (toolkits, the CUDA 13 wheels' `nvidia/cu13`),
-/// then the CUDA 12 wheel layout (`nvidia/cublas/lib`); major version 13 first,
+/// then the CUDA 12 wheel layout (`nvidia/<wheel>/lib`); major version 13 first,
 /// then 12 (the same API for everything fusekit calls). Returns the places tried.
-fn preload(env: &str, lib: &str) -> Vec<String> {
+pub(crate) fn preload(env: &str, lib: &str, wheel: &str) -> Vec<String> {
     let mut candidates: Vec<PathBuf> = Vec::new();
     if let Some(v) = std::env::var_os(env) {
         candidates.push(PathBuf::from(v));
@@ -56,7 +56,7 @@ fn preload(env: &str, lib: &str) -> Vec<String> {
                 candidates.push(r.join(sub).join(&soname));
             }
             if let Some(nv) = r.parent() {
-                candidates.push(nv.join("cublas").join("lib").join(&soname));
+                candidates.push(nv.join(wheel).join("lib").join(&soname));
             }
         }
     }
@@ -73,8 +73,8 @@ pub fn load() -> Result<()> {
     static STATE: OnceLock<std::result::Result<(), Error>> = OnceLock::new();
     STATE
         .get_or_init(|| {
-            let tried_lt = preload("FK_CUBLASLT_PATH", "libcublasLt.so");
-            let tried = preload("FK_CUBLAS_PATH", "libcublas.so");
+            let tried_lt = preload("FK_CUBLASLT_PATH", "libcublasLt.so", "cublas");
+            let tried = preload("FK_CUBLAS_PATH", "libcublas.so", "cublas");
             // SAFETY: only probe whether the libraries can be opened.
             let (has_lt, has_blas) = unsafe { (lt::is_culib_present(), bs::is_culib_present()) };
             if has_lt && has_blas {

@@ -6,6 +6,7 @@
 //! libcuda can be loaded, so a missing driver is a status, never cudarc's panic.
 
 pub mod cublas;
+pub mod cusolver;
 pub mod elementwise;
 pub mod gaussian;
 pub mod geodesic;
@@ -13,6 +14,7 @@ pub mod launch;
 pub mod linalg;
 pub mod nccl;
 pub mod nvrtc;
+pub mod optim;
 pub mod runtime;
 
 use std::collections::{HashMap, HashSet};
@@ -33,6 +35,7 @@ pub fn modules() -> impl Iterator<Item = &'static (&'static str, fn() -> String)
         .chain(gaussian::MODULES.iter())
         .chain(linalg::MODULES.iter())
         .chain(geodesic::MODULES.iter())
+        .chain(optim::MODULES.iter())
 }
 
 /// Headers the module sources may `#include "..."` (resolved by NVRTC in memory).
@@ -86,6 +89,8 @@ pub struct CudaDevice {
     functions: Mutex<HashMap<(usize, usize), sys::CUfunction>>,
     /// cuBLAS / cuBLASLt handles and workspaces per stream (`cublas.rs`).
     pub(crate) blas: cublas::BlasCache,
+    /// cuSOLVER handles per stream (`cusolver.rs`).
+    pub(crate) solver: cusolver::SolverCache,
 }
 
 // SAFETY: CUDA handles are usable from any thread once the context is current;
@@ -146,6 +151,7 @@ impl CudaDevice {
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             blas: Default::default(),
+            solver: Default::default(),
         };
         dev.bind()?;
         Ok(dev)
@@ -179,6 +185,7 @@ impl CudaDevice {
 
     pub fn stream_destroy(&self, raw: usize) {
         self.blas.evict(self, raw);
+        self.solver.evict(raw);
         if self.bind().is_ok() {
             // SAFETY: an owned stream created by stream_create; destroyed once.
             let _ = unsafe { result::stream::destroy(raw as sys::CUstream) };
@@ -419,6 +426,7 @@ impl Drop for CudaDevice {
         // for the device before unloading them. Only the last reference gets here.
         if self.bind().is_ok() && result::ctx::synchronize().is_ok() {
             self.blas.clear(self);
+            self.solver.clear();
             let mods = self.modules.get_mut().unwrap_or_else(|e| e.into_inner());
             for (_, m) in mods.drain() {
                 // SAFETY: no function of this module is used after the device is gone.

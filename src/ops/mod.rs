@@ -5,3 +5,4 @@ pub mod elementwise;
 pub mod gaussian;
 pub mod geodesic;
 pub mod linalg;
+pub mod optim;

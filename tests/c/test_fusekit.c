@@ -352,6 +352,7 @@ static void test_status_strings(void)
         "FK_ERROR_INTERNAL",
         "FK_ERROR_IO",
         "FK_ERROR_DTYPE_MISMATCH",
+        "FK_ERROR_NOT_CONVERGED",
     };
     static const fk_status codes[] = {
         FK_OK,
@@ -372,6 +373,7 @@ static void test_status_strings(void)
         FK_ERROR_INTERNAL,
         FK_ERROR_IO,
         FK_ERROR_DTYPE_MISMATCH,
+        FK_ERROR_NOT_CONVERGED,
     };
     size_t i;
     int all = 1;

@@ -54,7 +54,7 @@ __all__ = [
 # ---------------------------------------------------------------------------
 
 #: ``FK_ABI_VERSION`` of the header these bindings were written against.
-ABI_VERSION = 1000
+ABI_VERSION = 1001
 #: ``FK_MAX_DIMS``.
 MAX_DIMS = 8
 #: ``FK_GEO_ALLOW_TF32``: geodesic ops may use TF32 tensor cores for f32 on CUDA.
@@ -102,6 +102,7 @@ ERROR_UNSUPPORTED = 14
 ERROR_INTERNAL = 15
 ERROR_IO = 16
 ERROR_DTYPE_MISMATCH = 17
+ERROR_NOT_CONVERGED = 18
 
 _STATUS_NAMES = {
     0: "FK_OK",
@@ -122,6 +123,7 @@ _STATUS_NAMES = {
     15: "FK_ERROR_INTERNAL",
     16: "FK_ERROR_IO",
     17: "FK_ERROR_DTYPE_MISMATCH",
+    18: "FK_ERROR_NOT_CONVERGED",
 }
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,300 @@
+//! CPU optimizer math: the reference the CUDA path is tested against and the
+//! fallback without a GPU. Everything is computed in f64 (f32 inputs widened) except
+//! the GEMMs, which run in the input dtype through `cpu::linalg::gemm` (the same
+//! products the CUDA path hands cuBLAS). The eigendecomposition is nalgebra's
+//! symmetric QR algorithm; batches run in parallel with rayon.
+
+use nalgebra::{DMatrix, SymmetricEigen};
+use rayon::prelude::*;
+
+use super::Real;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::ops::linalg::{GemmPlan, Trans};
+use crate::ops::optim::{
+    Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan, clip_scale, dense, gemm_plan,
+};
+
+/// Reads `n` elements at `ptr` as f64.
+fn load<T: Real>(ptr: usize, n: usize) -> Vec<f64> {
+    // SAFETY: the caller validated that `ptr` holds `n` elements of T.
+    let s = unsafe { std::slice::from_raw_parts(ptr as *const T, n) };
+    s.iter().map(|v| v.to_f64()).collect()
+}
+
+/// Writes `src` rounded to T at `ptr`.
+fn store<T: Real>(ptr: usize, src: &[f64]) {
+    // SAFETY: the caller validated that `ptr` holds `src.len()` elements of T.
+    let d = unsafe { std::slice::from_raw_parts_mut(ptr as *mut T, src.len()) };
+    for (o, &v) in d.iter_mut().zip(src) {
+        *o = T::from_f64(v);
+    }
+}
+
+/// Runs `f` on each matrix `b < batch` of `n x n` elements at `ptr`, in parallel,
+/// as a mutable slice of T.
+fn each_matrix<T: Real>(ptr: usize, batch: i64, n: i64, f: impl Fn(usize, &mut [T]) + Sync) {
+    let nn = (n * n) as usize;
+    (0..batch as usize).into_par_iter().for_each(|b| {
+        // SAFETY: matrix b of the validated [batch, n, n] buffer; disjoint per b.
+        let m = unsafe { std::slice::from_raw_parts_mut((ptr as *mut T).add(b * nn), nn) };
+        f(b, m);
+    });
+}
+
+// ------------------------------------------------------------------ matrix power
+
+/// The CPU backend of the Newton iteration.
+pub struct Ops;
+
+impl crate::ops::optim::MatOps for Ops {
+    fn scratch(&self, bytes: usize) -> Result<Scratch<'_>> {
+        let mut v: Vec<u64> = Vec::new();
+        v.try_reserve_exact(bytes.div_ceil(8)).map_err(|_| {
+            crate::error::Error::new(
+                crate::error::FK_ERROR_OUT_OF_MEMORY,
+                format!("could not allocate {bytes} bytes of host scratch memory"),
+            )
+        })?;
+        v.resize(bytes.div_ceil(8), 0);
+        let mut v = v.into_boxed_slice();
+        let ptr = v.as_mut_ptr() as usize;
+        Ok(Scratch::new(ptr, Box::new(move || drop(v))))
+    }
+
+    fn gemm(&self, p: &GemmPlan) -> Result<()> {
+        super::linalg::gemm(p)
+    }
+
+    fn newton_start(&self, plan: &PowPlan, p: u32, x: usize, m: usize) -> Result<()> {
+        crate::with_real!(plan.dtype, T => newton_start_t::<T>(plan, p, x, m));
+        Ok(())
+    }
+
+    fn newton_step_matrix(&self, plan: &PowPlan, p: u32, m: usize, t: usize) -> Result<()> {
+        crate::with_real!(plan.dtype, T => {
+            let n = plan.n as usize;
+            let mv = load::<T>(m, plan.elems());
+            let inv = 1.0 / p as f64;
+            let tv: Vec<f64> = mv
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let diag = (i % (n * n)) % (n + 1) == 0;
+                    (if diag { (p + 1) as f64 } else { 0.0 } - v) * inv
+                })
+                .collect();
+            store::<T>(t, &tv);
+        });
+        Ok(())
+    }
+
+    fn residuals(&self, plan: &PowPlan, m: usize) -> Result<Vec<f64>> {
+        let n = plan.n as usize;
+        let nn = n * n;
+        let mut r = vec![0.0; plan.batch as usize];
+        crate::with_real!(plan.dtype, T => {
+            let mv = load::<T>(m, plan.elems());
+            for (b, rb) in r.iter_mut().enumerate() {
+                let mut worst = 0.0f64;
+                for (i, &v) in mv[b * nn..(b + 1) * nn].iter().enumerate() {
+                    let d = (v - if i % (n + 1) == 0 { 1.0 } else { 0.0 }).abs();
+                    // NaN poisons the residual
+                    worst = if d.is_nan() || worst.is_nan() { f64::NAN } else { worst.max(d) };
+                }
+                *rb = worst;
+            }
+        });
+        Ok(r)
+    }
+
+    fn copy(&self, dst: usize, src: usize, bytes: usize) -> Result<()> {
+        // SAFETY: both hold `bytes` bytes (validated buffers or scratch), disjoint.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes) };
+        Ok(())
+    }
+}
+
+fn newton_start_t<T: Real>(plan: &PowPlan, p: u32, x: usize, m: usize) {
+    let n = plan.n as usize;
+    let nn = n * n;
+    let a = load::<T>(plan.a, plan.elems());
+    let mut xs = vec![0.0; plan.elems()];
+    let mut ms = vec![0.0; plan.elems()];
+    for b in 0..plan.batch as usize {
+        let ab = &a[b * nn..(b + 1) * nn];
+        let shifted = |i: usize| ab[i] + if i % (n + 1) == 0 { plan.eps } else { 0.0 };
+        let norm2: f64 = (0..nn).map(|i| shifted(i) * shifted(i)).sum();
+        let z = newton_scale(norm2, p);
+        let x0 = z.powf(1.0 / p as f64);
+        for i in 0..nn {
+            xs[b * nn + i] = if i % (n + 1) == 0 { x0 } else { 0.0 };
+            ms[b * nn + i] = z * shifted(i);
+        }
+    }
+    store::<T>(x, &xs);
+    store::<T>(m, &ms);
+}
+
+/// `z = (1 + p) / (2 |A + eps I|_F)`: puts the spectrum of `M = z (A + eps I)`
+/// inside `(0, (1 + p) / 2]`, where the coupled iteration converges. A zero
+/// matrix gets `z = 1`.
+pub fn newton_scale(norm2: f64, p: u32) -> f64 {
+    let f = norm2.sqrt();
+    if f > 0.0 { (1.0 + p as f64) / (2.0 * f) } else { 1.0 }
+}
+
+/// `out = V diag((lambda + shift)^power) V^T` per matrix from nalgebra's symmetric
+/// eigendecomposition of `A + eps I` (its upper triangle); `shift = eps - lambda_min`
+/// when `lambda_min < eps`, else 0 (OPS.md section 5).
+pub fn eigh_power(plan: &PowPlan) -> Result<Report> {
+    let results: Vec<(bool, f64)> = crate::with_real!(plan.dtype, T => eigh_power_t::<T>(plan));
+    Ok(Report {
+        method: Method::Eigh,
+        iterations: 0,
+        converged: results.iter().all(|r| r.0),
+        residual: f64::NAN,
+        min_eigenvalue: results.iter().map(|r| r.1).fold(f64::INFINITY, f64::min),
+    })
+}
+
+fn eigh_power_t<T: Real>(plan: &PowPlan) -> Vec<(bool, f64)> {
+    let n = plan.n as usize;
+    let nn = n * n;
+    (0..plan.batch as usize)
+        .into_par_iter()
+        .map(|b| {
+            let a = load::<T>(plan.a + b * nn * size_of::<T>(), nn);
+            let sym = DMatrix::<f64>::from_fn(n, n, |i, j| {
+                let (r, c) = (i.min(j), i.max(j));
+                a[r * n + c] + if i == j { plan.eps } else { 0.0 }
+            });
+            let out = match SymmetricEigen::try_new(sym, f64::EPSILON, 0) {
+                None => (vec![f64::NAN; nn], false, f64::NAN),
+                Some(e) => {
+                    let lmin = e.eigenvalues.iter().copied().fold(f64::INFINITY, f64::min);
+                    let shift = eigen_shift(lmin, plan.eps);
+                    let mut w = e.eigenvectors.clone();
+                    for (j, mut col) in w.column_iter_mut().enumerate() {
+                        col *= (e.eigenvalues[j] + shift).powf(plan.power);
+                    }
+                    let prod = &w * e.eigenvectors.transpose();
+                    // row-major out[i][j] = prod(i, j)
+                    let mut v = vec![0.0; nn];
+                    for i in 0..n {
+                        for j in 0..n {
+                            v[i * n + j] = prod[(i, j)];
+                        }
+                    }
+                    (v, true, lmin)
+                }
+            };
+            store::<T>(plan.out + b * nn * size_of::<T>(), &out.0);
+            (out.1, out.2)
+        })
+        .collect()
+}
+
+/// The spectrum shift of OPS.md: `eps - lambda_min` when the smallest eigenvalue of
+/// `A + eps I` is below `eps`, else 0.
+pub fn eigen_shift(lambda_min: f64, eps: f64) -> f64 {
+    if lambda_min < eps { eps - lambda_min } else { 0.0 }
+}
+
+// ------------------------------------------------------------------ Shampoo
+
+/// `C = beta C + alpha X X^T` per matrix, then the lower triangle mirrors the upper
+/// (the triangle cuBLAS's SYRK writes), so the result is exactly symmetric.
+fn rank_k(dtype: DType, batch: i64, x: usize, rows: i64, cols: i64, op: Trans, c: usize, alpha: f64, beta: f64) -> Result<()> {
+    // op = N: C = X X^T (X [rows, cols], C [rows, rows]); op = T: C = X^T X.
+    let k = if op == Trans::N { rows } else { cols };
+    let xm = dense(x, rows, cols, rows * cols);
+    let other = if op == Trans::N { Trans::T } else { Trans::N };
+    let cm = dense(c, k, k, k * k);
+    super::linalg::gemm(&gemm_plan(dtype, op, xm, other, xm, cm, alpha, beta, batch, false))?;
+    crate::with_real!(dtype, T => each_matrix::<T>(c, batch, k, |_, m| mirror_upper(m, k as usize)));
+    Ok(())
+}
+
+/// `m[r][c] = m[c][r]` for `r > c`.
+fn mirror_upper<T: Copy>(m: &mut [T], n: usize) {
+    for r in 1..n {
+        for c in 0..r {
+            m[r * n + c] = m[c * n + r];
+        }
+    }
+}
+
+/// `L = beta L + alpha G G^T`, `R = beta R + alpha G^T G`.
+pub fn shampoo_stats(p: &StatsPlan) -> Result<()> {
+    if let Some(l) = p.l {
+        rank_k(p.dtype, p.batch, p.grad, p.m, p.n, Trans::N, l, p.alpha, p.beta)?;
+    }
+    if let Some(r) = p.r {
+        rank_k(p.dtype, p.batch, p.grad, p.m, p.n, Trans::T, r, p.alpha, p.beta)?;
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------ per-sample gradients
+
+/// `out[b] = g_b^T a_b`.
+pub fn per_sample_grads(p: &SamplePlan, out: usize) -> Result<()> {
+    super::linalg::gemm(&p.grads_gemm(out))
+}
+
+/// Squared Frobenius norms of the per-sample gradients, in f64: `|g_b|^2 |a_b|^2`
+/// for one step, the Gram form `sum_{t,s} (a_t . a_s)(g_t . g_s)` for sequences.
+pub fn sq_norms(p: &SamplePlan) -> Vec<f64> {
+    crate::with_real!(p.dtype, T => sq_norms_t::<T>(p))
+}
+
+fn sq_norms_t<T: Real>(p: &SamplePlan) -> Vec<f64> {
+    let (t, i, o) = (p.steps as usize, p.din as usize, p.dout as usize);
+    (0..p.batch as usize)
+        .into_par_iter()
+        .map(|b| {
+            let a = load::<T>(p.a + b * t * i * size_of::<T>(), t * i);
+            let g = load::<T>(p.g + b * t * o * size_of::<T>(), t * o);
+            let dot = |x: &[f64], r: usize, s: usize, w: usize| -> f64 {
+                x[r * w..(r + 1) * w].iter().zip(&x[s * w..(s + 1) * w]).map(|(u, v)| u * v).sum()
+            };
+            if t == 1 {
+                return dot(&a, 0, 0, i) * dot(&g, 0, 0, o);
+            }
+            let mut acc = 0.0;
+            for r in 0..t {
+                for s in 0..t {
+                    acc += dot(&a, r, s, i) * dot(&g, r, s, o);
+                }
+            }
+            acc
+        })
+        .collect()
+}
+
+pub fn sample_norms(p: &SamplePlan, out: usize) -> Result<()> {
+    let n = sq_norms(p);
+    crate::with_real!(p.dtype, T => store::<T>(out, &n));
+    Ok(())
+}
+
+/// `out = sum_b s_b g_b^T a_b` with `s_b = min(1, max_norm / |G_b|)`: g scaled per
+/// sample, then one GEMM over all `B*T` rows.
+pub fn dp_clipped_sum(p: &SamplePlan, max_norm: f64, out: usize, norms: Option<usize>) -> Result<()> {
+    let sq = sq_norms(p);
+    let rows = (p.steps * p.dout) as usize;
+    crate::with_real!(p.dtype, T => {
+        let g = load::<T>(p.g, p.batch as usize * rows);
+        let mut gs: Vec<T> = Vec::with_capacity(g.len());
+        for (b, chunk) in g.chunks(rows.max(1)).enumerate().take(p.batch as usize) {
+            let s = clip_scale(sq[b], max_norm);
+            gs.extend(chunk.iter().map(|&v| T::from_f64(v * s)));
+        }
+        super::linalg::gemm(&p.sum_gemm(gs.as_ptr() as usize, out))?;
+        if let Some(nptr) = norms {
+            store::<T>(nptr, &sq);
+        }
+    });
+    Ok(())
+}

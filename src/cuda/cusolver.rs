@@ -1,0 +1,358 @@
+//! cuSOLVER (dense): run-time loading, one handle per (context, stream), and the
+//! batched symmetric eigendecomposition the matrix power uses.
+//!
+//! Loading follows cuBLAS (`cublas::preload`): `FK_CUSOLVER_PATH`, the CUDA roots
+//! and the `nvidia-cusolver` wheel, probed with `is_culib_present()` so a missing
+//! library is `FK_ERROR_LIBRARY_NOT_FOUND`, never cudarc's panic.
+//!
+//! Solvers, chosen by size: `syevjBatched` (Jacobi, one launch for the whole batch)
+//! for n <= 32, where it is fastest; `XsyevBatched` for larger batched matrices;
+//! `syevd` (divide and conquer) for a single matrix, and per matrix where
+//! `XsyevBatched` is not supported.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::cusolver::sys as sv;
+
+use super::CudaDevice;
+use crate::dtype::DType;
+use crate::error::{
+    Error, FK_ERROR_CUDA, FK_ERROR_LIBRARY_NOT_FOUND, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED,
+    Result,
+};
+
+/// Loads cuSOLVER once per process (it needs cuBLAS, loaded first).
+pub fn load() -> Result<()> {
+    static STATE: OnceLock<std::result::Result<(), Error>> = OnceLock::new();
+    STATE
+        .get_or_init(|| {
+            super::cublas::load()?;
+            let tried = super::cublas::preload("FK_CUSOLVER_PATH", "libcusolver.so", "cusolver");
+            // SAFETY: only probes whether the library can be opened.
+            if unsafe { sv::is_culib_present() } {
+                return Ok(());
+            }
+            Err(Error::new(
+                FK_ERROR_LIBRARY_NOT_FOUND,
+                format!(
+                    "libcusolver.so.12 (cuSOLVER, needed by fk_matrix_power's eigendecomposition on CUDA) could not be loaded; install the CUDA toolkit, or `pip install \"nvidia-cusolver>=12,<13\"` (CUDA 13) into the active virtual environment, or set FK_CUSOLVER_PATH. Looked in the loader path and: {}",
+                    tried.join(", ")
+                ),
+            ))
+        })
+        .clone()
+}
+
+fn check(what: &str, s: sv::cusolverStatus_t) -> Result<()> {
+    use sv::cusolverStatus_t as S;
+    let status = match s {
+        S::CUSOLVER_STATUS_SUCCESS => return Ok(()),
+        S::CUSOLVER_STATUS_ALLOC_FAILED => FK_ERROR_OUT_OF_MEMORY,
+        S::CUSOLVER_STATUS_NOT_SUPPORTED => FK_ERROR_UNSUPPORTED,
+        _ => FK_ERROR_CUDA,
+    };
+    Err(Error::new(status, format!("{what} failed: {s:?}")))
+}
+
+/// A cuSOLVER handle bound to one stream.
+struct Handle {
+    raw: sv::cusolverDnHandle_t,
+    params: sv::cusolverDnParams_t,
+    syevj: sv::syevjInfo_t,
+}
+
+// SAFETY: used only while its mutex is held, with the context current.
+unsafe impl Send for Handle {}
+
+impl Handle {
+    fn release(&mut self) {
+        // SAFETY: created in SolverCache::handle, destroyed once.
+        unsafe {
+            if !self.syevj.is_null() {
+                sv::cusolverDnDestroySyevjInfo(self.syevj);
+            }
+            if !self.params.is_null() {
+                sv::cusolverDnDestroyParams(self.params);
+            }
+            if !self.raw.is_null() {
+                sv::cusolverDnDestroy(self.raw);
+            }
+        }
+        self.raw = std::ptr::null_mut();
+        self.params = std::ptr::null_mut();
+        self.syevj = std::ptr::null_mut();
+    }
+}
+
+/// The context's cuSOLVER handles, one per stream (a field of `CudaDevice`).
+#[derive(Default)]
+pub struct SolverCache {
+    handles: Mutex<HashMap<usize, Arc<Mutex<Handle>>>>,
+}
+
+impl SolverCache {
+    fn handle(&self, dev: &CudaDevice, stream: usize) -> Result<Arc<Mutex<Handle>>> {
+        let mut map = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = map.get(&stream) {
+            return Ok(h.clone());
+        }
+        load()?;
+        dev.bind()?;
+        let mut h = Handle {
+            raw: std::ptr::null_mut(),
+            params: std::ptr::null_mut(),
+            syevj: std::ptr::null_mut(),
+        };
+        // SAFETY: out-parameters of fresh objects; the context is current.
+        let made = unsafe {
+            check("cusolverDnCreate", sv::cusolverDnCreate(&mut h.raw))
+                .and_then(|_| {
+                    check(
+                        "cusolverDnSetStream",
+                        sv::cusolverDnSetStream(h.raw, stream as sv::cudaStream_t),
+                    )
+                })
+                .and_then(|_| check("cusolverDnCreateParams", sv::cusolverDnCreateParams(&mut h.params)))
+                .and_then(|_| {
+                    check(
+                        "cusolverDnCreateSyevjInfo",
+                        sv::cusolverDnCreateSyevjInfo(&mut h.syevj),
+                    )
+                })
+        };
+        if let Err(e) = made {
+            h.release();
+            return Err(e);
+        }
+        let h = Arc::new(Mutex::new(h));
+        map.insert(stream, h.clone());
+        Ok(h)
+    }
+
+    /// Releases the handle of `stream` (an owned stream about to be destroyed).
+    pub fn evict(&self, stream: usize) {
+        let h = self
+            .handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&stream);
+        if let Some(h) = h {
+            h.lock().unwrap_or_else(|e| e.into_inner()).release();
+        }
+    }
+
+    /// Releases every handle (the context is going away).
+    pub fn clear(&self) {
+        let all: Vec<_> = self
+            .handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .collect();
+        for (_, h) in all {
+            h.lock().unwrap_or_else(|e| e.into_inner()).release();
+        }
+    }
+}
+
+/// Device scratch freed stream-ordered on drop.
+struct DevMem<'a> {
+    dev: &'a CudaDevice,
+    stream: usize,
+    ptr: u64,
+}
+
+impl<'a> DevMem<'a> {
+    fn new(dev: &'a CudaDevice, stream: usize, bytes: usize) -> Result<DevMem<'a>> {
+        Ok(DevMem {
+            dev,
+            stream,
+            ptr: dev.alloc_async(bytes.max(16), stream)?,
+        })
+    }
+}
+
+impl Drop for DevMem<'_> {
+    fn drop(&mut self) {
+        self.dev.free_async(self.ptr, self.stream);
+    }
+}
+
+/// Eigendecomposition of `batch` symmetric `n x n` matrices at `q` (column-major
+/// with leading dimension n; only the lower triangle is read, which is the upper
+/// triangle of the row-major input): on return `q` holds the eigenvectors (column
+/// j, i.e. row j of the row-major view, is eigenvector j) and `w` the eigenvalues
+/// in ascending order. Returns cuSOLVER's `info` per matrix (0: converged), which
+/// waits for the stream.
+pub fn syev_batched(
+    dev: &CudaDevice,
+    stream: usize,
+    dtype: DType,
+    n: i64,
+    batch: i64,
+    q: u64,
+    w: u64,
+) -> Result<Vec<i32>> {
+    let h = dev.solver.handle(dev, stream)?;
+    let h = h.lock().unwrap_or_else(|e| e.into_inner());
+    dev.bind()?;
+    let info = DevMem::new(dev, stream, batch as usize * 4)?;
+    let es = dtype.size() as u64;
+    let vec = sv::cusolverEigMode_t::CUSOLVER_EIG_MODE_VECTOR;
+    let lower = sv::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER;
+    let (ni, bi) = (n as i32, batch as i32);
+    let info_ptr = info.ptr as *mut i32;
+    if n <= 32 {
+        let mut lwork = 0i32;
+        // SAFETY (this block and the ones below): q, w, info and the workspaces are
+        // device allocations of the sizes cuSOLVER asked for; the handle is bound
+        // to `stream`.
+        unsafe {
+            if dtype == DType::F32 {
+                check(
+                    "cusolverDnSsyevjBatched_bufferSize",
+                    sv::cusolverDnSsyevjBatched_bufferSize(
+                        h.raw, vec, lower, ni, q as *const f32, ni, w as *const f32, &mut lwork, h.syevj, bi,
+                    ),
+                )?;
+                let work = DevMem::new(dev, stream, lwork as usize * 4)?;
+                check(
+                    "cusolverDnSsyevjBatched",
+                    sv::cusolverDnSsyevjBatched(
+                        h.raw, vec, lower, ni, q as *mut f32, ni, w as *mut f32, work.ptr as *mut f32,
+                        lwork, info_ptr, h.syevj, bi,
+                    ),
+                )?;
+            } else {
+                check(
+                    "cusolverDnDsyevjBatched_bufferSize",
+                    sv::cusolverDnDsyevjBatched_bufferSize(
+                        h.raw, vec, lower, ni, q as *const f64, ni, w as *const f64, &mut lwork, h.syevj, bi,
+                    ),
+                )?;
+                let work = DevMem::new(dev, stream, lwork as usize * 8)?;
+                check(
+                    "cusolverDnDsyevjBatched",
+                    sv::cusolverDnDsyevjBatched(
+                        h.raw, vec, lower, ni, q as *mut f64, ni, w as *mut f64, work.ptr as *mut f64,
+                        lwork, info_ptr, h.syevj, bi,
+                    ),
+                )?;
+            }
+        }
+    } else if batch == 1 || !batched_ok(&h, dtype, n, batch, q, w, info_ptr, dev, stream)? {
+        for b in 0..batch as u64 {
+            let qb = q + b * (n * n) as u64 * es;
+            let wb = w + b * n as u64 * es;
+            let ib = unsafe { info_ptr.add(b as usize) };
+            syevd(&h, dtype, n, qb, wb, ib, dev, stream)?;
+        }
+    }
+    let mut host = vec![0i32; batch as usize];
+    dev.memcpy_dtoh(host.as_mut_ptr() as *mut u8, info.ptr, batch as usize * 4, stream, true)?;
+    Ok(host)
+}
+
+fn cuda_type(d: DType) -> sv::cudaDataType {
+    if d == DType::F32 {
+        sv::cudaDataType::CUDA_R_32F
+    } else {
+        sv::cudaDataType::CUDA_R_64F
+    }
+}
+
+/// `XsyevBatched`; `Ok(false)` when this cuSOLVER does not support it for the
+/// shape (the caller loops `syevd`).
+#[allow(clippy::too_many_arguments)]
+fn batched_ok(
+    h: &Handle,
+    dtype: DType,
+    n: i64,
+    batch: i64,
+    q: u64,
+    w: u64,
+    info: *mut i32,
+    dev: &CudaDevice,
+    stream: usize,
+) -> Result<bool> {
+    let t = cuda_type(dtype);
+    let vec = sv::cusolverEigMode_t::CUSOLVER_EIG_MODE_VECTOR;
+    let lower = sv::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER;
+    let (mut dbytes, mut hbytes) = (0usize, 0usize);
+    // SAFETY: size query on valid handles.
+    let s = unsafe {
+        sv::cusolverDnXsyevBatched_bufferSize(
+            h.raw, h.params, vec, lower, n, t, q as *const c_void, n, t, w as *const c_void, t,
+            &mut dbytes, &mut hbytes, batch,
+        )
+    };
+    if matches!(
+        s,
+        sv::cusolverStatus_t::CUSOLVER_STATUS_NOT_SUPPORTED | sv::cusolverStatus_t::CUSOLVER_STATUS_INVALID_VALUE
+    ) {
+        return Ok(false);
+    }
+    check("cusolverDnXsyevBatched_bufferSize", s)?;
+    let work = DevMem::new(dev, stream, dbytes)?;
+    let mut hwork = vec![0u8; hbytes.max(1)];
+    // SAFETY: workspaces of the queried sizes; the host workspace outlives the call
+    // (cuSOLVER uses it synchronously before returning).
+    let s = unsafe {
+        sv::cusolverDnXsyevBatched(
+            h.raw, h.params, vec, lower, n, t, q as *mut c_void, n, t, w as *mut c_void, t,
+            work.ptr as *mut c_void, dbytes, hwork.as_mut_ptr() as *mut c_void, hbytes, info, batch,
+        )
+    };
+    if s == sv::cusolverStatus_t::CUSOLVER_STATUS_NOT_SUPPORTED {
+        return Ok(false);
+    }
+    check("cusolverDnXsyevBatched", s)?;
+    // The host workspace must stay alive until the stream has used it.
+    dev.stream_synchronize(stream)?;
+    drop(hwork);
+    Ok(true)
+}
+
+/// One matrix through `syevd` (divide and conquer).
+#[allow(clippy::too_many_arguments)]
+fn syevd(
+    h: &Handle,
+    dtype: DType,
+    n: i64,
+    q: u64,
+    w: u64,
+    info: *mut i32,
+    dev: &CudaDevice,
+    stream: usize,
+) -> Result<()> {
+    let vec = sv::cusolverEigMode_t::CUSOLVER_EIG_MODE_VECTOR;
+    let lower = sv::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER;
+    let ni = n as i32;
+    let mut lwork = 0i32;
+    // SAFETY: as in syev_batched.
+    unsafe {
+        if dtype == DType::F32 {
+            check(
+                "cusolverDnSsyevd_bufferSize",
+                sv::cusolverDnSsyevd_bufferSize(h.raw, vec, lower, ni, q as *const f32, ni, w as *const f32, &mut lwork),
+            )?;
+            let work = DevMem::new(dev, stream, lwork as usize * 4)?;
+            check(
+                "cusolverDnSsyevd",
+                sv::cusolverDnSsyevd(h.raw, vec, lower, ni, q as *mut f32, ni, w as *mut f32, work.ptr as *mut f32, lwork, info),
+            )
+        } else {
+            check(
+                "cusolverDnDsyevd_bufferSize",
+                sv::cusolverDnDsyevd_bufferSize(h.raw, vec, lower, ni, q as *const f64, ni, w as *const f64, &mut lwork),
+            )?;
+            let work = DevMem::new(dev, stream, lwork as usize * 8)?;
+            check(
+                "cusolverDnDsyevd",
+                sv::cusolverDnDsyevd(h.raw, vec, lower, ni, q as *mut f64, ni, w as *mut f64, work.ptr as *mut f64, lwork, info),
+            )
+        }
+    }
+}

@@ -1,0 +1,496 @@
+//! Launchers of the optimizer-math family: the CUDA backend of the Newton
+//! iteration (`Ops`), the cuSOLVER eigendecomposition path, SYRK statistics, and
+//! the per-sample-gradient kernels of `kernels/optim.cu`.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::sys as bs;
+use cudarc::driver::sys as ds;
+
+use super::CudaDevice;
+use super::cublas::{self, Slot};
+use super::launch::{BLOCK, launch};
+use crate::dtype::DType;
+use crate::error::{CudaContext as _, Result};
+use crate::ops::linalg::{GemmPlan, Trans};
+use crate::ops::optim::{Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan, dense, gemm_plan};
+use crate::stream::Stream;
+
+const MODULE: &str = "optim";
+
+/// One kernel module for the family: `(name, source)`.
+pub const MODULES: [(&str, fn() -> String); 1] = [(MODULE, source)];
+
+fn source() -> String {
+    include_str!("../../kernels/optim.cu").to_string()
+}
+
+/// `<base>_f32` or `<base>_f64` (names are `'static` for the function cache).
+macro_rules! kname {
+    ($d:expr, $base:literal) => {
+        if $d == DType::F32 { concat!($base, "_f32") } else { concat!($base, "_f64") }
+    };
+}
+
+/// Blocks of a row loop over `rows` rows (each block takes whole rows).
+fn row_grid(dev: &CudaDevice, rows: i64) -> u32 {
+    rows.clamp(1, dev.sm_count.max(1) as i64 * 8) as u32
+}
+
+fn run<A>(dev: &CudaDevice, f: &'static str, grid: (u32, u32, u32), block: (u32, u32, u32), stream: usize, args: &mut A) -> Result<()> {
+    launch(dev, MODULE, f, grid, block, 0, stream, &mut [args as *mut A as *mut c_void])
+}
+
+// ------------------------------------------------------------------ Newton backend
+
+/// The CUDA backend of `ops::optim::newton` (and the preconditioner's GEMMs):
+/// everything is queued on `stream`; GEMMs go through the stream's cuBLAS slot.
+pub struct Ops<'a> {
+    dev: &'a CudaDevice,
+    stream: usize,
+    slot: Arc<Mutex<Slot>>,
+}
+
+impl<'a> Ops<'a> {
+    pub fn new(dev: &'a CudaDevice, stream: &Stream) -> Result<Ops<'a>> {
+        dev.bind()?;
+        let slot = dev.blas.slot(dev, stream.raw)?;
+        Ok(Ops {
+            dev,
+            stream: stream.raw,
+            slot,
+        })
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<Scratch<'a>> {
+        let ptr = self.dev.alloc_async(bytes.max(16), self.stream)?;
+        let (dev, stream) = (self.dev, self.stream);
+        Ok(Scratch::new(ptr as usize, Box::new(move || dev.free_async(ptr, stream))))
+    }
+
+    /// Per-matrix reduction of `src + shift I` (mode 0: sum of squares, 1: max
+    /// |.|) into `out` (doubles; mode 0 writes `(z, z^(1/p))` pairs).
+    fn reduce(&self, plan: &PowPlan, src: usize, shift: f64, mode: i32, p: u32, out: u64) -> Result<()> {
+        let chunks = (self.dev.sm_count.max(1) as i64 * 4 / plan.batch.max(1)).clamp(1, plan.n.max(1)).min(256);
+        let partial = self.alloc((plan.batch * chunks) as usize * 8)?;
+        #[repr(C)]
+        struct PartialArgs {
+            n: i64,
+            batch: i64,
+            chunks: i64,
+            src: u64,
+            shift: f64,
+            partial: u64,
+            mode: i32,
+        }
+        let mut a = PartialArgs {
+            n: plan.n,
+            batch: plan.batch,
+            chunks,
+            src: src as u64,
+            shift,
+            partial: partial.ptr as u64,
+            mode,
+        };
+        let gy = plan.batch.min(65535) as u32;
+        run(self.dev, kname!(plan.dtype, "mp_partials"), (chunks as u32, gy, 1), (BLOCK, 1, 1), self.stream, &mut a)?;
+        #[repr(C)]
+        struct FinishArgs {
+            batch: i64,
+            chunks: i64,
+            partial: u64,
+            out: u64,
+            mode: i32,
+            p: i32,
+        }
+        let mut f = FinishArgs {
+            batch: plan.batch,
+            chunks,
+            partial: partial.ptr as u64,
+            out,
+            mode,
+            p: p as i32,
+        };
+        let g = (plan.batch as u64).div_ceil(BLOCK as u64).min(65535) as u32;
+        run(self.dev, "mp_finish", (g, 1, 1), (BLOCK, 1, 1), self.stream, &mut f)
+    }
+}
+
+impl crate::ops::optim::MatOps for Ops<'_> {
+    fn scratch(&self, bytes: usize) -> Result<Scratch<'_>> {
+        self.alloc(bytes)
+    }
+
+    fn gemm(&self, p: &GemmPlan) -> Result<()> {
+        let g = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        cublas::gemm_ex(&g, p)
+    }
+
+    fn newton_start(&self, plan: &PowPlan, p: u32, x: usize, m: usize) -> Result<()> {
+        let scale = self.alloc(plan.batch as usize * 16)?;
+        self.reduce(plan, plan.a, plan.eps, 0, p, scale.ptr as u64)?;
+        #[repr(C)]
+        struct StartArgs {
+            n: i64,
+            batch: i64,
+            a: u64,
+            x: u64,
+            m: u64,
+            scale: u64,
+            eps: f64,
+        }
+        let mut a = StartArgs {
+            n: plan.n,
+            batch: plan.batch,
+            a: plan.a as u64,
+            x: x as u64,
+            m: m as u64,
+            scale: scale.ptr as u64,
+            eps: plan.eps,
+        };
+        let g = row_grid(self.dev, plan.batch * plan.n);
+        run(self.dev, kname!(plan.dtype, "mp_start"), (g, 1, 1), (BLOCK, 1, 1), self.stream, &mut a)
+    }
+
+    fn newton_step_matrix(&self, plan: &PowPlan, p: u32, m: usize, t: usize) -> Result<()> {
+        #[repr(C)]
+        struct AffineArgs {
+            n: i64,
+            batch: i64,
+            m: u64,
+            t: u64,
+            p: i32,
+        }
+        let mut a = AffineArgs {
+            n: plan.n,
+            batch: plan.batch,
+            m: m as u64,
+            t: t as u64,
+            p: p as i32,
+        };
+        let g = row_grid(self.dev, plan.batch * plan.n);
+        run(self.dev, kname!(plan.dtype, "mp_affine"), (g, 1, 1), (BLOCK, 1, 1), self.stream, &mut a)
+    }
+
+    fn residuals(&self, plan: &PowPlan, m: usize) -> Result<Vec<f64>> {
+        let out = self.alloc(plan.batch as usize * 8)?;
+        self.reduce(plan, m, -1.0, 1, 1, out.ptr as u64)?;
+        let mut host = vec![0f64; plan.batch as usize];
+        self.dev.memcpy_dtoh(host.as_mut_ptr() as *mut u8, out.ptr as u64, host.len() * 8, self.stream, true)?;
+        Ok(host)
+    }
+
+    fn copy(&self, dst: usize, src: usize, bytes: usize) -> Result<()> {
+        self.dev.bind()?;
+        // SAFETY: both are device allocations of at least `bytes` bytes.
+        unsafe { ds::cuMemcpyDtoDAsync_v2(dst as u64, src as u64, bytes, self.stream as ds::CUstream) }
+            .result()
+            .cuda("cuMemcpyDtoDAsync")
+    }
+}
+
+// ------------------------------------------------------------------ eigendecomposition
+
+/// `out = Q diag((lambda + shift)^power) Q^T` from cuSOLVER's eigendecomposition
+/// of `A + eps I`; waits for the stream to read cuSOLVER's convergence flags and the
+/// smallest eigenvalues.
+pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<Report> {
+    let ops = Ops::new(dev, stream)?;
+    let es = plan.dtype.size();
+    let bytes = plan.elems() * es;
+    let q = ops.alloc(bytes)?;
+    let s = ops.alloc(bytes)?;
+    let w = ops.alloc((plan.batch * plan.n) as usize * es)?;
+    let g = row_grid(dev, plan.batch * plan.n);
+    #[repr(C)]
+    struct EigPrepArgs {
+        n: i64,
+        batch: i64,
+        a: u64,
+        q: u64,
+        eps: f64,
+    }
+    let mut pa = EigPrepArgs {
+        n: plan.n,
+        batch: plan.batch,
+        a: plan.a as u64,
+        q: q.ptr as u64,
+        eps: plan.eps,
+    };
+    run(dev, kname!(plan.dtype, "eig_prepare"), (g, 1, 1), (BLOCK, 1, 1), stream.raw, &mut pa)?;
+    let info = super::cusolver::syev_batched(dev, stream.raw, plan.dtype, plan.n, plan.batch, q.ptr as u64, w.ptr as u64)?;
+    #[repr(C)]
+    struct EigScaleArgs {
+        n: i64,
+        batch: i64,
+        q: u64,
+        w: u64,
+        s: u64,
+        power: f64,
+        eps: f64,
+    }
+    let mut sa = EigScaleArgs {
+        n: plan.n,
+        batch: plan.batch,
+        q: q.ptr as u64,
+        w: w.ptr as u64,
+        s: s.ptr as u64,
+        power: plan.power,
+        eps: plan.eps,
+    };
+    run(dev, kname!(plan.dtype, "eig_scale"), (g, 1, 1), (BLOCK, 1, 1), stream.raw, &mut sa)?;
+    // out = Q^T S (rows of Q are the eigenvectors)
+    let m = |ptr: usize| plan.mat(ptr);
+    crate::ops::optim::MatOps::gemm(
+        &ops,
+        &gemm_plan(plan.dtype, Trans::T, m(q.ptr), Trans::N, m(s.ptr), m(plan.out), 1.0, 0.0, plan.batch, false),
+    )?;
+    // The smallest eigenvalue of each matrix (w is ascending per matrix).
+    let mut wh = vec![0u8; (plan.batch * plan.n) as usize * es];
+    dev.memcpy_dtoh(wh.as_mut_ptr(), w.ptr as u64, wh.len(), stream.raw, true)?;
+    let lmin = (0..plan.batch as usize)
+        .map(|b| {
+            let off = b * plan.n as usize * es;
+            if es == 4 {
+                f32::from_ne_bytes(wh[off..off + 4].try_into().unwrap()) as f64
+            } else {
+                f64::from_ne_bytes(wh[off..off + 8].try_into().unwrap())
+            }
+        })
+        .fold(f64::INFINITY, f64::min);
+    Ok(Report {
+        method: Method::Eigh,
+        iterations: 0,
+        converged: info.iter().all(|&i| i == 0),
+        residual: f64::NAN,
+        min_eigenvalue: lmin,
+    })
+}
+
+// ------------------------------------------------------------------ Shampoo statistics
+
+/// Mirrors the upper triangle of each `[n, n]` matrix into the lower one.
+fn mirror(dev: &CudaDevice, dtype: DType, c: usize, n: i64, batch: i64, stream: usize) -> Result<()> {
+    if n <= 1 {
+        return Ok(());
+    }
+    #[repr(C)]
+    struct MirrorArgs {
+        n: i64,
+        batch: i64,
+        tiles: i64,
+        m: u64,
+    }
+    let tiles = (n + 31) / 32;
+    let mut a = MirrorArgs {
+        n,
+        batch,
+        tiles,
+        m: c as u64,
+    };
+    let gx = (tiles * (tiles + 1) / 2) as u32;
+    run(dev, kname!(dtype, "sym_mirror"), (gx, batch.min(65535) as u32, 1), (32, 8, 1), stream, &mut a)
+}
+
+/// `C = beta C + alpha X X^T` (`op = N`, X `[rows, cols]`) or `alpha X^T X` (`op = T`):
+/// one SYRK per matrix (cuBLAS has no batched SYRK; `batch` > 1 runs one strided
+/// batched GEMM instead, which computes both triangles in one launch), then the
+/// lower triangle mirrors the upper.
+#[allow(clippy::too_many_arguments)]
+fn rank_k(dev: &CudaDevice, slot: &Slot, dtype: DType, batch: i64, x: usize, rows: i64, cols: i64, op: Trans, c: usize, alpha: f64, beta: f64, stream: usize) -> Result<()> {
+    let k = if op == Trans::N { rows } else { cols };
+    let inner = if op == Trans::N { cols } else { rows };
+    if batch > 1 {
+        let xm = dense(x, rows, cols, rows * cols);
+        let other = if op == Trans::N { Trans::T } else { Trans::N };
+        cublas::gemm_ex(slot, &gemm_plan(dtype, op, xm, other, xm, dense(c, k, k, k * k), alpha, beta, batch, false))?;
+        return mirror(dev, dtype, c, k, batch, stream);
+    }
+    // Row-major C = X X^T is column-major C = Xc^T Xc with Xc = X^T ([cols, rows],
+    // ld cols): SYRK with trans = T, k = cols. Row-major X^T X is column-major
+    // Xc Xc^T: trans = N, k = rows. FILL_MODE_LOWER (column-major) is the row-major
+    // upper triangle.
+    let trans = if op == Trans::N { bs::cublasOperation_t::CUBLAS_OP_T } else { bs::cublasOperation_t::CUBLAS_OP_N };
+    let lower = bs::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER;
+    let (ni, ki, ld) = (k as i32, inner as i32, cols.max(1) as i32);
+    // SAFETY: validated contiguous operands; the handle is bound to the stream;
+    // host scalars outlive the call.
+    let s = unsafe {
+        if dtype == DType::F32 {
+            let (al, be) = (alpha as f32, beta as f32);
+            bs::cublasSsyrk_v2(slot.blas, lower, trans, ni, ki, &al, x as *const f32, ld, &be, c as *mut f32, ni.max(1))
+        } else {
+            bs::cublasDsyrk_v2(slot.blas, lower, trans, ni, ki, &alpha, x as *const f64, ld, &beta, c as *mut f64, ni.max(1))
+        }
+    };
+    if s != bs::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        return Err(cublas::blas_err(if dtype == DType::F32 { "cublasSsyrk" } else { "cublasDsyrk" }, s));
+    }
+    mirror(dev, dtype, c, k, 1, stream)
+}
+
+pub fn shampoo_stats(dev: &CudaDevice, p: &StatsPlan, stream: &Stream) -> Result<()> {
+    dev.bind()?;
+    let slot = dev.blas.slot(dev, stream.raw)?;
+    let g = slot.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(l) = p.l {
+        rank_k(dev, &g, p.dtype, p.batch, p.grad, p.m, p.n, Trans::N, l, p.alpha, p.beta, stream.raw)?;
+    }
+    if let Some(r) = p.r {
+        rank_k(dev, &g, p.dtype, p.batch, p.grad, p.m, p.n, Trans::T, r, p.alpha, p.beta, stream.raw)?;
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------ per-sample gradients
+
+/// `out[b] = g_b^T a_b`: one step is an outer product per sample (a write-bound
+/// kernel); sequences are one batched GEMM with `k = T`.
+pub fn per_sample_grads(dev: &CudaDevice, p: &SamplePlan, out: usize, stream: &Stream) -> Result<()> {
+    if p.steps != 1 {
+        let ops = Ops::new(dev, stream)?;
+        return crate::ops::optim::MatOps::gemm(&ops, &p.grads_gemm(out));
+    }
+    #[repr(C)]
+    struct OuterArgs {
+        batch: i64,
+        din: i64,
+        dout: i64,
+        a: u64,
+        g: u64,
+        out: u64,
+        vec: i32,
+    }
+    let w = 16 / p.dtype.size() as i64;
+    let vec = p.din % w == 0 && p.a % 16 == 0 && out % 16 == 0;
+    let mut a = OuterArgs {
+        batch: p.batch,
+        din: p.din,
+        dout: p.dout,
+        a: p.a as u64,
+        g: p.g as u64,
+        out: out as u64,
+        vec: vec as i32,
+    };
+    let g = row_grid(dev, p.batch * p.dout);
+    run(dev, kname!(p.dtype, "ps_outer"), (g, 1, 1), (BLOCK, 1, 1), stream.raw, &mut a)
+}
+
+#[repr(C)]
+struct NormArgs {
+    batch: i64,
+    din: i64,
+    dout: i64,
+    a: u64,
+    g: u64,
+    norms: u64,
+    gs: u64,
+    max_norm: f64,
+}
+
+/// Squared per-sample norms into `norms` (the plan's dtype): the fused one-step
+/// kernel, or for sequences the Gram matrices `a_b a_b^T`, `g_b g_b^T` (two batched
+/// GEMMs into scratch) and their per-sample inner product.
+fn norms_into(ops: &Ops, p: &SamplePlan, norms: usize) -> Result<()> {
+    let (dev, stream) = (ops.dev, ops.stream);
+    if p.steps == 1 {
+        let mut a = NormArgs {
+            batch: p.batch,
+            din: p.din,
+            dout: p.dout,
+            a: p.a as u64,
+            g: p.g as u64,
+            norms: norms as u64,
+            gs: 0,
+            max_norm: 0.0,
+        };
+        let g = row_grid(dev, p.batch);
+        return run(dev, kname!(p.dtype, "ps_norms"), (g, 1, 1), (BLOCK, 1, 1), stream, &mut a);
+    }
+    let t = p.steps;
+    let es = p.dtype.size();
+    let ga = ops.alloc((p.batch * t * t) as usize * es)?;
+    let gg = ops.alloc((p.batch * t * t) as usize * es)?;
+    for (x, w, dst) in [(p.a, p.din, ga.ptr), (p.g, p.dout, gg.ptr)] {
+        let xm = dense(x, t, w, t * w);
+        crate::ops::optim::MatOps::gemm(
+            ops,
+            &gemm_plan(p.dtype, Trans::N, xm, Trans::T, xm, dense(dst, t, t, t * t), 1.0, 0.0, p.batch, false),
+        )?;
+    }
+    #[repr(C)]
+    struct GramArgs {
+        batch: i64,
+        tt: i64,
+        ga: u64,
+        gg: u64,
+        norms: u64,
+    }
+    let mut a = GramArgs {
+        batch: p.batch,
+        tt: t * t,
+        ga: ga.ptr as u64,
+        gg: gg.ptr as u64,
+        norms: norms as u64,
+    };
+    let g = row_grid(dev, p.batch);
+    run(dev, kname!(p.dtype, "ps_gram_dot"), (g, 1, 1), (BLOCK, 1, 1), stream, &mut a)
+}
+
+pub fn sample_norms(dev: &CudaDevice, p: &SamplePlan, out: usize, stream: &Stream) -> Result<()> {
+    let ops = Ops::new(dev, stream)?;
+    norms_into(&ops, p, out)
+}
+
+/// The clipped sum: g scaled per sample into scratch (fused with the norms for one
+/// step), then one GEMM `out = gs^T a` over all `B*T` rows.
+pub fn dp_clipped_sum(dev: &CudaDevice, p: &SamplePlan, max_norm: f64, out: usize, norms: Option<usize>, stream: &Stream) -> Result<()> {
+    let ops = Ops::new(dev, stream)?;
+    let es = p.dtype.size();
+    let gs = ops.alloc((p.batch * p.steps * p.dout) as usize * es)?;
+    let sq_scratch;
+    if p.steps == 1 {
+        let mut a = NormArgs {
+            batch: p.batch,
+            din: p.din,
+            dout: p.dout,
+            a: p.a as u64,
+            g: p.g as u64,
+            norms: norms.unwrap_or(0) as u64,
+            gs: gs.ptr as u64,
+            max_norm,
+        };
+        let g = row_grid(dev, p.batch);
+        run(dev, kname!(p.dtype, "ps_norms"), (g, 1, 1), (BLOCK, 1, 1), stream.raw, &mut a)?;
+    } else {
+        let nptr = match norms {
+            Some(n) => n,
+            None => {
+                sq_scratch = ops.alloc(p.batch as usize * es)?;
+                sq_scratch.ptr
+            }
+        };
+        norms_into(&ops, p, nptr)?;
+        #[repr(C)]
+        struct ScaleRowsArgs {
+            batch: i64,
+            per_sample: i64,
+            g: u64,
+            gs: u64,
+            norms: u64,
+            max_norm: f64,
+        }
+        let mut a = ScaleRowsArgs {
+            batch: p.batch,
+            per_sample: p.steps * p.dout,
+            g: p.g as u64,
+            gs: gs.ptr as u64,
+            norms: nptr as u64,
+            max_norm,
+        };
+        let g = row_grid(dev, p.batch);
+        run(dev, kname!(p.dtype, "ps_scale_rows"), (g, 1, 1), (BLOCK, 1, 1), stream.raw, &mut a)?;
+    }
+    crate::ops::optim::MatOps::gemm(&ops, &p.sum_gemm(gs.ptr, out))
+}

@@ -1,0 +1,934 @@
+//! The optimizer-math family (OPS.md section 5): validation, then dispatch.
+//!
+//! - `matrix_power`: `out = (A + eps I)^power` of symmetric PSD matrices, batched,
+//!   by eigendecomposition or (inverse roots) the coupled Newton iteration.
+//! - `shampoo_stats`: `L = beta L + alpha G G^T`, `R = beta R + alpha G^T G`.
+//! - `shampoo_precondition`: `out = L_root G R_root`.
+//! - `per_sample_grads`, `per_sample_grad_norms`, `dp_clipped_grad_sum`: the
+//!   per-sample gradients `G_b = g_b^T a_b` of a linear layer, materialised, as
+//!   squared norms without materialising, and as the DP-SGD clipped sum.
+//!
+//! Every op takes f32 or f64 (one dtype per call), contiguous buffers. The Newton
+//! iteration is written once here (`newton`) over the `MatOps` a backend provides,
+//! so the CPU (the oracle) and CUDA run the same algorithm.
+
+use crate::buffer::{Buffer, check_same_device};
+use crate::context::Device;
+use crate::dtype::DType;
+use crate::error::{
+    Error, FK_ERROR_ALIASING, FK_ERROR_DTYPE_MISMATCH, FK_ERROR_INVALID_ARGUMENT,
+    FK_ERROR_NOT_CONVERGED, FK_ERROR_SHAPE_MISMATCH, FK_ERROR_UNSUPPORTED,
+    FK_ERROR_UNSUPPORTED_DTYPE, Result,
+};
+use crate::ops::elementwise::Scalar;
+use crate::ops::linalg::{GemmPlan, Mat, Trans};
+use crate::stream::Stream;
+
+// ------------------------------------------------------------------ shared checks
+
+fn real_dtype(b: &Buffer, what: &str) -> Result<()> {
+    crate::ensure!(
+        matches!(b.dtype, DType::F32 | DType::F64),
+        FK_ERROR_UNSUPPORTED_DTYPE,
+        "{what} has dtype {}; the optimizer ops take f32 or f64",
+        b.dtype
+    );
+    Ok(())
+}
+
+fn same_dtype(first: (&Buffer, &str), rest: &[(&Buffer, &str)]) -> Result<()> {
+    for (b, name) in rest {
+        crate::ensure!(
+            b.dtype == first.0.dtype,
+            FK_ERROR_DTYPE_MISMATCH,
+            "{name} has dtype {} but {} has {}",
+            b.dtype,
+            first.1,
+            first.0.dtype
+        );
+    }
+    Ok(())
+}
+
+fn contiguous(b: &Buffer, what: &str) -> Result<()> {
+    crate::ensure!(
+        b.is_contiguous(),
+        FK_ERROR_UNSUPPORTED,
+        "{what} with shape {:?} and strides {:?} is not contiguous; copy it with fk_copy first",
+        b.shape,
+        b.strides
+    );
+    Ok(())
+}
+
+fn no_alias(out: &Buffer, input: &Buffer, oname: &str, iname: &str) -> Result<()> {
+    crate::ensure!(
+        !out.overlaps(input),
+        FK_ERROR_ALIASING,
+        "{oname} overlaps {iname}; the output of this operation must not share memory with its inputs"
+    );
+    Ok(())
+}
+
+fn output(b: &Buffer, what: &str) -> Result<()> {
+    b.check_writable(what)?;
+    contiguous(b, what)
+}
+
+/// `(batch, rows, cols)` of a `[rows, cols]` or `[batch, rows, cols]` buffer.
+fn mat3(b: &Buffer, what: &str) -> Result<(i64, i64, i64)> {
+    match b.shape.as_slice() {
+        [r, c] => Ok((1, *r, *c)),
+        [n, r, c] => Ok((*n, *r, *c)),
+        s => crate::bail!(
+            FK_ERROR_SHAPE_MISMATCH,
+            "{what} has shape {s:?}; it must be [rows, cols] or [batch, rows, cols]"
+        ),
+    }
+}
+
+fn int32(v: i64, what: &str) -> Result<()> {
+    crate::ensure!(
+        v <= i32::MAX as i64,
+        FK_ERROR_UNSUPPORTED,
+        "{what} = {v} exceeds 2^31 - 1, the largest size cuBLAS / cuSOLVER take"
+    );
+    Ok(())
+}
+
+const ALLOW_TF32: u32 = crate::ops::linalg::GEMM_ALLOW_TF32;
+
+fn check_flags(flags: u32) -> Result<bool> {
+    crate::ensure!(
+        flags & !ALLOW_TF32 == 0,
+        FK_ERROR_INVALID_ARGUMENT,
+        "flags = {flags:#x} has unknown bits (known: FK_GEMM_ALLOW_TF32 = {ALLOW_TF32})"
+    );
+    Ok(flags & ALLOW_TF32 != 0)
+}
+
+/// A contiguous row-major `[rows, cols]` matrix at `ptr`, `batch_stride` elements
+/// between consecutive matrices (0: one for the whole batch).
+pub fn dense(ptr: usize, rows: i64, cols: i64, batch_stride: i64) -> Mat {
+    Mat {
+        ptr,
+        rows,
+        cols,
+        ld: cols.max(1),
+        batch_stride,
+    }
+}
+
+/// `c = alpha op(a) op(b) + beta c` over `batch` matrices; `a`, `b`, `c` give the
+/// stored matrices (`op` applied on top).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_plan(
+    dtype: DType,
+    op_a: Trans,
+    a: Mat,
+    op_b: Trans,
+    b: Mat,
+    c: Mat,
+    alpha: f64,
+    beta: f64,
+    batch: i64,
+    allow_tf32: bool,
+) -> GemmPlan {
+    let (m, k) = if op_a.transposed() {
+        (a.cols, a.rows)
+    } else {
+        (a.rows, a.cols)
+    };
+    let n = if op_b.transposed() { b.rows } else { b.cols };
+    GemmPlan {
+        dtype,
+        op_a,
+        op_b,
+        m,
+        n,
+        k,
+        batch,
+        a,
+        b,
+        c,
+        alpha: Scalar { re: alpha, im: 0.0 },
+        beta: Scalar { re: beta, im: 0.0 },
+        allow_tf32: allow_tf32 && dtype == DType::F32,
+    }
+}
+
+// ------------------------------------------------------------------ matrix power
+
+/// How `matrix_power` computes. Discriminants are the ABI values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Auto = 0,
+    Eigh = 1,
+    Newton = 2,
+}
+
+impl Method {
+    pub fn from_abi(v: i32) -> Result<Method> {
+        Ok(match v {
+            0 => Method::Auto,
+            1 => Method::Eigh,
+            2 => Method::Newton,
+            _ => crate::bail!(
+                FK_ERROR_INVALID_ARGUMENT,
+                "method = {v} is not a valid fk_matpow_method (FK_MATPOW_AUTO=0, FK_MATPOW_EIGH=1, FK_MATPOW_NEWTON=2)"
+            ),
+        })
+    }
+}
+
+/// What `matrix_power` reports (see `fk_matpow_report`).
+#[derive(Debug, Clone, Copy)]
+pub struct Report {
+    pub method: Method,
+    pub iterations: i32,
+    pub converged: bool,
+    /// Newton: the largest `max |M - I|` over the batch at the end; NaN for eigh.
+    pub residual: f64,
+    /// Eigh: the smallest eigenvalue of `A + eps I` over the batch (before the
+    /// shift); NaN for Newton.
+    pub min_eigenvalue: f64,
+}
+
+/// A validated matrix power: `batch` contiguous `n x n` matrices.
+#[derive(Debug, Clone, Copy)]
+pub struct PowPlan {
+    pub dtype: DType,
+    pub batch: i64,
+    pub n: i64,
+    pub a: usize,
+    pub out: usize,
+    pub power: f64,
+    pub eps: f64,
+    pub max_iter: i32,
+    pub tol: f64,
+    pub allow_tf32: bool,
+}
+
+impl PowPlan {
+    /// `p` when `power = -1/p` for an integer `1 <= p <= 64` (what Newton computes).
+    pub fn inverse_root(&self) -> Option<u32> {
+        if self.power >= 0.0 {
+            return None;
+        }
+        let p = (-1.0 / self.power).round();
+        ((1.0..=64.0).contains(&p) && (self.power * p + 1.0).abs() <= 1e-12).then_some(p as u32)
+    }
+    pub fn elems(&self) -> usize {
+        (self.batch * self.n * self.n) as usize
+    }
+    /// The matrices `[batch, n, n]` at `ptr`.
+    pub fn mat(&self, ptr: usize) -> Mat {
+        dense(ptr, self.n, self.n, self.n * self.n)
+    }
+}
+
+/// Scratch memory of a backend (device or host), freed on drop (on CUDA,
+/// stream-ordered behind the work queued before).
+pub struct Scratch<'a> {
+    pub ptr: usize,
+    release: Option<Box<dyn FnOnce() + 'a>>,
+}
+
+impl<'a> Scratch<'a> {
+    pub fn new(ptr: usize, release: Box<dyn FnOnce() + 'a>) -> Scratch<'a> {
+        Scratch {
+            ptr,
+            release: Some(release),
+        }
+    }
+}
+
+impl Drop for Scratch<'_> {
+    fn drop(&mut self) {
+        if let Some(f) = self.release.take() {
+            f();
+        }
+    }
+}
+
+/// What the Newton iteration needs of a backend. Matrices are `[batch, n, n]`
+/// contiguous in the plan's dtype; `gemm` uses the plan's TF32 setting.
+pub trait MatOps {
+    /// Uninitialised memory of `bytes` bytes (aligned for any dtype).
+    fn scratch(&self, bytes: usize) -> Result<Scratch<'_>>;
+    fn gemm(&self, p: &GemmPlan) -> Result<()>;
+    /// `X = z^(1/p) I`, `M = z (A + eps I)` with `z = (1 + p) / (2 |A + eps I|_F)`
+    /// per matrix.
+    fn newton_start(&self, plan: &PowPlan, p: u32, x: usize, m: usize) -> Result<()>;
+    /// `T = ((p + 1) I - M) / p`.
+    fn newton_step_matrix(&self, plan: &PowPlan, p: u32, m: usize, t: usize) -> Result<()>;
+    /// `max |M - I|` of each matrix (waits for the work queued before).
+    fn residuals(&self, plan: &PowPlan, m: usize) -> Result<Vec<f64>>;
+    /// `dst = src`, `bytes` bytes (queued like the other work).
+    fn copy(&self, dst: usize, src: usize, bytes: usize) -> Result<()>;
+}
+
+/// The coupled Newton iteration for `(A + eps I)^(-1/p)` (Guo and Higham 2006):
+/// `T = ((p+1) I - M) / p`, `X <- X T`, `M <- T^p M`, from `X = z^(1/p) I`,
+/// `M = z (A + eps I)`, so that `M = X^p (A + eps I)` throughout and `X` tends to
+/// the inverse root as `M` tends to `I`. Stops when every matrix has
+/// `max |M - I| <= tol` (checked each iteration, which waits for the stream), when
+/// the residual stops shrinking (the precision floor), or after `max_iter`
+/// iterations; `tol <= 0` runs exactly `max_iter` iterations without checking.
+pub fn newton(ops: &dyn MatOps, plan: &PowPlan) -> Result<Report> {
+    let p = plan
+        .inverse_root()
+        .ok_or_else(|| Error::new(crate::error::FK_ERROR_INTERNAL, "the Newton iteration was dispatched for a power that is not an inverse root"))?;
+    let e = plan.elems() * plan.dtype.size();
+    let (d, nb) = (plan.dtype, plan.batch);
+    // X ping-pongs between `out` and x2, M between m1 and m2; t is the step matrix,
+    // pw/pw2 the powers of T.
+    let x2 = ops.scratch(e)?;
+    let m1 = ops.scratch(e)?;
+    let m2 = ops.scratch(e)?;
+    let t = ops.scratch(e)?;
+    let needs_power = p > 1;
+    let pw = if needs_power {
+        Some((ops.scratch(e)?, ops.scratch(e)?))
+    } else {
+        None
+    };
+    let (mut x_cur, mut x_next) = (plan.out, x2.ptr);
+    let (mut m_cur, mut m_next) = (m1.ptr, m2.ptr);
+    ops.newton_start(plan, p, x_cur, m_cur)?;
+    let mm = |a: usize, b: usize, c: usize| {
+        ops.gemm(&gemm_plan(
+            d,
+            Trans::N,
+            plan.mat(a),
+            Trans::N,
+            plan.mat(b),
+            plan.mat(c),
+            1.0,
+            0.0,
+            nb,
+            plan.allow_tf32,
+        ))
+    };
+    let check = plan.tol > 0.0;
+    let mut report = Report {
+        method: Method::Newton,
+        iterations: 0,
+        converged: !check,
+        residual: f64::NAN,
+        min_eigenvalue: f64::NAN,
+    };
+    let mut last = f64::INFINITY;
+    let mut stalled = 0;
+    for it in 1..=plan.max_iter {
+        ops.newton_step_matrix(plan, p, m_cur, t.ptr)?;
+        mm(x_cur, t.ptr, x_next)?;
+        std::mem::swap(&mut x_cur, &mut x_next);
+        // P = T^p by squaring and multiplying, then M <- P M.
+        let tp = match &pw {
+            None => t.ptr,
+            Some((a, b)) => power_of(&mm, t.ptr, p, a.ptr, b.ptr)?,
+        };
+        mm(tp, m_cur, m_next)?;
+        std::mem::swap(&mut m_cur, &mut m_next);
+        report.iterations = it;
+        if check {
+            let r = ops.residuals(plan, m_cur)?;
+            let worst = r.iter().fold(0.0f64, |acc, &v| if v.is_nan() || acc.is_nan() { f64::NAN } else { acc.max(v) });
+            report.residual = worst;
+            if worst <= plan.tol {
+                report.converged = true;
+                break;
+            }
+            if !worst.is_finite() {
+                break;
+            }
+            // Quadratic convergence ends at the precision floor: once the residual
+            // is small and fails to halve twice in a row, further steps only add
+            // rounding.
+            if worst < 1e-2 && worst > 0.5 * last {
+                stalled += 1;
+                if stalled >= 2 {
+                    break;
+                }
+            } else {
+                stalled = 0;
+            }
+            last = worst;
+        }
+    }
+    if x_cur != plan.out {
+        ops.copy(plan.out, x_cur, e)?;
+    }
+    Ok(report)
+}
+
+/// `T^p` into one of `a`/`b` (returned), by binary powering; `p >= 2`; `t` is
+/// only read.
+fn power_of(
+    mm: &dyn Fn(usize, usize, usize) -> Result<()>,
+    t: usize,
+    p: u32,
+    a: usize,
+    b: usize,
+) -> Result<usize> {
+    // Left to right over the bits of p below the top one: square, then multiply by
+    // T on a 1 bit; each product goes to the buffer the accumulator is not in.
+    let other = |acc: usize| if acc == a { b } else { a };
+    let mut acc = t;
+    for i in (0..31 - p.leading_zeros()).rev() {
+        let dst = other(acc);
+        mm(acc, acc, dst)?;
+        acc = dst;
+        if (p >> i) & 1 == 1 {
+            let dst = other(acc);
+            mm(acc, t, dst)?;
+            acc = dst;
+        }
+    }
+    Ok(acc)
+}
+
+/// Validates a matrix power.
+#[allow(clippy::too_many_arguments)]
+pub fn matrix_power_plan(
+    a: &Buffer,
+    power: f64,
+    eps: f64,
+    method: Method,
+    max_iter: i32,
+    tol: f64,
+    flags: u32,
+    out: &Buffer,
+    stream: &Stream,
+) -> Result<(PowPlan, Method)> {
+    let device = out.device();
+    check_same_device(device, &[(a, "a")])?;
+    stream.check_device(device)?;
+    let allow_tf32 = check_flags(flags)?;
+    real_dtype(a, "a")?;
+    same_dtype((a, "a"), &[(out, "out")])?;
+    let (batch, n, n2) = mat3(a, "a")?;
+    crate::ensure!(
+        n == n2,
+        FK_ERROR_SHAPE_MISMATCH,
+        "a has shape {:?}; the matrices must be square",
+        a.shape
+    );
+    crate::ensure!(
+        out.shape == a.shape,
+        FK_ERROR_SHAPE_MISMATCH,
+        "out has shape {:?} but a has {:?}: they must match",
+        out.shape,
+        a.shape
+    );
+    contiguous(a, "a")?;
+    output(out, "out")?;
+    no_alias(out, a, "out", "a")?;
+    crate::ensure!(
+        power.is_finite(),
+        FK_ERROR_INVALID_ARGUMENT,
+        "power = {power} must be finite"
+    );
+    crate::ensure!(
+        eps.is_finite() && eps >= 0.0,
+        FK_ERROR_INVALID_ARGUMENT,
+        "eps = {eps} must be finite and >= 0"
+    );
+    crate::ensure!(
+        !tol.is_nan(),
+        FK_ERROR_INVALID_ARGUMENT,
+        "tol is NaN; give a tolerance (> 0), or <= 0 to run max_iter iterations unchecked"
+    );
+    let plan = PowPlan {
+        dtype: a.dtype,
+        batch,
+        n,
+        a: a.data,
+        out: out.data,
+        power,
+        eps,
+        max_iter,
+        tol,
+        allow_tf32,
+    };
+    let root = plan.inverse_root();
+    if method != Method::Eigh {
+        crate::ensure!(
+            max_iter >= 1,
+            FK_ERROR_INVALID_ARGUMENT,
+            "max_iter = {max_iter} must be >= 1 for the Newton iteration"
+        );
+    }
+    if method == Method::Newton {
+        crate::ensure!(
+            root.is_some(),
+            FK_ERROR_INVALID_ARGUMENT,
+            "power = {power}: the Newton method computes inverse roots only (power = -1/p for an integer 1 <= p <= 64); use FK_MATPOW_EIGH or FK_MATPOW_AUTO"
+        );
+    }
+    Ok((plan, method))
+}
+
+/// The method `Auto` runs on `device`: Newton for inverse roots of matrices larger
+/// than 32 on CUDA (tensor-core GEMMs beat cuSOLVER there; at n <= 32 the batched
+/// Jacobi solver wins), the eigendecomposition otherwise (on the CPU it is exact and
+/// no slower).
+pub fn auto_method(plan: &PowPlan, device: Device) -> Method {
+    match device {
+        Device::Cuda(_) if plan.inverse_root().is_some() && plan.n > 32 => Method::Newton,
+        _ => Method::Eigh,
+    }
+}
+
+/// `out = (A + eps I)^power` (see `fk_matrix_power`); `on_report` sees the report
+/// before a non-convergence is returned as an error.
+#[allow(clippy::too_many_arguments)]
+pub fn matrix_power(
+    a: &Buffer,
+    power: f64,
+    eps: f64,
+    method: Method,
+    max_iter: i32,
+    tol: f64,
+    flags: u32,
+    out: &Buffer,
+    stream: &Stream,
+    on_report: &dyn Fn(&Report),
+) -> Result<Report> {
+    let (plan, method) = matrix_power_plan(a, power, eps, method, max_iter, tol, flags, out, stream)?;
+    let device = out.device();
+    if plan.elems() == 0 {
+        let r = Report {
+            method: if method == Method::Auto { Method::Eigh } else { method },
+            iterations: 0,
+            converged: true,
+            residual: f64::NAN,
+            min_eigenvalue: f64::NAN,
+        };
+        on_report(&r);
+        return Ok(r);
+    }
+    if let Device::Cuda(_) = device {
+        int32(plan.n, "n")?;
+        int32(plan.batch, "batch")?;
+    }
+    let run = |m: Method| -> Result<Report> {
+        match (m, device) {
+            (Method::Newton, Device::Cpu) => newton(&crate::cpu::optim::Ops, &plan),
+            (Method::Newton, Device::Cuda(_)) => {
+                newton(&crate::cuda::optim::Ops::new(out.ctx.cuda_dev(), stream)?, &plan)
+            }
+            (_, Device::Cpu) => crate::cpu::optim::eigh_power(&plan),
+            (_, Device::Cuda(_)) => crate::cuda::optim::eigh_power(out.ctx.cuda_dev(), &plan, stream),
+        }
+    };
+    let report = match method {
+        Method::Auto => {
+            let chosen = auto_method(&plan, device);
+            let r = run(chosen)?;
+            // Auto never returns an unconverged Newton result: it falls back to the
+            // eigendecomposition.
+            if chosen == Method::Newton && !r.converged {
+                run(Method::Eigh)?
+            } else {
+                r
+            }
+        }
+        m => run(m)?,
+    };
+    on_report(&report);
+    crate::ensure!(
+        report.converged,
+        FK_ERROR_NOT_CONVERGED,
+        "{} did not converge (iterations {}, residual max|M - I| = {:e}, tol {:e}); out holds the last iterate",
+        if report.method == Method::Newton { "the Newton iteration" } else { "the eigendecomposition" },
+        report.iterations,
+        report.residual,
+        plan.tol
+    );
+    Ok(report)
+}
+
+// ------------------------------------------------------------------ Shampoo
+
+/// `L = beta L + alpha G G^T` and/or `R = beta R + alpha G^T G`, batched.
+#[derive(Debug, Clone, Copy)]
+pub struct StatsPlan {
+    pub dtype: DType,
+    pub batch: i64,
+    pub m: i64,
+    pub n: i64,
+    pub grad: usize,
+    pub l: Option<usize>,
+    pub r: Option<usize>,
+    pub alpha: f64,
+    pub beta: f64,
+}
+
+/// Validates and runs `shampoo_stats`.
+pub fn shampoo_stats(
+    grad: &Buffer,
+    alpha: f64,
+    beta: f64,
+    l: Option<&Buffer>,
+    r: Option<&Buffer>,
+    stream: &Stream,
+) -> Result<()> {
+    let device = grad.device();
+    for (o, name) in [(l, "l"), (r, "r")] {
+        if let Some(o) = o {
+            check_same_device(device, &[(o, name)])?;
+        }
+    }
+    stream.check_device(device)?;
+    crate::ensure!(
+        l.is_some() || r.is_some(),
+        crate::error::FK_ERROR_NULL_POINTER,
+        "l and r are both NULL; pass at least one statistic to update"
+    );
+    real_dtype(grad, "grad")?;
+    let (batch, m, n) = mat3(grad, "grad")?;
+    contiguous(grad, "grad")?;
+    for (v, what) in [(alpha, "alpha"), (beta, "beta")] {
+        crate::ensure!(
+            v.is_finite(),
+            FK_ERROR_INVALID_ARGUMENT,
+            "{what} = {v} must be finite"
+        );
+    }
+    let lead = if grad.shape.len() == 3 { vec![batch] } else { vec![] };
+    for (o, name, k) in [(l, "l", m), (r, "r", n)] {
+        let Some(o) = o else { continue };
+        same_dtype((grad, "grad"), &[(o, name)])?;
+        let mut want = lead.clone();
+        want.extend([k, k]);
+        crate::ensure!(
+            o.shape == want,
+            FK_ERROR_SHAPE_MISMATCH,
+            "{name} has shape {:?} but grad {:?} needs {want:?}",
+            o.shape,
+            grad.shape
+        );
+        output(o, name)?;
+        no_alias(o, grad, name, "grad")?;
+    }
+    if let (Some(lb), Some(rb)) = (l, r) {
+        no_alias(lb, rb, "l", "r")?;
+    }
+    let p = StatsPlan {
+        dtype: grad.dtype,
+        batch,
+        m,
+        n,
+        grad: grad.data,
+        l: l.map(|b| b.data),
+        r: r.map(|b| b.data),
+        alpha,
+        beta,
+    };
+    if batch == 0 {
+        return Ok(());
+    }
+    // m or n = 0 is a product over nothing: the statistics only decay (C = beta C).
+    match device {
+        Device::Cpu => crate::cpu::optim::shampoo_stats(&p),
+        Device::Cuda(_) => {
+            for (v, what) in [(m, "m"), (n, "n"), (batch, "batch")] {
+                int32(v, what)?;
+            }
+            crate::cuda::optim::shampoo_stats(grad.ctx.cuda_dev(), &p, stream)
+        }
+    }
+}
+
+/// `out = L_root G R_root` (a NULL root is the identity), batched.
+pub fn shampoo_precondition(
+    l_root: Option<&Buffer>,
+    grad: &Buffer,
+    r_root: Option<&Buffer>,
+    out: &Buffer,
+    flags: u32,
+    stream: &Stream,
+) -> Result<()> {
+    let device = out.device();
+    check_same_device(device, &[(grad, "grad")])?;
+    for (o, name) in [(l_root, "l_root"), (r_root, "r_root")] {
+        if let Some(o) = o {
+            check_same_device(device, &[(o, name)])?;
+        }
+    }
+    stream.check_device(device)?;
+    let tf32 = check_flags(flags)?;
+    real_dtype(grad, "grad")?;
+    same_dtype((grad, "grad"), &[(out, "out")])?;
+    let (batch, m, n) = mat3(grad, "grad")?;
+    contiguous(grad, "grad")?;
+    crate::ensure!(
+        out.shape == grad.shape,
+        FK_ERROR_SHAPE_MISMATCH,
+        "out has shape {:?} but grad has {:?}: they must match",
+        out.shape,
+        grad.shape
+    );
+    output(out, "out")?;
+    no_alias(out, grad, "out", "grad")?;
+    let mut roots = [None, None];
+    for (i, (o, name, k)) in [(l_root, "l_root", m), (r_root, "r_root", n)].into_iter().enumerate() {
+        let Some(o) = o else { continue };
+        same_dtype((grad, "grad"), &[(o, name)])?;
+        let (bo, r1, r2) = mat3(o, name)?;
+        crate::ensure!(
+            r1 == k && r2 == k && (bo == 1 || bo == batch),
+            FK_ERROR_SHAPE_MISMATCH,
+            "{name} has shape {:?} but grad {:?} needs [{k}, {k}] or [{batch}, {k}, {k}]",
+            o.shape,
+            grad.shape
+        );
+        contiguous(o, name)?;
+        no_alias(out, o, "out", name)?;
+        roots[i] = Some(dense(o.data, k, k, if bo == 1 { 0 } else { k * k }));
+    }
+    if batch == 0 || m == 0 || n == 0 {
+        return Ok(());
+    }
+    if let Device::Cuda(_) = device {
+        for (v, what) in [(m, "m"), (n, "n"), (batch, "batch")] {
+            int32(v, what)?;
+        }
+    }
+    let d = grad.dtype;
+    let g = dense(grad.data, m, n, m * n);
+    let o = dense(out.data, m, n, m * n);
+    let ops: Box<dyn MatOps> = match device {
+        Device::Cpu => Box::new(crate::cpu::optim::Ops),
+        Device::Cuda(_) => Box::new(crate::cuda::optim::Ops::new(out.ctx.cuda_dev(), stream)?),
+    };
+    let plan = |a: Mat, b: Mat, c: Mat| gemm_plan(d, Trans::N, a, Trans::N, b, c, 1.0, 0.0, batch, tf32);
+    match roots {
+        [None, None] => ops.copy(out.data, grad.data, out.nbytes()),
+        [Some(l), None] => ops.gemm(&plan(l, g, o)),
+        [None, Some(r)] => ops.gemm(&plan(g, r, o)),
+        [Some(l), Some(r)] => {
+            // tmp = G R, then out = L tmp: the same FLOPs either way round.
+            let tmp = ops.scratch(out.nbytes())?;
+            let t = dense(tmp.ptr, m, n, m * n);
+            ops.gemm(&plan(g, r, t))?;
+            ops.gemm(&plan(l, t, o))
+        }
+    }
+}
+
+// ------------------------------------------------------------------ per-sample gradients
+
+/// Activations `a [B, (T,) in]` and output gradients `g [B, (T,) out]` of a linear
+/// layer, validated: `steps` is T (1 for 2-D inputs).
+#[derive(Debug, Clone, Copy)]
+pub struct SamplePlan {
+    pub dtype: DType,
+    pub batch: i64,
+    pub steps: i64,
+    pub din: i64,
+    pub dout: i64,
+    pub a: usize,
+    pub g: usize,
+    /// True for `[B, T, .]` inputs (even with T = 1).
+    pub sequence: bool,
+    pub allow_tf32: bool,
+}
+
+fn sample_plan(a: &Buffer, g: &Buffer, flags: u32, stream: &Stream, device: Device) -> Result<SamplePlan> {
+    check_same_device(device, &[(a, "a"), (g, "g")])?;
+    stream.check_device(device)?;
+    let allow_tf32 = check_flags(flags)?;
+    real_dtype(a, "a")?;
+    same_dtype((a, "a"), &[(g, "g")])?;
+    let nd = a.shape.len();
+    crate::ensure!(
+        nd == 2 || nd == 3,
+        FK_ERROR_SHAPE_MISMATCH,
+        "a has shape {:?}; it must be [B, in] or [B, T, in]",
+        a.shape
+    );
+    crate::ensure!(
+        g.shape.len() == nd && g.shape[..nd - 1] == a.shape[..nd - 1],
+        FK_ERROR_SHAPE_MISMATCH,
+        "g has shape {:?} but a has {:?}: g must be [{}out]",
+        g.shape,
+        a.shape,
+        a.shape[..nd - 1].iter().map(|v| format!("{v}, ")).collect::<String>()
+    );
+    contiguous(a, "a")?;
+    contiguous(g, "g")?;
+    let p = SamplePlan {
+        dtype: a.dtype,
+        batch: a.shape[0],
+        steps: if nd == 3 { a.shape[1] } else { 1 },
+        din: a.shape[nd - 1],
+        dout: g.shape[nd - 1],
+        a: a.data,
+        g: g.data,
+        sequence: nd == 3,
+        allow_tf32,
+    };
+    if let Device::Cuda(_) = device {
+        for (v, what) in [
+            (p.batch, "B"),
+            (p.steps, "T"),
+            (p.din, "in"),
+            (p.dout, "out"),
+            (p.batch * p.steps, "B*T"),
+        ] {
+            int32(v, what)?;
+        }
+    }
+    Ok(p)
+}
+
+/// `out[b] = g_b^T a_b` `[B, out, in]`.
+pub fn per_sample_grads(a: &Buffer, g: &Buffer, out: &Buffer, flags: u32, stream: &Stream) -> Result<()> {
+    let device = out.device();
+    let p = sample_plan(a, g, flags, stream, device)?;
+    same_dtype((a, "a"), &[(out, "out")])?;
+    let want = [p.batch, p.dout, p.din];
+    crate::ensure!(
+        out.shape == want,
+        FK_ERROR_SHAPE_MISMATCH,
+        "out has shape {:?} but a {:?} and g {:?} give per-sample gradients {want:?}",
+        out.shape,
+        a.shape,
+        g.shape
+    );
+    output(out, "out")?;
+    no_alias(out, a, "out", "a")?;
+    no_alias(out, g, "out", "g")?;
+    if out.numel() == 0 {
+        return Ok(());
+    }
+    match device {
+        Device::Cpu => crate::cpu::optim::per_sample_grads(&p, out.data),
+        Device::Cuda(_) => crate::cuda::optim::per_sample_grads(out.ctx.cuda_dev(), &p, out.data, stream),
+    }
+}
+
+fn norms_out(n: &Buffer, p: &SamplePlan, a: &Buffer, what: &str) -> Result<()> {
+    same_dtype((a, "a"), &[(n, what)])?;
+    crate::ensure!(
+        n.shape.as_slice() == [p.batch],
+        FK_ERROR_SHAPE_MISMATCH,
+        "{what} has shape {:?} but a has batch {}: it must be [{}]",
+        n.shape,
+        p.batch,
+        p.batch
+    );
+    output(n, what)
+}
+
+/// `sq_norms[b] = |g_b^T a_b|_F^2` without materialising the gradients.
+pub fn per_sample_grad_norms(a: &Buffer, g: &Buffer, sq_norms: &Buffer, stream: &Stream) -> Result<()> {
+    let device = sq_norms.device();
+    let p = sample_plan(a, g, 0, stream, device)?;
+    norms_out(sq_norms, &p, a, "sq_norms")?;
+    no_alias(sq_norms, a, "sq_norms", "a")?;
+    no_alias(sq_norms, g, "sq_norms", "g")?;
+    if p.batch == 0 {
+        return Ok(());
+    }
+    match device {
+        Device::Cpu => crate::cpu::optim::sample_norms(&p, sq_norms.data),
+        Device::Cuda(_) => crate::cuda::optim::sample_norms(sq_norms.ctx.cuda_dev(), &p, sq_norms.data, stream),
+    }
+}
+
+/// `out = sum_b min(1, max_norm / |G_b|) G_b` `[out, in]`, optionally the squared
+/// norms.
+pub fn dp_clipped_grad_sum(
+    a: &Buffer,
+    g: &Buffer,
+    max_norm: f64,
+    out: &Buffer,
+    sq_norms: Option<&Buffer>,
+    flags: u32,
+    stream: &Stream,
+) -> Result<()> {
+    let device = out.device();
+    let p = sample_plan(a, g, flags, stream, device)?;
+    crate::ensure!(
+        max_norm.is_finite() && max_norm >= 0.0,
+        FK_ERROR_INVALID_ARGUMENT,
+        "max_norm = {max_norm} must be finite and >= 0"
+    );
+    same_dtype((a, "a"), &[(out, "out")])?;
+    crate::ensure!(
+        out.shape.as_slice() == [p.dout, p.din],
+        FK_ERROR_SHAPE_MISMATCH,
+        "out has shape {:?} but the layer's gradient is [{}, {}] (g {:?}, a {:?})",
+        out.shape,
+        p.dout,
+        p.din,
+        g.shape,
+        a.shape
+    );
+    output(out, "out")?;
+    no_alias(out, a, "out", "a")?;
+    no_alias(out, g, "out", "g")?;
+    if let Some(nb) = sq_norms {
+        check_same_device(device, &[(nb, "sq_norms")])?;
+        norms_out(nb, &p, a, "sq_norms")?;
+        no_alias(nb, a, "sq_norms", "a")?;
+        no_alias(nb, g, "sq_norms", "g")?;
+        no_alias(nb, out, "sq_norms", "out")?;
+    }
+    if out.numel() == 0 {
+        return Ok(());
+    }
+    let norms = sq_norms.map(|b| b.data);
+    match device {
+        Device::Cpu => crate::cpu::optim::dp_clipped_sum(&p, max_norm, out.data, norms),
+        Device::Cuda(_) => {
+            crate::cuda::optim::dp_clipped_sum(out.ctx.cuda_dev(), &p, max_norm, out.data, norms, stream)
+        }
+    }
+}
+
+/// The DP-SGD clipping factor of a sample with squared gradient norm `sq`.
+pub fn clip_scale(sq: f64, max_norm: f64) -> f64 {
+    let norm = sq.sqrt();
+    if norm > max_norm { max_norm / norm } else { 1.0 }
+}
+
+impl SamplePlan {
+    /// `out[b] = g_b^T a_b` for every sample: one batched GEMM with `k = T`.
+    pub fn grads_gemm(&self, out: usize) -> GemmPlan {
+        let (t, i, o) = (self.steps, self.din, self.dout);
+        gemm_plan(
+            self.dtype,
+            Trans::T,
+            dense(self.g, t, o, t * o),
+            Trans::N,
+            dense(self.a, t, i, t * i),
+            dense(out, o, i, o * i),
+            1.0,
+            0.0,
+            self.batch,
+            self.allow_tf32,
+        )
+    }
+    /// `out = gs^T a` over all `B*T` rows: the sum over samples of `gs_b^T a_b`
+    /// (`gs` has g's shape).
+    pub fn sum_gemm(&self, gs: usize, out: usize) -> GemmPlan {
+        let rows = self.batch * self.steps;
+        gemm_plan(
+            self.dtype,
+            Trans::T,
+            dense(gs, rows, self.dout, 0),
+            Trans::N,
+            dense(self.a, rows, self.din, 0),
+            dense(out, self.dout, self.din, 0),
+            1.0,
+            0.0,
+            1,
+            self.allow_tf32,
+        )
+    }
+}

@@ -54,7 +54,7 @@ fi
 echo "GPUs: $NGPU; NCCL: ${FK_NCCL_PATH:-(fusekit search)}" | tee -a "$LOG"
 
 sel warmup && step warmup 600 python3 -c "import fusekit, time; t=time.time(); c=fusekit.Context('cuda'); c.warmup(); print('warmup', round(time.time()-t,1), 's')"
-for t in gpu_elementwise gpu_geodesic gpu_gaussian gpu_linalg gpu_runtime abi_core abi_elementwise abi_geodesic abi_gaussian abi_linalg abi_runtime multigpu_runtime nccl_missing; do
+for t in gpu_elementwise gpu_geodesic gpu_gaussian gpu_linalg gpu_optim gpu_runtime abi_core abi_elementwise abi_geodesic abi_gaussian abi_linalg abi_optim abi_runtime multigpu_runtime nccl_missing; do
   [ -x "$B/bin/$t" ] && sel "$t" && step "$t" 600 "$B/bin/$t" --test-threads=1 --nocapture
 done
 sel c_tests && step c_tests 300 env FK_TEST_DEVICE=cuda bash tests/c/run.sh
@@ -71,6 +71,8 @@ if sel sanitizer; then
   step racecheck_gaussian 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_gaussian" --test-threads=1
   step memcheck_geodesic 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_geodesic" --test-threads=1
   step racecheck_geodesic 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_geodesic" --test-threads=1
+  step memcheck_optim 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_optim" --test-threads=1
+  step racecheck_optim 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_optim" --test-threads=1
   [ -x target/c-tests/test_fusekit ] && \
     step memcheck_c 300 compute-sanitizer --tool memcheck --error-exitcode 9 target/c-tests/test_fusekit cuda
   unset FK_SANITIZE
@@ -80,6 +82,7 @@ fi
 { sel bench || sel allreduce_torch; } && [ "$NGPU" -ge 2 ] && step allreduce_torch 600 python3 benches/allreduce_torch.py --gpus "$NGPU" --json "$OUT/allreduce_torch.json" --fusekit-json "$OUT/bench_runtime.json"
 { sel bench || sel bench_torch; } && step bench_torch 900 python3 benches/bench_torch.py --json "$OUT/bench_torch.json"
 { sel bench || sel bench_linalg; } && step bench_linalg 900 python3 benches/bench_linalg.py --json "$OUT/bench_linalg.json"
+{ sel bench || sel bench_optim; } && step bench_optim 900 python3 benches/bench_optim.py --json "$OUT/bench_optim.json"
 { sel bench || sel bench_geodesic; } && step bench_geodesic 900 python3 benches/bench_geodesic.py --json "$OUT/bench_geodesic.json"
 { sel bench || sel bench_gaussian; } && step bench_gaussian 900 python3 benches/bench_gaussian.py --json "$OUT/bench_gaussian.json"
 { sel scale || sel scale_gaussian; } && step scale_gaussian 900 env FK_SCALE_TEST=1 "$B/bin/gpu_gaussian" scale_field --nocapture
@@ -87,7 +90,7 @@ want huge && step chunked_huge 900 env FK_TEST_HUGE=1 "$B/bin/gpu_linalg" chunke
 
 echo
 echo "---- benchmark rows"
-grep -E "^(device|add|mul|axpby|host|driver|device-to-device|cuda: pooled|overlap|all-reduce|torch.distributed|fusekit busbw|relu|gelu|gemm|chunked|kron|field_|mahalanobis_|christoffel|leapfrog|float64 check)" "$LOG" | grep -v "^===" | head -80
+grep -E "^(device|add|mul|axpby|host|driver|device-to-device|cuda: pooled|overlap|all-reduce|torch.distributed|fusekit busbw|relu|gelu|gemm|chunked|kron|field_|mahalanobis_|christoffel|leapfrog|float64 check|inverse|per-sample|ghost|DP clipped|Shampoo)" "$LOG" | grep -v "^===" | head -80
 echo
 echo "---- GPU suite summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
 printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"

@@ -104,7 +104,9 @@ fn newton_matches_the_reference_for_several_roots() {
             let mats: Vec<f64> = (0..batch).flat_map(|_| spd(&mut rng, n)).collect();
             for &p in &[1u32, 2, 3, 4, 8] {
                 let power = -1.0 / p as f64;
-                let (s, out, rep) = run_power(&ctx, dt, &mats, batch, n, power, 1e-6, FK_MATPOW_NEWTON, 100, tol, 0);
+                // the TF32 flag takes the re-coupling path (strict on the CPU)
+                let flags = if p == 4 { FK_GEMM_ALLOW_TF32 } else { 0 };
+                let (s, out, rep) = run_power(&ctx, dt, &mats, batch, n, power, 1e-6, FK_MATPOW_NEWTON, 100, tol, flags);
                 let what = format!("newton {} n={n} p={p}", dname(dt));
                 assert!(s == FK_OK, "{what}: {} {} ({rep:?})", status_name(s), last_error());
                 let want: Vec<f64> = (0..batch).flat_map(|b| power_ref(&mats[b * n * n..(b + 1) * n * n], n, power, 1e-6).0).collect();
@@ -136,6 +138,10 @@ fn newton_reports_non_convergence_and_unchecked_runs() {
     assert_eq!((rep.iterations, rep.converged), (40, 1));
     assert!(rep.residual.is_nan());
     close(&out, &power_ref(&a, n, -0.5, 0.0).0, 1e-10, "unchecked Newton");
+    let (s, out, rep) = run_power(&ctx, FK_DTYPE_F32, &a, 1, n, -0.5, 0.0, FK_MATPOW_NEWTON, 40, 0.0, FK_GEMM_ALLOW_TF32);
+    ok(s);
+    assert_eq!((rep.iterations, rep.converged), (40, 1));
+    close(&out, &power_ref(&a, n, -0.5, 0.0).0, 1e-5, "unchecked Newton, TF32 flag");
     // auto on the CPU is the eigendecomposition; on a non-root power too
     for power in [-0.25, 0.3] {
         let (s, out, rep) = run_power(&ctx, FK_DTYPE_F64, &a, 1, n, power, 1e-8, FK_MATPOW_AUTO, 100, 1e-10, 0);

@@ -19,7 +19,12 @@ fn every_kernel_module_compiles_for_sm80_and_sm90() {
         return;
     }
     let (maj, min) = fusekit::cuda::nvrtc::nvrtc_version().unwrap();
+    // FK_KERNELS=optim,linalg compiles only those modules (for quick iteration).
+    let only = std::env::var("FK_KERNELS").unwrap_or_default();
     for (name, source) in fusekit::cuda::modules() {
+        if !only.is_empty() && !only.split(',').any(|m| m == *name) {
+            continue;
+        }
         for arch in ["sm_80", "sm_90"] {
             let t = std::time::Instant::now();
             let image = fusekit::cuda::nvrtc::compile(name, &source(), arch)

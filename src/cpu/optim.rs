@@ -71,6 +71,20 @@ impl crate::ops::optim::MatOps for Ops {
         Ok(())
     }
 
+    fn shifted(&self, plan: &PowPlan, s: usize) -> Result<()> {
+        let n = plan.n as usize;
+        crate::with_real!(plan.dtype, T => {
+            let mut a = load::<T>(plan.a, plan.elems());
+            for (i, v) in a.iter_mut().enumerate() {
+                if (i % (n * n)) % (n + 1) == 0 {
+                    *v += plan.eps;
+                }
+            }
+            store::<T>(s, &a);
+        });
+        Ok(())
+    }
+
     fn newton_step_matrix(&self, plan: &PowPlan, p: u32, m: usize, t: usize) -> Result<()> {
         crate::with_real!(plan.dtype, T => {
             let n = plan.n as usize;

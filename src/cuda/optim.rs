@@ -42,6 +42,27 @@ fn run<A>(dev: &CudaDevice, f: &'static str, grid: (u32, u32, u32), block: (u32,
     launch(dev, MODULE, f, grid, block, 0, stream, &mut [args as *mut A as *mut c_void])
 }
 
+/// `q = A + eps I` (kernel `eig_prepare`).
+fn shifted(dev: &CudaDevice, plan: &PowPlan, q: usize, stream: usize) -> Result<()> {
+    #[repr(C)]
+    struct EigPrepArgs {
+        n: i64,
+        batch: i64,
+        a: u64,
+        q: u64,
+        eps: f64,
+    }
+    let mut pa = EigPrepArgs {
+        n: plan.n,
+        batch: plan.batch,
+        a: plan.a as u64,
+        q: q as u64,
+        eps: plan.eps,
+    };
+    let g = row_grid(dev, plan.batch * plan.n);
+    run(dev, kname!(plan.dtype, "eig_prepare"), (g, 1, 1), (BLOCK, 1, 1), stream, &mut pa)
+}
+
 // ------------------------------------------------------------------ Newton backend
 
 /// The CUDA backend of `ops::optim::newton` (and the preconditioner's GEMMs):
@@ -153,6 +174,10 @@ impl crate::ops::optim::MatOps for Ops<'_> {
         run(self.dev, kname!(plan.dtype, "mp_start"), (g, 1, 1), (BLOCK, 1, 1), self.stream, &mut a)
     }
 
+    fn shifted(&self, plan: &PowPlan, s: usize) -> Result<()> {
+        shifted(self.dev, plan, s, self.stream)
+    }
+
     fn newton_step_matrix(&self, plan: &PowPlan, p: u32, m: usize, t: usize) -> Result<()> {
         #[repr(C)]
         struct AffineArgs {
@@ -203,22 +228,7 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
     let s = ops.alloc(bytes)?;
     let w = ops.alloc((plan.batch * plan.n) as usize * es)?;
     let g = row_grid(dev, plan.batch * plan.n);
-    #[repr(C)]
-    struct EigPrepArgs {
-        n: i64,
-        batch: i64,
-        a: u64,
-        q: u64,
-        eps: f64,
-    }
-    let mut pa = EigPrepArgs {
-        n: plan.n,
-        batch: plan.batch,
-        a: plan.a as u64,
-        q: q.ptr as u64,
-        eps: plan.eps,
-    };
-    run(dev, kname!(plan.dtype, "eig_prepare"), (g, 1, 1), (BLOCK, 1, 1), stream.raw, &mut pa)?;
+    shifted(dev, plan, q.ptr, stream.raw)?;
     let info = super::cusolver::syev_batched(dev, stream.raw, plan.dtype, plan.n, plan.batch, q.ptr as u64, w.ptr as u64)?;
     #[repr(C)]
     struct EigScaleArgs {

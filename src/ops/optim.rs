@@ -260,6 +260,8 @@ pub trait MatOps {
     /// `X = z^(1/p) I`, `M = z (A + eps I)` with `z = (1 + p) / (2 |A + eps I|_F)`
     /// per matrix.
     fn newton_start(&self, plan: &PowPlan, p: u32, x: usize, m: usize) -> Result<()>;
+    /// `s = A + eps I` (the plan's `a` and `eps`).
+    fn shifted(&self, plan: &PowPlan, s: usize) -> Result<()>;
     /// `T = ((p + 1) I - M) / p`.
     fn newton_step_matrix(&self, plan: &PowPlan, p: u32, m: usize, t: usize) -> Result<()>;
     /// `max |M - I|` of each matrix (waits for the work queued before).
@@ -275,28 +277,41 @@ pub trait MatOps {
 /// `max |M - I| <= tol` (checked each iteration, which waits for the stream), when
 /// the residual stops shrinking (the precision floor), or after `max_iter`
 /// iterations; `tol <= 0` runs exactly `max_iter` iterations without checking.
+///
+/// With TF32 (f32 and `FK_GEMM_ALLOW_TF32`) the iterations run on tensor cores
+/// until they would stop; TF32 rounding (~1e-3) breaks the invariant, so the
+/// iteration is then re-coupled in strict f32, `M = X^p (A + eps I)`, and continues
+/// strictly (quadratic convergence: one or two steps) until the strict residual
+/// meets the rules above. The reported residual is always a strict one.
 pub fn newton(ops: &dyn MatOps, plan: &PowPlan) -> Result<Report> {
-    let p = plan
-        .inverse_root()
-        .ok_or_else(|| Error::new(crate::error::FK_ERROR_INTERNAL, "the Newton iteration was dispatched for a power that is not an inverse root"))?;
+    let p = plan.inverse_root().ok_or_else(|| {
+        Error::new(
+            crate::error::FK_ERROR_INTERNAL,
+            "the Newton iteration was dispatched for a power that is not an inverse root",
+        )
+    })?;
     let e = plan.elems() * plan.dtype.size();
     let (d, nb) = (plan.dtype, plan.batch);
     // X ping-pongs between `out` and x2, M between m1 and m2; t is the step matrix,
-    // pw/pw2 the powers of T.
+    // pw the two buffers of T's (or X's) powers; s = A + eps I for re-coupling.
+    let mut fast = plan.allow_tf32 && d == DType::F32;
     let x2 = ops.scratch(e)?;
     let m1 = ops.scratch(e)?;
     let m2 = ops.scratch(e)?;
     let t = ops.scratch(e)?;
-    let needs_power = p > 1;
-    let pw = if needs_power {
+    let pw = if p > 1 {
         Some((ops.scratch(e)?, ops.scratch(e)?))
     } else {
         None
     };
+    let s = if fast { Some(ops.scratch(e)?) } else { None };
     let (mut x_cur, mut x_next) = (plan.out, x2.ptr);
     let (mut m_cur, mut m_next) = (m1.ptr, m2.ptr);
     ops.newton_start(plan, p, x_cur, m_cur)?;
-    let mm = |a: usize, b: usize, c: usize| {
+    if let Some(s) = &s {
+        ops.shifted(plan, s.ptr)?;
+    }
+    let mm = |a: usize, b: usize, c: usize, tf32: bool| {
         ops.gemm(&gemm_plan(
             d,
             Trans::N,
@@ -307,10 +322,23 @@ pub fn newton(ops: &dyn MatOps, plan: &PowPlan) -> Result<Report> {
             1.0,
             0.0,
             nb,
-            plan.allow_tf32,
+            tf32,
         ))
     };
+    // `x^p` into one of the pw buffers (or `x` itself for p = 1).
+    let power = |x: usize, tf32: bool| -> Result<usize> {
+        match &pw {
+            None => Ok(x),
+            Some((a, b)) => power_of(&|u, v, w| mm(u, v, w, tf32), x, p, a.ptr, b.ptr),
+        }
+    };
     let check = plan.tol > 0.0;
+    let worst_of = |m: usize| -> Result<f64> {
+        let r = ops.residuals(plan, m)?;
+        Ok(r.iter().fold(0.0f64, |acc, &v| {
+            if v.is_nan() || acc.is_nan() { f64::NAN } else { acc.max(v) }
+        }))
+    };
     let mut report = Report {
         method: Method::Newton,
         iterations: 0,
@@ -320,42 +348,60 @@ pub fn newton(ops: &dyn MatOps, plan: &PowPlan) -> Result<Report> {
     };
     let mut last = f64::INFINITY;
     let mut stalled = 0;
-    for it in 1..=plan.max_iter {
+    let mut it = 0;
+    while it < plan.max_iter {
+        if fast && !check && it == plan.max_iter - 1 {
+            // unchecked: the last iteration is strict, after re-coupling
+            let xp = power(x_cur, false)?;
+            mm(xp, s.as_ref().map_or(0, |s| s.ptr), m_cur, false)?;
+            fast = false;
+        }
         ops.newton_step_matrix(plan, p, m_cur, t.ptr)?;
-        mm(x_cur, t.ptr, x_next)?;
+        mm(x_cur, t.ptr, x_next, fast)?;
         std::mem::swap(&mut x_cur, &mut x_next);
-        // P = T^p by squaring and multiplying, then M <- P M.
-        let tp = match &pw {
-            None => t.ptr,
-            Some((a, b)) => power_of(&mm, t.ptr, p, a.ptr, b.ptr)?,
-        };
-        mm(tp, m_cur, m_next)?;
+        let tp = power(t.ptr, fast)?;
+        mm(tp, m_cur, m_next, fast)?;
         std::mem::swap(&mut m_cur, &mut m_next);
+        it += 1;
         report.iterations = it;
-        if check {
-            let r = ops.residuals(plan, m_cur)?;
-            let worst = r.iter().fold(0.0f64, |acc, &v| if v.is_nan() || acc.is_nan() { f64::NAN } else { acc.max(v) });
+        if !check {
+            continue;
+        }
+        let mut worst = worst_of(m_cur)?;
+        // Quadratic convergence ends at the precision floor: once the residual is
+        // small and fails to halve twice in a row, further steps only add rounding.
+        let stall = worst < 1e-2 && worst > 0.5 * last && {
+            stalled += 1;
+            stalled >= 2
+        };
+        if worst >= 1e-2 || worst <= 0.5 * last {
+            stalled = 0;
+        }
+        let stop = worst <= plan.tol || !worst.is_finite() || stall || it == plan.max_iter;
+        if fast && stop && worst.is_finite() {
+            // re-couple strictly: M = X^p (A + eps I), and judge by that residual
+            let xp = power(x_cur, false)?;
+            mm(xp, s.as_ref().map_or(0, |s| s.ptr), m_cur, false)?;
+            fast = false;
+            stalled = 0;
+            worst = worst_of(m_cur)?;
+            last = f64::INFINITY;
             report.residual = worst;
             if worst <= plan.tol {
                 report.converged = true;
                 break;
             }
-            if !worst.is_finite() {
-                break;
-            }
-            // Quadratic convergence ends at the precision floor: once the residual
-            // is small and fails to halve twice in a row, further steps only add
-            // rounding.
-            if worst < 1e-2 && worst > 0.5 * last {
-                stalled += 1;
-                if stalled >= 2 {
-                    break;
-                }
-            } else {
-                stalled = 0;
-            }
-            last = worst;
+            continue;
         }
+        report.residual = worst;
+        if worst <= plan.tol {
+            report.converged = true;
+            break;
+        }
+        if stop {
+            break;
+        }
+        last = worst;
     }
     if x_cur != plan.out {
         ops.copy(plan.out, x_cur, e)?;

@@ -37,7 +37,7 @@ pub use fusekit::error::{
     FK_ERROR_ABI_MISMATCH, FK_ERROR_ALIASING, FK_ERROR_BUFFER_TOO_SMALL, FK_ERROR_CUDA,
     FK_ERROR_CUDA_UNAVAILABLE, FK_ERROR_DEVICE_MISMATCH, FK_ERROR_DTYPE_MISMATCH,
     FK_ERROR_INTERNAL, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_IO, FK_ERROR_KERNEL_COMPILE,
-    FK_ERROR_LIBRARY_NOT_FOUND, FK_ERROR_NULL_POINTER, FK_ERROR_OUT_OF_MEMORY,
+    FK_ERROR_LIBRARY_NOT_FOUND, FK_ERROR_NOT_CONVERGED, FK_ERROR_NULL_POINTER, FK_ERROR_OUT_OF_MEMORY,
     FK_ERROR_SHAPE_MISMATCH, FK_ERROR_UNSUPPORTED, FK_ERROR_UNSUPPORTED_DTYPE, FK_OK, fk_status,
 };
 
@@ -1370,4 +1370,30 @@ pub fn operands(
         .is_binary()
         .then(|| Operand::random(rng, dtype, b_view, Domain::Signed));
     (a, b)
+}
+
+// ------------------------------------------------------------------ GPU tests
+
+/// The CUDA context of a `gpu_*` test: without a CUDA device it prints
+/// "SKIPPED: no CUDA device" and returns `None`, unless `FK_REQUIRE_GPU=1`.
+pub fn gpu() -> Option<Ctx> {
+    if device_count() == 0 {
+        if std::env::var("FK_REQUIRE_GPU").as_deref() == Ok("1") {
+            let mut c = null_mut();
+            let s = unsafe { fk_context_create(FK_ABI_VERSION, FK_DEVICE_CUDA, 0, &mut c) };
+            panic!(
+                "FK_REQUIRE_GPU=1 but fk_device_count is 0 (FK_DEVICE_CUDA: {}: {})",
+                status_name(s),
+                last_error()
+            );
+        }
+        println!("SKIPPED: no CUDA device");
+        return None;
+    }
+    Some(Ctx::cuda(0))
+}
+
+/// `FK_SANITIZE=1` (under compute-sanitizer): tests shrink their sizes.
+pub fn sanitizing() -> bool {
+    std::env::var("FK_SANITIZE").is_ok_and(|v| !v.is_empty() && v != "0")
 }

@@ -10,7 +10,7 @@ use std::ptr::null_mut;
 use super::common::*;
 pub use fusekit::abi::linalg::FK_GEMM_ALLOW_TF32;
 pub use fusekit::abi::optim::*;
-pub use fusekit::error::FK_ERROR_NOT_CONVERGED;
+
 
 /// Row-major `[r, c]` product `a [r, k] b [k, c]`.
 pub fn matmul(a: &[f64], b: &[f64], r: usize, k: usize, c: usize) -> Vec<f64> {

@@ -76,7 +76,7 @@ fn newton_f64_strict_f32_and_tf32() {
             for (dt, flags, tol, err) in [
                 (FK_DTYPE_F64, 0u32, 1e-12, 1e-9),
                 (FK_DTYPE_F32, 0, 5e-5, 5e-4),
-                (FK_DTYPE_F32, FK_GEMM_ALLOW_TF32, 5e-5, 5e-4),
+                (FK_DTYPE_F32, FK_GEMM_ALLOW_TF32, 3e-2, 1e-2),
             ] {
                 let what = format!("newton {} n={n} batch={batch} p={p} flags={flags}", dname(dt));
                 let (s, got, rep) = run_power(&g, dt, &mats, batch, n, power, 1e-6, FK_MATPOW_NEWTON, 100, tol, flags);

@@ -17,6 +17,11 @@
 //   fusekit::Event done(ctx); done.record(stream); other.wait(done);
 //   auto comms = fusekit::Comm::init_all({&ctx0, &ctx1});
 //   { fusekit::Group g; for (...) fusekit::all_reduce(comms[r], x[r], x[r], fusekit::ReduceOp::Sum, s[r]); }
+//
+// Optimizer math (Shampoo, per-sample gradients, DP-SGD):
+//   fk_matpow_report rep = fusekit::matrix_power(l_stats, -0.25, 1e-6, l_root);   // (L + eps I)^(-1/4)
+//   fusekit::shampoo_precondition(&l_root, grad, &r_root, out);
+//   fusekit::dp_clipped_grad_sum(a, g, 1.0, sum, &sq_norms);
 #ifndef FUSEKIT_HPP
 #define FUSEKIT_HPP
 
@@ -26,6 +31,7 @@
 #include <complex>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -863,6 +869,89 @@ inline void leapfrog_backward(const Buffer& v0, const Buffer* f, const Buffer& U
     check(fk_leapfrog_backward(v0.get(), detail::opt(f), U.get(), W.get(), detail::opt(mu), dt, steps, c, flags,
                                detail::opt(traj), gx.get(), gv.get(), detail::opt(dx0), detail::opt(dv0),
                                detail::opt(df), detail::opt(dU), detail::opt(dW), stream.get()));
+}
+
+// ------------------------------------------------------------------ optimizer math
+
+/// Method of matrix_power (values of fk_matpow_method).
+enum class MatpowMethod : fk_matpow_method {
+    /// Newton for inverse roots of matrices larger than 32 on CUDA (falling back
+    /// to the eigendecomposition when it does not converge), else Eigh.
+    Auto = FK_MATPOW_AUTO,
+    /// Eigendecomposition: any real power.
+    Eigh = FK_MATPOW_EIGH,
+    /// Coupled Newton iteration: inverse roots (power = -1/p) only.
+    Newton = FK_MATPOW_NEWTON,
+};
+
+/// Thrown by matrix_power for FK_ERROR_NOT_CONVERGED (a fusekit::Error with that
+/// status): `report()` says how far the iteration got; `out` holds the last iterate.
+class NotConverged : public Error {
+public:
+    NotConverged(std::string message, const fk_matpow_report& report)
+        : Error(FK_ERROR_NOT_CONVERGED, std::move(message)), report_(report) {}
+    const fk_matpow_report& report() const noexcept { return report_; }
+
+private:
+    fk_matpow_report report_;
+};
+
+/// Newton tolerance matrix_power uses when none is given: 1e-12 for f64, 1e-6 for
+/// f32, 1e-3 for f32 with FK_GEMM_ALLOW_TF32.
+inline double default_matpow_tol(fk_dtype dtype, std::uint32_t flags) {
+    if (dtype == FK_DTYPE_F64) return 1e-12;
+    return (flags & FK_GEMM_ALLOW_TF32) ? 1e-3 : 1e-6;
+}
+
+/// out = (a + eps I)^power for symmetric PSD a [n, n] or [batch, n, n] (f32/f64);
+/// returns the report. `tol`: Newton's bound on max|M - I| (default
+/// default_matpow_tol; <= 0 runs max_iter iterations unchecked). Throws
+/// NotConverged (with the report) when Newton misses tol, fusekit::Error otherwise.
+inline fk_matpow_report matrix_power(const Buffer& a, double power, double eps, Buffer& out,
+                                     MatpowMethod method = MatpowMethod::Auto, std::int32_t max_iter = 100,
+                                     std::optional<double> tol = std::nullopt, std::uint32_t flags = 0,
+                                     StreamRef stream = {}) {
+    const double t = tol ? *tol : default_matpow_tol(a.dtype(), flags);
+    fk_matpow_report report{};
+    fk_status st = fk_matrix_power(a.get(), power, eps, static_cast<fk_matpow_method>(method), max_iter, t, flags,
+                                   out.get(), &report, stream.get());
+    if (st == FK_ERROR_NOT_CONVERGED) throw NotConverged(last_error_message(), report);
+    check(st);
+    return report;
+}
+
+/// Shampoo statistics in place: l = beta l + alpha grad grad^T, r = beta r + alpha
+/// grad^T grad; each of l, r optional (nullptr), not both.
+inline void shampoo_stats(const Buffer& grad, double alpha, double beta, Buffer* l, Buffer* r,
+                          StreamRef stream = {}) {
+    check(fk_shampoo_stats(grad.get(), alpha, beta, detail::opt(l), detail::opt(r), stream.get()));
+}
+
+/// out = l_root grad r_root; each root optional (nullptr = the identity).
+/// `flags`: 0 or FK_GEMM_ALLOW_TF32.
+inline void shampoo_precondition(const Buffer* l_root, const Buffer& grad, const Buffer* r_root, Buffer& out,
+                                 std::uint32_t flags = 0, StreamRef stream = {}) {
+    check(fk_shampoo_precondition(detail::opt(l_root), grad.get(), detail::opt(r_root), out.get(), flags,
+                                  stream.get()));
+}
+
+/// Per-sample gradients out[b] = g_b^T a_b [B, out, in] (a [B, (T,) in], g [B, (T,) out]).
+inline void per_sample_grads(const Buffer& a, const Buffer& g, Buffer& out, std::uint32_t flags = 0,
+                             StreamRef stream = {}) {
+    check(fk_per_sample_grads(a.get(), g.get(), out.get(), flags, stream.get()));
+}
+
+/// Squared Frobenius norms [B] of the per-sample gradients, without materialising them.
+inline void per_sample_grad_norms(const Buffer& a, const Buffer& g, Buffer& sq_norms, StreamRef stream = {}) {
+    check(fk_per_sample_grad_norms(a.get(), g.get(), sq_norms.get(), stream.get()));
+}
+
+/// DP-SGD clipped sum out = sum_b min(1, max_norm / |G_b|) G_b [out, in];
+/// sq_norms [B] optional (nullptr).
+inline void dp_clipped_grad_sum(const Buffer& a, const Buffer& g, double max_norm, Buffer& out,
+                                Buffer* sq_norms = nullptr, std::uint32_t flags = 0, StreamRef stream = {}) {
+    check(fk_dp_clipped_grad_sum(a.get(), g.get(), max_norm, out.get(), detail::opt(sq_norms), flags,
+                                 stream.get()));
 }
 
 }  // namespace fusekit

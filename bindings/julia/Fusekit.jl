@@ -119,6 +119,11 @@ const FK_GAUSSIAN_DEFAULT_EPS = 1e-6
 const FK_GEO_ALLOW_TF32 = 1
 const FK_GEO_FORCE_GENERIC = 2
 
+# optimizer math (fk_matpow_method; the flags are FK_GEMM_ALLOW_TF32)
+const FK_MATPOW_AUTO = 0
+const FK_MATPOW_EIGH = 1
+const FK_MATPOW_NEWTON = 2
+
 # ------------------------------------------------------------------ C types
 
 """Opaque C handle types; only `Ptr`s to them exist."""
@@ -144,6 +149,21 @@ struct FkMemoryStats
     pinned_bytes::UInt64
     pinned_allocations::UInt64
 end
+
+"""`fk_matpow_report` (`fk_matrix_power`'s optional out-parameter): the method that
+produced the result (`FK_MATPOW_EIGH` or `FK_MATPOW_NEWTON`), Newton iterations run,
+`converged` (1 or 0), `reserved` (always 0), Newton's residual `max |M - I|` (NaN
+when unchecked and for eigh) and eigh's smallest eigenvalue of `A + eps I` (NaN for
+Newton)."""
+struct FkMatpowReport
+    method::Int32
+    iterations::Int32
+    converged::Int32
+    reserved::Int32
+    residual::Float64
+    min_eigenvalue::Float64
+end
+FkMatpowReport() = FkMatpowReport(Int32(0), Int32(0), Int32(0), Int32(0), NaN, NaN)
 
 """`fk_scalar`: a complex number `re + i*im` passed by value (`im` must be 0 for real dtypes)."""
 struct FkScalar
@@ -359,6 +379,32 @@ fk_leapfrog_backward(v0, f, U, W, mu, dt, steps, c, flags, traj, gx, gv, dx0, dv
            Cdouble, Int64, Cdouble, UInt32, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer},
            Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
           v0, f, U, W, mu, dt, steps, c, flags, traj, gx, gv, dx0, dv0, df, dU, dW, stream)
+
+# Optimizer math (OPS.md section 5, src/abi/optim.rs). Optional buffers (and the
+# report) are C_NULL. Shapes are row-major: see the buffer-level wrappers below.
+fk_matrix_power(a, power, eps, method, max_iter, tol, flags, out, report, stream) =
+    ccall((:fk_matrix_power, libfusekit), Int32,
+          (Ptr{fk_buffer}, Cdouble, Cdouble, Int32, Int32, Cdouble, UInt32, Ptr{fk_buffer}, Ptr{FkMatpowReport},
+           Ptr{fk_stream}),
+          a, power, eps, method, max_iter, tol, flags, out, report, stream)
+fk_shampoo_stats(grad, alpha, beta, l, r, stream) =
+    ccall((:fk_shampoo_stats, libfusekit), Int32,
+          (Ptr{fk_buffer}, Cdouble, Cdouble, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
+          grad, alpha, beta, l, r, stream)
+fk_shampoo_precondition(l_root, grad, r_root, out, flags, stream) =
+    ccall((:fk_shampoo_precondition, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, UInt32, Ptr{fk_stream}),
+          l_root, grad, r_root, out, flags, stream)
+fk_per_sample_grads(a, g, out, flags, stream) =
+    ccall((:fk_per_sample_grads, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, UInt32, Ptr{fk_stream}), a, g, out, flags, stream)
+fk_per_sample_grad_norms(a, g, sq_norms, stream) =
+    ccall((:fk_per_sample_grad_norms, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, g, sq_norms, stream)
+fk_dp_clipped_grad_sum(a, g, max_norm, out, sq_norms, flags, stream) =
+    ccall((:fk_dp_clipped_grad_sum, libfusekit), Int32,
+          (Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, Ptr{fk_buffer}, Ptr{fk_buffer}, UInt32, Ptr{fk_stream}),
+          a, g, max_norm, out, sq_norms, flags, stream)
 
 # ------------------------------------------------------------------ errors
 
@@ -835,6 +881,86 @@ end
 function kron!(out::Buffer, a::Buffer, b::Buffer; stream::Union{Stream,Nothing} = nothing)
     check(fk_kron(a, b, out, _sptr(stream)))
     return out
+end
+
+# ------------------------------------------------------------------ optimizer math on buffers
+#
+# Row-major buffers as for linear algebra. A Julia matrix borrowed as a buffer is
+# its transpose: harmless for the symmetric matrices of `matrix_power!` and the
+# Shampoo statistics; for the per-sample ops, build the buffers with C shapes
+# `[B, in]` / `[B, T, in]` (a Julia `(in, B)` / `(in, T, B)` array).
+
+"""Default Newton tolerance of `matrix_power!` for `a`'s dtype and `flags`."""
+function _matpow_tol(a::Buffer, flags::Integer)
+    dtype(a) == FK_DTYPE_F64 && return 1e-12
+    return (flags & FK_GEMM_ALLOW_TF32) != 0 ? 1e-3 : 1e-6
+end
+
+"""
+    matrix_power!(out, a, power; eps = 0, method = FK_MATPOW_AUTO, max_iter = 100, tol = nothing,
+                  flags = 0, stream = nothing, throw_not_converged = true) -> (out, report)
+
+`out = (a + eps I)^power` for symmetric PSD matrices `[n, n]` or `[batch, n, n]`
+(Float32 or Float64); `report` is an `FkMatpowReport`. `tol = nothing` picks 1e-12
+for Float64, 1e-6 for Float32, 1e-3 with `FK_GEMM_ALLOW_TF32`; `tol <= 0` runs
+`max_iter` Newton iterations unchecked. When Newton misses `tol`,
+FK_ERROR_NOT_CONVERGED is thrown as a `FusekitError`, or with
+`throw_not_converged = false` returned normally with `report.converged == 0`
+(`out` holds the last iterate).
+"""
+function matrix_power!(out::Buffer, a::Buffer, power::Real; eps::Real = 0, method::Integer = FK_MATPOW_AUTO,
+                       max_iter::Integer = 100, tol::Union{Real,Nothing} = nothing, flags::Integer = 0,
+                       stream::Union{Stream,Nothing} = nothing, throw_not_converged::Bool = true)
+    t = tol === nothing ? _matpow_tol(a, flags) : Float64(tol)
+    report = Ref(FkMatpowReport())
+    st = fk_matrix_power(a, Float64(power), Float64(eps), Int32(method), Int32(max_iter), t, UInt32(flags), out,
+                         report, _sptr(stream))
+    if !(st == FK_ERROR_NOT_CONVERGED && !throw_not_converged)
+        check(st)
+    end
+    return (out, report[])
+end
+
+"""
+    shampoo_stats!(grad; l = nothing, r = nothing, alpha = 1, beta = 1, stream = nothing) -> (l, r)
+
+In place: `l = beta l + alpha grad grad^T` `[(batch,) m, m]` and
+`r = beta r + alpha grad^T grad` `[(batch,) n, n]` for `grad` `[(batch,) m, n]`
+(C shapes); each of `l`, `r` optional, not both.
+"""
+function shampoo_stats!(grad::Buffer; l::Union{Buffer,Nothing} = nothing, r::Union{Buffer,Nothing} = nothing,
+                        alpha::Real = 1, beta::Real = 1, stream::Union{Stream,Nothing} = nothing)
+    check(fk_shampoo_stats(grad, Float64(alpha), Float64(beta), _bptr(l), _bptr(r), _sptr(stream)))
+    return (l, r)
+end
+
+"""`out = l_root grad r_root` (each root optional: `nothing` is the identity); `flags`: 0 or FK_GEMM_ALLOW_TF32."""
+function shampoo_precondition!(out::Buffer, grad::Buffer; l_root::Union{Buffer,Nothing} = nothing,
+                               r_root::Union{Buffer,Nothing} = nothing, flags::Integer = 0,
+                               stream::Union{Stream,Nothing} = nothing)
+    check(fk_shampoo_precondition(_bptr(l_root), grad, _bptr(r_root), out, UInt32(flags), _sptr(stream)))
+    return out
+end
+
+"""Per-sample gradients `out[b] = g_b^T a_b` (C shapes: a `[B, (T,) in]`, g `[B, (T,) out]`, out `[B, out, in]`)."""
+function per_sample_grads!(out::Buffer, a::Buffer, g::Buffer; flags::Integer = 0,
+                           stream::Union{Stream,Nothing} = nothing)
+    check(fk_per_sample_grads(a, g, out, UInt32(flags), _sptr(stream)))
+    return out
+end
+
+"""Squared Frobenius norms `[B]` of the per-sample gradients, not materialised."""
+function per_sample_grad_norms!(sq_norms::Buffer, a::Buffer, g::Buffer; stream::Union{Stream,Nothing} = nothing)
+    check(fk_per_sample_grad_norms(a, g, sq_norms, _sptr(stream)))
+    return sq_norms
+end
+
+"""DP-SGD clipped sum `out = sum_b min(1, max_norm / |G_b|) G_b` `[out, in]`; `sq_norms` `[B]` optional."""
+function dp_clipped_grad_sum!(out::Buffer, a::Buffer, g::Buffer, max_norm::Real;
+                              sq_norms::Union{Buffer,Nothing} = nothing, flags::Integer = 0,
+                              stream::Union{Stream,Nothing} = nothing)
+    check(fk_dp_clipped_grad_sum(a, g, Float64(max_norm), out, _bptr(sq_norms), UInt32(flags), _sptr(stream)))
+    return (out, sq_norms)
 end
 
 # ------------------------------------------------------------------ ops on Julia arrays (CPU)

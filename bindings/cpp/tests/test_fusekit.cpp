@@ -66,6 +66,9 @@ static_assert(!std::is_copy_constructible_v<fusekit::Event>);
 static_assert(!std::is_copy_constructible_v<fusekit::Comm>);
 static_assert(std::is_nothrow_move_constructible_v<fusekit::Event>);
 static_assert(std::is_nothrow_move_constructible_v<fusekit::Comm>);
+static_assert(std::is_base_of_v<fusekit::Error, fusekit::NotConverged>);
+static_assert(static_cast<fk_matpow_method>(fusekit::MatpowMethod::Newton) == FK_MATPOW_NEWTON);
+static_assert(sizeof(fk_matpow_report) == 32, "fk_matpow_report: 4 int32 + 2 double");
 
 }  // namespace
 
@@ -528,6 +531,140 @@ int main(int argc, char** argv) {
             fusekit::leapfrog_forward(v, v, nullptr, U, W, nullptr, 0.0, 1, 5.0, x1, v1);
             check(x1.to_vector<double>() == std::vector<double>{1, 2} && v1.to_vector<double>() == std::vector<double>{1, 2},
                   "leapfrog_forward with dt = 0 is the identity");
+        }
+
+        // ---- optimizer math (values by hand)
+        {
+            // eigh: diag(4, 9)^(-1/2) = diag(1/2, 1/3)
+            auto d = fusekit::Buffer::owned<double>(ctx, {2, 2});
+            d.copy_from_host(std::vector<double>{4, 0, 0, 9});
+            auto dp = fusekit::Buffer::owned<double>(ctx, {2, 2});
+            fk_matpow_report rep = fusekit::matrix_power(d, -0.5, 0.0, dp, fusekit::MatpowMethod::Eigh);
+            check(close_all(dp.to_vector<double>(), std::vector<double>{0.5, 0, 0, 1.0 / 3.0}, 1e-12),
+                  "matrix_power eigh: diag(4, 9)^(-1/2)");
+            check(rep.method == FK_MATPOW_EIGH && rep.iterations == 0 && rep.converged == 1 &&
+                      std::isnan(rep.residual) && std::abs(rep.min_eigenvalue - 4.0) < 1e-12,
+                  "matrix_power eigh report (method, iterations, converged, NaN residual, min eigenvalue 4)");
+            // Newton: [[2, 1], [1, 2]] has eigenvalues 1 and 3 (eigenvectors [1, -1], [1, 1])
+            auto a = fusekit::Buffer::owned<double>(ctx, {2, 2});
+            a.copy_from_host(std::vector<double>{2, 1, 1, 2});
+            auto root = fusekit::Buffer::owned<double>(ctx, {2, 2});
+            rep = fusekit::matrix_power(a, -0.5, 0.0, root, fusekit::MatpowMethod::Newton, 100, 1e-12, 0, stream);
+            const double s3 = 1.0 / std::sqrt(3.0);
+            const double dg = 0.5 * (s3 + 1), off = 0.5 * (s3 - 1);
+            check(close_all(root.to_vector<double>(stream), std::vector<double>{dg, off, off, dg}, 1e-10),
+                  "matrix_power newton: [[2,1],[1,2]]^(-1/2) on a Stream");
+            check(rep.method == FK_MATPOW_NEWTON && rep.converged == 1 && rep.iterations >= 1 &&
+                      rep.iterations <= 100 && rep.residual <= 1e-12 && std::isnan(rep.min_eigenvalue),
+                  "matrix_power newton report (" + std::to_string(rep.iterations) + " iterations)");
+            check(fusekit::default_matpow_tol(FK_DTYPE_F64, 0) == 1e-12 &&
+                      fusekit::default_matpow_tol(FK_DTYPE_F32, 0) == 1e-6 &&
+                      fusekit::default_matpow_tol(FK_DTYPE_F32, FK_GEMM_ALLOW_TF32) == 1e-3,
+                  "default_matpow_tol per dtype");
+            rep = fusekit::matrix_power(a, 1.0 / 3.0, 0.0, root);  // auto, default tol
+            check(rep.method == FK_MATPOW_EIGH && rep.converged == 1, "matrix_power auto (non-root power: eigh)");
+            // one Newton iteration cannot reach 1e-14
+            bool caught = false;
+            try {
+                fusekit::matrix_power(a, -0.5, 0.0, root, fusekit::MatpowMethod::Newton, 1, 1e-14);
+            } catch (const fusekit::NotConverged& e) {
+                caught = e.status() == FK_ERROR_NOT_CONVERGED &&
+                         std::strcmp(e.status_name(), "FK_ERROR_NOT_CONVERGED") == 0 &&
+                         contains(e.message(), "did not converge") && e.report().converged == 0 &&
+                         e.report().iterations == 1 && e.report().method == FK_MATPOW_NEWTON &&
+                         e.report().residual > 1e-14;
+            }
+            check(caught, "matrix_power non-convergence throws NotConverged with the report");
+            caught = false;
+            try {
+                fusekit::matrix_power(a, -0.5, 0.0, root, fusekit::MatpowMethod::Newton, 1, 1e-14);
+            } catch (const fusekit::Error& e) {  // also a fusekit::Error
+                caught = e.status() == FK_ERROR_NOT_CONVERGED;
+            }
+            check(caught, "NotConverged is caught as fusekit::Error");
+            caught = false;
+            try {
+                fusekit::matrix_power(a, 0.3, 0.0, root, fusekit::MatpowMethod::Newton);
+            } catch (const fusekit::Error& e) {
+                caught = e.status() == FK_ERROR_INVALID_ARGUMENT && contains(e.message(), "inverse roots");
+            }
+            check(caught, "matrix_power newton with a non-root power throws FK_ERROR_INVALID_ARGUMENT");
+
+            // Shampoo statistics: G [2, 3]
+            auto g = fusekit::Buffer::owned<double>(ctx, {2, 3});
+            g.copy_from_host(std::vector<double>{1, 2, 3, 4, 5, 6});
+            auto l = fusekit::Buffer::owned<double>(ctx, {2, 2});
+            auto r = fusekit::Buffer::owned<double>(ctx, {3, 3});
+            fusekit::shampoo_stats(g, 1.0, 0.0, &l, &r);  // beta = 0: l, r not read
+            const std::vector<double> ggt{14, 32, 32, 77};
+            const std::vector<double> gtg{17, 22, 27, 22, 29, 36, 27, 36, 45};
+            check(close_all(l.to_vector<double>(), ggt, 1e-14) && close_all(r.to_vector<double>(), gtg, 1e-14),
+                  "shampoo_stats: L = G G^T, R = G^T G");
+            fusekit::shampoo_stats(g, 0.5, 1.0, &l, nullptr);
+            std::vector<double> l15;
+            for (double v : ggt) l15.push_back(1.5 * v);
+            check(close_all(l.to_vector<double>(), l15, 1e-14) && close_all(r.to_vector<double>(), gtg, 1e-14),
+                  "shampoo_stats accumulates L only");
+            caught = false;
+            try {
+                fusekit::shampoo_stats(g, 1.0, 1.0, nullptr, nullptr);
+            } catch (const fusekit::Error& e) {
+                caught = e.status() == FK_ERROR_NULL_POINTER && contains(e.message(), "fk_shampoo_stats");
+            }
+            check(caught, "shampoo_stats without l and r throws FK_ERROR_NULL_POINTER");
+            // preconditioning: diag(2, 3) G, then G with no roots
+            auto lr = fusekit::Buffer::owned<double>(ctx, {2, 2});
+            lr.copy_from_host(std::vector<double>{2, 0, 0, 3});
+            auto pg = fusekit::Buffer::owned<double>(ctx, {2, 3});
+            fusekit::shampoo_precondition(&lr, g, nullptr, pg);
+            check(close_all(pg.to_vector<double>(), std::vector<double>{2, 4, 6, 12, 15, 18}, 1e-14),
+                  "shampoo_precondition with l_root only");
+            auto rr = fusekit::Buffer::owned<double>(ctx, {3, 3});
+            rr.copy_from_host(std::vector<double>{0, 0, 1, 0, 1, 0, 1, 0, 0});  // reverses the columns
+            fusekit::shampoo_precondition(&lr, g, &rr, pg, 0, stream);
+            check(close_all(pg.to_vector<double>(stream), std::vector<double>{6, 4, 2, 18, 15, 12}, 1e-14),
+                  "shampoo_precondition with both roots on a Stream");
+
+            // per-sample gradients: a [2, 3], g [2, 2]
+            auto pa = fusekit::Buffer::owned<double>(ctx, {2, 3});
+            pa.copy_from_host(std::vector<double>{1, 0, 2, 0, 1, 1});
+            auto pgr = fusekit::Buffer::owned<double>(ctx, {2, 2});
+            pgr.copy_from_host(std::vector<double>{1, 2, 3, 0});
+            auto per = fusekit::Buffer::owned<double>(ctx, {2, 2, 3});
+            fusekit::per_sample_grads(pa, pgr, per);
+            check(close_all(per.to_vector<double>(),
+                            std::vector<double>{1, 0, 2, 2, 0, 4, 0, 3, 3, 0, 0, 0}, 1e-14),
+                  "per_sample_grads: outer products g_b^T a_b");
+            auto nrm = fusekit::Buffer::owned<double>(ctx, {2});
+            fusekit::per_sample_grad_norms(pa, pgr, nrm);
+            check(close_all(nrm.to_vector<double>(), std::vector<double>{25, 18}, 1e-13),
+                  "per_sample_grad_norms = |g_b|^2 |a_b|^2");
+            auto sum = fusekit::Buffer::owned<double>(ctx, {2, 3});
+            fusekit::dp_clipped_grad_sum(pa, pgr, 1e9, sum);
+            check(close_all(sum.to_vector<double>(), std::vector<double>{1, 3, 5, 2, 0, 4}, 1e-13),
+                  "dp_clipped_grad_sum without clipping = sum of the gradients");
+            auto nrm2 = fusekit::Buffer::owned<double>(ctx, {2});
+            fusekit::dp_clipped_grad_sum(pa, pgr, 3.0, sum, &nrm2);
+            const double f0 = 3.0 / 5.0, f1 = 3.0 / std::sqrt(18.0);
+            check(close_all(sum.to_vector<double>(),
+                            std::vector<double>{f0, 3 * f1, 2 * f0 + 3 * f1, 2 * f0, 0, 4 * f0}, 1e-13) &&
+                      close_all(nrm2.to_vector<double>(), std::vector<double>{25, 18}, 1e-13),
+                  "dp_clipped_grad_sum at max_norm 3 (both clipped) and its sq_norms");
+            auto bad = fusekit::Buffer::owned<double>(ctx, {3, 2});
+            caught = false;
+            try {
+                fusekit::per_sample_grads(pa, bad, per);
+            } catch (const fusekit::Error& e) {
+                caught = e.status() == FK_ERROR_SHAPE_MISMATCH && contains(e.message(), "fk_per_sample_grads");
+            }
+            check(caught, "per_sample_grads with another batch throws FK_ERROR_SHAPE_MISMATCH");
+            caught = false;
+            try {
+                fusekit::dp_clipped_grad_sum(pa, pgr, -1.0, sum);
+            } catch (const fusekit::Error& e) {
+                caught = e.status() == FK_ERROR_INVALID_ARGUMENT && contains(e.message(), "max_norm");
+            }
+            check(caught, "dp_clipped_grad_sum with max_norm < 0 throws FK_ERROR_INVALID_ARGUMENT");
         }
     } catch (const fusekit::Error& e) {
         check(false, std::string("unexpected fusekit::Error: ") + e.what());

@@ -41,6 +41,7 @@ from ._lib import (
     KernelCompileError,
     LibraryLoadError,
     LibraryNotFoundError,
+    NotConvergedError,
     NullPointerError,
     OutOfMemoryError,
     ShapeMismatchError,
@@ -62,6 +63,8 @@ from .ops.gaussian import *  # noqa: F401,F403
 from .ops.gaussian import __all__ as _gaussian_all
 from .ops.geodesic import *  # noqa: F401,F403
 from .ops.geodesic import __all__ as _geodesic_all
+from .ops.optim import *  # noqa: F401,F403
+from .ops.optim import __all__ as _optim_all
 
 Error.__module__ = "fusekit"
 LibraryLoadError.__module__ = "fusekit"
@@ -101,6 +104,7 @@ __all__ = [
     "KernelCompileError",
     "LibraryLoadError",
     "LibraryNotFoundError",
+    "NotConvergedError",
     "NullPointerError",
     "OutOfMemoryError",
     "ShapeMismatchError",
@@ -122,4 +126,5 @@ __all__ = [
     *_runtime_all,
     *_gaussian_all,
     *_geodesic_all,
+    *_optim_all,
 ]

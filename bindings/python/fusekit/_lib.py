@@ -61,6 +61,14 @@ MAX_DIMS = 8
 GEO_ALLOW_TF32 = 1
 #: ``FK_GEO_FORCE_GENERIC``: geodesic ops use the generic CUDA kernels (debugging).
 GEO_FORCE_GENERIC = 2
+#: ``FK_GEMM_ALLOW_TF32``: f32 products may use TF32 tensor cores on CUDA (GEMM and
+#: the optimizer-math ops).
+GEMM_ALLOW_TF32 = 1
+
+#: ``fk_matpow_method`` values (``fk_matrix_power``).
+MATPOW_AUTO = 0
+MATPOW_EIGH = 1
+MATPOW_NEWTON = 2
 
 DEVICE_AUTO = 0
 DEVICE_CPU = 1
@@ -197,6 +205,28 @@ DtypeMismatchError = _subclass(
     "DtypeMismatchError", ERROR_DTYPE_MISMATCH, "FK_ERROR_DTYPE_MISMATCH", TypeError
 )
 
+
+class NotConvergedError(Error, RuntimeError):
+    """FK_ERROR_NOT_CONVERGED: an iterative method (``fk_matrix_power``'s Newton
+    iteration, or the eigensolver) did not converge. The output then holds the last
+    iterate.
+
+    Attributes (set by :func:`fusekit.matrix_power`, else None):
+        report: a :class:`fusekit.MatrixPowerReport` saying how far it got.
+        out: the output array holding the last iterate (the caller's ``out``, or
+            the one allocated for the call).
+    """
+
+    status = ERROR_NOT_CONVERGED
+
+    def __init__(self, message: str, status: int | None = None, status_name: str | None = None):
+        super().__init__(message, status, status_name)
+        self.report = None
+        self.out = None
+
+
+NotConvergedError.__module__ = "fusekit"
+
 #: status value -> Error subclass
 ERRORS: dict[int, type] = {
     cls.status: cls
@@ -218,6 +248,7 @@ ERRORS: dict[int, type] = {
         InternalError,
         IoError,
         DtypeMismatchError,
+        NotConvergedError,
     )
 }
 
@@ -268,6 +299,19 @@ class fk_scalar(Structure):
 
     def __repr__(self) -> str:
         return f"fk_scalar({self.re!r}, {self.im!r})"
+
+
+class fk_matpow_report(Structure):
+    """``fk_matpow_report``: what ``fk_matrix_power`` did (an out-parameter)."""
+
+    _fields_ = [
+        ("method", c_int32),
+        ("iterations", c_int32),
+        ("converged", c_int32),
+        ("reserved", c_int32),
+        ("residual", c_double),
+        ("min_eigenvalue", c_double),
+    ]
 
 
 class fk_context(Structure):
@@ -470,6 +514,17 @@ PROTOTYPES: dict[str, tuple] = {
         [buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, c_double, c_int64, c_double, c_uint32, buffer_p,
          buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, stream_p],
     ),
+    # Optimizer math (OPS.md section 5)
+    "fk_matrix_power": (
+        fk_status,
+        [buffer_p, c_double, c_double, c_int32, c_int32, c_double, c_uint32, buffer_p, POINTER(fk_matpow_report),
+         stream_p],
+    ),
+    "fk_shampoo_stats": (fk_status, [buffer_p, c_double, c_double, buffer_p, buffer_p, stream_p]),
+    "fk_shampoo_precondition": (fk_status, [buffer_p, buffer_p, buffer_p, buffer_p, c_uint32, stream_p]),
+    "fk_per_sample_grads": (fk_status, [buffer_p, buffer_p, buffer_p, c_uint32, stream_p]),
+    "fk_per_sample_grad_norms": (fk_status, [buffer_p, buffer_p, buffer_p, stream_p]),
+    "fk_dp_clipped_grad_sum": (fk_status, [buffer_p, buffer_p, c_double, buffer_p, buffer_p, c_uint32, stream_p]),
 }
 
 #: Status-returning functions whose non-OK results are not errors to raise

@@ -893,7 +893,7 @@ end
 """Default Newton tolerance of `matrix_power!` for `a`'s dtype and `flags`."""
 function _matpow_tol(a::Buffer, flags::Integer)
     dtype(a) == FK_DTYPE_F64 && return 1e-12
-    return (flags & FK_GEMM_ALLOW_TF32) != 0 ? 1e-3 : 1e-6
+    return (flags & FK_GEMM_ALLOW_TF32) != 0 ? 3e-2 : 1e-5
 end
 
 """
@@ -902,7 +902,7 @@ end
 
 `out = (a + eps I)^power` for symmetric PSD matrices `[n, n]` or `[batch, n, n]`
 (Float32 or Float64); `report` is an `FkMatpowReport`. `tol = nothing` picks 1e-12
-for Float64, 1e-6 for Float32, 1e-3 with `FK_GEMM_ALLOW_TF32`; `tol <= 0` runs
+for Float64, 1e-5 for Float32, 3e-2 with `FK_GEMM_ALLOW_TF32`; `tol <= 0` runs
 `max_iter` Newton iterations unchecked. When Newton misses `tol`,
 FK_ERROR_NOT_CONVERGED is thrown as a `FusekitError`, or with
 `throw_not_converged = false` returned normally with `report.converged == 0`

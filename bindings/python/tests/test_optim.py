@@ -107,9 +107,9 @@ def test_matrix_power_eigh(rng, dtype, n, batch):
 @pytest.mark.parametrize("n", [1, 3, 16, 33])
 def test_matrix_power_newton(rng, dtype, n):
     a = _spd(rng, n, batch=2)
-    # the default tolerances: 1e-6 for float32 (the CPU's final residuals here are
-    # 6e-8 to 9.5e-7, close to float32's floor), 1e-12 for float64
-    tol = 1e-6 if dtype == np.float32 else 1e-12
+    # the default tolerances: 1e-5 for float32 (the final residuals are
+    # close to float32's floor), 1e-12 for float64
+    tol = 1e-5 if dtype == np.float32 else 1e-12
     for p in (1, 2, 3, 4, 8):
         got, rep = fusekit.matrix_power(a.astype(dtype), -1.0 / p, 1e-6, method="newton", return_report=True)
         want = np.stack([_power_ref(m, -1.0 / p, 1e-6)[0] for m in a])
@@ -125,12 +125,12 @@ def test_matrix_power_default_tolerances(rng):
     _, rep64 = fusekit.matrix_power(a, -0.5, method="newton", return_report=True)
     assert rep64.converged and rep64.residual <= 1e-12
     _, rep32 = fusekit.matrix_power(a.astype(np.float32), -0.5, method="newton", return_report=True)
-    assert rep32.converged and rep32.residual <= 1e-6
-    # allow_tf32 (ignored on the CPU) loosens float32's default tolerance to 1e-3
+    assert rep32.converged and rep32.residual <= 1e-5
+    # allow_tf32 (ignored on the CPU) loosens float32's default tolerance to 3e-2 and
+    # iterates to the precision floor before the strict residual is measured
     got, rep_tf = fusekit.matrix_power(a.astype(np.float32), -0.5, method="newton", allow_tf32=True,
                                        return_report=True)
-    assert rep_tf.converged and rep_tf.residual <= 1e-3
-    assert rep_tf.iterations <= rep32.iterations
+    assert rep_tf.converged and rep_tf.residual <= 3e-2
     assert rel_err(got, _power_ref(a, -0.5, 0.0)[0]) < 1e-2
 
 
@@ -561,7 +561,7 @@ def test_cuda_matrix_power_tf32_and_not_converged():
     want = np.stack([_power_ref(m, -0.25, 1e-6)[0] for m in a])
     got, rep = fusekit.matrix_power(_cuda(a, "float32"), -0.25, 1e-6, method="newton", allow_tf32=True,
                                     return_report=True)
-    assert rep.method == "newton" and rep.converged and rep.residual <= 1e-3
+    assert rep.method == "newton" and rep.converged and rep.residual <= 3e-2
     assert rel_err(got.cpu().numpy(), want) < 1e-2
     with pytest.raises(fusekit.NotConvergedError) as ei:
         fusekit.matrix_power(_cuda(a, "float64"), -0.5, method="newton", max_iter=2, tol=1e-12)

@@ -81,15 +81,15 @@ pub struct fk_matpow_report {
 /// - `power`: finite. `eps`: finite, >= 0.
 /// - `method`: `FK_MATPOW_AUTO`, `FK_MATPOW_EIGH` or `FK_MATPOW_NEWTON`.
 /// - `max_iter` (Newton, >= 1; e.g. 100) and `tol` (Newton: stop when every matrix
-///   has `max |M - I| <= tol`, e.g. 5e-5 for f32, 1e-12 for f64, 2e-2 with TF32;
+///   has `max |M - I| <= tol`, e.g. 1e-5 for f32, 1e-12 for f64, 3e-2 with TF32;
 ///   also stops when the residual stops shrinking at the precision floor).
 ///   With `tol > 0` the iteration checks the residual every step, which waits for the
 ///   stream; `tol <= 0` runs exactly `max_iter` iterations, fully asynchronous. Both
 ///   are ignored by `FK_MATPOW_EIGH`.
 /// - `flags`: 0 or `FK_GEMM_ALLOW_TF32`: Newton's f32 GEMMs on TF32 tensor cores
 ///   (2-6x faster; `out` then has ~1e-3 relative error, and the reported residual
-///   is measured strictly on `X^p (A + eps I)` at the end, ~1e-2: use a tol such as
-///   2e-2).
+///   is measured strictly on `X^p (A + eps I)` at the end, ~2e-2: use a tol such as
+///   3e-2).
 /// - `report`: optional (NULL = not wanted), filled on `FK_OK` and on
 ///   `FK_ERROR_NOT_CONVERGED`.
 /// - `stream`: see the module rules. The eigendecomposition waits for the stream

@@ -37,7 +37,7 @@ __device__ double block_reduce(double v, int is_max) {
     if (lane == 0) warp_part[warp] = v;
     __syncthreads();
     int nw = blockDim.x >> 5;
-    v = threadIdx.x < nw ? warp_part[threadIdx.x] : (is_max ? 0.0 : 0.0);
+    v = threadIdx.x < nw ? warp_part[threadIdx.x] : 0.0;  // 0 is neutral for sums and max |.|
     if (warp == 0) {
         for (int o = 16; o > 0; o >>= 1) {
             double w = __shfl_down_sync(0xffffffffu, v, o);

@@ -20,31 +20,6 @@ use std::time::Instant;
 use common::*;
 use cudarc::driver::{result as cu, sys};
 
-/// The CUDA context of device 0, or `None` (after printing the skip) without a GPU.
-fn gpu() -> Option<Ctx> {
-    let n = device_count();
-    if n == 0 {
-        if std::env::var("FK_REQUIRE_GPU").as_deref() == Ok("1") {
-            let mut c = null_mut();
-            let s = unsafe { fk_context_create(FK_ABI_VERSION, FK_DEVICE_CUDA, 0, &mut c) };
-            panic!(
-                "FK_REQUIRE_GPU=1 but fk_device_count is 0 (FK_DEVICE_CUDA: {}: {})",
-                status_name(s),
-                last_error()
-            );
-        }
-        println!("SKIPPED: no CUDA device");
-        return None;
-    }
-    Some(Ctx::cuda(0))
-}
-
-/// `FK_SANITIZE=1` (set by scripts/gpu_suite.sh under compute-sanitizer): smaller
-/// sizes, and no 4 GiB allocation.
-fn sanitizing() -> bool {
-    std::env::var("FK_SANITIZE").is_ok_and(|v| !v.is_empty() && v != "0")
-}
-
 /// Runs `op` on placed operands of one context; the output is freshly poisoned.
 fn run_placed(
     ctx: &Ctx,

@@ -19,21 +19,6 @@ use std::time::Instant;
 use common::*;
 use gaussian_util::*;
 
-fn gpu() -> Option<Ctx> {
-    if device_count() == 0 {
-        if std::env::var("FK_REQUIRE_GPU").as_deref() == Ok("1") {
-            panic!("FK_REQUIRE_GPU=1 but fk_device_count is 0");
-        }
-        println!("SKIPPED: no CUDA device");
-        return None;
-    }
-    Some(Ctx::cuda(0))
-}
-
-fn sanitizing() -> bool {
-    std::env::var("FK_SANITIZE").is_ok_and(|v| !v.is_empty() && v != "0")
-}
-
 fn sizes() -> Vec<(usize, usize)> {
     if sanitizing() {
         vec![(1, 1), (7, 5), (70, 33), (65, 530)]

@@ -32,17 +32,53 @@ fn eigh_power_every_solver_route() {
     let big = if sanitizing() { 40 } else { 129 };
     for dt in REAL {
         // (n, batch): syevjBatched (n <= 32), syevd (batch 1), XsyevBatched (batch > 1)
-        for &(n, batch) in &[(1usize, 1usize), (7, 5), (32, 3), (33, 1), (big, 1), (45, 4), (big, 3)] {
+        for &(n, batch) in &[
+            (1usize, 1usize),
+            (7, 5),
+            (32, 3),
+            (33, 1),
+            (big, 1),
+            (45, 4),
+            (big, 3),
+        ] {
             let mats: Vec<f64> = (0..batch).flat_map(|_| spd(&mut rng, n)).collect();
             for &power in &[-0.25, 0.5, -1.0] {
-                let (s, got, rep) = run_power(&g, dt, &mats, batch, n, power, 1e-4, FK_MATPOW_EIGH, 1, 0.0, 0);
+                let (s, got, rep) = run_power(
+                    &g,
+                    dt,
+                    &mats,
+                    batch,
+                    n,
+                    power,
+                    1e-4,
+                    FK_MATPOW_EIGH,
+                    1,
+                    0.0,
+                    0,
+                );
                 let what = format!("eigh {} n={n} batch={batch} power={power}", dname(dt));
                 assert!(s == FK_OK, "{what}: {} {}", status_name(s), last_error());
-                let (s2, want, rep_cpu) = run_power(&cpu, dt, &mats, batch, n, power, 1e-4, FK_MATPOW_EIGH, 1, 0.0, 0);
+                let (s2, want, rep_cpu) = run_power(
+                    &cpu,
+                    dt,
+                    &mats,
+                    batch,
+                    n,
+                    power,
+                    1e-4,
+                    FK_MATPOW_EIGH,
+                    1,
+                    0.0,
+                    0,
+                );
                 ok(s2);
                 close(&got, &want, cuda_vs_cpu_tol(dt), &what);
                 assert_eq!((rep.method, rep.converged), (FK_MATPOW_EIGH, 1), "{what}");
-                assert!((rep.min_eigenvalue - rep_cpu.min_eigenvalue).abs() <= 1e-4 * rep_cpu.min_eigenvalue.abs().max(1e-3), "{what}: {rep:?} vs {rep_cpu:?}");
+                assert!(
+                    (rep.min_eigenvalue - rep_cpu.min_eigenvalue).abs()
+                        <= 1e-4 * rep_cpu.min_eigenvalue.abs().max(1e-3),
+                    "{what}: {rep:?} vs {rep_cpu:?}"
+                );
             }
         }
     }
@@ -53,9 +89,23 @@ fn eigh_shifts_an_indefinite_spectrum_like_the_cpu() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(22);
     let n = 40;
-    let spec: Vec<f64> = (0..n).map(|i| if i == 0 { -0.25 } else { 0.5 + i as f64 }).collect();
+    let spec: Vec<f64> = (0..n)
+        .map(|i| if i == 0 { -0.25 } else { 0.5 + i as f64 })
+        .collect();
     let m = spd_with(&mut rng, &spec);
-    let (s, got, rep) = run_power(&g, FK_DTYPE_F64, &m, 1, n, -0.5, 1e-3, FK_MATPOW_EIGH, 1, 0.0, 0);
+    let (s, got, rep) = run_power(
+        &g,
+        FK_DTYPE_F64,
+        &m,
+        1,
+        n,
+        -0.5,
+        1e-3,
+        FK_MATPOW_EIGH,
+        1,
+        0.0,
+        0,
+    );
     ok(s);
     let (want, lmin) = power_ref(&m, n, -0.5, 1e-3);
     close(&got, &want, 1e-9, "shifted spectrum");
@@ -72,22 +122,59 @@ fn newton_f64_strict_f32_and_tf32() {
         let mats: Vec<f64> = (0..batch).flat_map(|_| spd(&mut rng, n)).collect();
         for &p in &[1u32, 2, 4, 3] {
             let power = -1.0 / p as f64;
-            let want: Vec<f64> = (0..batch).flat_map(|b| power_ref(&mats[b * n * n..(b + 1) * n * n], n, power, 1e-6).0).collect();
+            let want: Vec<f64> = (0..batch)
+                .flat_map(|b| power_ref(&mats[b * n * n..(b + 1) * n * n], n, power, 1e-6).0)
+                .collect();
             for (dt, flags, tol, err) in [
                 (FK_DTYPE_F64, 0u32, 1e-12, 1e-9),
                 (FK_DTYPE_F32, 0, 5e-5, 5e-4),
                 (FK_DTYPE_F32, FK_GEMM_ALLOW_TF32, 3e-2, 1e-2),
             ] {
-                let what = format!("newton {} n={n} batch={batch} p={p} flags={flags}", dname(dt));
-                let (s, got, rep) = run_power(&g, dt, &mats, batch, n, power, 1e-6, FK_MATPOW_NEWTON, 100, tol, flags);
-                assert!(s == FK_OK, "{what}: {} {} {rep:?}", status_name(s), last_error());
+                let what = format!(
+                    "newton {} n={n} batch={batch} p={p} flags={flags}",
+                    dname(dt)
+                );
+                let (s, got, rep) = run_power(
+                    &g,
+                    dt,
+                    &mats,
+                    batch,
+                    n,
+                    power,
+                    1e-6,
+                    FK_MATPOW_NEWTON,
+                    100,
+                    tol,
+                    flags,
+                );
+                assert!(
+                    s == FK_OK,
+                    "{what}: {} {} {rep:?}",
+                    status_name(s),
+                    last_error()
+                );
                 close(&got, &want, err, &what);
                 assert_eq!((rep.method, rep.converged), (FK_MATPOW_NEWTON, 1), "{what}");
                 assert!(rep.residual <= tol, "{what}: {rep:?}");
                 if flags == 0 {
                     // the same algorithm on the CPU stops after about as many steps
-                    let (_, cpu_out, cpu_rep) = run_power(&cpu, dt, &mats, batch, n, power, 1e-6, FK_MATPOW_NEWTON, 100, tol, 0);
-                    assert!((rep.iterations - cpu_rep.iterations).abs() <= 1, "{what}: {rep:?} vs CPU {cpu_rep:?}");
+                    let (_, cpu_out, cpu_rep) = run_power(
+                        &cpu,
+                        dt,
+                        &mats,
+                        batch,
+                        n,
+                        power,
+                        1e-6,
+                        FK_MATPOW_NEWTON,
+                        100,
+                        tol,
+                        0,
+                    );
+                    assert!(
+                        (rep.iterations - cpu_rep.iterations).abs() <= 1,
+                        "{what}: {rep:?} vs CPU {cpu_rep:?}"
+                    );
                     close(&got, &cpu_out, err, &format!("{what} vs CPU"));
                 }
             }
@@ -101,21 +188,78 @@ fn auto_picks_newton_above_32_and_reports_it() {
     let mut rng = Rng::new(24);
     for &(n, want_method) in &[(16usize, FK_MATPOW_EIGH), (48, FK_MATPOW_NEWTON)] {
         let m = spd(&mut rng, n);
-        let (s, got, rep) = run_power(&g, FK_DTYPE_F64, &m, 1, n, -0.25, 1e-6, FK_MATPOW_AUTO, 100, 1e-12, 0);
+        let (s, got, rep) = run_power(
+            &g,
+            FK_DTYPE_F64,
+            &m,
+            1,
+            n,
+            -0.25,
+            1e-6,
+            FK_MATPOW_AUTO,
+            100,
+            1e-12,
+            0,
+        );
         ok(s);
         assert_eq!(rep.method, want_method, "n={n}");
-        close(&got, &power_ref(&m, n, -0.25, 1e-6).0, 1e-9, &format!("auto n={n}"));
+        close(
+            &got,
+            &power_ref(&m, n, -0.25, 1e-6).0,
+            1e-9,
+            &format!("auto n={n}"),
+        );
     }
     // a non-root power is always the eigendecomposition
     let m = spd(&mut rng, 48);
-    let (s, _, rep) = run_power(&g, FK_DTYPE_F64, &m, 1, 48, 0.37, 1e-6, FK_MATPOW_AUTO, 100, 1e-12, 0);
+    let (s, _, rep) = run_power(
+        &g,
+        FK_DTYPE_F64,
+        &m,
+        1,
+        48,
+        0.37,
+        1e-6,
+        FK_MATPOW_AUTO,
+        100,
+        1e-12,
+        0,
+    );
     ok(s);
     assert_eq!(rep.method, FK_MATPOW_EIGH);
     // Newton that cannot converge in 2 steps: NEWTON reports it, AUTO falls back
-    let (s, _, rep) = run_power(&g, FK_DTYPE_F64, &m, 1, 48, -0.5, 0.0, FK_MATPOW_NEWTON, 2, 1e-12, 0);
-    expect_status(s, FK_ERROR_NOT_CONVERGED, &["fk_matrix_power", "did not converge"]);
+    let (s, _, rep) = run_power(
+        &g,
+        FK_DTYPE_F64,
+        &m,
+        1,
+        48,
+        -0.5,
+        0.0,
+        FK_MATPOW_NEWTON,
+        2,
+        1e-12,
+        0,
+    );
+    expect_status(
+        s,
+        FK_ERROR_NOT_CONVERGED,
+        &["fk_matrix_power", "did not converge"],
+    );
     assert_eq!((rep.iterations, rep.converged), (2, 0));
-    let (s, got, rep) = run_power(&g, FK_DTYPE_F64, &m, 1, 48, -0.5, 0.0, FK_MATPOW_AUTO, 2, 1e-12, 0);
+    let (s, got, rep) = run_power(
+        &g,
+        FK_DTYPE_F64,
+        &m,
+        1,
+        48,
+        -0.5,
+        0.0,
+        FK_MATPOW_AUTO,
+        2,
+        1e-12,
+        0,
+    );
     ok(s);
     assert_eq!(rep.method, FK_MATPOW_EIGH);
     close(&got, &power_ref(&m, 48, -0.5, 0.0).0, 1e-9, "auto fallback");
@@ -127,8 +271,17 @@ fn shampoo_stats_and_precondition_match_the_cpu() {
     let cpu = Ctx::cpu();
     let mut rng = Rng::new(25);
     for dt in REAL {
-        for &(batch, m, n) in &[(1usize, 37usize, 19usize), (4, 16, 33), (1, 1, 5), (3, 7, 1)] {
-            let lead: Vec<i64> = if batch == 1 { vec![] } else { vec![batch as i64] };
+        for &(batch, m, n) in &[
+            (1usize, 37usize, 19usize),
+            (4, 16, 33),
+            (1, 1, 5),
+            (3, 7, 1),
+        ] {
+            let lead: Vec<i64> = if batch == 1 {
+                vec![]
+            } else {
+                vec![batch as i64]
+            };
             let sh = |a: usize, b: usize| [lead.clone(), vec![a as i64, b as i64]].concat();
             let gr: Vec<f64> = (0..batch * m * n).map(|_| rng.uniform(-1.0, 1.0)).collect();
             let l0: Vec<f64> = (0..batch).flat_map(|_| spd(&mut rng, m)).collect();
@@ -140,18 +293,39 @@ fn shampoo_stats_and_precondition_match_the_cpu() {
                 let rb = Buf::from_vals(ctx, dt, &sh(n, n), &reals(&r0));
                 ok(unsafe { fk_shampoo_stats(gb.raw(), 0.05, 0.95, lb.raw(), rb.raw(), null()) });
                 let out = Buf::from_vals(ctx, dt, &sh(m, n), &vec![re(f64::NAN); gr.len()]);
-                ok(unsafe { fk_shampoo_precondition(lb.raw(), gb.raw(), rb.raw(), out.raw(), 0, null()) });
+                ok(unsafe {
+                    fk_shampoo_precondition(lb.raw(), gb.raw(), rb.raw(), out.raw(), 0, null())
+                });
                 results.push((re_of(&lb.read()), re_of(&rb.read()), re_of(&out.read())));
             }
             let what = format!("{} {batch}x{m}x{n}", dname(dt));
-            close(&results[0].0, &results[1].0, cuda_vs_cpu_tol(dt), &format!("L {what}"));
-            close(&results[0].1, &results[1].1, cuda_vs_cpu_tol(dt), &format!("R {what}"));
-            close(&results[0].2, &results[1].2, cuda_vs_cpu_tol(dt), &format!("preconditioned {what}"));
+            close(
+                &results[0].0,
+                &results[1].0,
+                cuda_vs_cpu_tol(dt),
+                &format!("L {what}"),
+            );
+            close(
+                &results[0].1,
+                &results[1].1,
+                cuda_vs_cpu_tol(dt),
+                &format!("R {what}"),
+            );
+            close(
+                &results[0].2,
+                &results[1].2,
+                cuda_vs_cpu_tol(dt),
+                &format!("preconditioned {what}"),
+            );
             for (mat, k) in [(&results[0].0, m), (&results[0].1, n)] {
                 for b in 0..batch {
                     for i in 0..k {
                         for j in 0..i {
-                            assert_eq!(mat[b * k * k + i * k + j], mat[b * k * k + j * k + i], "{what}: CUDA result exactly symmetric");
+                            assert_eq!(
+                                mat[b * k * k + i * k + j],
+                                mat[b * k * k + j * k + i],
+                                "{what}: CUDA result exactly symmetric"
+                            );
                         }
                     }
                 }
@@ -167,8 +341,13 @@ fn per_sample_paths_match_the_cpu() {
     let mut rng = Rng::new(26);
     // (B, T, in, out): one step with in % 4 == 0 (vector stores) and odd in (scalar),
     // sequences
-    let cases: &[(usize, Option<usize>, usize, usize)] =
-        &[(7, None, 64, 9), (5, None, 33, 17), (3, Some(11), 20, 13), (1, Some(1), 1, 1), (2, Some(4), 128, 64)];
+    let cases: &[(usize, Option<usize>, usize, usize)] = &[
+        (7, None, 64, 9),
+        (5, None, 33, 17),
+        (3, Some(11), 20, 13),
+        (1, Some(1), 1, 1),
+        (2, Some(4), 128, 64),
+    ];
     for dt in REAL {
         for &(b, t, din, dout) in cases {
             let steps = t.unwrap_or(1);
@@ -176,8 +355,12 @@ fn per_sample_paths_match_the_cpu() {
                 None => vec![b as i64, last as i64],
                 Some(t) => vec![b as i64, t as i64, last as i64],
             };
-            let a: Vec<f64> = (0..b * steps * din).map(|_| rng.uniform(-1.0, 1.0)).collect();
-            let gv: Vec<f64> = (0..b * steps * dout).map(|_| rng.uniform(-1.0, 1.0)).collect();
+            let a: Vec<f64> = (0..b * steps * din)
+                .map(|_| rng.uniform(-1.0, 1.0))
+                .collect();
+            let gv: Vec<f64> = (0..b * steps * dout)
+                .map(|_| rng.uniform(-1.0, 1.0))
+                .collect();
             let grads = per_sample_ref(&a, &gv, b, steps, din, dout);
             let norms = sq_norms_ref(&grads, b, din * dout);
             let c = norms.iter().map(|x| x.sqrt()).sum::<f64>() / b as f64;
@@ -186,22 +369,49 @@ fn per_sample_paths_match_the_cpu() {
             for ctx in [&g, &cpu] {
                 let ab = Buf::from_vals(ctx, dt, &sh(din), &reals(&a));
                 let gb = Buf::from_vals(ctx, dt, &sh(dout), &reals(&gv));
-                let ob = Buf::from_vals(ctx, dt, &[b as i64, dout as i64, din as i64], &vec![re(f64::NAN); grads.len()]);
+                let ob = Buf::from_vals(
+                    ctx,
+                    dt,
+                    &[b as i64, dout as i64, din as i64],
+                    &vec![re(f64::NAN); grads.len()],
+                );
                 ok(unsafe { fk_per_sample_grads(ab.raw(), gb.raw(), ob.raw(), 0, null()) });
                 let nb = Buf::from_vals(ctx, dt, &[b as i64], &vec![re(f64::NAN); b]);
                 ok(unsafe { fk_per_sample_grad_norms(ab.raw(), gb.raw(), nb.raw(), null()) });
-                let sb = Buf::from_vals(ctx, dt, &[dout as i64, din as i64], &vec![re(f64::NAN); din * dout]);
+                let sb = Buf::from_vals(
+                    ctx,
+                    dt,
+                    &[dout as i64, din as i64],
+                    &vec![re(f64::NAN); din * dout],
+                );
                 let nb2 = Buf::from_vals(ctx, dt, &[b as i64], &vec![re(f64::NAN); b]);
-                ok(unsafe { fk_dp_clipped_grad_sum(ab.raw(), gb.raw(), c, sb.raw(), nb2.raw(), 0, null()) });
-                res.push([re_of(&ob.read()), re_of(&nb.read()), re_of(&sb.read()), re_of(&nb2.read())]);
+                ok(unsafe {
+                    fk_dp_clipped_grad_sum(ab.raw(), gb.raw(), c, sb.raw(), nb2.raw(), 0, null())
+                });
+                res.push([
+                    re_of(&ob.read()),
+                    re_of(&nb.read()),
+                    re_of(&sb.read()),
+                    re_of(&nb2.read()),
+                ]);
             }
             let tol = cuda_vs_cpu_tol(dt);
             close(&res[0][0], &grads, tol, &format!("grads {what}"));
             close(&res[0][1], &norms, tol, &format!("norms {what}"));
-            close(&res[0][2], &clipped_sum_ref(&grads, b, din * dout, c), tol, &format!("clipped {what}"));
+            close(
+                &res[0][2],
+                &clipped_sum_ref(&grads, b, din * dout, c),
+                tol,
+                &format!("clipped {what}"),
+            );
             close(&res[0][3], &norms, tol, &format!("clipped norms {what}"));
             for k in 0..4 {
-                close(&res[0][k], &res[1][k], tol, &format!("CUDA vs CPU output {k} {what}"));
+                close(
+                    &res[0][k],
+                    &res[1][k],
+                    tol,
+                    &format!("CUDA vs CPU output {k} {what}"),
+                );
             }
         }
     }
@@ -213,13 +423,36 @@ fn cpu_buffers_into_cuda_ops_are_device_mismatches() {
     let cpu = Ctx::cpu();
     let a = Buf::new(&cpu, FK_DTYPE_F32, &[4, 4]);
     let o = Buf::new(&g, FK_DTYPE_F32, &[4, 4]);
-    let s = unsafe { fk_matrix_power(a.raw(), -0.5, 0.0, FK_MATPOW_AUTO, 10, 1e-6, 0, o.raw(), std::ptr::null_mut(), null()) };
+    let s = unsafe {
+        fk_matrix_power(
+            a.raw(),
+            -0.5,
+            0.0,
+            FK_MATPOW_AUTO,
+            10,
+            1e-6,
+            0,
+            o.raw(),
+            std::ptr::null_mut(),
+            null(),
+        )
+    };
     expect_status(s, FK_ERROR_DEVICE_MISMATCH, &["fk_matrix_power", "a"]);
     let gr = Buf::new(&g, FK_DTYPE_F32, &[4, 3]);
     let l = Buf::new(&cpu, FK_DTYPE_F32, &[4, 4]);
-    expect_status(unsafe { fk_shampoo_stats(gr.raw(), 1.0, 1.0, l.raw(), null_buf(), null()) }, FK_ERROR_DEVICE_MISMATCH, &["l"]);
+    expect_status(
+        unsafe { fk_shampoo_stats(gr.raw(), 1.0, 1.0, l.raw(), null_buf(), null()) },
+        FK_ERROR_DEVICE_MISMATCH,
+        &["l"],
+    );
     let ac = Buf::new(&cpu, FK_DTYPE_F32, &[4, 3]);
     let gg = Buf::new(&g, FK_DTYPE_F32, &[4, 2]);
     let out = Buf::new(&g, FK_DTYPE_F32, &[2, 3]);
-    expect_status(unsafe { fk_dp_clipped_grad_sum(ac.raw(), gg.raw(), 1.0, out.raw(), null_buf(), 0, null()) }, FK_ERROR_DEVICE_MISMATCH, &["a"]);
+    expect_status(
+        unsafe {
+            fk_dp_clipped_grad_sum(ac.raw(), gg.raw(), 1.0, out.raw(), null_buf(), 0, null())
+        },
+        FK_ERROR_DEVICE_MISMATCH,
+        &["a"],
+    );
 }

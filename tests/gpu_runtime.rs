@@ -19,28 +19,6 @@ use common::*;
 
 const MIB: u64 = 1 << 20;
 
-/// The CUDA context of device 0, or `None` (after printing the skip) without a GPU.
-fn gpu() -> Option<Ctx> {
-    if device_count() == 0 {
-        if std::env::var("FK_REQUIRE_GPU").as_deref() == Ok("1") {
-            let mut c = null_mut();
-            let s = unsafe { fk_context_create(FK_ABI_VERSION, FK_DEVICE_CUDA, 0, &mut c) };
-            panic!(
-                "FK_REQUIRE_GPU=1 but fk_device_count is 0 (FK_DEVICE_CUDA: {}: {})",
-                status_name(s),
-                last_error()
-            );
-        }
-        println!("SKIPPED: no CUDA device");
-        return None;
-    }
-    Some(Ctx::cuda(0))
-}
-
-fn sanitizing() -> bool {
-    std::env::var("FK_SANITIZE").is_ok_and(|v| !v.is_empty() && v != "0")
-}
-
 fn f32_buf(ctx: &Ctx, n: usize, stream: &Stream) -> Buf {
     Buf::new_on(ctx, FK_DTYPE_F32, &[n as i64], stream.0)
 }

@@ -10,8 +10,8 @@
 //!   gives inf/NaN as IEEE arithmetic does.
 
 use super::{
-    buffer_ref, context_ref, fk_buffer, fk_context, fk_stream, guard, opt_buffer, stream_or_default,
-    write_out,
+    buffer_ref, context_ref, fk_buffer, fk_context, fk_stream, guard, opt_buffer,
+    stream_or_default, write_out,
 };
 use crate::dtype::{DType, fk_dtype};
 use crate::error::fk_status;

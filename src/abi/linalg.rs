@@ -33,7 +33,9 @@
 //!   `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_OUT_OF_MEMORY`, `FK_ERROR_CUDA` (a driver or
 //!   cuBLAS call failed: the message names it).
 
-use super::{buffer_ref, fk_buffer, fk_scalar, fk_stream, guard, opt_buffer, stream_or_default, write_out};
+use super::{
+    buffer_ref, fk_buffer, fk_scalar, fk_stream, guard, opt_buffer, stream_or_default, write_out,
+};
 use crate::dtype::{DType, fk_dtype};
 use crate::error::{FK_ERROR_INVALID_ARGUMENT, Result, fk_status};
 use crate::ops::elementwise::Scalar;

@@ -222,7 +222,11 @@ pub unsafe extern "C" fn fk_per_sample_grads(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_per_sample_grads", || unsafe {
-        let (a, g, o) = (buffer_ref(a, "a")?, buffer_ref(g, "g")?, buffer_ref(out, "out")?);
+        let (a, g, o) = (
+            buffer_ref(a, "a")?,
+            buffer_ref(g, "g")?,
+            buffer_ref(out, "out")?,
+        );
         let s = stream_or_default(stream, &o.ctx)?;
         op::per_sample_grads(a, g, o, flags, &s)
     })
@@ -247,7 +251,11 @@ pub unsafe extern "C" fn fk_per_sample_grad_norms(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_per_sample_grad_norms", || unsafe {
-        let (a, g, n) = (buffer_ref(a, "a")?, buffer_ref(g, "g")?, buffer_ref(sq_norms, "sq_norms")?);
+        let (a, g, n) = (
+            buffer_ref(a, "a")?,
+            buffer_ref(g, "g")?,
+            buffer_ref(sq_norms, "sq_norms")?,
+        );
         let s = stream_or_default(stream, &n.ctx)?;
         op::per_sample_grad_norms(a, g, n, &s)
     })
@@ -280,7 +288,11 @@ pub unsafe extern "C" fn fk_dp_clipped_grad_sum(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_dp_clipped_grad_sum", || unsafe {
-        let (a, g, o) = (buffer_ref(a, "a")?, buffer_ref(g, "g")?, buffer_ref(out, "out")?);
+        let (a, g, o) = (
+            buffer_ref(a, "a")?,
+            buffer_ref(g, "g")?,
+            buffer_ref(out, "out")?,
+        );
         let n = opt_buffer(sq_norms, "sq_norms")?;
         let s = stream_or_default(stream, &o.ctx)?;
         op::dp_clipped_grad_sum(a, g, max_norm, o, n, flags, &s)

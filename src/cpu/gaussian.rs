@@ -8,10 +8,10 @@
 
 use rayon::prelude::*;
 
+pub use super::Real;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::gaussian::{Grads, Inputs};
-pub use super::Real;
 
 /// One Gaussian's factors: mean, weight, `1 / (L_ii + eps)` and the strictly
 /// lower part of L.

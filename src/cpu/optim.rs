@@ -155,7 +155,11 @@ fn newton_start_t<T: Real>(plan: &PowPlan, p: u32, x: usize, m: usize) {
 /// matrix gets `z = 1`.
 pub fn newton_scale(norm2: f64, p: u32) -> f64 {
     let f = norm2.sqrt();
-    if f > 0.0 { (1.0 + p as f64) / (2.0 * f) } else { 1.0 }
+    if f > 0.0 {
+        (1.0 + p as f64) / (2.0 * f)
+    } else {
+        1.0
+    }
 }
 
 /// `out = V diag((lambda + shift)^power) V^T` per matrix from nalgebra's symmetric
@@ -212,20 +216,36 @@ fn eigh_power_t<T: Real>(plan: &PowPlan) -> Vec<(bool, f64)> {
 /// The spectrum shift of OPS.md: `eps - lambda_min` when the smallest eigenvalue of
 /// `A + eps I` is below `eps`, else 0.
 pub fn eigen_shift(lambda_min: f64, eps: f64) -> f64 {
-    if lambda_min < eps { eps - lambda_min } else { 0.0 }
+    if lambda_min < eps {
+        eps - lambda_min
+    } else {
+        0.0
+    }
 }
 
 // ------------------------------------------------------------------ Shampoo
 
 /// `C = beta C + alpha X X^T` per matrix, then the lower triangle mirrors the upper
 /// (the triangle cuBLAS's SYRK writes), so the result is exactly symmetric.
-fn rank_k(dtype: DType, batch: i64, x: usize, rows: i64, cols: i64, op: Trans, c: usize, alpha: f64, beta: f64) -> Result<()> {
+fn rank_k(
+    dtype: DType,
+    batch: i64,
+    x: usize,
+    rows: i64,
+    cols: i64,
+    op: Trans,
+    c: usize,
+    alpha: f64,
+    beta: f64,
+) -> Result<()> {
     // op = N: C = X X^T (X [rows, cols], C [rows, rows]); op = T: C = X^T X.
     let k = if op == Trans::N { rows } else { cols };
     let xm = dense(x, rows, cols, rows * cols);
     let other = if op == Trans::N { Trans::T } else { Trans::N };
     let cm = dense(c, k, k, k * k);
-    super::linalg::gemm(&gemm_plan(dtype, op, xm, other, xm, cm, alpha, beta, batch, false))?;
+    super::linalg::gemm(&gemm_plan(
+        dtype, op, xm, other, xm, cm, alpha, beta, batch, false,
+    ))?;
     crate::with_real!(dtype, T => each_matrix::<T>(c, batch, k, |_, m| mirror_upper(m, k as usize)));
     Ok(())
 }
@@ -242,10 +262,30 @@ fn mirror_upper<T: Copy>(m: &mut [T], n: usize) {
 /// `L = beta L + alpha G G^T`, `R = beta R + alpha G^T G`.
 pub fn shampoo_stats(p: &StatsPlan) -> Result<()> {
     if let Some(l) = p.l {
-        rank_k(p.dtype, p.batch, p.grad, p.m, p.n, Trans::N, l, p.alpha, p.beta)?;
+        rank_k(
+            p.dtype,
+            p.batch,
+            p.grad,
+            p.m,
+            p.n,
+            Trans::N,
+            l,
+            p.alpha,
+            p.beta,
+        )?;
     }
     if let Some(r) = p.r {
-        rank_k(p.dtype, p.batch, p.grad, p.m, p.n, Trans::T, r, p.alpha, p.beta)?;
+        rank_k(
+            p.dtype,
+            p.batch,
+            p.grad,
+            p.m,
+            p.n,
+            Trans::T,
+            r,
+            p.alpha,
+            p.beta,
+        )?;
     }
     Ok(())
 }
@@ -271,7 +311,11 @@ fn sq_norms_t<T: Real>(p: &SamplePlan) -> Vec<f64> {
             let a = load::<T>(p.a + b * t * i * size_of::<T>(), t * i);
             let g = load::<T>(p.g + b * t * o * size_of::<T>(), t * o);
             let dot = |x: &[f64], r: usize, s: usize, w: usize| -> f64 {
-                x[r * w..(r + 1) * w].iter().zip(&x[s * w..(s + 1) * w]).map(|(u, v)| u * v).sum()
+                x[r * w..(r + 1) * w]
+                    .iter()
+                    .zip(&x[s * w..(s + 1) * w])
+                    .map(|(u, v)| u * v)
+                    .sum()
             };
             if t == 1 {
                 return dot(&a, 0, 0, i) * dot(&g, 0, 0, o);
@@ -295,7 +339,12 @@ pub fn sample_norms(p: &SamplePlan, out: usize) -> Result<()> {
 
 /// `out = sum_b s_b g_b^T a_b` with `s_b = min(1, max_norm / |G_b|)`: g scaled per
 /// sample, then one GEMM over all `B*T` rows.
-pub fn dp_clipped_sum(p: &SamplePlan, max_norm: f64, out: usize, norms: Option<usize>) -> Result<()> {
+pub fn dp_clipped_sum(
+    p: &SamplePlan,
+    max_norm: f64,
+    out: usize,
+    norms: Option<usize>,
+) -> Result<()> {
     let sq = sq_norms(p);
     let rows = (p.steps * p.dout) as usize;
     crate::with_real!(p.dtype, T => {

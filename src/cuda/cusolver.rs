@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cusolver::sys as sv;
 
-use super::CudaDevice;
+use super::{CudaDevice, Workspace};
 use crate::dtype::DType;
 use crate::error::{
     Error, FK_ERROR_CUDA, FK_ERROR_LIBRARY_NOT_FOUND, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED,
@@ -114,7 +114,12 @@ impl SolverCache {
                         sv::cusolverDnSetStream(h.raw, stream as sv::cudaStream_t),
                     )
                 })
-                .and_then(|_| check("cusolverDnCreateParams", sv::cusolverDnCreateParams(&mut h.params)))
+                .and_then(|_| {
+                    check(
+                        "cusolverDnCreateParams",
+                        sv::cusolverDnCreateParams(&mut h.params),
+                    )
+                })
                 .and_then(|_| {
                     check(
                         "cusolverDnCreateSyevjInfo",
@@ -157,29 +162,6 @@ impl SolverCache {
     }
 }
 
-/// Device scratch freed stream-ordered on drop.
-struct DevMem<'a> {
-    dev: &'a CudaDevice,
-    stream: usize,
-    ptr: u64,
-}
-
-impl<'a> DevMem<'a> {
-    fn new(dev: &'a CudaDevice, stream: usize, bytes: usize) -> Result<DevMem<'a>> {
-        Ok(DevMem {
-            dev,
-            stream,
-            ptr: dev.alloc_async(bytes.max(16), stream)?,
-        })
-    }
-}
-
-impl Drop for DevMem<'_> {
-    fn drop(&mut self) {
-        self.dev.free_async(self.ptr, self.stream);
-    }
-}
-
 /// Eigendecomposition of `batch` symmetric `n x n` matrices at `q` (column-major
 /// with leading dimension n; only the lower triangle is read, which is the upper
 /// triangle of the row-major input): on return `q` holds the eigenvectors (column
@@ -198,7 +180,7 @@ pub fn syev_batched(
     let h = dev.solver.handle(dev, stream)?;
     let h = h.lock().unwrap_or_else(|e| e.into_inner());
     dev.bind()?;
-    let info = DevMem::new(dev, stream, batch as usize * 4)?;
+    let info = Workspace::new(dev, (batch as usize * 4).max(16), stream)?;
     let es = dtype.size() as u64;
     let vec = sv::cusolverEigMode_t::CUSOLVER_EIG_MODE_VECTOR;
     let lower = sv::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER;
@@ -214,30 +196,68 @@ pub fn syev_batched(
                 check(
                     "cusolverDnSsyevjBatched_bufferSize",
                     sv::cusolverDnSsyevjBatched_bufferSize(
-                        h.raw, vec, lower, ni, q as *const f32, ni, w as *const f32, &mut lwork, h.syevj, bi,
+                        h.raw,
+                        vec,
+                        lower,
+                        ni,
+                        q as *const f32,
+                        ni,
+                        w as *const f32,
+                        &mut lwork,
+                        h.syevj,
+                        bi,
                     ),
                 )?;
-                let work = DevMem::new(dev, stream, lwork as usize * 4)?;
+                let work = Workspace::new(dev, (lwork as usize * 4).max(16), stream)?;
                 check(
                     "cusolverDnSsyevjBatched",
                     sv::cusolverDnSsyevjBatched(
-                        h.raw, vec, lower, ni, q as *mut f32, ni, w as *mut f32, work.ptr as *mut f32,
-                        lwork, info_ptr, h.syevj, bi,
+                        h.raw,
+                        vec,
+                        lower,
+                        ni,
+                        q as *mut f32,
+                        ni,
+                        w as *mut f32,
+                        work.ptr as *mut f32,
+                        lwork,
+                        info_ptr,
+                        h.syevj,
+                        bi,
                     ),
                 )?;
             } else {
                 check(
                     "cusolverDnDsyevjBatched_bufferSize",
                     sv::cusolverDnDsyevjBatched_bufferSize(
-                        h.raw, vec, lower, ni, q as *const f64, ni, w as *const f64, &mut lwork, h.syevj, bi,
+                        h.raw,
+                        vec,
+                        lower,
+                        ni,
+                        q as *const f64,
+                        ni,
+                        w as *const f64,
+                        &mut lwork,
+                        h.syevj,
+                        bi,
                     ),
                 )?;
-                let work = DevMem::new(dev, stream, lwork as usize * 8)?;
+                let work = Workspace::new(dev, (lwork as usize * 8).max(16), stream)?;
                 check(
                     "cusolverDnDsyevjBatched",
                     sv::cusolverDnDsyevjBatched(
-                        h.raw, vec, lower, ni, q as *mut f64, ni, w as *mut f64, work.ptr as *mut f64,
-                        lwork, info_ptr, h.syevj, bi,
+                        h.raw,
+                        vec,
+                        lower,
+                        ni,
+                        q as *mut f64,
+                        ni,
+                        w as *mut f64,
+                        work.ptr as *mut f64,
+                        lwork,
+                        info_ptr,
+                        h.syevj,
+                        bi,
                     ),
                 )?;
             }
@@ -251,7 +271,13 @@ pub fn syev_batched(
         }
     }
     let mut host = vec![0i32; batch as usize];
-    dev.memcpy_dtoh(host.as_mut_ptr() as *mut u8, info.ptr, batch as usize * 4, stream, true)?;
+    dev.memcpy_dtoh(
+        host.as_mut_ptr() as *mut u8,
+        info.ptr,
+        batch as usize * 4,
+        stream,
+        true,
+    )?;
     Ok(host)
 }
 
@@ -284,25 +310,53 @@ fn batched_ok(
     // SAFETY: size query on valid handles.
     let s = unsafe {
         sv::cusolverDnXsyevBatched_bufferSize(
-            h.raw, h.params, vec, lower, n, t, q as *const c_void, n, t, w as *const c_void, t,
-            &mut dbytes, &mut hbytes, batch,
+            h.raw,
+            h.params,
+            vec,
+            lower,
+            n,
+            t,
+            q as *const c_void,
+            n,
+            t,
+            w as *const c_void,
+            t,
+            &mut dbytes,
+            &mut hbytes,
+            batch,
         )
     };
     if matches!(
         s,
-        sv::cusolverStatus_t::CUSOLVER_STATUS_NOT_SUPPORTED | sv::cusolverStatus_t::CUSOLVER_STATUS_INVALID_VALUE
+        sv::cusolverStatus_t::CUSOLVER_STATUS_NOT_SUPPORTED
+            | sv::cusolverStatus_t::CUSOLVER_STATUS_INVALID_VALUE
     ) {
         return Ok(false);
     }
     check("cusolverDnXsyevBatched_bufferSize", s)?;
-    let work = DevMem::new(dev, stream, dbytes)?;
+    let work = Workspace::new(dev, dbytes.max(16), stream)?;
     let mut hwork = vec![0u8; hbytes.max(1)];
     // SAFETY: workspaces of the queried sizes; the host workspace outlives the call
     // (cuSOLVER uses it synchronously before returning).
     let s = unsafe {
         sv::cusolverDnXsyevBatched(
-            h.raw, h.params, vec, lower, n, t, q as *mut c_void, n, t, w as *mut c_void, t,
-            work.ptr as *mut c_void, dbytes, hwork.as_mut_ptr() as *mut c_void, hbytes, info, batch,
+            h.raw,
+            h.params,
+            vec,
+            lower,
+            n,
+            t,
+            q as *mut c_void,
+            n,
+            t,
+            w as *mut c_void,
+            t,
+            work.ptr as *mut c_void,
+            dbytes,
+            hwork.as_mut_ptr() as *mut c_void,
+            hbytes,
+            info,
+            batch,
         )
     };
     if s == sv::cusolverStatus_t::CUSOLVER_STATUS_NOT_SUPPORTED {
@@ -336,22 +390,62 @@ fn syevd(
         if dtype == DType::F32 {
             check(
                 "cusolverDnSsyevd_bufferSize",
-                sv::cusolverDnSsyevd_bufferSize(h.raw, vec, lower, ni, q as *const f32, ni, w as *const f32, &mut lwork),
+                sv::cusolverDnSsyevd_bufferSize(
+                    h.raw,
+                    vec,
+                    lower,
+                    ni,
+                    q as *const f32,
+                    ni,
+                    w as *const f32,
+                    &mut lwork,
+                ),
             )?;
-            let work = DevMem::new(dev, stream, lwork as usize * 4)?;
+            let work = Workspace::new(dev, (lwork as usize * 4).max(16), stream)?;
             check(
                 "cusolverDnSsyevd",
-                sv::cusolverDnSsyevd(h.raw, vec, lower, ni, q as *mut f32, ni, w as *mut f32, work.ptr as *mut f32, lwork, info),
+                sv::cusolverDnSsyevd(
+                    h.raw,
+                    vec,
+                    lower,
+                    ni,
+                    q as *mut f32,
+                    ni,
+                    w as *mut f32,
+                    work.ptr as *mut f32,
+                    lwork,
+                    info,
+                ),
             )
         } else {
             check(
                 "cusolverDnDsyevd_bufferSize",
-                sv::cusolverDnDsyevd_bufferSize(h.raw, vec, lower, ni, q as *const f64, ni, w as *const f64, &mut lwork),
+                sv::cusolverDnDsyevd_bufferSize(
+                    h.raw,
+                    vec,
+                    lower,
+                    ni,
+                    q as *const f64,
+                    ni,
+                    w as *const f64,
+                    &mut lwork,
+                ),
             )?;
-            let work = DevMem::new(dev, stream, lwork as usize * 8)?;
+            let work = Workspace::new(dev, (lwork as usize * 8).max(16), stream)?;
             check(
                 "cusolverDnDsyevd",
-                sv::cusolverDnDsyevd(h.raw, vec, lower, ni, q as *mut f64, ni, w as *mut f64, work.ptr as *mut f64, lwork, info),
+                sv::cusolverDnDsyevd(
+                    h.raw,
+                    vec,
+                    lower,
+                    ni,
+                    q as *mut f64,
+                    ni,
+                    w as *mut f64,
+                    work.ptr as *mut f64,
+                    lwork,
+                    info,
+                ),
             )
         }
     }

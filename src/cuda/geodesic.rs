@@ -13,8 +13,8 @@ use std::sync::Mutex;
 
 use cudarc::driver::{result, sys};
 
-use super::CudaDevice;
 use super::launch::launch;
+use super::{CudaDevice, Workspace};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, FK_ERROR_INTERNAL, Result};
 use crate::ops::geodesic::{GEO_ALLOW_TF32, GEO_FORCE_GENERIC, Job, Kind};
@@ -347,29 +347,6 @@ fn max_smem(dev: &CudaDevice) -> Result<usize> {
     .cuda("cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)")? as usize;
     g.get_or_insert_with(HashMap::new).insert(dev.ordinal, v);
     Ok(v)
-}
-
-/// A stream-ordered workspace, freed on the same stream when dropped.
-struct Workspace<'a> {
-    dev: &'a CudaDevice,
-    stream: usize,
-    ptr: u64,
-}
-
-impl<'a> Workspace<'a> {
-    fn new(dev: &'a CudaDevice, bytes: usize, stream: usize) -> Result<Workspace<'a>> {
-        Ok(Workspace {
-            dev,
-            stream,
-            ptr: dev.alloc_async(bytes, stream)?,
-        })
-    }
-}
-
-impl Drop for Workspace<'_> {
-    fn drop(&mut self) {
-        self.dev.free_async(self.ptr, self.stream);
-    }
 }
 
 fn launch_args(

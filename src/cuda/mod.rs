@@ -68,6 +68,30 @@ struct Module {
     raw: sys::CUmodule,
 }
 
+/// Device memory allocated stream-ordered from the context's pool, freed on the
+/// same stream when dropped (behind the work queued there that uses it).
+pub(crate) struct Workspace<'a> {
+    dev: &'a CudaDevice,
+    stream: usize,
+    pub ptr: u64,
+}
+
+impl<'a> Workspace<'a> {
+    pub fn new(dev: &'a CudaDevice, bytes: usize, stream: usize) -> Result<Workspace<'a>> {
+        Ok(Workspace {
+            dev,
+            stream,
+            ptr: dev.alloc_async(bytes, stream)?,
+        })
+    }
+}
+
+impl Drop for Workspace<'_> {
+    fn drop(&mut self) {
+        self.dev.free_async(self.ptr, self.stream);
+    }
+}
+
 /// One CUDA device: its retained primary context, the memory pool owned by this
 /// fusekit context, and the per-context module cache.
 pub struct CudaDevice {

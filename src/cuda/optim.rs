@@ -8,13 +8,15 @@ use std::sync::{Arc, Mutex};
 use cudarc::cublas::sys as bs;
 use cudarc::driver::sys as ds;
 
-use super::CudaDevice;
 use super::cublas::{self, Slot};
 use super::launch::{BLOCK, launch};
+use super::{CudaDevice, Workspace};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, Result};
 use crate::ops::linalg::{GemmPlan, Trans};
-use crate::ops::optim::{Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan, dense, gemm_plan};
+use crate::ops::optim::{
+    Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan, dense, gemm_plan,
+};
 use crate::stream::Stream;
 
 const MODULE: &str = "optim";
@@ -29,7 +31,11 @@ fn source() -> String {
 /// `<base>_f32` or `<base>_f64` (names are `'static` for the function cache).
 macro_rules! kname {
     ($d:expr, $base:literal) => {
-        if $d == DType::F32 { concat!($base, "_f32") } else { concat!($base, "_f64") }
+        if $d == DType::F32 {
+            concat!($base, "_f32")
+        } else {
+            concat!($base, "_f64")
+        }
     };
 }
 
@@ -38,8 +44,24 @@ fn row_grid(dev: &CudaDevice, rows: i64) -> u32 {
     rows.clamp(1, dev.sm_count.max(1) as i64 * 8) as u32
 }
 
-fn run<A>(dev: &CudaDevice, f: &'static str, grid: (u32, u32, u32), block: (u32, u32, u32), stream: usize, args: &mut A) -> Result<()> {
-    launch(dev, MODULE, f, grid, block, 0, stream, &mut [args as *mut A as *mut c_void])
+fn run<A>(
+    dev: &CudaDevice,
+    f: &'static str,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    stream: usize,
+    args: &mut A,
+) -> Result<()> {
+    launch(
+        dev,
+        MODULE,
+        f,
+        grid,
+        block,
+        0,
+        stream,
+        &mut [args as *mut A as *mut c_void],
+    )
 }
 
 /// `q = A + eps I` (kernel `eig_prepare`).
@@ -60,7 +82,14 @@ fn shifted(dev: &CudaDevice, plan: &PowPlan, q: usize, stream: usize) -> Result<
         eps: plan.eps,
     };
     let g = row_grid(dev, plan.batch * plan.n);
-    run(dev, kname!(plan.dtype, "eig_prepare"), (g, 1, 1), (BLOCK, 1, 1), stream, &mut pa)
+    run(
+        dev,
+        kname!(plan.dtype, "eig_prepare"),
+        (g, 1, 1),
+        (BLOCK, 1, 1),
+        stream,
+        &mut pa,
+    )
 }
 
 // ------------------------------------------------------------------ Newton backend
@@ -85,15 +114,24 @@ impl<'a> Ops<'a> {
     }
 
     fn alloc(&self, bytes: usize) -> Result<Scratch<'a>> {
-        let ptr = self.dev.alloc_async(bytes.max(16), self.stream)?;
-        let (dev, stream) = (self.dev, self.stream);
-        Ok(Scratch::new(ptr as usize, Box::new(move || dev.free_async(ptr, stream))))
+        let ws = Workspace::new(self.dev, bytes.max(16), self.stream)?;
+        Ok(Scratch::new(ws.ptr as usize, Box::new(move || drop(ws))))
     }
 
     /// Per-matrix reduction of `src + shift I` (mode 0: sum of squares, 1: max
     /// |.|) into `out` (doubles; mode 0 writes `(z, z^(1/p))` pairs).
-    fn reduce(&self, plan: &PowPlan, src: usize, shift: f64, mode: i32, p: u32, out: u64) -> Result<()> {
-        let chunks = (self.dev.sm_count.max(1) as i64 * 4 / plan.batch.max(1)).clamp(1, plan.n.max(1)).min(256);
+    fn reduce(
+        &self,
+        plan: &PowPlan,
+        src: usize,
+        shift: f64,
+        mode: i32,
+        p: u32,
+        out: u64,
+    ) -> Result<()> {
+        let chunks = (self.dev.sm_count.max(1) as i64 * 4 / plan.batch.max(1))
+            .clamp(1, plan.n.max(1))
+            .min(256);
         let partial = self.alloc((plan.batch * chunks) as usize * 8)?;
         #[repr(C)]
         struct PartialArgs {
@@ -115,7 +153,14 @@ impl<'a> Ops<'a> {
             mode,
         };
         let gy = plan.batch.min(65535) as u32;
-        run(self.dev, kname!(plan.dtype, "mp_partials"), (chunks as u32, gy, 1), (BLOCK, 1, 1), self.stream, &mut a)?;
+        run(
+            self.dev,
+            kname!(plan.dtype, "mp_partials"),
+            (chunks as u32, gy, 1),
+            (BLOCK, 1, 1),
+            self.stream,
+            &mut a,
+        )?;
         #[repr(C)]
         struct FinishArgs {
             batch: i64,
@@ -134,7 +179,14 @@ impl<'a> Ops<'a> {
             p: p as i32,
         };
         let g = (plan.batch as u64).div_ceil(BLOCK as u64).min(65535) as u32;
-        run(self.dev, "mp_finish", (g, 1, 1), (BLOCK, 1, 1), self.stream, &mut f)
+        run(
+            self.dev,
+            "mp_finish",
+            (g, 1, 1),
+            (BLOCK, 1, 1),
+            self.stream,
+            &mut f,
+        )
     }
 }
 
@@ -171,7 +223,14 @@ impl crate::ops::optim::MatOps for Ops<'_> {
             eps: plan.eps,
         };
         let g = row_grid(self.dev, plan.batch * plan.n);
-        run(self.dev, kname!(plan.dtype, "mp_start"), (g, 1, 1), (BLOCK, 1, 1), self.stream, &mut a)
+        run(
+            self.dev,
+            kname!(plan.dtype, "mp_start"),
+            (g, 1, 1),
+            (BLOCK, 1, 1),
+            self.stream,
+            &mut a,
+        )
     }
 
     fn shifted(&self, plan: &PowPlan, s: usize) -> Result<()> {
@@ -195,23 +254,38 @@ impl crate::ops::optim::MatOps for Ops<'_> {
             p: p as i32,
         };
         let g = row_grid(self.dev, plan.batch * plan.n);
-        run(self.dev, kname!(plan.dtype, "mp_affine"), (g, 1, 1), (BLOCK, 1, 1), self.stream, &mut a)
+        run(
+            self.dev,
+            kname!(plan.dtype, "mp_affine"),
+            (g, 1, 1),
+            (BLOCK, 1, 1),
+            self.stream,
+            &mut a,
+        )
     }
 
     fn residuals(&self, plan: &PowPlan, m: usize) -> Result<Vec<f64>> {
         let out = self.alloc(plan.batch as usize * 8)?;
         self.reduce(plan, m, -1.0, 1, 1, out.ptr as u64)?;
         let mut host = vec![0f64; plan.batch as usize];
-        self.dev.memcpy_dtoh(host.as_mut_ptr() as *mut u8, out.ptr as u64, host.len() * 8, self.stream, true)?;
+        self.dev.memcpy_dtoh(
+            host.as_mut_ptr() as *mut u8,
+            out.ptr as u64,
+            host.len() * 8,
+            self.stream,
+            true,
+        )?;
         Ok(host)
     }
 
     fn copy(&self, dst: usize, src: usize, bytes: usize) -> Result<()> {
         self.dev.bind()?;
         // SAFETY: both are device allocations of at least `bytes` bytes.
-        unsafe { ds::cuMemcpyDtoDAsync_v2(dst as u64, src as u64, bytes, self.stream as ds::CUstream) }
-            .result()
-            .cuda("cuMemcpyDtoDAsync")
+        unsafe {
+            ds::cuMemcpyDtoDAsync_v2(dst as u64, src as u64, bytes, self.stream as ds::CUstream)
+        }
+        .result()
+        .cuda("cuMemcpyDtoDAsync")
     }
 }
 
@@ -229,7 +303,15 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
     let w = ops.alloc((plan.batch * plan.n) as usize * es)?;
     let g = row_grid(dev, plan.batch * plan.n);
     shifted(dev, plan, q.ptr, stream.raw)?;
-    let info = super::cusolver::syev_batched(dev, stream.raw, plan.dtype, plan.n, plan.batch, q.ptr as u64, w.ptr as u64)?;
+    let info = super::cusolver::syev_batched(
+        dev,
+        stream.raw,
+        plan.dtype,
+        plan.n,
+        plan.batch,
+        q.ptr as u64,
+        w.ptr as u64,
+    )?;
     #[repr(C)]
     struct EigScaleArgs {
         n: i64,
@@ -249,12 +331,30 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
         power: plan.power,
         eps: plan.eps,
     };
-    run(dev, kname!(plan.dtype, "eig_scale"), (g, 1, 1), (BLOCK, 1, 1), stream.raw, &mut sa)?;
+    run(
+        dev,
+        kname!(plan.dtype, "eig_scale"),
+        (g, 1, 1),
+        (BLOCK, 1, 1),
+        stream.raw,
+        &mut sa,
+    )?;
     // out = Q^T S (rows of Q are the eigenvectors)
     let m = |ptr: usize| plan.mat(ptr);
     crate::ops::optim::MatOps::gemm(
         &ops,
-        &gemm_plan(plan.dtype, Trans::T, m(q.ptr), Trans::N, m(s.ptr), m(plan.out), 1.0, 0.0, plan.batch, false),
+        &gemm_plan(
+            plan.dtype,
+            Trans::T,
+            m(q.ptr),
+            Trans::N,
+            m(s.ptr),
+            m(plan.out),
+            1.0,
+            0.0,
+            plan.batch,
+            false,
+        ),
     )?;
     // The smallest eigenvalue of each matrix (w is ascending per matrix).
     let mut wh = vec![0u8; (plan.batch * plan.n) as usize * es];
@@ -281,7 +381,14 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
 // ------------------------------------------------------------------ Shampoo statistics
 
 /// Mirrors the upper triangle of each `[n, n]` matrix into the lower one.
-fn mirror(dev: &CudaDevice, dtype: DType, c: usize, n: i64, batch: i64, stream: usize) -> Result<()> {
+fn mirror(
+    dev: &CudaDevice,
+    dtype: DType,
+    c: usize,
+    n: i64,
+    batch: i64,
+    stream: usize,
+) -> Result<()> {
     if n <= 1 {
         return Ok(());
     }
@@ -300,7 +407,14 @@ fn mirror(dev: &CudaDevice, dtype: DType, c: usize, n: i64, batch: i64, stream: 
         m: c as u64,
     };
     let gx = (tiles * (tiles + 1) / 2) as u32;
-    run(dev, kname!(dtype, "sym_mirror"), (gx, batch.min(65535) as u32, 1), (32, 8, 1), stream, &mut a)
+    run(
+        dev,
+        kname!(dtype, "sym_mirror"),
+        (gx, batch.min(65535) as u32, 1),
+        (32, 8, 1),
+        stream,
+        &mut a,
+    )
 }
 
 /// `C = beta C + alpha X X^T` (`op = N`, X `[rows, cols]`) or `alpha X^T X` (`op = T`):
@@ -308,20 +422,51 @@ fn mirror(dev: &CudaDevice, dtype: DType, c: usize, n: i64, batch: i64, stream: 
 /// batched GEMM instead, which computes both triangles in one launch), then the
 /// lower triangle mirrors the upper.
 #[allow(clippy::too_many_arguments)]
-fn rank_k(dev: &CudaDevice, slot: &Slot, dtype: DType, batch: i64, x: usize, rows: i64, cols: i64, op: Trans, c: usize, alpha: f64, beta: f64, stream: usize) -> Result<()> {
+fn rank_k(
+    dev: &CudaDevice,
+    slot: &Slot,
+    dtype: DType,
+    batch: i64,
+    x: usize,
+    rows: i64,
+    cols: i64,
+    op: Trans,
+    c: usize,
+    alpha: f64,
+    beta: f64,
+    stream: usize,
+) -> Result<()> {
     let k = if op == Trans::N { rows } else { cols };
     let inner = if op == Trans::N { cols } else { rows };
     if batch > 1 {
         let xm = dense(x, rows, cols, rows * cols);
         let other = if op == Trans::N { Trans::T } else { Trans::N };
-        cublas::gemm_ex(slot, &gemm_plan(dtype, op, xm, other, xm, dense(c, k, k, k * k), alpha, beta, batch, false))?;
+        cublas::gemm_ex(
+            slot,
+            &gemm_plan(
+                dtype,
+                op,
+                xm,
+                other,
+                xm,
+                dense(c, k, k, k * k),
+                alpha,
+                beta,
+                batch,
+                false,
+            ),
+        )?;
         return mirror(dev, dtype, c, k, batch, stream);
     }
     // Row-major C = X X^T is column-major C = Xc^T Xc with Xc = X^T ([cols, rows],
     // ld cols): SYRK with trans = T, k = cols. Row-major X^T X is column-major
     // Xc Xc^T: trans = N, k = rows. FILL_MODE_LOWER (column-major) is the row-major
     // upper triangle.
-    let trans = if op == Trans::N { bs::cublasOperation_t::CUBLAS_OP_T } else { bs::cublasOperation_t::CUBLAS_OP_N };
+    let trans = if op == Trans::N {
+        bs::cublasOperation_t::CUBLAS_OP_T
+    } else {
+        bs::cublasOperation_t::CUBLAS_OP_N
+    };
     let lower = bs::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER;
     let (ni, ki, ld) = (k as i32, inner as i32, cols.max(1) as i32);
     // SAFETY: validated contiguous operands; the handle is bound to the stream;
@@ -329,13 +474,44 @@ fn rank_k(dev: &CudaDevice, slot: &Slot, dtype: DType, batch: i64, x: usize, row
     let s = unsafe {
         if dtype == DType::F32 {
             let (al, be) = (alpha as f32, beta as f32);
-            bs::cublasSsyrk_v2(slot.blas, lower, trans, ni, ki, &al, x as *const f32, ld, &be, c as *mut f32, ni.max(1))
+            bs::cublasSsyrk_v2(
+                slot.blas,
+                lower,
+                trans,
+                ni,
+                ki,
+                &al,
+                x as *const f32,
+                ld,
+                &be,
+                c as *mut f32,
+                ni.max(1),
+            )
         } else {
-            bs::cublasDsyrk_v2(slot.blas, lower, trans, ni, ki, &alpha, x as *const f64, ld, &beta, c as *mut f64, ni.max(1))
+            bs::cublasDsyrk_v2(
+                slot.blas,
+                lower,
+                trans,
+                ni,
+                ki,
+                &alpha,
+                x as *const f64,
+                ld,
+                &beta,
+                c as *mut f64,
+                ni.max(1),
+            )
         }
     };
     if s != bs::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-        return Err(cublas::blas_err(if dtype == DType::F32 { "cublasSsyrk" } else { "cublasDsyrk" }, s));
+        return Err(cublas::blas_err(
+            if dtype == DType::F32 {
+                "cublasSsyrk"
+            } else {
+                "cublasDsyrk"
+            },
+            s,
+        ));
     }
     mirror(dev, dtype, c, k, 1, stream)
 }
@@ -345,10 +521,36 @@ pub fn shampoo_stats(dev: &CudaDevice, p: &StatsPlan, stream: &Stream) -> Result
     let slot = dev.blas.slot(dev, stream.raw)?;
     let g = slot.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(l) = p.l {
-        rank_k(dev, &g, p.dtype, p.batch, p.grad, p.m, p.n, Trans::N, l, p.alpha, p.beta, stream.raw)?;
+        rank_k(
+            dev,
+            &g,
+            p.dtype,
+            p.batch,
+            p.grad,
+            p.m,
+            p.n,
+            Trans::N,
+            l,
+            p.alpha,
+            p.beta,
+            stream.raw,
+        )?;
     }
     if let Some(r) = p.r {
-        rank_k(dev, &g, p.dtype, p.batch, p.grad, p.m, p.n, Trans::T, r, p.alpha, p.beta, stream.raw)?;
+        rank_k(
+            dev,
+            &g,
+            p.dtype,
+            p.batch,
+            p.grad,
+            p.m,
+            p.n,
+            Trans::T,
+            r,
+            p.alpha,
+            p.beta,
+            stream.raw,
+        )?;
     }
     Ok(())
 }
@@ -357,7 +559,12 @@ pub fn shampoo_stats(dev: &CudaDevice, p: &StatsPlan, stream: &Stream) -> Result
 
 /// `out[b] = g_b^T a_b`: one step is an outer product per sample (a write-bound
 /// kernel); sequences are one batched GEMM with `k = T`.
-pub fn per_sample_grads(dev: &CudaDevice, p: &SamplePlan, out: usize, stream: &Stream) -> Result<()> {
+pub fn per_sample_grads(
+    dev: &CudaDevice,
+    p: &SamplePlan,
+    out: usize,
+    stream: &Stream,
+) -> Result<()> {
     if p.steps != 1 {
         let ops = Ops::new(dev, stream)?;
         return crate::ops::optim::MatOps::gemm(&ops, &p.grads_gemm(out));
@@ -384,7 +591,14 @@ pub fn per_sample_grads(dev: &CudaDevice, p: &SamplePlan, out: usize, stream: &S
         vec: vec as i32,
     };
     let g = row_grid(dev, p.batch * p.dout);
-    run(dev, kname!(p.dtype, "ps_outer"), (g, 1, 1), (BLOCK, 1, 1), stream.raw, &mut a)
+    run(
+        dev,
+        kname!(p.dtype, "ps_outer"),
+        (g, 1, 1),
+        (BLOCK, 1, 1),
+        stream.raw,
+        &mut a,
+    )
 }
 
 #[repr(C)]
@@ -399,24 +613,44 @@ struct NormArgs {
     max_norm: f64,
 }
 
+/// The one-step kernel `ps_norms`: squared norms into `norms` (0: not wanted) and,
+/// when `gs` is not 0, `g` scaled by the clipping factor for `max_norm` into `gs`.
+fn fused_norms(
+    dev: &CudaDevice,
+    p: &SamplePlan,
+    norms: usize,
+    gs: usize,
+    max_norm: f64,
+    stream: usize,
+) -> Result<()> {
+    let mut a = NormArgs {
+        batch: p.batch,
+        din: p.din,
+        dout: p.dout,
+        a: p.a as u64,
+        g: p.g as u64,
+        norms: norms as u64,
+        gs: gs as u64,
+        max_norm,
+    };
+    let g = row_grid(dev, p.batch);
+    run(
+        dev,
+        kname!(p.dtype, "ps_norms"),
+        (g, 1, 1),
+        (BLOCK, 1, 1),
+        stream,
+        &mut a,
+    )
+}
+
 /// Squared per-sample norms into `norms` (the plan's dtype): the fused one-step
 /// kernel, or for sequences the Gram matrices `a_b a_b^T`, `g_b g_b^T` (two batched
 /// GEMMs into scratch) and their per-sample inner product.
 fn norms_into(ops: &Ops, p: &SamplePlan, norms: usize) -> Result<()> {
     let (dev, stream) = (ops.dev, ops.stream);
     if p.steps == 1 {
-        let mut a = NormArgs {
-            batch: p.batch,
-            din: p.din,
-            dout: p.dout,
-            a: p.a as u64,
-            g: p.g as u64,
-            norms: norms as u64,
-            gs: 0,
-            max_norm: 0.0,
-        };
-        let g = row_grid(dev, p.batch);
-        return run(dev, kname!(p.dtype, "ps_norms"), (g, 1, 1), (BLOCK, 1, 1), stream, &mut a);
+        return fused_norms(dev, p, norms, 0, 0.0, stream);
     }
     let t = p.steps;
     let es = p.dtype.size();
@@ -426,7 +660,18 @@ fn norms_into(ops: &Ops, p: &SamplePlan, norms: usize) -> Result<()> {
         let xm = dense(x, t, w, t * w);
         crate::ops::optim::MatOps::gemm(
             ops,
-            &gemm_plan(p.dtype, Trans::N, xm, Trans::T, xm, dense(dst, t, t, t * t), 1.0, 0.0, p.batch, false),
+            &gemm_plan(
+                p.dtype,
+                Trans::N,
+                xm,
+                Trans::T,
+                xm,
+                dense(dst, t, t, t * t),
+                1.0,
+                0.0,
+                p.batch,
+                false,
+            ),
         )?;
     }
     #[repr(C)]
@@ -445,7 +690,14 @@ fn norms_into(ops: &Ops, p: &SamplePlan, norms: usize) -> Result<()> {
         norms: norms as u64,
     };
     let g = row_grid(dev, p.batch);
-    run(dev, kname!(p.dtype, "ps_gram_dot"), (g, 1, 1), (BLOCK, 1, 1), stream, &mut a)
+    run(
+        dev,
+        kname!(p.dtype, "ps_gram_dot"),
+        (g, 1, 1),
+        (BLOCK, 1, 1),
+        stream,
+        &mut a,
+    )
 }
 
 pub fn sample_norms(dev: &CudaDevice, p: &SamplePlan, out: usize, stream: &Stream) -> Result<()> {
@@ -455,24 +707,20 @@ pub fn sample_norms(dev: &CudaDevice, p: &SamplePlan, out: usize, stream: &Strea
 
 /// The clipped sum: g scaled per sample into scratch (fused with the norms for one
 /// step), then one GEMM `out = gs^T a` over all `B*T` rows.
-pub fn dp_clipped_sum(dev: &CudaDevice, p: &SamplePlan, max_norm: f64, out: usize, norms: Option<usize>, stream: &Stream) -> Result<()> {
+pub fn dp_clipped_sum(
+    dev: &CudaDevice,
+    p: &SamplePlan,
+    max_norm: f64,
+    out: usize,
+    norms: Option<usize>,
+    stream: &Stream,
+) -> Result<()> {
     let ops = Ops::new(dev, stream)?;
     let es = p.dtype.size();
     let gs = ops.alloc((p.batch * p.steps * p.dout) as usize * es)?;
     let sq_scratch;
     if p.steps == 1 {
-        let mut a = NormArgs {
-            batch: p.batch,
-            din: p.din,
-            dout: p.dout,
-            a: p.a as u64,
-            g: p.g as u64,
-            norms: norms.unwrap_or(0) as u64,
-            gs: gs.ptr as u64,
-            max_norm,
-        };
-        let g = row_grid(dev, p.batch);
-        run(dev, kname!(p.dtype, "ps_norms"), (g, 1, 1), (BLOCK, 1, 1), stream.raw, &mut a)?;
+        fused_norms(dev, p, norms.unwrap_or(0), gs.ptr, max_norm, stream.raw)?;
     } else {
         let nptr = match norms {
             Some(n) => n,
@@ -500,7 +748,14 @@ pub fn dp_clipped_sum(dev: &CudaDevice, p: &SamplePlan, max_norm: f64, out: usiz
             max_norm,
         };
         let g = row_grid(dev, p.batch);
-        run(dev, kname!(p.dtype, "ps_scale_rows"), (g, 1, 1), (BLOCK, 1, 1), stream.raw, &mut a)?;
+        run(
+            dev,
+            kname!(p.dtype, "ps_scale_rows"),
+            (g, 1, 1),
+            (BLOCK, 1, 1),
+            stream.raw,
+            &mut a,
+        )?;
     }
     crate::ops::optim::MatOps::gemm(&ops, &p.sum_gemm(gs.ptr, out))
 }

@@ -172,7 +172,7 @@ fn matrix(buf: &Buffer, what: &str) -> Result<(i64, Mat)> {
     ))
 }
 
-fn check_alias(out: &Buffer, input: &Buffer, oname: &str, iname: &str) -> Result<()> {
+pub(crate) fn check_alias(out: &Buffer, input: &Buffer, oname: &str, iname: &str) -> Result<()> {
     crate::ensure!(
         !out.overlaps(input),
         FK_ERROR_ALIASING,
@@ -181,13 +181,23 @@ fn check_alias(out: &Buffer, input: &Buffer, oname: &str, iname: &str) -> Result
     Ok(())
 }
 
-fn int32(v: i64, what: &str) -> Result<()> {
+pub(crate) fn int32(v: i64, what: &str) -> Result<()> {
     crate::ensure!(
         v <= i32::MAX as i64,
         FK_ERROR_UNSUPPORTED,
         "{what} = {v} exceeds 2^31 - 1, the largest size cuBLAS takes"
     );
     Ok(())
+}
+
+/// Validates GEMM `flags` (0 or `FK_GEMM_ALLOW_TF32`); returns whether TF32 is allowed.
+pub(crate) fn gemm_flags(flags: u32) -> Result<bool> {
+    crate::ensure!(
+        flags & !GEMM_KNOWN_FLAGS == 0,
+        FK_ERROR_INVALID_ARGUMENT,
+        "flags = {flags:#x} has unknown bits (known: FK_GEMM_ALLOW_TF32 = {GEMM_ALLOW_TF32})"
+    );
+    Ok(flags & GEMM_ALLOW_TF32 != 0)
 }
 
 /// Validates a GEMM and returns the plan (`None` when there is nothing to compute).
@@ -206,11 +216,7 @@ pub fn gemm_plan(
     let device = c.device();
     check_same_device(device, &[(a, "a"), (b, "b")])?;
     stream.check_device(device)?;
-    crate::ensure!(
-        flags & !GEMM_KNOWN_FLAGS == 0,
-        FK_ERROR_INVALID_ARGUMENT,
-        "flags = {flags:#x} has unknown bits (known: FK_GEMM_ALLOW_TF32 = {GEMM_ALLOW_TF32})"
-    );
+    let tf32 = gemm_flags(flags)?;
     crate::ensure!(
         a.dtype == b.dtype && a.dtype == c.dtype,
         FK_ERROR_DTYPE_MISMATCH,
@@ -288,7 +294,7 @@ pub fn gemm_plan(
         c: mc,
         alpha,
         beta,
-        allow_tf32: flags & GEMM_ALLOW_TF32 != 0 && matches!(dtype, DType::F32 | DType::C64),
+        allow_tf32: tf32 && matches!(dtype, DType::F32 | DType::C64),
     })
 }
 
@@ -412,7 +418,7 @@ fn linear_dtype(d: DType, what: &str) -> Result<()> {
     Ok(())
 }
 
-fn contiguous(b: &Buffer, what: &str) -> Result<()> {
+pub(crate) fn contiguous(b: &Buffer, what: &str) -> Result<()> {
     crate::ensure!(
         b.is_contiguous(),
         FK_ERROR_UNSUPPORTED,
@@ -423,7 +429,7 @@ fn contiguous(b: &Buffer, what: &str) -> Result<()> {
     Ok(())
 }
 
-fn same_dtype(bufs: &[(&Buffer, &str)]) -> Result<()> {
+pub(crate) fn same_dtype(bufs: &[(&Buffer, &str)]) -> Result<()> {
     let (first, fname) = bufs[0];
     for (b, name) in &bufs[1..] {
         crate::ensure!(

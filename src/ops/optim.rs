@@ -16,12 +16,13 @@ use crate::buffer::{Buffer, check_same_device};
 use crate::context::Device;
 use crate::dtype::DType;
 use crate::error::{
-    Error, FK_ERROR_ALIASING, FK_ERROR_DTYPE_MISMATCH, FK_ERROR_INVALID_ARGUMENT,
-    FK_ERROR_NOT_CONVERGED, FK_ERROR_SHAPE_MISMATCH, FK_ERROR_UNSUPPORTED,
+    Error, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_NOT_CONVERGED, FK_ERROR_SHAPE_MISMATCH,
     FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
 use crate::ops::elementwise::Scalar;
-use crate::ops::linalg::{GemmPlan, Mat, Trans};
+use crate::ops::linalg::{
+    GemmPlan, Mat, Trans, check_alias, contiguous, gemm_flags, int32, same_dtype,
+};
 use crate::stream::Stream;
 
 // ------------------------------------------------------------------ shared checks
@@ -32,40 +33,6 @@ fn real_dtype(b: &Buffer, what: &str) -> Result<()> {
         FK_ERROR_UNSUPPORTED_DTYPE,
         "{what} has dtype {}; the optimizer ops take f32 or f64",
         b.dtype
-    );
-    Ok(())
-}
-
-fn same_dtype(first: (&Buffer, &str), rest: &[(&Buffer, &str)]) -> Result<()> {
-    for (b, name) in rest {
-        crate::ensure!(
-            b.dtype == first.0.dtype,
-            FK_ERROR_DTYPE_MISMATCH,
-            "{name} has dtype {} but {} has {}",
-            b.dtype,
-            first.1,
-            first.0.dtype
-        );
-    }
-    Ok(())
-}
-
-fn contiguous(b: &Buffer, what: &str) -> Result<()> {
-    crate::ensure!(
-        b.is_contiguous(),
-        FK_ERROR_UNSUPPORTED,
-        "{what} with shape {:?} and strides {:?} is not contiguous; copy it with fk_copy first",
-        b.shape,
-        b.strides
-    );
-    Ok(())
-}
-
-fn no_alias(out: &Buffer, input: &Buffer, oname: &str, iname: &str) -> Result<()> {
-    crate::ensure!(
-        !out.overlaps(input),
-        FK_ERROR_ALIASING,
-        "{oname} overlaps {iname}; the output of this operation must not share memory with its inputs"
     );
     Ok(())
 }
@@ -85,26 +52,6 @@ fn mat3(b: &Buffer, what: &str) -> Result<(i64, i64, i64)> {
             "{what} has shape {s:?}; it must be [rows, cols] or [batch, rows, cols]"
         ),
     }
-}
-
-fn int32(v: i64, what: &str) -> Result<()> {
-    crate::ensure!(
-        v <= i32::MAX as i64,
-        FK_ERROR_UNSUPPORTED,
-        "{what} = {v} exceeds 2^31 - 1, the largest size cuBLAS / cuSOLVER take"
-    );
-    Ok(())
-}
-
-const ALLOW_TF32: u32 = crate::ops::linalg::GEMM_ALLOW_TF32;
-
-fn check_flags(flags: u32) -> Result<bool> {
-    crate::ensure!(
-        flags & !ALLOW_TF32 == 0,
-        FK_ERROR_INVALID_ARGUMENT,
-        "flags = {flags:#x} has unknown bits (known: FK_GEMM_ALLOW_TF32 = {ALLOW_TF32})"
-    );
-    Ok(flags & ALLOW_TF32 != 0)
 }
 
 /// A contiguous row-major `[rows, cols]` matrix at `ptr`, `batch_stride` elements
@@ -339,7 +286,11 @@ pub fn newton(ops: &dyn MatOps, plan: &PowPlan) -> Result<Report> {
     let worst_of = |m: usize| -> Result<f64> {
         let r = ops.residuals(plan, m)?;
         Ok(r.iter().fold(0.0f64, |acc, &v| {
-            if v.is_nan() || acc.is_nan() { f64::NAN } else { acc.max(v) }
+            if v.is_nan() || acc.is_nan() {
+                f64::NAN
+            } else {
+                acc.max(v)
+            }
         }))
     };
     let mut report = Report {
@@ -375,7 +326,8 @@ pub fn newton(ops: &dyn MatOps, plan: &PowPlan) -> Result<Report> {
             stalled = 0;
         }
         // TF32 iterates to its floor (tol is judged on the strict residual after).
-        let stop = (!fast && worst <= plan.tol) || !worst.is_finite() || stall || it == plan.max_iter;
+        let stop =
+            (!fast && worst <= plan.tol) || !worst.is_finite() || stall || it == plan.max_iter;
         if fast && stop && worst.is_finite() {
             // the strict residual of X: max |X^p (A + eps I) - I|
             let xp = power(x_cur, false)?;
@@ -443,9 +395,9 @@ pub fn matrix_power_plan(
     let device = out.device();
     check_same_device(device, &[(a, "a")])?;
     stream.check_device(device)?;
-    let allow_tf32 = check_flags(flags)?;
+    let allow_tf32 = gemm_flags(flags)?;
     real_dtype(a, "a")?;
-    same_dtype((a, "a"), &[(out, "out")])?;
+    same_dtype(&[(a, "a"), (out, "out")])?;
     let (batch, n, n2) = mat3(a, "a")?;
     crate::ensure!(
         n == n2,
@@ -462,7 +414,7 @@ pub fn matrix_power_plan(
     );
     contiguous(a, "a")?;
     output(out, "out")?;
-    no_alias(out, a, "out", "a")?;
+    check_alias(out, a, "out", "a")?;
     crate::ensure!(
         power.is_finite(),
         FK_ERROR_INVALID_ARGUMENT,
@@ -534,11 +486,16 @@ pub fn matrix_power(
     stream: &Stream,
     on_report: &dyn Fn(&Report),
 ) -> Result<Report> {
-    let (plan, method) = matrix_power_plan(a, power, eps, method, max_iter, tol, flags, out, stream)?;
+    let (plan, method) =
+        matrix_power_plan(a, power, eps, method, max_iter, tol, flags, out, stream)?;
     let device = out.device();
     if plan.elems() == 0 {
         let r = Report {
-            method: if method == Method::Auto { Method::Eigh } else { method },
+            method: if method == Method::Auto {
+                Method::Eigh
+            } else {
+                method
+            },
             iterations: 0,
             converged: true,
             residual: f64::NAN,
@@ -554,11 +511,14 @@ pub fn matrix_power(
     let run = |m: Method| -> Result<Report> {
         match (m, device) {
             (Method::Newton, Device::Cpu) => newton(&crate::cpu::optim::Ops, &plan),
-            (Method::Newton, Device::Cuda(_)) => {
-                newton(&crate::cuda::optim::Ops::new(out.ctx.cuda_dev(), stream)?, &plan)
-            }
+            (Method::Newton, Device::Cuda(_)) => newton(
+                &crate::cuda::optim::Ops::new(out.ctx.cuda_dev(), stream)?,
+                &plan,
+            ),
             (_, Device::Cpu) => crate::cpu::optim::eigh_power(&plan),
-            (_, Device::Cuda(_)) => crate::cuda::optim::eigh_power(out.ctx.cuda_dev(), &plan, stream),
+            (_, Device::Cuda(_)) => {
+                crate::cuda::optim::eigh_power(out.ctx.cuda_dev(), &plan, stream)
+            }
         }
     };
     let report = match method {
@@ -580,7 +540,11 @@ pub fn matrix_power(
         report.converged,
         FK_ERROR_NOT_CONVERGED,
         "{} did not converge (iterations {}, residual max|M - I| = {:e}, tol {:e}); out holds the last iterate",
-        if report.method == Method::Newton { "the Newton iteration" } else { "the eigendecomposition" },
+        if report.method == Method::Newton {
+            "the Newton iteration"
+        } else {
+            "the eigendecomposition"
+        },
         report.iterations,
         report.residual,
         plan.tol
@@ -635,10 +599,14 @@ pub fn shampoo_stats(
             "{what} = {v} must be finite"
         );
     }
-    let lead = if grad.shape.len() == 3 { vec![batch] } else { vec![] };
+    let lead = if grad.shape.len() == 3 {
+        vec![batch]
+    } else {
+        vec![]
+    };
     for (o, name, k) in [(l, "l", m), (r, "r", n)] {
         let Some(o) = o else { continue };
-        same_dtype((grad, "grad"), &[(o, name)])?;
+        same_dtype(&[(grad, "grad"), (o, name)])?;
         let mut want = lead.clone();
         want.extend([k, k]);
         crate::ensure!(
@@ -649,10 +617,10 @@ pub fn shampoo_stats(
             grad.shape
         );
         output(o, name)?;
-        no_alias(o, grad, name, "grad")?;
+        check_alias(o, grad, name, "grad")?;
     }
     if let (Some(lb), Some(rb)) = (l, r) {
-        no_alias(lb, rb, "l", "r")?;
+        check_alias(lb, rb, "l", "r")?;
     }
     let p = StatsPlan {
         dtype: grad.dtype,
@@ -697,9 +665,9 @@ pub fn shampoo_precondition(
         }
     }
     stream.check_device(device)?;
-    let tf32 = check_flags(flags)?;
+    let tf32 = gemm_flags(flags)?;
     real_dtype(grad, "grad")?;
-    same_dtype((grad, "grad"), &[(out, "out")])?;
+    same_dtype(&[(grad, "grad"), (out, "out")])?;
     let (batch, m, n) = mat3(grad, "grad")?;
     contiguous(grad, "grad")?;
     crate::ensure!(
@@ -710,11 +678,14 @@ pub fn shampoo_precondition(
         grad.shape
     );
     output(out, "out")?;
-    no_alias(out, grad, "out", "grad")?;
+    check_alias(out, grad, "out", "grad")?;
     let mut roots = [None, None];
-    for (i, (o, name, k)) in [(l_root, "l_root", m), (r_root, "r_root", n)].into_iter().enumerate() {
+    for (i, (o, name, k)) in [(l_root, "l_root", m), (r_root, "r_root", n)]
+        .into_iter()
+        .enumerate()
+    {
         let Some(o) = o else { continue };
-        same_dtype((grad, "grad"), &[(o, name)])?;
+        same_dtype(&[(grad, "grad"), (o, name)])?;
         let (bo, r1, r2) = mat3(o, name)?;
         crate::ensure!(
             r1 == k && r2 == k && (bo == 1 || bo == batch),
@@ -724,7 +695,7 @@ pub fn shampoo_precondition(
             grad.shape
         );
         contiguous(o, name)?;
-        no_alias(out, o, "out", name)?;
+        check_alias(out, o, "out", name)?;
         roots[i] = Some(dense(o.data, k, k, if bo == 1 { 0 } else { k * k }));
     }
     if batch == 0 || m == 0 || n == 0 {
@@ -742,7 +713,8 @@ pub fn shampoo_precondition(
         Device::Cpu => Box::new(crate::cpu::optim::Ops),
         Device::Cuda(_) => Box::new(crate::cuda::optim::Ops::new(out.ctx.cuda_dev(), stream)?),
     };
-    let plan = |a: Mat, b: Mat, c: Mat| gemm_plan(d, Trans::N, a, Trans::N, b, c, 1.0, 0.0, batch, tf32);
+    let plan =
+        |a: Mat, b: Mat, c: Mat| gemm_plan(d, Trans::N, a, Trans::N, b, c, 1.0, 0.0, batch, tf32);
     match roots {
         [None, None] => ops.copy(out.data, grad.data, out.nbytes()),
         [Some(l), None] => ops.gemm(&plan(l, g, o)),
@@ -775,12 +747,18 @@ pub struct SamplePlan {
     pub allow_tf32: bool,
 }
 
-fn sample_plan(a: &Buffer, g: &Buffer, flags: u32, stream: &Stream, device: Device) -> Result<SamplePlan> {
+fn sample_plan(
+    a: &Buffer,
+    g: &Buffer,
+    flags: u32,
+    stream: &Stream,
+    device: Device,
+) -> Result<SamplePlan> {
     check_same_device(device, &[(a, "a"), (g, "g")])?;
     stream.check_device(device)?;
-    let allow_tf32 = check_flags(flags)?;
+    let allow_tf32 = gemm_flags(flags)?;
     real_dtype(a, "a")?;
-    same_dtype((a, "a"), &[(g, "g")])?;
+    same_dtype(&[(a, "a"), (g, "g")])?;
     let nd = a.shape.len();
     crate::ensure!(
         nd == 2 || nd == 3,
@@ -794,7 +772,10 @@ fn sample_plan(a: &Buffer, g: &Buffer, flags: u32, stream: &Stream, device: Devi
         "g has shape {:?} but a has {:?}: g must be [{}out]",
         g.shape,
         a.shape,
-        a.shape[..nd - 1].iter().map(|v| format!("{v}, ")).collect::<String>()
+        a.shape[..nd - 1]
+            .iter()
+            .map(|v| format!("{v}, "))
+            .collect::<String>()
     );
     contiguous(a, "a")?;
     contiguous(g, "g")?;
@@ -824,10 +805,16 @@ fn sample_plan(a: &Buffer, g: &Buffer, flags: u32, stream: &Stream, device: Devi
 }
 
 /// `out[b] = g_b^T a_b` `[B, out, in]`.
-pub fn per_sample_grads(a: &Buffer, g: &Buffer, out: &Buffer, flags: u32, stream: &Stream) -> Result<()> {
+pub fn per_sample_grads(
+    a: &Buffer,
+    g: &Buffer,
+    out: &Buffer,
+    flags: u32,
+    stream: &Stream,
+) -> Result<()> {
     let device = out.device();
     let p = sample_plan(a, g, flags, stream, device)?;
-    same_dtype((a, "a"), &[(out, "out")])?;
+    same_dtype(&[(a, "a"), (out, "out")])?;
     let want = [p.batch, p.dout, p.din];
     crate::ensure!(
         out.shape == want,
@@ -838,19 +825,21 @@ pub fn per_sample_grads(a: &Buffer, g: &Buffer, out: &Buffer, flags: u32, stream
         g.shape
     );
     output(out, "out")?;
-    no_alias(out, a, "out", "a")?;
-    no_alias(out, g, "out", "g")?;
+    check_alias(out, a, "out", "a")?;
+    check_alias(out, g, "out", "g")?;
     if out.numel() == 0 {
         return Ok(());
     }
     match device {
         Device::Cpu => crate::cpu::optim::per_sample_grads(&p, out.data),
-        Device::Cuda(_) => crate::cuda::optim::per_sample_grads(out.ctx.cuda_dev(), &p, out.data, stream),
+        Device::Cuda(_) => {
+            crate::cuda::optim::per_sample_grads(out.ctx.cuda_dev(), &p, out.data, stream)
+        }
     }
 }
 
 fn norms_out(n: &Buffer, p: &SamplePlan, a: &Buffer, what: &str) -> Result<()> {
-    same_dtype((a, "a"), &[(n, what)])?;
+    same_dtype(&[(a, "a"), (n, what)])?;
     crate::ensure!(
         n.shape.as_slice() == [p.batch],
         FK_ERROR_SHAPE_MISMATCH,
@@ -863,18 +852,25 @@ fn norms_out(n: &Buffer, p: &SamplePlan, a: &Buffer, what: &str) -> Result<()> {
 }
 
 /// `sq_norms[b] = |g_b^T a_b|_F^2` without materialising the gradients.
-pub fn per_sample_grad_norms(a: &Buffer, g: &Buffer, sq_norms: &Buffer, stream: &Stream) -> Result<()> {
+pub fn per_sample_grad_norms(
+    a: &Buffer,
+    g: &Buffer,
+    sq_norms: &Buffer,
+    stream: &Stream,
+) -> Result<()> {
     let device = sq_norms.device();
     let p = sample_plan(a, g, 0, stream, device)?;
     norms_out(sq_norms, &p, a, "sq_norms")?;
-    no_alias(sq_norms, a, "sq_norms", "a")?;
-    no_alias(sq_norms, g, "sq_norms", "g")?;
+    check_alias(sq_norms, a, "sq_norms", "a")?;
+    check_alias(sq_norms, g, "sq_norms", "g")?;
     if p.batch == 0 {
         return Ok(());
     }
     match device {
         Device::Cpu => crate::cpu::optim::sample_norms(&p, sq_norms.data),
-        Device::Cuda(_) => crate::cuda::optim::sample_norms(sq_norms.ctx.cuda_dev(), &p, sq_norms.data, stream),
+        Device::Cuda(_) => {
+            crate::cuda::optim::sample_norms(sq_norms.ctx.cuda_dev(), &p, sq_norms.data, stream)
+        }
     }
 }
 
@@ -896,7 +892,7 @@ pub fn dp_clipped_grad_sum(
         FK_ERROR_INVALID_ARGUMENT,
         "max_norm = {max_norm} must be finite and >= 0"
     );
-    same_dtype((a, "a"), &[(out, "out")])?;
+    same_dtype(&[(a, "a"), (out, "out")])?;
     crate::ensure!(
         out.shape.as_slice() == [p.dout, p.din],
         FK_ERROR_SHAPE_MISMATCH,
@@ -908,14 +904,14 @@ pub fn dp_clipped_grad_sum(
         a.shape
     );
     output(out, "out")?;
-    no_alias(out, a, "out", "a")?;
-    no_alias(out, g, "out", "g")?;
+    check_alias(out, a, "out", "a")?;
+    check_alias(out, g, "out", "g")?;
     if let Some(nb) = sq_norms {
         check_same_device(device, &[(nb, "sq_norms")])?;
         norms_out(nb, &p, a, "sq_norms")?;
-        no_alias(nb, a, "sq_norms", "a")?;
-        no_alias(nb, g, "sq_norms", "g")?;
-        no_alias(nb, out, "sq_norms", "out")?;
+        check_alias(nb, a, "sq_norms", "a")?;
+        check_alias(nb, g, "sq_norms", "g")?;
+        check_alias(nb, out, "sq_norms", "out")?;
     }
     if out.numel() == 0 {
         return Ok(());
@@ -923,16 +919,25 @@ pub fn dp_clipped_grad_sum(
     let norms = sq_norms.map(|b| b.data);
     match device {
         Device::Cpu => crate::cpu::optim::dp_clipped_sum(&p, max_norm, out.data, norms),
-        Device::Cuda(_) => {
-            crate::cuda::optim::dp_clipped_sum(out.ctx.cuda_dev(), &p, max_norm, out.data, norms, stream)
-        }
+        Device::Cuda(_) => crate::cuda::optim::dp_clipped_sum(
+            out.ctx.cuda_dev(),
+            &p,
+            max_norm,
+            out.data,
+            norms,
+            stream,
+        ),
     }
 }
 
 /// The DP-SGD clipping factor of a sample with squared gradient norm `sq`.
 pub fn clip_scale(sq: f64, max_norm: f64) -> f64 {
     let norm = sq.sqrt();
-    if norm > max_norm { max_norm / norm } else { 1.0 }
+    if norm > max_norm {
+        max_norm / norm
+    } else {
+        1.0
+    }
 }
 
 impl SamplePlan {

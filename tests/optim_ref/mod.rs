@@ -11,7 +11,6 @@ use super::common::*;
 pub use fusekit::abi::linalg::FK_GEMM_ALLOW_TF32;
 pub use fusekit::abi::optim::*;
 
-
 /// Row-major `[r, c]` product `a [r, k] b [k, c]`.
 pub fn matmul(a: &[f64], b: &[f64], r: usize, k: usize, c: usize) -> Vec<f64> {
     let mut o = vec![0.0; r * c];
@@ -206,19 +205,41 @@ pub fn run_power(
     tol: f64,
     flags: u32,
 ) -> (fk_status, Vec<f64>, fk_matpow_report) {
-    let shape: Vec<i64> = if batch == 1 { vec![n as i64, n as i64] } else { vec![batch as i64, n as i64, n as i64] };
+    let shape: Vec<i64> = if batch == 1 {
+        vec![n as i64, n as i64]
+    } else {
+        vec![batch as i64, n as i64, n as i64]
+    };
     let a = Buf::from_vals(ctx, dt, &shape, &reals(mats));
     let out = Buf::from_vals(ctx, dt, &shape, &vec![re(f64::NAN); mats.len()]);
     let mut rep = report();
     let s = unsafe {
-        fk_matrix_power(a.raw(), power, eps, method, max_iter, tol, flags, out.raw(), &mut rep, std::ptr::null())
+        fk_matrix_power(
+            a.raw(),
+            power,
+            eps,
+            method,
+            max_iter,
+            tol,
+            flags,
+            out.raw(),
+            &mut rep,
+            std::ptr::null(),
+        )
     };
     (s, re_of(&out.read()), rep)
 }
 
 /// f64 per-sample gradients `G_b = g_b^T a_b` `[B, out, in]` of `a [B, T, in]`,
 /// `g [B, T, out]`.
-pub fn per_sample_ref(a: &[f64], g: &[f64], b: usize, t: usize, din: usize, dout: usize) -> Vec<f64> {
+pub fn per_sample_ref(
+    a: &[f64],
+    g: &[f64],
+    b: usize,
+    t: usize,
+    din: usize,
+    dout: usize,
+) -> Vec<f64> {
     let mut o = vec![0.0; b * dout * din];
     for s in 0..b {
         for k in 0..t {
@@ -234,7 +255,9 @@ pub fn per_sample_ref(a: &[f64], g: &[f64], b: usize, t: usize, din: usize, dout
 }
 
 pub fn sq_norms_ref(grads: &[f64], b: usize, per: usize) -> Vec<f64> {
-    (0..b).map(|s| grads[s * per..(s + 1) * per].iter().map(|x| x * x).sum()).collect()
+    (0..b)
+        .map(|s| grads[s * per..(s + 1) * per].iter().map(|x| x * x).sum())
+        .collect()
 }
 
 pub fn clipped_sum_ref(grads: &[f64], b: usize, per: usize, c: f64) -> Vec<f64> {

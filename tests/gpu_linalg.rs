@@ -7,10 +7,11 @@
 //! Covered: GEMM for every dtype and op pair on odd and aligned sizes, batches and
 //! broadcasts, padded leading dimensions, beta = 0 over NaN, TF32 (tolerance 1e-3);
 //! the fused linear layer forward (cuBLASLt epilogues and the forced fallback) and
-//! backward per dtype and activation; the Kronecker product (vector and strided
-//! paths); the chunked GEMM with pinned host operands under small budgets; a CUDA
-//! graph capturing fusekit linear-algebra ops; and, with `FK_TEST_HUGE=1`, a chunked
-//! product whose operands exceed the GPU's free memory.
+//! backward per dtype and activation; the Kronecker product (every store width,
+//! outputs aligned to 16 bytes, to the element or to a complex component, odd
+//! widths, batches, strided inputs); the chunked GEMM with pinned host operands
+//! under small budgets; a CUDA graph capturing fusekit linear-algebra ops; and, with
+//! `FK_TEST_HUGE=1`, a chunked product whose operands exceed the GPU's free memory.
 
 mod common;
 mod linalg_ref;
@@ -359,6 +360,134 @@ fn kron_oracle_every_dtype_and_layout() {
                     tol(dtype),
                     &format!("kron {} {sa:?} {la} x {sb:?} {lb}", dname(dtype)),
                 );
+            }
+        }
+    }
+}
+
+/// `fk_kron` into an output that starts `off` bytes into a poisoned device
+/// allocation (0: 256-byte aligned); checks that no byte outside the output was
+/// written and returns the output's values.
+fn kron_at_offset(
+    g: &Ctx,
+    dtype: fk_dtype,
+    a: &Operand,
+    b: &Operand,
+    shape: &[i64],
+    off: usize,
+) -> Vec<Cx> {
+    let pa = Placed::input(g, dtype, a);
+    let pb = Placed::input(g, dtype, b);
+    let sz = dsize(dtype);
+    let len = shape.iter().product::<i64>() as usize * sz;
+    let storage = Buf::new(g, FK_DTYPE_F16, &[((off + len + 64) / 2) as i64]);
+    storage.write_bytes(&vec![0xFFu8; storage.nbytes()]);
+    let out = unsafe {
+        Buf::wrap(
+            g,
+            (storage.data() as *mut u8).add(off) as *mut c_void,
+            dtype,
+            shape,
+            None,
+        )
+    };
+    let s = unsafe { fk_kron(pa.handle(), pb.handle(), out.raw(), null()) };
+    assert!(
+        s == FK_OK,
+        "fk_kron {} at offset {off}: {} {}",
+        dname(dtype),
+        status_name(s),
+        last_error()
+    );
+    drop(out);
+    let bytes = storage.read_bytes();
+    assert!(
+        bytes[..off]
+            .iter()
+            .chain(&bytes[off + len..])
+            .all(|&x| x == 0xFF),
+        "fk_kron {} at offset {off} {shape:?}: a byte outside the output was written",
+        dname(dtype)
+    );
+    decode(dtype, &bytes[off..off + len])
+}
+
+/// The store widths of the Kronecker kernel (kernels/linalg.cu): 16-byte stores when
+/// the rows and the output are 16-byte aligned, narrower ones otherwise, the split
+/// complex stores for an output aligned only to its components; row lengths that are
+/// and are not multiples of the vector, units straddling segments (q < vector),
+/// batches and broadcasts, strided inputs.
+#[test]
+fn kron_store_widths_alignments_and_odd_sizes() {
+    let Some(g) = gpu() else { return };
+    let cpu = Ctx::cpu();
+    let mut rng = Rng::new(310);
+    let big: (&[i64], &[i64]) = if sanitizing() {
+        (&[8, 16], &[8, 16])
+    } else {
+        (&[64, 64], &[64, 64])
+    };
+    let cases: Vec<(&[i64], &[i64])> = vec![
+        big,
+        (&[32, 16, 16], &[32, 16, 16]),
+        (&[3, 5], &[7, 9]),
+        (&[4, 6], &[3, 5]),
+        (&[5, 9], &[4, 1]),
+        (&[3, 8], &[2, 3]),
+        (&[33, 1], &[17, 1]),
+        (&[2, 40], &[3, 50]),
+        (&[2, 3], &[300, 2]),
+        (&[600, 1], &[3, 2]),
+        (&[3, 7, 8], &[1, 5, 16]),
+        (&[1, 9, 4], &[4, 11, 4]),
+    ];
+    for dtype in DTYPES {
+        let es = dsize(dtype);
+        let comp = if matches!(dtype, FK_DTYPE_C64 | FK_DTYPE_C128) {
+            es / 2
+        } else {
+            es
+        };
+        let mut offs = vec![0, es, 8, 16 - comp, comp];
+        offs.retain(|o| o % comp == 0);
+        offs.sort();
+        offs.dedup();
+        for &(sa, sb) in &cases {
+            for (la, lb) in [("contiguous", "contiguous"), ("transposed", "reversed")] {
+                let pick = |s: &[i64], l: &str| {
+                    layouts(s, false)
+                        .into_iter()
+                        .find(|(n, _)| *n == l)
+                        .unwrap()
+                        .1
+                };
+                let a = Operand::random(&mut rng, dtype, pick(sa, la), Domain::Signed);
+                let b = Operand::random(&mut rng, dtype, pick(sb, lb), Domain::Signed);
+                let dims = |s: &[i64]| {
+                    if s.len() == 3 {
+                        (s[0], s[1], s[2])
+                    } else {
+                        (1, s[0], s[1])
+                    }
+                };
+                let (da, db) = (dims(sa), dims(sb));
+                let mut shape = vec![da.1 * db.1, da.2 * db.2];
+                if sa.len() == 3 || sb.len() == 3 {
+                    shape.insert(0, da.0.max(db.0));
+                }
+                let want = run_kron(&cpu, dtype, &a, &b, &shape, null());
+                for &off in &offs {
+                    let got = kron_at_offset(&g, dtype, &a, &b, &shape, off);
+                    assert_close(
+                        &got,
+                        &want,
+                        tol(dtype),
+                        &format!(
+                            "kron {} {sa:?} {la} x {sb:?} {lb}, output at byte offset {off}",
+                            dname(dtype)
+                        ),
+                    );
+                }
             }
         }
     }

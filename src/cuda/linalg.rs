@@ -366,6 +366,7 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
 
 /// Mirrors `struct KronArgs`.
 #[repr(C)]
+#[derive(Debug, Clone, Copy)]
 struct KronArgs {
     batch: i64,
     m: i64,
@@ -381,38 +382,113 @@ struct KronArgs {
     a: u64,
     b: u64,
     out: u64,
-    vec: i32,
+    cols: i64,
+    units: i64,
+    rows: i64,
+    s_blocks: i64,
+    i_chunks: i64,
+    tasks: i64,
+    bs: i32,
+    il: i32,
+    uniform: i32,
     small: i32,
 }
 
-fn kron_name(d: DType) -> &'static str {
-    match d {
-        DType::F16 => "kron_f16",
-        DType::BF16 => "kron_bf16",
-        DType::F32 => "kron_f32",
-        DType::F64 => "kron_f64",
-        DType::C64 => "kron_c64",
-        DType::C128 => "kron_c128",
-    }
+/// The kernel name for `dtype`, `w` elements per store, or the split stores.
+fn kron_name(d: DType, w: i64, split: bool) -> Option<&'static str> {
+    Some(match (d, w, split) {
+        (DType::F16, 8, false) => "kron_f16_w8",
+        (DType::F16, 4, false) => "kron_f16_w4",
+        (DType::F16, 2, false) => "kron_f16_w2",
+        (DType::F16, 1, false) => "kron_f16_w1",
+        (DType::BF16, 8, false) => "kron_bf16_w8",
+        (DType::BF16, 4, false) => "kron_bf16_w4",
+        (DType::BF16, 2, false) => "kron_bf16_w2",
+        (DType::BF16, 1, false) => "kron_bf16_w1",
+        (DType::F32, 4, false) => "kron_f32_w4",
+        (DType::F32, 2, false) => "kron_f32_w2",
+        (DType::F32, 1, false) => "kron_f32_w1",
+        (DType::F64, 2, false) => "kron_f64_w2",
+        (DType::F64, 1, false) => "kron_f64_w1",
+        (DType::C64, 2, false) => "kron_c64_w2",
+        (DType::C64, 1, false) => "kron_c64_w1",
+        (DType::C64, 1, true) => "kron_c64_split",
+        (DType::C128, 1, false) => "kron_c128_w1",
+        (DType::C128, 1, true) => "kron_c128_split",
+        _ => return None,
+    })
 }
 
-/// `out = kron(a, b)`, batched.
-pub fn kron(dev: &CudaDevice, p: &KronPlan, stream: &Stream) -> Result<()> {
+/// Threads per block of the Kronecker kernel.
+const KRON_THREADS: i64 = 256;
+
+/// A Kronecker launch: kernel, arguments, grid and block.
+#[derive(Debug)]
+struct KronLaunch {
+    name: &'static str,
+    args: KronArgs,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+}
+
+/// Chooses the store width and the launch shape (see `kernels/linalg.cu`):
+/// - `W`, elements per store: the widest power of two with `W * size <= 16` that
+///   divides the row length `n * q` and whose `W * size` bytes the output's address
+///   is aligned to (so every row starts aligned); complex output aligned only to
+///   its components gets the split kernel;
+/// - block `(bx, bs * il)`: `bx` threads over the row's units (up to 256), the rest
+///   over rows `s` of b (`bs`) and lanes over rows of a (`il`);
+/// - rows of a per lane and task: halved from all of them until the grid has about
+///   8 blocks per multiprocessor (or one row per lane).
+fn kron_config(p: &KronPlan, sm_count: i32) -> Result<KronLaunch> {
     let es = p.dtype.size() as i64;
-    let v = 16 / es;
-    let vec = p.q % v == 0
-        && p.sb[2] == 1
-        && p.b % 16 == 0
-        && p.out % 16 == 0
-        && p.sb[0] % v == 0
-        && p.sb[1] % v == 0;
-    let rows = p.batch * p.m * p.p;
-    let units = if vec { p.n * p.q / v } else { p.n * p.q };
-    let gy = (units as u64).div_ceil(1024).clamp(1, 64);
-    let gx = (rows as u64)
-        .min((dev.sm_count.max(1) as u64 * 16).div_ceil(gy))
-        .max(1);
-    let mut a = KronArgs {
+    let comp = if p.dtype.is_complex() { es / 2 } else { es } as usize;
+    for (ptr, what) in [(p.a, "a"), (p.b, "b"), (p.out, "out")] {
+        crate::ensure!(
+            ptr % comp == 0,
+            crate::error::FK_ERROR_UNSUPPORTED,
+            "{what}'s data pointer {ptr:#x} is not aligned to {comp} bytes, the size of a {} {}",
+            p.dtype,
+            if p.dtype.is_complex() {
+                "component"
+            } else {
+                "element"
+            }
+        );
+    }
+    let cols = p.n * p.q;
+    let mut w = (16 / es).max(1);
+    while w > 1 && !(cols % w == 0 && p.out as i64 % (w * es) == 0) {
+        w /= 2;
+    }
+    let split = p.out as i64 % es != 0;
+    let name = kron_name(p.dtype, w, split).expect("a kernel for every dtype and width");
+    let units = cols / w;
+    let bx = (units.max(1) as u64)
+        .next_power_of_two()
+        .min(KRON_THREADS as u64) as i64;
+    let by = KRON_THREADS / bx;
+    let bs = p.p.clamp(1, by);
+    let il = (by / bs).max(1);
+    let s_blocks = (p.p + bs - 1) / bs;
+    let gx = (units + bx - 1) / bx;
+    crate::ensure!(
+        gx <= i32::MAX as i64,
+        crate::error::FK_ERROR_UNSUPPORTED,
+        "the output rows of {cols} elements are too long for one grid ({gx} blocks)"
+    );
+    let target = sm_count.max(1) as i64 * 8;
+    let mut rows = (p.m + il - 1) / il;
+    let shape = |rows: i64| {
+        let i_chunks = (p.m + rows * il - 1) / (rows * il);
+        (i_chunks, p.batch * i_chunks * s_blocks)
+    };
+    while rows > 1 && gx * shape(rows).1 < target {
+        rows = (rows + 1) / 2;
+    }
+    let (i_chunks, tasks) = shape(rows);
+    let small = cols <= u32::MAX as i64 && tasks <= u32::MAX as i64;
+    let args = KronArgs {
         batch: p.batch,
         m: p.m,
         n: p.n,
@@ -427,18 +503,37 @@ pub fn kron(dev: &CudaDevice, p: &KronPlan, stream: &Stream) -> Result<()> {
         a: p.a as u64,
         b: p.b as u64,
         out: p.out as u64,
-        vec: vec as i32,
-        small: (p.n * p.q < i32::MAX as i64) as i32,
+        cols,
+        units,
+        rows,
+        s_blocks,
+        i_chunks,
+        tasks,
+        bs: bs as i32,
+        il: il as i32,
+        uniform: (p.q % w == 0) as i32,
+        small: small as i32,
     };
+    Ok(KronLaunch {
+        name,
+        args,
+        grid: (gx as u32, tasks.min(65535) as u32, 1),
+        block: (bx as u32, (bs * il) as u32, 1),
+    })
+}
+
+/// `out = kron(a, b)`, batched.
+pub fn kron(dev: &CudaDevice, p: &KronPlan, stream: &Stream) -> Result<()> {
+    let mut l = kron_config(p, dev.sm_count)?;
     launch(
         dev,
         MODULE,
-        kron_name(p.dtype),
-        (gx.min(i32::MAX as u64) as u32, gy as u32, 1),
-        (BLOCK, 1, 1),
+        l.name,
+        l.grid,
+        l.block,
         0,
         stream.raw,
-        &mut [&mut a as *mut KronArgs as *mut c_void],
+        &mut [&mut l.args as *mut KronArgs as *mut c_void],
     )
 }
 
@@ -860,5 +955,328 @@ mod tests {
         let e = choose_tiles(4096, 4096, 4096, 4, [true, true, true], 1000).unwrap_err();
         assert_eq!(e.status, FK_ERROR_OUT_OF_MEMORY);
         assert!(e.message.contains("at least"));
+    }
+}
+
+#[cfg(test)]
+mod kron_tests {
+    use super::*;
+    use crate::dtype::ALL_DTYPES;
+
+    fn dname(d: DType) -> &'static str {
+        match d {
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::C64 => "c64",
+            DType::C128 => "c128",
+        }
+    }
+
+    /// A plan with fake pointers at `*_mod` modulo 64 (only their alignment matters
+    /// to the launcher) and strides from the named layouts.
+    #[allow(clippy::too_many_arguments)]
+    fn plan(
+        dtype: DType,
+        batch: i64,
+        (a_batched, m, n): (bool, i64, i64),
+        (b_batched, p, q): (bool, i64, i64),
+        (la, lb): (&str, &str),
+        (a_mod, b_mod, out_mod): (usize, usize, usize),
+    ) -> KronPlan {
+        let strides = |batched: bool, r: i64, c: i64, l: &str| -> [i64; 3] {
+            let s = match l {
+                "contiguous" => [r * c, c, 1],
+                "transposed" => [r * c, 1, r],
+                "reversed" => [-(r * c), -c, -1],
+                "every-other" => [2 * r * c, 2 * c, 2],
+                _ => unreachable!(),
+            };
+            [if batched { s[0] } else { 0 }, s[1], s[2]]
+        };
+        KronPlan {
+            dtype,
+            batch,
+            m,
+            n,
+            p,
+            q,
+            a: 0x10000 + a_mod,
+            sa: strides(a_batched, m, n, la),
+            b: 0x20000 + b_mod,
+            sb: strides(b_batched, p, q, lb),
+            out: 0x40000 + out_mod,
+        }
+    }
+
+    fn check_invariants(p: &KronPlan, l: &KronLaunch, what: &str) {
+        let a = &l.args;
+        let es = p.dtype.size() as i64;
+        let w = l
+            .name
+            .rsplit("_w")
+            .next()
+            .and_then(|x| x.parse::<i64>().ok());
+        let (w, split) = match w {
+            Some(w) => (w, false),
+            None => (1, true),
+        };
+        assert!(l.name.ends_with("split") == split, "{what}: {}", l.name);
+        assert!(w * es <= 16, "{what}");
+        assert_eq!(a.cols % w, 0, "{what}");
+        assert_eq!(a.units, a.cols / w, "{what}");
+        if split {
+            assert!(p.dtype.is_complex() && p.out as i64 % es != 0, "{what}");
+        } else {
+            assert_eq!(p.out as i64 % (w * es), 0, "{what}: {}", l.name);
+        }
+        let (bx, by) = (l.block.0 as i64, l.block.1 as i64);
+        assert!(
+            bx * by <= KRON_THREADS && bx >= 1 && by >= 1,
+            "{what}: {:?}",
+            l.block
+        );
+        assert_eq!(by, a.bs as i64 * a.il as i64, "{what}");
+        assert!(
+            l.grid.0 as i64 * bx >= a.units,
+            "{what}: every unit has a thread"
+        );
+        assert!(a.bs as i64 * a.s_blocks >= p.p, "{what}: every row of b");
+        assert!(
+            a.rows * a.il as i64 * a.i_chunks >= p.m,
+            "{what}: every row of a"
+        );
+        assert_eq!(a.tasks, p.batch * a.i_chunks * a.s_blocks, "{what}");
+        assert!(l.grid.1 >= 1 && l.grid.1 <= 65535, "{what}");
+        assert_eq!(a.uniform != 0, p.q % w == 0, "{what}");
+    }
+
+    #[test]
+    fn kron_launch_shapes() {
+        // the benchmark rows: 16-byte stores, enough blocks for an H100 (132 SMs)
+        let p = plan(
+            DType::F32,
+            1,
+            (false, 64, 64),
+            (false, 64, 64),
+            ("contiguous", "contiguous"),
+            (0, 0, 0),
+        );
+        let l = kron_config(&p, 132).unwrap();
+        check_invariants(&p, &l, "64x64 (x) 64x64");
+        assert_eq!(l.name, "kron_f32_w4");
+        assert!(l.grid.0 as u64 * l.grid.1 as u64 >= 132 * 8, "{l:?}");
+        let p = plan(
+            DType::F32,
+            32,
+            (true, 16, 16),
+            (true, 16, 16),
+            ("contiguous", "contiguous"),
+            (0, 0, 0),
+        );
+        let l = kron_config(&p, 132).unwrap();
+        check_invariants(&p, &l, "32 x 16x16 (x) 16x16");
+        assert_eq!((l.name, l.block), ("kron_f32_w4", (64, 4, 1)));
+        // misaligned output rows: narrower stores; complex aligned to components: split
+        let p = plan(
+            DType::F16,
+            1,
+            (false, 3, 5),
+            (false, 2, 4),
+            ("contiguous", "contiguous"),
+            (0, 0, 4),
+        );
+        assert_eq!(kron_config(&p, 132).unwrap().name, "kron_f16_w2");
+        let p = plan(
+            DType::C128,
+            1,
+            (false, 3, 5),
+            (false, 2, 4),
+            ("contiguous", "contiguous"),
+            (0, 0, 8),
+        );
+        assert_eq!(kron_config(&p, 132).unwrap().name, "kron_c128_split");
+        // a pointer not aligned to its components is refused, not faulted on
+        let p = plan(
+            DType::F32,
+            1,
+            (false, 3, 5),
+            (false, 2, 4),
+            ("contiguous", "contiguous"),
+            (2, 0, 0),
+        );
+        let e = kron_config(&p, 132).unwrap_err();
+        assert!(e.message.contains("a's data pointer"), "{}", e.message);
+    }
+
+    /// The shapes, layouts and alignments the emulator runs (and whose launch
+    /// invariants are checked here).
+    fn emu_cases() -> Vec<(KronPlan, KronLaunch)> {
+        /// (batched, rows, cols) of an operand
+        type Side = (bool, i64, i64);
+        let shapes: &[(i64, Side, Side)] = &[
+            (1, (false, 2, 3), (false, 4, 5)),
+            (3, (true, 7, 5), (true, 4, 8)),
+            (2, (false, 5, 3), (true, 6, 16)),
+            (3, (true, 1, 2), (false, 3, 9)),
+            (1, (false, 33, 1), (false, 17, 1)),
+            (1, (false, 3, 3), (false, 5, 7)),
+            (2, (true, 4, 6), (true, 3, 5)),
+            (1, (false, 5, 9), (false, 4, 1)),
+            (1, (false, 3, 8), (false, 2, 3)),
+            (1, (false, 2, 3), (false, 300, 2)),
+            (1, (false, 2, 40), (false, 3, 50)),
+            (2, (true, 9, 4), (true, 11, 4)),
+            (4, (true, 16, 16), (true, 16, 16)),
+            // many rows of a per lane with several lanes (il > 1, rows > 1)
+            (1, (false, 600, 1), (false, 3, 2)),
+            (2, (true, 200, 2), (false, 2, 3)),
+        ];
+        let mut v = Vec::new();
+        for dtype in ALL_DTYPES {
+            let es = dtype.size();
+            let mut out_mods = vec![0, es, 8];
+            if dtype.is_complex() {
+                out_mods.push(es / 2);
+            }
+            out_mods.sort();
+            out_mods.dedup();
+            for &(batch, a, b) in shapes {
+                for layouts in [
+                    ("contiguous", "contiguous"),
+                    ("transposed", "reversed"),
+                    ("every-other", "transposed"),
+                ] {
+                    for &om in &out_mods {
+                        for sm in [1, 132] {
+                            let p = plan(dtype, batch, a, b, layouts, (es, 0, om));
+                            let l = kron_config(&p, sm).unwrap();
+                            check_invariants(&p, &l, &format!("{p:?}"));
+                            v.push((p, l));
+                        }
+                    }
+                }
+            }
+        }
+        // the benchmark's shape, and more tasks than one grid holds (grid-stride in y)
+        for (batch, a, b) in [
+            (1, (false, 64, 64), (false, 64, 64)),
+            (70000, (true, 1, 1), (true, 1, 1)),
+        ] {
+            let p = plan(
+                DType::F32,
+                batch,
+                a,
+                b,
+                ("contiguous", "contiguous"),
+                (0, 0, 0),
+            );
+            let l = kron_config(&p, 132).unwrap();
+            check_invariants(&p, &l, &format!("{p:?}"));
+            v.push((p, l));
+        }
+        assert!(v.last().unwrap().1.args.tasks > 65535);
+        v
+    }
+
+    #[test]
+    fn kron_launch_invariants() {
+        assert!(emu_cases().len() > 500);
+    }
+
+    /// kernels/linalg.cu's Kronecker kernels, compiled by the host C++ compiler
+    /// against tests/cuda_emu (emulated threads), run with the launch this module
+    /// chooses for every dtype, odd widths, batches, broadcasts, strided inputs and
+    /// outputs aligned to 16 bytes, to the element, or (complex) to a component;
+    /// compared bit for bit with the direct product. Skipped without g++
+    /// (`CXX` overrides; `FK_KRON_EMU_DIR` keeps the build and the cases).
+    #[test]
+    fn kron_kernel_in_the_cpu_emulator() {
+        use std::process::Command;
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+        if Command::new(&cxx).arg("--version").output().is_err() {
+            println!("SKIPPED: no C++ compiler ({cxx})");
+            return;
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        // FK_KRON_EMU_DIR: build there and keep it (linalg.cu, cases.txt, kron_emu)
+        let keep = std::env::var_os("FK_KRON_EMU_DIR");
+        let dir = keep.clone().map_or_else(
+            || std::env::temp_dir().join(format!("fusekit-kron-emu-{}", std::process::id())),
+            std::path::PathBuf::from,
+        );
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("linalg.cu"), source()).unwrap();
+        std::fs::copy(
+            root.join("tests/cuda_emu/linalg_common.cuh"),
+            dir.join("common.cuh"),
+        )
+        .unwrap();
+        let exe = dir.join("kron_emu");
+        let out = Command::new(&cxx)
+            .args(["-std=c++20", "-O1", "-w"])
+            .arg(format!("-I{}", dir.display()))
+            .arg(format!("-I{}", root.join("tests/cuda_emu").display()))
+            .arg(root.join("tests/cuda_emu/kron_emu.cpp"))
+            .arg("-o")
+            .arg(&exe)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "compiling the emulated kernels failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut lines = String::new();
+        for (p, l) in emu_cases() {
+            let a = &l.args;
+            lines.push_str(&format!(
+                "{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}\n",
+                l.name,
+                dname(p.dtype),
+                p.batch,
+                p.m,
+                p.n,
+                p.p,
+                p.q,
+                p.sa[0],
+                p.sa[1],
+                p.sa[2],
+                p.sb[0],
+                p.sb[1],
+                p.sb[2],
+                p.a % 64,
+                p.b % 64,
+                p.out % 64,
+                a.cols,
+                a.units,
+                a.rows,
+                a.s_blocks,
+                a.i_chunks,
+                a.tasks,
+                a.bs,
+                a.il,
+                a.uniform,
+                a.small,
+                l.grid.0,
+                l.grid.1,
+                l.block.0,
+                l.block.1
+            ));
+        }
+        let cases = dir.join("cases.txt");
+        std::fs::write(&cases, lines).unwrap();
+        let run = Command::new(&exe).arg(&cases).output().unwrap();
+        let stdout = String::from_utf8_lossy(&run.stdout);
+        if keep.is_none() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        assert!(
+            run.status.success(),
+            "emulated Kronecker kernels:\n{stdout}\n{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        println!("{}", stdout.lines().last().unwrap_or(""));
     }
 }

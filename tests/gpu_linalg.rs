@@ -6,13 +6,14 @@
 //!
 //! Covered: GEMM for every dtype and op pair on odd and aligned sizes, batches and
 //! broadcasts, padded leading dimensions, beta = 0 over NaN, TF32 (tolerance 1e-3);
-//! the fused linear layer forward (cuBLASLt epilogues and the forced fallback) and
-//! backward per dtype and activation; the Kronecker product (every store width,
-//! outputs aligned to 16 bytes, to the element or to a complex component, odd
-//! widths, batches, strided inputs); the chunked GEMM with pinned host operands
-//! under small budgets (many tiles, rings of 2 and 3 buffers, both copy streams); a
-//! CUDA graph capturing fusekit linear-algebra ops; and, with `FK_TEST_HUGE=1`, a
-//! chunked product whose operands exceed the GPU's free memory.
+//! complex128 refused on CUDA (with `FK_CUDA_C128_GEMM=1`, its cases one by one for
+//! scripts/diag_c128.sh); the fused linear layer forward (cuBLASLt epilogues and the
+//! forced fallback) and backward per dtype and activation; the Kronecker product
+//! (every store width, outputs aligned to 16 bytes, to the element or to a complex
+//! component, odd widths, batches, strided inputs); the chunked GEMM with pinned host
+//! operands under small budgets (many tiles, rings of 2 and 3 buffers, both copy
+//! streams); a CUDA graph capturing fusekit linear-algebra ops; and, with
+//! `FK_TEST_HUGE=1`, a chunked product whose operands exceed the GPU's free memory.
 
 mod common;
 mod linalg_ref;
@@ -76,31 +77,22 @@ fn gemm_vs_cpu(
     );
 }
 
-fn gemm_sweep(dtype: fk_dtype) {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let t0 = Instant::now();
-    let mut rng = Rng::new(100 + dtype as u64);
+/// The GEMM cases of a dtype: every op pair on odd and aligned sizes, then batches,
+/// broadcasts, padded leading dimensions, beta = 0 over NaN, k = 0.
+fn gemm_cases(dtype: fk_dtype) -> Vec<GemmCase> {
     let sizes: &[(i64, i64, i64)] = if sanitizing() {
         &[(1, 1, 1), (7, 5, 3)]
     } else {
         &[(1, 1, 1), (17, 13, 33), (64, 128, 96), (65, 129, 70)]
     };
+    let mut v = Vec::new();
     for op_a in OPS {
         for op_b in OPS {
             for &(m, n, k) in sizes {
-                gemm_vs_cpu(
-                    &g,
-                    &cpu,
-                    &GemmCase::new(dtype, op_a, op_b, m, n, k),
-                    &mut rng,
-                    tol_of(dtype),
-                    null(),
-                );
+                v.push(GemmCase::new(dtype, op_a, op_b, m, n, k));
             }
         }
     }
-    // batches, broadcasts, padded leading dimensions, beta = 0 over NaN, k = 0
     for (ba, bb, pad) in [
         (Some(3), Some(3), 0),
         (None, Some(3), 2),
@@ -109,13 +101,23 @@ fn gemm_sweep(dtype: fk_dtype) {
     ] {
         let mut c = GemmCase::new(dtype, FK_OP_T, FK_OP_N, 9, 11, 13);
         (c.batch_a, c.batch_b, c.batch_c, c.pad) = (ba, bb, Some(3), pad);
-        gemm_vs_cpu(&g, &cpu, &c, &mut rng, tol_of(dtype), null());
+        v.push(c);
     }
     let mut c = GemmCase::new(dtype, FK_OP_N, FK_OP_C, 31, 17, 5);
     c.beta = re(0.0);
-    gemm_vs_cpu(&g, &cpu, &c, &mut rng, tol_of(dtype), null());
-    let c = GemmCase::new(dtype, FK_OP_N, FK_OP_N, 6, 7, 0);
-    gemm_vs_cpu(&g, &cpu, &c, &mut rng, tol_of(dtype), null());
+    v.push(c);
+    v.push(GemmCase::new(dtype, FK_OP_N, FK_OP_N, 6, 7, 0));
+    v
+}
+
+fn gemm_sweep(dtype: fk_dtype) {
+    let Some(g) = gpu() else { return };
+    let cpu = Ctx::cpu();
+    let t0 = Instant::now();
+    let mut rng = Rng::new(100 + dtype as u64);
+    for c in gemm_cases(dtype) {
+        gemm_vs_cpu(&g, &cpu, &c, &mut rng, tol_of(dtype), null());
+    }
     println!(
         "gemm {}: every op pair and layout in {:?}",
         dname(dtype),
@@ -143,10 +145,19 @@ fn gemm_oracle_f64() {
 fn gemm_oracle_c64() {
     gemm_sweep(FK_DTYPE_C64);
 }
+
+fn c128_opt_in() -> bool {
+    std::env::var("FK_CUDA_C128_GEMM").as_deref() == Ok("1")
+}
+
 /// complex128 GEMM is refused on CUDA (cuBLAS 13.0 crashed in cublasLtZZZMatmul on
 /// the H100): the call returns a status instead of taking the process down.
 #[test]
 fn gemm_c128_is_refused_on_cuda() {
+    if c128_opt_in() {
+        println!("SKIPPED: FK_CUDA_C128_GEMM=1 lifts the refusal");
+        return;
+    }
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(128);
     let case = GemmCase::new(FK_DTYPE_C128, FK_OP_N, FK_OP_N, 5, 4, 3);
@@ -169,6 +180,51 @@ fn gemm_c128_is_refused_on_cuda() {
         )
     };
     expect_status(s, FK_ERROR_UNSUPPORTED_DTYPE, &["fk_gemm", "complex128"]);
+}
+
+/// Diagnosis of the complex128 crash (scripts/diag_c128.sh), only with
+/// `FK_CUDA_C128_GEMM=1`: the complex128 sweep (the cases of every other dtype, and
+/// first the one of `gemm_c128_is_refused_on_cuda`), each announced before it runs
+/// so that a crash names its case; `FK_C128_FROM=i` starts at case i (to go on
+/// after a crash). Prints the cuBLAS libraries the process mapped.
+#[test]
+fn gemm_c128_opt_in_cases() {
+    if !c128_opt_in() {
+        println!("SKIPPED: set FK_CUDA_C128_GEMM=1 (diagnosis of the complex128 crash)");
+        return;
+    }
+    let Some(g) = gpu() else { return };
+    let cpu = Ctx::cpu();
+    let mut rng = Rng::new(128);
+    let mut cases = vec![GemmCase::new(FK_DTYPE_C128, FK_OP_N, FK_OP_N, 5, 4, 3)];
+    cases.extend(gemm_cases(FK_DTYPE_C128));
+    let from: usize = std::env::var("FK_C128_FROM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    use std::io::Write;
+    for (i, c) in cases.iter().enumerate() {
+        if i < from {
+            let _ = c.data(&mut rng);
+            continue;
+        }
+        print!("c128 case {i}/{}: {} ... ", cases.len(), c.describe());
+        std::io::stdout().flush().unwrap();
+        gemm_vs_cpu(&g, &cpu, c, &mut rng, tol_of(FK_DTYPE_C128), null());
+        println!("ok");
+        if i == from {
+            let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+            let mut libs: Vec<&str> = maps
+                .lines()
+                .filter_map(|l| l.split_whitespace().nth(5))
+                .filter(|p| p.contains("cublas"))
+                .collect();
+            libs.sort();
+            libs.dedup();
+            println!("cuBLAS libraries mapped: {libs:?}");
+        }
+    }
+    println!("c128 cases: all {} from {from} ok", cases.len());
 }
 
 #[test]

@@ -16,7 +16,7 @@
 #       (gemm_c128_opt_in_cases, with FK_CUDA_C128_GEMM=1 lifting the refusal),
 #       resumed after each crash, with the cuBLAS files the process loaded; then the
 #       refusal test without the variable.
-# Logs go to $OUT (or ./diag-c128-out); the table of case -> result is printed last
+# Logs go to $OUT (or ./gpu-suite-out/diag-c128, git-ignored); the table of case -> result is printed last
 # (also in $OUT/diag_c128_table.txt).
 # About 3 to 6 minutes (longer when many cases crash: each crash restarts a process).
 #   usage: scripts/diag_c128.sh [torch] [cublas] [fusekit]   (default: all three)
@@ -25,7 +25,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 B=${FK_BUNDLE:-$ROOT/.dev/bundle}
-OUT=${OUT:-$ROOT/diag-c128-out}
+OUT=${OUT:-$ROOT/gpu-suite-out/diag-c128}
 mkdir -p "$OUT"
 TABLE=$OUT/diag_c128_table.txt
 : >"$TABLE"

@@ -6,7 +6,7 @@
 //                        configurations cuBLASLt's fused epilogues decline
 //   linear_dz_<t>        dz = dy * act'(saved) and per-split column sums of dz
 //   colsum_finish_<t>    db = sum of the column partials
-//   kron_<t>             batched Kronecker product, 16-byte stores along rows
+//   kron_<t>_w<W>        batched Kronecker product, W-element (16-byte) stores
 // Activation codes (FK_LA_ACT_*) come from the prelude fusekit prepends from the Rust
 // enum in src/ops/linalg.rs. GELU is the tanh approximation (cuBLASLt's formula);
 // src/cpu/linalg.rs computes the same in f32.
@@ -110,70 +110,147 @@ template <typename T> __device__ void colsum_finish(const FinishArgs& a) {
 }
 
 // ---------------------------------------------------------------- Kronecker
+// out[bi, i*p + s, j*q + t] = a[bi, i, j] * b[bi, s, t]   (out contiguous, [batch, m*p, n*q])
+//
+// Written for store bandwidth (the output is p*q times larger than a). A thread owns
+// one store unit of W consecutive output columns (16 bytes when the launcher can:
+// W = 16 / sizeof(T); fewer when the row pitch or the output's address is not 16-byte
+// aligned) and one row s of b; it loads its W elements of b once into registers and
+// then walks the rows i of a, each store being a[bi, i, j] * (its b elements):
+// one load of a (shared by the lanes of its segment) per 16-byte store, pointer
+// increments and no integer division in the loop. The decomposition of the unit's
+// columns into (j, t) and of the block's task into (batch, i chunk, s block) is done
+// once, with 32-bit divisions when everything fits.
+//
+// Launch (src/cuda/linalg.rs kron_config): block (bx, bs * il): threadIdx.x over
+// units, threadIdx.y = s offset (bs of them) + bs * lane (il lanes over i, rows
+// lane, lane + il, ... of the task's chunk of `rows * il` rows of a); grid.x over
+// units, grid.y over tasks (grid-stride when more than 65535). Tasks are ordered
+// with the s block fastest, so neighbouring blocks write neighbouring output rows.
+//
+// SPLIT (complex output aligned only to its components): each element stored as its
+// two components. Loads of a and b go through the components too (an element's
+// alignment is never assumed beyond its components').
 struct KronArgs {
     i64 batch, m, n, p, q;
     i64 sa0, sa1, sa2, sb0, sb1, sb2;
     u64 a, b, out;
-    int vec;
-    int small;
+    i64 cols;      // n * q
+    i64 units;     // store units per output row (cols / W)
+    i64 rows;      // rows of a per lane and task
+    i64 s_blocks;  // ceil(p / bs)
+    i64 i_chunks;  // ceil(m / (rows * il))
+    i64 tasks;     // batch * i_chunks * s_blocks
+    int bs, il;    // blockDim.y = bs * il
+    int uniform;   // q % W == 0: the W columns of a unit lie in one segment (one a element)
+    int small;     // cols, tasks < 2^32: 32-bit divisions in the setup
 };
 
-template <typename T> struct __align__(16) Vec16 {
-    T v[16 / sizeof(T)];
+#ifndef FK_CHECK_ALIGNED
+#define FK_CHECK_ALIGNED(ptr, bytes) ((void)0)
+#endif
+
+template <typename T> __device__ __forceinline__ T kron_ld(const T* p) { return *p; }
+template <> __device__ __forceinline__ c64 kron_ld<c64>(const c64* p) {
+    const float* f = reinterpret_cast<const float*>(p);
+    return cmake<c64>(f[0], f[1]);
+}
+template <> __device__ __forceinline__ c128 kron_ld<c128>(const c128* p) {
+    const double* f = reinterpret_cast<const double*>(p);
+    return cmake<c128>(f[0], f[1]);
+}
+
+template <typename T, int W> struct alignas(sizeof(T) * W) KronVec {
+    T v[W];
 };
 
-// out[bi, i*p + s, j*q + t] = a[bi, i, j] * b[bi, s, t]. Grid-stride over output
-// rows (blockIdx.x) and column ranges (blockIdx.y); per-row index math once. With
-// `vec` (q a multiple of the 16-byte vector, b's rows contiguous and aligned, out
-// aligned) each thread stores 16 bytes at a time.
-template <typename T> __device__ void kron(const KronArgs& a) {
+template <typename T, int W, bool SPLIT> struct KronStore {
+    static __device__ __forceinline__ void run(T* p, const KronVec<T, W>& o) {
+        FK_CHECK_ALIGNED(p, sizeof(KronVec<T, W>));
+        *reinterpret_cast<KronVec<T, W>*>(p) = o;
+    }
+};
+template <typename T> struct KronStore<T, 1, true> {
+    static __device__ __forceinline__ void run(T* p, const KronVec<T, 1>& o) {
+        typedef typename ComplexReal<T>::type R;
+        R* r = reinterpret_cast<R*>(p);
+        FK_CHECK_ALIGNED(r, sizeof(R));
+        r[0] = o.v[0].re;
+        r[1] = o.v[0].im;
+    }
+};
+
+__device__ __forceinline__ i64 kron_div(i64 x, i64 d, bool small) {
+    return small ? (i64)((unsigned)x / (unsigned)d) : x / d;
+}
+
+template <typename T, int W, bool SPLIT> __device__ void kron(const KronArgs& a) {
     typedef typename Compute<T>::type C;
-    const int V = 16 / sizeof(T);
-    const char* A = reinterpret_cast<const char*>(a.a);
-    const char* B = reinterpret_cast<const char*>(a.b);
-    T* out = reinterpret_cast<T*>(a.out);
-    i64 rows = a.batch * a.m * a.p;
-    i64 cols = a.n * a.q;
-    i64 units = a.vec ? cols / V : cols;
-    i64 chunk = (units + gridDim.y - 1) / gridDim.y;
-    i64 u0 = (i64)blockIdx.y * chunk;
-    i64 u1 = u0 + chunk < units ? u0 + chunk : units;
-    for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
-        i64 bi = row / (a.m * a.p);
-        i64 r = row - bi * (a.m * a.p);
-        i64 i = r / a.p, s = r - i * a.p;
-        const T* arow = reinterpret_cast<const T*>(A) + bi * a.sa0 + i * a.sa1;
-        const T* brow = reinterpret_cast<const T*>(B) + bi * a.sb0 + s * a.sb1;
-        T* orow = out + row * cols;
-        if (a.vec && a.small) {
-            // 32-bit column arithmetic (n*q < 2^31): one cheap division per 16 bytes
-            const unsigned q32 = (unsigned)a.q;
-            for (unsigned u = (unsigned)u0 + threadIdx.x; u < (unsigned)u1; u += blockDim.x) {
-                unsigned c = u * V;
-                unsigned j = c / q32, t = c - j * q32;
-                C x = to_compute(arow[(i64)j * a.sa2]);
-                Vec16<T> bv = *reinterpret_cast<const Vec16<T>*>(brow + t);
-                Vec16<T> o;
+    const i64 u = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (u >= a.units) return;  // no barriers in this kernel
+    const bool small = a.small != 0;
+    const int s_off = (int)threadIdx.y % a.bs;
+    const int lane = (int)threadIdx.y / a.bs;
+    // the unit's first column c0 as (segment j0, offset t0), once
+    const i64 c0 = u * W;
+    const i64 j0 = kron_div(c0, a.q, small);
+    const i64 t0 = c0 - j0 * a.q;
+    const T* __restrict__ A = reinterpret_cast<const T*>(a.a);
+    const T* __restrict__ B = reinterpret_cast<const T*>(a.b);
+    T* __restrict__ out = reinterpret_cast<T*>(a.out);
+    const i64 chunk = a.rows * a.il;
+    const i64 ostep = a.il * a.p * a.cols;  // output elements between the thread's rows
+    const i64 astep = a.il * a.sa1;
+    for (i64 task = blockIdx.y; task < a.tasks; task += gridDim.y) {
+        // task = (bi * i_chunks + ich) * s_blocks + sblk
+        const i64 r1 = kron_div(task, a.s_blocks, small);
+        const i64 sblk = task - r1 * a.s_blocks;
+        const i64 bi = kron_div(r1, a.i_chunks, small);
+        const i64 ich = r1 - bi * a.i_chunks;
+        const i64 s = sblk * a.bs + s_off;
+        i64 i = ich * chunk + lane;
+        const i64 i_end = ich * chunk + chunk < a.m ? ich * chunk + chunk : a.m;
+        if (s >= a.p || i >= i_end) continue;
+        // this thread's elements of b, for every row it writes; the columns of the
+        // unit after c0 continue from (j0, t0) with wrap-around, no division
+        C bv[W];
+        i64 ja[W];  // a's column offset of each element
+        const T* brow = B + bi * a.sb0 + s * a.sb1;
+        {
+            i64 j = j0, t = t0;
 #pragma unroll
-                for (int e = 0; e < V; ++e) o.v[e] = from_compute<T>(x * to_compute(bv.v[e]));
-                *reinterpret_cast<Vec16<T>*>(orow + c) = o;
+            for (int e = 0; e < W; ++e) {
+                if (e > 0 && ++t == a.q) {
+                    t = 0;
+                    ++j;
+                }
+                bv[e] = to_compute(kron_ld(brow + t * a.sb2));
+                ja[e] = j * a.sa2;
             }
-        } else if (a.vec) {
-            for (i64 u = u0 + threadIdx.x; u < u1; u += blockDim.x) {
-                i64 c = u * V;
-                i64 j = c / a.q, t = c - j * a.q;
-                C x = to_compute(arow[j * a.sa2]);
-                Vec16<T> bv = *reinterpret_cast<const Vec16<T>*>(brow + t);
-                Vec16<T> o;
+        }
+        const T* ap = A + bi * a.sa0 + i * a.sa1;
+        T* op = out + ((bi * a.m + i) * a.p + s) * a.cols + c0;
+        if (a.uniform) {
+#pragma unroll 4
+            for (; i < i_end; i += a.il) {
+                const C x = to_compute(kron_ld(ap + ja[0]));
+                KronVec<T, W> o;
 #pragma unroll
-                for (int e = 0; e < V; ++e) o.v[e] = from_compute<T>(x * to_compute(bv.v[e]));
-                *reinterpret_cast<Vec16<T>*>(orow + c) = o;
+                for (int e = 0; e < W; ++e) o.v[e] = from_compute<T>(x * bv[e]);
+                KronStore<T, W, SPLIT>::run(op, o);
+                ap += astep;
+                op += ostep;
             }
         } else {
-            for (i64 c = u0 + threadIdx.x; c < u1; c += blockDim.x) {
-                i64 j = c / a.q, t = c - j * a.q;
-                C x = to_compute(arow[j * a.sa2]);
-                orow[c] = from_compute<T>(x * to_compute(brow[t * a.sb2]));
+            // the unit straddles segments (q % W != 0): one a element per column
+            for (; i < i_end; i += a.il) {
+                KronVec<T, W> o;
+#pragma unroll
+                for (int e = 0; e < W; ++e)
+                    o.v[e] = from_compute<T>(to_compute(kron_ld(ap + ja[e])) * bv[e]);
+                KronStore<T, W, SPLIT>::run(op, o);
+                ap += astep;
+                op += ostep;
             }
         }
     }
@@ -188,11 +265,29 @@ FK_LINEAR_KERNELS(f16)
 FK_LINEAR_KERNELS(bf16)
 FK_LINEAR_KERNELS(f32)
 
-#define FK_KRON_KERNEL(T) \
-    extern "C" __global__ void __launch_bounds__(256) kron_##T(KronArgs a) { kron<T>(a); }
-FK_KRON_KERNEL(f16)
-FK_KRON_KERNEL(bf16)
-FK_KRON_KERNEL(f32)
-FK_KRON_KERNEL(f64)
-FK_KRON_KERNEL(c64)
-FK_KRON_KERNEL(c128)
+// kron_<t>_w<W>: W elements per store (16 bytes at most); kron_<t>_split: complex
+// output aligned only to its components.
+#define FK_KRON_KERNEL(T, W)                                                               \
+    extern "C" __global__ void __launch_bounds__(256) kron_##T##_w##W(KronArgs a) {       \
+        kron<T, W, false>(a);                                                              \
+    }
+#define FK_KRON_SPLIT(T) \
+    extern "C" __global__ void __launch_bounds__(256) kron_##T##_split(KronArgs a) { kron<T, 1, true>(a); }
+FK_KRON_KERNEL(f16, 8)
+FK_KRON_KERNEL(f16, 4)
+FK_KRON_KERNEL(f16, 2)
+FK_KRON_KERNEL(f16, 1)
+FK_KRON_KERNEL(bf16, 8)
+FK_KRON_KERNEL(bf16, 4)
+FK_KRON_KERNEL(bf16, 2)
+FK_KRON_KERNEL(bf16, 1)
+FK_KRON_KERNEL(f32, 4)
+FK_KRON_KERNEL(f32, 2)
+FK_KRON_KERNEL(f32, 1)
+FK_KRON_KERNEL(f64, 2)
+FK_KRON_KERNEL(f64, 1)
+FK_KRON_KERNEL(c64, 2)
+FK_KRON_KERNEL(c64, 1)
+FK_KRON_SPLIT(c64)
+FK_KRON_KERNEL(c128, 1)
+FK_KRON_SPLIT(c128)

@@ -11,8 +11,9 @@
 //! Handles: one `Slot` per (context, stream) holds a cuBLAS handle bound to that
 //! stream once (`cublasSetStream`), a cuBLASLt handle (its stream is per call), a
 //! 32 MiB workspace allocated stream-ordered on that stream at first use and given
-//! to both, a grow-only scratch buffer (the backward's `dz`), and the copy stream of
-//! the chunked GEMM. Work queued on one stream runs in order, so everything a slot
+//! to both, a grow-only scratch buffer (the backward's `dz`), and the two copy
+//! streams of the chunked GEMM (uploads and downloads, so that the two directions
+//! use the GPU's two copy engines at once). Work queued on one stream runs in order, so everything a slot
 //! owns is reused by the next call on the stream without synchronising. A slot is
 //! locked while a call queues its work (two threads queuing on one stream do not
 //! interleave). Slots go with their stream (`fk_stream_destroy` of an owned stream)
@@ -168,6 +169,7 @@ pub struct Slot {
     scratch: u64,
     scratch_bytes: usize,
     copy_stream: usize,
+    download_stream: usize,
 }
 
 // SAFETY: the handles are used only while the slot's mutex is held, with the
@@ -235,6 +237,7 @@ impl BlasCache {
             scratch: 0,
             scratch_bytes: 0,
             copy_stream: 0,
+            download_stream: 0,
         };
         let init = (|| -> Result<()> {
             slot.workspace = dev.alloc_async(WORKSPACE_BYTES, stream)?;
@@ -345,9 +348,11 @@ impl Slot {
         self.workspace = 0;
         self.scratch = 0;
         self.scratch_bytes = 0;
-        if self.copy_stream != 0 {
-            dev.stream_destroy(self.copy_stream);
-            self.copy_stream = 0;
+        for s in [&mut self.copy_stream, &mut self.download_stream] {
+            if *s != 0 {
+                dev.stream_destroy(*s);
+                *s = 0;
+            }
         }
     }
 
@@ -370,12 +375,23 @@ impl Slot {
         Ok(self.scratch)
     }
 
-    /// The copy stream of the chunked GEMM (created on first use).
+    /// The upload (host-to-device) copy stream of the chunked GEMM (created on
+    /// first use).
     pub fn copy_stream(&mut self, dev: &CudaDevice) -> Result<usize> {
         if self.copy_stream == 0 {
             self.copy_stream = dev.stream_create()?;
         }
         Ok(self.copy_stream)
+    }
+
+    /// The download (device-to-host) copy stream of the chunked GEMM (created on
+    /// first use): a stream of its own, so that downloads never queue behind
+    /// uploads (and the two directions' copy engines run at once).
+    pub fn download_stream(&mut self, dev: &CudaDevice) -> Result<usize> {
+        if self.download_stream == 0 {
+            self.download_stream = dev.stream_create()?;
+        }
+        Ok(self.download_stream)
     }
 }
 

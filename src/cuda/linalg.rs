@@ -366,6 +366,7 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
 
 /// Mirrors `struct KronArgs`.
 #[repr(C)]
+#[derive(Debug, Clone, Copy)]
 struct KronArgs {
     batch: i64,
     m: i64,
@@ -381,38 +382,113 @@ struct KronArgs {
     a: u64,
     b: u64,
     out: u64,
-    vec: i32,
+    cols: i64,
+    units: i64,
+    rows: i64,
+    s_blocks: i64,
+    i_chunks: i64,
+    tasks: i64,
+    bs: i32,
+    il: i32,
+    uniform: i32,
     small: i32,
 }
 
-fn kron_name(d: DType) -> &'static str {
-    match d {
-        DType::F16 => "kron_f16",
-        DType::BF16 => "kron_bf16",
-        DType::F32 => "kron_f32",
-        DType::F64 => "kron_f64",
-        DType::C64 => "kron_c64",
-        DType::C128 => "kron_c128",
-    }
+/// The kernel name for `dtype`, `w` elements per store, or the split stores.
+fn kron_name(d: DType, w: i64, split: bool) -> Option<&'static str> {
+    Some(match (d, w, split) {
+        (DType::F16, 8, false) => "kron_f16_w8",
+        (DType::F16, 4, false) => "kron_f16_w4",
+        (DType::F16, 2, false) => "kron_f16_w2",
+        (DType::F16, 1, false) => "kron_f16_w1",
+        (DType::BF16, 8, false) => "kron_bf16_w8",
+        (DType::BF16, 4, false) => "kron_bf16_w4",
+        (DType::BF16, 2, false) => "kron_bf16_w2",
+        (DType::BF16, 1, false) => "kron_bf16_w1",
+        (DType::F32, 4, false) => "kron_f32_w4",
+        (DType::F32, 2, false) => "kron_f32_w2",
+        (DType::F32, 1, false) => "kron_f32_w1",
+        (DType::F64, 2, false) => "kron_f64_w2",
+        (DType::F64, 1, false) => "kron_f64_w1",
+        (DType::C64, 2, false) => "kron_c64_w2",
+        (DType::C64, 1, false) => "kron_c64_w1",
+        (DType::C64, 1, true) => "kron_c64_split",
+        (DType::C128, 1, false) => "kron_c128_w1",
+        (DType::C128, 1, true) => "kron_c128_split",
+        _ => return None,
+    })
 }
 
-/// `out = kron(a, b)`, batched.
-pub fn kron(dev: &CudaDevice, p: &KronPlan, stream: &Stream) -> Result<()> {
+/// Threads per block of the Kronecker kernel.
+const KRON_THREADS: i64 = 256;
+
+/// A Kronecker launch: kernel, arguments, grid and block.
+#[derive(Debug)]
+struct KronLaunch {
+    name: &'static str,
+    args: KronArgs,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+}
+
+/// Chooses the store width and the launch shape (see `kernels/linalg.cu`):
+/// - `W`, elements per store: the widest power of two with `W * size <= 16` that
+///   divides the row length `n * q` and whose `W * size` bytes the output's address
+///   is aligned to (so every row starts aligned); complex output aligned only to
+///   its components gets the split kernel;
+/// - block `(bx, bs * il)`: `bx` threads over the row's units (up to 256), the rest
+///   over rows `s` of b (`bs`) and lanes over rows of a (`il`);
+/// - rows of a per lane and task: halved from all of them until the grid has about
+///   8 blocks per multiprocessor (or one row per lane).
+fn kron_config(p: &KronPlan, sm_count: i32) -> Result<KronLaunch> {
     let es = p.dtype.size() as i64;
-    let v = 16 / es;
-    let vec = p.q % v == 0
-        && p.sb[2] == 1
-        && p.b % 16 == 0
-        && p.out % 16 == 0
-        && p.sb[0] % v == 0
-        && p.sb[1] % v == 0;
-    let rows = p.batch * p.m * p.p;
-    let units = if vec { p.n * p.q / v } else { p.n * p.q };
-    let gy = (units as u64).div_ceil(1024).clamp(1, 64);
-    let gx = (rows as u64)
-        .min((dev.sm_count.max(1) as u64 * 16).div_ceil(gy))
-        .max(1);
-    let mut a = KronArgs {
+    let comp = if p.dtype.is_complex() { es / 2 } else { es } as usize;
+    for (ptr, what) in [(p.a, "a"), (p.b, "b"), (p.out, "out")] {
+        crate::ensure!(
+            ptr % comp == 0,
+            crate::error::FK_ERROR_UNSUPPORTED,
+            "{what}'s data pointer {ptr:#x} is not aligned to {comp} bytes, the size of a {} {}",
+            p.dtype,
+            if p.dtype.is_complex() {
+                "component"
+            } else {
+                "element"
+            }
+        );
+    }
+    let cols = p.n * p.q;
+    let mut w = (16 / es).max(1);
+    while w > 1 && !(cols % w == 0 && p.out as i64 % (w * es) == 0) {
+        w /= 2;
+    }
+    let split = p.out as i64 % es != 0;
+    let name = kron_name(p.dtype, w, split).expect("a kernel for every dtype and width");
+    let units = cols / w;
+    let bx = (units.max(1) as u64)
+        .next_power_of_two()
+        .min(KRON_THREADS as u64) as i64;
+    let by = KRON_THREADS / bx;
+    let bs = p.p.clamp(1, by);
+    let il = (by / bs).max(1);
+    let s_blocks = (p.p + bs - 1) / bs;
+    let gx = (units + bx - 1) / bx;
+    crate::ensure!(
+        gx <= i32::MAX as i64,
+        crate::error::FK_ERROR_UNSUPPORTED,
+        "the output rows of {cols} elements are too long for one grid ({gx} blocks)"
+    );
+    let target = sm_count.max(1) as i64 * 8;
+    let mut rows = (p.m + il - 1) / il;
+    let shape = |rows: i64| {
+        let i_chunks = (p.m + rows * il - 1) / (rows * il);
+        (i_chunks, p.batch * i_chunks * s_blocks)
+    };
+    while rows > 1 && gx * shape(rows).1 < target {
+        rows = (rows + 1) / 2;
+    }
+    let (i_chunks, tasks) = shape(rows);
+    let small = cols <= u32::MAX as i64 && tasks <= u32::MAX as i64;
+    let args = KronArgs {
         batch: p.batch,
         m: p.m,
         n: p.n,
@@ -427,18 +503,37 @@ pub fn kron(dev: &CudaDevice, p: &KronPlan, stream: &Stream) -> Result<()> {
         a: p.a as u64,
         b: p.b as u64,
         out: p.out as u64,
-        vec: vec as i32,
-        small: (p.n * p.q < i32::MAX as i64) as i32,
+        cols,
+        units,
+        rows,
+        s_blocks,
+        i_chunks,
+        tasks,
+        bs: bs as i32,
+        il: il as i32,
+        uniform: (p.q % w == 0) as i32,
+        small: small as i32,
     };
+    Ok(KronLaunch {
+        name,
+        args,
+        grid: (gx as u32, tasks.min(65535) as u32, 1),
+        block: (bx as u32, (bs * il) as u32, 1),
+    })
+}
+
+/// `out = kron(a, b)`, batched.
+pub fn kron(dev: &CudaDevice, p: &KronPlan, stream: &Stream) -> Result<()> {
+    let mut l = kron_config(p, dev.sm_count)?;
     launch(
         dev,
         MODULE,
-        kron_name(p.dtype),
-        (gx.min(i32::MAX as u64) as u32, gy as u32, 1),
-        (BLOCK, 1, 1),
+        l.name,
+        l.grid,
+        l.block,
         0,
         stream.raw,
-        &mut [&mut a as *mut KronArgs as *mut c_void],
+        &mut [&mut l.args as *mut KronArgs as *mut c_void],
     )
 }
 
@@ -460,47 +555,198 @@ fn is_host(dev: &CudaDevice, ptr: usize) -> Result<bool> {
 /// Smallest tile edge the chunked GEMM shrinks to (unless the matrix is smaller).
 const MIN_TILE: i64 = 128;
 
-/// Tile sizes `(tm, tn, tk)` whose double-buffered staging fits `budget`.
-fn choose_tiles(
+/// Most staging buffers per host operand (2: double buffering, the least).
+const MAX_DEPTH: usize = 3;
+
+/// Host<->device copy rate per direction that the tile choice assumes (PCIe 5 x16;
+/// only its ratio to the product's rate matters).
+const LINK_BYTES_PER_S: f64 = 50e9;
+
+/// Host time to queue one step (copy, events, cuBLAS call) that the tile choice
+/// assumes.
+const STEP_OVERHEAD_S: f64 = 10e-6;
+
+/// GPU time lost per tile product (launch, ramp-up and tail of the kernel) that the
+/// tile choice assumes.
+const STEP_GPU_S: f64 = 5e-6;
+
+/// The chunked GEMM's tiling: `C` in `tm x tn` tiles, `k` in panels of `tk`, and
+/// `depth` staging buffers per host operand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tiles {
+    tm: i64,
+    tn: i64,
+    tk: i64,
+    depth: usize,
+}
+
+/// What the tile choice weighs.
+#[derive(Debug, Clone, Copy)]
+struct ChunkProblem {
     m: i64,
     n: i64,
     k: i64,
+    batch: i64,
     es: u64,
+    /// a, b, c in host memory
     host: [bool; 3],
-    budget: u64,
-) -> Result<(i64, i64, i64)> {
-    let mem = |tm: i64, tn: i64, tk: i64| -> u64 {
-        let [a, b, c] = host.map(|h| h as u64);
-        2 * es * (a * (tm * tk) as u64 + b * (tk * tn) as u64 + c * (tm * tn) as u64)
-    };
-    let (mut tm, mut tn, mut tk) = (m, n, k);
-    let shrink = |t: i64| -> i64 {
-        let h = ((t + 1) / 2 + MIN_TILE - 1) / MIN_TILE * MIN_TILE;
-        if h < t { h } else { t }
-    };
-    loop {
-        let cur = mem(tm, tn, tk);
-        if cur <= budget {
-            return Ok((tm, tn, tk));
+    /// beta != 0: host C tiles are uploaded before the product too
+    load_c: bool,
+    /// a, b broadcast over the batch (batch stride 0)
+    broadcast: [bool; 2],
+    complex: bool,
+    /// the product's rate (FLOP/s) assumed for the dtype
+    flops_per_s: f64,
+    sm_count: i64,
+}
+
+impl ChunkProblem {
+    fn new(p: &GemmPlan, host: [bool; 3], sm_count: i32) -> ChunkProblem {
+        let flops_per_s = match p.dtype {
+            DType::F16 | DType::BF16 => 600e12,
+            DType::F32 | DType::C64 if p.allow_tf32 => 300e12,
+            _ => 50e12,
+        };
+        ChunkProblem {
+            m: p.m,
+            n: p.n,
+            k: p.k,
+            batch: p.batch,
+            es: p.dtype.size() as u64,
+            host,
+            load_c: !(p.beta.re == 0.0 && p.beta.im == 0.0),
+            broadcast: [p.a.batch_stride == 0, p.b.batch_stride == 0],
+            complex: p.dtype.is_complex(),
+            flops_per_s,
+            sm_count: sm_count.max(1) as i64,
         }
-        // halve the edge that saves the most staging memory
-        let cands = [
-            (mem(tm, shrink(tn), tk), 0),
-            (mem(shrink(tm), tn, tk), 1),
-            (mem(tm, tn, shrink(tk)), 2),
-        ];
-        let (best, which) = cands.into_iter().min_by_key(|c| c.0).unwrap();
-        if best >= cur {
-            let need = mem(m.min(MIN_TILE), n.min(MIN_TILE), k.min(MIN_TILE));
+    }
+
+    /// Device bytes of the staging buffers (each rounded up to 256 bytes).
+    fn staging_bytes(&self, t: &Tiles) -> u64 {
+        let sz = |r: i64, c: i64| (r as u64 * c as u64 * self.es).next_multiple_of(256);
+        let [a, b, c] = self.host.map(|h| h as u64);
+        t.depth as u64 * (a * sz(t.tm, t.tk) + b * sz(t.tk, t.tn) + c * sz(t.tm, t.tn))
+    }
+
+    /// Estimated seconds: the busiest of the upload stream, the download stream,
+    /// the products and the host's queuing, plus filling and draining the pipeline
+    /// (the first step's uploads, the last tile's download, one tile's product).
+    /// Operands are re-uploaded where the ring cannot keep them staged: `A`'s panels
+    /// of a row of tiles stay when there are at most `depth` of them, `B`'s when all
+    /// its regions of a row of tiles fit. A tile product's efficiency counts the
+    /// wave quantisation of 128 x 256 output blocks over the multiprocessors and the
+    /// k loop's ramp, and each product loses `STEP_GPU_S`.
+    fn estimate(&self, t: &Tiles) -> f64 {
+        let ceil = |x: i64, d: i64| if x == 0 { 1 } else { (x + d - 1) / d.max(1) };
+        let (it, jt, pt) = (ceil(self.m, t.tm), ceil(self.n, t.tn), ceil(self.k, t.tk));
+        let d = t.depth as i64;
+        let es = self.es as f64;
+        let nb = self.batch as f64;
+        let mat = |r: i64, c: i64| r as f64 * c as f64 * es;
+        let [ha, hb, hc] = self.host;
+        let a_once = mat(self.m, self.k) * if pt <= d { 1.0 } else { jt as f64 };
+        let a_up = if !ha {
+            0.0
+        } else if self.broadcast[0] && it * pt <= d {
+            a_once
+        } else {
+            a_once * nb
+        };
+        let b_once = mat(self.k, self.n) * if jt * pt <= d { 1.0 } else { it as f64 };
+        let b_up = if !hb {
+            0.0
+        } else if self.broadcast[1] && jt * pt <= d {
+            b_once
+        } else {
+            b_once * nb
+        };
+        let c_bytes = if hc { mat(self.m, self.n) * nb } else { 0.0 };
+        let up = (a_up + b_up + if self.load_c { c_bytes } else { 0.0 }) / LINK_BYTES_PER_S;
+        let down = c_bytes / LINK_BYTES_PER_S;
+        let flops =
+            if self.complex { 8.0 } else { 2.0 } * mat(self.m, self.n) / es * self.k as f64 * nb;
+        let ctas = (ceil(t.tm, 128) * ceil(t.tn, 256)) as f64;
+        let waves = ctas / self.sm_count as f64;
+        let tk = t.tk.max(1) as f64;
+        let eff = waves / waves.ceil() * tk / (tk + 256.0);
+        let steps = (it * jt * pt) as f64 * nb;
+        let comp = flops / (self.flops_per_s * eff) + steps * STEP_GPU_S;
+        let queue = steps * STEP_OVERHEAD_S;
+        let first_up = (ha as u8 as f64 * mat(t.tm, t.tk)
+            + hb as u8 as f64 * mat(t.tk, t.tn)
+            + (hc && self.load_c) as u8 as f64 * mat(t.tm, t.tn))
+            / LINK_BYTES_PER_S;
+        let last_down = hc as u8 as f64 * mat(t.tm, t.tn) / LINK_BYTES_PER_S;
+        up.max(down).max(comp).max(queue) + first_up + last_down + comp / steps
+    }
+}
+
+/// Tile edges tried for a dimension: `x`, then halved (rounded up to a multiple of
+/// `MIN_TILE`) while that makes it smaller.
+fn edges(x: i64) -> Vec<i64> {
+    let mut v = vec![x];
+    loop {
+        let t = *v.last().unwrap();
+        let h = ((t + 1) / 2 + MIN_TILE - 1) / MIN_TILE * MIN_TILE;
+        if h >= t {
+            return v;
+        }
+        v.push(h);
+    }
+}
+
+/// Estimates within this factor of the best count as equally good.
+const NEAR_BEST: f64 = 1.05;
+
+/// The tiling whose staging fits `budget`, among those estimated within `NEAR_BEST`
+/// of the fastest: the fewest panels of k (each further panel accumulates the C
+/// tile again, rounding it to the storage type in between), then the fewest steps
+/// (larger products run closer to the GPU's rate than the estimate can tell), then
+/// the widest tiles (whole rows: contiguous copies), then the deeper ring. Deterministic: it depends on the shapes, dtype, placement,
+/// budget and multiprocessor count only.
+fn choose_tiles(pr: &ChunkProblem, budget: u64) -> Result<Tiles> {
+    let mut fits: Vec<(f64, Tiles)> = Vec::new();
+    for tm in edges(pr.m) {
+        for tn in edges(pr.n) {
+            for tk in edges(pr.k) {
+                for depth in 2..=MAX_DEPTH {
+                    let t = Tiles { tm, tn, tk, depth };
+                    if pr.staging_bytes(&t) <= budget {
+                        fits.push((pr.estimate(&t), t));
+                    }
+                }
+            }
+        }
+    }
+    let fastest = fits.iter().map(|f| f.0).fold(f64::INFINITY, f64::min);
+    let ceil = |x: i64, d: i64| if x == 0 { 1 } else { (x + d - 1) / d.max(1) };
+    let best = fits
+        .into_iter()
+        .filter(|(c, _)| *c <= fastest * NEAR_BEST)
+        .min_by_key(|(_, t)| {
+            let panels = ceil(pr.k, t.tk);
+            let steps = ceil(pr.m, t.tm) * ceil(pr.n, t.tn) * panels;
+            (
+                panels,
+                steps,
+                std::cmp::Reverse(t.tn),
+                std::cmp::Reverse(t.depth),
+            )
+        });
+    match best {
+        Some((_, t)) => Ok(t),
+        None => {
+            let need = pr.staging_bytes(&Tiles {
+                tm: pr.m.min(MIN_TILE),
+                tn: pr.n.min(MIN_TILE),
+                tk: pr.k.min(MIN_TILE),
+                depth: 2,
+            });
             crate::bail!(
                 FK_ERROR_OUT_OF_MEMORY,
                 "device_budget_bytes = {budget} cannot hold the staging tiles: at least {need} bytes are needed ({MIN_TILE}-element tiles, double-buffered, of the operands in host memory)"
-            );
-        }
-        match which {
-            0 => tn = shrink(tn),
-            1 => tm = shrink(tm),
-            _ => tk = shrink(tk),
+            )
         }
     }
 }
@@ -606,48 +852,154 @@ fn copy2d(
 /// A region `(row0, col0, rows, cols)` of a stored matrix.
 type Region = (i64, i64, i64, i64);
 
-/// Double-buffered staging of one host-resident operand.
-struct Stage {
-    src: Mat,
-    bufs: [u64; 2],
-    tag: [Option<Region>; 2],
-    cur: usize,
-    used: [bool; 2],
-    /// events: filled[0..2] (copy), released[0..2] (compute)
-    ev: [ds::CUevent; 4],
+/// The three streams of the chunked GEMM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    /// host-to-device copies (the slot's copy stream)
+    Up,
+    /// device-to-host copies (the slot's download stream)
+    Down,
+    /// the products (the caller's stream)
+    Compute,
 }
 
-impl Stage {
+/// What the chunked GEMM queues: CUDA (`CudaQueue`), or in the unit tests a
+/// recorder that executes on host memory and checks the ordering.
+trait Queue {
+    /// A `rows x width`-byte block between host and device (row pitches in bytes):
+    /// host to device on `Lane::Up`, device to host on `Lane::Down`.
+    #[allow(clippy::too_many_arguments)]
+    fn copy(
+        &mut self,
+        to_device: bool,
+        host: usize,
+        host_pitch: usize,
+        dev: u64,
+        dev_pitch: usize,
+        width: usize,
+        rows: usize,
+    ) -> Result<()>;
+    /// One product on `Lane::Compute`.
+    fn gemm(&mut self, p: &GemmPlan) -> Result<()>;
+    /// Records event `ev` on `lane`.
+    fn record(&mut self, ev: usize, lane: Lane) -> Result<()>;
+    /// `lane` waits for event `ev`'s last recording.
+    fn wait(&mut self, lane: Lane, ev: usize) -> Result<()>;
+}
+
+struct CudaQueue<'a> {
+    slot: &'a Slot,
+    up: usize,
+    down: usize,
+    compute: usize,
+    ev: &'a [ds::CUevent],
+}
+
+impl CudaQueue<'_> {
+    fn stream(&self, lane: Lane) -> usize {
+        match lane {
+            Lane::Up => self.up,
+            Lane::Down => self.down,
+            Lane::Compute => self.compute,
+        }
+    }
+}
+
+impl Queue for CudaQueue<'_> {
+    fn copy(
+        &mut self,
+        to_device: bool,
+        host: usize,
+        host_pitch: usize,
+        dev: u64,
+        dev_pitch: usize,
+        width: usize,
+        rows: usize,
+    ) -> Result<()> {
+        let s = if to_device { self.up } else { self.down };
+        copy2d(to_device, host, host_pitch, dev, dev_pitch, width, rows, s)
+    }
+    fn gemm(&mut self, p: &GemmPlan) -> Result<()> {
+        cublas::gemm_ex(self.slot, p)
+    }
+    fn record(&mut self, ev: usize, lane: Lane) -> Result<()> {
+        record(self.ev[ev], self.stream(lane))
+    }
+    fn wait(&mut self, lane: Lane, ev: usize) -> Result<()> {
+        wait(self.stream(lane), self.ev[ev])
+    }
+}
+
+/// A ring of staging buffers for one host-resident input operand. A region already
+/// staged is used again; a new one goes to the oldest buffer (round robin) once
+/// the products that read it are done (`released`, recorded on the compute lane)
+/// and is uploaded on the upload lane (`filled`, which the compute lane waits for).
+struct Ring {
+    src: Mat,
+    bufs: Vec<u64>,
+    tag: Vec<Option<Region>>,
+    used: Vec<bool>,
+    /// event indices
+    filled: Vec<usize>,
+    released: Vec<usize>,
+    next: usize,
+    cur: usize,
+}
+
+impl Ring {
+    fn new(src: Mat, bufs: Vec<u64>, ev0: usize) -> Ring {
+        let d = bufs.len();
+        Ring {
+            src,
+            tag: vec![None; d],
+            used: vec![false; d],
+            filled: (ev0..ev0 + d).collect(),
+            released: (ev0 + d..ev0 + 2 * d).collect(),
+            bufs,
+            next: 0,
+            cur: 0,
+        }
+    }
+
+    /// A new matrix of the batch: the same regions hold new data.
+    fn reset(&mut self, src: Mat) {
+        self.src = src;
+        self.tag.fill(None);
+    }
+
     /// The device matrix holding region `r`, uploading it when not staged already.
-    fn get(&mut self, r: Region, es: usize, copy: usize, compute: usize) -> Result<Mat> {
-        if self.tag[1 - self.cur] == Some(r) {
-            // staged earlier; `compute` already waited for that upload
-            self.cur = 1 - self.cur;
-        } else if self.tag[self.cur] != Some(r) {
-            let o = 1 - self.cur;
-            if self.used[o] {
-                wait(copy, self.ev[2 + o])?;
+    fn get(&mut self, q: &mut impl Queue, r: Region, es: usize) -> Result<Mat> {
+        if let Some(s) = self.tag.iter().position(|t| *t == Some(r)) {
+            // staged earlier; the compute lane already waits for that upload
+            self.cur = s;
+        } else {
+            let s = self.next;
+            self.next = (s + 1) % self.bufs.len();
+            if self.used[s] {
+                q.wait(Lane::Up, self.released[s])?;
             }
             let host = self.src.ptr + ((r.0 * self.src.ld + r.1) as usize) * es;
-            copy2d(
+            let w = r.3 as usize * es;
+            q.copy(
                 true,
                 host,
                 self.src.ld as usize * es,
-                self.bufs[o],
-                r.3 as usize * es,
-                r.3 as usize * es,
+                self.bufs[s],
+                w,
+                w,
                 r.2 as usize,
-                copy,
             )?;
-            record(self.ev[o], copy)?;
-            wait(compute, self.ev[o])?;
-            self.tag[o] = Some(r);
-            self.cur = o;
+            q.record(self.filled[s], Lane::Up)?;
+            q.wait(Lane::Compute, self.filled[s])?;
+            self.tag[s] = Some(r);
+            self.cur = s;
         }
         Ok(plain(self.bufs[self.cur] as usize, r.2, r.3))
     }
-    fn release(&mut self, compute: usize) -> Result<()> {
-        record(self.ev[2 + self.cur], compute)?;
+
+    /// The product that read the current region is queued on the compute lane.
+    fn release(&mut self, q: &mut impl Queue) -> Result<()> {
+        q.record(self.released[self.cur], Lane::Compute)?;
         self.used[self.cur] = true;
         Ok(())
     }
@@ -663,9 +1015,201 @@ fn sub(m: &Mat, r: Region, es: usize) -> Mat {
     }
 }
 
+/// Where the staging buffers lie: `depth` buffers each of A `[tm x tk]`,
+/// B `[tk x tn]`, C `[tm x tn]` for the operands in host memory, from `base`.
+struct Staging {
+    base: u64,
+    offs: [usize; 3],
+    sizes: [usize; 3],
+    total: usize,
+}
+
+impl Staging {
+    fn new(t: &Tiles, es: usize, host: [bool; 3]) -> Staging {
+        let sizes = [
+            ((t.tm * t.tk) as usize * es).next_multiple_of(256),
+            ((t.tk * t.tn) as usize * es).next_multiple_of(256),
+            ((t.tm * t.tn) as usize * es).next_multiple_of(256),
+        ];
+        let mut offs = [0usize; 3];
+        let mut total = 0usize;
+        for i in 0..3 {
+            offs[i] = total;
+            if host[i] {
+                total += t.depth * sizes[i];
+            }
+        }
+        Staging {
+            base: 0,
+            offs,
+            sizes,
+            total,
+        }
+    }
+    fn bufs(&self, i: usize, depth: usize) -> Vec<u64> {
+        (0..depth)
+            .map(|d| self.base + (self.offs[i] + d * self.sizes[i]) as u64)
+            .collect()
+    }
+}
+
+/// Events the pipeline uses: fork, join of the upload lane, join of the download
+/// lane, then per ring slot A and B filled / released, C filled / computed / free.
+fn pipeline_events(depth: usize) -> usize {
+    3 + 7 * depth
+}
+
+/// The chunked GEMM's schedule (see `gemm_chunked`), queued on `q`: the fork, the
+/// tiles, and the join (queued also after a failure, so that the staging memory,
+/// freed on the compute lane afterwards, outlives every queued copy).
+fn pipeline(
+    q: &mut impl Queue,
+    p: &GemmPlan,
+    host: [bool; 3],
+    t: Tiles,
+    load_c: bool,
+    st: &Staging,
+) -> Result<()> {
+    const FORK: usize = 0;
+    const JOIN_UP: usize = 1;
+    const JOIN_DOWN: usize = 2;
+    // fork: both copy lanes start after the work already queued on the compute lane
+    // (which includes the staging allocation)
+    let forked = q
+        .record(FORK, Lane::Compute)
+        .and_then(|_| q.wait(Lane::Up, FORK))
+        .and_then(|_| q.wait(Lane::Down, FORK));
+    let run = forked.and_then(|_| tiles(q, p, host, t, load_c, st));
+    // join: the compute lane continues after every upload and download (C complete
+    // in host memory)
+    let joined = q
+        .record(JOIN_UP, Lane::Up)
+        .and_then(|_| q.wait(Lane::Compute, JOIN_UP))
+        .and_then(|_| q.record(JOIN_DOWN, Lane::Down))
+        .and_then(|_| q.wait(Lane::Compute, JOIN_DOWN));
+    run.and(joined)
+}
+
+fn tiles(
+    q: &mut impl Queue,
+    p: &GemmPlan,
+    host: [bool; 3],
+    t: Tiles,
+    load_c: bool,
+    st: &Staging,
+) -> Result<()> {
+    let Tiles { tm, tn, tk, depth } = t;
+    let es = p.dtype.size();
+    let (m, n, k) = (p.m, p.n, p.k);
+    let mut sa = Ring::new(p.a, st.bufs(0, depth), 3);
+    let mut sb = Ring::new(p.b, st.bufs(1, depth), 3 + 2 * depth);
+    let c_bufs = st.bufs(2, depth);
+    let c_ev = 3 + 4 * depth;
+    let (c_filled, c_computed, c_free) = (c_ev, c_ev + depth, c_ev + 2 * depth);
+    let mut c_used = vec![false; depth];
+    let panels = if k == 0 { 1 } else { (k + tk - 1) / tk };
+    let mut tile = 0usize;
+    for bi in 0..p.batch {
+        let at = |x: &Mat| Mat {
+            ptr: x.at(bi, es),
+            batch_stride: 0,
+            ..*x
+        };
+        let (a, b, c) = (at(&p.a), at(&p.b), at(&p.c));
+        // the same regions of another matrix of the batch are new data
+        if p.a.batch_stride != 0 || bi == 0 {
+            sa.reset(a);
+        }
+        if p.b.batch_stride != 0 || bi == 0 {
+            sb.reset(b);
+        }
+        for i0 in (0..m).step_by(tm.max(1) as usize) {
+            let mi = tm.min(m - i0);
+            for j0 in (0..n).step_by(tn.max(1) as usize) {
+                let nj = tn.min(n - j0);
+                let cs = tile % depth;
+                let c_host = c.ptr + ((i0 * c.ld + j0) as usize) * es;
+                let (c_pitch, w) = (c.ld as usize * es, nj as usize * es);
+                let cmat = if host[2] {
+                    if load_c {
+                        // the buffer's previous download must be done first
+                        if c_used[cs] {
+                            q.wait(Lane::Up, c_free + cs)?;
+                        }
+                        q.copy(true, c_host, c_pitch, c_bufs[cs], w, w, mi as usize)?;
+                        q.record(c_filled + cs, Lane::Up)?;
+                        q.wait(Lane::Compute, c_filled + cs)?;
+                    } else if c_used[cs] {
+                        q.wait(Lane::Compute, c_free + cs)?;
+                    }
+                    plain(c_bufs[cs] as usize, mi, nj)
+                } else {
+                    sub(&c, (i0, j0, mi, nj), es)
+                };
+                for pi in 0..panels {
+                    let p0 = pi * tk;
+                    let kp = if k == 0 { 0 } else { tk.min(k - p0) };
+                    let ra = if p.op_a.transposed() {
+                        (p0, i0, kp, mi)
+                    } else {
+                        (i0, p0, mi, kp)
+                    };
+                    let rb = if p.op_b.transposed() {
+                        (j0, p0, nj, kp)
+                    } else {
+                        (p0, j0, kp, nj)
+                    };
+                    let amat = if host[0] {
+                        sa.get(q, ra, es)?
+                    } else {
+                        sub(&a, ra, es)
+                    };
+                    let bmat = if host[1] {
+                        sb.get(q, rb, es)?
+                    } else {
+                        sub(&b, rb, es)
+                    };
+                    q.gemm(&GemmPlan {
+                        m: mi,
+                        n: nj,
+                        k: kp,
+                        batch: 1,
+                        a: amat,
+                        b: bmat,
+                        c: cmat,
+                        beta: if pi == 0 { p.beta } else { one() },
+                        ..*p
+                    })?;
+                    if host[0] {
+                        sa.release(q)?;
+                    }
+                    if host[1] {
+                        sb.release(q)?;
+                    }
+                }
+                if host[2] {
+                    q.record(c_computed + cs, Lane::Compute)?;
+                    q.wait(Lane::Down, c_computed + cs)?;
+                    q.copy(false, c_host, c_pitch, c_bufs[cs], w, w, mi as usize)?;
+                    q.record(c_free + cs, Lane::Down)?;
+                    c_used[cs] = true;
+                }
+                tile += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The chunked GEMM: each matrix of the batch in tiles of C (`tm x tn`) and panels
-/// of k (`tk`); host-resident operands are staged through double buffers by the
-/// copy stream while the products run on `stream`; events order every reuse.
+/// of k (`tk`), chosen by `choose_tiles`. Host-resident operands are staged through
+/// rings of device buffers: uploads (A, B, and C when beta != 0) on the slot's
+/// upload stream, downloads of C tiles on its download stream (the two directions
+/// run on the GPU's two copy engines at once), the products on `stream`; events
+/// order every reuse of a staging buffer, and `stream` waits for both copy streams
+/// at the end (C complete in host memory for work queued after the call). The
+/// result does not depend on timing: the tiling is fixed by the problem and the
+/// panels of k are accumulated in order.
 pub fn gemm_chunked(dev: &CudaDevice, p: &GemmPlan, budget: u64, stream: &Stream) -> Result<()> {
     let host = [
         is_host(dev, p.a.ptr)?,
@@ -675,190 +1219,756 @@ pub fn gemm_chunked(dev: &CudaDevice, p: &GemmPlan, budget: u64, stream: &Stream
     if !host.iter().any(|&h| h) {
         return gemm(dev, p, stream);
     }
-    let es = p.dtype.size();
-    let (m, n, k) = (p.m, p.n, p.k);
-    let (tm, tn, tk) = choose_tiles(m, n, k, es as u64, host, budget)?;
+    let pr = ChunkProblem::new(p, host, dev.sm_count);
+    let t = choose_tiles(&pr, budget)?;
+    let mut st = Staging::new(&t, p.dtype.size(), host);
+    debug_assert_eq!(st.total as u64, pr.staging_bytes(&t));
     let slot = slot_of(dev, stream)?;
     let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
-    let copy = g.copy_stream(dev)?;
-    let compute = stream.raw;
-    // staging: A [2 x tm*tk], B [2 x tk*tn], C [2 x tm*tn] for host operands
-    let sizes = [
-        (tm * tk) as usize * es,
-        (tk * tn) as usize * es,
-        (tm * tn) as usize * es,
-    ];
-    let mut offs = [0usize; 3];
-    let mut total = 0usize;
-    for i in 0..3 {
-        offs[i] = total;
-        if host[i] {
-            total += 2 * sizes[i].next_multiple_of(256);
-        }
-    }
-    let ev = Events::new(16)?;
-    let e = &ev.0;
-    let base = dev.alloc_async(total, compute)?;
-    // fork: the copy stream starts after the work already queued on `stream`
-    let forked = record(e[0], compute).and_then(|_| wait(copy, e[0]));
-    let run = forked.and_then(|_| {
-        let bufs = |i: usize| {
-            let b = base + offs[i] as u64;
-            [b, b + sizes[i].next_multiple_of(256) as u64]
-        };
-        let stage = |i: usize, src: Mat, ev: &[ds::CUevent]| Stage {
-            src,
-            bufs: bufs(i),
-            tag: [None; 2],
-            cur: 0,
-            used: [false; 2],
-            ev: [ev[0], ev[1], ev[2], ev[3]],
-        };
-        let mut sa = stage(0, p.a, &e[2..6]);
-        let mut sb = stage(1, p.b, &e[6..10]);
-        let panels = if k == 0 { 1 } else { (k + tk - 1) / tk };
-        let c_bufs = bufs(2);
-        let (c_filled, c_computed, c_free) = ([e[10], e[11]], [e[12], e[13]], [e[14], e[15]]);
-        let mut c_used = [false; 2];
-        let beta_zero = p.beta.re == 0.0 && p.beta.im == 0.0;
-        let mut tile = 0usize;
-        for bi in 0..p.batch {
-            let at = |x: &Mat| Mat {
-                ptr: x.at(bi, es),
-                batch_stride: 0,
-                ..*x
-            };
-            let (a, b, c) = (at(&p.a), at(&p.b), at(&p.c));
-            // the same regions of another matrix of the batch are new data
-            if p.a.batch_stride != 0 || bi == 0 {
-                sa.src = a;
-                sa.tag = [None; 2];
-            }
-            if p.b.batch_stride != 0 || bi == 0 {
-                sb.src = b;
-                sb.tag = [None; 2];
-            }
-            for i0 in (0..m).step_by(tm.max(1) as usize) {
-                let mi = tm.min(m - i0);
-                for j0 in (0..n).step_by(tn.max(1) as usize) {
-                    let nj = tn.min(n - j0);
-                    let cs = tile % 2;
-                    let c_region = (i0, j0, mi, nj);
-                    let cmat = if host[2] {
-                        if !beta_zero {
-                            // the previous download from this buffer precedes on `copy`
-                            let h = c.ptr + ((i0 * c.ld + j0) as usize) * es;
-                            copy2d(
-                                true,
-                                h,
-                                c.ld as usize * es,
-                                c_bufs[cs],
-                                nj as usize * es,
-                                nj as usize * es,
-                                mi as usize,
-                                copy,
-                            )?;
-                            record(c_filled[cs], copy)?;
-                            wait(compute, c_filled[cs])?;
-                        } else if c_used[cs] {
-                            wait(compute, c_free[cs])?;
-                        }
-                        plain(c_bufs[cs] as usize, mi, nj)
-                    } else {
-                        sub(&c, c_region, es)
-                    };
-                    for pi in 0..panels {
-                        let p0 = pi * tk;
-                        let kp = if k == 0 { 0 } else { tk.min(k - p0) };
-                        let ra = if p.op_a.transposed() {
-                            (p0, i0, kp, mi)
-                        } else {
-                            (i0, p0, mi, kp)
-                        };
-                        let rb = if p.op_b.transposed() {
-                            (j0, p0, nj, kp)
-                        } else {
-                            (p0, j0, kp, nj)
-                        };
-                        let amat = if host[0] {
-                            sa.get(ra, es, copy, compute)?
-                        } else {
-                            sub(&a, ra, es)
-                        };
-                        let bmat = if host[1] {
-                            sb.get(rb, es, copy, compute)?
-                        } else {
-                            sub(&b, rb, es)
-                        };
-                        let sub_plan = GemmPlan {
-                            m: mi,
-                            n: nj,
-                            k: kp,
-                            batch: 1,
-                            a: amat,
-                            b: bmat,
-                            c: cmat,
-                            beta: if pi == 0 { p.beta } else { one() },
-                            ..*p
-                        };
-                        cublas::gemm_ex(&g, &sub_plan)?;
-                        if host[0] {
-                            sa.release(compute)?;
-                        }
-                        if host[1] {
-                            sb.release(compute)?;
-                        }
-                    }
-                    if host[2] {
-                        record(c_computed[cs], compute)?;
-                        wait(copy, c_computed[cs])?;
-                        let h = c.ptr + ((i0 * c.ld + j0) as usize) * es;
-                        copy2d(
-                            false,
-                            h,
-                            c.ld as usize * es,
-                            c_bufs[cs],
-                            nj as usize * es,
-                            nj as usize * es,
-                            mi as usize,
-                            copy,
-                        )?;
-                        record(c_free[cs], copy)?;
-                        c_used[cs] = true;
-                    }
-                    tile += 1;
-                }
-            }
-        }
-        Ok(())
-    });
-    // join (also after a failure, so the staging memory outlives every queued
-    // copy): `stream` continues after every copy, C complete in host memory
-    let joined = record(e[1], copy).and_then(|_| wait(compute, e[1]));
-    dev.free_async(base, compute);
-    run.and(joined)
+    let up = g.copy_stream(dev)?;
+    let down = g.download_stream(dev)?;
+    let ev = Events::new(pipeline_events(t.depth))?;
+    st.base = dev.alloc_async(st.total, stream.raw)?;
+    let mut q = CudaQueue {
+        slot: &g,
+        up,
+        down,
+        compute: stream.raw,
+        ev: &ev.0,
+    };
+    let r = pipeline(&mut q, p, host, t, pr.load_c, &st);
+    dev.free_async(st.base, stream.raw);
+    r
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn problem(m: i64, n: i64, k: i64, es: u64, host: [bool; 3]) -> ChunkProblem {
+        ChunkProblem {
+            m,
+            n,
+            k,
+            batch: 1,
+            es,
+            host,
+            load_c: false,
+            broadcast: [false; 2],
+            complex: false,
+            flops_per_s: if es == 2 { 600e12 } else { 50e12 },
+            sm_count: 132,
+        }
+    }
+
     #[test]
     fn tiles_fit_the_budget() {
         // A host 4096 x 8192 f32, B device, C host
-        let (tm, tn, tk) =
-            choose_tiles(4096, 4096, 8192, 4, [true, false, true], 64 << 20).unwrap();
-        let mem = 2 * 4 * (tm * tk + tm * tn) as u64;
-        assert!(mem <= 64 << 20, "{tm} {tn} {tk}");
-        assert!(tm >= MIN_TILE && tn >= MIN_TILE && tk >= MIN_TILE);
-        // everything fits: one tile
-        assert_eq!(
-            choose_tiles(100, 50, 30, 8, [true, true, true], 1 << 30).unwrap(),
-            (100, 50, 30)
-        );
+        let pr = problem(4096, 4096, 8192, 4, [true, false, true]);
+        let t = choose_tiles(&pr, 64 << 20).unwrap();
+        assert!(pr.staging_bytes(&t) <= 64 << 20, "{t:?}");
+        assert!(t.tm >= MIN_TILE && t.tn >= MIN_TILE && t.tk >= MIN_TILE);
+        assert!(t.depth >= 2);
+        // small enough to stage whole: one tile is the cheapest
+        let pr = problem(100, 50, 30, 8, [true, true, true]);
+        let t = choose_tiles(&pr, 1 << 30).unwrap();
+        assert_eq!((t.tm, t.tn, t.tk), (100, 50, 30));
         // too small a budget
-        let e = choose_tiles(4096, 4096, 4096, 4, [true, true, true], 1000).unwrap_err();
+        let pr = problem(4096, 4096, 4096, 4, [true, true, true]);
+        let e = choose_tiles(&pr, 1000).unwrap_err();
         assert_eq!(e.status, FK_ERROR_OUT_OF_MEMORY);
         assert!(e.message.contains("at least"));
+        // every budget from the smallest up fits what it picks
+        for budget in [200 << 10, 1 << 20, 5 << 20, 77 << 20] {
+            for host in [
+                [true, false, false],
+                [false, true, true],
+                [true, true, true],
+            ] {
+                let mut pr = problem(600, 520, 700, 4, host);
+                pr.load_c = true;
+                let t = choose_tiles(&pr, budget * 4).unwrap();
+                assert!(pr.staging_bytes(&t) <= budget * 4, "{t:?} {host:?}");
+            }
+        }
+    }
+
+    /// The benchmark row (bf16, M = 65536, K = N = 8192, A and C in host memory,
+    /// 2 GiB): enough tiles along M for the copies to overlap (the pipeline's fill
+    /// and drain a small part of the total), whole rows of B per tile (A uploaded
+    /// once), and tiles large enough to keep the GPU busy.
+    #[test]
+    fn tiles_pipeline_the_benchmark_row() {
+        let pr = problem(65536, 8192, 8192, 2, [true, false, true]);
+        let t = choose_tiles(&pr, 2 << 30).unwrap();
+        assert_eq!((t.tn, t.tk), (8192, 8192), "{t:?}");
+        assert!(t.tm <= 2048 && t.tm >= 512, "{t:?}");
+        let floor = 65536.0 * 8192.0 * 2.0 / LINK_BYTES_PER_S; // one direction
+        assert!(pr.estimate(&t) < 1.1 * floor, "{t:?}: {}", pr.estimate(&t));
+        println!("{t:?}: estimate {:.2} ms", pr.estimate(&t) * 1e3);
+    }
+}
+
+/// The chunked GEMM's schedule executed on host memory (staging buffers in a host
+/// allocation, products by the CPU backend) in program order, for the result, while
+/// a happens-before analysis over the three lanes (vector clocks through the
+/// events) checks that every two accesses to a staging buffer or a host tile, one
+/// of them a write, are ordered: no upload overwrites a buffer a queued product
+/// still reads, no product reads a buffer before its upload, no download reads a
+/// tile before its product, no product or upload overwrites a C buffer before its
+/// download; the allocation before the fork and the free and the caller's reads
+/// after the join come after everything.
+#[cfg(test)]
+mod pipeline_tests {
+    use super::*;
+    use crate::ops::elementwise::Scalar;
+
+    #[derive(Debug, Clone)]
+    struct Access {
+        key: u64,
+        write: bool,
+        lane: usize,
+        stamp: [u64; 3],
+        what: String,
+    }
+
+    struct SimQueue {
+        vc: [[u64; 3]; 3],
+        events: Vec<Option<[u64; 3]>>,
+        accesses: Vec<Access>,
+        downloads: Vec<u64>,
+        copies: [usize; 2],
+        products: usize,
+    }
+
+    fn li(l: Lane) -> usize {
+        l as usize
+    }
+
+    impl SimQueue {
+        fn new(events: usize) -> SimQueue {
+            SimQueue {
+                vc: [[0; 3]; 3],
+                events: vec![None; events],
+                accesses: Vec::new(),
+                downloads: Vec::new(),
+                copies: [0; 2],
+                products: 0,
+            }
+        }
+        fn step(&mut self, lane: Lane) -> [u64; 3] {
+            let l = li(lane);
+            self.vc[l][l] += 1;
+            self.vc[l]
+        }
+        fn access(&mut self, key: u64, write: bool, lane: Lane, stamp: [u64; 3], what: String) {
+            let l = li(lane);
+            for a in &self.accesses {
+                if a.key == key && (a.write || write) {
+                    assert!(
+                        a.stamp[a.lane] <= stamp[a.lane],
+                        "unordered accesses to {key:#x}: {} (lane {}, {:?}) and {what} (lane {l}, {stamp:?})",
+                        a.what,
+                        a.lane,
+                        a.stamp
+                    );
+                }
+            }
+            self.accesses.push(Access {
+                key,
+                write,
+                lane: l,
+                stamp,
+                what,
+            });
+        }
+    }
+
+    impl Queue for SimQueue {
+        fn copy(
+            &mut self,
+            to_device: bool,
+            host: usize,
+            host_pitch: usize,
+            dev: u64,
+            dev_pitch: usize,
+            width: usize,
+            rows: usize,
+        ) -> Result<()> {
+            let lane = if to_device { Lane::Up } else { Lane::Down };
+            let t = self.step(lane);
+            self.copies[!to_device as usize] += 1;
+            if to_device {
+                self.access(
+                    host as u64,
+                    false,
+                    lane,
+                    t,
+                    format!("upload from {host:#x}"),
+                );
+                self.access(dev, true, lane, t, format!("upload to {dev:#x}"));
+            } else {
+                self.access(dev, false, lane, t, format!("download from {dev:#x}"));
+                self.access(host as u64, true, lane, t, format!("download to {host:#x}"));
+                self.downloads.push(host as u64);
+            }
+            for r in 0..rows {
+                let (h, d) = (host + r * host_pitch, dev as usize + r * dev_pitch);
+                let (src, dst) = if to_device { (h, d) } else { (d, h) };
+                // SAFETY: both regions lie in the test's allocations.
+                unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, width) };
+            }
+            Ok(())
+        }
+        fn gemm(&mut self, p: &GemmPlan) -> Result<()> {
+            let t = self.step(Lane::Compute);
+            self.products += 1;
+            let n = self.products;
+            self.access(
+                p.a.ptr as u64,
+                false,
+                Lane::Compute,
+                t,
+                format!("product {n} reads A"),
+            );
+            self.access(
+                p.b.ptr as u64,
+                false,
+                Lane::Compute,
+                t,
+                format!("product {n} reads B"),
+            );
+            self.access(
+                p.c.ptr as u64,
+                true,
+                Lane::Compute,
+                t,
+                format!("product {n} writes C"),
+            );
+            if p.m > 0 && p.n > 0 {
+                crate::cpu::linalg::gemm(p)?;
+            }
+            Ok(())
+        }
+        fn record(&mut self, ev: usize, lane: Lane) -> Result<()> {
+            self.events[ev] = Some(self.vc[li(lane)]);
+            Ok(())
+        }
+        fn wait(&mut self, lane: Lane, ev: usize) -> Result<()> {
+            if let Some(e) = self.events[ev] {
+                let v = &mut self.vc[li(lane)];
+                for i in 0..3 {
+                    v[i] = v[i].max(e[i]);
+                }
+            }
+            Ok(())
+        }
+    }
+
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> f64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((self.0 >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+        }
+    }
+
+    /// A row-major f64 operand `[batch, rows, cols]` with row stride `cols + pad`
+    /// (batch 0: one matrix broadcast, batch stride 0).
+    fn operand(rng: &mut Lcg, batch: i64, rows: i64, cols: i64, pad: i64) -> (Vec<f64>, Mat) {
+        let ld = cols + pad;
+        let count = batch.max(1);
+        let v: Vec<f64> = (0..count * rows * ld).map(|_| rng.next()).collect();
+        let mat = Mat {
+            ptr: v.as_ptr() as usize,
+            rows,
+            cols,
+            ld,
+            batch_stride: if batch == 0 { 0 } else { rows * ld },
+        };
+        (v, mat)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn check(
+        op_a: Trans,
+        op_b: Trans,
+        (m, n, k): (i64, i64, i64),
+        batch: [i64; 3],
+        host: [bool; 3],
+        beta: f64,
+        budget: u64,
+        rng: &mut Lcg,
+    ) -> Tiles {
+        let (ar, ac) = if op_a.transposed() { (k, m) } else { (m, k) };
+        let (br, bc) = if op_b.transposed() { (n, k) } else { (k, n) };
+        let (va, ma) = operand(rng, batch[0], ar, ac, 3);
+        let (vb, mb) = operand(rng, batch[1], br, bc, 1);
+        let (mut vc, mc) = operand(rng, batch[2], m, n, 2);
+        let mut want = vc.clone();
+        let p = GemmPlan {
+            dtype: DType::F64,
+            op_a,
+            op_b,
+            m,
+            n,
+            k,
+            batch: batch[2].max(1),
+            a: ma,
+            b: mb,
+            c: mc,
+            alpha: Scalar { re: 0.75, im: 0.0 },
+            beta: Scalar { re: beta, im: 0.0 },
+            allow_tf32: false,
+        };
+        let pr = ChunkProblem::new(&p, host, 132);
+        let t = choose_tiles(&pr, budget).unwrap();
+        let mut st = Staging::new(&t, 8, host);
+        assert!(st.total as u64 <= budget);
+        let staging = vec![f64::NAN; st.total / 8 + 1];
+        st.base = staging.as_ptr() as u64;
+        let mut q = SimQueue::new(pipeline_events(t.depth));
+        let bufs: Vec<u64> = (0..3)
+            .filter(|&i| host[i])
+            .flat_map(|i| st.bufs(i, t.depth))
+            .collect();
+        let t0 = q.step(Lane::Compute);
+        for &b in &bufs {
+            q.access(b, true, Lane::Compute, t0, "the allocation".into());
+        }
+        pipeline(&mut q, &p, host, t, pr.load_c, &st).unwrap();
+        let t1 = q.step(Lane::Compute);
+        for &b in &bufs {
+            q.access(b, true, Lane::Compute, t1, "the free".into());
+        }
+        for h in q.downloads.clone() {
+            q.access(h, false, Lane::Compute, t1, "the caller's read of C".into());
+        }
+        let what = format!(
+            "{op_a:?}{op_b:?} m={m} n={n} k={k} batch {batch:?} host {host:?} beta {beta} budget {budget}: {t:?}"
+        );
+        if host[2] {
+            assert!(q.copies[1] > 0, "{what}: no download");
+        }
+        assert_eq!(
+            q.copies[0] > 0,
+            host[0] || host[1] || (host[2] && beta != 0.0),
+            "{what}"
+        );
+        // the whole product at once on the CPU
+        let full = GemmPlan {
+            c: Mat {
+                ptr: want.as_mut_ptr() as usize,
+                ..p.c
+            },
+            ..p
+        };
+        crate::cpu::linalg::gemm(&full).unwrap();
+        // `vc` holds the pipeline's result (written through the raw pointers)
+        let got = std::hint::black_box(&mut vc);
+        let (num, den) = got.iter().zip(&want).fold((0.0, 0.0), |(n, d), (g, w)| {
+            (n + (g - w) * (g - w), d + w * w)
+        });
+        let err = (num / den.max(1e-300)).sqrt();
+        assert!(err <= 1e-12, "{what}: relative error {err:e}");
+        drop((va, vb, staging));
+        t
+    }
+
+    #[test]
+    fn pipeline_orders_every_buffer_reuse_and_computes_the_product() {
+        let mut rng = Lcg(7);
+        let hosts = [
+            [true, false, false],
+            [false, true, false],
+            [false, false, true],
+            [true, false, true],
+            [false, true, true],
+            [true, true, false],
+            [true, true, true],
+        ];
+        let mut depths = [0usize; MAX_DEPTH + 1];
+        let mut multi = 0;
+        for (op_a, op_b) in [
+            (Trans::N, Trans::N),
+            (Trans::T, Trans::N),
+            (Trans::N, Trans::C),
+            (Trans::T, Trans::T),
+        ] {
+            for host in hosts {
+                for beta in [0.0, 0.5] {
+                    for budget in [8 * (100 << 10), 8 * (200 << 10), 8 * (700 << 10), 1 << 40] {
+                        let t = check(
+                            op_a,
+                            op_b,
+                            (300, 260, 280),
+                            [1, 1, 1],
+                            host,
+                            beta,
+                            budget,
+                            &mut rng,
+                        );
+                        depths[t.depth] += 1;
+                        multi += ((300 + t.tm - 1) / t.tm
+                            * ((260 + t.tn - 1) / t.tn)
+                            * ((280 + t.tk - 1) / t.tk)
+                            > 4) as usize;
+                    }
+                }
+            }
+        }
+        assert!(
+            multi > 20 && depths[2] > 0 && depths[3] > 0,
+            "{multi} {depths:?}"
+        );
+        // odd shapes, k = 0, batches with a broadcast operand
+        for host in hosts {
+            for (mnk, batch) in [
+                ((129, 1, 257), [1, 1, 1]),
+                ((1, 130, 5), [1, 1, 1]),
+                ((6, 7, 0), [1, 1, 1]),
+                ((200, 150, 170), [2, 0, 2]),
+                ((200, 150, 170), [0, 3, 3]),
+            ] {
+                for beta in [0.0, 1.0] {
+                    check(
+                        Trans::N,
+                        Trans::T,
+                        mnk,
+                        batch,
+                        host,
+                        beta,
+                        8 * (150 << 10),
+                        &mut rng,
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod kron_tests {
+    use super::*;
+    use crate::dtype::ALL_DTYPES;
+
+    fn dname(d: DType) -> &'static str {
+        match d {
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::C64 => "c64",
+            DType::C128 => "c128",
+        }
+    }
+
+    /// A plan with fake pointers at `*_mod` modulo 64 (only their alignment matters
+    /// to the launcher) and strides from the named layouts.
+    #[allow(clippy::too_many_arguments)]
+    fn plan(
+        dtype: DType,
+        batch: i64,
+        (a_batched, m, n): (bool, i64, i64),
+        (b_batched, p, q): (bool, i64, i64),
+        (la, lb): (&str, &str),
+        (a_mod, b_mod, out_mod): (usize, usize, usize),
+    ) -> KronPlan {
+        let strides = |batched: bool, r: i64, c: i64, l: &str| -> [i64; 3] {
+            let s = match l {
+                "contiguous" => [r * c, c, 1],
+                "transposed" => [r * c, 1, r],
+                "reversed" => [-(r * c), -c, -1],
+                "every-other" => [2 * r * c, 2 * c, 2],
+                _ => unreachable!(),
+            };
+            [if batched { s[0] } else { 0 }, s[1], s[2]]
+        };
+        KronPlan {
+            dtype,
+            batch,
+            m,
+            n,
+            p,
+            q,
+            a: 0x10000 + a_mod,
+            sa: strides(a_batched, m, n, la),
+            b: 0x20000 + b_mod,
+            sb: strides(b_batched, p, q, lb),
+            out: 0x40000 + out_mod,
+        }
+    }
+
+    fn check_invariants(p: &KronPlan, l: &KronLaunch, what: &str) {
+        let a = &l.args;
+        let es = p.dtype.size() as i64;
+        let w = l
+            .name
+            .rsplit("_w")
+            .next()
+            .and_then(|x| x.parse::<i64>().ok());
+        let (w, split) = match w {
+            Some(w) => (w, false),
+            None => (1, true),
+        };
+        assert!(l.name.ends_with("split") == split, "{what}: {}", l.name);
+        assert!(w * es <= 16, "{what}");
+        assert_eq!(a.cols % w, 0, "{what}");
+        assert_eq!(a.units, a.cols / w, "{what}");
+        if split {
+            assert!(p.dtype.is_complex() && p.out as i64 % es != 0, "{what}");
+        } else {
+            assert_eq!(p.out as i64 % (w * es), 0, "{what}: {}", l.name);
+        }
+        let (bx, by) = (l.block.0 as i64, l.block.1 as i64);
+        assert!(
+            bx * by <= KRON_THREADS && bx >= 1 && by >= 1,
+            "{what}: {:?}",
+            l.block
+        );
+        assert_eq!(by, a.bs as i64 * a.il as i64, "{what}");
+        assert!(
+            l.grid.0 as i64 * bx >= a.units,
+            "{what}: every unit has a thread"
+        );
+        assert!(a.bs as i64 * a.s_blocks >= p.p, "{what}: every row of b");
+        assert!(
+            a.rows * a.il as i64 * a.i_chunks >= p.m,
+            "{what}: every row of a"
+        );
+        assert_eq!(a.tasks, p.batch * a.i_chunks * a.s_blocks, "{what}");
+        assert!(l.grid.1 >= 1 && l.grid.1 <= 65535, "{what}");
+        assert_eq!(a.uniform != 0, p.q % w == 0, "{what}");
+    }
+
+    #[test]
+    fn kron_launch_shapes() {
+        // the benchmark rows: 16-byte stores, enough blocks for an H100 (132 SMs)
+        let p = plan(
+            DType::F32,
+            1,
+            (false, 64, 64),
+            (false, 64, 64),
+            ("contiguous", "contiguous"),
+            (0, 0, 0),
+        );
+        let l = kron_config(&p, 132).unwrap();
+        check_invariants(&p, &l, "64x64 (x) 64x64");
+        assert_eq!(l.name, "kron_f32_w4");
+        assert!(l.grid.0 as u64 * l.grid.1 as u64 >= 132 * 8, "{l:?}");
+        let p = plan(
+            DType::F32,
+            32,
+            (true, 16, 16),
+            (true, 16, 16),
+            ("contiguous", "contiguous"),
+            (0, 0, 0),
+        );
+        let l = kron_config(&p, 132).unwrap();
+        check_invariants(&p, &l, "32 x 16x16 (x) 16x16");
+        assert_eq!((l.name, l.block), ("kron_f32_w4", (64, 4, 1)));
+        // misaligned output rows: narrower stores; complex aligned to components: split
+        let p = plan(
+            DType::F16,
+            1,
+            (false, 3, 5),
+            (false, 2, 4),
+            ("contiguous", "contiguous"),
+            (0, 0, 4),
+        );
+        assert_eq!(kron_config(&p, 132).unwrap().name, "kron_f16_w2");
+        let p = plan(
+            DType::C128,
+            1,
+            (false, 3, 5),
+            (false, 2, 4),
+            ("contiguous", "contiguous"),
+            (0, 0, 8),
+        );
+        assert_eq!(kron_config(&p, 132).unwrap().name, "kron_c128_split");
+        // a pointer not aligned to its components is refused, not faulted on
+        let p = plan(
+            DType::F32,
+            1,
+            (false, 3, 5),
+            (false, 2, 4),
+            ("contiguous", "contiguous"),
+            (2, 0, 0),
+        );
+        let e = kron_config(&p, 132).unwrap_err();
+        assert!(e.message.contains("a's data pointer"), "{}", e.message);
+    }
+
+    /// The shapes, layouts and alignments the emulator runs (and whose launch
+    /// invariants are checked here).
+    fn emu_cases() -> Vec<(KronPlan, KronLaunch)> {
+        /// (batched, rows, cols) of an operand
+        type Side = (bool, i64, i64);
+        let shapes: &[(i64, Side, Side)] = &[
+            (1, (false, 2, 3), (false, 4, 5)),
+            (3, (true, 7, 5), (true, 4, 8)),
+            (2, (false, 5, 3), (true, 6, 16)),
+            (3, (true, 1, 2), (false, 3, 9)),
+            (1, (false, 33, 1), (false, 17, 1)),
+            (1, (false, 3, 3), (false, 5, 7)),
+            (2, (true, 4, 6), (true, 3, 5)),
+            (1, (false, 5, 9), (false, 4, 1)),
+            (1, (false, 3, 8), (false, 2, 3)),
+            (1, (false, 2, 3), (false, 300, 2)),
+            (1, (false, 2, 40), (false, 3, 50)),
+            (2, (true, 9, 4), (true, 11, 4)),
+            (4, (true, 16, 16), (true, 16, 16)),
+            // many rows of a per lane with several lanes (il > 1, rows > 1)
+            (1, (false, 600, 1), (false, 3, 2)),
+            (2, (true, 200, 2), (false, 2, 3)),
+        ];
+        let mut v = Vec::new();
+        for dtype in ALL_DTYPES {
+            let es = dtype.size();
+            let mut out_mods = vec![0, es, 8];
+            if dtype.is_complex() {
+                out_mods.push(es / 2);
+            }
+            out_mods.sort();
+            out_mods.dedup();
+            for &(batch, a, b) in shapes {
+                for layouts in [
+                    ("contiguous", "contiguous"),
+                    ("transposed", "reversed"),
+                    ("every-other", "transposed"),
+                ] {
+                    for &om in &out_mods {
+                        for sm in [1, 132] {
+                            let p = plan(dtype, batch, a, b, layouts, (es, 0, om));
+                            let l = kron_config(&p, sm).unwrap();
+                            check_invariants(&p, &l, &format!("{p:?}"));
+                            v.push((p, l));
+                        }
+                    }
+                }
+            }
+        }
+        // the benchmark's shape, and more tasks than one grid holds (grid-stride in y)
+        for (batch, a, b) in [
+            (1, (false, 64, 64), (false, 64, 64)),
+            (70000, (true, 1, 1), (true, 1, 1)),
+        ] {
+            let p = plan(
+                DType::F32,
+                batch,
+                a,
+                b,
+                ("contiguous", "contiguous"),
+                (0, 0, 0),
+            );
+            let l = kron_config(&p, 132).unwrap();
+            check_invariants(&p, &l, &format!("{p:?}"));
+            v.push((p, l));
+        }
+        assert!(v.last().unwrap().1.args.tasks > 65535);
+        v
+    }
+
+    #[test]
+    fn kron_launch_invariants() {
+        assert!(emu_cases().len() > 500);
+    }
+
+    /// kernels/linalg.cu's Kronecker kernels, compiled by the host C++ compiler
+    /// against tests/cuda_emu (emulated threads), run with the launch this module
+    /// chooses for every dtype, odd widths, batches, broadcasts, strided inputs and
+    /// outputs aligned to 16 bytes, to the element, or (complex) to a component;
+    /// compared bit for bit with the direct product. Skipped without g++
+    /// (`CXX` overrides; `FK_KRON_EMU_DIR` keeps the build and the cases).
+    #[test]
+    fn kron_kernel_in_the_cpu_emulator() {
+        use std::process::Command;
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+        if Command::new(&cxx).arg("--version").output().is_err() {
+            println!("SKIPPED: no C++ compiler ({cxx})");
+            return;
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        // FK_KRON_EMU_DIR: build there and keep it (linalg.cu, cases.txt, kron_emu)
+        let keep = std::env::var_os("FK_KRON_EMU_DIR");
+        let dir = keep.clone().map_or_else(
+            || std::env::temp_dir().join(format!("fusekit-kron-emu-{}", std::process::id())),
+            std::path::PathBuf::from,
+        );
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("linalg.cu"), source()).unwrap();
+        std::fs::copy(
+            root.join("tests/cuda_emu/linalg_common.cuh"),
+            dir.join("common.cuh"),
+        )
+        .unwrap();
+        let exe = dir.join("kron_emu");
+        let out = Command::new(&cxx)
+            .args(["-std=c++20", "-O1", "-w"])
+            .arg(format!("-I{}", dir.display()))
+            .arg(format!("-I{}", root.join("tests/cuda_emu").display()))
+            .arg(root.join("tests/cuda_emu/kron_emu.cpp"))
+            .arg("-o")
+            .arg(&exe)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "compiling the emulated kernels failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut lines = String::new();
+        for (p, l) in emu_cases() {
+            let a = &l.args;
+            lines.push_str(&format!(
+                "{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}\n",
+                l.name,
+                dname(p.dtype),
+                p.batch,
+                p.m,
+                p.n,
+                p.p,
+                p.q,
+                p.sa[0],
+                p.sa[1],
+                p.sa[2],
+                p.sb[0],
+                p.sb[1],
+                p.sb[2],
+                p.a % 64,
+                p.b % 64,
+                p.out % 64,
+                a.cols,
+                a.units,
+                a.rows,
+                a.s_blocks,
+                a.i_chunks,
+                a.tasks,
+                a.bs,
+                a.il,
+                a.uniform,
+                a.small,
+                l.grid.0,
+                l.grid.1,
+                l.block.0,
+                l.block.1
+            ));
+        }
+        let cases = dir.join("cases.txt");
+        std::fs::write(&cases, lines).unwrap();
+        let run = Command::new(&exe).arg(&cases).output().unwrap();
+        let stdout = String::from_utf8_lossy(&run.stdout);
+        if keep.is_none() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        assert!(
+            run.status.success(),
+            "emulated Kronecker kernels:\n{stdout}\n{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        println!("{}", stdout.lines().last().unwrap_or(""));
     }
 }

@@ -364,13 +364,20 @@ pub fn gemm_chunked(
 /// `cublasGemmStridedBatchedEx` (CUDA_C_64F) and `cublasZgemmStridedBatched`
 /// crashed the process (SIGSEGV inside `cublasLtZZZMatmul`) in tests/gpu_linalg.rs.
 /// A status is better than a crash; the CPU backend computes it.
+/// `FK_CUDA_C128_GEMM=1` lifts the refusal, for diagnosis only
+/// (`scripts/diag_c128.sh`).
 fn cuda_gemm_dtype(p: &GemmPlan) -> Result<()> {
     crate::ensure!(
-        p.dtype != DType::C128,
+        p.dtype != DType::C128 || c128_opt_in(),
         FK_ERROR_UNSUPPORTED_DTYPE,
         "complex128 GEMM is not available on CUDA (cuBLAS 13.0 crashed in cublasLtZZZMatmul on the H100 in testing); use a CPU context, complex64, or real GEMMs on the parts"
     );
     Ok(())
+}
+
+fn c128_opt_in() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FK_CUDA_C128_GEMM").as_deref() == Ok("1"))
 }
 
 // ------------------------------------------------------------------ fused linear

@@ -21,6 +21,7 @@ import math
 import os
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -216,6 +217,50 @@ def maybe_compile(fn):
     except Exception as e:  # noqa: BLE001
         print(f"torch.compile unavailable: {e}")
         return None
+
+
+def graph_ms(fk, fn, inner=20, samples=15):
+    """GPU time per call of `fn` (which issues fusekit calls on `fk.stream`, or torch
+    work on the current stream) with host overhead removed: `inner` calls captured
+    into one CUDA graph on a side stream, then the graph's replays timed. None when
+    capture fails (the reason is printed)."""
+    s = torch.cuda.Stream()
+    h = C.c_void_p()
+    fk.check(fk.lib.fk_stream_wrap(fk.ctx, C.c_void_p(s.cuda_stream), C.byref(h)))
+    saved = fk.stream
+    fk.stream = h
+    try:
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()  # first use on this stream: cuBLAS handles and scratch
+            fn()
+        s.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            for _ in range(inner):
+                fn()
+        return median_ms(g.replay, samples=samples) / inner
+    except Exception as e:  # noqa: BLE001
+        print(f"  (graph capture failed: {type(e).__name__}: {str(e)[:160]})")
+        return None
+    finally:
+        fk.stream = saved
+        torch.cuda.synchronize()
+        fk.lib.fk_stream_destroy(h)
+
+
+def host_us(fn, calls=200):
+    """Host time per call (microseconds) to submit `fn`, without waiting for the GPU
+    (the queue absorbs `calls` submissions): when it exceeds the GPU time, a loop of
+    calls is bound by the host, not the GPU."""
+    fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return dt / calls * 1e6
 
 
 def timed(fn, **kw):

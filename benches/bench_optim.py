@@ -195,9 +195,19 @@ def bench_clipped(fk, b, din, dout, inner):
     eager = bl.timed(lambda: eager_fn(a, g), inner=inner)
     comp = bl.maybe_compile(eager_fn)
     compiled = bl.timed(None if comp is None else (lambda: comp(a, g)), inner=inner)
+    # GPU time alone (CUDA-graph replays) and the host's submission time per call
+    clip_fn = lambda: fk.clipped(a, g, c, out)  # noqa: E731
+    gemm_fn = lambda: fk.gemm(g, a, gemm_out, op_a=bl.FK_OP_T)  # noqa: E731
+    ms_graph, gemm_graph = bl.graph_ms(fk, clip_fn, inner), bl.graph_ms(fk, gemm_fn, inner)
+    host_clip, host_gemm = bl.host_us(clip_fn), bl.host_us(gemm_fn)
+    graph_note = (f"; CUDA-graph replay {ms_graph:.4f} vs one GEMM {gemm_graph:.4f} (ratio {ms_graph / gemm_graph:.2f})"
+                  if ms_graph and gemm_graph else "")
     bl.row(f"DP clipped sum f32 B={b} {dout}x{din}", ms, 2 * b * din * dout / FP32_RATE * 1e3,
            {"fusekit_one_gemm": one_gemm, "torch_matmul": torch_gemm, "eager": eager, "compile": compiled},
-           err, 1e-5, 1.2 * one_gemm if one_gemm else None, note=f"ratio to one GEMM {ms / one_gemm:.2f}")
+           err, 1e-5, 1.2 * one_gemm if one_gemm else None,
+           note=f"ratio to one GEMM {ms / one_gemm:.2f}{graph_note}; host submit {host_clip:.1f} us/call "
+                f"(one GEMM {host_gemm:.1f})",
+           extras={"graph": ms_graph, "one_gemm_graph": gemm_graph})
 
 
 def bench_stats(fk, m, n, inner):

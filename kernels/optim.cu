@@ -256,28 +256,56 @@ __device__ __forceinline__ double clip_scale(double sq, double max_norm) {
     return norm > max_norm ? max_norm / norm : 1.0;  // cpu::optim / ops::optim clip_scale
 }
 
-// One block per sample (grid-stride): |a_b|^2 |g_b|^2 in f64.
+// Block-wide sums of two doubles, returned to every thread (one barrier pair).
+__device__ __forceinline__ double2 block_sum2(double x, double y) {
+    __shared__ double2 part2[32];
+    for (int o = 16; o > 0; o >>= 1) {
+        x += __shfl_down_sync(0xffffffffu, x, o);
+        y += __shfl_down_sync(0xffffffffu, y, o);
+    }
+    __syncthreads();  // part2 may still be read from a previous call
+    if ((threadIdx.x & 31) == 0) part2[threadIdx.x >> 5] = make_double2(x, y);
+    __syncthreads();
+    double2 r = make_double2(0.0, 0.0);
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) r.x += part2[w].x, r.y += part2[w].y;
+    return r;
+}
+
+// One block per sample (grid-stride): |a_b|^2 |g_b|^2 in f64, and optionally the
+// clipped g. The first PS_KEEP * blockDim.x elements of g stay in registers between
+// the norm and the scaling (no second read); one barrier pair per sample. This
+// kernel is the whole cost of the clipped sum beyond its GEMM.
+#define PS_KEEP 4
 template <typename T> __device__ void ps_norms(const NormArgs& p) {
+    const i64 nb = blockDim.x;
     for (i64 b = blockIdx.x; b < p.batch; b += gridDim.x) {
         const T* a = reinterpret_cast<const T*>(p.a) + b * p.din;
         const T* g = reinterpret_cast<const T*>(p.g) + b * p.dout;
+        T keep[PS_KEEP];
         double sa = 0.0, sg = 0.0;
-        for (i64 i = threadIdx.x; i < p.din; i += blockDim.x) sa += (double)a[i] * (double)a[i];
-        for (i64 i = threadIdx.x; i < p.dout; i += blockDim.x) sg += (double)g[i] * (double)g[i];
-        sa = block_reduce(sa, 0);
-        sg = block_reduce(sg, 0);
-        __shared__ double sq;
-        if (threadIdx.x == 0) {
-            sq = sa * sg;
-            if (p.norms) reinterpret_cast<T*>(p.norms)[b] = (T)sq;
+#pragma unroll
+        for (int k = 0; k < PS_KEEP; ++k) {
+            i64 i = threadIdx.x + k * nb;
+            keep[k] = i < p.dout ? g[i] : (T)0;
         }
-        __syncthreads();
+#pragma unroll 4
+        for (i64 i = threadIdx.x; i < p.din; i += nb) sa += (double)a[i] * (double)a[i];
+#pragma unroll
+        for (int k = 0; k < PS_KEEP; ++k) sg += (double)keep[k] * (double)keep[k];
+        for (i64 i = threadIdx.x + PS_KEEP * nb; i < p.dout; i += nb) sg += (double)g[i] * (double)g[i];
+        double2 s2 = block_sum2(sa, sg);
+        double sq = s2.x * s2.y;
+        if (p.norms && threadIdx.x == 0) reinterpret_cast<T*>(p.norms)[b] = (T)sq;
         if (p.gs) {
             T s = (T)clip_scale(sq, p.max_norm);
             T* gs = reinterpret_cast<T*>(p.gs) + b * p.dout;
-            for (i64 i = threadIdx.x; i < p.dout; i += blockDim.x) gs[i] = s * g[i];
+#pragma unroll
+            for (int k = 0; k < PS_KEEP; ++k) {
+                i64 i = threadIdx.x + k * nb;
+                if (i < p.dout) gs[i] = s * keep[k];
+            }
+            for (i64 i = threadIdx.x + PS_KEEP * nb; i < p.dout; i += nb) gs[i] = s * g[i];
         }
-        __syncthreads();
     }
 }
 

@@ -706,7 +706,9 @@ pub fn sample_norms(dev: &CudaDevice, p: &SamplePlan, out: usize, stream: &Strea
 }
 
 /// The clipped sum: g scaled per sample into scratch (fused with the norms for one
-/// step), then one GEMM `out = gs^T a` over all `B*T` rows.
+/// step), then one GEMM `out = gs^T a` over all `B*T` rows. The scaled g (and the
+/// norms when the caller wants none) live in the stream's grow-only cuBLAS scratch,
+/// so a steady-state call allocates nothing and is capturable into a CUDA graph.
 pub fn dp_clipped_sum(
     dev: &CudaDevice,
     p: &SamplePlan,
@@ -717,18 +719,21 @@ pub fn dp_clipped_sum(
 ) -> Result<()> {
     let ops = Ops::new(dev, stream)?;
     let es = p.dtype.size();
-    let gs = ops.alloc((p.batch * p.steps * p.dout) as usize * es)?;
-    let sq_scratch;
-    if p.steps == 1 {
-        fused_norms(dev, p, norms.unwrap_or(0), gs.ptr, max_norm, stream.raw)?;
+    let gs_bytes = ((p.batch * p.steps * p.dout) as usize * es).next_multiple_of(256);
+    let sq_bytes = if p.steps > 1 && norms.is_none() {
+        p.batch as usize * es
     } else {
-        let nptr = match norms {
-            Some(n) => n,
-            None => {
-                sq_scratch = ops.alloc(p.batch as usize * es)?;
-                sq_scratch.ptr
-            }
-        };
+        0
+    };
+    let gs = ops
+        .slot
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .scratch(dev, gs_bytes + sq_bytes)? as usize;
+    if p.steps == 1 {
+        fused_norms(dev, p, norms.unwrap_or(0), gs, max_norm, stream.raw)?;
+    } else {
+        let nptr = norms.unwrap_or(gs + gs_bytes);
         norms_into(&ops, p, nptr)?;
         #[repr(C)]
         struct ScaleRowsArgs {
@@ -743,7 +748,7 @@ pub fn dp_clipped_sum(
             batch: p.batch,
             per_sample: p.steps * p.dout,
             g: p.g as u64,
-            gs: gs.ptr as u64,
+            gs: gs as u64,
             norms: nptr as u64,
             max_norm,
         };
@@ -757,5 +762,5 @@ pub fn dp_clipped_sum(
             &mut a,
         )?;
     }
-    crate::ops::optim::MatOps::gemm(&ops, &p.sum_gemm(gs.ptr, out))
+    crate::ops::optim::MatOps::gemm(&ops, &p.sum_gemm(gs, out))
 }

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 BF16_PEAK = 765e12
+FP64_PEAK = 67e12  # H100 SXM FP64 tensor-core peak (datasheet; not measured here)
 
 # ---------------------------------------------------------------- the library
 FK_DEVICE_CUDA = 2
@@ -345,6 +346,21 @@ def bench_gemm(fk, nn, inner):
         note="(goal: within 5% of torch.matmul)")
 
 
+def bench_gemm_c128(fk, nn, inner):
+    """complex128 through fusekit's own kernel (16x16 smem tiles, f64 FMA; cuBLAS's
+    ZGEMM crashed in testing) against torch.matmul (cuBLAS ZGEMM, FP64 tensor cores)."""
+    dt = torch.complex128
+    a, b = rand((nn, nn), dt), rand((nn, nn), dt)
+    c = torch.full((nn, nn), float("nan"), dtype=dt, device="cuda")
+    fk.gemm(a, b, c)
+    torch.cuda.synchronize()
+    err = rel_err(c, a @ b)
+    ms = median_ms(lambda: fk.gemm(a, b, c), samples=5, inner=inner)
+    t_mm = median_ms(lambda: torch.matmul(a, b, out=c), samples=5, inner=inner)
+    row(f"gemm complex128 {nn}^3 (own kernel)", ms, 8 * nn ** 3 / FP64_PEAK * 1e3, dict(matmul=t_mm), err, 1e-12,
+        note=f"{8 * nn ** 3 / ms / 1e9:.1f} TFLOP/s; floor at {FP64_PEAK / 1e12:.0f} TFLOP/s FP64 tensor")
+
+
 def bench_chunked(fk, m, k, n):
     dt = torch.bfloat16
     a = rand((m, k), dt, device="cpu").pin_memory()
@@ -432,6 +448,7 @@ def main():
     bench_linear_backward(fk, 2048 if q else 16384, 4096, 4096, 3)
     bench_linear_backward(fk, 4096 if q else 32768, 768, 768, 10)
     bench_gemm(fk, 2048 if q else 8192, 2)
+    bench_gemm_c128(fk, 1024 if q else 2048, 2)
     bench_chunked(fk, 8192 if q else 65536, 8192, 8192)
     bench_kron(fk, bw, 50)
     if args.json:

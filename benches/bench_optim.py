@@ -152,8 +152,10 @@ def bench_norms(fk, b, din, dout, bw, inner):
     vm = torch.func.vmap(lambda x, y: torch.outer(y, x).pow(2).sum())
     vmapped = bl.timed(lambda: vm(a, g), inner=max(1, inner // 10))
     floor = b * (din + dout) * 4 / bw * 1e3
+    graph = bl.graph_ms(fk, lambda: fk.norms(a, g, out), inner)
     bl.row(f"ghost norms f32 B={b} {dout}x{din}", ms, floor,
-           {"eager": eager, "compile": compiled, "functorch_vmap": vmapped}, err, 1e-6, 0.02)
+           {"eager": eager, "compile": compiled, "functorch_vmap": vmapped}, err, 1e-6, 0.02,
+           note=f"host submit {bl.host_us(lambda: fk.norms(a, g, out)):.1f} us/call", extras={"graph": graph})
 
 
 def bench_seq_norms(fk, b, t, din, dout, inner):

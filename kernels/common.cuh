@@ -14,6 +14,15 @@ typedef __nv_bfloat16 bf16;
 typedef float f32;
 typedef double f64;
 
+// Kernels launched as programmatic dependents (launch_ex(.., early = true)) call this
+// before touching memory: it waits until the previous kernel on the stream has
+// completed and its writes are visible (a no-op for ordinary launches and pre-sm_90).
+__device__ __forceinline__ void fk_grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 struct __align__(8) c64 { float re, im; };
 struct __align__(16) c128 { double re, im; };
 

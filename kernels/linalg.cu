@@ -7,6 +7,8 @@
 //   linear_dz_<t>        dz = dy * act'(saved) and per-split column sums of dz
 //   colsum_finish_<t>    db = sum of the column partials
 //   kron_<t>_w<W>        batched Kronecker product, W-element (16-byte) stores
+//   zgemm_c128           complex128 GEMM (cuBLAS 13.0's ZGEMM crashed in fusekit's
+//                        process; see docs/linalg.md): 16x16 smem tiles, f64 FMA
 // Activation codes (FK_LA_ACT_*) come from the prelude fusekit prepends from the Rust
 // enum in src/ops/linalg.rs. GELU is the tanh approximation (cuBLASLt's formula);
 // src/cpu/linalg.rs computes the same in f32.
@@ -251,6 +253,83 @@ template <typename T, int W, bool SPLIT> __device__ void kron(const KronArgs& a)
                 KronStore<T, W, SPLIT>::run(op, o);
                 ap += astep;
                 op += ostep;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- complex128 GEMM
+// C[b] = alpha op(A[b]) op(B[b]) + beta C[b], row-major operands with row strides
+// lda/ldb/ldc and batch strides sa/sb/sc (elements; 0 broadcasts), op 0 N, 1 T, 2 C.
+// One output per thread, 16x16 tiles of op(A) and op(B) staged in shared memory with
+// coalesced loads for every op. beta = 0: C is not read (BLAS semantics). Elements
+// are read as two doubles, so 8-byte-aligned complex buffers are fine.
+struct ZgemmArgs {
+    i64 m, n, k, batch;
+    u64 a, b, c;
+    i64 lda, ldb, ldc, sa, sb, sc;
+    double alpha_re, alpha_im, beta_re, beta_im;
+    int op_a, op_b, beta_zero;
+};
+#define ZT 16
+
+__device__ __forceinline__ c128 zld(const double* p, i64 idx, bool conj) {
+    c128 z;
+    z.re = p[2 * idx];
+    z.im = conj ? -p[2 * idx + 1] : p[2 * idx + 1];
+    return z;
+}
+
+extern "C" __global__ void __launch_bounds__(ZT * ZT) zgemm_c128(ZgemmArgs a) {
+    __shared__ c128 As[ZT][ZT + 1];  // As[i][l] = op(A)[i0 + i][l0 + l]
+    __shared__ c128 Bs[ZT][ZT + 1];  // Bs[l][j] = op(B)[l0 + l][j0 + j]
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const i64 j0 = (i64)blockIdx.x * ZT;
+    const c128 zero = cmake<c128>(0.0, 0.0);
+    for (i64 bt = blockIdx.z; bt < a.batch; bt += gridDim.z) {
+        const double* A = reinterpret_cast<const double*>(a.a) + 2 * bt * a.sa;
+        const double* B = reinterpret_cast<const double*>(a.b) + 2 * bt * a.sb;
+        double* C = reinterpret_cast<double*>(a.c) + 2 * bt * a.sc;
+        for (i64 i0 = (i64)blockIdx.y * ZT; i0 < a.m; i0 += (i64)gridDim.y * ZT) {
+            double sr = 0.0, si = 0.0;
+            for (i64 l0 = 0; l0 < a.k; l0 += ZT) {
+                if (a.op_a == 0) {  // A stored [m, k]: rows i, contiguous l
+                    i64 r = i0 + ty, c = l0 + tx;
+                    As[ty][tx] = (r < a.m && c < a.k) ? zld(A, r * a.lda + c, false) : zero;
+                } else {  // A stored [k, m]: rows l, contiguous i
+                    i64 r = l0 + ty, c = i0 + tx;
+                    As[tx][ty] = (r < a.k && c < a.m) ? zld(A, r * a.lda + c, a.op_a == 2) : zero;
+                }
+                if (a.op_b == 0) {  // B stored [k, n]: rows l, contiguous j
+                    i64 r = l0 + ty, c = j0 + tx;
+                    Bs[ty][tx] = (r < a.k && c < a.n) ? zld(B, r * a.ldb + c, false) : zero;
+                } else {  // B stored [n, k]: rows j, contiguous l
+                    i64 r = j0 + ty, c = l0 + tx;
+                    Bs[tx][ty] = (r < a.n && c < a.k) ? zld(B, r * a.ldb + c, a.op_b == 2) : zero;
+                }
+                __syncthreads();
+#pragma unroll
+                for (int l = 0; l < ZT; ++l) {
+                    c128 x = As[ty][l], y = Bs[l][tx];
+                    sr = fma(x.re, y.re, sr);
+                    sr = fma(-x.im, y.im, sr);
+                    si = fma(x.re, y.im, si);
+                    si = fma(x.im, y.re, si);
+                }
+                __syncthreads();
+            }
+            i64 i = i0 + ty, j = j0 + tx;
+            if (i < a.m && j < a.n) {
+                double* o = C + 2 * (i * a.ldc + j);
+                double re = a.alpha_re * sr - a.alpha_im * si;
+                double im = a.alpha_re * si + a.alpha_im * sr;
+                if (!a.beta_zero) {
+                    double cr = o[0], ci = o[1];
+                    re += a.beta_re * cr - a.beta_im * ci;
+                    im += a.beta_re * ci + a.beta_im * cr;
+                }
+                o[0] = re;
+                o[1] = im;
             }
         }
     }

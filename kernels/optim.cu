@@ -14,6 +14,7 @@
 //   sym_mirror_<t>    lower triangle = upper triangle (after SYRK), tiled transpose
 //   ps_outer_<t>      out[b] = g_b a_b^T for one step (write-bandwidth bound)
 //   ps_norms_<t>      |g_b|^2 |a_b|^2 per sample; optionally gs = min(1, C/|G_b|) g_b
+//   ps_norms_warp_<t> the same, one warp per sample with 16-byte loads (many samples)
 //   ps_gram_dot_<t>   <Ga_b, Gg_b> per sample (sequence norms from Gram matrices)
 //   ps_scale_rows_<t> gs_b = min(1, C/|G_b|) g_b from given squared norms
 #include "common.cuh"
@@ -277,6 +278,7 @@ __device__ __forceinline__ double2 block_sum2(double x, double y) {
 // kernel is the whole cost of the clipped sum beyond its GEMM.
 #define PS_KEEP 4
 template <typename T> __device__ void ps_norms(const NormArgs& p) {
+    fk_grid_dependency_wait();  // launched as a programmatic dependent
     const i64 nb = blockDim.x;
     for (i64 b = blockIdx.x; b < p.batch; b += gridDim.x) {
         const T* a = reinterpret_cast<const T*>(p.a) + b * p.din;
@@ -305,6 +307,77 @@ template <typename T> __device__ void ps_norms(const NormArgs& p) {
                 if (i < p.dout) gs[i] = s * keep[k];
             }
             for (i64 i = threadIdx.x + PS_KEEP * nb; i < p.dout; i += nb) gs[i] = s * g[i];
+        }
+    }
+}
+
+// One warp per sample (grid-stride over warps), 16-byte loads: the fast form of
+// ps_norms for many samples with dims that are multiples of the vector width and
+// 16-byte aligned rows (the host checks). No barriers at all: warp shuffles reduce,
+// and the first PS_WKEEP vectors of g per lane stay in registers for the scaling.
+#define PS_WKEEP 8
+template <typename T, typename V> __device__ void ps_norms_warp(const NormArgs& p) {
+    fk_grid_dependency_wait();  // launched as a programmatic dependent
+    constexpr int W = sizeof(V) / sizeof(T);
+    const int lane = threadIdx.x & 31;
+    const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
+    const i64 vin = p.din / W, vout = p.dout / W;
+    for (i64 b = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); b < p.batch; b += warps) {
+        const V* a = reinterpret_cast<const V*>(p.a) + b * vin;
+        const V* g = reinterpret_cast<const V*>(p.g) + b * vout;
+        V keep[PS_WKEEP];
+#pragma unroll
+        for (int k = 0; k < PS_WKEEP; ++k) {
+            i64 i = lane + 32 * k;
+            keep[k] = i < vout ? g[i] : V();
+        }
+        double sa = 0.0, sg = 0.0;
+#pragma unroll 4
+        for (i64 i = lane; i < vin; i += 32) {
+            V x = a[i];
+            const T* e = reinterpret_cast<const T*>(&x);
+#pragma unroll
+            for (int w = 0; w < W; ++w) sa += (double)e[w] * (double)e[w];
+        }
+#pragma unroll
+        for (int k = 0; k < PS_WKEEP; ++k) {
+            const T* e = reinterpret_cast<const T*>(&keep[k]);
+#pragma unroll
+            for (int w = 0; w < W; ++w) sg += (double)e[w] * (double)e[w];  // zeros past the end
+        }
+        for (i64 i = lane + 32 * PS_WKEEP; i < vout; i += 32) {
+            V x = g[i];
+            const T* e = reinterpret_cast<const T*>(&x);
+#pragma unroll
+            for (int w = 0; w < W; ++w) sg += (double)e[w] * (double)e[w];
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            sa += __shfl_xor_sync(0xffffffffu, sa, o);
+            sg += __shfl_xor_sync(0xffffffffu, sg, o);
+        }
+        double sq = sa * sg;
+        if (p.norms && lane == 0) reinterpret_cast<T*>(p.norms)[b] = (T)sq;
+        if (p.gs) {
+            T s = (T)clip_scale(sq, p.max_norm);
+            V* gs = reinterpret_cast<V*>(p.gs) + b * vout;
+#pragma unroll
+            for (int k = 0; k < PS_WKEEP; ++k) {
+                i64 i = lane + 32 * k;
+                if (i < vout) {
+                    V y = keep[k];
+                    T* e = reinterpret_cast<T*>(&y);
+#pragma unroll
+                    for (int w = 0; w < W; ++w) e[w] *= s;
+                    gs[i] = y;
+                }
+            }
+            for (i64 i = lane + 32 * PS_WKEEP; i < vout; i += 32) {
+                V y = g[i];
+                T* e = reinterpret_cast<T*>(&y);
+#pragma unroll
+                for (int w = 0; w < W; ++w) e[w] *= s;
+                gs[i] = y;
+            }
         }
     }
 }
@@ -357,3 +430,5 @@ OPT_KERNELS(f64)
 
 extern "C" __global__ void __launch_bounds__(FK_BLOCK) ps_outer_f32(OuterArgs a) { ps_outer<f32, float4>(a); }
 extern "C" __global__ void __launch_bounds__(FK_BLOCK) ps_outer_f64(OuterArgs a) { ps_outer<f64, double2>(a); }
+extern "C" __global__ void __launch_bounds__(FK_BLOCK) ps_norms_warp_f32(NormArgs a) { ps_norms_warp<f32, float4>(a); }
+extern "C" __global__ void __launch_bounds__(FK_BLOCK) ps_norms_warp_f64(NormArgs a) { ps_norms_warp<f64, double2>(a); }

@@ -6,8 +6,8 @@
 //!
 //! Covered: GEMM for every dtype and op pair on odd and aligned sizes, batches and
 //! broadcasts, padded leading dimensions, beta = 0 over NaN, TF32 (tolerance 1e-3);
-//! complex128 refused on CUDA (with `FK_CUDA_C128_GEMM=1`, its cases one by one for
-//! scripts/diag_c128.sh); the fused linear layer forward (cuBLASLt epilogues and the
+//! complex128 through fusekit's own kernel (with `FK_CUDA_C128_GEMM=1`, through
+//! cuBLAS case by case for scripts/diag_c128.sh); the fused linear layer forward (cuBLASLt epilogues and the
 //! forced fallback) and backward per dtype and activation; the Kronecker product
 //! (every store width, outputs aligned to 16 bytes, to the element or to a complex
 //! component, odd widths, batches, strided inputs); the chunked GEMM with pinned host
@@ -150,41 +150,21 @@ fn c128_opt_in() -> bool {
     std::env::var("FK_CUDA_C128_GEMM").as_deref() == Ok("1")
 }
 
-/// complex128 GEMM is refused on CUDA (cuBLAS 13.0 crashed in cublasLtZZZMatmul on
-/// the H100): the call returns a status instead of taking the process down.
+/// complex128 runs fusekit's own kernel (`zgemm_c128`; cuBLAS 13.0's ZGEMM crashed
+/// the process in testing): every op pair, odd sizes across several tiles, batches,
+/// broadcasts, padded rows, beta = 0 over NaN, k = 0, against the CPU oracle.
 #[test]
-fn gemm_c128_is_refused_on_cuda() {
+fn gemm_oracle_c128() {
     if c128_opt_in() {
-        println!("SKIPPED: FK_CUDA_C128_GEMM=1 lifts the refusal");
+        println!("SKIPPED: FK_CUDA_C128_GEMM=1 sends complex128 to cuBLAS (diagnosis)");
         return;
     }
-    let Some(g) = gpu() else { return };
-    let mut rng = Rng::new(128);
-    let case = GemmCase::new(FK_DTYPE_C128, FK_OP_N, FK_OP_N, 5, 4, 3);
-    let d = case.data(&mut rng);
-    let a = Placed::input(&g, FK_DTYPE_C128, &d.a);
-    let b = Placed::input(&g, FK_DTYPE_C128, &d.b);
-    let c = Placed::poisoned(&g, FK_DTYPE_C128, &d.c_view);
-    let one = fusekit::abi::fk_scalar { re: 1.0, im: 0.0 };
-    let s = unsafe {
-        fk_gemm(
-            FK_OP_N,
-            FK_OP_N,
-            one,
-            a.handle(),
-            b.handle(),
-            one,
-            c.handle(),
-            0,
-            null(),
-        )
-    };
-    expect_status(s, FK_ERROR_UNSUPPORTED_DTYPE, &["fk_gemm", "complex128"]);
+    gemm_sweep(FK_DTYPE_C128);
 }
 
 /// Diagnosis of the complex128 crash (scripts/diag_c128.sh), only with
-/// `FK_CUDA_C128_GEMM=1`: the complex128 sweep (the cases of every other dtype, and
-/// first the one of `gemm_c128_is_refused_on_cuda`), each announced before it runs
+/// `FK_CUDA_C128_GEMM=1` (complex128 through cuBLAS): the complex128 sweep (the
+/// cases of every other dtype, and first a 5x4x3 product), each announced before it runs
 /// so that a crash names its case; `FK_C128_FROM=i` starts at case i (to go on
 /// after a crash). Prints the cuBLAS libraries the process mapped.
 #[test]

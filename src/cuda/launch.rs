@@ -30,6 +30,7 @@ pub(crate) fn debug_sync() -> bool {
 }
 
 /// Launches `module::function` on `stream` with `params` (pointers to each argument).
+#[allow(clippy::too_many_arguments)]
 pub fn launch(
     dev: &CudaDevice,
     module: &'static str,
@@ -40,19 +41,70 @@ pub fn launch(
     stream: usize,
     params: &mut [*mut c_void],
 ) -> Result<()> {
+    launch_ex(
+        dev,
+        module,
+        function,
+        grid,
+        block,
+        shared_bytes,
+        stream,
+        params,
+        false,
+    )
+}
+
+/// `launch`, and with `early` on sm_90+ a programmatic dependent launch: the kernel
+/// may be scheduled while the previous kernel on the stream is still finishing, and
+/// must execute `griddepcontrol.wait` (`fk_grid_dependency_wait()` in common.cuh)
+/// before it touches memory; that hides the launch gap between the two kernels.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_ex(
+    dev: &CudaDevice,
+    module: &'static str,
+    function: &'static str,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    shared_bytes: u32,
+    stream: usize,
+    params: &mut [*mut c_void],
+    early: bool,
+) -> Result<()> {
     let f = dev.function(module, function)?;
     dev.bind()?;
     // SAFETY: `params` match the kernel's signature (each launcher pairs a repr(C)
     // argument struct with its kernel), and the function belongs to this context.
     unsafe {
-        result::launch_kernel(
-            f,
-            grid,
-            block,
-            shared_bytes,
-            stream as sys::CUstream,
-            params,
-        )
+        if early && dev.arch.0 >= 9 {
+            // SAFETY: a zeroed attribute is valid plain data; the id and value set
+            // here are the programmatic-serialisation pair.
+            let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block.0,
+                blockDimY: block.1,
+                blockDimZ: block.2,
+                sharedMemBytes: shared_bytes,
+                hStream: stream as sys::CUstream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut()).result()
+        } else {
+            result::launch_kernel(
+                f,
+                grid,
+                block,
+                shared_bytes,
+                stream as sys::CUstream,
+                params,
+            )
+        }
     }
     .cuda(&format!("launching {module}::{function}"))?;
     if debug_sync() {

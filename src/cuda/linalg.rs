@@ -86,7 +86,91 @@ fn linear_kernel(d: DType, names: [&'static str; 3]) -> &'static str {
 pub fn gemm(dev: &CudaDevice, p: &GemmPlan, stream: &Stream) -> Result<()> {
     let slot = slot_of(dev, stream)?;
     let g = slot.lock().unwrap_or_else(|e| e.into_inner());
-    cublas::gemm_ex(&g, p)
+    gemm_on(dev, &g, p)
+}
+
+/// One GEMM on the slot's stream: cuBLAS, except complex128, which runs fusekit's
+/// own kernel (`zgemm_c128`): cuBLAS 13.0's ZGEMM crashed the process in testing
+/// (docs/linalg.md); `FK_CUDA_C128_GEMM=1` sends it to cuBLAS, for diagnosis.
+fn gemm_on(dev: &CudaDevice, slot: &Slot, p: &GemmPlan) -> Result<()> {
+    if p.dtype == DType::C128 && !crate::ops::linalg::c128_cublas() {
+        zgemm(dev, p, slot.stream)
+    } else {
+        cublas::gemm_ex(slot, p)
+    }
+}
+
+#[repr(C)]
+struct ZgemmArgs {
+    m: i64,
+    n: i64,
+    k: i64,
+    batch: i64,
+    a: u64,
+    b: u64,
+    c: u64,
+    lda: i64,
+    ldb: i64,
+    ldc: i64,
+    sa: i64,
+    sb: i64,
+    sc: i64,
+    alpha_re: f64,
+    alpha_im: f64,
+    beta_re: f64,
+    beta_im: f64,
+    op_a: i32,
+    op_b: i32,
+    beta_zero: i32,
+}
+
+fn zgemm(dev: &CudaDevice, p: &GemmPlan, stream: usize) -> Result<()> {
+    const ZT: i64 = 16;
+    let op = |t: Trans| match t {
+        Trans::N => 0,
+        Trans::T => 1,
+        Trans::C => 2,
+    };
+    let mut args = ZgemmArgs {
+        m: p.m,
+        n: p.n,
+        k: p.k,
+        batch: p.batch,
+        a: p.a.ptr as u64,
+        b: p.b.ptr as u64,
+        c: p.c.ptr as u64,
+        lda: p.a.ld,
+        ldb: p.b.ld,
+        ldc: p.c.ld,
+        sa: p.a.batch_stride,
+        sb: p.b.batch_stride,
+        sc: p.c.batch_stride,
+        alpha_re: p.alpha.re,
+        alpha_im: p.alpha.im,
+        beta_re: p.beta.re,
+        beta_im: p.beta.im,
+        op_a: op(p.op_a),
+        op_b: op(p.op_b),
+        beta_zero: (p.beta.re == 0.0 && p.beta.im == 0.0) as i32,
+    };
+    let gx = (p.n + ZT - 1) / ZT;
+    let gy = ((p.m + ZT - 1) / ZT).min(65535);
+    crate::ensure!(
+        gx <= u32::MAX as i64,
+        crate::error::FK_ERROR_UNSUPPORTED,
+        "complex128 GEMM with n = {} is too wide for one launch",
+        p.n
+    );
+    launch(
+        dev,
+        MODULE,
+        "zgemm_c128",
+        (gx as u32, gy as u32, p.batch.min(65535) as u32),
+        (ZT as u32, ZT as u32, 1),
+        0,
+        stream,
+        &mut [&mut args as *mut ZgemmArgs as *mut c_void],
+    )
 }
 
 fn plain(ptr: usize, rows: i64, cols: i64) -> Mat {
@@ -888,6 +972,7 @@ trait Queue {
 }
 
 struct CudaQueue<'a> {
+    dev: &'a CudaDevice,
     slot: &'a Slot,
     up: usize,
     down: usize,
@@ -920,7 +1005,7 @@ impl Queue for CudaQueue<'_> {
         copy2d(to_device, host, host_pitch, dev, dev_pitch, width, rows, s)
     }
     fn gemm(&mut self, p: &GemmPlan) -> Result<()> {
-        cublas::gemm_ex(self.slot, p)
+        gemm_on(self.dev, self.slot, p)
     }
     fn record(&mut self, ev: usize, lane: Lane) -> Result<()> {
         record(self.ev[ev], self.stream(lane))
@@ -1230,6 +1315,7 @@ pub fn gemm_chunked(dev: &CudaDevice, p: &GemmPlan, budget: u64, stream: &Stream
     let ev = Events::new(pipeline_events(t.depth))?;
     st.base = dev.alloc_async(st.total, stream.raw)?;
     let mut q = CudaQueue {
+        dev,
         slot: &g,
         up,
         down,

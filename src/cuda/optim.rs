@@ -9,7 +9,7 @@ use cudarc::cublas::sys as bs;
 use cudarc::driver::sys as ds;
 
 use super::cublas::{self, Slot};
-use super::launch::{BLOCK, launch};
+use super::launch::{BLOCK, launch_ex};
 use super::{CudaDevice, Workspace};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, Result};
@@ -52,7 +52,7 @@ fn run<A>(
     stream: usize,
     args: &mut A,
 ) -> Result<()> {
-    launch(
+    launch_ex(
         dev,
         MODULE,
         f,
@@ -61,6 +61,7 @@ fn run<A>(
         0,
         stream,
         &mut [args as *mut A as *mut c_void],
+        false,
     )
 }
 
@@ -633,14 +634,36 @@ fn fused_norms(
         gs: gs as u64,
         max_norm,
     };
-    let g = row_grid(dev, p.batch);
-    run(
+    // one warp per sample when there are enough samples to fill the GPU and rows
+    // allow 16-byte loads; else one block per sample
+    let es = p.dtype.size() as i64;
+    let w = 16 / es;
+    let aligned = [p.a, p.g, gs].iter().all(|&x| x % 16 == 0);
+    let by_warp =
+        p.batch >= 2 * dev.sm_count.max(1) as i64 && p.din % w == 0 && p.dout % w == 0 && aligned;
+    // (two warps per block spread the samples over every multiprocessor)
+    let (name, g, block) = if by_warp {
+        let blocks = (p.batch + 1) / 2;
+        (
+            kname!(p.dtype, "ps_norms_warp"),
+            blocks.min(dev.sm_count.max(1) as i64 * 32) as u32,
+            64,
+        )
+    } else {
+        (kname!(p.dtype, "ps_norms"), row_grid(dev, p.batch), BLOCK)
+    };
+    // a programmatic dependent launch: the kernel waits (griddepcontrol.wait) before
+    // it reads anything, but its launch overlaps the tail of the previous kernel
+    launch_ex(
         dev,
-        kname!(p.dtype, "ps_norms"),
+        MODULE,
+        name,
         (g, 1, 1),
-        (BLOCK, 1, 1),
+        (block, 1, 1),
+        0,
         stream,
-        &mut a,
+        &mut [&mut a as *mut NormArgs as *mut c_void],
+        true,
     )
 }
 

@@ -318,7 +318,6 @@ pub fn gemm(
     match c.device() {
         Device::Cpu => crate::cpu::linalg::gemm(&p),
         Device::Cuda(_) => {
-            cuda_gemm_dtype(&p)?;
             for (v, what) in [(p.m, "m"), (p.n, "n"), (p.k, "k"), (p.batch, "batch")] {
                 int32(v, what)?;
             }
@@ -353,29 +352,16 @@ pub fn gemm_chunked(
     match c.device() {
         // On the CPU every operand is already in host memory: the budget is moot.
         Device::Cpu => crate::cpu::linalg::gemm(&p),
-        Device::Cuda(_) => {
-            cuda_gemm_dtype(&p)?;
-            crate::cuda::linalg::gemm_chunked(c.ctx.cuda_dev(), &p, budget, stream)
-        }
+        Device::Cuda(_) => crate::cuda::linalg::gemm_chunked(c.ctx.cuda_dev(), &p, budget, stream),
     }
 }
 
-/// complex128 GEMM is refused on CUDA: with cuBLAS 13.0 on the H100 both
-/// `cublasGemmStridedBatchedEx` (CUDA_C_64F) and `cublasZgemmStridedBatched`
-/// crashed the process (SIGSEGV inside `cublasLtZZZMatmul`) in tests/gpu_linalg.rs.
-/// A status is better than a crash; the CPU backend computes it.
-/// `FK_CUDA_C128_GEMM=1` lifts the refusal, for diagnosis only
-/// (`scripts/diag_c128.sh`).
-fn cuda_gemm_dtype(p: &GemmPlan) -> Result<()> {
-    crate::ensure!(
-        p.dtype != DType::C128 || c128_opt_in(),
-        FK_ERROR_UNSUPPORTED_DTYPE,
-        "complex128 GEMM is not available on CUDA (cuBLAS 13.0 crashed in cublasLtZZZMatmul on the H100 in testing); use a CPU context, complex64, or real GEMMs on the parts"
-    );
-    Ok(())
-}
-
-fn c128_opt_in() -> bool {
+/// Whether complex128 GEMMs on CUDA go to cuBLAS (`FK_CUDA_C128_GEMM=1`, for
+/// diagnosis only: `scripts/diag_c128.sh`) instead of fusekit's own kernel. With
+/// cuBLAS 13.0 on the H100, `cublasGemmStridedBatchedEx` (CUDA_C_64F) crashed the
+/// process (SIGSEGV) on 1 x 1 x 1 products after others in the same process, while
+/// the same calls in a fresh process passed (docs/linalg.md).
+pub(crate) fn c128_cublas() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("FK_CUDA_C128_GEMM").as_deref() == Ok("1"))
 }

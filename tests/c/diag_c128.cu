@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <array>
 #include <vector>
 
 enum Api { EX = 0, ZGEMM = 1 };
@@ -56,6 +57,9 @@ struct Case {
     bool lt_handle = true;   // a cublasLt handle exists too (fusekit's slot has one)
     bool warm = false;       // a bf16/f64/complex64 GEMM ran on an earlier handle first
     bool math_default = true;
+    // products (m, n, k; N,N, through the case's api) run first on the same handle,
+    // unchecked: does an earlier call leave state that a later shape trips on?
+    std::vector<std::array<int, 3>> prior;
 };
 
 static const char* OPN[3] = {"N", "T", "C"};
@@ -247,6 +251,22 @@ static int run_case(const Case& c) {
         pb = (const void*)(s + 16);
     }
     cublasOperation_t ops[3] = {CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C};
+    for (auto& s : c.prior) {
+        Host pa_ = make(0, s[0], s[2], 0, 0), pb_ = make(0, s[2], s[1], 0, 0), pc_ = make(0, s[0], s[1], 0, 0);
+        CUdeviceptr qa = upload(pool, st, pa_, 0), qb = upload(pool, st, pb_, 0), qc = upload(pool, st, pc_, 0);
+        fprintf(stderr, "[child] prior %dx%dx%d\n", s[0], s[1], s[2]);
+        if (c.api == EX) {
+            BL(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, s[1], s[0], s[2], pa, (const void*)qb,
+                                          CUDA_C_64F, pb_.ld, 0, (const void*)qa, CUDA_C_64F, pa_.ld, 0, pb,
+                                          (void*)qc, CUDA_C_64F, pc_.ld, 0, 1, CUBLAS_COMPUTE_64F,
+                                          CUBLAS_GEMM_DEFAULT));
+        } else {
+            BL(cublasZgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, s[1], s[0], s[2], (const cuDoubleComplex*)pa,
+                                         (const cuDoubleComplex*)qb, pb_.ld, 0, (const cuDoubleComplex*)qa, pa_.ld, 0,
+                                         (const cuDoubleComplex*)pb, (cuDoubleComplex*)qc, pc_.ld, 0, 1));
+        }
+        CU(cuStreamSynchronize(st));
+    }
     fprintf(stderr, "[child] calling cuBLAS\n");
     if (c.api == EX) {
         BL(cublasGemmStridedBatchedEx(h, ops[c.op_b], ops[c.op_a], c.n, c.m, c.k, pa, (const void*)db, CUDA_C_64F,
@@ -369,6 +389,33 @@ static std::vector<Case> cases() {
         var("H-padded", [](Case& c) { c.pad = 3; });
         var("H-ws-none-8B-aligned", [](Case& c) { c.ws = WS_NONE, c.misalign = 8; });
         var("H-ws-none-opC", [](Case& c) { c.ws = WS_NONE, c.op_a = 2, c.op_b = 1, c.m = 17, c.n = 13, c.k = 33; });
+    }
+    // 4. sequences on one handle (fusekit crashed on 1x1x1 only after other products
+    //    in the same process, while every case above runs in a fresh process)
+    for (int api = 0; api < 2; ++api) {
+        auto seq = [&](const char* name, std::vector<std::array<int, 3>> prior, int m, int n, int k, bool lt = true) {
+            Case c;
+            c.api = (Api)api;
+            c.name = name;
+            c.prior = prior;
+            c.m = m, c.n = n, c.k = k;
+            c.lt_handle = lt;
+            add(c);
+        };
+        seq("S-5x4x3-then", {{5, 4, 3}}, 1, 1, 1);
+        seq("S-1x1x1-then", {{1, 1, 1}}, 1, 1, 1);
+        seq("S-64x128x96-then", {{64, 128, 96}}, 1, 1, 1);
+        seq("S-5x4x3-then-noLt", {{5, 4, 3}}, 1, 1, 1, false);
+        seq("S-5x4x3-then", {{5, 4, 3}}, 1, 2, 1);
+        seq("S-5x4x3-then", {{5, 4, 3}}, 2, 1, 1);
+        seq("S-5x4x3-then", {{5, 4, 3}}, 1, 1, 2);
+        seq("S-5x4x3-then", {{5, 4, 3}}, 2, 2, 2);
+        seq("S-5x4x3-then", {{5, 4, 3}}, 1, 64, 64);
+        seq("S-5x4x3-then", {{5, 4, 3}}, 64, 1, 64);
+        seq("S-5x4x3-then", {{5, 4, 3}}, 64, 64, 1);
+        seq("S-5x4x3-then", {{5, 4, 3}}, 1, 1, 64);
+        seq("S-5x4x3-then", {{5, 4, 3}}, 4, 3, 2);
+        seq("S-17x13x33-then", {{17, 13, 33}}, 5, 4, 3);
     }
     return v;
 }

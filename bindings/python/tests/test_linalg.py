@@ -159,3 +159,21 @@ def test_torch_linear_opcheck_and_compile():
     torch.testing.assert_close(y, fto.linear(x, w, b, "gelu"))
     y.sum().backward()
     assert x.grad is not None and w.grad is not None and b.grad is not None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64, torch.complex128])
+@pytest.mark.parametrize("op_a,op_b", [("N", "N"), ("T", "C"), ("C", "N")])
+def test_gemm_cuda_tensors(dtype, op_a, op_b):
+    # complex128 runs fusekit's own CUDA kernel (cuBLAS 13.0's ZGEMM crashed in testing)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    m, n, k = 37, 19, 41
+    op = {"N": lambda x: x, "T": lambda x: x.mT, "C": lambda x: x.mH}
+    a = torch.randn((2, m, k) if op_a == "N" else (2, k, m), generator=g, device="cuda", dtype=dtype)
+    b = torch.randn((k, n) if op_b == "N" else (n, k), generator=g, device="cuda", dtype=dtype)
+    c = torch.randn(2, m, n, generator=g, device="cuda", dtype=dtype)
+    want = 0.5 * op[op_a](a.to(torch.complex128)) @ op[op_b](b.to(torch.complex128)) - 2.0 * c.to(torch.complex128)
+    got = fusekit.gemm(a, b, op_a=op_a, op_b=op_b, alpha=0.5, beta=-2.0, c=c)
+    assert got is c
+    tol = 1e-4 if dtype in (torch.float32, torch.complex64) else 1e-12
+    torch.testing.assert_close(c.to(torch.complex128), want, rtol=tol, atol=tol * 10)

@@ -1212,9 +1212,8 @@ fk_status fk_leapfrog_backward(const fk_buffer *v0,
  *   every matrix of `c`'s batch; otherwise the batches must match.
  * - dtypes: f16, bf16 (f32 accumulation), f32, f64, complex64, complex128; `a`,
  *   `b`, `c` share one. `alpha`, `beta`: `im` must be 0 for real dtypes.
- *   complex128 runs on the CPU only: on CUDA it returns
- *   `FK_ERROR_UNSUPPORTED_DTYPE` (cuBLAS 13.0 crashed in its complex128 kernels on
- *   the H100 in testing; fusekit returns a status rather than risk the process).
+ *   On CUDA complex128 runs fusekit's own kernel rather than cuBLAS (cuBLAS 13.0's
+ *   ZGEMM crashed the process in testing; docs/linalg.md), slower than cuBLAS.
  * - `flags`: 0 or `FK_GEMM_ALLOW_TF32`.
  * - Layout, aliasing, streams and statuses: see the module rules; `k = 0` gives
  *   `C = beta C`.

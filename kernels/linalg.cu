@@ -9,6 +9,8 @@
 //   kron_<t>_w<W>        batched Kronecker product, W-element (16-byte) stores
 //   zgemm_c128           complex128 GEMM (cuBLAS 13.0's ZGEMM crashed in fusekit's
 //                        process; see docs/linalg.md): 16x16 smem tiles, f64 FMA
+//   zsplit_c128, zcombine_c128  large complex128 GEMMs as four f64 cuBLAS GEMMs on
+//                        real/imaginary planes
 // Activation codes (FK_LA_ACT_*) come from the prelude fusekit prepends from the Rust
 // enum in src/ops/linalg.rs. GELU is the tanh approximation (cuBLASLt's formula);
 // src/cpu/linalg.rs computes the same in f32.
@@ -332,6 +334,53 @@ extern "C" __global__ void __launch_bounds__(ZT * ZT) zgemm_c128(ZgemmArgs a) {
                 o[1] = im;
             }
         }
+    }
+}
+
+// complex128 as four real f64 GEMMs (large products): split an operand into dense
+// real and imaginary planes [nb, rows, cols] (conj negates the imaginary plane), and
+// combine C = alpha (Pr + i Pi) + beta C from the product planes.
+struct ZSplitArgs {
+    i64 rows, cols, nb, ld, bs;
+    u64 src, re, im;
+    int conj;
+};
+extern "C" __global__ void __launch_bounds__(256) zsplit_c128(ZSplitArgs a) {
+    const double* s = reinterpret_cast<const double*>(a.src);
+    double* re = reinterpret_cast<double*>(a.re);
+    double* im = reinterpret_cast<double*>(a.im);
+    const i64 per = a.rows * a.cols, total = per * a.nb;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+        i64 b = i / per, r = (i % per) / a.cols, c = i % a.cols;
+        i64 o = 2 * (b * a.bs + r * a.ld + c);
+        re[i] = s[o];
+        im[i] = a.conj ? -s[o + 1] : s[o + 1];
+    }
+}
+
+struct ZCombineArgs {
+    i64 m, n, batch, ldc, sc;
+    u64 c, pr, pi;
+    double alpha_re, alpha_im, beta_re, beta_im;
+    int beta_zero;
+};
+extern "C" __global__ void __launch_bounds__(256) zcombine_c128(ZCombineArgs a) {
+    double* C = reinterpret_cast<double*>(a.c);
+    const double* pr = reinterpret_cast<const double*>(a.pr);
+    const double* pi = reinterpret_cast<const double*>(a.pi);
+    const i64 per = a.m * a.n, total = per * a.batch;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+        i64 b = i / per, r = (i % per) / a.n, c = i % a.n;
+        double* o = C + 2 * (b * a.sc + r * a.ldc + c);
+        double x = pr[i], y = pi[i];
+        double re = a.alpha_re * x - a.alpha_im * y, im = a.alpha_re * y + a.alpha_im * x;
+        if (!a.beta_zero) {
+            double cr = o[0], ci = o[1];
+            re += a.beta_re * cr - a.beta_im * ci;
+            im += a.beta_re * ci + a.beta_im * cr;
+        }
+        o[0] = re;
+        o[1] = im;
     }
 }
 

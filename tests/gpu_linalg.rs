@@ -150,9 +150,10 @@ fn c128_opt_in() -> bool {
     std::env::var("FK_CUDA_C128_GEMM").as_deref() == Ok("1")
 }
 
-/// complex128 runs fusekit's own kernel (`zgemm_c128`; cuBLAS 13.0's ZGEMM crashed
-/// the process in testing): every op pair, odd sizes across several tiles, batches,
-/// broadcasts, padded rows, beta = 0 over NaN, k = 0, against the CPU oracle.
+/// complex128 stays off cuBLAS's ZGEMM (it crashed the process in testing): small
+/// products run fusekit's tiled kernel, large ones four f64 GEMMs on split planes.
+/// Every op pair, odd sizes across several tiles, batches, broadcasts, padded rows,
+/// beta = 0 over NaN, k = 0, against the CPU oracle.
 #[test]
 fn gemm_oracle_c128() {
     if c128_opt_in() {
@@ -160,6 +161,23 @@ fn gemm_oracle_c128() {
         return;
     }
     gemm_sweep(FK_DTYPE_C128);
+    // the four-real-GEMM route (m*n*k >= 2^18) with conjugates, batches, a broadcast
+    // operand, padded rows, beta = 0 over NaN, also under the sanitizer
+    let Some(g) = gpu() else { return };
+    let cpu = Ctx::cpu();
+    let mut rng = Rng::new(1128);
+    for (op_a, op_b, ba, bb, pad, beta0) in [
+        (FK_OP_C, FK_OP_N, Some(2), None, 1, false),
+        (FK_OP_N, FK_OP_C, None, Some(2), 0, true),
+        (FK_OP_T, FK_OP_T, Some(2), Some(2), 2, false),
+    ] {
+        let mut c = GemmCase::new(FK_DTYPE_C128, op_a, op_b, 67, 65, 61);
+        (c.batch_a, c.batch_b, c.batch_c, c.pad) = (ba, bb, Some(2), pad);
+        if beta0 {
+            c.beta = re(0.0);
+        }
+        gemm_vs_cpu(&g, &cpu, &c, &mut rng, tol_of(FK_DTYPE_C128), null());
+    }
 }
 
 /// Diagnosis of the complex128 crash (scripts/diag_c128.sh), only with

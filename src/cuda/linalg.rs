@@ -86,18 +86,162 @@ fn linear_kernel(d: DType, names: [&'static str; 3]) -> &'static str {
 pub fn gemm(dev: &CudaDevice, p: &GemmPlan, stream: &Stream) -> Result<()> {
     let slot = slot_of(dev, stream)?;
     let g = slot.lock().unwrap_or_else(|e| e.into_inner());
-    gemm_on(dev, &g, p)
+    gemm_on(dev, &g, p, true)
 }
 
-/// One GEMM on the slot's stream: cuBLAS, except complex128, which runs fusekit's
-/// own kernel (`zgemm_c128`): cuBLAS 13.0's ZGEMM crashed the process in testing
-/// (docs/linalg.md); `FK_CUDA_C128_GEMM=1` sends it to cuBLAS, for diagnosis.
-fn gemm_on(dev: &CudaDevice, slot: &Slot, p: &GemmPlan) -> Result<()> {
-    if p.dtype == DType::C128 && !crate::ops::linalg::c128_cublas() {
-        zgemm(dev, p, slot.stream)
-    } else {
-        cublas::gemm_ex(slot, p)
+/// One GEMM on the slot's stream: cuBLAS, except complex128, which stays off
+/// cuBLAS's ZGEMM (it crashed the process in testing, docs/linalg.md;
+/// `FK_CUDA_C128_GEMM=1` sends it there, for diagnosis): large products as four f64
+/// GEMMs on split planes when `planar` allows the workspace (`zgemm_planar`), else
+/// fusekit's tiled kernel (`zgemm`).
+fn gemm_on(dev: &CudaDevice, slot: &Slot, p: &GemmPlan, planar: bool) -> Result<()> {
+    if p.dtype != DType::C128 || crate::ops::linalg::c128_cublas() {
+        return cublas::gemm_ex(slot, p);
     }
+    if planar && p.m * p.n * p.k >= ZGEMM_PLANAR_MIN && zgemm_planar(dev, slot, p)? {
+        return Ok(());
+    }
+    zgemm(dev, p, slot.stream)
+}
+
+/// `m*n*k` from which complex128 takes the four-GEMM route (below it the launches
+/// and the plane copies cost more than the tiled kernel's slower arithmetic).
+const ZGEMM_PLANAR_MIN: i64 = 1 << 18;
+
+#[repr(C)]
+struct ZSplitArgs {
+    rows: i64,
+    cols: i64,
+    nb: i64,
+    ld: i64,
+    bs: i64,
+    src: u64,
+    re: u64,
+    im: u64,
+    conj: i32,
+}
+
+#[repr(C)]
+struct ZCombineArgs {
+    m: i64,
+    n: i64,
+    batch: i64,
+    ldc: i64,
+    sc: i64,
+    c: u64,
+    pr: u64,
+    pi: u64,
+    alpha_re: f64,
+    alpha_im: f64,
+    beta_re: f64,
+    beta_im: f64,
+    beta_zero: i32,
+}
+
+/// complex128 `C = alpha op(A) op(B) + beta C` as real f64 GEMMs through cuBLAS
+/// (FP64 tensor cores): `op(A)`, `op(B)` split into real and imaginary planes
+/// (conjugation negates the imaginary plane), `Pr = Ar Br - Ai Bi`,
+/// `Pi = Ar Bi + Ai Br`, then `C = alpha P + beta C`. Returns `false` (nothing
+/// queued) when the workspace, `16 (|A| + |B| + |C|)` bytes, cannot be allocated.
+fn zgemm_planar(dev: &CudaDevice, slot: &Slot, p: &GemmPlan) -> Result<bool> {
+    use crate::ops::optim::{dense, gemm_plan};
+    let stream = slot.stream;
+    let count = |m: &Mat| if m.batch_stride == 0 { 1 } else { p.batch };
+    let (na, nb) = (count(&p.a), count(&p.b));
+    let sz_a = p.a.rows * p.a.cols;
+    let sz_b = p.b.rows * p.b.cols;
+    let sz_c = p.m * p.n;
+    let elems = 2 * (na * sz_a + nb * sz_b + p.batch * sz_c);
+    let ws = match super::Workspace::new(dev, elems as usize * 8, stream) {
+        Ok(w) => w,
+        Err(e) if e.status == FK_ERROR_OUT_OF_MEMORY => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let at = |off: i64| ws.ptr + off as u64 * 8;
+    let (ar, ai) = (at(0), at(na * sz_a));
+    let (br, bi) = (at(2 * na * sz_a), at(2 * na * sz_a + nb * sz_b));
+    let (pr, pi) = (
+        at(2 * (na * sz_a + nb * sz_b)),
+        at(2 * (na * sz_a + nb * sz_b) + p.batch * sz_c),
+    );
+    for (m, n, op, re, im) in [(&p.a, na, p.op_a, ar, ai), (&p.b, nb, p.op_b, br, bi)] {
+        let mut args = ZSplitArgs {
+            rows: m.rows,
+            cols: m.cols,
+            nb: n,
+            ld: m.ld,
+            bs: m.batch_stride,
+            src: m.ptr as u64,
+            re,
+            im,
+            conj: (op == Trans::C) as i32,
+        };
+        launch(
+            dev,
+            MODULE,
+            "zsplit_c128",
+            (grid_for(dev, n * m.rows * m.cols), 1, 1),
+            (BLOCK, 1, 1),
+            0,
+            stream,
+            &mut [&mut args as *mut ZSplitArgs as *mut c_void],
+        )?;
+    }
+    // conjugation is in the planes now: the real GEMMs transpose or not
+    let real_op = |t: Trans| if t == Trans::N { Trans::N } else { Trans::T };
+    let plane = |ptr: u64, m: &Mat, n: i64| {
+        let bs = if n > 1 { m.rows * m.cols } else { 0 };
+        dense(ptr as usize, m.rows, m.cols, bs)
+    };
+    let out = |ptr: u64| dense(ptr as usize, p.m, p.n, sz_c);
+    for (x, y, dst, alpha, beta) in [
+        (ar, br, pr, 1.0, 0.0),
+        (ai, bi, pr, -1.0, 1.0),
+        (ar, bi, pi, 1.0, 0.0),
+        (ai, br, pi, 1.0, 1.0),
+    ] {
+        cublas::gemm_ex(
+            slot,
+            &gemm_plan(
+                DType::F64,
+                real_op(p.op_a),
+                plane(x, &p.a, na),
+                real_op(p.op_b),
+                plane(y, &p.b, nb),
+                out(dst),
+                alpha,
+                beta,
+                p.batch,
+                false,
+            ),
+        )?;
+    }
+    let mut args = ZCombineArgs {
+        m: p.m,
+        n: p.n,
+        batch: p.batch,
+        ldc: p.c.ld,
+        sc: p.c.batch_stride,
+        c: p.c.ptr as u64,
+        pr,
+        pi,
+        alpha_re: p.alpha.re,
+        alpha_im: p.alpha.im,
+        beta_re: p.beta.re,
+        beta_im: p.beta.im,
+        beta_zero: (p.beta.re == 0.0 && p.beta.im == 0.0) as i32,
+    };
+    launch(
+        dev,
+        MODULE,
+        "zcombine_c128",
+        (grid_for(dev, p.batch * sz_c), 1, 1),
+        (BLOCK, 1, 1),
+        0,
+        stream,
+        &mut [&mut args as *mut ZCombineArgs as *mut c_void],
+    )?;
+    Ok(true)
 }
 
 #[repr(C)]
@@ -1005,7 +1149,8 @@ impl Queue for CudaQueue<'_> {
         copy2d(to_device, host, host_pitch, dev, dev_pitch, width, rows, s)
     }
     fn gemm(&mut self, p: &GemmPlan) -> Result<()> {
-        gemm_on(self.dev, self.slot, p)
+        // no planar workspace here: the chunked GEMM's device memory stays in budget
+        gemm_on(self.dev, self.slot, p, false)
     }
     fn record(&mut self, ev: usize, lane: Lane) -> Result<()> {
         record(self.ev[ev], self.stream(lane))

@@ -1212,8 +1212,9 @@ fk_status fk_leapfrog_backward(const fk_buffer *v0,
  *   every matrix of `c`'s batch; otherwise the batches must match.
  * - dtypes: f16, bf16 (f32 accumulation), f32, f64, complex64, complex128; `a`,
  *   `b`, `c` share one. `alpha`, `beta`: `im` must be 0 for real dtypes.
- *   On CUDA complex128 runs fusekit's own kernel rather than cuBLAS (cuBLAS 13.0's
- *   ZGEMM crashed the process in testing; docs/linalg.md), slower than cuBLAS.
+ *   On CUDA complex128 stays off cuBLAS's ZGEMM (it crashed the process in
+ *   testing; docs/linalg.md): four f64 GEMMs on split planes (workspace from the
+ *   context's pool) or, for small products, fusekit's own kernel.
  * - `flags`: 0 or `FK_GEMM_ALLOW_TF32`.
  * - Layout, aliasing, streams and statuses: see the module rules; `k = 0` gives
  *   `C = beta C`.

@@ -40,6 +40,7 @@
 
 #define GEO_NT 256
 #define GEO_NW 8
+#define GEO_GROUPS 2  // thread groups of the Christoffel forward's fast kernel
 #define GEN_RG 4
 
 #define GEO_WANT_DV 1
@@ -85,6 +86,20 @@ __device__ __forceinline__ unsigned dyn_smem_size() {
     return r;
 }
 
+// The thread's index in its group of GEO_NT threads. Every kernel runs one group per
+// block except the Christoffel forward's fast kernel, which runs two groups of
+// GEO_NT threads (GEO_GROUPS) that work on different tiles and synchronise with
+// named barriers (geo_group_sync); the shared helpers below index by geo_tid().
+__device__ __forceinline__ int geo_tid() { return (int)(threadIdx.x & (GEO_NT - 1)); }
+
+// Barrier of the GEO_NT threads of group `grp` (named barrier 1 + grp; barrier 0 is
+// __syncthreads). A host compilation (the CPU emulator) provides its own.
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ void geo_group_sync(int grp) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(grp + 1), "n"(GEO_NT) : "memory");
+}
+#endif
+
 // ---------------------------------------------------------------- vector loads
 template <typename T, int N> struct __align__(sizeof(T) * N) GVec { T x[N]; };
 
@@ -103,6 +118,19 @@ template <int N, typename T> __device__ __forceinline__ void ldv(const T* p, T (
         o[1] = v.x[1];
     } else {
         o[0] = p[0];
+    }
+}
+
+// Stores N consecutive elements (N in {1, 2, 4}); `p` is aligned to N elements.
+template <int N, typename T> __device__ __forceinline__ void stv(T* p, const T (&o)[N]) {
+    if constexpr (N == 4 || N == 2) {
+        GVec<T, N> v;
+#pragma unroll
+        for (int e = 0; e < N; ++e) v.x[e] = o[e];
+        *reinterpret_cast<GVec<T, N>*>(p) = v;
+    } else {
+#pragma unroll
+        for (int e = 0; e < N; ++e) p[e] = o[e];
     }
 }
 
@@ -150,7 +178,7 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     static constexpr int TI = TC ? 2 : MB;     // row-layout tile per thread: rows
     static constexpr int TJ = TC ? 2 * DJ : DJ;  // and columns
     // shared memory of each fast kernel, in elements (src/cuda/geodesic.rs mirrors these)
-    static constexpr int SMEM_CHR_FWD = DP * (SUU + SU) + 2 * GEO_NW * SLICE + M * SU;
+    static constexpr int SMEM_CHR_FWD = DP * (SUU + SU) + GEO_GROUPS * (GEO_NW * SLICE + M * SU);
     static constexpr int SMEM_LF_FWD = DP * (SUU + SU) + GEO_NW * SLICE + M * SU;
     static constexpr int SMEM_CHR_BWD = DP * (SUU + SU) + 2 * GEO_NW * SLICE + 3 * M * SU;
     static constexpr int SMEM_LF_BWD = DP * (SUU + SU) + 2 * GEO_NW * SLICE + 5 * M * SU + 2 * M * DP;
@@ -192,7 +220,7 @@ template <bool ROUND> __device__ __forceinline__ double maybe_tf32(double x) { r
 // U or W [D, R] (global) into smem [DP][LD], zero padded (TF32-rounded for the TC kernels).
 template <class C, int LD> __device__ void load_mat(typename C::T* dst, const typename C::T* src, i64 D, i64 R) {
     typedef typename C::T T;
-    for (int idx = threadIdx.x; idx < C::DP * LD; idx += GEO_NT) {
+    for (int idx = threadIdx.x; idx < C::DP * LD; idx += blockDim.x) {
         int d = idx / LD, r = idx - d * LD;
         dst[idx] = maybe_tf32<C::TC>((d < D && r < R) ? src[(i64)d * R + r] : T(0));
     }
@@ -213,8 +241,8 @@ template <class C> struct Rows {
     static constexpr int roff(int i) { return C::TC ? 8 * i : 4 * i; }
     static constexpr int coff(int j) { return C::TC ? 8 * (j >> 1) + (j & 1) : 8 * j; }
     __device__ Rows(i64 r0, i64 B, i64 D_) {
-        const int lane = threadIdx.x & 31;
-        w = threadIdx.x >> 5;
+        const int lane = geo_tid() & 31;
+        w = geo_tid() >> 5;
         g = C::TC ? lane >> 2 : lane >> 3;
         c = C::TC ? 2 * (lane & 3) : lane & 7;
         row0 = r0;
@@ -243,6 +271,26 @@ template <class C> struct Rows {
 #pragma unroll
             for (int j = 0; j < C::TJ; ++j)
                 if (ok(i, j)) p[coff(j)] = o[i][j];
+        }
+    }
+    // TC layout: columns j, j + 1 (j even) are adjacent, stored as one 8-byte vector
+    // where both are in range and `pair_ok` (dst 8-byte aligned, D even)
+    __device__ __forceinline__ void store_pairs(const Tile& o, T* dst, bool pair_ok) const {
+        static_assert(C::TC, "the TC row layout");
+#pragma unroll
+        for (int i = 0; i < C::TI; ++i) {
+            T* p = dst + off + roff(i) * D;
+            if (roff(i) >= rlim) continue;
+#pragma unroll
+            for (int j = 0; j < C::TJ; j += 2) {
+                if (pair_ok && coff(j) + 1 < dlim) {
+                    const T pr[2] = {o[i][j], o[i][j + 1]};
+                    stv<2>(p + coff(j), pr);
+                } else {
+                    if (colok(j)) p[coff(j)] = o[i][j];
+                    if (colok(j + 1)) p[coff(j + 1)] = o[i][j + 1];
+                }
+            }
         }
     }
     // into the warp's own smem slice [M][SV] (TF32-rounded for the TC kernels); the
@@ -291,15 +339,13 @@ template <class C>
 __device__ __forceinline__ void store_part(typename C::T* part, const typename C::T (&acc)[C::MB][C::RA], int lane) {
     const int am = lane >> 3, ar = lane & 7;
 #pragma unroll
-    for (int i = 0; i < C::MB; ++i)
-#pragma unroll
-        for (int j = 0; j < C::RA; ++j) part[(am + 4 * i) * C::SU + ar * C::RA + j] = acc[i][j];
+    for (int i = 0; i < C::MB; ++i) stv<C::RA>(part + (am + 4 * i) * C::SU + ar * C::RA, acc[i]);
 }
 
 // Sums the 8 warps' partials (slices of `parts`) in warp order: epi(m, r, sum).
 template <class C, typename Epi> __device__ __forceinline__ void reduce_parts(const typename C::T* parts, Epi epi) {
     typedef typename C::T T;
-    for (int idx = threadIdx.x; idx < C::M * C::RP; idx += GEO_NT) {
+    for (int idx = geo_tid(); idx < C::M * C::RP; idx += GEO_NT) {
         int m = idx / C::RP, r = idx - m * C::RP;
         T s = parts[m * C::SU + r];
 #pragma unroll
@@ -313,7 +359,7 @@ template <class C>
 __device__ __forceinline__ void phase_b(const typename C::T* S, const typename C::T* mat, int lane,
                                         typename C::T (&acc)[C::MB][C::DJ]) {
     typedef typename C::T T;
-    const int w = threadIdx.x >> 5, g = lane >> 3, dg = lane & 7;
+    const int w = geo_tid() >> 5, g = lane >> 3, dg = lane & 7;
 #pragma unroll
     for (int i = 0; i < C::MB; ++i)
 #pragma unroll
@@ -419,7 +465,7 @@ template <class C> __device__ __forceinline__ void store_part_tc(float* part, co
 // result lands in the TC row layout (tile (i, 2n + e) = accumulator n, element 2i + e).
 template <class C>
 __device__ __forceinline__ void phase_b_tc(const float* S, const float* mat, int lane, float (&out)[C::TI][C::TJ]) {
-    const int w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int w = geo_tid() >> 5, g = lane >> 2, t = lane & 3;
     float acc[C::KW / 8][4];
 #pragma unroll
     for (int n = 0; n < C::KW / 8; ++n)
@@ -510,22 +556,36 @@ template <class C>
 __device__ void load_tile(typename C::T* vb, const typename C::T* v, i64 row0, i64 B, i64 D, bool vec) {
     typedef typename C::T T;
     if (vec) {
+        // 16-byte chunks; NCH per row, a power of two dividing GEO_NT or a multiple of it,
+        // so every thread copies one fixed chunk column of rows m0, m0 + RS, ...
         constexpr int CH = 16 / sizeof(T);
         constexpr int NCH = C::DP / CH;
-        for (int idx = threadIdx.x; idx < C::M * NCH; idx += GEO_NT) {
-            int m = idx / NCH, d = (idx - m * NCH) * CH;
-            int w = d / C::KW, kk = d - w * C::KW;
-            T* dst = vb + w * C::SLICE + m * C::SV + kk;
-            i64 row = row0 + m;
-            if (row < B && d < D) {
-                cp_async16(dst, v + row * D + d);
-            } else {
+        constexpr int RS = NCH >= GEO_NT ? 1 : GEO_NT / NCH;  // rows per pass
+        constexpr int CPT = NCH > GEO_NT ? NCH / GEO_NT : 1;  // chunk columns per thread
+        static_assert(NCH % GEO_NT == 0 || GEO_NT % NCH == 0, "chunks per row");
 #pragma unroll
-                for (int e = 0; e < CH; ++e) dst[e] = T(0);
+        for (int cc = 0; cc < CPT; ++cc) {
+            const int idx = geo_tid() + cc * GEO_NT;
+            const int m0 = idx / NCH, d = (idx % NCH) * CH;
+            const int w = d / C::KW, kk = d - w * C::KW;
+            T* dst = vb + w * C::SLICE + m0 * C::SV + kk;
+            const bool dok = d < D;
+            const T* src = v + (row0 + m0) * D + d;
+            i64 rows_left = B - (row0 + m0);
+#pragma unroll
+            for (int m = 0; m < C::M; m += RS) {
+                if (m0 + m < C::M) {
+                    if (dok && m < rows_left) {
+                        cp_async16(dst + m * C::SV, src + m * D);
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < CH; ++e) dst[m * C::SV + e] = T(0);
+                    }
+                }
             }
         }
     } else {
-        for (int idx = threadIdx.x; idx < C::M * C::DP; idx += GEO_NT) {
+        for (int idx = geo_tid(); idx < C::M * C::DP; idx += GEO_NT) {
             int m = idx / C::DP, d = idx - m * C::DP;
             int w = d / C::KW, kk = d - w * C::KW;
             i64 row = row0 + m;
@@ -534,34 +594,38 @@ __device__ void load_tile(typename C::T* vb, const typename C::T* v, i64 row0, i
     }
 }
 
+// Christoffel forward: GEO_GROUPS groups of GEO_NT threads per block share U and W
+// (smem) and each runs its own tiles (group q of block b: tiles b + q*grid, stepping
+// GEO_GROUPS*grid) with its own v buffer and S, synchronising only with its named
+// barrier. While one group waits (barriers, loads of its next tile, which go out by
+// cp.async as soon as phase A has consumed its buffer and overlap its phase B), the
+// other's warps issue: 4 warps per scheduler instead of 2.
 template <class C> __device__ void chr_fwd_fast(const GeoArgs& a) {
     typedef typename C::T T;
     check_smem(C::SMEM_CHR_FWD * sizeof(T), a);
     T* Us = reinterpret_cast<T*>(geo_smem);
     T* Ws = Us + C::DP * C::SUU;
-    T* const V0 = Ws + C::DP * C::SU;
-    T* const V1 = V0 + GEO_NW * C::SLICE;
-    T* S = V1 + GEO_NW * C::SLICE;
+    const int grp = threadIdx.x / GEO_NT;
+    T* const vb = Ws + C::DP * C::SU + grp * (GEO_NW * C::SLICE + C::M * C::SU);
+    T* const S = vb + GEO_NW * C::SLICE;
     const T* v = reinterpret_cast<const T*>(a.v0);
     T* out = reinterpret_cast<T*>(a.gamma);
     const T c = T(a.c);
     const i64 ntiles = (a.B + C::M - 1) / C::M;
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int w = geo_tid() >> 5, lane = threadIdx.x & 31;
     const bool vec = a.vec_ok != 0;
+    const i64 step = (i64)GEO_GROUPS * gridDim.x;
+    const bool pair_ok = ((a.gamma | (u64)(a.D * sizeof(T))) & 7) == 0;
     load_mat<C, C::SUU>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
     load_mat<C, C::SU>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
-    i64 tile = blockIdx.x;
-    int buf = 0;
-    if (tile < ntiles) load_tile<C>(V0, v, tile * C::M, a.B, a.D, vec);
+    i64 tile = blockIdx.x + (i64)grp * gridDim.x;
+    if (tile < ntiles) load_tile<C>(vb, v, tile * C::M, a.B, a.D, vec);
     cp_async_commit();
-    for (; tile < ntiles; tile += gridDim.x) {
-        const i64 next = tile + gridDim.x;
-        if (next < ntiles) load_tile<C>(buf ? V0 : V1, v, next * C::M, a.B, a.D, vec);
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        T* const vb = buf ? V1 : V0;
-        T* vs = vb + w * C::SLICE;
+    __syncthreads();  // U, W
+    T* vs = vb + w * C::SLICE;
+    for (; tile < ntiles; tile += step) {
+        cp_async_wait<0>();
+        geo_group_sync(grp);  // the tile is in vb
         if constexpr (C::TC) {
             float acc[C::RP / 8][4];
             phase_a_tc<C, true>(vs, Us + w * C::KW * C::SUU, lane, acc);
@@ -573,9 +637,12 @@ template <class C> __device__ void chr_fwd_fast(const GeoArgs& a) {
             __syncwarp();
             store_part<C>(vs, acc, lane);
         }
-        __syncthreads();
+        geo_group_sync(grp);
         reduce_parts<C>(vb, [&](int m, int r, T s) { S[m * C::SU + r] = maybe_tf32<C::TC>(r < a.R ? s * s : T(0)); });
-        __syncthreads();
+        geo_group_sync(grp);  // S complete, vb free: the next tile streams in during phase B
+        const i64 next = tile + step;
+        if (next < ntiles) load_tile<C>(vb, v, next * C::M, a.B, a.D, vec);
+        cp_async_commit();
         Rows<C> rl(tile * C::M, a.B, a.D);
         typename Rows<C>::Tile raw;
         if constexpr (C::TC) phase_b_tc<C>(S, Ws, lane, raw);
@@ -584,8 +651,8 @@ template <class C> __device__ void chr_fwd_fast(const GeoArgs& a) {
         for (int i = 0; i < C::TI; ++i)
 #pragma unroll
             for (int j = 0; j < C::TJ; ++j) raw[i][j] = clampc(raw[i][j], c);
-        rl.store(raw, out);
-        buf ^= 1;
+        if constexpr (C::TC) rl.store_pairs(raw, out, pair_ok);
+        else rl.store(raw, out);
     }
     cp_async_wait<0>();
 }
@@ -1180,20 +1247,26 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_reduce(const ReduceArgs
 #define GEO_MB_A(DJ) ((DJ) <= 8 ? 4 : 2)
 #define GEO_MB_B(DJ) ((DJ) <= 8 ? 2 : 1)
 
-#define GEO_ENTRY(NAME, FN, SMEM, MBX, RP, DJ)                                                              \
-    extern "C" __global__ void __launch_bounds__(GEO_NT, 1) geo_##NAME##_r##RP##_d##DJ(const GeoArgs a) {  \
+#define GEO_ENTRY(NAME, FN, SMEM, MBX, RP, DJ)                                                                   \
+    extern "C" __global__ void __launch_bounds__(GEO_FAST_NT, 1) geo_##NAME##_r##RP##_d##DJ(const GeoArgs a) {  \
         typedef Cfg<GEO_T, RP, DJ, MBX(DJ)> C;                                                            \
         if constexpr (C::SMEM * sizeof(GEO_T) <= GEO_SMEM_MAX) FN<C>(a);                                  \
         else __trap();                                                                                     \
     }
 // TF32 variants (GEO_TF32: f32 modules of the forwards): geo_<op>_tc_r<RP>_d<DJ>,
 // stubs for DJ = 16.
-#define GEO_ENTRY_TC(NAME, FN, SMEM, RP, DJ)                                                                   \
-    extern "C" __global__ void __launch_bounds__(GEO_NT, 1) geo_##NAME##_tc_r##RP##_d##DJ(const GeoArgs a) {  \
+#define GEO_ENTRY_TC(NAME, FN, SMEM, RP, DJ)                                                                        \
+    extern "C" __global__ void __launch_bounds__(GEO_FAST_NT, 1) geo_##NAME##_tc_r##RP##_d##DJ(const GeoArgs a) {  \
         typedef Cfg<float, RP, ((DJ) <= 8 ? (DJ) : 8), 4, true> C;                                           \
         if constexpr ((DJ) <= 8 && C::SMEM * sizeof(float) <= GEO_SMEM_MAX) FN<C>(a);                         \
         else __trap();                                                                                         \
     }
+// Threads per block of the fast kernels (the host launches with the same count).
+#if defined(GEO_MODULE_CHR_FWD)
+#define GEO_FAST_NT (GEO_GROUPS * GEO_NT)
+#else
+#define GEO_FAST_NT GEO_NT
+#endif
 #if defined(GEO_TF32) && defined(GEO_MODULE_CHR_FWD)
 #define GEO_FAST_TC(RP, DJ) GEO_ENTRY_TC(chr_fwd, chr_fwd_fast, SMEM_CHR_FWD, RP, DJ)
 #elif defined(GEO_TF32) && defined(GEO_MODULE_LF_FWD)

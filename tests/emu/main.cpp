@@ -50,7 +50,7 @@ static size_t fast_smem(Kind k, int rp, int dj, size_t es, int* m_out) {
     int slice = m * std::max(sv, su);
     size_t e = 0;
     switch (k) {
-        case CHR_FWD: e = 2 * dp * su + 2 * 8 * slice + m * su; break;
+        case CHR_FWD: e = 2 * dp * su + 2 * (8 * slice + m * su); break;  // two thread groups
         case LF_FWD: e = 2 * dp * su + 8 * slice + m * su; break;
         case CHR_BWD: e = 2 * dp * su + 2 * 8 * slice + 3 * m * su; break;
         case LF_BWD: e = 2 * dp * su + 2 * 8 * slice + 5 * m * su + 2 * m * dp; break;
@@ -118,7 +118,7 @@ static void run(Kind kind, const Job& j, unsigned seed, std::string* chosen) {
     a.vec_ok = j.vec_ok;
     a.smem_bytes = smem;
     auto fn = REG.at(mod + "/" + name);
-    emu::launch(fn, grid, 256, smem, &a, seed);
+    emu::launch(fn, grid, fast && kind == CHR_FWD ? 512 : 256, smem, &a, seed);
     for (int k = 0; k < 2; ++k) {
         void* out = k == 0 ? j.du : j.dw;
         if (!out) continue;

@@ -180,6 +180,9 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     // shared memory of each fast kernel, in elements (src/cuda/geodesic.rs mirrors these)
     static constexpr int SMEM_CHR_FWD = DP * (SUU + SU) + GEO_GROUPS * (GEO_NW * SLICE + M * SU);
     static constexpr int SMEM_LF_FWD = DP * (SUU + SU) + GEO_NW * SLICE + M * SU;
+    // the TF32 Christoffel forward (chr_fwd_tc): U and W in fragment order, per group
+    // the warps' partials and S
+    static constexpr int SMEM_CHR_FWD_TC = 2 * DP * RP + GEO_GROUPS * (GEO_NW + 1) * M * SU;
     static constexpr int SMEM_CHR_BWD = DP * (SUU + SU) + 2 * GEO_NW * SLICE + 3 * M * SU;
     static constexpr int SMEM_LF_BWD = DP * (SUU + SU) + 2 * GEO_NW * SLICE + 5 * M * SU + 2 * M * DP;
     static_assert(TI * TJ <= 32, "mask bits must fit one word");
@@ -454,10 +457,9 @@ template <class C> __device__ __forceinline__ void store_part_tc(float* part, co
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int n = 0; n < C::RP / 8; ++n) {
-        part[g * C::SU + 8 * n + 2 * t] = acc[n][0];
-        part[g * C::SU + 8 * n + 2 * t + 1] = acc[n][1];
-        part[(g + 8) * C::SU + 8 * n + 2 * t] = acc[n][2];
-        part[(g + 8) * C::SU + 8 * n + 2 * t + 1] = acc[n][3];
+        const float lo[2] = {acc[n][0], acc[n][1]}, hi[2] = {acc[n][2], acc[n][3]};
+        stv<2>(part + g * C::SU + 8 * n + 2 * t, lo);
+        stv<2>(part + (g + 8) * C::SU + 8 * n + 2 * t, hi);
     }
 }
 
@@ -594,14 +596,152 @@ __device__ void load_tile(typename C::T* vb, const typename C::T* v, i64 row0, i
     }
 }
 
-// Christoffel forward: GEO_GROUPS groups of GEO_NT threads per block share U and W
+// TF32 Christoffel forward, the same GEO_GROUPS thread groups. The phase-A operand (v) never touches shared memory: each
+// lane loads its A fragments straight from global memory into registers, one tile
+// ahead (the loads of tile t + step are in flight while tile t computes). Within a
+// warp's slice of KW features, lane (g, t) holds rows g and g + 8, columns
+// 16q + 4t .. 16q + 4t + 3 (one 16-byte load each): k-step s = 2q + h uses columns
+// 16q + 4t + 2h (k position t) and 16q + 4t + 2h + 1 (k position t + 4), a
+// permutation of the reduction order within the slice. U and W sit in shared memory
+// in fragment order (U in that permuted k order), so each B fragment is one
+// conflict-free 8-byte load; both are TF32-rounded once. Per group: the warps' phase-A
+// partials [8][M][SU] and S [M][SU]; two group barriers per tile.
+template <class C> __device__ void chr_fwd_tc(const GeoArgs& a) {
+    static_assert(C::TC && C::M == 16 && C::KW % 16 == 0, "TF32 configuration");
+    constexpr int KS = C::KW / 8, NR = C::RP / 8, NQ = C::KW / 16;
+    check_smem(C::SMEM_CHR_FWD_TC * sizeof(float), a);
+    float* Uf = reinterpret_cast<float*>(geo_smem);
+    float* Wf = Uf + C::DP * C::RP;
+    const int grp = threadIdx.x / GEO_NT;
+    float* const Pg = Wf + C::DP * C::RP + grp * (GEO_NW + 1) * C::M * C::SU;
+    float* const S = Pg + GEO_NW * C::M * C::SU;
+    const float* U = reinterpret_cast<const float*>(a.u);
+    const float* W = reinterpret_cast<const float*>(a.w);
+    const float* v = reinterpret_cast<const float*>(a.v0);
+    float* out = reinterpret_cast<float*>(a.gamma);
+    const float c = float(a.c);
+    const i64 B = a.B, D = a.D, R = a.R;
+    const i64 ntiles = (B + C::M - 1) / C::M;
+    const int w = geo_tid() >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const bool vec = a.vec_ok != 0;
+    const bool pair_ok = ((a.gamma | (u64)(D * sizeof(float))) & 7) == 0;
+    const i64 step = (i64)GEO_GROUPS * gridDim.x;
+    // U, W in fragment order: Uf[w][s][n][lane][e], Wf[w][s2][n][lane][e]
+    for (int idx = threadIdx.x; idx < C::DP * C::RP; idx += blockDim.x) {
+        const int e = idx & 1, ln = (idx >> 1) & 31, gg = ln >> 2, tt = ln & 3;
+        {
+            const int blk = idx >> 6, n = blk % NR, s = (blk / NR) % KS, ww = blk / (NR * KS);
+            const int k = ww * C::KW + 16 * (s >> 1) + 4 * tt + 2 * (s & 1) + e, r = 8 * n + gg;
+            Uf[idx] = geo_tf32((k < D && r < R) ? U[(i64)k * R + r] : 0.f);
+        }
+        {
+            const int blk = idx >> 6, n = blk % KS, s2 = (blk / KS) % NR, ww = blk / (KS * NR);
+            const int d = ww * C::KW + 8 * n + gg, r = 8 * s2 + tt + 4 * e;
+            Wf[idx] = geo_tf32((d < D && r < R) ? W[(i64)d * R + r] : 0.f);
+        }
+    }
+    // this lane's A elements of a tile: rows g, g + 8; columns c0 + 16q .. + 3
+    const int c0 = w * C::KW + 4 * t;
+    auto load_a = [&](GVec<float, 4> (&o)[2][NQ], i64 tl) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const i64 row = tl * C::M + g + 8 * hf;
+            const float* p = v + row * D + c0;
+#pragma unroll
+            for (int q = 0; q < NQ; ++q) {
+                const int col = c0 + 16 * q;
+                if (vec) {
+                    if (row < B && col < D) o[hf][q] = *reinterpret_cast<const GVec<float, 4>*>(p + 16 * q);
+                    else o[hf][q] = GVec<float, 4>{{0.f, 0.f, 0.f, 0.f}};
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) o[hf][q].x[e] = (row < B && col + e < D) ? p[16 * q + e] : 0.f;
+                }
+            }
+        }
+    };
+    GVec<float, 4> cur[2][NQ], nxt[2][NQ];
+    i64 tile = blockIdx.x + (i64)grp * gridDim.x;
+    if (tile < ntiles) load_a(cur, tile);
+    __syncthreads();  // Uf, Wf
+    typedef GVec<float, 2> F2;
+    const F2* uf = reinterpret_cast<const F2*>(Uf) + w * KS * NR * 32 + lane;
+    const F2* wf = reinterpret_cast<const F2*>(Wf) + w * NR * KS * 32 + lane;
+    for (; tile < ntiles; tile += step) {
+        if (tile + step < ntiles) load_a(nxt, tile + step);
+        // phase A: the warp's partial [16][RP] over its slice
+        float acc[NR][4];
+#pragma unroll
+        for (int n = 0; n < NR; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
+#pragma unroll
+        for (int q = 0; q < NQ; ++q)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float af[4] = {geo_tf32(cur[0][q].x[2 * h]), geo_tf32(cur[1][q].x[2 * h]),
+                                     geo_tf32(cur[0][q].x[2 * h + 1]), geo_tf32(cur[1][q].x[2 * h + 1])};
+#pragma unroll
+                for (int n = 0; n < NR; ++n) {
+                    const F2 bv = uf[((2 * q + h) * NR + n) * 32];
+                    const float bf[2] = {bv.x[0], bv.x[1]};
+                    geo_mma_tf32(acc[n], af, bf);
+                }
+            }
+        store_part_tc<C>(Pg + w * C::M * C::SU, acc, lane);
+        geo_group_sync(grp);
+        for (int idx = geo_tid(); idx < C::M * C::RP; idx += GEO_NT) {
+            const int m = idx / C::RP, r = idx - m * C::RP;
+            float sum = Pg[m * C::SU + r];
+#pragma unroll
+            for (int ww = 1; ww < GEO_NW; ++ww) sum += Pg[ww * C::M * C::SU + m * C::SU + r];
+            S[m * C::SU + r] = geo_tf32(r < R ? sum * sum : 0.f);
+        }
+        geo_group_sync(grp);
+        // phase B: raw[16][the warp's KW features] = S W^T
+        float accb[KS][4];
+#pragma unroll
+        for (int n = 0; n < KS; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) accb[n][e] = 0.f;
+#pragma unroll
+        for (int s2 = 0; s2 < NR; ++s2) {
+            const int k0 = 8 * s2;
+            const float af[4] = {S[g * C::SU + k0 + t], S[(g + 8) * C::SU + k0 + t], S[g * C::SU + k0 + t + 4],
+                                 S[(g + 8) * C::SU + k0 + t + 4]};
+#pragma unroll
+            for (int n = 0; n < KS; ++n) {
+                const F2 bv = wf[(s2 * KS + n) * 32];
+                const float bf[2] = {bv.x[0], bv.x[1]};
+                geo_mma_tf32(accb[n], af, bf);
+            }
+        }
+        Rows<C> rl(tile * C::M, B, D);
+        typename Rows<C>::Tile raw;
+#pragma unroll
+        for (int n = 0; n < KS; ++n) {
+            raw[0][2 * n] = clampc(accb[n][0], c);
+            raw[0][2 * n + 1] = clampc(accb[n][1], c);
+            raw[1][2 * n] = clampc(accb[n][2], c);
+            raw[1][2 * n + 1] = clampc(accb[n][3], c);
+        }
+        rl.store_pairs(raw, out, pair_ok);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+            for (int q = 0; q < NQ; ++q) cur[hf][q] = nxt[hf][q];
+    }
+}
+
+// Christoffel forward (FFMA): GEO_GROUPS groups of GEO_NT threads per block share U and W
 // (smem) and each runs its own tiles (group q of block b: tiles b + q*grid, stepping
 // GEO_GROUPS*grid) with its own v buffer and S, synchronising only with its named
 // barrier. While one group waits (barriers, loads of its next tile, which go out by
 // cp.async as soon as phase A has consumed its buffer and overlap its phase B), the
 // other's warps issue: 4 warps per scheduler instead of 2.
-template <class C> __device__ void chr_fwd_fast(const GeoArgs& a) {
+template <class C> __device__ void chr_fwd_simt(const GeoArgs& a) {
     typedef typename C::T T;
+    static_assert(!C::TC, "FFMA configuration");
     check_smem(C::SMEM_CHR_FWD * sizeof(T), a);
     T* Us = reinterpret_cast<T*>(geo_smem);
     T* Ws = Us + C::DP * C::SUU;
@@ -615,7 +755,6 @@ template <class C> __device__ void chr_fwd_fast(const GeoArgs& a) {
     const int w = geo_tid() >> 5, lane = threadIdx.x & 31;
     const bool vec = a.vec_ok != 0;
     const i64 step = (i64)GEO_GROUPS * gridDim.x;
-    const bool pair_ok = ((a.gamma | (u64)(a.D * sizeof(T))) & 7) == 0;
     load_mat<C, C::SUU>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
     load_mat<C, C::SU>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
     i64 tile = blockIdx.x + (i64)grp * gridDim.x;
@@ -626,35 +765,32 @@ template <class C> __device__ void chr_fwd_fast(const GeoArgs& a) {
     for (; tile < ntiles; tile += step) {
         cp_async_wait<0>();
         geo_group_sync(grp);  // the tile is in vb
-        if constexpr (C::TC) {
-            float acc[C::RP / 8][4];
-            phase_a_tc<C, true>(vs, Us + w * C::KW * C::SUU, lane, acc);
-            __syncwarp();
-            store_part_tc<C>(vs, acc, lane);  // the slice is consumed: its partial goes there
-        } else {
-            T acc[C::MB][C::RA];
-            phase_a<C>(vs, Us + w * C::KW * C::SUU, lane, acc);
-            __syncwarp();
-            store_part<C>(vs, acc, lane);
-        }
+        T acc[C::MB][C::RA];
+        phase_a<C>(vs, Us + w * C::KW * C::SUU, lane, acc);
+        __syncwarp();
+        store_part<C>(vs, acc, lane);  // the slice is consumed: its partial goes there
         geo_group_sync(grp);
-        reduce_parts<C>(vb, [&](int m, int r, T s) { S[m * C::SU + r] = maybe_tf32<C::TC>(r < a.R ? s * s : T(0)); });
+        reduce_parts<C>(vb, [&](int m, int r, T s) { S[m * C::SU + r] = r < a.R ? s * s : T(0); });
         geo_group_sync(grp);  // S complete, vb free: the next tile streams in during phase B
         const i64 next = tile + step;
         if (next < ntiles) load_tile<C>(vb, v, next * C::M, a.B, a.D, vec);
         cp_async_commit();
         Rows<C> rl(tile * C::M, a.B, a.D);
         typename Rows<C>::Tile raw;
-        if constexpr (C::TC) phase_b_tc<C>(S, Ws, lane, raw);
-        else phase_b<C>(S, Ws, lane, raw);
+        phase_b<C>(S, Ws, lane, raw);
 #pragma unroll
         for (int i = 0; i < C::TI; ++i)
 #pragma unroll
             for (int j = 0; j < C::TJ; ++j) raw[i][j] = clampc(raw[i][j], c);
-        if constexpr (C::TC) rl.store_pairs(raw, out, pair_ok);
-        else rl.store(raw, out);
+        rl.store(raw, out);
     }
     cp_async_wait<0>();
+}
+
+// The TF32 variant (chr_fwd_tc) or the FFMA one (chr_fwd_simt).
+template <class C> __device__ void chr_fwd_fast(const GeoArgs& a) {
+    if constexpr (C::TC) chr_fwd_tc<C>(a);
+    else chr_fwd_simt<C>(a);
 }
 
 template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
@@ -1268,7 +1404,7 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_reduce(const ReduceArgs
 #define GEO_FAST_NT GEO_NT
 #endif
 #if defined(GEO_TF32) && defined(GEO_MODULE_CHR_FWD)
-#define GEO_FAST_TC(RP, DJ) GEO_ENTRY_TC(chr_fwd, chr_fwd_fast, SMEM_CHR_FWD, RP, DJ)
+#define GEO_FAST_TC(RP, DJ) GEO_ENTRY_TC(chr_fwd, chr_fwd_fast, SMEM_CHR_FWD_TC, RP, DJ)
 #elif defined(GEO_TF32) && defined(GEO_MODULE_LF_FWD)
 #define GEO_FAST_TC(RP, DJ) GEO_ENTRY_TC(lf_fwd, lf_fwd_fast, SMEM_LF_FWD, RP, DJ)
 #else

@@ -315,7 +315,14 @@ fn fast_config(kind: Kind, job: &Job, max_smem: usize) -> Option<Fast> {
         && matches!(kind, Kind::ChristoffelForward | Kind::LeapfrogForward)
         && DJS[di] <= 8;
     if tc {
-        smem += dp * 4 * job.dtype.size();
+        smem = if kind == Kind::ChristoffelForward {
+            // `SMEM_CHR_FWD_TC`: U and W in fragment order, per group the warps'
+            // partials and S (no tile buffer: v goes straight to registers)
+            let (rp, su) = (RPS[ri], RPS[ri] + 4);
+            (2 * dp * rp + CHR_FWD_GROUPS * (NW + 1) * m * su) * job.dtype.size()
+        } else {
+            smem + dp * 4 * job.dtype.size()
+        };
     }
     (smem <= max_smem.min(SMEM_MAX)).then_some(Fast {
         ri,

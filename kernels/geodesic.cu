@@ -90,7 +90,16 @@ __device__ __forceinline__ unsigned dyn_smem_size() {
 // block except the Christoffel forward's fast kernel, which runs two groups of
 // GEO_NT threads (GEO_GROUPS) that work on different tiles and synchronise with
 // named barriers (geo_group_sync); the shared helpers below index by geo_tid().
-__device__ __forceinline__ int geo_tid() { return (int)(threadIdx.x & (GEO_NT - 1)); }
+// Threads per block of the fast kernels (the host launches with the same count).
+#if defined(GEO_MODULE_CHR_FWD)
+#define GEO_FAST_NT (GEO_GROUPS * GEO_NT)
+#else
+#define GEO_FAST_NT GEO_NT
+#endif
+// (other modules: plain threadIdx.x, so that their code is what it was before groups)
+__device__ __forceinline__ int geo_tid() {
+    return GEO_FAST_NT == GEO_NT ? (int)threadIdx.x : (int)(threadIdx.x & (GEO_NT - 1));
+}
 
 // Barrier of the GEO_NT threads of group `grp` (named barrier 1 + grp; barrier 0 is
 // __syncthreads). A host compilation (the CPU emulator) provides its own.
@@ -223,7 +232,7 @@ template <bool ROUND> __device__ __forceinline__ double maybe_tf32(double x) { r
 // U or W [D, R] (global) into smem [DP][LD], zero padded (TF32-rounded for the TC kernels).
 template <class C, int LD> __device__ void load_mat(typename C::T* dst, const typename C::T* src, i64 D, i64 R) {
     typedef typename C::T T;
-    for (int idx = threadIdx.x; idx < C::DP * LD; idx += blockDim.x) {
+    for (int idx = threadIdx.x; idx < C::DP * LD; idx += GEO_FAST_NT) {
         int d = idx / LD, r = idx - d * LD;
         dst[idx] = maybe_tf32<C::TC>((d < D && r < R) ? src[(i64)d * R + r] : T(0));
     }
@@ -1397,12 +1406,6 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_reduce(const ReduceArgs
         if constexpr ((DJ) <= 8 && C::SMEM * sizeof(float) <= GEO_SMEM_MAX) FN<C>(a);                         \
         else __trap();                                                                                         \
     }
-// Threads per block of the fast kernels (the host launches with the same count).
-#if defined(GEO_MODULE_CHR_FWD)
-#define GEO_FAST_NT (GEO_GROUPS * GEO_NT)
-#else
-#define GEO_FAST_NT GEO_NT
-#endif
 #if defined(GEO_TF32) && defined(GEO_MODULE_CHR_FWD)
 #define GEO_FAST_TC(RP, DJ) GEO_ENTRY_TC(chr_fwd, chr_fwd_fast, SMEM_CHR_FWD_TC, RP, DJ)
 #elif defined(GEO_TF32) && defined(GEO_MODULE_LF_FWD)

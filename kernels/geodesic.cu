@@ -636,7 +636,7 @@ template <class C> __device__ void chr_fwd_tc(const GeoArgs& a) {
     const bool pair_ok = ((a.gamma | (u64)(D * sizeof(float))) & 7) == 0;
     const i64 step = (i64)GEO_GROUPS * gridDim.x;
     // U, W in fragment order: Uf[w][s][n][lane][e], Wf[w][s2][n][lane][e]
-    for (int idx = threadIdx.x; idx < C::DP * C::RP; idx += blockDim.x) {
+    for (int idx = threadIdx.x; idx < C::DP * C::RP; idx += GEO_FAST_NT) {  // compile-time trip count
         const int e = idx & 1, ln = (idx >> 1) & 31, gg = ln >> 2, tt = ln & 3;
         {
             const int blk = idx >> 6, n = blk % NR, s = (blk / NR) % KS, ww = blk / (NR * KS);

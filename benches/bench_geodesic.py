@@ -16,6 +16,14 @@ row), each backward product (12*D*R per row for a Christoffel backward, two of t
 per leapfrog step plus two forwards).
 
     python3 benches/bench_geodesic.py [--json PATH] [--reps N] [--no-compile] [--quick]
+                                      [--only REGEX] [--no-warmup]
+
+`--only REGEX` runs the rows whose name matches (e.g. `--only "christoffel fwd"`),
+`--no-warmup` compiles only the kernels used (instead of fk_context_warmup). Besides
+the median of single calls ("fusekit", what BENCHMARKS.md reports; it includes the
+host's submit time of a call when that exceeds nothing queued before it), each row
+prints "b2b": the median over 5 runs of 20 back-to-back calls between two events,
+divided by 20 (GPU time per call with the launch latency hidden).
 
 The library: $FUSEKIT_LIBRARY, else target/release/libfusekit.so.
 """
@@ -25,6 +33,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import statistics
 import sys
 import time
@@ -154,6 +163,23 @@ def median_ms(fn, reps, warmup=3):
     return statistics.median(times)
 
 
+def b2b_ms(fn, n=20, runs=5):
+    """GPU time per call of `n` back-to-back calls (median of `runs`)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        e0 = torch.cuda.Event(enable_timing=True)
+        e1 = torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(n):
+            fn()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) / n)
+    return statistics.median(times)
+
+
 def rel_err(out, ref):
     out = out.double()
     ref = ref.double()
@@ -185,14 +211,18 @@ def main():
     ap.add_argument("--B", type=int, default=65536)
     ap.add_argument("--D", type=int, default=512)
     ap.add_argument("--R", type=int, default=32)
+    ap.add_argument("--only", help="run only the rows whose name matches this regular expression")
+    ap.add_argument("--no-warmup", action="store_true", help="skip fk_context_warmup (compile on first use)")
     args = ap.parse_args()
+    want = lambda name: not args.only or re.search(args.only, name) is not None
     if not torch.cuda.is_available():
         print("SKIPPED: no CUDA device")
         return 0
     lib = os.environ.get("FUSEKIT_LIBRARY", str(ROOT / "target" / "release" / "libfusekit.so"))
     fk = FK(lib)
     t0 = time.time()
-    fk.check(fk.lib.fk_context_warmup(fk.ctx))
+    if not args.no_warmup:
+        fk.check(fk.lib.fk_context_warmup(fk.ctx))
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; fusekit warm-up {time.time() - t0:.1f}s")
     c, dt = 5.0, 0.1
     failures = 0
@@ -200,7 +230,7 @@ def main():
 
     # ---- correctness in float64 (smaller problem), fast and generic kernels
     P = problem(2048, args.D, args.R, torch.float64, seed=1)
-    for flags in (0, 2):
+    for flags in ((0, 2) if want("f64 check") else ()):
         out = torch.full_like(P["v"], float("nan"))
         fk.christoffel(P["v"], P["U"], P["W"], c, out, flags)
         e1 = rel_err(out, chr_ref(P["v"], P["U"], P["W"], c))
@@ -238,6 +268,7 @@ def main():
         ok = err <= tol and not math.isnan(err)
         failures += not ok
         t_fk = median_ms(fk_fn, args.reps)
+        t_b2b = b2b_ms(fk_fn)
         t_eager = median_ms(eager_fn, args.reps) if eager_fn else float("nan")
         t_comp = float("nan")
         if compile_fn is not None and not args.no_compile:
@@ -249,87 +280,93 @@ def main():
         t_flops = flops / FP32_RATE * 1e3
         floor = max(t_bytes, t_flops)
         r = dict(case=case, fusekit_ms=t_fk, eager_ms=t_eager, compile_ms=t_comp, floor_ms=floor,
-                 floor_bytes_ms=t_bytes, floor_flops_ms=t_flops, pct_of_floor=100 * floor / t_fk, rel_err=err, correct=ok)
+                 fusekit_b2b_ms=t_b2b, floor_bytes_ms=t_bytes, floor_flops_ms=t_flops, pct_of_floor=100 * floor / t_fk, rel_err=err, correct=ok)
         if extra:
             r.update(extra)
         rows.append(r)
-        print(f"{case:<44} fusekit {t_fk:8.4f} ms  eager {t_eager:8.4f}  compile {t_comp:8.4f}  floor {floor:.4f} "
+        print(f"{case:<44} fusekit {t_fk:8.4f} ms (b2b {t_b2b:.4f})  eager {t_eager:8.4f}  compile {t_comp:8.4f}  floor {floor:.4f} "
               f"(bytes {t_bytes:.4f}, flops {t_flops:.4f}; {100 * floor / t_fk:5.1f}%)  err {err:.1e} {'ok' if ok else 'WRONG'}")
         return r
 
-    # Christoffel forward
     out = torch.full_like(v, float("nan"))
-    fk.christoffel(v, U, W, c, out)
-    err = rel_err(out, chr_ref(P64["v"], P64["U"], P64["W"], c))
-    comp = torch.compile(chr_ref) if not args.no_compile else None
-    row(f"christoffel fwd f32 B={B} D={D} R={R}", lambda: fk.christoffel(v, U, W, c, out), lambda: chr_ref(v, U, W, c), err,
-        (2 * nbd + 2 * ndr) * 4, 4 * nbd * R, compile_fn=(lambda: comp(v, U, W, c)) if comp else None)
-    # Christoffel backward
-    dv, dU, dW = torch.full_like(v, float("nan")), torch.full_like(U, float("nan")), torch.full_like(U, float("nan"))
-    fk.christoffel_backward(v, U, W, g, c, dv, dU, dW)
-    refs = chr_bwd_ref(P64["v"], P64["U"], P64["W"], P64["g"], c)
-    err = max(rel_err(o, r) for o, r in zip((dv, dU, dW), refs))
-    compb = torch.compile(chr_bwd_ref) if not args.no_compile else None
-    row(f"christoffel bwd f32 (dv, dU, dW)", lambda: fk.christoffel_backward(v, U, W, g, c, dv, dU, dW),
-        lambda: chr_bwd_ref(v, U, W, g, c), err, (3 * nbd + 4 * ndr) * 4, 12 * nbd * R,
-        compile_fn=(lambda: compb(v, U, W, g, c)) if compb else None)
-    # Leapfrog forward
     xo, vo = torch.full_like(v, float("nan")), torch.full_like(v, float("nan"))
     fwd_ms = {}
-    for T in ([1, 8] if not args.quick else [8]):
-        fk.leapfrog(x, v, f, U, W, mu, dt, T, c, xo, vo)
-        xr, vr = lf_ref(P64["x"], P64["v"], P64["f"], P64["U"], P64["W"], P64["mu"], dt, T, c)
-        err = max(rel_err(xo, xr), rel_err(vo, vr))
-        compf = torch.compile(lf_ref) if not args.no_compile else None
-        r = row(f"leapfrog fwd f32 T={T} (f, mu)", lambda: fk.leapfrog(x, v, f, U, W, mu, dt, T, c, xo, vo),
-                lambda: lf_ref(x, v, f, U, W, mu, dt, T, c), err, 5 * nbd * 4 + 2 * ndr * 4, 8 * T * nbd * R,
-                compile_fn=(lambda: compf(x, v, f, U, W, mu, dt, T, c)) if compf else None)
-        fwd_ms[T] = r["fusekit_ms"]
+    # Christoffel forward
+    if want(f"christoffel fwd f32 B={B} D={D} R={R}"):
+        fk.christoffel(v, U, W, c, out)
+        err = rel_err(out, chr_ref(P64["v"], P64["U"], P64["W"], c))
+        comp = torch.compile(chr_ref) if not args.no_compile else None
+        row(f"christoffel fwd f32 B={B} D={D} R={R}", lambda: fk.christoffel(v, U, W, c, out), lambda: chr_ref(v, U, W, c), err,
+            (2 * nbd + 2 * ndr) * 4, 4 * nbd * R, compile_fn=(lambda: comp(v, U, W, c)) if comp else None)
+    # Christoffel backward
+    if want("christoffel bwd f32 (dv, dU, dW)"):
+        dv, dU, dW = torch.full_like(v, float("nan")), torch.full_like(U, float("nan")), torch.full_like(U, float("nan"))
+        fk.christoffel_backward(v, U, W, g, c, dv, dU, dW)
+        refs = chr_bwd_ref(P64["v"], P64["U"], P64["W"], P64["g"], c)
+        err = max(rel_err(o, r) for o, r in zip((dv, dU, dW), refs))
+        compb = torch.compile(chr_bwd_ref) if not args.no_compile else None
+        row(f"christoffel bwd f32 (dv, dU, dW)", lambda: fk.christoffel_backward(v, U, W, g, c, dv, dU, dW),
+            lambda: chr_bwd_ref(v, U, W, g, c), err, (3 * nbd + 4 * ndr) * 4, 12 * nbd * R,
+            compile_fn=(lambda: compb(v, U, W, g, c)) if compb else None)
+    # Leapfrog forward
+    if want("leapfrog fwd f32 T=1 (f, mu)") or want("leapfrog fwd f32 T=8 (f, mu)"):
+        for T in ([1, 8] if not args.quick else [8]):
+            fk.leapfrog(x, v, f, U, W, mu, dt, T, c, xo, vo)
+            xr, vr = lf_ref(P64["x"], P64["v"], P64["f"], P64["U"], P64["W"], P64["mu"], dt, T, c)
+            err = max(rel_err(xo, xr), rel_err(vo, vr))
+            compf = torch.compile(lf_ref) if not args.no_compile else None
+            r = row(f"leapfrog fwd f32 T={T} (f, mu)", lambda: fk.leapfrog(x, v, f, U, W, mu, dt, T, c, xo, vo),
+                    lambda: lf_ref(x, v, f, U, W, mu, dt, T, c), err, 5 * nbd * 4 + 2 * ndr * 4, 8 * T * nbd * R,
+                    compile_fn=(lambda: compf(x, v, f, U, W, mu, dt, T, c)) if compf else None)
+            fwd_ms[T] = r["fusekit_ms"]
     # Leapfrog backward, T = 8, with and without trajectory
-    T = 8
-    traj = torch.empty((T, 2, B, D), device="cuda", dtype=torch.float32)
-    fk.leapfrog(x, v, f, U, W, mu, dt, T, c, xo, vo, traj)
-    r = row(f"leapfrog fwd f32 T={T} writing traj", lambda: fk.leapfrog(x, v, f, U, W, mu, dt, T, c, xo, vo, traj), None, 0.0,
-            (5 + 2 * T) * nbd * 4, 8 * T * nbd * R)
-    gx, gv = P["gx"], P["gv"]
-    grads = [torch.full_like(v, float("nan")) for _ in range(3)] + [torch.full_like(U, float("nan")) for _ in range(2)]
-    Bs = min(B, 8192)  # the autograd reference in float64 on a slice of the rows (memory)
-    gref = lf_grads_ref(P64["x"][:Bs], P64["v"][:Bs], P64["f"][:Bs], P64["U"], P64["W"], P64["mu"], dt, T, c, P64["gx"][:Bs], P64["gv"][:Bs])
-    # the fusekit gradients for the same rows: a separate call on the slice
-    sl = [t[:Bs].contiguous() for t in (v, f, gx, gv)]
-    trs = torch.empty((T, 2, Bs, D), device="cuda", dtype=torch.float32)
-    x_s, v_s = torch.empty_like(sl[0]), torch.empty_like(sl[0])
-    fk.leapfrog(x[:Bs].contiguous(), sl[0], sl[1], U, W, mu, dt, T, c, x_s, v_s, trs)
-    gs = [torch.full_like(sl[0], float("nan")) for _ in range(3)] + [torch.full_like(U, float("nan")) for _ in range(2)]
-    fk.leapfrog_backward(sl[0], sl[1], U, W, mu, dt, T, c, trs, sl[2], sl[3], *gs)
-    err = max(rel_err(o, rr) for o, rr in zip(gs, gref))
+    if want("leapfrog bwd f32") or want("writing traj"):
+        T = 8
+        traj = torch.empty((T, 2, B, D), device="cuda", dtype=torch.float32)
+        fk.leapfrog(x, v, f, U, W, mu, dt, T, c, xo, vo, traj)
+        r = row(f"leapfrog fwd f32 T={T} writing traj", lambda: fk.leapfrog(x, v, f, U, W, mu, dt, T, c, xo, vo, traj), None, 0.0,
+                (5 + 2 * T) * nbd * 4, 8 * T * nbd * R)
+        gx, gv = P["gx"], P["gv"]
+        grads = [torch.full_like(v, float("nan")) for _ in range(3)] + [torch.full_like(U, float("nan")) for _ in range(2)]
+        Bs = min(B, 8192)  # the autograd reference in float64 on a slice of the rows (memory)
+        gref = lf_grads_ref(P64["x"][:Bs], P64["v"][:Bs], P64["f"][:Bs], P64["U"], P64["W"], P64["mu"], dt, T, c, P64["gx"][:Bs], P64["gv"][:Bs])
+        # the fusekit gradients for the same rows: a separate call on the slice
+        sl = [t[:Bs].contiguous() for t in (v, f, gx, gv)]
+        trs = torch.empty((T, 2, Bs, D), device="cuda", dtype=torch.float32)
+        x_s, v_s = torch.empty_like(sl[0]), torch.empty_like(sl[0])
+        fk.leapfrog(x[:Bs].contiguous(), sl[0], sl[1], U, W, mu, dt, T, c, x_s, v_s, trs)
+        gs = [torch.full_like(sl[0], float("nan")) for _ in range(3)] + [torch.full_like(U, float("nan")) for _ in range(2)]
+        fk.leapfrog_backward(sl[0], sl[1], U, W, mu, dt, T, c, trs, sl[2], sl[3], *gs)
+        err = max(rel_err(o, rr) for o, rr in zip(gs, gref))
 
-    def torch_bwd():
-        ins = [t.detach().requires_grad_(True) for t in (x, v, f, U, W)]
-        xT, vT = lf_ref(*ins, mu, dt, T, c)
-        return torch.autograd.grad((xT, vT), ins, (gx, gv))
+        def torch_bwd():
+            ins = [t.detach().requires_grad_(True) for t in (x, v, f, U, W)]
+            xT, vT = lf_ref(*ins, mu, dt, T, c)
+            return torch.autograd.grad((xT, vT), ins, (gx, gv))
 
-    bwd_bytes_traj = ((T - 1) * nbd + 4 * nbd + 3 * nbd) * 4 + 4 * ndr * 4
-    r1 = row(f"leapfrog bwd f32 T={T} from traj (all grads)",
-             lambda: fk.leapfrog_backward(v, f, U, W, mu, dt, T, c, traj, gx, gv, *grads), torch_bwd, err,
-             bwd_bytes_traj, 24 * T * nbd * R, extra=dict(note="eager column: forward + autograd backward"))
-    r2 = row(f"leapfrog bwd f32 T={T} recompute (all grads)",
-             lambda: fk.leapfrog_backward(v, f, U, W, mu, dt, T, c, None, gx, gv, *grads), None, err,
-             (7 * nbd) * 4 + 4 * ndr * 4, 32 * T * nbd * R)
-    print(f"leapfrog T={T}: backward/forward = {r1['fusekit_ms'] / fwd_ms.get(T, r1['fusekit_ms']):.2f} (traj), "
-          f"{r2['fusekit_ms'] / fwd_ms.get(T, r2['fusekit_ms']):.2f} (recompute)")
+        bwd_bytes_traj = ((T - 1) * nbd + 4 * nbd + 3 * nbd) * 4 + 4 * ndr * 4
+        r1 = row(f"leapfrog bwd f32 T={T} from traj (all grads)",
+                 lambda: fk.leapfrog_backward(v, f, U, W, mu, dt, T, c, traj, gx, gv, *grads), torch_bwd, err,
+                 bwd_bytes_traj, 24 * T * nbd * R, extra=dict(note="eager column: forward + autograd backward"))
+        r2 = row(f"leapfrog bwd f32 T={T} recompute (all grads)",
+                 lambda: fk.leapfrog_backward(v, f, U, W, mu, dt, T, c, None, gx, gv, *grads), None, err,
+                 (7 * nbd) * 4 + 4 * ndr * 4, 32 * T * nbd * R)
+        print(f"leapfrog T={T}: backward/forward = {r1['fusekit_ms'] / fwd_ms.get(T, r1['fusekit_ms']):.2f} (traj), "
+              f"{r2['fusekit_ms'] / fwd_ms.get(T, r2['fusekit_ms']):.2f} (recompute)")
     # the opt-in TF32 tensor-core forwards (FK_GEO_ALLOW_TF32 = 1)
-    fk.christoffel(v, U, W, c, out, 1)
-    err = rel_err(out, chr_ref(P64["v"], P64["U"], P64["W"], c))
-    row("christoffel fwd f32, TF32 (flags=1)", lambda: fk.christoffel(v, U, W, c, out, 1), None, err,
-        (2 * nbd + 2 * ndr) * 4, 4 * nbd * R, extra=dict(tolerance="TF32"))
-    for T in ([1, 8] if not args.quick else [8]):
-        fk.leapfrog(x, v, f, U, W, mu, dt, T, c, xo, vo, None, 1)
-        xr, vr = lf_ref(P64["x"], P64["v"], P64["f"], P64["U"], P64["W"], P64["mu"], dt, T, c)
-        err = max(rel_err(xo, xr), rel_err(vo, vr))
-        row(f"leapfrog fwd f32 T={T}, TF32 (flags=1)", lambda: fk.leapfrog(x, v, f, U, W, mu, dt, T, c, xo, vo, None, 1),
-            None, err, 5 * nbd * 4 + 2 * ndr * 4, 8 * T * nbd * R, extra=dict(tolerance="TF32"))
-    if not args.quick:
+    if want("christoffel fwd f32, TF32"):
+        fk.christoffel(v, U, W, c, out, 1)
+        err = rel_err(out, chr_ref(P64["v"], P64["U"], P64["W"], c))
+        row("christoffel fwd f32, TF32 (flags=1)", lambda: fk.christoffel(v, U, W, c, out, 1), None, err,
+            (2 * nbd + 2 * ndr) * 4, 4 * nbd * R, extra=dict(tolerance="TF32"))
+    if want("leapfrog fwd f32 T=.*TF32") or want("leapfrog fwd f32 T=1, TF32"):
+        for T in ([1, 8] if not args.quick else [8]):
+            fk.leapfrog(x, v, f, U, W, mu, dt, T, c, xo, vo, None, 1)
+            xr, vr = lf_ref(P64["x"], P64["v"], P64["f"], P64["U"], P64["W"], P64["mu"], dt, T, c)
+            err = max(rel_err(xo, xr), rel_err(vo, vr))
+            row(f"leapfrog fwd f32 T={T}, TF32 (flags=1)", lambda: fk.leapfrog(x, v, f, U, W, mu, dt, T, c, xo, vo, None, 1),
+                None, err, 5 * nbd * 4 + 2 * ndr * 4, 8 * T * nbd * R, extra=dict(tolerance="TF32"))
+    if not args.quick and want("generic"):
         # the generic kernels on the same problem (R > 32 or large D take this path)
         row("christoffel fwd f32, generic kernel (flags=2)", lambda: fk.christoffel(v, U, W, c, out, 2), None, 0.0,
             (2 * nbd + 2 * ndr) * 4, 4 * nbd * R)

@@ -40,6 +40,7 @@
 
 #define GEO_NT 256
 #define GEO_NW 8
+#define GEO_GROUPS 2  // thread groups of the Christoffel forward's fast kernel
 #define GEN_RG 4
 
 #define GEO_WANT_DV 1
@@ -85,6 +86,29 @@ __device__ __forceinline__ unsigned dyn_smem_size() {
     return r;
 }
 
+// The thread's index in its group of GEO_NT threads. Every kernel runs one group per
+// block except the Christoffel forward's fast kernel, which runs two groups of
+// GEO_NT threads (GEO_GROUPS) that work on different tiles and synchronise with
+// named barriers (geo_group_sync); the shared helpers below index by geo_tid().
+// Threads per block of the fast kernels (the host launches with the same count).
+#if defined(GEO_MODULE_CHR_FWD)
+#define GEO_FAST_NT (GEO_GROUPS * GEO_NT)
+#else
+#define GEO_FAST_NT GEO_NT
+#endif
+// (other modules: plain threadIdx.x, so that their code is what it was before groups)
+__device__ __forceinline__ int geo_tid() {
+    return GEO_FAST_NT == GEO_NT ? (int)threadIdx.x : (int)(threadIdx.x & (GEO_NT - 1));
+}
+
+// Barrier of the GEO_NT threads of group `grp` (named barrier 1 + grp; barrier 0 is
+// __syncthreads). A host compilation (the CPU emulator) provides its own.
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ void geo_group_sync(int grp) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(grp + 1), "n"(GEO_NT) : "memory");
+}
+#endif
+
 // ---------------------------------------------------------------- vector loads
 template <typename T, int N> struct __align__(sizeof(T) * N) GVec { T x[N]; };
 
@@ -103,6 +127,19 @@ template <int N, typename T> __device__ __forceinline__ void ldv(const T* p, T (
         o[1] = v.x[1];
     } else {
         o[0] = p[0];
+    }
+}
+
+// Stores N consecutive elements (N in {1, 2, 4}); `p` is aligned to N elements.
+template <int N, typename T> __device__ __forceinline__ void stv(T* p, const T (&o)[N]) {
+    if constexpr (N == 4 || N == 2) {
+        GVec<T, N> v;
+#pragma unroll
+        for (int e = 0; e < N; ++e) v.x[e] = o[e];
+        *reinterpret_cast<GVec<T, N>*>(p) = v;
+    } else {
+#pragma unroll
+        for (int e = 0; e < N; ++e) p[e] = o[e];
     }
 }
 
@@ -150,8 +187,11 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     static constexpr int TI = TC ? 2 : MB;     // row-layout tile per thread: rows
     static constexpr int TJ = TC ? 2 * DJ : DJ;  // and columns
     // shared memory of each fast kernel, in elements (src/cuda/geodesic.rs mirrors these)
-    static constexpr int SMEM_CHR_FWD = DP * (SUU + SU) + 2 * GEO_NW * SLICE + M * SU;
+    static constexpr int SMEM_CHR_FWD = DP * (SUU + SU) + GEO_GROUPS * (GEO_NW * SLICE + M * SU);
     static constexpr int SMEM_LF_FWD = DP * (SUU + SU) + GEO_NW * SLICE + M * SU;
+    // the TF32 Christoffel forward (chr_fwd_tc): U and W in fragment order, per group
+    // the warps' partials and S
+    static constexpr int SMEM_CHR_FWD_TC = 2 * DP * RP + GEO_GROUPS * (GEO_NW + 1) * M * SU;
     static constexpr int SMEM_CHR_BWD = DP * (SUU + SU) + 2 * GEO_NW * SLICE + 3 * M * SU;
     static constexpr int SMEM_LF_BWD = DP * (SUU + SU) + 2 * GEO_NW * SLICE + 5 * M * SU + 2 * M * DP;
     static_assert(TI * TJ <= 32, "mask bits must fit one word");
@@ -192,7 +232,7 @@ template <bool ROUND> __device__ __forceinline__ double maybe_tf32(double x) { r
 // U or W [D, R] (global) into smem [DP][LD], zero padded (TF32-rounded for the TC kernels).
 template <class C, int LD> __device__ void load_mat(typename C::T* dst, const typename C::T* src, i64 D, i64 R) {
     typedef typename C::T T;
-    for (int idx = threadIdx.x; idx < C::DP * LD; idx += GEO_NT) {
+    for (int idx = threadIdx.x; idx < C::DP * LD; idx += GEO_FAST_NT) {
         int d = idx / LD, r = idx - d * LD;
         dst[idx] = maybe_tf32<C::TC>((d < D && r < R) ? src[(i64)d * R + r] : T(0));
     }
@@ -213,8 +253,8 @@ template <class C> struct Rows {
     static constexpr int roff(int i) { return C::TC ? 8 * i : 4 * i; }
     static constexpr int coff(int j) { return C::TC ? 8 * (j >> 1) + (j & 1) : 8 * j; }
     __device__ Rows(i64 r0, i64 B, i64 D_) {
-        const int lane = threadIdx.x & 31;
-        w = threadIdx.x >> 5;
+        const int lane = geo_tid() & 31;
+        w = geo_tid() >> 5;
         g = C::TC ? lane >> 2 : lane >> 3;
         c = C::TC ? 2 * (lane & 3) : lane & 7;
         row0 = r0;
@@ -243,6 +283,26 @@ template <class C> struct Rows {
 #pragma unroll
             for (int j = 0; j < C::TJ; ++j)
                 if (ok(i, j)) p[coff(j)] = o[i][j];
+        }
+    }
+    // TC layout: columns j, j + 1 (j even) are adjacent, stored as one 8-byte vector
+    // where both are in range and `pair_ok` (dst 8-byte aligned, D even)
+    __device__ __forceinline__ void store_pairs(const Tile& o, T* dst, bool pair_ok) const {
+        static_assert(C::TC, "the TC row layout");
+#pragma unroll
+        for (int i = 0; i < C::TI; ++i) {
+            T* p = dst + off + roff(i) * D;
+            if (roff(i) >= rlim) continue;
+#pragma unroll
+            for (int j = 0; j < C::TJ; j += 2) {
+                if (pair_ok && coff(j) + 1 < dlim) {
+                    const T pr[2] = {o[i][j], o[i][j + 1]};
+                    stv<2>(p + coff(j), pr);
+                } else {
+                    if (colok(j)) p[coff(j)] = o[i][j];
+                    if (colok(j + 1)) p[coff(j + 1)] = o[i][j + 1];
+                }
+            }
         }
     }
     // into the warp's own smem slice [M][SV] (TF32-rounded for the TC kernels); the
@@ -291,15 +351,13 @@ template <class C>
 __device__ __forceinline__ void store_part(typename C::T* part, const typename C::T (&acc)[C::MB][C::RA], int lane) {
     const int am = lane >> 3, ar = lane & 7;
 #pragma unroll
-    for (int i = 0; i < C::MB; ++i)
-#pragma unroll
-        for (int j = 0; j < C::RA; ++j) part[(am + 4 * i) * C::SU + ar * C::RA + j] = acc[i][j];
+    for (int i = 0; i < C::MB; ++i) stv<C::RA>(part + (am + 4 * i) * C::SU + ar * C::RA, acc[i]);
 }
 
 // Sums the 8 warps' partials (slices of `parts`) in warp order: epi(m, r, sum).
 template <class C, typename Epi> __device__ __forceinline__ void reduce_parts(const typename C::T* parts, Epi epi) {
     typedef typename C::T T;
-    for (int idx = threadIdx.x; idx < C::M * C::RP; idx += GEO_NT) {
+    for (int idx = geo_tid(); idx < C::M * C::RP; idx += GEO_NT) {
         int m = idx / C::RP, r = idx - m * C::RP;
         T s = parts[m * C::SU + r];
 #pragma unroll
@@ -313,7 +371,7 @@ template <class C>
 __device__ __forceinline__ void phase_b(const typename C::T* S, const typename C::T* mat, int lane,
                                         typename C::T (&acc)[C::MB][C::DJ]) {
     typedef typename C::T T;
-    const int w = threadIdx.x >> 5, g = lane >> 3, dg = lane & 7;
+    const int w = geo_tid() >> 5, g = lane >> 3, dg = lane & 7;
 #pragma unroll
     for (int i = 0; i < C::MB; ++i)
 #pragma unroll
@@ -408,10 +466,9 @@ template <class C> __device__ __forceinline__ void store_part_tc(float* part, co
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int n = 0; n < C::RP / 8; ++n) {
-        part[g * C::SU + 8 * n + 2 * t] = acc[n][0];
-        part[g * C::SU + 8 * n + 2 * t + 1] = acc[n][1];
-        part[(g + 8) * C::SU + 8 * n + 2 * t] = acc[n][2];
-        part[(g + 8) * C::SU + 8 * n + 2 * t + 1] = acc[n][3];
+        const float lo[2] = {acc[n][0], acc[n][1]}, hi[2] = {acc[n][2], acc[n][3]};
+        stv<2>(part + g * C::SU + 8 * n + 2 * t, lo);
+        stv<2>(part + (g + 8) * C::SU + 8 * n + 2 * t, hi);
     }
 }
 
@@ -419,7 +476,7 @@ template <class C> __device__ __forceinline__ void store_part_tc(float* part, co
 // result lands in the TC row layout (tile (i, 2n + e) = accumulator n, element 2i + e).
 template <class C>
 __device__ __forceinline__ void phase_b_tc(const float* S, const float* mat, int lane, float (&out)[C::TI][C::TJ]) {
-    const int w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int w = geo_tid() >> 5, g = lane >> 2, t = lane & 3;
     float acc[C::KW / 8][4];
 #pragma unroll
     for (int n = 0; n < C::KW / 8; ++n)
@@ -510,22 +567,36 @@ template <class C>
 __device__ void load_tile(typename C::T* vb, const typename C::T* v, i64 row0, i64 B, i64 D, bool vec) {
     typedef typename C::T T;
     if (vec) {
+        // 16-byte chunks; NCH per row, a power of two dividing GEO_NT or a multiple of it,
+        // so every thread copies one fixed chunk column of rows m0, m0 + RS, ...
         constexpr int CH = 16 / sizeof(T);
         constexpr int NCH = C::DP / CH;
-        for (int idx = threadIdx.x; idx < C::M * NCH; idx += GEO_NT) {
-            int m = idx / NCH, d = (idx - m * NCH) * CH;
-            int w = d / C::KW, kk = d - w * C::KW;
-            T* dst = vb + w * C::SLICE + m * C::SV + kk;
-            i64 row = row0 + m;
-            if (row < B && d < D) {
-                cp_async16(dst, v + row * D + d);
-            } else {
+        constexpr int RS = NCH >= GEO_NT ? 1 : GEO_NT / NCH;  // rows per pass
+        constexpr int CPT = NCH > GEO_NT ? NCH / GEO_NT : 1;  // chunk columns per thread
+        static_assert(NCH % GEO_NT == 0 || GEO_NT % NCH == 0, "chunks per row");
 #pragma unroll
-                for (int e = 0; e < CH; ++e) dst[e] = T(0);
+        for (int cc = 0; cc < CPT; ++cc) {
+            const int idx = geo_tid() + cc * GEO_NT;
+            const int m0 = idx / NCH, d = (idx % NCH) * CH;
+            const int w = d / C::KW, kk = d - w * C::KW;
+            T* dst = vb + w * C::SLICE + m0 * C::SV + kk;
+            const bool dok = d < D;
+            const T* src = v + (row0 + m0) * D + d;
+            i64 rows_left = B - (row0 + m0);
+#pragma unroll
+            for (int m = 0; m < C::M; m += RS) {
+                if (m0 + m < C::M) {
+                    if (dok && m < rows_left) {
+                        cp_async16(dst + m * C::SV, src + m * D);
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < CH; ++e) dst[m * C::SV + e] = T(0);
+                    }
+                }
             }
         }
     } else {
-        for (int idx = threadIdx.x; idx < C::M * C::DP; idx += GEO_NT) {
+        for (int idx = geo_tid(); idx < C::M * C::DP; idx += GEO_NT) {
             int m = idx / C::DP, d = idx - m * C::DP;
             int w = d / C::KW, kk = d - w * C::KW;
             i64 row = row0 + m;
@@ -534,60 +605,201 @@ __device__ void load_tile(typename C::T* vb, const typename C::T* v, i64 row0, i
     }
 }
 
-template <class C> __device__ void chr_fwd_fast(const GeoArgs& a) {
+// TF32 Christoffel forward, the same GEO_GROUPS thread groups. The phase-A operand (v) never touches shared memory: each
+// lane loads its A fragments straight from global memory into registers, one tile
+// ahead (the loads of tile t + step are in flight while tile t computes). Within a
+// warp's slice of KW features, lane (g, t) holds rows g and g + 8, columns
+// 16q + 4t .. 16q + 4t + 3 (one 16-byte load each): k-step s = 2q + h uses columns
+// 16q + 4t + 2h (k position t) and 16q + 4t + 2h + 1 (k position t + 4), a
+// permutation of the reduction order within the slice. U and W sit in shared memory
+// in fragment order (U in that permuted k order), so each B fragment is one
+// conflict-free 8-byte load; both are TF32-rounded once. Per group: the warps' phase-A
+// partials [8][M][SU] and S [M][SU]; two group barriers per tile.
+template <class C> __device__ void chr_fwd_tc(const GeoArgs& a) {
+    static_assert(C::TC && C::M == 16 && C::KW % 16 == 0, "TF32 configuration");
+    constexpr int KS = C::KW / 8, NR = C::RP / 8, NQ = C::KW / 16;
+    check_smem(C::SMEM_CHR_FWD_TC * sizeof(float), a);
+    float* Uf = reinterpret_cast<float*>(geo_smem);
+    float* Wf = Uf + C::DP * C::RP;
+    const int grp = threadIdx.x / GEO_NT;
+    float* const Pg = Wf + C::DP * C::RP + grp * (GEO_NW + 1) * C::M * C::SU;
+    float* const S = Pg + GEO_NW * C::M * C::SU;
+    const float* U = reinterpret_cast<const float*>(a.u);
+    const float* W = reinterpret_cast<const float*>(a.w);
+    const float* v = reinterpret_cast<const float*>(a.v0);
+    float* out = reinterpret_cast<float*>(a.gamma);
+    const float c = float(a.c);
+    const i64 B = a.B, D = a.D, R = a.R;
+    const i64 ntiles = (B + C::M - 1) / C::M;
+    const int w = geo_tid() >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const bool vec = a.vec_ok != 0;
+    const bool pair_ok = ((a.gamma | (u64)(D * sizeof(float))) & 7) == 0;
+    const i64 step = (i64)GEO_GROUPS * gridDim.x;
+    // U, W in fragment order: Uf[w][s][n][lane][e], Wf[w][s2][n][lane][e]
+    for (int idx = threadIdx.x; idx < C::DP * C::RP; idx += GEO_FAST_NT) {  // compile-time trip count
+        const int e = idx & 1, ln = (idx >> 1) & 31, gg = ln >> 2, tt = ln & 3;
+        {
+            const int blk = idx >> 6, n = blk % NR, s = (blk / NR) % KS, ww = blk / (NR * KS);
+            const int k = ww * C::KW + 16 * (s >> 1) + 4 * tt + 2 * (s & 1) + e, r = 8 * n + gg;
+            Uf[idx] = geo_tf32((k < D && r < R) ? U[(i64)k * R + r] : 0.f);
+        }
+        {
+            const int blk = idx >> 6, n = blk % KS, s2 = (blk / KS) % NR, ww = blk / (KS * NR);
+            const int d = ww * C::KW + 8 * n + gg, r = 8 * s2 + tt + 4 * e;
+            Wf[idx] = geo_tf32((d < D && r < R) ? W[(i64)d * R + r] : 0.f);
+        }
+    }
+    // this lane's A elements of a tile: rows g, g + 8; columns c0 + 16q .. + 3
+    const int c0 = w * C::KW + 4 * t;
+    auto load_a = [&](GVec<float, 4> (&o)[2][NQ], i64 tl) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const i64 row = tl * C::M + g + 8 * hf;
+            const float* p = v + row * D + c0;
+#pragma unroll
+            for (int q = 0; q < NQ; ++q) {
+                const int col = c0 + 16 * q;
+                if (vec) {
+                    if (row < B && col < D) o[hf][q] = *reinterpret_cast<const GVec<float, 4>*>(p + 16 * q);
+                    else o[hf][q] = GVec<float, 4>{{0.f, 0.f, 0.f, 0.f}};
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) o[hf][q].x[e] = (row < B && col + e < D) ? p[16 * q + e] : 0.f;
+                }
+            }
+        }
+    };
+    GVec<float, 4> cur[2][NQ], nxt[2][NQ];
+    i64 tile = blockIdx.x + (i64)grp * gridDim.x;
+    if (tile < ntiles) load_a(cur, tile);
+    __syncthreads();  // Uf, Wf
+    typedef GVec<float, 2> F2;
+    const F2* uf = reinterpret_cast<const F2*>(Uf) + w * KS * NR * 32 + lane;
+    const F2* wf = reinterpret_cast<const F2*>(Wf) + w * NR * KS * 32 + lane;
+    for (; tile < ntiles; tile += step) {
+        if (tile + step < ntiles) load_a(nxt, tile + step);
+        // phase A: the warp's partial [16][RP] over its slice
+        float acc[NR][4];
+#pragma unroll
+        for (int n = 0; n < NR; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
+#pragma unroll
+        for (int q = 0; q < NQ; ++q)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float af[4] = {geo_tf32(cur[0][q].x[2 * h]), geo_tf32(cur[1][q].x[2 * h]),
+                                     geo_tf32(cur[0][q].x[2 * h + 1]), geo_tf32(cur[1][q].x[2 * h + 1])};
+#pragma unroll
+                for (int n = 0; n < NR; ++n) {
+                    const F2 bv = uf[((2 * q + h) * NR + n) * 32];
+                    const float bf[2] = {bv.x[0], bv.x[1]};
+                    geo_mma_tf32(acc[n], af, bf);
+                }
+            }
+        store_part_tc<C>(Pg + w * C::M * C::SU, acc, lane);
+        geo_group_sync(grp);
+        for (int idx = geo_tid(); idx < C::M * C::RP; idx += GEO_NT) {
+            const int m = idx / C::RP, r = idx - m * C::RP;
+            float sum = Pg[m * C::SU + r];
+#pragma unroll
+            for (int ww = 1; ww < GEO_NW; ++ww) sum += Pg[ww * C::M * C::SU + m * C::SU + r];
+            S[m * C::SU + r] = geo_tf32(r < R ? sum * sum : 0.f);
+        }
+        geo_group_sync(grp);
+        // phase B: raw[16][the warp's KW features] = S W^T
+        float accb[KS][4];
+#pragma unroll
+        for (int n = 0; n < KS; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) accb[n][e] = 0.f;
+#pragma unroll
+        for (int s2 = 0; s2 < NR; ++s2) {
+            const int k0 = 8 * s2;
+            const float af[4] = {S[g * C::SU + k0 + t], S[(g + 8) * C::SU + k0 + t], S[g * C::SU + k0 + t + 4],
+                                 S[(g + 8) * C::SU + k0 + t + 4]};
+#pragma unroll
+            for (int n = 0; n < KS; ++n) {
+                const F2 bv = wf[(s2 * KS + n) * 32];
+                const float bf[2] = {bv.x[0], bv.x[1]};
+                geo_mma_tf32(accb[n], af, bf);
+            }
+        }
+        Rows<C> rl(tile * C::M, B, D);
+        typename Rows<C>::Tile raw;
+#pragma unroll
+        for (int n = 0; n < KS; ++n) {
+            raw[0][2 * n] = clampc(accb[n][0], c);
+            raw[0][2 * n + 1] = clampc(accb[n][1], c);
+            raw[1][2 * n] = clampc(accb[n][2], c);
+            raw[1][2 * n + 1] = clampc(accb[n][3], c);
+        }
+        rl.store_pairs(raw, out, pair_ok);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+            for (int q = 0; q < NQ; ++q) cur[hf][q] = nxt[hf][q];
+    }
+}
+
+// Christoffel forward (FFMA): GEO_GROUPS groups of GEO_NT threads per block share U and W
+// (smem) and each runs its own tiles (group q of block b: tiles b + q*grid, stepping
+// GEO_GROUPS*grid) with its own v buffer and S, synchronising only with its named
+// barrier. While one group waits (barriers, loads of its next tile, which go out by
+// cp.async as soon as phase A has consumed its buffer and overlap its phase B), the
+// other's warps issue: 4 warps per scheduler instead of 2.
+template <class C> __device__ void chr_fwd_simt(const GeoArgs& a) {
     typedef typename C::T T;
+    static_assert(!C::TC, "FFMA configuration");
     check_smem(C::SMEM_CHR_FWD * sizeof(T), a);
     T* Us = reinterpret_cast<T*>(geo_smem);
     T* Ws = Us + C::DP * C::SUU;
-    T* const V0 = Ws + C::DP * C::SU;
-    T* const V1 = V0 + GEO_NW * C::SLICE;
-    T* S = V1 + GEO_NW * C::SLICE;
+    const int grp = threadIdx.x / GEO_NT;
+    T* const vb = Ws + C::DP * C::SU + grp * (GEO_NW * C::SLICE + C::M * C::SU);
+    T* const S = vb + GEO_NW * C::SLICE;
     const T* v = reinterpret_cast<const T*>(a.v0);
     T* out = reinterpret_cast<T*>(a.gamma);
     const T c = T(a.c);
     const i64 ntiles = (a.B + C::M - 1) / C::M;
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int w = geo_tid() >> 5, lane = threadIdx.x & 31;
     const bool vec = a.vec_ok != 0;
+    const i64 step = (i64)GEO_GROUPS * gridDim.x;
     load_mat<C, C::SUU>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
     load_mat<C, C::SU>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
-    i64 tile = blockIdx.x;
-    int buf = 0;
-    if (tile < ntiles) load_tile<C>(V0, v, tile * C::M, a.B, a.D, vec);
+    i64 tile = blockIdx.x + (i64)grp * gridDim.x;
+    if (tile < ntiles) load_tile<C>(vb, v, tile * C::M, a.B, a.D, vec);
     cp_async_commit();
-    for (; tile < ntiles; tile += gridDim.x) {
-        const i64 next = tile + gridDim.x;
-        if (next < ntiles) load_tile<C>(buf ? V0 : V1, v, next * C::M, a.B, a.D, vec);
+    __syncthreads();  // U, W
+    T* vs = vb + w * C::SLICE;
+    for (; tile < ntiles; tile += step) {
+        cp_async_wait<0>();
+        geo_group_sync(grp);  // the tile is in vb
+        T acc[C::MB][C::RA];
+        phase_a<C>(vs, Us + w * C::KW * C::SUU, lane, acc);
+        __syncwarp();
+        store_part<C>(vs, acc, lane);  // the slice is consumed: its partial goes there
+        geo_group_sync(grp);
+        reduce_parts<C>(vb, [&](int m, int r, T s) { S[m * C::SU + r] = r < a.R ? s * s : T(0); });
+        geo_group_sync(grp);  // S complete, vb free: the next tile streams in during phase B
+        const i64 next = tile + step;
+        if (next < ntiles) load_tile<C>(vb, v, next * C::M, a.B, a.D, vec);
         cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        T* const vb = buf ? V1 : V0;
-        T* vs = vb + w * C::SLICE;
-        if constexpr (C::TC) {
-            float acc[C::RP / 8][4];
-            phase_a_tc<C, true>(vs, Us + w * C::KW * C::SUU, lane, acc);
-            __syncwarp();
-            store_part_tc<C>(vs, acc, lane);  // the slice is consumed: its partial goes there
-        } else {
-            T acc[C::MB][C::RA];
-            phase_a<C>(vs, Us + w * C::KW * C::SUU, lane, acc);
-            __syncwarp();
-            store_part<C>(vs, acc, lane);
-        }
-        __syncthreads();
-        reduce_parts<C>(vb, [&](int m, int r, T s) { S[m * C::SU + r] = maybe_tf32<C::TC>(r < a.R ? s * s : T(0)); });
-        __syncthreads();
         Rows<C> rl(tile * C::M, a.B, a.D);
         typename Rows<C>::Tile raw;
-        if constexpr (C::TC) phase_b_tc<C>(S, Ws, lane, raw);
-        else phase_b<C>(S, Ws, lane, raw);
+        phase_b<C>(S, Ws, lane, raw);
 #pragma unroll
         for (int i = 0; i < C::TI; ++i)
 #pragma unroll
             for (int j = 0; j < C::TJ; ++j) raw[i][j] = clampc(raw[i][j], c);
         rl.store(raw, out);
-        buf ^= 1;
     }
     cp_async_wait<0>();
+}
+
+// The TF32 variant (chr_fwd_tc) or the FFMA one (chr_fwd_simt).
+template <class C> __device__ void chr_fwd_fast(const GeoArgs& a) {
+    if constexpr (C::TC) chr_fwd_tc<C>(a);
+    else chr_fwd_simt<C>(a);
 }
 
 template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
@@ -1180,22 +1392,22 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_reduce(const ReduceArgs
 #define GEO_MB_A(DJ) ((DJ) <= 8 ? 4 : 2)
 #define GEO_MB_B(DJ) ((DJ) <= 8 ? 2 : 1)
 
-#define GEO_ENTRY(NAME, FN, SMEM, MBX, RP, DJ)                                                              \
-    extern "C" __global__ void __launch_bounds__(GEO_NT, 1) geo_##NAME##_r##RP##_d##DJ(const GeoArgs a) {  \
+#define GEO_ENTRY(NAME, FN, SMEM, MBX, RP, DJ)                                                                   \
+    extern "C" __global__ void __launch_bounds__(GEO_FAST_NT, 1) geo_##NAME##_r##RP##_d##DJ(const GeoArgs a) {  \
         typedef Cfg<GEO_T, RP, DJ, MBX(DJ)> C;                                                            \
         if constexpr (C::SMEM * sizeof(GEO_T) <= GEO_SMEM_MAX) FN<C>(a);                                  \
         else __trap();                                                                                     \
     }
 // TF32 variants (GEO_TF32: f32 modules of the forwards): geo_<op>_tc_r<RP>_d<DJ>,
 // stubs for DJ = 16.
-#define GEO_ENTRY_TC(NAME, FN, SMEM, RP, DJ)                                                                   \
-    extern "C" __global__ void __launch_bounds__(GEO_NT, 1) geo_##NAME##_tc_r##RP##_d##DJ(const GeoArgs a) {  \
+#define GEO_ENTRY_TC(NAME, FN, SMEM, RP, DJ)                                                                        \
+    extern "C" __global__ void __launch_bounds__(GEO_FAST_NT, 1) geo_##NAME##_tc_r##RP##_d##DJ(const GeoArgs a) {  \
         typedef Cfg<float, RP, ((DJ) <= 8 ? (DJ) : 8), 4, true> C;                                           \
         if constexpr ((DJ) <= 8 && C::SMEM * sizeof(float) <= GEO_SMEM_MAX) FN<C>(a);                         \
         else __trap();                                                                                         \
     }
 #if defined(GEO_TF32) && defined(GEO_MODULE_CHR_FWD)
-#define GEO_FAST_TC(RP, DJ) GEO_ENTRY_TC(chr_fwd, chr_fwd_fast, SMEM_CHR_FWD, RP, DJ)
+#define GEO_FAST_TC(RP, DJ) GEO_ENTRY_TC(chr_fwd, chr_fwd_fast, SMEM_CHR_FWD_TC, RP, DJ)
 #elif defined(GEO_TF32) && defined(GEO_MODULE_LF_FWD)
 #define GEO_FAST_TC(RP, DJ) GEO_ENTRY_TC(lf_fwd, lf_fwd_fast, SMEM_LF_FWD, RP, DJ)
 #else

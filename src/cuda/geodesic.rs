@@ -130,6 +130,9 @@ fn source(op: &str, t: &str, rp: &str, dj: &str, extra: &str) -> String {
 }
 
 const NT: u32 = 256;
+/// Thread groups of `NT` per block of the Christoffel forward's fast kernel
+/// (`GEO_GROUPS`): each group runs its own tiles with its own tile buffers.
+const CHR_FWD_GROUPS: usize = 2;
 const NW: usize = 8;
 /// Rows per block iteration of the generic kernels.
 const GEN_RG: usize = 4;
@@ -293,7 +296,7 @@ fn fast_smem(kind: Kind, rp: usize, dj: usize, esize: usize) -> (usize, usize) {
     let sv = kw + 4;
     let slice = m * sv.max(su);
     let elems = match kind {
-        Kind::ChristoffelForward => 2 * dp * su + 2 * NW * slice + m * su,
+        Kind::ChristoffelForward => 2 * dp * su + CHR_FWD_GROUPS * (NW * slice + m * su),
         Kind::LeapfrogForward => 2 * dp * su + NW * slice + m * su,
         Kind::ChristoffelBackward => 2 * dp * su + 2 * NW * slice + 3 * m * su,
         Kind::LeapfrogBackward => 2 * dp * su + 2 * NW * slice + 5 * m * su + 2 * m * dp,
@@ -312,7 +315,14 @@ fn fast_config(kind: Kind, job: &Job, max_smem: usize) -> Option<Fast> {
         && matches!(kind, Kind::ChristoffelForward | Kind::LeapfrogForward)
         && DJS[di] <= 8;
     if tc {
-        smem += dp * 4 * job.dtype.size();
+        smem = if kind == Kind::ChristoffelForward {
+            // `SMEM_CHR_FWD_TC`: U and W in fragment order, per group the warps'
+            // partials and S (no tile buffer: v goes straight to registers)
+            let (rp, su) = (RPS[ri], RPS[ri] + 4);
+            (2 * dp * rp + CHR_FWD_GROUPS * (NW + 1) * m * su) * job.dtype.size()
+        } else {
+            smem + dp * 4 * job.dtype.size()
+        };
     }
     (smem <= max_smem.min(SMEM_MAX)).then_some(Fast {
         ri,
@@ -349,11 +359,13 @@ fn max_smem(dev: &CudaDevice) -> Result<usize> {
     Ok(v)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn launch_args(
     dev: &CudaDevice,
     module: &'static str,
     name: &'static str,
     grid: u32,
+    threads: u32,
     smem: usize,
     stream: &Stream,
     args: &mut GeoArgs,
@@ -379,7 +391,7 @@ fn launch_args(
         module,
         name,
         (grid, 1, 1),
-        (NT, 1, 1),
+        (threads, 1, 1),
         smem as u32,
         stream.raw,
         &mut params,
@@ -539,7 +551,21 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
         FK_ERROR_INTERNAL,
         "grid of {grid} blocks"
     );
-    launch_args(dev, module, name, grid as u32, smem, stream, &mut args)?;
+    // the Christoffel forward's fast kernel runs CHR_FWD_GROUPS groups of NT threads
+    let threads = match (fast, kind) {
+        (Some(_), Kind::ChristoffelForward) => NT * CHR_FWD_GROUPS as u32,
+        _ => NT,
+    };
+    launch_args(
+        dev,
+        module,
+        name,
+        grid as u32,
+        threads,
+        smem,
+        stream,
+        &mut args,
+    )?;
     let n = job.d * job.r;
     let generic = module_name(kind, job.dtype, None); // holds geo_reduce
     if job.du != 0 {
@@ -591,7 +617,7 @@ mod tests {
             let (smem, _) = fast_smem(kind, 32, 8, 4);
             assert!(smem <= limit, "{kind:?} needs {smem} bytes");
         }
-        assert_eq!(fast_smem(Kind::ChristoffelForward, 32, 8, 4).0, 219_392);
+        assert_eq!(fast_smem(Kind::ChristoffelForward, 32, 8, 4).0, 221_696);
         assert_eq!(fast_smem(Kind::ChristoffelBackward, 32, 8, 4).0, 224_000);
     }
 }

@@ -2,16 +2,17 @@
 #include "emu.h"
 
 namespace emu {
-uint3 threadIdx, blockIdx, gridDim;
+uint3 threadIdx, blockIdx, gridDim, blockDim;
 unsigned dyn_smem = 0;
 unsigned char* smem = nullptr;
 
 namespace {
-enum State { READY, AT_BLOCK, AT_WARP, DONE };
+enum State { READY, AT_BLOCK, AT_WARP, AT_BAR, DONE };
 struct Thread {
     ucontext_t ctx;
     std::vector<char> stack;
     State state = READY;
+    int bar_id = 0, bar_count = 0;  // AT_BAR: the named barrier and its thread count
 };
 std::vector<Thread> threads;
 ucontext_t sched_ctx;
@@ -34,6 +35,11 @@ void yield(State s) {
 
 void sync_block() { yield(AT_BLOCK); }
 void sync_warp() { yield(AT_WARP); }
+void sync_bar(int id, int count) {
+    threads[current].bar_id = id;
+    threads[current].bar_count = count;
+    yield(AT_BAR);
+}
 [[noreturn]] void trap() {
     fprintf(stderr, "__trap() in block %u thread %u\n", blockIdx.x, threadIdx.x);
     abort();
@@ -96,6 +102,7 @@ void launch(KernelFn fn, unsigned grid, unsigned block, unsigned smem_bytes, con
     std::mt19937 rng(seed);
     std::vector<unsigned char> shared(smem_bytes + 64);
     gridDim = {grid, 1, 1};
+    blockDim = {block, 1, 1};
     dyn_smem = smem_bytes;
     cur_fn = fn;
     cur_args = args;
@@ -142,6 +149,17 @@ void launch(KernelFn fn, unsigned grid, unsigned block, unsigned smem_bytes, con
                     if (th.state == AT_BLOCK) th.state = READY;
                 released = true;
             } else {
+                // named barriers: released when their count of threads waits at them
+                for (int id = 1; id < 16; ++id) {
+                    int n = 0, want = 0;
+                    for (auto& th : threads)
+                        if (th.state == AT_BAR && th.bar_id == id) ++n, want = th.bar_count;
+                    if (n > 0 && n == want) {
+                        for (auto& th : threads)
+                            if (th.state == AT_BAR && th.bar_id == id) th.state = READY;
+                        released = true;
+                    }
+                }
                 for (unsigned w = 0; w < nwarps; ++w) {
                     bool all = true, some = false;
                     for (unsigned t = w * 32; t < std::min(block, w * 32 + 32); ++t) {

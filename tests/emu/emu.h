@@ -6,6 +6,7 @@
 // Blocks run one after another. Shared memory is poisoned (0xFF bytes: NaN) before
 // every block.
 //
+// Named barriers (`bar.sync id, count`) release when `count` threads wait at `id`.
 // Not emulated: warp-synchronous execution (there is none in these kernels), the
 // memory model beyond barriers, cp.async (a plain copy), PTX.
 #pragma once
@@ -35,17 +36,19 @@ struct uint3 { unsigned x, y, z; };
 struct uint4 { unsigned x, y, z, w; };
 
 namespace emu {
-extern uint3 threadIdx, blockIdx, gridDim;
+extern uint3 threadIdx, blockIdx, gridDim, blockDim;
 extern unsigned dyn_smem;
 extern unsigned char* smem;
 void sync_block();
 void sync_warp();
+void sync_bar(int id, int count);
 [[noreturn]] void trap();
 }  // namespace emu
 
 using emu::threadIdx;
 using emu::blockIdx;
 using emu::gridDim;
+using emu::blockDim;
 using std::fma;
 inline i64 min(i64 a, i64 b) { return a < b ? a : b; }
 inline int min(int a, int b) { return a < b ? a : b; }
@@ -57,6 +60,8 @@ inline void __syncwarp() { emu::sync_warp(); }
 // and the warp-collective mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32 (D += A B; every
 // lane of the warp must call it; operands' low 13 mantissa bits are ignored).
 float geo_tf32(float x);
+// bar.sync 1 + grp, GEO_NT (named barrier of one thread group)
+inline void geo_group_sync(int grp) { emu::sync_bar(1 + grp, 256); }
 void geo_mma_tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]);
 
 namespace emu {

@@ -50,7 +50,7 @@ static size_t fast_smem(Kind k, int rp, int dj, size_t es, int* m_out) {
     int slice = m * std::max(sv, su);
     size_t e = 0;
     switch (k) {
-        case CHR_FWD: e = 2 * dp * su + 2 * 8 * slice + m * su; break;
+        case CHR_FWD: e = 2 * dp * su + 2 * (8 * slice + m * su); break;  // two thread groups
         case LF_FWD: e = 2 * dp * su + 8 * slice + m * su; break;
         case CHR_BWD: e = 2 * dp * su + 2 * 8 * slice + 3 * m * su; break;
         case LF_BWD: e = 2 * dp * su + 2 * 8 * slice + 5 * m * su + 2 * m * dp; break;
@@ -80,7 +80,8 @@ static void run(Kind kind, const Job& j, unsigned seed, std::string* chosen) {
     int m = 0;
     size_t smem = (rp && dj) ? fast_smem(kind, rp, dj, es, &m) : 0;
     bool tc = j.tf32 && !j.f64 && (kind == CHR_FWD || kind == LF_FWD) && dj && dj <= 8;
-    if (tc) smem += (size_t)64 * dj * 4 * es;  // U rows of stride RP + 8 instead of RP + 4
+    if (tc && kind == CHR_FWD) smem = (2 * 64 * dj * rp + 2 * 9 * m * (rp + 4)) * es;  // SMEM_CHR_FWD_TC
+    else if (tc) smem += (size_t)64 * dj * 4 * es;  // U rows of stride RP + 8 instead of RP + 4
     bool fast = rp && dj && smem <= SMEM_MAX && !j.force_generic;
     size_t grid, ws_per_cta;
     std::string name;
@@ -115,10 +116,10 @@ static void run(Kind kind, const Job& j, unsigned seed, std::string* chosen) {
     a.traj = (u64)j.traj; a.gamma = (u64)j.gamma; a.dx = (u64)j.dx; a.dv = (u64)j.dv; a.df = (u64)j.df;
     a.du_part = du_part; a.dw_part = dw_part; a.ws = base; a.ws_per_cta = ws_per_cta;
     a.want = (j.dv ? 1 : 0) | (j.du ? 2 : 0) | (j.dw ? 4 : 0) | (j.df ? 8 : 0) | (j.dx ? 16 : 0);
-    a.vec_ok = j.vec_ok;
+    a.vec_ok = j.vec_ok && (D * es) % 16 == 0;  // as src/cuda/geodesic.rs: 16-byte rows
     a.smem_bytes = smem;
     auto fn = REG.at(mod + "/" + name);
-    emu::launch(fn, grid, 256, smem, &a, seed);
+    emu::launch(fn, grid, fast && kind == CHR_FWD ? 512 : 256, smem, &a, seed);
     for (int k = 0; k < 2; ++k) {
         void* out = k == 0 ? j.du : j.dw;
         if (!out) continue;

@@ -8,7 +8,8 @@
 // [M, D] x [D, R] and [M, R] x [R, D], so the fast kernels are register-tiled GEMM
 // kernels with U and W resident in shared memory for the whole (persistent) block:
 //
-// - 256 threads = 8 warps per block, one block per SM (the smem holds U and W).
+// - 256 threads = 8 warps per block, one block per SM (the smem holds U and W); the
+//   Christoffel forward runs two such groups per block (chr_fwd_simt, chr_fwd_tc).
 //   Features are split into 8 warp slices of KW = 8*DJ columns (D padded to
 //   DP = 64*DJ). Rows: tiles of M = 4*MB rows, grid-stride over tiles.
 // - "Row layout" (elementwise work, state, phase B outputs): lane = (g, dg), thread
@@ -86,17 +87,17 @@ __device__ __forceinline__ unsigned dyn_smem_size() {
     return r;
 }
 
-// The thread's index in its group of GEO_NT threads. Every kernel runs one group per
-// block except the Christoffel forward's fast kernel, which runs two groups of
-// GEO_NT threads (GEO_GROUPS) that work on different tiles and synchronise with
-// named barriers (geo_group_sync); the shared helpers below index by geo_tid().
-// Threads per block of the fast kernels (the host launches with the same count).
+// Threads per block of the fast kernels (the host launches with the same count):
+// every kernel runs one group of GEO_NT threads per block except the Christoffel
+// forward's fast kernels, which run GEO_GROUPS groups that work on different tiles
+// and synchronise with named barriers (geo_group_sync).
 #if defined(GEO_MODULE_CHR_FWD)
 #define GEO_FAST_NT (GEO_GROUPS * GEO_NT)
 #else
 #define GEO_FAST_NT GEO_NT
 #endif
-// (other modules: plain threadIdx.x, so that their code is what it was before groups)
+// The thread's index in its group; the shared helpers index by it. Outside the
+// Christoffel forward's module it is plain threadIdx.x.
 __device__ __forceinline__ int geo_tid() {
     return GEO_FAST_NT == GEO_NT ? (int)threadIdx.x : (int)(threadIdx.x & (GEO_NT - 1));
 }

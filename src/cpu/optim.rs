@@ -10,10 +10,8 @@ use rayon::prelude::*;
 use super::Real;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ops::linalg::{GemmPlan, Trans};
-use crate::ops::optim::{
-    Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan, clip_scale, dense, gemm_plan,
-};
+use crate::ops::linalg::{GemmPlan, Trans, dense};
+use crate::ops::optim::{Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan, clip_scale};
 
 /// Reads `n` elements at `ptr` as f64.
 fn load<T: Real>(ptr: usize, n: usize) -> Vec<f64> {
@@ -243,7 +241,7 @@ fn rank_k(
     let xm = dense(x, rows, cols, rows * cols);
     let other = if op == Trans::N { Trans::T } else { Trans::N };
     let cm = dense(c, k, k, k * k);
-    super::linalg::gemm(&gemm_plan(
+    super::linalg::gemm(&GemmPlan::new(
         dtype, op, xm, other, xm, cm, alpha, beta, batch, false,
     ))?;
     crate::with_real!(dtype, T => each_matrix::<T>(c, batch, k, |_, m| mirror_upper(m, k as usize)));

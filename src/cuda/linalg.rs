@@ -14,7 +14,9 @@ use super::launch::{BLOCK, grid_for, launch};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, FK_ERROR_OUT_OF_MEMORY, Result};
 use crate::ops::elementwise::Scalar;
-use crate::ops::linalg::{Activation, GemmPlan, KronPlan, LinearBwdPlan, LinearPlan, Mat, Trans};
+use crate::ops::linalg::{
+    Activation, GemmPlan, KronPlan, LinearBwdPlan, LinearPlan, Mat, Trans, dense,
+};
 use crate::stream::Stream;
 
 const MODULE: &str = "linalg";
@@ -144,7 +146,6 @@ struct ZCombineArgs {
 /// `Pi = Ar Bi + Ai Br`, then `C = alpha P + beta C`. Returns `false` (nothing
 /// queued) when the workspace, `16 (|A| + |B| + |C|)` bytes, cannot be allocated.
 fn zgemm_planar(dev: &CudaDevice, slot: &Slot, p: &GemmPlan) -> Result<bool> {
-    use crate::ops::optim::{dense, gemm_plan};
     let stream = slot.stream;
     let count = |m: &Mat| if m.batch_stride == 0 { 1 } else { p.batch };
     let (na, nb) = (count(&p.a), count(&p.b));
@@ -202,7 +203,7 @@ fn zgemm_planar(dev: &CudaDevice, slot: &Slot, p: &GemmPlan) -> Result<bool> {
     ] {
         cublas::gemm_ex(
             slot,
-            &gemm_plan(
+            &GemmPlan::new(
                 DType::F64,
                 real_op(p.op_a),
                 plane(x, &p.a, na),
@@ -270,11 +271,6 @@ struct ZgemmArgs {
 
 fn zgemm(dev: &CudaDevice, p: &GemmPlan, stream: usize) -> Result<()> {
     const ZT: i64 = 16;
-    let op = |t: Trans| match t {
-        Trans::N => 0,
-        Trans::T => 1,
-        Trans::C => 2,
-    };
     let mut args = ZgemmArgs {
         m: p.m,
         n: p.n,
@@ -293,8 +289,8 @@ fn zgemm(dev: &CudaDevice, p: &GemmPlan, stream: usize) -> Result<()> {
         alpha_im: p.alpha.im,
         beta_re: p.beta.re,
         beta_im: p.beta.im,
-        op_a: op(p.op_a),
-        op_b: op(p.op_b),
+        op_a: p.op_a as i32, // the discriminants are the kernel's codes
+        op_b: p.op_b as i32,
         beta_zero: (p.beta.re == 0.0 && p.beta.im == 0.0) as i32,
     };
     let gx = (p.n + ZT - 1) / ZT;
@@ -314,58 +310,6 @@ fn zgemm(dev: &CudaDevice, p: &GemmPlan, stream: usize) -> Result<()> {
         0,
         stream,
         &mut [&mut args as *mut ZgemmArgs as *mut c_void],
-    )
-}
-
-fn plain(ptr: usize, rows: i64, cols: i64) -> Mat {
-    Mat {
-        ptr,
-        rows,
-        cols,
-        ld: cols.max(1),
-        batch_stride: 0,
-    }
-}
-
-fn one() -> Scalar {
-    Scalar { re: 1.0, im: 0.0 }
-}
-
-fn zero() -> Scalar {
-    Scalar::default()
-}
-
-/// A 2-D real GEMM `C[m, n] = op(A) op(B)` on contiguous operands.
-#[allow(clippy::too_many_arguments)]
-fn gemm2(
-    slot: &Slot,
-    dtype: DType,
-    op_a: Trans,
-    a: Mat,
-    op_b: Trans,
-    b: Mat,
-    c: Mat,
-    m: i64,
-    n: i64,
-    k: i64,
-) -> Result<()> {
-    cublas::gemm_ex(
-        slot,
-        &GemmPlan {
-            dtype,
-            op_a,
-            op_b,
-            m,
-            n,
-            k,
-            batch: 1,
-            a,
-            b,
-            c,
-            alpha: one(),
-            beta: zero(),
-            allow_tf32: false,
-        },
     )
 }
 
@@ -421,17 +365,20 @@ pub fn linear_forward(dev: &CudaDevice, p: &LinearPlan, stream: &Stream) -> Resu
         }
     }
     // Fallback: z = x W^T into y, then bias, aux and activation in one pass.
-    gemm2(
+    cublas::gemm_ex(
         &g,
-        p.dtype,
-        Trans::N,
-        plain(p.x, p.m, p.k),
-        Trans::T,
-        plain(p.w, p.n, p.k),
-        plain(p.y, p.m, p.n),
-        p.m,
-        p.n,
-        p.k,
+        &GemmPlan::new(
+            p.dtype,
+            Trans::N,
+            dense(p.x, p.m, p.k, 0),
+            Trans::T,
+            dense(p.w, p.n, p.k, 0),
+            dense(p.y, p.m, p.n, 0),
+            1.0,
+            0.0,
+            1,
+            false,
+        ),
     )?;
     if p.act == Activation::None && !has_bias && p.aux.is_none() {
         return Ok(());
@@ -559,32 +506,38 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
     }
     if let Some(dx) = p.dx {
         // dx [m, k] = dz [m, n] W [n, k]
-        gemm2(
+        cublas::gemm_ex(
             &g,
-            p.dtype,
-            Trans::N,
-            plain(dz, p.m, p.n),
-            Trans::N,
-            plain(p.w, p.n, p.k),
-            plain(dx, p.m, p.k),
-            p.m,
-            p.k,
-            p.n,
+            &GemmPlan::new(
+                p.dtype,
+                Trans::N,
+                dense(dz, p.m, p.n, 0),
+                Trans::N,
+                dense(p.w, p.n, p.k, 0),
+                dense(dx, p.m, p.k, 0),
+                1.0,
+                0.0,
+                1,
+                false,
+            ),
         )?;
     }
     if let Some(dw) = p.dw {
         // dW [n, k] = dz^T [n, m] x [m, k]
-        gemm2(
+        cublas::gemm_ex(
             &g,
-            p.dtype,
-            Trans::T,
-            plain(dz, p.m, p.n),
-            Trans::N,
-            plain(p.x, p.m, p.k),
-            plain(dw, p.n, p.k),
-            p.n,
-            p.k,
-            p.m,
+            &GemmPlan::new(
+                p.dtype,
+                Trans::T,
+                dense(dz, p.m, p.n, 0),
+                Trans::N,
+                dense(p.x, p.m, p.k, 0),
+                dense(dw, p.n, p.k, 0),
+                1.0,
+                0.0,
+                1,
+                false,
+            ),
         )?;
     }
     Ok(())
@@ -1224,7 +1177,7 @@ impl Ring {
             self.tag[s] = Some(r);
             self.cur = s;
         }
-        Ok(plain(self.bufs[self.cur] as usize, r.2, r.3))
+        Ok(dense(self.bufs[self.cur] as usize, r.2, r.3, 0))
     }
 
     /// The product that read the current region is queued on the compute lane.
@@ -1372,7 +1325,7 @@ fn tiles(
                     } else if c_used[cs] {
                         q.wait(Lane::Compute, c_free + cs)?;
                     }
-                    plain(c_bufs[cs] as usize, mi, nj)
+                    dense(c_bufs[cs] as usize, mi, nj, 0)
                 } else {
                     sub(&c, (i0, j0, mi, nj), es)
                 };
@@ -1407,7 +1360,11 @@ fn tiles(
                         a: amat,
                         b: bmat,
                         c: cmat,
-                        beta: if pi == 0 { p.beta } else { one() },
+                        beta: if pi == 0 {
+                            p.beta
+                        } else {
+                            Scalar { re: 1.0, im: 0.0 }
+                        },
                         ..*p
                     })?;
                     if host[0] {

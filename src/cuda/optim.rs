@@ -9,14 +9,12 @@ use cudarc::cublas::sys as bs;
 use cudarc::driver::sys as ds;
 
 use super::cublas::{self, Slot};
-use super::launch::{BLOCK, launch_ex};
+use super::launch::{BLOCK, launch, launch_ex};
 use super::{CudaDevice, Workspace};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, Result};
-use crate::ops::linalg::{GemmPlan, Trans};
-use crate::ops::optim::{
-    Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan, dense, gemm_plan,
-};
+use crate::ops::linalg::{GemmPlan, Trans, dense};
+use crate::ops::optim::{Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan};
 use crate::stream::Stream;
 
 const MODULE: &str = "optim";
@@ -52,7 +50,7 @@ fn run<A>(
     stream: usize,
     args: &mut A,
 ) -> Result<()> {
-    launch_ex(
+    launch(
         dev,
         MODULE,
         f,
@@ -61,7 +59,6 @@ fn run<A>(
         0,
         stream,
         &mut [args as *mut A as *mut c_void],
-        false,
     )
 }
 
@@ -344,7 +341,7 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
     let m = |ptr: usize| plan.mat(ptr);
     crate::ops::optim::MatOps::gemm(
         &ops,
-        &gemm_plan(
+        &GemmPlan::new(
             plan.dtype,
             Trans::T,
             m(q.ptr),
@@ -444,7 +441,7 @@ fn rank_k(
         let other = if op == Trans::N { Trans::T } else { Trans::N };
         cublas::gemm_ex(
             slot,
-            &gemm_plan(
+            &GemmPlan::new(
                 dtype,
                 op,
                 xm,
@@ -683,7 +680,7 @@ fn norms_into(ops: &Ops, p: &SamplePlan, norms: usize) -> Result<()> {
         let xm = dense(x, t, w, t * w);
         crate::ops::optim::MatOps::gemm(
             ops,
-            &gemm_plan(
+            &GemmPlan::new(
                 p.dtype,
                 Trans::N,
                 xm,

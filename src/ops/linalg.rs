@@ -108,6 +108,58 @@ pub struct GemmPlan {
     pub allow_tf32: bool,
 }
 
+/// A contiguous row-major `[rows, cols]` matrix at `ptr`, `batch_stride` elements
+/// between consecutive matrices (0: one for the whole batch).
+pub fn dense(ptr: usize, rows: i64, cols: i64, batch_stride: i64) -> Mat {
+    Mat {
+        ptr,
+        rows,
+        cols,
+        ld: cols.max(1),
+        batch_stride,
+    }
+}
+
+impl GemmPlan {
+    /// `c = alpha op(a) op(b) + beta c` over `batch` matrices; `a`, `b`, `c` give the
+    /// stored matrices (`op` applied on top).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        dtype: DType,
+        op_a: Trans,
+        a: Mat,
+        op_b: Trans,
+        b: Mat,
+        c: Mat,
+        alpha: f64,
+        beta: f64,
+        batch: i64,
+        allow_tf32: bool,
+    ) -> GemmPlan {
+        let (m, k) = if op_a.transposed() {
+            (a.cols, a.rows)
+        } else {
+            (a.rows, a.cols)
+        };
+        let n = if op_b.transposed() { b.rows } else { b.cols };
+        GemmPlan {
+            dtype,
+            op_a,
+            op_b,
+            m,
+            n,
+            k,
+            batch,
+            a,
+            b,
+            c,
+            alpha: Scalar { re: alpha, im: 0.0 },
+            beta: Scalar { re: beta, im: 0.0 },
+            allow_tf32: allow_tf32 && dtype == DType::F32,
+        }
+    }
+}
+
 /// `FK_GEMM_ALLOW_TF32` (the ABI constant lives in `abi::linalg`).
 pub(crate) const GEMM_ALLOW_TF32: u32 = crate::abi::linalg::FK_GEMM_ALLOW_TF32;
 const GEMM_KNOWN_FLAGS: u32 = GEMM_ALLOW_TF32;

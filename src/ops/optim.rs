@@ -19,9 +19,8 @@ use crate::error::{
     Error, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_NOT_CONVERGED, FK_ERROR_SHAPE_MISMATCH,
     FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
-use crate::ops::elementwise::Scalar;
 use crate::ops::linalg::{
-    GemmPlan, Mat, Trans, check_alias, contiguous, gemm_flags, int32, same_dtype,
+    GemmPlan, Mat, Trans, check_alias, contiguous, dense, gemm_flags, int32, same_dtype,
 };
 use crate::stream::Stream;
 
@@ -51,56 +50,6 @@ fn mat3(b: &Buffer, what: &str) -> Result<(i64, i64, i64)> {
             FK_ERROR_SHAPE_MISMATCH,
             "{what} has shape {s:?}; it must be [rows, cols] or [batch, rows, cols]"
         ),
-    }
-}
-
-/// A contiguous row-major `[rows, cols]` matrix at `ptr`, `batch_stride` elements
-/// between consecutive matrices (0: one for the whole batch).
-pub fn dense(ptr: usize, rows: i64, cols: i64, batch_stride: i64) -> Mat {
-    Mat {
-        ptr,
-        rows,
-        cols,
-        ld: cols.max(1),
-        batch_stride,
-    }
-}
-
-/// `c = alpha op(a) op(b) + beta c` over `batch` matrices; `a`, `b`, `c` give the
-/// stored matrices (`op` applied on top).
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_plan(
-    dtype: DType,
-    op_a: Trans,
-    a: Mat,
-    op_b: Trans,
-    b: Mat,
-    c: Mat,
-    alpha: f64,
-    beta: f64,
-    batch: i64,
-    allow_tf32: bool,
-) -> GemmPlan {
-    let (m, k) = if op_a.transposed() {
-        (a.cols, a.rows)
-    } else {
-        (a.rows, a.cols)
-    };
-    let n = if op_b.transposed() { b.rows } else { b.cols };
-    GemmPlan {
-        dtype,
-        op_a,
-        op_b,
-        m,
-        n,
-        k,
-        batch,
-        a,
-        b,
-        c,
-        alpha: Scalar { re: alpha, im: 0.0 },
-        beta: Scalar { re: beta, im: 0.0 },
-        allow_tf32: allow_tf32 && dtype == DType::F32,
     }
 }
 
@@ -262,7 +211,7 @@ pub fn newton(ops: &dyn MatOps, plan: &PowPlan) -> Result<Report> {
         ops.shifted(plan, s.ptr)?;
     }
     let mm = |a: usize, b: usize, c: usize, tf32: bool| {
-        ops.gemm(&gemm_plan(
+        ops.gemm(&GemmPlan::new(
             d,
             Trans::N,
             plan.mat(a),
@@ -713,8 +662,9 @@ pub fn shampoo_precondition(
         Device::Cpu => Box::new(crate::cpu::optim::Ops),
         Device::Cuda(_) => Box::new(crate::cuda::optim::Ops::new(out.ctx.cuda_dev(), stream)?),
     };
-    let plan =
-        |a: Mat, b: Mat, c: Mat| gemm_plan(d, Trans::N, a, Trans::N, b, c, 1.0, 0.0, batch, tf32);
+    let plan = |a: Mat, b: Mat, c: Mat| {
+        GemmPlan::new(d, Trans::N, a, Trans::N, b, c, 1.0, 0.0, batch, tf32)
+    };
     match roots {
         [None, None] => ops.copy(out.data, grad.data, out.nbytes()),
         [Some(l), None] => ops.gemm(&plan(l, g, o)),
@@ -944,7 +894,7 @@ impl SamplePlan {
     /// `out[b] = g_b^T a_b` for every sample: one batched GEMM with `k = T`.
     pub fn grads_gemm(&self, out: usize) -> GemmPlan {
         let (t, i, o) = (self.steps, self.din, self.dout);
-        gemm_plan(
+        GemmPlan::new(
             self.dtype,
             Trans::T,
             dense(self.g, t, o, t * o),
@@ -961,7 +911,7 @@ impl SamplePlan {
     /// (`gs` has g's shape).
     pub fn sum_gemm(&self, gs: usize, out: usize) -> GemmPlan {
         let rows = self.batch * self.steps;
-        gemm_plan(
+        GemmPlan::new(
             self.dtype,
             Trans::T,
             dense(gs, rows, self.dout, 0),

@@ -14,6 +14,7 @@
 //   sym_mirror_<t>    lower triangle = upper triangle (after SYRK), tiled transpose
 //   ps_outer_<t>      out[b] = g_b a_b^T for one step (write-bandwidth bound)
 //   ps_norms_<t>      |g_b|^2 |a_b|^2 per sample; optionally gs = min(1, C/|G_b|) g_b
+//   ps_norms_vec_<t>  the same, one 16-byte vector per thread and row (few samples)
 //   ps_norms_warp_<t> the same, one warp per sample with 16-byte loads (many samples)
 //   ps_gram_dot_<t>   <Ga_b, Gg_b> per sample (sequence norms from Gram matrices)
 //   ps_scale_rows_<t> gs_b = min(1, C/|G_b|) g_b from given squared norms
@@ -311,6 +312,41 @@ template <typename T> __device__ void ps_norms(const NormArgs& p) {
     }
 }
 
+// One block per sample (grid-stride), one 16-byte vector of each row per thread:
+// rows of at most blockDim.x vectors, 16-byte aligned (the host checks and sizes the
+// block to the rows). Every load is issued before any arithmetic and nothing loops,
+// so a sample costs one memory round trip; the vector of g stays in registers for
+// the scaling. The form for few samples (fewer than two per multiprocessor).
+template <typename T, typename V> __device__ void ps_norms_vec(const NormArgs& p) {
+    fk_grid_dependency_wait();  // launched as a programmatic dependent
+    constexpr int W = sizeof(V) / sizeof(T);
+    const int i = threadIdx.x;
+    const int vin = (int)(p.din / W), vout = (int)(p.dout / W);
+    for (i64 b = blockIdx.x; b < p.batch; b += gridDim.x) {
+        V x = V(), y = V();
+        if (i < vin) x = reinterpret_cast<const V*>(p.a)[b * vin + i];
+        if (i < vout) y = reinterpret_cast<const V*>(p.g)[b * vout + i];
+        double sa = 0.0, sg = 0.0;
+        const T* ex = reinterpret_cast<const T*>(&x);
+        const T* ey = reinterpret_cast<const T*>(&y);
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+            sa += (double)ex[w] * (double)ex[w];
+            sg += (double)ey[w] * (double)ey[w];
+        }
+        double2 s2 = block_sum2(sa, sg);
+        double sq = s2.x * s2.y;
+        if (p.norms && i == 0) reinterpret_cast<T*>(p.norms)[b] = (T)sq;
+        if (p.gs && i < vout) {
+            T s = (T)clip_scale(sq, p.max_norm);
+            T* e = reinterpret_cast<T*>(&y);
+#pragma unroll
+            for (int w = 0; w < W; ++w) e[w] *= s;
+            reinterpret_cast<V*>(p.gs)[b * vout + i] = y;
+        }
+    }
+}
+
 // One warp per sample (grid-stride over warps), 16-byte loads: the fast form of
 // ps_norms for many samples with dims that are multiples of the vector width and
 // 16-byte aligned rows (the host checks). No barriers at all: warp shuffles reduce,
@@ -430,5 +466,7 @@ OPT_KERNELS(f64)
 
 extern "C" __global__ void __launch_bounds__(FK_BLOCK) ps_outer_f32(OuterArgs a) { ps_outer<f32, float4>(a); }
 extern "C" __global__ void __launch_bounds__(FK_BLOCK) ps_outer_f64(OuterArgs a) { ps_outer<f64, double2>(a); }
+extern "C" __global__ void __launch_bounds__(1024) ps_norms_vec_f32(NormArgs a) { ps_norms_vec<f32, float4>(a); }
+extern "C" __global__ void __launch_bounds__(1024) ps_norms_vec_f64(NormArgs a) { ps_norms_vec<f64, double2>(a); }
 extern "C" __global__ void __launch_bounds__(FK_BLOCK) ps_norms_warp_f32(NormArgs a) { ps_norms_warp<f32, float4>(a); }
 extern "C" __global__ void __launch_bounds__(FK_BLOCK) ps_norms_warp_f64(NormArgs a) { ps_norms_warp<f64, double2>(a); }

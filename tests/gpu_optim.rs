@@ -352,6 +352,16 @@ fn per_sample_paths_match_the_cpu() {
         // which f32 takes by block, f64 by warp
         (300, None, 8, 1028),
         (270, None, 6, 10),
+        // fewer samples, aligned rows: one block per sample, one 16-byte vector per
+        // thread and row, the block sized to the longer row (32, 64, 1024 threads for
+        // f32); rows of more than 1024 vectors take the scalar kernel (in = 4100, and
+        // f64 in = 4096, out = 4104)
+        (7, None, 64, 12),
+        (130, None, 256, 96),
+        (3, None, 4096, 8),
+        (3, None, 4100, 8),
+        (2, None, 4, 2048),
+        (2, None, 4, 4104),
     ];
     for dt in REAL {
         for &(b, t, din, dout) in cases {

@@ -631,20 +631,29 @@ fn fused_norms(
         gs: gs as u64,
         max_norm,
     };
-    // one warp per sample when there are enough samples to fill the GPU and rows
-    // allow 16-byte loads; else one block per sample
+    // one warp per sample when there are enough samples to fill the GPU, else one
+    // block per sample sized to the rows (all of a row's loads in flight at once),
+    // both with 16-byte loads, where the rows allow them; else the scalar block kernel
     let es = p.dtype.size() as i64;
     let w = 16 / es;
-    let aligned = [p.a, p.g, gs].iter().all(|&x| x % 16 == 0);
-    let by_warp =
-        p.batch >= 2 * dev.sm_count.max(1) as i64 && p.din % w == 0 && p.dout % w == 0 && aligned;
-    // (two warps per block spread the samples over every multiprocessor)
-    let (name, g, block) = if by_warp {
+    let aligned = [p.a, p.g, gs].iter().all(|&x| x % 16 == 0) && p.din % w == 0 && p.dout % w == 0;
+    let sms = dev.sm_count.max(1) as i64;
+    let (name, g, block) = if aligned && p.batch >= 2 * sms {
+        // (two warps per block spread the samples over every multiprocessor)
         let blocks = (p.batch + 1) / 2;
         (
             kname!(p.dtype, "ps_norms_warp"),
-            blocks.min(dev.sm_count.max(1) as i64 * 32) as u32,
+            blocks.min(sms * 32) as u32,
             64,
+        )
+    } else if aligned && p.din.max(p.dout) / w <= 1024 {
+        // one vector per thread and row, the block sized to the longer row
+        let vecs = p.din.max(p.dout) / w;
+        let block = ((vecs + 31) / 32 * 32).max(32) as u32;
+        (
+            kname!(p.dtype, "ps_norms_vec"),
+            row_grid(dev, p.batch),
+            block,
         )
     } else {
         (kname!(p.dtype, "ps_norms"), row_grid(dev, p.batch), BLOCK)

@@ -9,7 +9,8 @@
 // kernels with U and W resident in shared memory for the whole (persistent) block:
 //
 // - 256 threads = 8 warps per block, one block per SM (the smem holds U and W); the
-//   Christoffel forward runs two such groups per block (chr_fwd_simt, chr_fwd_tc).
+//   TF32 Christoffel forward runs two such groups per block (chr_fwd_tc), the FFMA
+//   one (chr_fwd_simt) one group with tiles of twice the rows.
 //   Features are split into 8 warp slices of KW = 8*DJ columns (D padded to
 //   DP = 64*DJ). Rows: tiles of M = 4*MB rows, grid-stride over tiles.
 // - "Row layout" (elementwise work, state, phase B outputs): lane = (g, dg), thread
@@ -41,7 +42,7 @@
 
 #define GEO_NT 256
 #define GEO_NW 8
-#define GEO_GROUPS 2  // thread groups of the Christoffel forward's fast kernel
+#define GEO_GROUPS 2  // thread groups of the Christoffel forward's TF32 kernel (chr_fwd_tc)
 #define GEN_RG 4
 
 #define GEO_WANT_DV 1
@@ -77,6 +78,22 @@ extern __shared__ __align__(32) unsigned char geo_smem[];
 template <typename T> __device__ __forceinline__ T clampc(T x, T c) {
     return x < -c ? -c : (x > c ? c : x);  // NaN passes through, as torch.clamp
 }
+// The same with PTX max.NaN/min.NaN (sm_80+, f32): 2 instructions instead of 4.
+// Same results: NaN propagates, c >= 0 (the host checks it; +inf disables the clamp).
+template <typename T> __device__ __forceinline__ T clampc_fast(T x, T c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (sizeof(T) == 4) {
+        float lo, r;
+        asm("max.NaN.f32 %0, %1, %2;" : "=f"(lo) : "f"(x), "f"(-c));
+        asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(lo), "f"(c));
+        return r;
+    } else {
+        return clampc(x, c);
+    }
+#else
+    return clampc(x, c);
+#endif
+}
 template <typename T> __device__ __forceinline__ bool passc(T x, T c) {
     return x >= -c && x <= c;  // the clamp's derivative: inclusive, 0 for NaN
 }
@@ -89,8 +106,9 @@ __device__ __forceinline__ unsigned dyn_smem_size() {
 
 // Threads per block of the fast kernels (the host launches with the same count):
 // every kernel runs one group of GEO_NT threads per block except the Christoffel
-// forward's fast kernels, which run GEO_GROUPS groups that work on different tiles
-// and synchronise with named barriers (geo_group_sync).
+// forward's TF32 kernel (chr_fwd_tc), which runs GEO_GROUPS groups that work on
+// different tiles and synchronise with named barriers (geo_group_sync). The FFMA
+// kernels are launched with GEO_SIMT_NT = GEO_NT threads.
 #if defined(GEO_MODULE_CHR_FWD)
 #define GEO_FAST_NT (GEO_GROUPS * GEO_NT)
 #else
@@ -211,14 +229,14 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     static constexpr int TI = TC ? 2 : MB;     // row-layout tile per thread: rows
     static constexpr int TJ = TC ? 2 * DJ : DJ;  // and columns
     // shared memory of each fast kernel, in elements (src/cuda/geodesic.rs mirrors these)
-    static constexpr int SMEM_CHR_FWD = DP * (SUU + SU) + GEO_GROUPS * (GEO_NW * SLICE + M * SU);
+    // the FFMA Christoffel forward (chr_fwd_simt): one group, one tile buffer and S
+    static constexpr int SMEM_CHR_FWD = DP * (SUU + SU) + GEO_NW * SLICE + M * SU;
     static constexpr int SMEM_LF_FWD = DP * (SUU + SU) + GEO_NW * SLICE + M * SU;
     // the TF32 Christoffel forward (chr_fwd_tc): U and W in fragment order, per group
     // the warps' partials and S
     static constexpr int SMEM_CHR_FWD_TC = 2 * DP * RP + GEO_GROUPS * (GEO_NW + 1) * M * SU;
     static constexpr int SMEM_CHR_BWD = DP * (SUU + SU) + 2 * GEO_NW * SLICE + 3 * M * SU;
     static constexpr int SMEM_LF_BWD = DP * (SUU + SU) + 2 * GEO_NW * SLICE + 5 * M * SU + 2 * M * DP;
-    static_assert(TI * TJ <= 32, "mask bits must fit one word");
     static_assert(!TC || (MB == 4 && DJ <= 8 && sizeof(T) == 4), "TF32 configurations: f32, M = 16, D <= 512");
 };
 
@@ -253,10 +271,12 @@ template <bool ROUND> __device__ __forceinline__ float maybe_tf32(float x) {
 }
 template <bool ROUND> __device__ __forceinline__ double maybe_tf32(double x) { return x; }
 
-// U or W [D, R] (global) into smem [DP][LD], zero padded (TF32-rounded for the TC kernels).
-template <class C, int LD> __device__ void load_mat(typename C::T* dst, const typename C::T* src, i64 D, i64 R) {
+// U or W [D, R] (global) into smem [DP][LD], zero padded (TF32-rounded for the TC
+// kernels), by the NTH threads of the block (a compile-time stride: the loop unrolls).
+template <class C, int LD, int NTH = GEO_FAST_NT>
+__device__ void load_mat(typename C::T* dst, const typename C::T* src, i64 D, i64 R) {
     typedef typename C::T T;
-    for (int idx = threadIdx.x; idx < C::DP * LD; idx += GEO_FAST_NT) {
+    for (int idx = threadIdx.x; idx < C::DP * LD; idx += NTH) {
         int d = idx / LD, r = idx - d * LD;
         dst[idx] = maybe_tf32<C::TC>((d < D && r < R) ? src[(i64)d * R + r] : T(0));
     }
@@ -307,6 +327,19 @@ template <class C> struct Rows {
 #pragma unroll
             for (int j = 0; j < C::TJ; ++j)
                 if (ok(i, j)) p[coff(j)] = o[i][j];
+        }
+    }
+    // store() without per-element bounds checks where the whole tile is in range
+    __device__ __forceinline__ void store_fast(const Tile& o, T* dst) const {
+        if (rlim > roff(C::TI - 1) && dlim > coff(C::TJ - 1)) {
+#pragma unroll
+            for (int i = 0; i < C::TI; ++i) {
+                T* p = dst + off + roff(i) * D;
+#pragma unroll
+                for (int j = 0; j < C::TJ; ++j) p[coff(j)] = o[i][j];
+            }
+        } else {
+            store(o, dst);
         }
     }
     // TC layout: columns j, j + 1 (j even) are adjacent, stored as one 8-byte vector
@@ -367,6 +400,60 @@ __device__ __forceinline__ void phase_a(const typename C::T* xs, const typename 
 #pragma unroll
                 for (int j = 0; j < C::RA; ++j) acc[i][j] = fma(xv[i][q], mv[j], acc[i][j]);
         }
+    }
+}
+
+// Phase A of the FFMA Christoffel forward for M = 32, RP = 32: the warp's partial
+// [32][32] over its slice, straight into the (consumed) slice `xs` as [M][SU]. The
+// lanes form two halves h that take alternate 4-column k chunks (8t + 4h); lane
+// (h, am, ar) = (lane >> 4, (lane >> 2) & 3, lane & 3) accumulates 8 rows x 8 columns
+// (8ar .. 8ar + 7): 12 floats from shared memory per 4 x 64 FFMA (0.25 per FFMA; the
+// 8 x 4 tile of phase_a: 0.375). Accumulator row i is row am + 16h + 4i (i < 4), else
+// am + 16(1 - h) + 4(i - 4), so one xor-16 shuffle adds the partner's half of the
+// rows to the rows this lane keeps (am + 16h + 4i, i < 4): no selects.
+template <class C>
+__device__ __forceinline__ void phase_a_w(typename C::T* xs, const typename C::T* mat, int lane) {
+    typedef typename C::T T;
+    static_assert(C::M == 32 && C::RP == 32 && C::KW % 8 == 0, "phase_a_w: M = RP = 32");
+    const int h = lane >> 4, am = (lane >> 2) & 3, ar = lane & 3;
+    T acc[8][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = T(0);
+    const T* xa = xs + (am + 16 * h) * C::SV + 4 * h;         // rows i < 4
+    const T* xb = xs + (am + 16 * (1 - h)) * C::SV + 4 * h;   // rows i >= 4
+    const T* mrow = mat + 4 * h * C::SU + 8 * ar;
+#pragma unroll 2
+    for (int k = 0; k < C::KW; k += 8) {
+        T xv[8][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            ldv<4>(xa + 4 * i * C::SV + k, xv[i]);
+            ldv<4>(xb + 4 * i * C::SV + k, xv[4 + i]);
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            T mv[8];
+            ldv<8>(mrow + (k + q) * C::SU, mv);
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = fma(xv[i][q], mv[j], acc[i][j]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] += __shfl_xor_sync(0xffffffffu, acc[4 + i][j], 16);
+    __syncwarp();  // every lane's reads of the slice are done
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        T* p = xs + (am + 16 * h + 4 * i) * C::SU + 8 * ar;
+        const T lo[4] = {acc[i][0], acc[i][1], acc[i][2], acc[i][3]};
+        const T hi[4] = {acc[i][4], acc[i][5], acc[i][6], acc[i][7]};
+        stv<4>(p, lo);
+        stv<4>(p + 4, hi);
     }
 }
 
@@ -766,20 +853,19 @@ template <class C> __device__ void chr_fwd_tc(const GeoArgs& a) {
     }
 }
 
-// Christoffel forward (FFMA): GEO_GROUPS groups of GEO_NT threads per block share U and W
-// (smem) and each runs its own tiles (group q of block b: tiles b + q*grid, stepping
-// GEO_GROUPS*grid) with its own v buffer and S, synchronising only with its named
-// barrier. While one group waits (barriers, loads of its next tile, which go out by
-// cp.async as soon as phase A has consumed its buffer and overlap its phase B), the
-// other's warps issue: 4 warps per scheduler instead of 2.
+// Christoffel forward (FFMA): one group of GEO_NT threads per block, tiles of M = 32
+// rows (16 for DJ = 16), so the lane tiles are MB x RA = 8 x 4 in phase A and
+// MB x DJ = 8 x 8 in phase B: 0.375 and 0.25 floats loaded from shared memory per
+// FFMA (M = 16 gave 0.5 and 0.375; the kernel is bounded by shared-memory bandwidth).
+// One v buffer: the next tile goes out by cp.async as soon as phase A has consumed
+// the buffer (after the partial-sum reduction) and streams in during phase B.
 template <class C> __device__ void chr_fwd_simt(const GeoArgs& a) {
     typedef typename C::T T;
     static_assert(!C::TC, "FFMA configuration");
     check_smem(C::SMEM_CHR_FWD * sizeof(T), a);
     T* Us = reinterpret_cast<T*>(geo_smem);
     T* Ws = Us + C::DP * C::SUU;
-    const int grp = threadIdx.x / GEO_NT;
-    T* const vb = Ws + C::DP * C::SU + grp * (GEO_NW * C::SLICE + C::M * C::SU);
+    T* const vb = Ws + C::DP * C::SU;
     T* const S = vb + GEO_NW * C::SLICE;
     const T* v = reinterpret_cast<const T*>(a.v0);
     T* out = reinterpret_cast<T*>(a.gamma);
@@ -787,24 +873,28 @@ template <class C> __device__ void chr_fwd_simt(const GeoArgs& a) {
     const i64 ntiles = (a.B + C::M - 1) / C::M;
     const int w = geo_tid() >> 5, lane = threadIdx.x & 31;
     const bool vec = a.vec_ok != 0;
-    const i64 step = (i64)GEO_GROUPS * gridDim.x;
-    load_mat<C, C::SUU>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
-    load_mat<C, C::SU>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
-    i64 tile = blockIdx.x + (i64)grp * gridDim.x;
+    const i64 step = gridDim.x;
+    load_mat<C, C::SUU, GEO_NT>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
+    load_mat<C, C::SU, GEO_NT>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
+    i64 tile = blockIdx.x;
     if (tile < ntiles) load_tile<C>(vb, v, tile * C::M, a.B, a.D, vec);
     cp_async_commit();
-    __syncthreads();  // U, W
     T* vs = vb + w * C::SLICE;
     for (; tile < ntiles; tile += step) {
         cp_async_wait<0>();
-        geo_group_sync(grp);  // the tile is in vb
-        T acc[C::MB][C::RA];
-        phase_a<C>(vs, Us + w * C::KW * C::SUU, lane, acc);
-        __syncwarp();
-        store_part<C>(vs, acc, lane);  // the slice is consumed: its partial goes there
-        geo_group_sync(grp);
+        __syncthreads();  // the tile is in vb (and, the first time, U and W are in place)
+        // the slice is consumed: its partial goes there
+        if constexpr (C::M == 32 && C::RP == 32) {
+            phase_a_w<C>(vs, Us + w * C::KW * C::SUU, lane);
+        } else {
+            T acc[C::MB][C::RA];
+            phase_a<C>(vs, Us + w * C::KW * C::SUU, lane, acc);
+            __syncwarp();
+            store_part<C>(vs, acc, lane);
+        }
+        __syncthreads();
         reduce_parts<C>(vb, [&](int m, int r, T s) { S[m * C::SU + r] = r < a.R ? s * s : T(0); });
-        geo_group_sync(grp);  // S complete, vb free: the next tile streams in during phase B
+        __syncthreads();  // S complete, vb free: the next tile streams in during phase B
         const i64 next = tile + step;
         if (next < ntiles) load_tile<C>(vb, v, next * C::M, a.B, a.D, vec);
         cp_async_commit();
@@ -814,8 +904,8 @@ template <class C> __device__ void chr_fwd_simt(const GeoArgs& a) {
 #pragma unroll
         for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-            for (int j = 0; j < C::TJ; ++j) raw[i][j] = clampc(raw[i][j], c);
-        rl.store(raw, out);
+            for (int j = 0; j < C::TJ; ++j) raw[i][j] = clampc_fast(raw[i][j], c);
+        rl.store_fast(raw, out);
     }
     cp_async_wait<0>();
 }
@@ -949,6 +1039,7 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
     typedef typename C::T T;
     typedef typename Rows<C>::Tile Tile;
     constexpr int E = C::TI * C::TJ;
+    static_assert(E <= 32, "mask bits must fit one word");
     check_smem(C::SMEM_LF_BWD * sizeof(T), a);
     T* Us = reinterpret_cast<T*>(geo_smem);
     T* Ws = Us + C::DP * C::SUU;
@@ -1426,9 +1517,13 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_reduce(const ReduceArgs
 // adjoints and the dU, dW accumulators in registers, half of that.
 #define GEO_MB_A(DJ) ((DJ) <= 8 ? 4 : 2)
 #define GEO_MB_B(DJ) ((DJ) <= 8 ? 2 : 1)
+// The FFMA Christoffel forward: tiles of 32 rows (16 for DJ = 16), one group of GEO_NT.
+#define GEO_MB_CF(DJ) ((DJ) <= 8 ? 8 : 4)
+// Threads per block of the FFMA fast kernels (the TF32 ones: GEO_FAST_NT).
+#define GEO_SIMT_NT GEO_NT
 
 #define GEO_ENTRY(NAME, FN, SMEM, MBX, RP, DJ)                                                                   \
-    extern "C" __global__ void __launch_bounds__(GEO_FAST_NT, 1) geo_##NAME##_r##RP##_d##DJ(const GeoArgs a) {  \
+    extern "C" __global__ void __launch_bounds__(GEO_SIMT_NT, 1) geo_##NAME##_r##RP##_d##DJ(const GeoArgs a) {  \
         typedef Cfg<GEO_T, RP, DJ, MBX(DJ)> C;                                                            \
         if constexpr (C::SMEM * sizeof(GEO_T) <= GEO_SMEM_MAX) FN<C>(a);                                  \
         else __trap();                                                                                     \
@@ -1449,7 +1544,7 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_reduce(const ReduceArgs
 #define GEO_FAST_TC(RP, DJ)
 #endif
 #if defined(GEO_MODULE_CHR_FWD)
-#define GEO_FAST(RP, DJ) GEO_ENTRY(chr_fwd, chr_fwd_fast, SMEM_CHR_FWD, GEO_MB_A, RP, DJ)
+#define GEO_FAST(RP, DJ) GEO_ENTRY(chr_fwd, chr_fwd_fast, SMEM_CHR_FWD, GEO_MB_CF, RP, DJ)
 #define GEO_GEN_KERNEL extern "C" __global__ void __launch_bounds__(GEO_NT) geo_chr_fwd_gen(const GeoArgs a) { chr_fwd_gen<GEO_T>(a); }
 #elif defined(GEO_MODULE_CHR_BWD)
 #define GEO_FAST(RP, DJ) GEO_ENTRY(chr_bwd, chr_bwd_fast, SMEM_CHR_BWD, GEO_MB_A, RP, DJ)

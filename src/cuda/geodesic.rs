@@ -130,8 +130,9 @@ fn source(op: &str, t: &str, rp: &str, dj: &str, extra: &str) -> String {
 }
 
 const NT: u32 = 256;
-/// Thread groups of `NT` per block of the Christoffel forward's fast kernel
-/// (`GEO_GROUPS`): each group runs its own tiles with its own tile buffers.
+/// Thread groups of `NT` per block of the Christoffel forward's TF32 kernel
+/// (`GEO_GROUPS`): each group runs its own tiles with its own buffers. The FFMA
+/// kernel runs one group with tiles of twice the rows (`GEO_MB_CF`).
 const CHR_FWD_GROUPS: usize = 2;
 const NW: usize = 8;
 /// Rows per block iteration of the generic kernels.
@@ -266,9 +267,17 @@ struct Fast {
     tc: bool,
 }
 
-/// Rows per thread (`GEO_MB_A` / `GEO_MB_B` in the kernel source).
+/// Rows per thread (`GEO_MB_A` / `GEO_MB_B` / `GEO_MB_CF` in the kernel source; the
+/// TF32 Christoffel forward: 4).
 fn mb(kind: Kind, dj: usize) -> usize {
     match kind {
+        Kind::ChristoffelForward => {
+            if dj <= 8 {
+                8
+            } else {
+                4
+            }
+        }
         Kind::LeapfrogBackward => {
             if dj <= 8 {
                 2
@@ -296,7 +305,7 @@ fn fast_smem(kind: Kind, rp: usize, dj: usize, esize: usize) -> (usize, usize) {
     let sv = kw + 4;
     let slice = m * sv.max(su);
     let elems = match kind {
-        Kind::ChristoffelForward => 2 * dp * su + CHR_FWD_GROUPS * (NW * slice + m * su),
+        Kind::ChristoffelForward => 2 * dp * su + NW * slice + m * su,
         Kind::LeapfrogForward => 2 * dp * su + NW * slice + m * su,
         Kind::ChristoffelBackward => 2 * dp * su + 2 * NW * slice + 3 * m * su,
         Kind::LeapfrogBackward => 2 * dp * su + 2 * NW * slice + 5 * m * su + 2 * m * dp,
@@ -308,7 +317,7 @@ fn fast_config(kind: Kind, job: &Job, max_smem: usize) -> Option<Fast> {
     let ri = RPS.iter().position(|&rp| rp >= job.r)?;
     let di = DJS.iter().position(|&dj| 64 * dj >= job.d)?;
     let dp = 64 * DJS[di];
-    let (mut smem, m) = fast_smem(kind, RPS[ri], DJS[di], job.dtype.size());
+    let (mut smem, mut m) = fast_smem(kind, RPS[ri], DJS[di], job.dtype.size());
     // TF32 variants: f32 forwards with D <= 512; U rows of stride RP + 8 (not RP + 4)
     let tc = job.flags & GEO_ALLOW_TF32 != 0
         && job.dtype == DType::F32
@@ -318,7 +327,9 @@ fn fast_config(kind: Kind, job: &Job, max_smem: usize) -> Option<Fast> {
         smem = if kind == Kind::ChristoffelForward {
             // `SMEM_CHR_FWD_TC`: U and W in fragment order, per group the warps'
             // partials and S (no tile buffer: v goes straight to registers)
+            // (tiles of 16 rows)
             let (rp, su) = (RPS[ri], RPS[ri] + 4);
+            m = 16;
             (2 * dp * rp + CHR_FWD_GROUPS * (NW + 1) * m * su) * job.dtype.size()
         } else {
             smem + dp * 4 * job.dtype.size()
@@ -551,9 +562,9 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
         FK_ERROR_INTERNAL,
         "grid of {grid} blocks"
     );
-    // the Christoffel forward's fast kernel runs CHR_FWD_GROUPS groups of NT threads
+    // the Christoffel forward's TF32 kernel runs CHR_FWD_GROUPS groups of NT threads
     let threads = match (fast, kind) {
-        (Some(_), Kind::ChristoffelForward) => NT * CHR_FWD_GROUPS as u32,
+        (Some(f), Kind::ChristoffelForward) if f.tc => NT * CHR_FWD_GROUPS as u32,
         _ => NT,
     };
     launch_args(

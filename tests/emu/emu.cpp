@@ -58,6 +58,7 @@ float tf32_trunc(float x) {
     return x;
 }
 }  // namespace
+double shfl_scratch[32][32];
 
 }  // namespace emu
 

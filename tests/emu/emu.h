@@ -7,7 +7,8 @@
 // every block.
 //
 // Named barriers (`bar.sync id, count`) release when `count` threads wait at `id`.
-// Not emulated: warp-synchronous execution (there is none in these kernels), the
+// Not emulated: warp-synchronous execution (none in these kernels beyond the
+// collective mma and shuffle, emulated with warp barriers), the
 // memory model beyond barriers, cp.async (a plain copy), PTX.
 #pragma once
 #include <algorithm>
@@ -63,6 +64,20 @@ float geo_tf32(float x);
 // bar.sync 1 + grp, GEO_NT (named barrier of one thread group)
 inline void geo_group_sync(int grp) { emu::sync_bar(1 + grp, 256); }
 void geo_mma_tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]);
+
+// __shfl_xor_sync over the full warp, warp-collective like the mma (every lane of the
+// warp must call it): each lane publishes its value, then reads lane ^ mask's.
+namespace emu {
+extern double shfl_scratch[32][32];
+}
+template <typename T> inline T __shfl_xor_sync(unsigned, T v, int mask) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    emu::shfl_scratch[w][lane] = (double)v;
+    emu::sync_warp();
+    const T r = (T)emu::shfl_scratch[w][lane ^ mask];
+    emu::sync_warp();  // every lane has read before the next shuffle overwrites
+    return r;
+}
 
 namespace emu {
 using KernelFn = void (*)(const void* args);

@@ -43,14 +43,16 @@ static const char* KNAME[] = {"chr_fwd", "chr_bwd", "lf_fwd", "lf_bwd"};
 static const unsigned SMS = 2;  // a small "GPU": several tiles per block
 static const size_t SMEM_MAX = 232448;
 
-static int mb_of(Kind k, int dj) { return k == LF_BWD ? (dj <= 8 ? 2 : 1) : (dj <= 8 ? 4 : 2); }
+static int mb_of(Kind k, int dj) {
+    return k == LF_BWD ? (dj <= 8 ? 2 : 1) : k == CHR_FWD ? (dj <= 8 ? 8 : 4) : (dj <= 8 ? 4 : 2);
+}
 
 static size_t fast_smem(Kind k, int rp, int dj, size_t es, int* m_out) {
     int m = 4 * mb_of(k, dj), kw = 8 * dj, dp = 8 * kw, su = rp + 4, sv = kw + 4;
     int slice = m * std::max(sv, su);
     size_t e = 0;
     switch (k) {
-        case CHR_FWD: e = 2 * dp * su + 2 * (8 * slice + m * su); break;  // two thread groups
+        case CHR_FWD: e = 2 * dp * su + 8 * slice + m * su; break;  // FFMA: one group, M = 32 (16 for DJ = 16)
         case LF_FWD: e = 2 * dp * su + 8 * slice + m * su; break;
         case CHR_BWD: e = 2 * dp * su + 2 * 8 * slice + 3 * m * su; break;
         case LF_BWD: e = 2 * dp * su + 2 * 8 * slice + 5 * m * su + 2 * m * dp; break;
@@ -80,7 +82,10 @@ static void run(Kind kind, const Job& j, unsigned seed, std::string* chosen) {
     int m = 0;
     size_t smem = (rp && dj) ? fast_smem(kind, rp, dj, es, &m) : 0;
     bool tc = j.tf32 && !j.f64 && (kind == CHR_FWD || kind == LF_FWD) && dj && dj <= 8;
-    if (tc && kind == CHR_FWD) smem = (2 * 64 * dj * rp + 2 * 9 * m * (rp + 4)) * es;  // SMEM_CHR_FWD_TC
+    if (tc && kind == CHR_FWD) {
+        m = 16;  // two thread groups of 16-row tiles
+        smem = (2 * 64 * dj * rp + 2 * 9 * m * (rp + 4)) * es;  // SMEM_CHR_FWD_TC
+    }
     else if (tc) smem += (size_t)64 * dj * 4 * es;  // U rows of stride RP + 8 instead of RP + 4
     bool fast = rp && dj && smem <= SMEM_MAX && !j.force_generic;
     size_t grid, ws_per_cta;
@@ -119,7 +124,7 @@ static void run(Kind kind, const Job& j, unsigned seed, std::string* chosen) {
     a.vec_ok = j.vec_ok && (D * es) % 16 == 0;  // as src/cuda/geodesic.rs: 16-byte rows
     a.smem_bytes = smem;
     auto fn = REG.at(mod + "/" + name);
-    emu::launch(fn, grid, fast && kind == CHR_FWD ? 512 : 256, smem, &a, seed);
+    emu::launch(fn, grid, fast && tc && kind == CHR_FWD ? 512 : 256, smem, &a, seed);
     for (int k = 0; k < 2; ++k) {
         void* out = k == 0 ? j.du : j.dw;
         if (!out) continue;

@@ -1512,6 +1512,18 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_reduce(const ReduceArgs
 }
 #endif
 
+#if (defined(GEO_GENERIC) || defined(GEO_ALL)) && defined(GEO_MODULE_CHR_FWD)
+// The Christoffel forward's GEMM route (R or D beyond the fast kernels, see
+// src/cuda/geodesic.rs): p = v U and gamma = s W^T run in cuBLAS, these in between.
+extern "C" __global__ void __launch_bounds__(GEO_NT) geo_square(GEO_T* p, i64 n) {
+    for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < n; i += (i64)gridDim.x * GEO_NT) p[i] = p[i] * p[i];
+}
+extern "C" __global__ void __launch_bounds__(GEO_NT) geo_clamp(GEO_T* x, i64 n, double c) {
+    const GEO_T cc = (GEO_T)c;
+    for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < n; i += (i64)gridDim.x * GEO_NT) x[i] = clampc(x[i], cc);
+}
+#endif
+
 // Rows per thread of the fast kernels: forwards and the Christoffel backward use
 // tiles of 16 rows (8 for DJ = 16); the leapfrog backward, which also keeps its
 // adjoints and the dU, dW accumulators in registers, half of that.

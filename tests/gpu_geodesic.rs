@@ -5,7 +5,8 @@
 //! (compute-sanitizer runs) shrinks the sizes.
 //!
 //! Covered, f32 and f64: random shapes with odd B, D, R, R > 32 and R > 128 (the
-//! generic kernels), D > 1024, B = 0, several tiles per block; every kernel also
+//! generic kernels, and the Christoffel forward's cuBLAS route), D > 1024, B = 0,
+//! several tiles per block; every kernel also
 //! with `FK_GEO_FORCE_GENERIC`, so the fast and the generic kernels are both checked
 //! on the same shapes; misaligned rows (the non-cp.async load path); the in-place
 //! forms; trajectory on/off; optional arguments; outputs poisoned with NaN before
@@ -690,6 +691,8 @@ fn cuda_tf32_forwards() {
             (257, 512, 32, 2),
             (129, 300, 31, 8),
             (50, 100, 16, 1),
+            // R > 32: the Christoffel forward's GEMM route with TF32 products
+            (60, 200, 40, 1),
         ]
     };
     for &(b, d, r, t) in shapes {

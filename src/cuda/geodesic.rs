@@ -5,7 +5,10 @@
 //! `geodesic_<op>_<dtype>_generic` the generic kernel and, for the backwards,
 //! `geo_reduce` (the deterministic second pass of the dU/dW sums). The fast kernel
 //! runs when its shared memory (U and W resident, plus tile buffers) fits the
-//! device's opt-in limit; otherwise the generic kernel.
+//! device's opt-in limit; otherwise the generic kernel, except for the Christoffel
+//! forward, which then runs as two cuBLAS GEMMs with a square and a clamp kernel
+//! between them (`chr_fwd_gemm`; the generic kernel when cuBLAS cannot be loaded or
+//! with `FK_GEO_FORCE_GENERIC`).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -440,6 +443,82 @@ fn reduce(
     )
 }
 
+/// The Christoffel forward as `P = v U` (cuBLAS, into a `[B, R]` workspace), `P *= P`,
+/// `gamma = P W^T` (cuBLAS), then the clamp in place (skipped for `c = +inf`): for the
+/// shapes no fast kernel takes (R > 32, D > 1024, f64 with large D*R). Traffic is
+/// about three `[B, D]` passes against the fast kernels' two, and it is measured ~10x
+/// faster than the generic kernel (BENCHMARKS.md). TF32 products with
+/// `FK_GEO_ALLOW_TF32` (f32).
+fn chr_fwd_gemm(dev: &CudaDevice, job: &Job, stream: &Stream) -> Result<()> {
+    use crate::ops::linalg::{GemmPlan, Trans, dense};
+    let slot = dev.blas.slot(dev, stream.raw)?;
+    let (b, d, r) = (job.b as i64, job.d as i64, job.r as i64);
+    let module = module_name(Kind::ChristoffelForward, job.dtype, None);
+    let tf32 = job.flags & GEO_ALLOW_TF32 != 0 && job.dtype == DType::F32;
+    let p = Workspace::new(dev, job.b * job.r * job.dtype.size(), stream.raw)?;
+    let elementwise = |name: &'static str, ptr: usize, n: i64, c: Option<f64>| -> Result<()> {
+        let (mut ptr, mut n) = (ptr as u64, n);
+        let mut c = c.unwrap_or(0.0);
+        let mut params = [
+            &mut ptr as *mut u64 as *mut c_void,
+            &mut n as *mut i64 as *mut c_void,
+            &mut c as *mut f64 as *mut c_void,
+        ];
+        let grid = (n as usize)
+            .div_ceil(NT as usize)
+            .clamp(1, dev.sm_count.max(1) as usize * 8);
+        let np = if name == "geo_clamp" { 3 } else { 2 };
+        launch(
+            dev,
+            module,
+            name,
+            (grid as u32, 1, 1),
+            (NT, 1, 1),
+            0,
+            stream.raw,
+            &mut params[..np],
+        )
+    };
+    let g = slot.lock().unwrap_or_else(|e| e.into_inner());
+    super::cublas::gemm_ex(
+        &g,
+        &GemmPlan::new(
+            job.dtype,
+            Trans::N,
+            dense(job.v0, b, d, 0),
+            Trans::N,
+            dense(job.u, d, r, 0),
+            dense(p.ptr as usize, b, r, 0),
+            1.0,
+            0.0,
+            1,
+            tf32,
+        ),
+    )?;
+    elementwise("geo_square", p.ptr as usize, b * r, None)?;
+    super::cublas::gemm_ex(
+        &g,
+        &GemmPlan::new(
+            job.dtype,
+            Trans::N,
+            dense(p.ptr as usize, b, r, 0),
+            Trans::T,
+            dense(job.w, d, r, 0),
+            dense(job.gamma, b, d, 0),
+            1.0,
+            0.0,
+            1,
+            tf32,
+        ),
+    )?;
+    drop(g);
+    if job.c.is_finite() {
+        elementwise("geo_clamp", job.gamma, b * d, Some(job.c))?;
+    }
+    drop(p);
+    Ok(())
+}
+
 /// Runs one geodesic op on `stream` (validated by `ops::geodesic`).
 pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<()> {
     let esize = job.dtype.size();
@@ -449,6 +528,16 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
     } else {
         fast_config(kind, job, max_smem(dev)?)
     };
+    // no fast kernel for the Christoffel forward: cuBLAS, when it loads (cuBLAS takes
+    // 32-bit sizes)
+    if fast.is_none()
+        && kind == Kind::ChristoffelForward
+        && job.flags & GEO_FORCE_GENERIC == 0
+        && job.b.max(job.d).max(job.r) <= i32::MAX as usize
+        && super::cublas::load().is_ok()
+    {
+        return chr_fwd_gemm(dev, job, stream);
+    }
     let want = (if job.dv != 0 { WANT_DV } else { 0 })
         | (if job.du != 0 { WANT_DU } else { 0 })
         | (if job.dw != 0 { WANT_DW } else { 0 })

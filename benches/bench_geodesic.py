@@ -384,6 +384,19 @@ def main():
         row(f"christoffel fwd f32 R=64, generic kernel (flags=2)",
             lambda: fk.christoffel(P2["v"], P2["U"], P2["W"], c, out2, 2), None, e, (2 * nbd + 2 * D * 64) * 4,
             4 * nbd * 64)
+        # the leapfrog at R = 64, T = 8: the same route per Christoffel evaluation
+        T = 8
+        x2o, v2o = torch.full_like(P2["v"], float("nan")), torch.full_like(P2["v"], float("nan"))
+        a2 = (P2["x"], P2["v"], P2["f"], P2["U"], P2["W"], P2["mu"])
+        r64 = {k: t.double() for k, t in P2.items()}
+        xr, vr = lf_ref(r64["x"], r64["v"], r64["f"], r64["U"], r64["W"], r64["mu"], dt, T, c)
+        for name, fl in (("cuBLAS route", 0), ("generic kernel (flags=2)", 2)):
+            fk.leapfrog(*a2, dt, T, c, x2o, v2o, None, fl)
+            e = max(rel_err(x2o, xr), rel_err(v2o, vr))
+            compf2 = torch.compile(lf_ref) if not args.no_compile and fl == 0 else None
+            row(f"leapfrog fwd f32 T={T} R=64, {name}", lambda: fk.leapfrog(*a2, dt, T, c, x2o, v2o, None, fl),
+                (lambda: lf_ref(*a2, dt, T, c)) if fl == 0 else None, e, 5 * nbd * 4 + 2 * D * 64 * 4,
+                8 * T * nbd * 64, compile_fn=(lambda: compf2(*a2, dt, T, c)) if compf2 else None)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), fh, indent=1)

@@ -41,15 +41,15 @@
  * `fk_leapfrog_forward`) may use TF32 tensor cores (mma.sync) for the f32 products,
  * about 5e-4 relative error in gamma instead of 1e-7. A permission, not a demand:
  * it takes effect for f32 on CUDA where the fast kernels apply (D <= 512, R <= 32)
- * and in the Christoffel forward's cuBLAS route (shapes without a fast kernel); the
+ * and in the forwards' cuBLAS route (shapes without a fast kernel); the
  * CPU, f64, the generic kernels and both backwards stay strict IEEE.
  */
 #define FK_GEO_ALLOW_TF32 1
 
 /**
  * `flags` bit of the geodesic ops, for testing and debugging: the CUDA backend
- * uses its generic kernels even where a fast configuration or the Christoffel
- * forward's cuBLAS route would run (same results to rounding, several times
+ * uses its generic kernels even where a fast configuration or the forwards'
+ * cuBLAS route would run (same results to rounding, several times
  * slower). Ignored on the CPU.
  */
 #define FK_GEO_FORCE_GENERIC 2

@@ -1512,15 +1512,48 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_reduce(const ReduceArgs
 }
 #endif
 
-#if (defined(GEO_GENERIC) || defined(GEO_ALL)) && defined(GEO_MODULE_CHR_FWD)
-// The Christoffel forward's GEMM route (R or D beyond the fast kernels, see
-// src/cuda/geodesic.rs): p = v U and gamma = s W^T run in cuBLAS, these in between.
+#if (defined(GEO_GENERIC) || defined(GEO_ALL)) && (defined(GEO_MODULE_CHR_FWD) || defined(GEO_MODULE_LF_FWD))
+// The forwards' GEMM route (R or D beyond the fast kernels, see src/cuda/geodesic.rs):
+// p = v U and gamma_raw = s W^T run in cuBLAS, these in between.
 extern "C" __global__ void __launch_bounds__(GEO_NT) geo_square(GEO_T* p, i64 n) {
     for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < n; i += (i64)gridDim.x * GEO_NT) p[i] = p[i] * p[i];
 }
+#endif
+#if (defined(GEO_GENERIC) || defined(GEO_ALL)) && defined(GEO_MODULE_CHR_FWD)
 extern "C" __global__ void __launch_bounds__(GEO_NT) geo_clamp(GEO_T* x, i64 n, double c) {
     const GEO_T cc = (GEO_T)c;
     for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < n; i += (i64)gridDim.x * GEO_NT) x[i] = clampc(x[i], cc);
+}
+#endif
+#if (defined(GEO_GENERIC) || defined(GEO_ALL)) && defined(GEO_MODULE_LF_FWD)
+struct KickArgs {
+    i64 n, d;
+    u64 x, v, raw, f, mu, tx, tv;  // x: 0 for the second kick (no drift); f, mu, tx, tv optional
+    double h, dt, c;
+};
+// One kick of the leapfrog in place, v += h (f - clamp(raw) - mu v), then (first
+// kick) the drift x += dt v, and (tx, tv) copies of the new x, v (the trajectory).
+extern "C" __global__ void __launch_bounds__(GEO_NT) geo_kick(const KickArgs a) {
+    typedef GEO_T T;
+    const T h = (T)a.h, dt = (T)a.dt, c = (T)a.c;
+    T* x = reinterpret_cast<T*>(a.x);
+    T* v = reinterpret_cast<T*>(a.v);
+    const T* raw = reinterpret_cast<const T*>(a.raw);
+    const T* f = reinterpret_cast<const T*>(a.f);
+    const T* mu = reinterpret_cast<const T*>(a.mu);
+    for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < a.n; i += (i64)gridDim.x * GEO_NT) {
+        const T vi = v[i];
+        const T fi = f != nullptr ? f[i] : T(0);
+        const T mi = mu != nullptr ? mu[i % a.d] : T(0);
+        const T vn = vi + h * (fi - clampc(raw[i], c) - mi * vi);
+        v[i] = vn;
+        if (x != nullptr) {
+            const T xn = x[i] + dt * vn;
+            x[i] = xn;
+            if (a.tx) reinterpret_cast<T*>(a.tx)[i] = xn;
+        }
+        if (a.tv) reinterpret_cast<T*>(a.tv)[i] = vn;
+    }
 }
 #endif
 

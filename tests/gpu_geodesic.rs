@@ -543,64 +543,67 @@ fn cuda_misaligned_rows_and_in_place() {
     let Some(gpu) = gpu() else { return };
     let cpu = Ctx::new(FK_DEVICE_CPU);
     let mut rng = Rng(14);
-    let (b, d, r) = (37usize, 64usize, 12usize);
-    let p = Prob::new(&mut rng, b, d, r, 1, false, 0.6);
-    for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
-        let want = run_all(&cpu, dt, &p, 0, null());
-        // v one element into a larger buffer: rows no longer 16-byte aligned
-        let big = Buf::new(&gpu, dt, &[(b * d + 1) as i64]);
-        let mut vals = vec![0.0; b * d + 1];
-        vals[1..].copy_from_slice(&p.v);
-        big.write(&vals);
-        let mut base = null_mut();
-        ok(unsafe { fk_buffer_data(big.h, &mut base) });
-        let shape = [b as i64, d as i64];
-        let mut vh = null_mut();
-        ok(unsafe {
-            fk_buffer_wrap(
-                gpu.0,
-                (base as *mut u8).add(esize(dt)) as *mut _,
-                dt,
-                2,
-                shape.as_ptr(),
-                null(),
-                &mut vh,
-            )
-        });
-        let v = Buf {
-            h: vh,
-            dtype: dt,
-            n: b * d,
-        };
-        let i = upload(&gpu, dt, &p);
-        let out = Buf::new(&gpu, dt, &[b as i64, d as i64]);
-        ok(unsafe { fk_christoffel_forward(v.h, i.u.h, i.w.h, p.c, 0, out.h, null()) });
-        close(&out.read(), &want.gamma, tol_fwd(dt), "gamma, misaligned v");
-        // in place: gamma over v
-        ok(unsafe { fk_christoffel_forward(i.v.h, i.u.h, i.w.h, p.c, 0, i.v.h, null()) });
-        close(&i.v.read(), &want.gamma, tol_fwd(dt), "gamma in place");
-        // leapfrog in place: x_out = x0, v_out = v0
-        let i = upload(&gpu, dt, &p);
-        ok(unsafe {
-            fk_leapfrog_forward(
-                i.x.h,
-                i.v.h,
-                null(),
-                i.u.h,
-                i.w.h,
-                null(),
-                p.dt,
-                1,
-                p.c,
-                0,
-                i.x.h,
-                i.v.h,
-                null_mut(),
-                null(),
-            )
-        });
-        close(&i.x.read(), &want.x, tol_fwd(dt), "x in place");
-        close(&i.v.read(), &want.v, tol_fwd(dt), "v in place");
+    // R = 12: the fast kernels; R = 40: the Christoffel forward's cuBLAS route and
+    // the generic leapfrog
+    for (b, d, r) in [(37usize, 64usize, 12usize), (37, 64, 40)] {
+        let p = Prob::new(&mut rng, b, d, r, 1, false, 0.6);
+        for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
+            let want = run_all(&cpu, dt, &p, 0, null());
+            // v one element into a larger buffer: rows no longer 16-byte aligned
+            let big = Buf::new(&gpu, dt, &[(b * d + 1) as i64]);
+            let mut vals = vec![0.0; b * d + 1];
+            vals[1..].copy_from_slice(&p.v);
+            big.write(&vals);
+            let mut base = null_mut();
+            ok(unsafe { fk_buffer_data(big.h, &mut base) });
+            let shape = [b as i64, d as i64];
+            let mut vh = null_mut();
+            ok(unsafe {
+                fk_buffer_wrap(
+                    gpu.0,
+                    (base as *mut u8).add(esize(dt)) as *mut _,
+                    dt,
+                    2,
+                    shape.as_ptr(),
+                    null(),
+                    &mut vh,
+                )
+            });
+            let v = Buf {
+                h: vh,
+                dtype: dt,
+                n: b * d,
+            };
+            let i = upload(&gpu, dt, &p);
+            let out = Buf::new(&gpu, dt, &[b as i64, d as i64]);
+            ok(unsafe { fk_christoffel_forward(v.h, i.u.h, i.w.h, p.c, 0, out.h, null()) });
+            close(&out.read(), &want.gamma, tol_fwd(dt), "gamma, misaligned v");
+            // in place: gamma over v
+            ok(unsafe { fk_christoffel_forward(i.v.h, i.u.h, i.w.h, p.c, 0, i.v.h, null()) });
+            close(&i.v.read(), &want.gamma, tol_fwd(dt), "gamma in place");
+            // leapfrog in place: x_out = x0, v_out = v0
+            let i = upload(&gpu, dt, &p);
+            ok(unsafe {
+                fk_leapfrog_forward(
+                    i.x.h,
+                    i.v.h,
+                    null(),
+                    i.u.h,
+                    i.w.h,
+                    null(),
+                    p.dt,
+                    1,
+                    p.c,
+                    0,
+                    i.x.h,
+                    i.v.h,
+                    null_mut(),
+                    null(),
+                )
+            });
+            close(&i.x.read(), &want.x, tol_fwd(dt), "x in place");
+            close(&i.v.read(), &want.v, tol_fwd(dt), "v in place");
+        }
     }
 }
 

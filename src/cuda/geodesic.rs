@@ -5,10 +5,10 @@
 //! `geodesic_<op>_<dtype>_generic` the generic kernel and, for the backwards,
 //! `geo_reduce` (the deterministic second pass of the dU/dW sums). The fast kernel
 //! runs when its shared memory (U and W resident, plus tile buffers) fits the
-//! device's opt-in limit; otherwise the generic kernel, except for the Christoffel
-//! forward, which then runs as two cuBLAS GEMMs with a square and a clamp kernel
-//! between them (`chr_fwd_gemm`; the generic kernel when cuBLAS cannot be loaded or
-//! with `FK_GEO_FORCE_GENERIC`).
+//! device's opt-in limit; otherwise the generic kernel, except for the forwards,
+//! which then run their Christoffel evaluations as two cuBLAS GEMMs with a square
+//! kernel between them (`GemmRoute`; the generic kernel when cuBLAS cannot be loaded
+//! or with `FK_GEO_FORCE_GENERIC`).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -443,79 +443,165 @@ fn reduce(
     )
 }
 
-/// The Christoffel forward as `P = v U` (cuBLAS, into a `[B, R]` workspace), `P *= P`,
-/// `gamma = P W^T` (cuBLAS), then the clamp in place (skipped for `c = +inf`): for the
-/// shapes no fast kernel takes (R > 32, D > 1024, f64 with large D*R). Traffic is
-/// about three `[B, D]` passes against the fast kernels' two, and it is measured ~10x
-/// faster than the generic kernel (BENCHMARKS.md). TF32 products with
-/// `FK_GEO_ALLOW_TF32` (f32).
-fn chr_fwd_gemm(dev: &CudaDevice, job: &Job, stream: &Stream) -> Result<()> {
-    use crate::ops::linalg::{GemmPlan, Trans, dense};
-    let slot = dev.blas.slot(dev, stream.raw)?;
-    let (b, d, r) = (job.b as i64, job.d as i64, job.r as i64);
-    let module = module_name(Kind::ChristoffelForward, job.dtype, None);
-    let tf32 = job.flags & GEO_ALLOW_TF32 != 0 && job.dtype == DType::F32;
-    let p = Workspace::new(dev, job.b * job.r * job.dtype.size(), stream.raw)?;
-    let elementwise = |name: &'static str, ptr: usize, n: i64, c: Option<f64>| -> Result<()> {
-        let (mut ptr, mut n) = (ptr as u64, n);
-        let mut c = c.unwrap_or(0.0);
-        let mut params = [
-            &mut ptr as *mut u64 as *mut c_void,
-            &mut n as *mut i64 as *mut c_void,
-            &mut c as *mut f64 as *mut c_void,
-        ];
-        let grid = (n as usize)
-            .div_ceil(NT as usize)
-            .clamp(1, dev.sm_count.max(1) as usize * 8);
-        let np = if name == "geo_clamp" { 3 } else { 2 };
-        launch(
+/// The forwards' GEMM route, for the shapes no fast kernel takes (R > 32, D > 1024,
+/// f64 with large D*R): `gamma_raw = (v U)^2 W^T` as `P = v U` (cuBLAS, into a `[B, R]`
+/// workspace), `P *= P` (`geo_square`), `gamma_raw = P W^T` (cuBLAS), then the op's own
+/// elementwise kernel (the clamp, or the leapfrog's kicks). About three `[B, D]` passes
+/// per evaluation against the fast kernels' two (as PyTorch eager), ~10x faster than
+/// the generic kernels (BENCHMARKS.md). TF32 products with `FK_GEO_ALLOW_TF32` (f32).
+struct GemmRoute<'a> {
+    dev: &'a CudaDevice,
+    stream: &'a Stream,
+    job: &'a Job,
+    module: &'static str,
+    slot: std::sync::Arc<std::sync::Mutex<super::cublas::Slot>>,
+    p: Workspace<'a>,
+}
+
+impl<'a> GemmRoute<'a> {
+    fn new(dev: &'a CudaDevice, kind: Kind, job: &'a Job, stream: &'a Stream) -> Result<Self> {
+        Ok(GemmRoute {
             dev,
-            module,
+            stream,
+            job,
+            module: module_name(kind, job.dtype, None),
+            slot: dev.blas.slot(dev, stream.raw)?,
+            p: Workspace::new(dev, job.b * job.r * job.dtype.size(), stream.raw)?,
+        })
+    }
+
+    /// `out = (v U)^2 W^T` (`out` may be `v`: `v` is read before `out` is written).
+    fn gamma_raw(&self, v: usize, out: usize) -> Result<()> {
+        use crate::ops::linalg::{GemmPlan, Trans, dense};
+        let j = self.job;
+        let (b, d, r) = (j.b as i64, j.d as i64, j.r as i64);
+        let tf32 = j.flags & GEO_ALLOW_TF32 != 0 && j.dtype == DType::F32;
+        let p = self.p.ptr as usize;
+        let g = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        let gemm = |a, op_b, bm, c| {
+            super::cublas::gemm_ex(
+                &g,
+                &GemmPlan::new(j.dtype, Trans::N, a, op_b, bm, c, 1.0, 0.0, 1, tf32),
+            )
+        };
+        gemm(
+            dense(v, b, d, 0),
+            Trans::N,
+            dense(j.u, d, r, 0),
+            dense(p, b, r, 0),
+        )?;
+        let (mut pp, mut n) = (p as u64, b * r);
+        self.launch(
+            "geo_square",
+            n,
+            &mut [
+                &mut pp as *mut u64 as *mut c_void,
+                &mut n as *mut i64 as *mut c_void,
+            ],
+        )?;
+        gemm(
+            dense(p, b, r, 0),
+            Trans::T,
+            dense(j.w, d, r, 0),
+            dense(out, b, d, 0),
+        )
+    }
+
+    /// An elementwise kernel of the generic module over `n` elements.
+    fn launch(&self, name: &'static str, n: i64, params: &mut [*mut c_void]) -> Result<()> {
+        let grid = (n.max(1) as usize)
+            .div_ceil(NT as usize)
+            .clamp(1, self.dev.sm_count.max(1) as usize * 8);
+        launch(
+            self.dev,
+            self.module,
             name,
             (grid as u32, 1, 1),
             (NT, 1, 1),
             0,
-            stream.raw,
-            &mut params[..np],
+            self.stream.raw,
+            params,
         )
-    };
-    let g = slot.lock().unwrap_or_else(|e| e.into_inner());
-    super::cublas::gemm_ex(
-        &g,
-        &GemmPlan::new(
-            job.dtype,
-            Trans::N,
-            dense(job.v0, b, d, 0),
-            Trans::N,
-            dense(job.u, d, r, 0),
-            dense(p.ptr as usize, b, r, 0),
-            1.0,
-            0.0,
-            1,
-            tf32,
-        ),
-    )?;
-    elementwise("geo_square", p.ptr as usize, b * r, None)?;
-    super::cublas::gemm_ex(
-        &g,
-        &GemmPlan::new(
-            job.dtype,
-            Trans::N,
-            dense(p.ptr as usize, b, r, 0),
-            Trans::T,
-            dense(job.w, d, r, 0),
-            dense(job.gamma, b, d, 0),
-            1.0,
-            0.0,
-            1,
-            tf32,
-        ),
-    )?;
-    drop(g);
-    if job.c.is_finite() {
-        elementwise("geo_clamp", job.gamma, b * d, Some(job.c))?;
     }
-    drop(p);
+}
+
+/// The Christoffel forward through the GEMM route: `gamma_raw`, then the clamp in
+/// place (skipped for `c = +inf`).
+fn chr_fwd_gemm(dev: &CudaDevice, job: &Job, stream: &Stream) -> Result<()> {
+    let route = GemmRoute::new(dev, Kind::ChristoffelForward, job, stream)?;
+    route.gamma_raw(job.v0, job.gamma)?;
+    if job.c.is_finite() {
+        let (mut x, mut n, mut c) = (job.gamma as u64, (job.b * job.d) as i64, job.c);
+        route.launch(
+            "geo_clamp",
+            n,
+            &mut [
+                &mut x as *mut u64 as *mut c_void,
+                &mut n as *mut i64 as *mut c_void,
+                &mut c as *mut f64 as *mut c_void,
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// The leapfrog forward through the GEMM route: the state lives in `x_out`, `v_out`
+/// (copied from `x0`, `v0` unless in place), each step is `gamma_raw(v)` into a
+/// `[B, D]` workspace, the first kick with the drift, `gamma_raw(vh)`, the second
+/// kick; the kicks also write the trajectory rows.
+fn lf_fwd_gemm(dev: &CudaDevice, job: &Job, stream: &Stream) -> Result<()> {
+    #[repr(C)]
+    struct KickArgs {
+        n: i64,
+        d: i64,
+        x: u64,
+        v: u64,
+        raw: u64,
+        f: u64,
+        mu: u64,
+        tx: u64,
+        tv: u64,
+        h: f64,
+        dt: f64,
+        c: f64,
+    }
+    let route = GemmRoute::new(dev, Kind::LeapfrogForward, job, stream)?;
+    let bytes = job.b * job.d * job.dtype.size();
+    for (dst, src) in [(job.x_out, job.x0), (job.v_out, job.v0)] {
+        if dst != src {
+            dev.memcpy_async(dst as u64, src as u64, bytes, stream.raw)?;
+        }
+    }
+    let raw = Workspace::new(dev, bytes, stream.raw)?;
+    let n = (job.b * job.d) as i64;
+    let traj = |t: usize, k: usize| -> u64 {
+        if job.traj == 0 {
+            0
+        } else {
+            (job.traj + (2 * t + k) * bytes) as u64
+        }
+    };
+    for t in 0..job.steps {
+        for first in [true, false] {
+            route.gamma_raw(job.v_out, raw.ptr as usize)?;
+            let mut a = KickArgs {
+                n,
+                d: job.d as i64,
+                x: if first { job.x_out as u64 } else { 0 },
+                v: job.v_out as u64,
+                raw: raw.ptr,
+                f: job.f as u64,
+                mu: job.mu as u64,
+                tx: if first { traj(t, 0) } else { 0 },
+                tv: if first { 0 } else { traj(t, 1) },
+                h: 0.5 * job.dt,
+                dt: job.dt,
+                c: job.c,
+            };
+            route.launch("geo_kick", n, &mut [&mut a as *mut KickArgs as *mut c_void])?;
+        }
+    }
+    drop(raw);
     Ok(())
 }
 
@@ -531,12 +617,15 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
     // no fast kernel for the Christoffel forward: cuBLAS, when it loads (cuBLAS takes
     // 32-bit sizes)
     if fast.is_none()
-        && kind == Kind::ChristoffelForward
         && job.flags & GEO_FORCE_GENERIC == 0
         && job.b.max(job.d).max(job.r) <= i32::MAX as usize
         && super::cublas::load().is_ok()
     {
-        return chr_fwd_gemm(dev, job, stream);
+        match kind {
+            Kind::ChristoffelForward => return chr_fwd_gemm(dev, job, stream),
+            Kind::LeapfrogForward => return lf_fwd_gemm(dev, job, stream),
+            _ => {}
+        }
     }
     let want = (if job.dv != 0 { WANT_DV } else { 0 })
         | (if job.du != 0 { WANT_DU } else { 0 })

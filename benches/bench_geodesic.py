@@ -384,6 +384,20 @@ def main():
         row(f"christoffel fwd f32 R=64, generic kernel (flags=2)",
             lambda: fk.christoffel(P2["v"], P2["U"], P2["W"], c, out2, 2), None, e, (2 * nbd + 2 * D * 64) * 4,
             4 * nbd * 64)
+        # the Christoffel backward at R = 64 (all gradients)
+        g2 = P2["g"]
+        b2 = [torch.full_like(g2, float("nan"))] + [torch.full_like(P2["U"], float("nan")) for _ in range(2)]
+        r64 = {k: t.double() for k, t in P2.items()}
+        refs = chr_bwd_ref(r64["v"], r64["U"], r64["W"], r64["g"], c)
+        for name, fl in (("cuBLAS route", 0), ("generic kernel (flags=2)", 2)):
+            fk.christoffel_backward(P2["v"], P2["U"], P2["W"], g2, c, *b2, flags=fl)
+            e = max(rel_err(o, r) for o, r in zip(b2, refs))
+            compb2 = torch.compile(chr_bwd_ref) if not args.no_compile and fl == 0 else None
+            row(f"christoffel bwd f32 R=64, {name}",
+                lambda: fk.christoffel_backward(P2["v"], P2["U"], P2["W"], g2, c, *b2, flags=fl),
+                (lambda: chr_bwd_ref(P2["v"], P2["U"], P2["W"], g2, c)) if fl == 0 else None, e,
+                (3 * nbd + 4 * D * 64) * 4, 12 * nbd * 64,
+                compile_fn=(lambda: compb2(P2["v"], P2["U"], P2["W"], g2, c)) if compb2 else None)
         # the leapfrog at R = 64, T = 8: the same route per Christoffel evaluation
         T = 8
         x2o, v2o = torch.full_like(P2["v"], float("nan")), torch.full_like(P2["v"], float("nan"))

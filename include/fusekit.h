@@ -48,8 +48,8 @@
 
 /**
  * `flags` bit of the geodesic ops, for testing and debugging: the CUDA backend
- * uses its generic kernels even where a fast configuration or the forwards'
- * cuBLAS route would run (same results to rounding, several times
+ * uses its generic kernels even where a fast configuration or the cuBLAS route
+ * (forwards, Christoffel backward) would run (same results to rounding, several times
  * slower). Ignored on the CPU.
  */
 #define FK_GEO_FORCE_GENERIC 2

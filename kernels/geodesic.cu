@@ -1512,11 +1512,23 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_reduce(const ReduceArgs
 }
 #endif
 
-#if (defined(GEO_GENERIC) || defined(GEO_ALL)) && (defined(GEO_MODULE_CHR_FWD) || defined(GEO_MODULE_LF_FWD))
-// The forwards' GEMM route (R or D beyond the fast kernels, see src/cuda/geodesic.rs):
-// p = v U and gamma_raw = s W^T run in cuBLAS, these in between.
-extern "C" __global__ void __launch_bounds__(GEO_NT) geo_square(GEO_T* p, i64 n) {
-    for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < n; i += (i64)gridDim.x * GEO_NT) p[i] = p[i] * p[i];
+#if (defined(GEO_GENERIC) || defined(GEO_ALL)) && !defined(GEO_MODULE_LF_BWD)
+// The GEMM route (R or D beyond the fast kernels, see src/cuda/geodesic.rs): the
+// products run in cuBLAS, these in between. s = p * p (s may be p).
+extern "C" __global__ void __launch_bounds__(GEO_NT) geo_square(GEO_T* s, const GEO_T* p, i64 n) {
+    for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < n; i += (i64)gridDim.x * GEO_NT) s[i] = p[i] * p[i];
+}
+#endif
+#if (defined(GEO_GENERIC) || defined(GEO_ALL)) && defined(GEO_MODULE_CHR_BWD)
+// The Christoffel backward's route: raw := g * 1[-c <= raw <= c] (g'), in place.
+extern "C" __global__ void __launch_bounds__(GEO_NT) geo_mask(GEO_T* raw, const GEO_T* g, i64 n, double c) {
+    const GEO_T cc = (GEO_T)c;
+    for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < n; i += (i64)gridDim.x * GEO_NT)
+        raw[i] = passc(raw[i], cc) ? g[i] : GEO_T(0);
+}
+// q := 2 p q (dp from q = g' W)
+extern "C" __global__ void __launch_bounds__(GEO_NT) geo_dp(GEO_T* q, const GEO_T* p, i64 n) {
+    for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < n; i += (i64)gridDim.x * GEO_NT) q[i] = GEO_T(2) * p[i] * q[i];
 }
 #endif
 #if (defined(GEO_GENERIC) || defined(GEO_ALL)) && defined(GEO_MODULE_CHR_FWD)

@@ -45,8 +45,8 @@ use crate::ops::geodesic as geo;
 pub const FK_GEO_ALLOW_TF32: u32 = 1;
 
 /// `flags` bit of the geodesic ops, for testing and debugging: the CUDA backend
-/// uses its generic kernels even where a fast configuration or the forwards'
-/// cuBLAS route would run (same results to rounding, several times
+/// uses its generic kernels even where a fast configuration or the cuBLAS route
+/// (forwards, Christoffel backward) would run (same results to rounding, several times
 /// slower). Ignored on the CPU.
 pub const FK_GEO_FORCE_GENERIC: u32 = 2;
 

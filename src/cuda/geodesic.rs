@@ -5,10 +5,10 @@
 //! `geodesic_<op>_<dtype>_generic` the generic kernel and, for the backwards,
 //! `geo_reduce` (the deterministic second pass of the dU/dW sums). The fast kernel
 //! runs when its shared memory (U and W resident, plus tile buffers) fits the
-//! device's opt-in limit; otherwise the generic kernel, except for the forwards,
-//! which then run their Christoffel evaluations as two cuBLAS GEMMs with a square
-//! kernel between them (`GemmRoute`; the generic kernel when cuBLAS cannot be loaded
-//! or with `FK_GEO_FORCE_GENERIC`).
+//! device's opt-in limit; otherwise the generic kernel, except for the Christoffel
+//! ops and the leapfrog forward, which then run their products in cuBLAS with small
+//! elementwise kernels between them (`GemmRoute`; the generic kernel when cuBLAS
+//! cannot be loaded or with `FK_GEO_FORCE_GENERIC`).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -443,12 +443,15 @@ fn reduce(
     )
 }
 
-/// The forwards' GEMM route, for the shapes no fast kernel takes (R > 32, D > 1024,
-/// f64 with large D*R): `gamma_raw = (v U)^2 W^T` as `P = v U` (cuBLAS, into a `[B, R]`
-/// workspace), `P *= P` (`geo_square`), `gamma_raw = P W^T` (cuBLAS), then the op's own
-/// elementwise kernel (the clamp, or the leapfrog's kicks). About three `[B, D]` passes
-/// per evaluation against the fast kernels' two (as PyTorch eager), ~10x faster than
-/// the generic kernels (BENCHMARKS.md). TF32 products with `FK_GEO_ALLOW_TF32` (f32).
+/// The GEMM route, for the shapes no fast kernel takes (R > 32, D > 1024, f64 with
+/// large D*R): the products in cuBLAS, small elementwise kernels of the op's generic
+/// module between them; `gamma_raw = (v U)^2 W^T` as `P = v U` (into a `[B, R]`
+/// workspace), `P *= P` (`geo_square`), `P W^T`. About three `[B, D]` passes per
+/// evaluation against the fast kernels' two (as PyTorch eager), ~10x faster than the
+/// generic kernels (BENCHMARKS.md). TF32 products with `FK_GEO_ALLOW_TF32` (f32
+/// forwards).
+use crate::ops::linalg::{GemmPlan, Mat, Trans, dense};
+
 struct GemmRoute<'a> {
     dev: &'a CudaDevice,
     stream: &'a Stream,
@@ -470,40 +473,51 @@ impl<'a> GemmRoute<'a> {
         })
     }
 
-    /// `out = (v U)^2 W^T` (`out` may be `v`: `v` is read before `out` is written).
-    fn gamma_raw(&self, v: usize, out: usize) -> Result<()> {
-        use crate::ops::linalg::{GemmPlan, Trans, dense};
-        let j = self.job;
-        let (b, d, r) = (j.b as i64, j.d as i64, j.r as i64);
-        let tf32 = j.flags & GEO_ALLOW_TF32 != 0 && j.dtype == DType::F32;
-        let p = self.p.ptr as usize;
+    /// `c = op_a(a) op_b(b)` (row-major, dense), TF32 products where `tf32`.
+    fn gemm(&self, op_a: Trans, a: Mat, op_b: Trans, b: Mat, c: Mat, tf32: bool) -> Result<()> {
         let g = self.slot.lock().unwrap_or_else(|e| e.into_inner());
-        let gemm = |a, op_b, bm, c| {
-            super::cublas::gemm_ex(
-                &g,
-                &GemmPlan::new(j.dtype, Trans::N, a, op_b, bm, c, 1.0, 0.0, 1, tf32),
-            )
-        };
-        gemm(
-            dense(v, b, d, 0),
-            Trans::N,
-            dense(j.u, d, r, 0),
-            dense(p, b, r, 0),
-        )?;
-        let (mut pp, mut n) = (p as u64, b * r);
+        super::cublas::gemm_ex(
+            &g,
+            &GemmPlan::new(self.job.dtype, op_a, a, op_b, b, c, 1.0, 0.0, 1, tf32),
+        )
+    }
+
+    /// `s = p * p` over the `[B, R]` products (`s` may be `p`).
+    fn square(&self, s: usize, p: usize) -> Result<()> {
+        let (mut s, mut p, mut n) = (s as u64, p as u64, (self.job.b * self.job.r) as i64);
         self.launch(
             "geo_square",
             n,
             &mut [
-                &mut pp as *mut u64 as *mut c_void,
+                &mut s as *mut u64 as *mut c_void,
+                &mut p as *mut u64 as *mut c_void,
                 &mut n as *mut i64 as *mut c_void,
             ],
+        )
+    }
+
+    /// `out = (v U)^2 W^T` (`out` may be `v`: `v` is read before `out` is written).
+    fn gamma_raw(&self, v: usize, out: usize) -> Result<()> {
+        let j = self.job;
+        let (b, d, r) = (j.b as i64, j.d as i64, j.r as i64);
+        let tf32 = j.flags & GEO_ALLOW_TF32 != 0 && j.dtype == DType::F32;
+        let p = self.p.ptr as usize;
+        self.gemm(
+            Trans::N,
+            dense(v, b, d, 0),
+            Trans::N,
+            dense(j.u, d, r, 0),
+            dense(p, b, r, 0),
+            tf32,
         )?;
-        gemm(
+        self.square(p, p)?;
+        self.gemm(
+            Trans::N,
             dense(p, b, r, 0),
             Trans::T,
             dense(j.w, d, r, 0),
             dense(out, b, d, 0),
+            tf32,
         )
     }
 
@@ -605,6 +619,107 @@ fn lf_fwd_gemm(dev: &CudaDevice, job: &Job, stream: &Stream) -> Result<()> {
     Ok(())
 }
 
+/// The Christoffel backward through the GEMM route (strict products; the flag is
+/// ignored as in the fast kernels): `P = v U`, `S = P^2`, `raw = S W^T` into a
+/// `[B, D]` workspace, `g' = g 1[|raw| <= c]` there (`geo_mask`), `dW = g'^T S`,
+/// `Q = g' W`, `dP = 2 P Q` (`geo_dp`), `dv = dP U^T`, `dU = v^T dP`. cuBLAS's
+/// products are deterministic, so dU and dW are reproducible run to run.
+fn chr_bwd_gemm(dev: &CudaDevice, job: &Job, stream: &Stream) -> Result<()> {
+    let route = GemmRoute::new(dev, Kind::ChristoffelBackward, job, stream)?;
+    let (b, d, r) = (job.b as i64, job.d as i64, job.r as i64);
+    let es = job.dtype.size();
+    let br = job.b * job.r * es;
+    let ws = Workspace::new(dev, 2 * br + job.b * job.d * es, stream.raw)?;
+    let p = route.p.ptr as usize;
+    let (s, q) = (ws.ptr as usize, ws.ptr as usize + br);
+    let raw = ws.ptr as usize + 2 * br;
+    route.gemm(
+        Trans::N,
+        dense(job.v0, b, d, 0),
+        Trans::N,
+        dense(job.u, d, r, 0),
+        dense(p, b, r, 0),
+        false,
+    )?;
+    route.square(s, p)?;
+    route.gemm(
+        Trans::N,
+        dense(s, b, r, 0),
+        Trans::T,
+        dense(job.w, d, r, 0),
+        dense(raw, b, d, 0),
+        false,
+    )?;
+    {
+        let (mut x, mut g, mut n, mut c) = (raw as u64, job.g as u64, b * d, job.c);
+        route.launch(
+            "geo_mask",
+            n,
+            &mut [
+                &mut x as *mut u64 as *mut c_void,
+                &mut g as *mut u64 as *mut c_void,
+                &mut n as *mut i64 as *mut c_void,
+                &mut c as *mut f64 as *mut c_void,
+            ],
+        )?;
+    }
+    if job.dw != 0 {
+        route.gemm(
+            Trans::T,
+            dense(raw, b, d, 0),
+            Trans::N,
+            dense(s, b, r, 0),
+            dense(job.dw, d, r, 0),
+            false,
+        )?;
+    }
+    if job.dv == 0 && job.du == 0 {
+        return Ok(());
+    }
+    route.gemm(
+        Trans::N,
+        dense(raw, b, d, 0),
+        Trans::N,
+        dense(job.w, d, r, 0),
+        dense(q, b, r, 0),
+        false,
+    )?;
+    {
+        let (mut qq, mut pp, mut n) = (q as u64, p as u64, b * r);
+        route.launch(
+            "geo_dp",
+            n,
+            &mut [
+                &mut qq as *mut u64 as *mut c_void,
+                &mut pp as *mut u64 as *mut c_void,
+                &mut n as *mut i64 as *mut c_void,
+            ],
+        )?;
+    }
+    if job.dv != 0 {
+        route.gemm(
+            Trans::N,
+            dense(q, b, r, 0),
+            Trans::T,
+            dense(job.u, d, r, 0),
+            dense(job.dv, b, d, 0),
+            false,
+        )?;
+    }
+    if job.du != 0 {
+        route.gemm(
+            Trans::T,
+            dense(job.v0, b, d, 0),
+            Trans::N,
+            dense(q, b, r, 0),
+            dense(job.du, d, r, 0),
+            false,
+        )?;
+    }
+    drop(ws);
+    Ok(())
+}
+
 /// Runs one geodesic op on `stream` (validated by `ops::geodesic`).
 pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<()> {
     let esize = job.dtype.size();
@@ -616,15 +731,18 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
     };
     // no fast kernel for the Christoffel forward: cuBLAS, when it loads (cuBLAS takes
     // 32-bit sizes)
+    // (B = 0 stays with the kernels, which write the zero parameter gradients)
     if fast.is_none()
         && job.flags & GEO_FORCE_GENERIC == 0
+        && job.b > 0
         && job.b.max(job.d).max(job.r) <= i32::MAX as usize
         && super::cublas::load().is_ok()
     {
         match kind {
             Kind::ChristoffelForward => return chr_fwd_gemm(dev, job, stream),
             Kind::LeapfrogForward => return lf_fwd_gemm(dev, job, stream),
-            _ => {}
+            Kind::ChristoffelBackward => return chr_bwd_gemm(dev, job, stream),
+            Kind::LeapfrogBackward => {}
         }
     }
     let want = (if job.dv != 0 { WANT_DV } else { 0 })

@@ -459,10 +459,21 @@ struct GemmRoute<'a> {
     module: &'static str,
     slot: std::sync::Arc<std::sync::Mutex<super::cublas::Slot>>,
     p: Workspace<'a>,
+    /// The op's own workspace (`extra` bytes at `new`).
+    ws: Option<Workspace<'a>>,
 }
 
 impl<'a> GemmRoute<'a> {
-    fn new(dev: &'a CudaDevice, kind: Kind, job: &'a Job, stream: &'a Stream) -> Result<Self> {
+    /// Takes everything the route needs (cuBLAS's slot, the `[B, R]` products and
+    /// `extra` bytes for the op) before any work is queued, so that a failure here
+    /// (out of memory) can still leave the op to the generic kernels.
+    fn new(
+        dev: &'a CudaDevice,
+        kind: Kind,
+        job: &'a Job,
+        stream: &'a Stream,
+        extra: usize,
+    ) -> Result<Self> {
         Ok(GemmRoute {
             dev,
             stream,
@@ -470,7 +481,17 @@ impl<'a> GemmRoute<'a> {
             module: module_name(kind, job.dtype, None),
             slot: dev.blas.slot(dev, stream.raw)?,
             p: Workspace::new(dev, job.b * job.r * job.dtype.size(), stream.raw)?,
+            ws: if extra > 0 {
+                Some(Workspace::new(dev, extra, stream.raw)?)
+            } else {
+                None
+            },
         })
+    }
+
+    /// The op's workspace.
+    fn ws(&self) -> usize {
+        self.ws.as_ref().map_or(0, |w| w.ptr as usize)
     }
 
     /// `c = op_a(a) op_b(b)` (row-major, dense), TF32 products where `tf32`.
@@ -541,8 +562,8 @@ impl<'a> GemmRoute<'a> {
 
 /// The Christoffel forward through the GEMM route: `gamma_raw`, then the clamp in
 /// place (skipped for `c = +inf`).
-fn chr_fwd_gemm(dev: &CudaDevice, job: &Job, stream: &Stream) -> Result<()> {
-    let route = GemmRoute::new(dev, Kind::ChristoffelForward, job, stream)?;
+fn chr_fwd_gemm(route: GemmRoute) -> Result<()> {
+    let job = route.job;
     route.gamma_raw(job.v0, job.gamma)?;
     if job.c.is_finite() {
         let (mut x, mut n, mut c) = (job.gamma as u64, (job.b * job.d) as i64, job.c);
@@ -563,7 +584,8 @@ fn chr_fwd_gemm(dev: &CudaDevice, job: &Job, stream: &Stream) -> Result<()> {
 /// (copied from `x0`, `v0` unless in place), each step is `gamma_raw(v)` into a
 /// `[B, D]` workspace, the first kick with the drift, `gamma_raw(vh)`, the second
 /// kick; the kicks also write the trajectory rows.
-fn lf_fwd_gemm(dev: &CudaDevice, job: &Job, stream: &Stream) -> Result<()> {
+fn lf_fwd_gemm(route: GemmRoute) -> Result<()> {
+    let (dev, job, stream) = (route.dev, route.job, route.stream);
     #[repr(C)]
     struct KickArgs {
         n: i64,
@@ -579,14 +601,13 @@ fn lf_fwd_gemm(dev: &CudaDevice, job: &Job, stream: &Stream) -> Result<()> {
         dt: f64,
         c: f64,
     }
-    let route = GemmRoute::new(dev, Kind::LeapfrogForward, job, stream)?;
     let bytes = job.b * job.d * job.dtype.size();
+    let raw = route.ws() as u64;
     for (dst, src) in [(job.x_out, job.x0), (job.v_out, job.v0)] {
         if dst != src {
             dev.memcpy_async(dst as u64, src as u64, bytes, stream.raw)?;
         }
     }
-    let raw = Workspace::new(dev, bytes, stream.raw)?;
     let n = (job.b * job.d) as i64;
     let traj = |t: usize, k: usize| -> u64 {
         if job.traj == 0 {
@@ -597,13 +618,13 @@ fn lf_fwd_gemm(dev: &CudaDevice, job: &Job, stream: &Stream) -> Result<()> {
     };
     for t in 0..job.steps {
         for first in [true, false] {
-            route.gamma_raw(job.v_out, raw.ptr as usize)?;
+            route.gamma_raw(job.v_out, raw as usize)?;
             let mut a = KickArgs {
                 n,
                 d: job.d as i64,
                 x: if first { job.x_out as u64 } else { 0 },
                 v: job.v_out as u64,
-                raw: raw.ptr,
+                raw,
                 f: job.f as u64,
                 mu: job.mu as u64,
                 tx: if first { traj(t, 0) } else { 0 },
@@ -615,7 +636,6 @@ fn lf_fwd_gemm(dev: &CudaDevice, job: &Job, stream: &Stream) -> Result<()> {
             route.launch("geo_kick", n, &mut [&mut a as *mut KickArgs as *mut c_void])?;
         }
     }
-    drop(raw);
     Ok(())
 }
 
@@ -624,15 +644,13 @@ fn lf_fwd_gemm(dev: &CudaDevice, job: &Job, stream: &Stream) -> Result<()> {
 /// `[B, D]` workspace, `g' = g 1[|raw| <= c]` there (`geo_mask`), `dW = g'^T S`,
 /// `Q = g' W`, `dP = 2 P Q` (`geo_dp`), `dv = dP U^T`, `dU = v^T dP`. cuBLAS's
 /// products are deterministic, so dU and dW are reproducible run to run.
-fn chr_bwd_gemm(dev: &CudaDevice, job: &Job, stream: &Stream) -> Result<()> {
-    let route = GemmRoute::new(dev, Kind::ChristoffelBackward, job, stream)?;
+fn chr_bwd_gemm(route: GemmRoute) -> Result<()> {
+    let job = route.job;
     let (b, d, r) = (job.b as i64, job.d as i64, job.r as i64);
-    let es = job.dtype.size();
-    let br = job.b * job.r * es;
-    let ws = Workspace::new(dev, 2 * br + job.b * job.d * es, stream.raw)?;
+    let br = job.b * job.r * job.dtype.size();
     let p = route.p.ptr as usize;
-    let (s, q) = (ws.ptr as usize, ws.ptr as usize + br);
-    let raw = ws.ptr as usize + 2 * br;
+    let (s, q) = (route.ws(), route.ws() + br);
+    let raw = route.ws() + 2 * br;
     route.gemm(
         Trans::N,
         dense(job.v0, b, d, 0),
@@ -716,7 +734,6 @@ fn chr_bwd_gemm(dev: &CudaDevice, job: &Job, stream: &Stream) -> Result<()> {
             false,
         )?;
     }
-    drop(ws);
     Ok(())
 }
 
@@ -738,11 +755,26 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
         && job.b.max(job.d).max(job.r) <= i32::MAX as usize
         && super::cublas::load().is_ok()
     {
-        match kind {
-            Kind::ChristoffelForward => return chr_fwd_gemm(dev, job, stream),
-            Kind::LeapfrogForward => return lf_fwd_gemm(dev, job, stream),
-            Kind::ChristoffelBackward => return chr_bwd_gemm(dev, job, stream),
-            Kind::LeapfrogBackward => {}
+        let (bd, br) = (job.b * job.d * esize, job.b * job.r * esize);
+        let extra = match kind {
+            Kind::ChristoffelForward => Some(0),
+            Kind::LeapfrogForward => Some(bd),
+            Kind::ChristoffelBackward => Some(2 * br + bd),
+            Kind::LeapfrogBackward => None,
+        };
+        if let Some(extra) = extra {
+            match GemmRoute::new(dev, kind, job, stream, extra) {
+                Ok(route) => {
+                    return match kind {
+                        Kind::ChristoffelForward => chr_fwd_gemm(route),
+                        Kind::LeapfrogForward => lf_fwd_gemm(route),
+                        _ => chr_bwd_gemm(route),
+                    };
+                }
+                // nothing queued yet: the generic kernels, which need less memory
+                Err(e) if e.status == crate::error::FK_ERROR_OUT_OF_MEMORY => {}
+                Err(e) => return Err(e),
+            }
         }
     }
     let want = (if job.dv != 0 { WANT_DV } else { 0 })

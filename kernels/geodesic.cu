@@ -1514,28 +1514,29 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_reduce(const ReduceArgs
 
 #if (defined(GEO_GENERIC) || defined(GEO_ALL)) && !defined(GEO_MODULE_LF_BWD)
 // The GEMM route (R or D beyond the fast kernels, see src/cuda/geodesic.rs): the
-// products run in cuBLAS, these in between. s = p * p (s may be p).
-extern "C" __global__ void __launch_bounds__(GEO_NT) geo_square(GEO_T* s, const GEO_T* p, i64 n) {
-    for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < n; i += (i64)gridDim.x * GEO_NT) s[i] = p[i] * p[i];
-}
+// products run in cuBLAS, these elementwise steps in between, each y[i] from y[i],
+// x[i] and c over n elements.
+struct EwArgs {
+    u64 y, x;
+    i64 n;
+    double c;
+};
+#define GEO_EW(NAME, EXPR)                                                                              \
+    extern "C" __global__ void __launch_bounds__(GEO_NT) NAME(const EwArgs a) {                         \
+        GEO_T* y = reinterpret_cast<GEO_T*>(a.y);                                                       \
+        const GEO_T* x = reinterpret_cast<const GEO_T*>(a.x);                                           \
+        const GEO_T c = (GEO_T)a.c;                                                                     \
+        (void)x, (void)c;                                                                               \
+        for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < a.n; i += (i64)gridDim.x * GEO_NT) y[i] = EXPR; \
+    }
+GEO_EW(geo_square, x[i] * x[i])  // s = p * p (y may be x)
 #endif
 #if (defined(GEO_GENERIC) || defined(GEO_ALL)) && defined(GEO_MODULE_CHR_BWD)
-// The Christoffel backward's route: raw := g * 1[-c <= raw <= c] (g'), in place.
-extern "C" __global__ void __launch_bounds__(GEO_NT) geo_mask(GEO_T* raw, const GEO_T* g, i64 n, double c) {
-    const GEO_T cc = (GEO_T)c;
-    for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < n; i += (i64)gridDim.x * GEO_NT)
-        raw[i] = passc(raw[i], cc) ? g[i] : GEO_T(0);
-}
-// q := 2 p q (dp from q = g' W)
-extern "C" __global__ void __launch_bounds__(GEO_NT) geo_dp(GEO_T* q, const GEO_T* p, i64 n) {
-    for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < n; i += (i64)gridDim.x * GEO_NT) q[i] = GEO_T(2) * p[i] * q[i];
-}
+GEO_EW(geo_mask, passc(y[i], c) ? x[i] : GEO_T(0))  // g' = g 1[-c <= raw <= c] over raw
+GEO_EW(geo_dp, GEO_T(2) * x[i] * y[i])              // dp = 2 p q over q
 #endif
 #if (defined(GEO_GENERIC) || defined(GEO_ALL)) && defined(GEO_MODULE_CHR_FWD)
-extern "C" __global__ void __launch_bounds__(GEO_NT) geo_clamp(GEO_T* x, i64 n, double c) {
-    const GEO_T cc = (GEO_T)c;
-    for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < n; i += (i64)gridDim.x * GEO_NT) x[i] = clampc(x[i], cc);
-}
+GEO_EW(geo_clamp, clampc(y[i], c))  // gamma = clamp(raw) in place
 #endif
 #if (defined(GEO_GENERIC) || defined(GEO_ALL)) && defined(GEO_MODULE_LF_FWD)
 struct KickArgs {

@@ -505,16 +505,26 @@ impl<'a> GemmRoute<'a> {
 
     /// `s = p * p` over the `[B, R]` products (`s` may be `p`).
     fn square(&self, s: usize, p: usize) -> Result<()> {
-        let (mut s, mut p, mut n) = (s as u64, p as u64, (self.job.b * self.job.r) as i64);
-        self.launch(
-            "geo_square",
+        self.ew("geo_square", s, p, (self.job.b * self.job.r) as i64, 0.0)
+    }
+
+    /// An elementwise step of the generic module (`EwArgs`): `y[i]` from `y[i]`,
+    /// `x[i]` and `c`, `i < n`.
+    fn ew(&self, name: &'static str, y: usize, x: usize, n: i64, c: f64) -> Result<()> {
+        #[repr(C)]
+        struct EwArgs {
+            y: u64,
+            x: u64,
+            n: i64,
+            c: f64,
+        }
+        let mut a = EwArgs {
+            y: y as u64,
+            x: x as u64,
             n,
-            &mut [
-                &mut s as *mut u64 as *mut c_void,
-                &mut p as *mut u64 as *mut c_void,
-                &mut n as *mut i64 as *mut c_void,
-            ],
-        )
+            c,
+        };
+        self.launch(name, n, &mut [&mut a as *mut EwArgs as *mut c_void])
     }
 
     /// `out = (v U)^2 W^T` (`out` may be `v`: `v` is read before `out` is written).
@@ -566,16 +576,7 @@ fn chr_fwd_gemm(route: GemmRoute) -> Result<()> {
     let job = route.job;
     route.gamma_raw(job.v0, job.gamma)?;
     if job.c.is_finite() {
-        let (mut x, mut n, mut c) = (job.gamma as u64, (job.b * job.d) as i64, job.c);
-        route.launch(
-            "geo_clamp",
-            n,
-            &mut [
-                &mut x as *mut u64 as *mut c_void,
-                &mut n as *mut i64 as *mut c_void,
-                &mut c as *mut f64 as *mut c_void,
-            ],
-        )?;
+        route.ew("geo_clamp", job.gamma, 0, (job.b * job.d) as i64, job.c)?;
     }
     Ok(())
 }
@@ -668,19 +669,7 @@ fn chr_bwd_gemm(route: GemmRoute) -> Result<()> {
         dense(raw, b, d, 0),
         false,
     )?;
-    {
-        let (mut x, mut g, mut n, mut c) = (raw as u64, job.g as u64, b * d, job.c);
-        route.launch(
-            "geo_mask",
-            n,
-            &mut [
-                &mut x as *mut u64 as *mut c_void,
-                &mut g as *mut u64 as *mut c_void,
-                &mut n as *mut i64 as *mut c_void,
-                &mut c as *mut f64 as *mut c_void,
-            ],
-        )?;
-    }
+    route.ew("geo_mask", raw, job.g, b * d, job.c)?;
     if job.dw != 0 {
         route.gemm(
             Trans::T,
@@ -702,18 +691,7 @@ fn chr_bwd_gemm(route: GemmRoute) -> Result<()> {
         dense(q, b, r, 0),
         false,
     )?;
-    {
-        let (mut qq, mut pp, mut n) = (q as u64, p as u64, b * r);
-        route.launch(
-            "geo_dp",
-            n,
-            &mut [
-                &mut qq as *mut u64 as *mut c_void,
-                &mut pp as *mut u64 as *mut c_void,
-                &mut n as *mut i64 as *mut c_void,
-            ],
-        )?;
-    }
+    route.ew("geo_dp", q, p, b * r, 0.0)?;
     if job.dv != 0 {
         route.gemm(
             Trans::N,

@@ -402,7 +402,6 @@ def main():
         T = 8
         x2o, v2o = torch.full_like(P2["v"], float("nan")), torch.full_like(P2["v"], float("nan"))
         a2 = (P2["x"], P2["v"], P2["f"], P2["U"], P2["W"], P2["mu"])
-        r64 = {k: t.double() for k, t in P2.items()}
         xr, vr = lf_ref(r64["x"], r64["v"], r64["f"], r64["U"], r64["W"], r64["mu"], dt, T, c)
         for name, fl in (("cuBLAS route", 0), ("generic kernel (flags=2)", 2)):
             fk.leapfrog(*a2, dt, T, c, x2o, v2o, None, fl)

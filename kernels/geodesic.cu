@@ -94,6 +94,14 @@ template <typename T> __device__ __forceinline__ T clampc_fast(T x, T c) {
     return clampc(x, c);
 #endif
 }
+// One leapfrog kick, v + h (f - clamp(raw) - mu v), evaluated as
+// v + ((hf - hmu v) - h clamp(raw)) with hf = h f and hmu = h mu computed once per
+// tile and feature: 2 FFMA, 1 FADD and the 2-instruction clamp per element instead
+// of 7 instructions. (Folding v into a = 1 - h mu saves one more but rounds a once
+// for all steps: 3x the error after 8 steps, measured.)
+template <typename T> __device__ __forceinline__ T kick(T v, T hf, T hmu, T h, T raw, T c) {
+    return v + ((hf - hmu * v) - h * clampc_fast(raw, c));
+}
 template <typename T> __device__ __forceinline__ bool passc(T x, T c) {
     return x >= -c && x <= c;  // the clamp's derivative: inclusive, 0 for NaN
 }
@@ -557,16 +565,20 @@ __device__ __forceinline__ void phase_a_tc(const float* xs, const float* mat, in
     for (int n = 0; n < C::RP / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
-#pragma unroll 2
+    // per-lane bases: every load below is base + a compile-time offset (a fully
+    // unrolled loop; with index arithmetic in the loop, half its instructions were
+    // integer address math)
+    const float* xa = xs + g * C::SV + t;
+    const float* mb = mat + t * C::SUU + g;
+#pragma unroll
     for (int k0 = 0; k0 < C::KW; k0 += 8) {
-        float a[4] = {xs[g * C::SV + k0 + t], xs[(g + 8) * C::SV + k0 + t], xs[g * C::SV + k0 + t + 4],
-                      xs[(g + 8) * C::SV + k0 + t + 4]};
+        float a[4] = {xa[k0], xa[8 * C::SV + k0], xa[k0 + 4], xa[8 * C::SV + k0 + 4]};
         if constexpr (ROUND)
 #pragma unroll
             for (int e = 0; e < 4; ++e) a[e] = geo_tf32(a[e]);
 #pragma unroll
         for (int n = 0; n < C::RP / 8; ++n) {
-            const float b[2] = {mat[(k0 + t) * C::SUU + 8 * n + g], mat[(k0 + t + 4) * C::SUU + 8 * n + g]};
+            const float b[2] = {mb[k0 * C::SUU + 8 * n], mb[(k0 + 4) * C::SUU + 8 * n]};
             geo_mma_tf32(acc[n], a, b);
         }
     }
@@ -593,14 +605,14 @@ __device__ __forceinline__ void phase_b_tc(const float* S, const float* mat, int
     for (int n = 0; n < C::KW / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
-    const float* wb = mat + (w * C::KW + g) * C::SU;
+    const float* wb = mat + (w * C::KW + g) * C::SU + t;
+    const float* sa = S + g * C::SU + t;
 #pragma unroll
     for (int k0 = 0; k0 < C::RP; k0 += 8) {
-        const float a[4] = {S[g * C::SU + k0 + t], S[(g + 8) * C::SU + k0 + t], S[g * C::SU + k0 + t + 4],
-                            S[(g + 8) * C::SU + k0 + t + 4]};
+        const float a[4] = {sa[k0], sa[8 * C::SU + k0], sa[k0 + 4], sa[8 * C::SU + k0 + 4]};
 #pragma unroll
         for (int n = 0; n < C::KW / 8; ++n) {
-            const float b[2] = {wb[8 * n * C::SU + k0 + t], wb[8 * n * C::SU + k0 + t + 4]};
+            const float b[2] = {wb[8 * n * C::SU + k0], wb[8 * n * C::SU + k0 + 4]};
             geo_mma_tf32(acc[n], a, b);
         }
     }
@@ -984,20 +996,24 @@ template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
     load_mat<C, C::SUU>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
     load_mat<C, C::SU>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
     const T* mu = reinterpret_cast<const T*>(a.mu);
-    T mur[C::TJ];
+    T hmu[C::TJ];  // h mu
     {
         Rows<C> rl(0, a.B, a.D);
 #pragma unroll
-        for (int j = 0; j < C::TJ; ++j) mur[j] = (mu != nullptr && rl.colok(j)) ? mu[rl.col(j)] : T(0);
+        for (int j = 0; j < C::TJ; ++j) hmu[j] = h * ((mu != nullptr && rl.colok(j)) ? mu[rl.col(j)] : T(0));
     }
     T* traj = reinterpret_cast<T*>(a.traj);
     __syncthreads();
     for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
         Rows<C> rl(tile * C::M, a.B, a.D);
-        Tile x, v, f, raw;
+        Tile x, v, hf, raw;
         rl.load(x, reinterpret_cast<const T*>(a.x0));
         rl.load(v, reinterpret_cast<const T*>(a.v0));
-        rl.load(f, reinterpret_cast<const T*>(a.f));
+        rl.load(hf, reinterpret_cast<const T*>(a.f));
+#pragma unroll
+        for (int i = 0; i < C::TI; ++i)
+#pragma unroll
+            for (int j = 0; j < C::TJ; ++j) hf[i][j] *= h;
         {
             const i64 next = (tile + gridDim.x) * C::M;
             prefetch_rows_l2(reinterpret_cast<const T*>(a.x0), next, C::M, a.B, a.D);
@@ -1010,7 +1026,7 @@ template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
             for (int i = 0; i < C::TI; ++i)
 #pragma unroll
                 for (int j = 0; j < C::TJ; ++j) {
-                    T vh = v[i][j] + h * (f[i][j] - clampc(raw[i][j], c) - mur[j] * v[i][j]);
+                    const T vh = kick(v[i][j], hf[i][j], hmu[j], h, raw[i][j], c);
                     v[i][j] = vh;
                     x[i][j] += dt * vh;
                 }
@@ -1019,7 +1035,7 @@ template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
             for (int i = 0; i < C::TI; ++i)
 #pragma unroll
                 for (int j = 0; j < C::TJ; ++j)
-                    v[i][j] = v[i][j] + h * (f[i][j] - clampc(raw[i][j], c) - mur[j] * v[i][j]);
+                    v[i][j] = kick(v[i][j], hf[i][j], hmu[j], h, raw[i][j], c);
             if (traj != nullptr) {
                 rl.store(x, traj + (2 * t) * BD);
                 rl.store(v, traj + (2 * t + 1) * BD);
@@ -1093,7 +1109,7 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
                     for (int i = 0; i < C::TI; ++i)
 #pragma unroll
                         for (int j = 0; j < C::TJ; ++j)
-                            t0[i][j] = t0[i][j] + h * (t1[i][j] - clampc(raw[i][j], c) - mur[j] * t0[i][j]);
+                            t0[i][j] = kick(t0[i][j], h * t1[i][j], h * mur[j], h, raw[i][j], c);
                 }
                 T* s = slab + t * E * GEO_NT;
 #pragma unroll
@@ -1136,7 +1152,7 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
 #pragma unroll
                 for (int j = 0; j < C::TJ; ++j) {
                     if (passc(raw[i][j], c)) m0 |= 1u << (i * C::TJ + j);
-                    t1[i][j] = t0[i][j] + h * (t1[i][j] - clampc(raw[i][j], c) - mur[j] * t0[i][j]);
+                    t1[i][j] = kick(t0[i][j], h * t1[i][j], h * mur[j], h, raw[i][j], c);
                 }
             gamma_regs<C>(t1, rl, Vb, Gb, P1, S1, Us, Ws, a.R, raw);  // vh stays in the V slice
             // second kick, adjoint lv: g' = -h lv * mask1

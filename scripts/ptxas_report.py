@@ -2,7 +2,9 @@
 """Compiles a kernel module with NVRTC (as fusekit does) plus `-Xptxas -v` and prints
 each kernel's registers, spills and shared memory; no GPU needed.
 
-    VIRTUAL_ENV=/path/to/venv python3 scripts/ptxas_report.py geodesic --define GEO_MODULE_CHR --define GEO_T=float [--arch sm_90] [--filter r32_d8]
+    VIRTUAL_ENV=/path/to/venv python3 scripts/ptxas_report.py geodesic --define GEO_MODULE_CHR --define GEO_T=float [--arch sm_90] [--filter r32_d8] [--cubin out.cubin]
+
+With --cubin, `nvdisasm -c out.cubin` (the nvidia-cuda-nvdisasm wheel has one) shows the SASS.
 
 Needs libnvrtc.so.13 and the CUDA headers (the nvidia-cuda-nvrtc / nvidia-cuda-runtime
 wheels): found under $VIRTUAL_ENV, or give --nvrtc and --include.
@@ -46,6 +48,7 @@ def main():
     ap.add_argument("--filter", default="")
     ap.add_argument("--nvrtc")
     ap.add_argument("--include")
+    ap.add_argument("--cubin", help="also write the cubin here (for nvdisasm -c)")
     args = ap.parse_args()
     venv = os.environ.get("VIRTUAL_ENV", "")
     nvrtc = args.nvrtc or find([f"{venv}/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13",
@@ -78,6 +81,12 @@ def main():
         print(text)
         sys.exit(f"compile failed (rc {rc})")
     print(f"compiled in {dt:.1f}s")
+    if args.cubin:
+        n = ctypes.c_size_t()
+        lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
+        buf = ctypes.create_string_buffer(n.value)
+        lib.nvrtcGetCUBIN(prog, buf)
+        pathlib.Path(args.cubin).write_bytes(buf.raw)
     kernel = None
     for line in text.splitlines():
         m = re.search(r"Compiling entry function '(\w+)'", line)

@@ -226,7 +226,6 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     static constexpr int KW = 8 * DJ;          // features per warp slice
     static constexpr int DP = GEO_NW * KW;     // padded D
     static constexpr int SU = RP + 4;          // row stride of W, P, S, DP (and U) in smem
-    static constexpr int SUU = TC ? RP + 8 : SU;  // row stride of U (TC: conflict-free B fragments)
     static constexpr int SV = KW + 4;          // row stride of a warp slice
     static constexpr int SLICE = M * (SV > SU ? SV : SU);  // a warp slice (also holds a [M][SU] partial)
     static constexpr int RA = RP / 8;          // phase A: columns per lane
@@ -238,13 +237,14 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     static constexpr int TJ = TC ? 2 * DJ : DJ;  // and columns
     // shared memory of each fast kernel, in elements (src/cuda/geodesic.rs mirrors these)
     // the FFMA Christoffel forward (chr_fwd_simt): one group, one tile buffer and S
-    static constexpr int SMEM_CHR_FWD = DP * (SUU + SU) + GEO_NW * SLICE + M * SU;
-    static constexpr int SMEM_LF_FWD = DP * (SUU + SU) + GEO_NW * SLICE + M * SU;
+    static constexpr int SMEM_CHR_FWD = 2 * DP * SU + GEO_NW * SLICE + M * SU;
+    static constexpr int SMEM_LF_FWD = 2 * DP * SU + GEO_NW * SLICE + M * SU;
+    static constexpr int SMEM_LF_FWD_TC = 2 * DP * RP + GEO_NW * SLICE + M * SU;  // U, W in fragment order
     // the TF32 Christoffel forward (chr_fwd_tc): U and W in fragment order, per group
     // the warps' partials and S
     static constexpr int SMEM_CHR_FWD_TC = 2 * DP * RP + GEO_GROUPS * (GEO_NW + 1) * M * SU;
-    static constexpr int SMEM_CHR_BWD = DP * (SUU + SU) + 2 * GEO_NW * SLICE + 3 * M * SU;
-    static constexpr int SMEM_LF_BWD = DP * (SUU + SU) + 2 * GEO_NW * SLICE + 5 * M * SU + 2 * M * DP;
+    static constexpr int SMEM_CHR_BWD = 2 * DP * SU + 2 * GEO_NW * SLICE + 3 * M * SU;
+    static constexpr int SMEM_LF_BWD = 2 * DP * SU + 2 * GEO_NW * SLICE + 5 * M * SU + 2 * M * DP;
     static_assert(!TC || (MB == 4 && DJ <= 8 && sizeof(T) == 4), "TF32 configurations: f32, M = 16, D <= 512");
 };
 
@@ -473,15 +473,44 @@ __device__ __forceinline__ void store_part(typename C::T* part, const typename C
     for (int i = 0; i < C::MB; ++i) stv<C::RA>(part + (am + 4 * i) * C::SU + ar * C::RA, acc[i]);
 }
 
-// Sums the 8 warps' partials (slices of `parts`) in warp order: epi(m, r, sum).
-template <class C, typename Epi> __device__ __forceinline__ void reduce_parts(const typename C::T* parts, Epi epi) {
+// Sums the 8 warps' partials (warp w's [M][SU] at parts + w * WS) in warp order:
+// epi(m, r, sum). The forwards unroll it over a compile-time count with one base
+// pointer, so that every load is base + immediate (RP is a power of two: m and r are
+// a shift and a mask); as a loop with index arithmetic it cost ~68 instructions per
+// element (H100: TF32 leapfrog T = 8 -4%, strict -2%). The register-bound backwards
+// keep the loop: unrolled, they spilled more and ran 1-2.5% slower (measured).
+#if defined(GEO_MODULE_CHR_BWD) || defined(GEO_MODULE_LF_BWD)
+#define GEO_REDUCE_UNROLL 0
+#else
+#define GEO_REDUCE_UNROLL 1
+#endif
+template <class C, int WS = C::SLICE, typename Epi>
+__device__ __forceinline__ void reduce_parts(const typename C::T* parts, Epi epi) {
     typedef typename C::T T;
-    for (int idx = geo_tid(); idx < C::M * C::RP; idx += GEO_NT) {
-        int m = idx / C::RP, r = idx - m * C::RP;
-        T s = parts[m * C::SU + r];
+    constexpr int N = C::M * C::RP, K = (N + GEO_NT - 1) / GEO_NT;
+    static_assert((C::RP & (C::RP - 1)) == 0 && GEO_NT % C::RP == 0, "RP a power of two dividing GEO_NT");
+    const int tid = geo_tid();
+    if constexpr (GEO_REDUCE_UNROLL) {
+        constexpr int DM = GEO_NT / C::RP;  // rows per k
+        const int m0 = tid / C::RP, r = tid % C::RP;
+        const T* p = parts + m0 * C::SU + r;
 #pragma unroll
-        for (int w = 1; w < GEO_NW; ++w) s += parts[w * C::SLICE + m * C::SU + r];
-        epi(m, r, s);
+        for (int k = 0; k < K; ++k) {
+            if (N % GEO_NT == 0 || tid + k * GEO_NT < N) {
+                T s = p[k * DM * C::SU];
+#pragma unroll
+                for (int w = 1; w < GEO_NW; ++w) s += p[w * WS + k * DM * C::SU];
+                epi(m0 + k * DM, r, s);
+            }
+        }
+    } else {
+        for (int idx = tid; idx < N; idx += GEO_NT) {
+            const int m = idx / C::RP, r = idx - m * C::RP;
+            T s = parts[m * C::SU + r];
+#pragma unroll
+            for (int w = 1; w < GEO_NW; ++w) s += parts[w * WS + m * C::SU + r];
+            epi(m, r, s);
+        }
     }
 }
 
@@ -554,31 +583,51 @@ __device__ void param_store(const typename C::T (&acc)[C::NPAR], typename C::T* 
 }
 
 // ---------------------------------------------------------------- TF32 tensor-core phases
-// Lane = 4g + t. Phase A over the warp's feature slice: P[16][RP] partial =
-// X[16][KW] U[KW][RP], one m16n8k8 per (k-step of 8, column tile of 8). `xs`: the
-// slice [16][SV]; `mat`: U's rows of the slice (stride SUU, TF32-rounded). ROUND:
-// round X on load (the cp.async'd Christoffel input), else X is already TF32.
-template <class C, bool ROUND>
-__device__ __forceinline__ void phase_a_tc(const float* xs, const float* mat, int lane, float (&acc)[C::RP / 8][4]) {
-    const int g = lane >> 2, t = lane & 3;
+// Lane = 4g + t. U and W live in shared memory in mma fragment order (TF32-rounded
+// once), so that every B fragment is one conflict-free 8-byte load:
+//   U: [warp w][k-step s][n-tile n][lane][e] = U[kmap(w, s, t, e)][8n + g]   (phase A)
+//   W: [warp w][k-step s][n-tile n][lane][e] = W[w*KW + 8n + g][8s + t + 4e]  (phase B)
+// `kmap` is the kernel's order of the k positions t (e = 0) and t + 4 (e = 1) of
+// k-step s within warp w's feature slice: a permutation of the summation order that
+// lets each lane supply its A fragments from the values it already holds (registers).
+typedef GVec<float, 2> F2;
+template <class C, class KMap>
+__device__ void load_frags(float* Uf, float* Wf, const float* U, const float* W, i64 D, i64 R, KMap kmap) {
+    constexpr int KS = C::KW / 8, NR = C::RP / 8;
+    for (int idx = threadIdx.x; idx < C::DP * C::RP; idx += GEO_FAST_NT) {  // compile-time trip count
+        const int e = idx & 1, ln = (idx >> 1) & 31, gg = ln >> 2, tt = ln & 3, blk = idx >> 6;
+        {
+            const int n = blk % NR, st = (blk / NR) % KS, ww = blk / (NR * KS);
+            const int k = kmap(ww, st, tt, e), r = 8 * n + gg;
+            Uf[idx] = geo_tf32((k < D && r < R) ? U[(i64)k * R + r] : 0.f);
+        }
+        {
+            const int n = blk % KS, s2 = (blk / KS) % NR, ww = blk / (KS * NR);
+            const int d = ww * C::KW + 8 * n + gg, r = 8 * s2 + tt + 4 * e;
+            Wf[idx] = geo_tf32((d < D && r < R) ? W[(i64)d * R + r] : 0.f);
+        }
+    }
+}
+
+// Phase A over the warp's feature slice: acc = P[16][RP] partial = X[16][KW] U[KW][RP],
+// one m16n8k8 per (k-step, n-tile). `af(s, a)` writes k-step s's A fragment (TF32:
+// rows g, g + 8 at k position t, then at t + 4); `uf`: this warp's and lane's first
+// U fragment.
+template <class C, class AF>
+__device__ __forceinline__ void phase_a_frag(const F2* uf, AF af, float (&acc)[C::RP / 8][4]) {
+    constexpr int KS = C::KW / 8, NR = C::RP / 8;
 #pragma unroll
-    for (int n = 0; n < C::RP / 8; ++n)
+    for (int n = 0; n < NR; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
-    // per-lane bases: every load below is base + a compile-time offset (a fully
-    // unrolled loop; with index arithmetic in the loop, half its instructions were
-    // integer address math)
-    const float* xa = xs + g * C::SV + t;
-    const float* mb = mat + t * C::SUU + g;
 #pragma unroll
-    for (int k0 = 0; k0 < C::KW; k0 += 8) {
-        float a[4] = {xa[k0], xa[8 * C::SV + k0], xa[k0 + 4], xa[8 * C::SV + k0 + 4]};
-        if constexpr (ROUND)
+    for (int s = 0; s < KS; ++s) {
+        float a[4];
+        af(s, a);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) a[e] = geo_tf32(a[e]);
-#pragma unroll
-        for (int n = 0; n < C::RP / 8; ++n) {
-            const float b[2] = {mb[k0 * C::SUU + 8 * n], mb[(k0 + 4) * C::SUU + 8 * n]};
+        for (int n = 0; n < NR; ++n) {
+            const F2 bv = uf[(s * NR + n) * 32];
+            const float b[2] = {bv.x[0], bv.x[1]};
             geo_mma_tf32(acc[n], a, b);
         }
     }
@@ -595,43 +644,48 @@ template <class C> __device__ __forceinline__ void store_part_tc(float* part, co
     }
 }
 
-// Phase B: raw[16][warp's KW features] = S[16][RP] W^T, S and W TF32-rounded; the
-// result lands in the TC row layout (tile (i, 2n + e) = accumulator n, element 2i + e).
+// Phase B: acc = raw[16][the warp's KW features] = S[16][RP] W^T, S TF32-rounded in
+// smem (stride SU), `wf` this warp's and lane's first W fragment. Accumulator n
+// holds rows g, g + 8 and features w*KW + 8n + 2t, + 1 (the TC row layout: tile
+// (i, 2n + e) is element 2i + e).
 template <class C>
-__device__ __forceinline__ void phase_b_tc(const float* S, const float* mat, int lane, float (&out)[C::TI][C::TJ]) {
-    const int w = geo_tid() >> 5, g = lane >> 2, t = lane & 3;
-    float acc[C::KW / 8][4];
+__device__ __forceinline__ void phase_b_frag(const float* S, const F2* wf, int lane, float (&acc)[C::KW / 8][4]) {
+    constexpr int KS = C::KW / 8, NR = C::RP / 8;
+    const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int n = 0; n < C::KW / 8; ++n)
+    for (int n = 0; n < KS; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
-    const float* wb = mat + (w * C::KW + g) * C::SU + t;
     const float* sa = S + g * C::SU + t;
 #pragma unroll
-    for (int k0 = 0; k0 < C::RP; k0 += 8) {
-        const float a[4] = {sa[k0], sa[8 * C::SU + k0], sa[k0 + 4], sa[8 * C::SU + k0 + 4]};
+    for (int s2 = 0; s2 < NR; ++s2) {
+        const float a[4] = {sa[8 * s2], sa[8 * C::SU + 8 * s2], sa[8 * s2 + 4], sa[8 * C::SU + 8 * s2 + 4]};
 #pragma unroll
-        for (int n = 0; n < C::KW / 8; ++n) {
-            const float b[2] = {wb[8 * n * C::SU + k0], wb[8 * n * C::SU + k0 + 4]};
+        for (int n = 0; n < KS; ++n) {
+            const F2 bv = wf[(s2 * KS + n) * 32];
+            const float b[2] = {bv.x[0], bv.x[1]};
             geo_mma_tf32(acc[n], a, b);
         }
     }
-#pragma unroll
-    for (int n = 0; n < C::KW / 8; ++n) {
-        out[0][2 * n] = acc[n][0];
-        out[0][2 * n + 1] = acc[n][1];
-        out[1][2 * n] = acc[n][2];
-        out[1][2 * n + 1] = acc[n][3];
-    }
 }
+
+// The leapfrog's TF32 k order: k-step s of warp w's slice takes features 8s + 2t and
+// 8s + 2t + 1 as k positions t and t + 4, so that the A fragment of k-step s is the
+// lane's own row-layout values (i, 2s) and (i, 2s + 1).
+struct KmapRows {
+    int kw;
+    __device__ int operator()(int w, int s, int t, int e) const { return w * kw + 8 * s + 2 * t + e; }
+};
 
 __device__ __forceinline__ void check_smem(unsigned needed_bytes, const GeoArgs& a) {
     if (needed_bytes > a.smem_bytes || a.smem_bytes > dyn_smem_size()) __trap();
 }
 
-// Gamma of a row-layout tile: writes it to the warp's slice of `vb`, phase A with
-// the partials in the slices of `pb` (may be `vb`), P (optional) and S = P^2 into
-// smem, phase B into `raw` (unclamped). Contains two __syncthreads.
+// Gamma of a row-layout tile: writes it to the warp's slice of `vb` (FFMA; the TC
+// kernels take their A fragments from `vin` itself and U, W in fragment order with
+// the KmapRows k order), phase A with the partials in the slices of `pb` (may be
+// `vb`), P (optional) and S = P^2 into smem, phase B into `raw` (unclamped).
+// Contains two __syncthreads.
 template <class C>
 __device__ __forceinline__ void gamma_regs(const typename Rows<C>::Tile& vin, const Rows<C>& rl, typename C::T* vb,
                                            typename C::T* pb, typename C::T* P, typename C::T* S,
@@ -639,17 +693,24 @@ __device__ __forceinline__ void gamma_regs(const typename Rows<C>::Tile& vin, co
                                            typename Rows<C>::Tile& raw) {
     typedef typename C::T T;
     const int lane = threadIdx.x & 31;
-    T* vs = vb + rl.w * C::SLICE;
-    rl.to_slice(vin, vs);
-    __syncwarp();
+    constexpr int KS = C::KW / 8, NR = C::RP / 8;
     if constexpr (C::TC) {
-        float acc[C::RP / 8][4];
-        phase_a_tc<C, false>(vs, Us + rl.w * C::KW * C::SUU, lane, acc);
-        __syncwarp();
+        float acc[NR][4];
+        phase_a_frag<C>(reinterpret_cast<const F2*>(Us) + rl.w * KS * NR * 32 + lane,
+                        [&](int st, float (&a)[4]) {
+                            a[0] = geo_tf32(vin[0][2 * st]);
+                            a[1] = geo_tf32(vin[1][2 * st]);
+                            a[2] = geo_tf32(vin[0][2 * st + 1]);
+                            a[3] = geo_tf32(vin[1][2 * st + 1]);
+                        },
+                        acc);
         store_part_tc<C>(pb + rl.w * C::SLICE, acc, lane);
     } else {
+        T* vs = vb + rl.w * C::SLICE;
+        rl.to_slice(vin, vs);
+        __syncwarp();
         T acc[C::MB][C::RA];
-        phase_a<C>(vs, Us + rl.w * C::KW * C::SUU, lane, acc);
+        phase_a<C>(vs, Us + rl.w * C::KW * C::SU, lane, acc);
         __syncwarp();
         store_part<C>(pb + rl.w * C::SLICE, acc, lane);
     }
@@ -660,8 +721,19 @@ __device__ __forceinline__ void gamma_regs(const typename Rows<C>::Tile& vin, co
         S[m * C::SU + r] = maybe_tf32<C::TC>(in ? s * s : T(0));
     });
     __syncthreads();
-    if constexpr (C::TC) phase_b_tc<C>(S, Ws, lane, raw);
-    else phase_b<C>(S, Ws, lane, raw);
+    if constexpr (C::TC) {
+        float acc[KS][4];
+        phase_b_frag<C>(S, reinterpret_cast<const F2*>(Ws) + rl.w * NR * KS * 32 + lane, lane, acc);
+#pragma unroll
+        for (int n = 0; n < KS; ++n) {
+            raw[0][2 * n] = acc[n][0];
+            raw[0][2 * n + 1] = acc[n][1];
+            raw[1][2 * n] = acc[n][2];
+            raw[1][2 * n + 1] = acc[n][3];
+        }
+    } else {
+        phase_b<C>(S, Ws, lane, raw);
+    }
 }
 
 // The tail of a Christoffel vector-Jacobian product: with g' in the warp's slice of
@@ -758,20 +830,10 @@ template <class C> __device__ void chr_fwd_tc(const GeoArgs& a) {
     const bool vec = a.vec_ok != 0;
     const bool pair_ok = ((a.gamma | (u64)(D * sizeof(float))) & 7) == 0;
     const i64 step = (i64)GEO_GROUPS * gridDim.x;
-    // U, W in fragment order: Uf[w][s][n][lane][e], Wf[w][s2][n][lane][e]
-    for (int idx = threadIdx.x; idx < C::DP * C::RP; idx += GEO_FAST_NT) {  // compile-time trip count
-        const int e = idx & 1, ln = (idx >> 1) & 31, gg = ln >> 2, tt = ln & 3;
-        {
-            const int blk = idx >> 6, n = blk % NR, s = (blk / NR) % KS, ww = blk / (NR * KS);
-            const int k = ww * C::KW + 16 * (s >> 1) + 4 * tt + 2 * (s & 1) + e, r = 8 * n + gg;
-            Uf[idx] = geo_tf32((k < D && r < R) ? U[(i64)k * R + r] : 0.f);
-        }
-        {
-            const int blk = idx >> 6, n = blk % KS, s2 = (blk / KS) % NR, ww = blk / (KS * NR);
-            const int d = ww * C::KW + 8 * n + gg, r = 8 * s2 + tt + 4 * e;
-            Wf[idx] = geo_tf32((d < D && r < R) ? W[(i64)d * R + r] : 0.f);
-        }
-    }
+    // U, W in fragment order; k-step s = 2q + h takes columns 16q + 4t + 2h (+ 1)
+    load_frags<C>(Uf, Wf, U, W, D, R, [](int ww, int st, int tt, int e) {
+        return ww * C::KW + 16 * (st >> 1) + 4 * tt + 2 * (st & 1) + e;
+    });
     // this lane's A elements of a tile: rows g, g + 8; columns c0 + 16q .. + 3
     const int c0 = w * C::KW + 4 * t;
     auto load_a = [&](GVec<float, 4> (&o)[2][NQ], i64 tl) {
@@ -796,58 +858,30 @@ template <class C> __device__ void chr_fwd_tc(const GeoArgs& a) {
     i64 tile = blockIdx.x + (i64)grp * gridDim.x;
     if (tile < ntiles) load_a(cur, tile);
     __syncthreads();  // Uf, Wf
-    typedef GVec<float, 2> F2;
     const F2* uf = reinterpret_cast<const F2*>(Uf) + w * KS * NR * 32 + lane;
     const F2* wf = reinterpret_cast<const F2*>(Wf) + w * NR * KS * 32 + lane;
     for (; tile < ntiles; tile += step) {
         if (tile + step < ntiles) load_a(nxt, tile + step);
         // phase A: the warp's partial [16][RP] over its slice
         float acc[NR][4];
-#pragma unroll
-        for (int n = 0; n < NR; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
-#pragma unroll
-        for (int q = 0; q < NQ; ++q)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float af[4] = {geo_tf32(cur[0][q].x[2 * h]), geo_tf32(cur[1][q].x[2 * h]),
-                                     geo_tf32(cur[0][q].x[2 * h + 1]), geo_tf32(cur[1][q].x[2 * h + 1])};
-#pragma unroll
-                for (int n = 0; n < NR; ++n) {
-                    const F2 bv = uf[((2 * q + h) * NR + n) * 32];
-                    const float bf[2] = {bv.x[0], bv.x[1]};
-                    geo_mma_tf32(acc[n], af, bf);
-                }
-            }
+        phase_a_frag<C>(uf,
+                        [&](int st, float (&af)[4]) {
+                            const int q = st >> 1, h = st & 1;
+                            af[0] = geo_tf32(cur[0][q].x[2 * h]);
+                            af[1] = geo_tf32(cur[1][q].x[2 * h]);
+                            af[2] = geo_tf32(cur[0][q].x[2 * h + 1]);
+                            af[3] = geo_tf32(cur[1][q].x[2 * h + 1]);
+                        },
+                        acc);
         store_part_tc<C>(Pg + w * C::M * C::SU, acc, lane);
         geo_group_sync(grp);
-        for (int idx = geo_tid(); idx < C::M * C::RP; idx += GEO_NT) {
-            const int m = idx / C::RP, r = idx - m * C::RP;
-            float sum = Pg[m * C::SU + r];
-#pragma unroll
-            for (int ww = 1; ww < GEO_NW; ++ww) sum += Pg[ww * C::M * C::SU + m * C::SU + r];
+        reduce_parts<C, C::M * C::SU>(Pg, [&](int m, int r, float sum) {
             S[m * C::SU + r] = geo_tf32(r < R ? sum * sum : 0.f);
-        }
+        });
         geo_group_sync(grp);
         // phase B: raw[16][the warp's KW features] = S W^T
         float accb[KS][4];
-#pragma unroll
-        for (int n = 0; n < KS; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) accb[n][e] = 0.f;
-#pragma unroll
-        for (int s2 = 0; s2 < NR; ++s2) {
-            const int k0 = 8 * s2;
-            const float af[4] = {S[g * C::SU + k0 + t], S[(g + 8) * C::SU + k0 + t], S[g * C::SU + k0 + t + 4],
-                                 S[(g + 8) * C::SU + k0 + t + 4]};
-#pragma unroll
-            for (int n = 0; n < KS; ++n) {
-                const F2 bv = wf[(s2 * KS + n) * 32];
-                const float bf[2] = {bv.x[0], bv.x[1]};
-                geo_mma_tf32(accb[n], af, bf);
-            }
-        }
+        phase_b_frag<C>(S, wf, lane, accb);
         Rows<C> rl(tile * C::M, B, D);
         typename Rows<C>::Tile raw;
 #pragma unroll
@@ -876,7 +910,7 @@ template <class C> __device__ void chr_fwd_simt(const GeoArgs& a) {
     static_assert(!C::TC, "FFMA configuration");
     check_smem(C::SMEM_CHR_FWD * sizeof(T), a);
     T* Us = reinterpret_cast<T*>(geo_smem);
-    T* Ws = Us + C::DP * C::SUU;
+    T* Ws = Us + C::DP * C::SU;
     T* const vb = Ws + C::DP * C::SU;
     T* const S = vb + GEO_NW * C::SLICE;
     const T* v = reinterpret_cast<const T*>(a.v0);
@@ -886,7 +920,7 @@ template <class C> __device__ void chr_fwd_simt(const GeoArgs& a) {
     const int w = geo_tid() >> 5, lane = threadIdx.x & 31;
     const bool vec = a.vec_ok != 0;
     const i64 step = gridDim.x;
-    load_mat<C, C::SUU, GEO_NT>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
+    load_mat<C, C::SU, GEO_NT>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
     load_mat<C, C::SU, GEO_NT>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
     i64 tile = blockIdx.x;
     if (tile < ntiles) load_tile<C>(vb, v, tile * C::M, a.B, a.D, vec);
@@ -897,10 +931,10 @@ template <class C> __device__ void chr_fwd_simt(const GeoArgs& a) {
         __syncthreads();  // the tile is in vb (and, the first time, U and W are in place)
         // the slice is consumed: its partial goes there
         if constexpr (C::M == 32 && C::RP == 32) {
-            phase_a_w<C>(vs, Us + w * C::KW * C::SUU, lane);
+            phase_a_w<C>(vs, Us + w * C::KW * C::SU, lane);
         } else {
             T acc[C::MB][C::RA];
-            phase_a<C>(vs, Us + w * C::KW * C::SUU, lane, acc);
+            phase_a<C>(vs, Us + w * C::KW * C::SU, lane, acc);
             __syncwarp();
             store_part<C>(vs, acc, lane);
         }
@@ -933,7 +967,7 @@ template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
     typedef typename Rows<C>::Tile Tile;
     check_smem(C::SMEM_CHR_BWD * sizeof(T), a);
     T* Us = reinterpret_cast<T*>(geo_smem);
-    T* Ws = Us + C::DP * C::SUU;
+    T* Ws = Us + C::DP * C::SU;
     T* Vb = Ws + C::DP * C::SU;
     T* Gb = Vb + GEO_NW * C::SLICE;
     T* P = Gb + GEO_NW * C::SLICE;
@@ -943,7 +977,7 @@ template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
     const i64 ntiles = (a.B + C::M - 1) / C::M;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const bool want_dv = a.want & GEO_WANT_DV, want_du = a.want & GEO_WANT_DU, want_dw = a.want & GEO_WANT_DW;
-    load_mat<C, C::SUU>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
+    load_mat<C, C::SU>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
     load_mat<C, C::SU>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
     T acc_u[C::NPAR], acc_w[C::NPAR];
 #pragma unroll
@@ -985,16 +1019,22 @@ template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
 template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
     typedef typename C::T T;
     typedef typename Rows<C>::Tile Tile;
-    check_smem(C::SMEM_LF_FWD * sizeof(T), a);
+    // TF32: U and W in fragment order (load_frags, KmapRows), [DP][RP] each
+    check_smem((C::TC ? C::SMEM_LF_FWD_TC : C::SMEM_LF_FWD) * sizeof(T), a);
     T* Us = reinterpret_cast<T*>(geo_smem);
-    T* Ws = Us + C::DP * C::SUU;
-    T* Vb = Ws + C::DP * C::SU;
+    T* Ws = Us + C::DP * (C::TC ? C::RP : C::SU);
+    T* Vb = Ws + C::DP * (C::TC ? C::RP : C::SU);
     T* S = Vb + GEO_NW * C::SLICE;
     const T c = T(a.c), dt = T(a.dt), h = T(0.5 * a.dt);
     const i64 ntiles = (a.B + C::M - 1) / C::M;
     const i64 BD = a.B * a.D;
-    load_mat<C, C::SUU>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
-    load_mat<C, C::SU>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
+    if constexpr (C::TC) {
+        load_frags<C>(Us, Ws, reinterpret_cast<const float*>(a.u), reinterpret_cast<const float*>(a.w), a.D, a.R,
+                      KmapRows{C::KW});
+    } else {
+        load_mat<C, C::SU>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
+        load_mat<C, C::SU>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
+    }
     const T* mu = reinterpret_cast<const T*>(a.mu);
     T hmu[C::TJ];  // h mu
     {
@@ -1058,7 +1098,7 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
     static_assert(E <= 32, "mask bits must fit one word");
     check_smem(C::SMEM_LF_BWD * sizeof(T), a);
     T* Us = reinterpret_cast<T*>(geo_smem);
-    T* Ws = Us + C::DP * C::SUU;
+    T* Ws = Us + C::DP * C::SU;
     T* Vb = Ws + C::DP * C::SU;
     T* Gb = Vb + GEO_NW * C::SLICE;
     T* P0 = Gb + GEO_NW * C::SLICE;
@@ -1075,7 +1115,7 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
     const i64 BD = a.B * a.D;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const bool want_du = a.want & GEO_WANT_DU, want_dw = a.want & GEO_WANT_DW, want_df = a.want & GEO_WANT_DF;
-    load_mat<C, C::SUU>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
+    load_mat<C, C::SU>(Us, reinterpret_cast<const T*>(a.u), a.D, a.R);
     load_mat<C, C::SU>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
     const T* mu = reinterpret_cast<const T*>(a.mu);
     const T* v0 = reinterpret_cast<const T*>(a.v0);
@@ -1613,7 +1653,7 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_kick(const KickArgs a) 
 #if defined(GEO_TF32) && defined(GEO_MODULE_CHR_FWD)
 #define GEO_FAST_TC(RP, DJ) GEO_ENTRY_TC(chr_fwd, chr_fwd_fast, SMEM_CHR_FWD_TC, RP, DJ)
 #elif defined(GEO_TF32) && defined(GEO_MODULE_LF_FWD)
-#define GEO_FAST_TC(RP, DJ) GEO_ENTRY_TC(lf_fwd, lf_fwd_fast, SMEM_LF_FWD, RP, DJ)
+#define GEO_FAST_TC(RP, DJ) GEO_ENTRY_TC(lf_fwd, lf_fwd_fast, SMEM_LF_FWD_TC, RP, DJ)
 #else
 #define GEO_FAST_TC(RP, DJ)
 #endif

@@ -321,7 +321,7 @@ fn fast_config(kind: Kind, job: &Job, max_smem: usize) -> Option<Fast> {
     let di = DJS.iter().position(|&dj| 64 * dj >= job.d)?;
     let dp = 64 * DJS[di];
     let (mut smem, mut m) = fast_smem(kind, RPS[ri], DJS[di], job.dtype.size());
-    // TF32 variants: f32 forwards with D <= 512; U rows of stride RP + 8 (not RP + 4)
+    // TF32 variants: f32 forwards with D <= 512; U and W in mma fragment order
     let tc = job.flags & GEO_ALLOW_TF32 != 0
         && job.dtype == DType::F32
         && matches!(kind, Kind::ChristoffelForward | Kind::LeapfrogForward)
@@ -335,7 +335,9 @@ fn fast_config(kind: Kind, job: &Job, max_smem: usize) -> Option<Fast> {
             m = 16;
             (2 * dp * rp + CHR_FWD_GROUPS * (NW + 1) * m * su) * job.dtype.size()
         } else {
-            smem + dp * 4 * job.dtype.size()
+            // `SMEM_LF_FWD_TC`: U and W as [DP][RP] (fragment order) instead of
+            // [DP][RP + 4] rows
+            smem - 2 * dp * 4 * job.dtype.size()
         };
     }
     (smem <= max_smem.min(SMEM_MAX)).then_some(Fast {

@@ -366,11 +366,20 @@ def main():
             err = max(rel_err(xo, xr), rel_err(vo, vr))
             row(f"leapfrog fwd f32 T={T}, TF32 (flags=1)", lambda: fk.leapfrog(x, v, f, U, W, mu, dt, T, c, xo, vo, None, 1),
                 None, err, 5 * nbd * 4 + 2 * ndr * 4, 8 * T * nbd * R, extra=dict(tolerance="TF32"))
+    # R = 64 (no fast kernel): the "generic" rows below, and the leapfrog backward's rows
+    # (named "leapfrog bwd R=64 ..." so that --only "leapfrog bwd f32" leaves them out)
+    T = 8
+    lfb64 = [(f"leapfrog bwd R=64 f32 T={T} {tn} (all grads), {name}", tr, fl)
+             for tn, tr in (("from traj", True), ("recompute", False))
+             for name, fl in (("cuBLAS route", 0), ("generic kernel (flags=2)", 2))]
+    lfb64 = [x for x in lfb64 if want(x[0])]
+    if not args.quick and (want("generic") or lfb64):
+        P2 = problem(B, D, 64, torch.float32, seed=3)
+        r64 = {k: t.double() for k, t in P2.items()}
     if not args.quick and want("generic"):
         # the generic kernels on the same problem (R > 32 or large D take this path)
         row("christoffel fwd f32, generic kernel (flags=2)", lambda: fk.christoffel(v, U, W, c, out, 2), None, 0.0,
             (2 * nbd + 2 * ndr) * 4, 4 * nbd * R)
-        P2 = problem(B, D, 64, torch.float32, seed=3)
         out2 = torch.empty_like(P2["v"])
         fk.christoffel(P2["v"], P2["U"], P2["W"], c, out2)
         e = rel_err(out2, chr_ref(P2["v"].double(), P2["U"].double(), P2["W"].double(), c))
@@ -387,7 +396,6 @@ def main():
         # the Christoffel backward at R = 64 (all gradients)
         g2 = P2["g"]
         b2 = [torch.full_like(g2, float("nan"))] + [torch.full_like(P2["U"], float("nan")) for _ in range(2)]
-        r64 = {k: t.double() for k, t in P2.items()}
         refs = chr_bwd_ref(r64["v"], r64["U"], r64["W"], r64["g"], c)
         for name, fl in (("cuBLAS route", 0), ("generic kernel (flags=2)", 2)):
             fk.christoffel_backward(P2["v"], P2["U"], P2["W"], g2, c, *b2, flags=fl)
@@ -410,6 +418,43 @@ def main():
             row(f"leapfrog fwd f32 T={T} R=64, {name}", lambda: fk.leapfrog(*a2, dt, T, c, x2o, v2o, None, fl),
                 (lambda: lf_ref(*a2, dt, T, c)) if fl == 0 else None, e, 5 * nbd * 4 + 2 * D * 64 * 4,
                 8 * T * nbd * 64, compile_fn=(lambda: compf2(*a2, dt, T, c)) if compf2 else None)
+    if not args.quick and lfb64:
+        # the leapfrog backward at R = 64, T = 8, all gradients: the cuBLAS route (per step
+        # two Christoffel forwards and two vjps in cuBLAS) and the generic kernel, from the
+        # trajectory and recomputing; checked on a slice of the rows against float64 autograd
+        a2 = (P2["x"], P2["v"], P2["f"], P2["U"], P2["W"], P2["mu"])
+        x2o, v2o = torch.empty_like(P2["v"]), torch.empty_like(P2["v"])
+        traj2 = torch.empty((T, 2, B, D), device="cuda", dtype=torch.float32)
+        fk.leapfrog(*a2, dt, T, c, x2o, v2o, traj2)
+        gx2, gv2 = P2["gx"], P2["gv"]
+        grads2 = [torch.full_like(P2["v"], float("nan")) for _ in range(3)] + \
+            [torch.full_like(P2["U"], float("nan")) for _ in range(2)]
+        Bs = min(B, 8192)
+        gref2 = lf_grads_ref(r64["x"][:Bs], r64["v"][:Bs], r64["f"][:Bs], r64["U"], r64["W"], r64["mu"], dt, T, c,
+                             r64["gx"][:Bs], r64["gv"][:Bs])
+        sl2 = [t[:Bs].contiguous() for t in (P2["x"], P2["v"], P2["f"], gx2, gv2)]
+        trs2 = torch.empty((T, 2, Bs, D), device="cuda", dtype=torch.float32)
+        fk.leapfrog(sl2[0], sl2[1], sl2[2], P2["U"], P2["W"], P2["mu"], dt, T, c, torch.empty_like(sl2[0]),
+                    torch.empty_like(sl2[0]), trs2)
+
+        def torch_bwd2():
+            ins = [t.detach().requires_grad_(True) for t in a2[:5]]
+            xT, vT = lf_ref(*ins, P2["mu"], dt, T, c)
+            return torch.autograd.grad((xT, vT), ins, (gx2, gv2))
+
+        for name, with_traj, fl in lfb64:
+            gs = [torch.full_like(sl2[1], float("nan")) for _ in range(3)] + \
+                [torch.full_like(P2["U"], float("nan")) for _ in range(2)]
+            fk.leapfrog_backward(sl2[1], sl2[2], P2["U"], P2["W"], P2["mu"], dt, T, c, trs2 if with_traj else None,
+                                 sl2[3], sl2[4], *gs, flags=fl)
+            e = max(rel_err(o, rr) for o, rr in zip(gs, gref2))
+            tr2 = traj2 if with_traj else None
+            eager = torch_bwd2 if fl == 0 and with_traj else None
+            row(name, lambda: fk.leapfrog_backward(P2["v"], P2["f"], P2["U"], P2["W"], P2["mu"], dt, T, c, tr2, gx2, gv2,
+                                                   *grads2, flags=fl),
+                eager, e, ((T - 1) * nbd + 7 * nbd) * 4 + 4 * D * 64 * 4 if with_traj else 7 * nbd * 4 + 4 * D * 64 * 4,
+                (24 if with_traj else 32) * T * nbd * 64,
+                extra=dict(note="eager column: forward + autograd backward") if eager else None)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), fh, indent=1)

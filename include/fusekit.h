@@ -49,8 +49,7 @@
 /**
  * `flags` bit of the geodesic ops, for testing and debugging: the CUDA backend
  * uses its generic kernels even where a fast configuration or the cuBLAS route
- * (forwards, Christoffel backward) would run (same results to rounding, several times
- * slower). Ignored on the CPU.
+ * would run (same results to rounding, several times slower). Ignored on the CPU.
  */
 #define FK_GEO_FORCE_GENERIC 2
 
@@ -1171,6 +1170,10 @@ fk_status fk_leapfrog_forward(const fk_buffer *x0,
  * its states in a per-block workspace of `(T-1)*rows_per_block*D` elements (a few
  * MB, independent of B). Either way each step costs two Christoffel forwards and
  * two Christoffel backwards (about 3x the forward's work; 4x without `traj`).
+ * Shapes without a fast kernel (R > 32, D > 1024, f64 with large D*R) run on CUDA
+ * through cuBLAS, with a workspace that grows with B: 4 `[B, R]` and 3 `[B, D]`
+ * (one `[B, D]` more without `dv0`), plus `(T-1)` `[B, D]` without `traj`; where
+ * that memory is not available, the generic kernels run instead.
  * `dU`/`dW` are deterministic (no atomics). One dtype, f32 or f64; any B, D, R.
  * `flags`: 0, or `FK_GEO_ALLOW_TF32` (f32 forwards on CUDA may use TF32 tensor
  * cores, ~5e-4 relative error; ignored by the backwards) and/or

@@ -1568,7 +1568,7 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_reduce(const ReduceArgs
 }
 #endif
 
-#if (defined(GEO_GENERIC) || defined(GEO_ALL)) && !defined(GEO_MODULE_LF_BWD)
+#if defined(GEO_GENERIC) || defined(GEO_ALL)
 // The GEMM route (R or D beyond the fast kernels, see src/cuda/geodesic.rs): the
 // products run in cuBLAS, these elementwise steps in between, each y[i] from y[i],
 // x[i] and c over n elements.
@@ -1587,31 +1587,35 @@ struct EwArgs {
     }
 GEO_EW(geo_square, x[i] * x[i])  // s = p * p (y may be x)
 #endif
+#if (defined(GEO_GENERIC) || defined(GEO_ALL)) && (defined(GEO_MODULE_CHR_BWD) || defined(GEO_MODULE_LF_BWD))
+GEO_EW(geo_dp, GEO_T(2) * x[i] * y[i])  // dp = 2 p q over q
+#endif
 #if (defined(GEO_GENERIC) || defined(GEO_ALL)) && defined(GEO_MODULE_CHR_BWD)
 GEO_EW(geo_mask, passc(y[i], c) ? x[i] : GEO_T(0))  // g' = g 1[-c <= raw <= c] over raw
-GEO_EW(geo_dp, GEO_T(2) * x[i] * y[i])              // dp = 2 p q over q
 #endif
 #if (defined(GEO_GENERIC) || defined(GEO_ALL)) && defined(GEO_MODULE_CHR_FWD)
 GEO_EW(geo_clamp, clampc(y[i], c))  // gamma = clamp(raw) in place
 #endif
-#if (defined(GEO_GENERIC) || defined(GEO_ALL)) && defined(GEO_MODULE_LF_FWD)
+#if (defined(GEO_GENERIC) || defined(GEO_ALL)) && (defined(GEO_MODULE_LF_FWD) || defined(GEO_MODULE_LF_BWD))
 struct KickArgs {
     i64 n, d;
-    u64 x, v, raw, f, mu, tx, tv;  // x: 0 for the second kick (no drift); f, mu, tx, tv optional
+    u64 vin, x, v, raw, f, mu, tx, tv;  // x: 0 for no drift; f, mu, tx, tv optional
     double h, dt, c;
 };
-// One kick of the leapfrog in place, v += h (f - clamp(raw) - mu v), then (first
-// kick) the drift x += dt v, and (tx, tv) copies of the new x, v (the trajectory).
+// One kick of the leapfrog, v = vin + h (f - clamp(raw) - mu vin) (vin may be v: in
+// place), then (x given) the drift x += dt v, and (tx, tv) copies of the new x, v (the
+// trajectory). The backward uses it to recompute vh from v_t (vin = v_t, no drift).
 extern "C" __global__ void __launch_bounds__(GEO_NT) geo_kick(const KickArgs a) {
     typedef GEO_T T;
     const T h = (T)a.h, dt = (T)a.dt, c = (T)a.c;
+    const T* vin = reinterpret_cast<const T*>(a.vin);
     T* x = reinterpret_cast<T*>(a.x);
     T* v = reinterpret_cast<T*>(a.v);
     const T* raw = reinterpret_cast<const T*>(a.raw);
     const T* f = reinterpret_cast<const T*>(a.f);
     const T* mu = reinterpret_cast<const T*>(a.mu);
     for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < a.n; i += (i64)gridDim.x * GEO_NT) {
-        const T vi = v[i];
+        const T vi = vin[i];
         const T fi = f != nullptr ? f[i] : T(0);
         const T mi = mu != nullptr ? mu[i % a.d] : T(0);
         const T vn = vi + h * (fi - clampc(raw[i], c) - mi * vi);
@@ -1622,6 +1626,40 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_kick(const KickArgs a) 
             if (a.tx) reinterpret_cast<T*>(a.tx)[i] = xn;
         }
         if (a.tv) reinterpret_cast<T*>(a.tv)[i] = vn;
+    }
+}
+#endif
+#if (defined(GEO_GENERIC) || defined(GEO_ALL)) && defined(GEO_MODULE_LF_BWD)
+GEO_EW(geo_copy, x != nullptr ? x[i] : c)  // dx0 = gx, or c (0) without gx
+struct AdjArgs {
+    i64 n, d;
+    u64 lv_in, lv, g, df, gx, mu;  // lv_in 0: zeros (no gv); df, gx, mu optional
+    double h, dt, c;
+    int df_init;  // the sweep's first update: df = h l instead of df += h l
+    int pad_;
+};
+// The leapfrog backward's adjoint update at one kick (docs/geodesic.md, "Its
+// backward"), per element with l = lv_in[i] and g[i] = gamma_raw at the kick's input:
+// df += h l; g = 1[-c <= raw <= c] (-h l), the cotangent of the kick's Christoffel
+// vjp, whose dv cuBLAS then adds to lv; lv = l (1 - h mu) + dt gx (lv may be lv_in).
+// At the second kick (lv = dL/dv_{t+1}) this leaves lvh minus its vjp term in lv, at
+// the first (lv = lvh, gx = 0) lv_t minus its vjp term.
+extern "C" __global__ void __launch_bounds__(GEO_NT) geo_adj(const AdjArgs a) {
+    typedef GEO_T T;
+    const T h = (T)a.h, dt = (T)a.dt, c = (T)a.c;
+    const T* lv_in = reinterpret_cast<const T*>(a.lv_in);
+    T* lv = reinterpret_cast<T*>(a.lv);
+    T* g = reinterpret_cast<T*>(a.g);
+    T* df = reinterpret_cast<T*>(a.df);
+    const T* gx = reinterpret_cast<const T*>(a.gx);
+    const T* mu = reinterpret_cast<const T*>(a.mu);
+    for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < a.n; i += (i64)gridDim.x * GEO_NT) {
+        const T l = lv_in != nullptr ? lv_in[i] : T(0);
+        if (df != nullptr) df[i] = (a.df_init ? T(0) : df[i]) + h * l;
+        g[i] = passc(g[i], c) ? -h * l : T(0);
+        const T mi = mu != nullptr ? mu[i % a.d] : T(0);
+        const T gxi = gx != nullptr ? gx[i] : T(0);
+        lv[i] = l * (T(1) - h * mi) + dt * gxi;
     }
 }
 #endif

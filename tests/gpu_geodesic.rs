@@ -4,11 +4,11 @@
 //! unless `FK_REQUIRE_GPU=1`, which makes the skip a failure. `FK_SANITIZE=1`
 //! (compute-sanitizer runs) shrinks the sizes.
 //!
-//! Covered, f32 and f64: random shapes with odd B, D, R, R > 32 and R > 128 (the
-//! generic kernels, and the Christoffel forward's cuBLAS route), D > 1024, B = 0,
-//! several tiles per block; every kernel also
-//! with `FK_GEO_FORCE_GENERIC`, so the fast and the generic kernels are both checked
-//! on the same shapes; misaligned rows (the non-cp.async load path); the in-place
+//! Covered, f32 and f64: random shapes with odd B, D, R, R > 32 and R > 128 and
+//! D > 1024 (the cuBLAS route of every op), B = 0, several tiles per block; every
+//! kernel also with `FK_GEO_FORCE_GENERIC`, so the fast (or route) and the generic
+//! kernels are both checked on the same shapes; the leapfrog backward's route with
+//! every optional input and output on and off; misaligned rows (the non-cp.async load path); the in-place
 //! forms; trajectory on/off; optional arguments; outputs poisoned with NaN before
 //! every run; bit-reproducible dU, dW; an owned stream; the TF32 forwards
 //! (`FK_GEO_ALLOW_TF32`, tolerance 5e-3; f64 and the backwards unaffected).
@@ -543,8 +543,7 @@ fn cuda_misaligned_rows_and_in_place() {
     let Some(gpu) = gpu() else { return };
     let cpu = Ctx::new(FK_DEVICE_CPU);
     let mut rng = Rng(14);
-    // R = 12: the fast kernels; R = 40: the Christoffel forward's cuBLAS route and
-    // the generic leapfrog
+    // R = 12: the fast kernels; R = 40: the cuBLAS route
     for (b, d, r) in [(37usize, 64usize, 12usize), (37, 64, 40)] {
         let p = Prob::new(&mut rng, b, d, r, 1, false, 0.6);
         for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
@@ -726,5 +725,113 @@ fn cuda_tf32_forwards() {
             g64.gamma == s64.gamma && g64.v == s64.v,
             "f64 changed with FK_GEO_ALLOW_TF32"
         );
+    }
+}
+
+/// The leapfrog backward where no fast kernel fits (R > 32): the cuBLAS route under
+/// flags 0 and the generic kernel under `FK_GEO_FORCE_GENERIC`, against the CPU, with
+/// and without the trajectory, every optional input (f, mu, gx, gv) and output (dx0,
+/// dv0, df, dU, dW) on and off, odd B and D; the route's gradients bit-reproducible.
+#[test]
+fn cuda_leapfrog_backward_route_options() {
+    let Some(gpu) = gpu() else { return };
+    let cpu = Ctx::new(FK_DEVICE_CPU);
+    let mut rng = Rng(17);
+    let (shapes, flag_sets, outputs): (&[(usize, usize, usize, usize)], &[u32], &[u32]) =
+        if sanitizing() {
+            // memcheck: the route only, every pointer combination once
+            (&[(7, 33, 40, 2)], &[0], &[31, 1, 6, 24])
+        } else {
+            (
+                &[(37, 65, 40, 3), (5, 33, 129, 2)],
+                &[0, FK_GEO_FORCE_GENERIC],
+                &[31, 1, 2, 4, 8, 16, 5, 24],
+            )
+        };
+    // bits of the input sets: f, mu, gx, gv; of the output sets: dx0, dv0, df, dU, dW
+    let inputs = [15u32, 0, 9, 6];
+    for &(b, d, r, t) in shapes {
+        let full = Prob::new(&mut rng, b, d, r, t, true, 0.6);
+        for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
+            for inp in inputs {
+                let p = Prob {
+                    f: full.f.clone().filter(|_| inp & 1 != 0),
+                    mu: full.mu.clone().filter(|_| inp & 2 != 0),
+                    gx: full.gx.clone().filter(|_| inp & 4 != 0),
+                    gv: full.gv.clone().filter(|_| inp & 8 != 0),
+                    ..full.clone()
+                };
+                let want = run_all(&cpu, dt, &p, 0, null());
+                let i = upload(&gpu, dt, &p);
+                let (bb, dd, rr) = (b as i64, d as i64, r as i64);
+                let traj = Buf::from(&gpu, dt, &[t as i64, 2, bb, dd], &want.traj);
+                for &flags in flag_sets {
+                    for with_traj in [true, false] {
+                        let run = |set: u32| {
+                            let o: Vec<Option<Buf>> = (0..5)
+                                .map(|k| {
+                                    let shape = if k < 3 { [bb, dd] } else { [dd, rr] };
+                                    (set & (1 << k) != 0).then(|| Buf::new(&gpu, dt, &shape))
+                                })
+                                .collect();
+                            ok(unsafe {
+                                fk_leapfrog_backward(
+                                    i.v.h,
+                                    h(&i.f),
+                                    i.u.h,
+                                    i.w.h,
+                                    h(&i.mu),
+                                    p.dt,
+                                    t as i64,
+                                    p.c,
+                                    flags,
+                                    if with_traj { traj.h } else { null_mut() },
+                                    h(&i.gx),
+                                    h(&i.gv),
+                                    h(&o[0]),
+                                    h(&o[1]),
+                                    h(&o[2]),
+                                    h(&o[3]),
+                                    h(&o[4]),
+                                    null(),
+                                )
+                            });
+                            o.iter()
+                                .map(|o| o.as_ref().map(Buf::read))
+                                .collect::<Vec<_>>()
+                        };
+                        for &set in outputs {
+                            for (k, got) in run(set).iter().enumerate() {
+                                if let Some(got) = got {
+                                    close(
+                                        got,
+                                        &want.lf[k],
+                                        tol_bwd(dt),
+                                        &format!(
+                                            "leapfrog backward output {k} of {set:05b}: B={b} D={d} R={r} T={t} {} inputs {inp:04b} traj={with_traj} flags={flags}",
+                                            if dt == FK_DTYPE_F32 { "f32" } else { "f64" }
+                                        ),
+                                    );
+                                }
+                            }
+                        }
+                        if flags == 0 {
+                            let (a, a2) = (run(31), run(31));
+                            let bits = |x: &Option<Vec<f64>>| {
+                                x.as_ref()
+                                    .unwrap()
+                                    .iter()
+                                    .map(|v| v.to_bits())
+                                    .collect::<Vec<_>>()
+                            };
+                            assert!(
+                                (1..5).all(|k| bits(&a[k]) == bits(&a2[k])),
+                                "route gradients differ between runs (B={b} D={d} R={r} traj={with_traj})"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -15,9 +15,10 @@
 //! - aliasing: outputs must not overlap inputs or each other, except the exact
 //!   in-place forms named in each function.
 //! - `stream`: the op is queued there (NULL = the default stream of `v`'s context);
-//!   it never synchronises. On CUDA the backwards (and the generic kernels used
-//!   for R > 32 or large D) allocate a temporary workspace stream-ordered on
-//!   `stream` (`cuMemAllocAsync`), freed on the same stream.
+//!   it never synchronises. On CUDA the backwards, and every op on shapes without
+//!   a fast kernel (R > 32 or large D: the cuBLAS route or the generic kernels),
+//!   allocate temporary workspaces stream-ordered on `stream` (`cuMemAllocAsync`),
+//!   freed on the same stream.
 //! - statuses: `FK_ERROR_NULL_POINTER` (a required buffer NULL),
 //!   `FK_ERROR_UNSUPPORTED_DTYPE` (`v` not f32/f64), `FK_ERROR_DTYPE_MISMATCH`,
 //!   `FK_ERROR_SHAPE_MISMATCH` (wrong rank or extent; the message names the
@@ -46,8 +47,7 @@ pub const FK_GEO_ALLOW_TF32: u32 = 1;
 
 /// `flags` bit of the geodesic ops, for testing and debugging: the CUDA backend
 /// uses its generic kernels even where a fast configuration or the cuBLAS route
-/// (forwards, Christoffel backward) would run (same results to rounding, several times
-/// slower). Ignored on the CPU.
+/// would run (same results to rounding, several times slower). Ignored on the CPU.
 pub const FK_GEO_FORCE_GENERIC: u32 = 2;
 
 // cbindgen copies literal values only; the crate's constants must agree.
@@ -220,6 +220,10 @@ pub unsafe extern "C" fn fk_leapfrog_forward(
 /// its states in a per-block workspace of `(T-1)*rows_per_block*D` elements (a few
 /// MB, independent of B). Either way each step costs two Christoffel forwards and
 /// two Christoffel backwards (about 3x the forward's work; 4x without `traj`).
+/// Shapes without a fast kernel (R > 32, D > 1024, f64 with large D*R) run on CUDA
+/// through cuBLAS, with a workspace that grows with B: 4 `[B, R]` and 3 `[B, D]`
+/// (one `[B, D]` more without `dv0`), plus `(T-1)` `[B, D]` without `traj`; where
+/// that memory is not available, the generic kernels run instead.
 /// `dU`/`dW` are deterministic (no atomics). One dtype, f32 or f64; any B, D, R.
 /// `flags`: 0, or `FK_GEO_ALLOW_TF32` (f32 forwards on CUDA may use TF32 tensor
 /// cores, ~5e-4 relative error; ignored by the backwards) and/or

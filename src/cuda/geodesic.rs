@@ -5,10 +5,9 @@
 //! `geodesic_<op>_<dtype>_generic` the generic kernel and, for the backwards,
 //! `geo_reduce` (the deterministic second pass of the dU/dW sums). The fast kernel
 //! runs when its shared memory (U and W resident, plus tile buffers) fits the
-//! device's opt-in limit; otherwise the generic kernel, except for the Christoffel
-//! ops and the leapfrog forward, which then run their products in cuBLAS with small
-//! elementwise kernels between them (`GemmRoute`; the generic kernel when cuBLAS
-//! cannot be loaded or with `FK_GEO_FORCE_GENERIC`).
+//! device's opt-in limit; otherwise the ops run their products in cuBLAS with small
+//! elementwise kernels between them (`GemmRoute`), or the generic kernel when cuBLAS
+//! cannot be loaded, its workspace does not fit, or with `FK_GEO_FORCE_GENERIC`.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -448,17 +447,332 @@ fn reduce(
 /// The GEMM route, for the shapes no fast kernel takes (R > 32, D > 1024, f64 with
 /// large D*R): the products in cuBLAS, small elementwise kernels of the op's generic
 /// module between them; `gamma_raw = (v U)^2 W^T` as `P = v U` (into a `[B, R]`
-/// workspace), `P *= P` (`geo_square`), `P W^T`. About three `[B, D]` passes per
+/// workspace), `S = P^2` (`geo_square`), `S W^T`. About three `[B, D]` passes per
 /// evaluation against the fast kernels' two (as PyTorch eager), ~10x faster than the
 /// generic kernels (BENCHMARKS.md). TF32 products with `FK_GEO_ALLOW_TF32` (f32
-/// forwards).
+/// forwards only; the backwards and their recomputed forward states stay strict).
 use crate::ops::linalg::{GemmPlan, Mat, Trans, dense};
+use std::any::Any;
+
+/// Mirrors `struct EwArgs` (the `GEO_EW` kernels: `y[i]` from `y[i]`, `x[i]`, `c`).
+#[repr(C)]
+struct EwArgs {
+    y: u64,
+    x: u64,
+    n: i64,
+    c: f64,
+}
+
+/// Mirrors `struct KickArgs` (`geo_kick`).
+#[repr(C)]
+struct KickArgs {
+    n: i64,
+    d: i64,
+    vin: u64,
+    x: u64,
+    v: u64,
+    raw: u64,
+    f: u64,
+    mu: u64,
+    tx: u64,
+    tv: u64,
+    h: f64,
+    dt: f64,
+    c: f64,
+}
+
+/// Mirrors `struct AdjArgs` (`geo_adj`).
+#[repr(C)]
+struct AdjArgs {
+    n: i64,
+    d: i64,
+    lv_in: u64,
+    lv: u64,
+    g: u64,
+    df: u64,
+    gx: u64,
+    mu: u64,
+    h: f64,
+    dt: f64,
+    c: f64,
+    df_init: i32,
+    pad: i32,
+}
+
+/// Byte offsets of the route's pieces in its workspace (the `extra` bytes of
+/// `GemmRoute::new`), each rounded up to 256 bytes, and the total. Which pieces an op
+/// takes: the Christoffel forward none; the leapfrog forward `raw`; the Christoffel
+/// backward `s`, `raw`; the leapfrog backward (unless it only writes `dx0`) `s`, `p0`,
+/// `s1`, `raw`, `raw1`, `vh`, `lv` (without `dv0`, which otherwise holds it) and
+/// `slab` (without a trajectory, T > 1).
+#[derive(Debug, Default, Clone, Copy)]
+struct Layout {
+    /// `[B, R]`: `S = P^2` (the Christoffel backward; the leapfrog backward's at
+    /// `v_t`), also `Q` of the vjp once `S` is consumed
+    s: usize,
+    /// `[B, R]`: the leapfrog backward's `P` at `v_t` (its `P` at `vh` is
+    /// `GemmRoute::p`) and `S` at `vh`
+    p0: usize,
+    s1: usize,
+    /// `[B, D]`: `gamma_raw` (at `v_t` in the leapfrog backward), then `g'`
+    raw: usize,
+    /// `[B, D]`, the leapfrog backward: `gamma_raw` at `vh`, then `g'`; `vh`; the
+    /// adjoint `lv`
+    raw1: usize,
+    vh: usize,
+    lv: usize,
+    /// `[T - 1]` x `[B, D]` (stride `bd`): the recomputed `v_1 .. v_{T-1}`
+    slab: usize,
+    bd: usize,
+    bytes: usize,
+}
+
+impl Layout {
+    /// `None` where the sizes overflow (the route is then not taken).
+    fn new(kind: Kind, job: &Job) -> Option<Layout> {
+        let e = job.dtype.size();
+        let piece = |rows: usize, cols: usize| {
+            rows.checked_mul(cols)?
+                .checked_mul(e)?
+                .checked_next_multiple_of(256)
+        };
+        let (br, bd) = (piece(job.b, job.r)?, piece(job.b, job.d)?);
+        let mut end = 0usize;
+        let mut take = |bytes: usize| -> Option<usize> {
+            let at = end;
+            end = end.checked_add(bytes)?;
+            Some(at)
+        };
+        let mut l = Layout {
+            bd,
+            ..Layout::default()
+        };
+        match kind {
+            Kind::ChristoffelForward => {}
+            Kind::LeapfrogForward => l.raw = take(bd)?,
+            Kind::ChristoffelBackward => {
+                l.s = take(br)?;
+                l.raw = take(bd)?;
+            }
+            Kind::LeapfrogBackward => {
+                if lf_bwd_sweeps(job) {
+                    l.s = take(br)?;
+                    l.p0 = take(br)?;
+                    l.s1 = take(br)?;
+                    l.raw = take(bd)?;
+                    l.raw1 = take(bd)?;
+                    l.vh = take(bd)?;
+                    if job.dv == 0 {
+                        l.lv = take(bd)?;
+                    }
+                    if job.traj == 0 && job.steps > 1 {
+                        l.slab = take((job.steps - 1).checked_mul(bd)?)?;
+                    }
+                }
+            }
+        }
+        l.bytes = end;
+        Some(l)
+    }
+}
+
+/// Whether the leapfrog backward runs its adjoint sweep (any output but `dx0`).
+fn lf_bwd_sweeps(job: &Job) -> bool {
+    job.dv != 0 || job.df != 0 || job.du != 0 || job.dw != 0
+}
+
+/// Where a Christoffel vjp's products go: `(address, beta)` for `dv`, `dU`, `dW`;
+/// address 0 = not wanted, beta 0 overwrites, 1 adds.
+#[derive(Clone, Copy)]
+struct VjpOut {
+    dv: (usize, f64),
+    du: (usize, f64),
+    dw: (usize, f64),
+}
+
+/// The route's steps. The primitives (`gemm`, `launch`, `copy`) queue cuBLAS products,
+/// kernels of the op's generic module and copies on the op's stream (`GemmRoute`);
+/// the unit tests run the same sequences on the host. The provided methods are the
+/// pieces the ops share.
+trait Steps {
+    fn job(&self) -> &Job;
+    /// The `[B, R]` workspace (`P` of `gamma_raw` in the forwards).
+    fn p(&self) -> usize;
+    /// The op's workspace (`Layout`).
+    fn ws(&self) -> usize;
+    /// `c = op_a(a) op_b(b) + beta c` (row-major, dense; beta 0: `c` is not read).
+    fn gemm(&self, op_a: Trans, a: Mat, op_b: Trans, b: Mat, c: Mat, beta: f64) -> Result<()>;
+    /// Kernel `name` of the op's generic module over `n` elements; `args` its argument
+    /// struct (`EwArgs`, `KickArgs`, `AdjArgs`).
+    fn launch<A: Any>(&self, name: &'static str, n: i64, args: &mut A) -> Result<()>;
+    /// `bytes` bytes from `src` to `dst`.
+    fn copy(&self, dst: usize, src: usize, bytes: usize) -> Result<()>;
+
+    /// A `GEO_EW` step: `y[i]` from `y[i]`, `x[i]` and `c`, `i < n`.
+    fn ew(&self, name: &'static str, y: usize, x: usize, n: i64, c: f64) -> Result<()> {
+        let mut a = EwArgs {
+            y: y as u64,
+            x: x as u64,
+            n,
+            c,
+        };
+        self.launch(name, n, &mut a)
+    }
+
+    /// `out = (v U)^2 W^T` with `P = v U` into `p` and `S = P^2` into `s` (`s` may be
+    /// `p`; `out` may be `v`: `v` is read before `out` is written).
+    fn gamma_raw(&self, v: usize, out: usize, p: usize, s: usize) -> Result<()> {
+        let j = self.job();
+        let (b, d, r) = (j.b as i64, j.d as i64, j.r as i64);
+        self.gemm(
+            Trans::N,
+            dense(v, b, d, 0),
+            Trans::N,
+            dense(j.u, d, r, 0),
+            dense(p, b, r, 0),
+            0.0,
+        )?;
+        self.ew("geo_square", s, p, b * r, 0.0)?;
+        self.gemm(
+            Trans::N,
+            dense(s, b, r, 0),
+            Trans::T,
+            dense(j.w, d, r, 0),
+            dense(out, b, d, 0),
+            0.0,
+        )
+    }
+
+    /// One kick, `v = vin + h (f - clamp(raw) - mu vin)` (`vin` may be `v`), then
+    /// where `x` is nonzero the drift `x += dt v`; `tx`, `tv` (0 = none) get copies of
+    /// the new `x`, `v`.
+    fn kick(&self, vin: usize, v: usize, raw: usize, x: usize, tx: usize, tv: usize) -> Result<()> {
+        let j = self.job();
+        let n = (j.b * j.d) as i64;
+        let mut a = KickArgs {
+            n,
+            d: j.d as i64,
+            vin: vin as u64,
+            x: x as u64,
+            v: v as u64,
+            raw: raw as u64,
+            f: j.f as u64,
+            mu: j.mu as u64,
+            tx: tx as u64,
+            tv: tv as u64,
+            h: 0.5 * j.dt,
+            dt: j.dt,
+            c: j.c,
+        };
+        self.launch("geo_kick", n, &mut a)
+    }
+
+    /// One kick-drift-kick step from the velocity `v_from` (read by the first
+    /// Christoffel evaluation and kick only; may be `v`) to the state `(x, v)` (`x`
+    /// 0: no drift), with `raw` a `[B, D]` workspace; the step's new `x`, `v` also go to
+    /// `tx`, `tv` where nonzero (the trajectory rows).
+    fn lf_step(
+        &self,
+        x: usize,
+        v_from: usize,
+        v: usize,
+        raw: usize,
+        tx: usize,
+        tv: usize,
+    ) -> Result<()> {
+        let p = self.p();
+        self.gamma_raw(v_from, raw, p, p)?;
+        self.kick(v_from, v, raw, x, tx, 0)?;
+        self.gamma_raw(v, raw, p, p)?;
+        self.kick(v, v, raw, 0, 0, tv)
+    }
+
+    /// The products of the Christoffel vjp at `v` once `g' = g 1[|raw| <= c]` is in
+    /// `gp` and `P = v U`, `S = P^2` in `p`, `s`: `dW (+)= g'^T S`, `Q = g' W` (into
+    /// `s`, consumed by then), `dP = 2 P Q` (`geo_dp`), `dv (+)= dP U^T`,
+    /// `dU (+)= v^T dP`; only what `out` asks for.
+    fn vjp_products(&self, v: usize, p: usize, s: usize, gp: usize, out: VjpOut) -> Result<()> {
+        let j = self.job();
+        let (b, d, r) = (j.b as i64, j.d as i64, j.r as i64);
+        if out.dw.0 != 0 {
+            self.gemm(
+                Trans::T,
+                dense(gp, b, d, 0),
+                Trans::N,
+                dense(s, b, r, 0),
+                dense(out.dw.0, d, r, 0),
+                out.dw.1,
+            )?;
+        }
+        if out.dv.0 == 0 && out.du.0 == 0 {
+            return Ok(());
+        }
+        let q = s;
+        self.gemm(
+            Trans::N,
+            dense(gp, b, d, 0),
+            Trans::N,
+            dense(j.w, d, r, 0),
+            dense(q, b, r, 0),
+            0.0,
+        )?;
+        self.ew("geo_dp", q, p, b * r, 0.0)?;
+        if out.dv.0 != 0 {
+            self.gemm(
+                Trans::N,
+                dense(q, b, r, 0),
+                Trans::T,
+                dense(j.u, d, r, 0),
+                dense(out.dv.0, b, d, 0),
+                out.dv.1,
+            )?;
+        }
+        if out.du.0 != 0 {
+            self.gemm(
+                Trans::T,
+                dense(v, b, d, 0),
+                Trans::N,
+                dense(q, b, r, 0),
+                dense(out.du.0, d, r, 0),
+                out.du.1,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The leapfrog backward's adjoint update at one kick (`geo_adj`): with
+    /// `l = lv_in` (0: zeros), `df (+)= h l` (`=` where `first`), `g = 1[|raw| <= c]
+    /// (-h l)` over `g` = `gamma_raw` at the kick's input, `lv = l (1 - h mu) + dt gx`
+    /// (`gx` 0: none); the kick's vjp then adds its `dv` to `lv`.
+    fn adj(&self, lv_in: usize, lv: usize, g: usize, gx: usize, first: bool) -> Result<()> {
+        let j = self.job();
+        let n = (j.b * j.d) as i64;
+        let mut a = AdjArgs {
+            n,
+            d: j.d as i64,
+            lv_in: lv_in as u64,
+            lv: lv as u64,
+            g: g as u64,
+            df: j.df as u64,
+            gx: gx as u64,
+            mu: j.mu as u64,
+            h: 0.5 * j.dt,
+            dt: j.dt,
+            c: j.c,
+            df_init: i32::from(first),
+            pad: 0,
+        };
+        self.launch("geo_adj", n, &mut a)
+    }
+}
 
 struct GemmRoute<'a> {
     dev: &'a CudaDevice,
     stream: &'a Stream,
     job: &'a Job,
     module: &'static str,
+    /// TF32 products (the f32 forwards with `FK_GEO_ALLOW_TF32`).
+    tf32: bool,
     slot: std::sync::Arc<std::sync::Mutex<super::cublas::Slot>>,
     p: Workspace<'a>,
     /// The op's own workspace (`extra` bytes at `new`).
@@ -481,6 +795,9 @@ impl<'a> GemmRoute<'a> {
             stream,
             job,
             module: module_name(kind, job.dtype, None),
+            tf32: job.flags & GEO_ALLOW_TF32 != 0
+                && job.dtype == DType::F32
+                && matches!(kind, Kind::ChristoffelForward | Kind::LeapfrogForward),
             slot: dev.blas.slot(dev, stream.raw)?,
             p: Workspace::new(dev, job.b * job.r * job.dtype.size(), stream.raw)?,
             ws: if extra > 0 {
@@ -490,72 +807,30 @@ impl<'a> GemmRoute<'a> {
             },
         })
     }
+}
 
-    /// The op's workspace.
+impl Steps for GemmRoute<'_> {
+    fn job(&self) -> &Job {
+        self.job
+    }
+
+    fn p(&self) -> usize {
+        self.p.ptr as usize
+    }
+
     fn ws(&self) -> usize {
         self.ws.as_ref().map_or(0, |w| w.ptr as usize)
     }
 
-    /// `c = op_a(a) op_b(b)` (row-major, dense), TF32 products where `tf32`.
-    fn gemm(&self, op_a: Trans, a: Mat, op_b: Trans, b: Mat, c: Mat, tf32: bool) -> Result<()> {
+    fn gemm(&self, op_a: Trans, a: Mat, op_b: Trans, b: Mat, c: Mat, beta: f64) -> Result<()> {
         let g = self.slot.lock().unwrap_or_else(|e| e.into_inner());
         super::cublas::gemm_ex(
             &g,
-            &GemmPlan::new(self.job.dtype, op_a, a, op_b, b, c, 1.0, 0.0, 1, tf32),
+            &GemmPlan::new(self.job.dtype, op_a, a, op_b, b, c, 1.0, beta, 1, self.tf32),
         )
     }
 
-    /// `s = p * p` over the `[B, R]` products (`s` may be `p`).
-    fn square(&self, s: usize, p: usize) -> Result<()> {
-        self.ew("geo_square", s, p, (self.job.b * self.job.r) as i64, 0.0)
-    }
-
-    /// An elementwise step of the generic module (`EwArgs`): `y[i]` from `y[i]`,
-    /// `x[i]` and `c`, `i < n`.
-    fn ew(&self, name: &'static str, y: usize, x: usize, n: i64, c: f64) -> Result<()> {
-        #[repr(C)]
-        struct EwArgs {
-            y: u64,
-            x: u64,
-            n: i64,
-            c: f64,
-        }
-        let mut a = EwArgs {
-            y: y as u64,
-            x: x as u64,
-            n,
-            c,
-        };
-        self.launch(name, n, &mut [&mut a as *mut EwArgs as *mut c_void])
-    }
-
-    /// `out = (v U)^2 W^T` (`out` may be `v`: `v` is read before `out` is written).
-    fn gamma_raw(&self, v: usize, out: usize) -> Result<()> {
-        let j = self.job;
-        let (b, d, r) = (j.b as i64, j.d as i64, j.r as i64);
-        let tf32 = j.flags & GEO_ALLOW_TF32 != 0 && j.dtype == DType::F32;
-        let p = self.p.ptr as usize;
-        self.gemm(
-            Trans::N,
-            dense(v, b, d, 0),
-            Trans::N,
-            dense(j.u, d, r, 0),
-            dense(p, b, r, 0),
-            tf32,
-        )?;
-        self.square(p, p)?;
-        self.gemm(
-            Trans::N,
-            dense(p, b, r, 0),
-            Trans::T,
-            dense(j.w, d, r, 0),
-            dense(out, b, d, 0),
-            tf32,
-        )
-    }
-
-    /// An elementwise kernel of the generic module over `n` elements.
-    fn launch(&self, name: &'static str, n: i64, params: &mut [*mut c_void]) -> Result<()> {
+    fn launch<A: Any>(&self, name: &'static str, n: i64, args: &mut A) -> Result<()> {
         let grid = (n.max(1) as usize)
             .div_ceil(NT as usize)
             .clamp(1, self.dev.sm_count.max(1) as usize * 8);
@@ -567,151 +842,162 @@ impl<'a> GemmRoute<'a> {
             (NT, 1, 1),
             0,
             self.stream.raw,
-            params,
+            &mut [args as *mut A as *mut c_void],
         )
+    }
+
+    fn copy(&self, dst: usize, src: usize, bytes: usize) -> Result<()> {
+        self.dev
+            .memcpy_async(dst as u64, src as u64, bytes, self.stream.raw)
+    }
+}
+
+/// Runs `kind` through the route `r` with workspace layout `l`.
+fn run_route(r: &impl Steps, kind: Kind, l: &Layout) -> Result<()> {
+    match kind {
+        Kind::ChristoffelForward => chr_fwd_gemm(r),
+        Kind::LeapfrogForward => lf_fwd_gemm(r, l),
+        Kind::ChristoffelBackward => chr_bwd_gemm(r, l),
+        Kind::LeapfrogBackward => lf_bwd_gemm(r, l),
     }
 }
 
 /// The Christoffel forward through the GEMM route: `gamma_raw`, then the clamp in
 /// place (skipped for `c = +inf`).
-fn chr_fwd_gemm(route: GemmRoute) -> Result<()> {
-    let job = route.job;
-    route.gamma_raw(job.v0, job.gamma)?;
+fn chr_fwd_gemm(r: &impl Steps) -> Result<()> {
+    let job = r.job();
+    r.gamma_raw(job.v0, job.gamma, r.p(), r.p())?;
     if job.c.is_finite() {
-        route.ew("geo_clamp", job.gamma, 0, (job.b * job.d) as i64, job.c)?;
+        r.ew("geo_clamp", job.gamma, 0, (job.b * job.d) as i64, job.c)?;
     }
     Ok(())
 }
 
-/// The leapfrog forward through the GEMM route: the state lives in `x_out`, `v_out`
-/// (copied from `x0`, `v0` unless in place), each step is `gamma_raw(v)` into a
-/// `[B, D]` workspace, the first kick with the drift, `gamma_raw(vh)`, the second
-/// kick; the kicks also write the trajectory rows.
-fn lf_fwd_gemm(route: GemmRoute) -> Result<()> {
-    let (dev, job, stream) = (route.dev, route.job, route.stream);
-    #[repr(C)]
-    struct KickArgs {
-        n: i64,
-        d: i64,
-        x: u64,
-        v: u64,
-        raw: u64,
-        f: u64,
-        mu: u64,
-        tx: u64,
-        tv: u64,
-        h: f64,
-        dt: f64,
-        c: f64,
-    }
+/// The leapfrog forward through the GEMM route: the state lives in `x_out` (copied
+/// from `x0` unless in place) and `v_out` (the first kick reads `v0`); each step
+/// (`lf_step`) is `gamma_raw(v)` into the `[B, D]` workspace, the first kick with the
+/// drift, `gamma_raw(vh)`, the second kick; the kicks also write the trajectory rows.
+fn lf_fwd_gemm(r: &impl Steps, l: &Layout) -> Result<()> {
+    let job = r.job();
     let bytes = job.b * job.d * job.dtype.size();
-    let raw = route.ws() as u64;
-    for (dst, src) in [(job.x_out, job.x0), (job.v_out, job.v0)] {
-        if dst != src {
-            dev.memcpy_async(dst as u64, src as u64, bytes, stream.raw)?;
-        }
+    if job.x_out != job.x0 {
+        r.copy(job.x_out, job.x0, bytes)?;
     }
-    let n = (job.b * job.d) as i64;
-    let traj = |t: usize, k: usize| -> u64 {
+    let traj = |t: usize, k: usize| {
         if job.traj == 0 {
             0
         } else {
-            (job.traj + (2 * t + k) * bytes) as u64
+            job.traj + (2 * t + k) * bytes
         }
     };
     for t in 0..job.steps {
-        for first in [true, false] {
-            route.gamma_raw(job.v_out, raw as usize)?;
-            let mut a = KickArgs {
-                n,
-                d: job.d as i64,
-                x: if first { job.x_out as u64 } else { 0 },
-                v: job.v_out as u64,
-                raw,
-                f: job.f as u64,
-                mu: job.mu as u64,
-                tx: if first { traj(t, 0) } else { 0 },
-                tv: if first { 0 } else { traj(t, 1) },
-                h: 0.5 * job.dt,
-                dt: job.dt,
-                c: job.c,
-            };
-            route.launch("geo_kick", n, &mut [&mut a as *mut KickArgs as *mut c_void])?;
-        }
+        let v_from = if t == 0 { job.v0 } else { job.v_out };
+        r.lf_step(
+            job.x_out,
+            v_from,
+            job.v_out,
+            r.ws() + l.raw,
+            traj(t, 0),
+            traj(t, 1),
+        )?;
     }
     Ok(())
 }
 
 /// The Christoffel backward through the GEMM route (strict products; the flag is
 /// ignored as in the fast kernels): `P = v U`, `S = P^2`, `raw = S W^T` into a
-/// `[B, D]` workspace, `g' = g 1[|raw| <= c]` there (`geo_mask`), `dW = g'^T S`,
-/// `Q = g' W`, `dP = 2 P Q` (`geo_dp`), `dv = dP U^T`, `dU = v^T dP`. cuBLAS's
-/// products are deterministic, so dU and dW are reproducible run to run.
-fn chr_bwd_gemm(route: GemmRoute) -> Result<()> {
-    let job = route.job;
-    let (b, d, r) = (job.b as i64, job.d as i64, job.r as i64);
-    let br = job.b * job.r * job.dtype.size();
-    let p = route.p.ptr as usize;
-    let (s, q) = (route.ws(), route.ws() + br);
-    let raw = route.ws() + 2 * br;
-    route.gemm(
-        Trans::N,
-        dense(job.v0, b, d, 0),
-        Trans::N,
-        dense(job.u, d, r, 0),
-        dense(p, b, r, 0),
-        false,
-    )?;
-    route.square(s, p)?;
-    route.gemm(
-        Trans::N,
-        dense(s, b, r, 0),
-        Trans::T,
-        dense(job.w, d, r, 0),
-        dense(raw, b, d, 0),
-        false,
-    )?;
-    route.ew("geo_mask", raw, job.g, b * d, job.c)?;
-    if job.dw != 0 {
-        route.gemm(
-            Trans::T,
-            dense(raw, b, d, 0),
-            Trans::N,
-            dense(s, b, r, 0),
-            dense(job.dw, d, r, 0),
-            false,
-        )?;
+/// `[B, D]` workspace, `g' = g 1[|raw| <= c]` there (`geo_mask`), then the vjp's
+/// products (`vjp_products`). cuBLAS's products are deterministic, so dU and dW are
+/// reproducible run to run.
+fn chr_bwd_gemm(r: &impl Steps, l: &Layout) -> Result<()> {
+    let job = r.job();
+    let (s, raw) = (r.ws() + l.s, r.ws() + l.raw);
+    r.gamma_raw(job.v0, raw, r.p(), s)?;
+    r.ew("geo_mask", raw, job.g, (job.b * job.d) as i64, job.c)?;
+    r.vjp_products(
+        job.v0,
+        r.p(),
+        s,
+        raw,
+        VjpOut {
+            dv: (job.dv, 0.0),
+            du: (job.du, 0.0),
+            dw: (job.dw, 0.0),
+        },
+    )
+}
+
+/// The leapfrog backward through the GEMM route (strict products), the adjoint sweep
+/// of `lf_fwd_gemm` (docs/geodesic.md, "Its backward"). `dx0 = gx` (`geo_copy`; 0
+/// without `gx`); unless that is all, `v_1 .. v_{T-1}` come from the trajectory or
+/// are recomputed into the slab (`lf_step` without `x`), and per step t = T-1 .. 0:
+/// `gamma_raw(v_t)` (keeping `P0`, `S0`), the first kick recomputes `vh`,
+/// `gamma_raw(vh)`; `geo_adj` (`df += h lv`, `g' = mask (-h lv)`,
+/// `lv = lv (1 - h mu) + dt gx`) and the vjp at `vh` (adds its `dv` to `lv`, now
+/// `lvh`); `geo_adj` again (`df += h lvh`, `g' = mask (-h lvh)`, `lv = lvh (1 - h mu)`)
+/// and the vjp at `v_t`. `lv` lives in `dv0` when it is wanted. `dU`, `dW`: the first
+/// product overwrites them, the other `4T - 1` add (cuBLAS beta = 1; deterministic).
+fn lf_bwd_gemm(r: &impl Steps, l: &Layout) -> Result<()> {
+    let job = r.job();
+    let n = (job.b * job.d) as i64;
+    if job.dx != 0 {
+        r.ew("geo_copy", job.dx, job.gx, n, 0.0)?;
     }
-    if job.dv == 0 && job.du == 0 {
+    if !lf_bwd_sweeps(job) {
         return Ok(());
     }
-    route.gemm(
-        Trans::N,
-        dense(raw, b, d, 0),
-        Trans::N,
-        dense(job.w, d, r, 0),
-        dense(q, b, r, 0),
-        false,
-    )?;
-    route.ew("geo_dp", q, p, b * r, 0.0)?;
-    if job.dv != 0 {
-        route.gemm(
-            Trans::N,
-            dense(q, b, r, 0),
-            Trans::T,
-            dense(job.u, d, r, 0),
-            dense(job.dv, b, d, 0),
-            false,
-        )?;
+    let ws = r.ws();
+    let (p0, s0, p1, s1) = (ws + l.p0, ws + l.s, r.p(), ws + l.s1);
+    let (raw0, raw1, vh) = (ws + l.raw, ws + l.raw1, ws + l.vh);
+    let lv = if job.dv != 0 { job.dv } else { ws + l.lv };
+    let row = job.b * job.d * job.dtype.size();
+    // v_t: v0, the trajectory's traj[t-1][1], or the slab's row t-1
+    let v_at = |t: usize| {
+        if t == 0 {
+            job.v0
+        } else if job.traj != 0 {
+            job.traj + (2 * t - 1) * row
+        } else {
+            ws + l.slab + (t - 1) * l.bd
+        }
+    };
+    if job.traj == 0 {
+        for t in 1..job.steps {
+            r.lf_step(0, v_at(t - 1), v_at(t), raw0, 0, 0)?;
+        }
     }
-    if job.du != 0 {
-        route.gemm(
-            Trans::T,
-            dense(job.v0, b, d, 0),
-            Trans::N,
-            dense(q, b, r, 0),
-            dense(job.du, d, r, 0),
-            false,
+    for t in (0..job.steps).rev() {
+        let first = t + 1 == job.steps;
+        let params = if first { 0.0 } else { 1.0 };
+        let v = v_at(t);
+        r.gamma_raw(v, raw0, p0, s0)?;
+        r.kick(v, vh, raw0, 0, 0, 0)?;
+        r.gamma_raw(vh, raw1, p1, s1)?;
+        // the second kick: cotangent -h lv at vh
+        r.adj(if first { job.gv } else { lv }, lv, raw1, job.gx, first)?;
+        r.vjp_products(
+            vh,
+            p1,
+            s1,
+            raw1,
+            VjpOut {
+                dv: (lv, 1.0),
+                du: (job.du, params),
+                dw: (job.dw, params),
+            },
+        )?;
+        // the first kick: cotangent -h lvh at v_t (dv0 = lv after step 0, if wanted)
+        r.adj(lv, lv, raw0, 0, false)?;
+        r.vjp_products(
+            v,
+            p0,
+            s0,
+            raw0,
+            VjpOut {
+                dv: (if t > 0 || job.dv != 0 { lv } else { 0 }, 1.0),
+                du: (job.du, 1.0),
+                dw: (job.dw, 1.0),
+            },
         )?;
     }
     Ok(())
@@ -726,8 +1012,7 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
     } else {
         fast_config(kind, job, max_smem(dev)?)
     };
-    // no fast kernel for the Christoffel forward: cuBLAS, when it loads (cuBLAS takes
-    // 32-bit sizes)
+    // no fast kernel: the cuBLAS route, when cuBLAS loads (it takes 32-bit sizes)
     // (B = 0 stays with the kernels, which write the zero parameter gradients)
     if fast.is_none()
         && job.flags & GEO_FORCE_GENERIC == 0
@@ -735,22 +1020,9 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
         && job.b.max(job.d).max(job.r) <= i32::MAX as usize
         && super::cublas::load().is_ok()
     {
-        let (bd, br) = (job.b * job.d * esize, job.b * job.r * esize);
-        let extra = match kind {
-            Kind::ChristoffelForward => Some(0),
-            Kind::LeapfrogForward => Some(bd),
-            Kind::ChristoffelBackward => Some(2 * br + bd),
-            Kind::LeapfrogBackward => None,
-        };
-        if let Some(extra) = extra {
-            match GemmRoute::new(dev, kind, job, stream, extra) {
-                Ok(route) => {
-                    return match kind {
-                        Kind::ChristoffelForward => chr_fwd_gemm(route),
-                        Kind::LeapfrogForward => lf_fwd_gemm(route),
-                        _ => chr_bwd_gemm(route),
-                    };
-                }
+        if let Some(l) = Layout::new(kind, job) {
+            match GemmRoute::new(dev, kind, job, stream, l.bytes) {
+                Ok(route) => return run_route(&route, kind, &l),
                 // nothing queued yet: the generic kernels, which need less memory
                 Err(e) if e.status == crate::error::FK_ERROR_OUT_OF_MEMORY => {}
                 Err(e) => return Err(e),
@@ -938,5 +1210,601 @@ mod tests {
         }
         assert_eq!(fast_smem(Kind::ChristoffelForward, 32, 8, 4).0, 221_696);
         assert_eq!(fast_smem(Kind::ChristoffelBackward, 32, 8, 4).0, 224_000);
+    }
+
+    // ------------------------------------------------------------ the route on the host
+
+    /// A host buffer of `n` elements of `dtype` (8-byte aligned storage).
+    struct HostBuf {
+        words: Vec<u64>,
+        dtype: DType,
+        n: usize,
+    }
+
+    impl HostBuf {
+        fn new(dtype: DType, vals: &[f64]) -> HostBuf {
+            let b = HostBuf {
+                words: vec![0; (vals.len() * dtype.size()).div_ceil(8).max(1)],
+                dtype,
+                n: vals.len(),
+            };
+            for (i, &v) in vals.iter().enumerate() {
+                // SAFETY: inside the buffer.
+                unsafe { put(dtype, b.addr(), i, v) };
+            }
+            b
+        }
+        fn nan(dtype: DType, n: usize) -> HostBuf {
+            HostBuf::new(dtype, &vec![f64::NAN; n])
+        }
+        fn addr(&self) -> usize {
+            self.words.as_ptr() as usize
+        }
+        fn read(&self) -> Vec<f64> {
+            // SAFETY: inside the buffer.
+            (0..self.n)
+                .map(|i| unsafe { get(self.dtype, self.addr(), i) })
+                .collect()
+        }
+    }
+
+    /// # Safety
+    /// Element `i` of `dtype` at `addr` is valid memory.
+    unsafe fn get(dtype: DType, addr: usize, i: usize) -> f64 {
+        unsafe {
+            if dtype == DType::F32 {
+                *(addr as *const f32).add(i) as f64
+            } else {
+                *(addr as *const f64).add(i)
+            }
+        }
+    }
+
+    /// # Safety
+    /// As `get`, and nothing else refers to the element.
+    unsafe fn put(dtype: DType, addr: usize, i: usize, v: f64) {
+        unsafe {
+            if dtype == DType::F32 {
+                *(addr as *mut f32).add(i) = v as f32;
+            } else {
+                *(addr as *mut f64).add(i) = v;
+            }
+        }
+    }
+
+    /// The route's steps on the host: products through the CPU GEMM, the kernels'
+    /// formulas in f64 stored in the job's dtype (the GPU tests check the kernels
+    /// themselves), every access checked against the buffers the op may touch. Tests
+    /// the op sequences, the workspace layout and the accumulation (beta) without a GPU.
+    struct HostRoute {
+        job: Job,
+        layout: Layout,
+        p: Vec<u64>,
+        ws: Vec<u64>,
+        /// `[start, end)` of the job's buffers and the workspaces
+        spans: Vec<(usize, usize)>,
+    }
+
+    impl HostRoute {
+        fn new(kind: Kind, job: Job, bufs: &[&HostBuf]) -> HostRoute {
+            let layout = Layout::new(kind, &job).unwrap();
+            let p = vec![0u64; (job.b * job.r * job.dtype.size()).div_ceil(8).max(1)];
+            // workspaces start poisoned (NaN bit patterns) like device memory may not
+            let ws = vec![u64::MAX; layout.bytes.div_ceil(8).max(1)];
+            let mut spans: Vec<(usize, usize)> = bufs
+                .iter()
+                .map(|b| (b.addr(), b.addr() + b.n * b.dtype.size()))
+                .collect();
+            spans.push((
+                p.as_ptr() as usize,
+                p.as_ptr() as usize + job.b * job.r * job.dtype.size(),
+            ));
+            spans.push((ws.as_ptr() as usize, ws.as_ptr() as usize + layout.bytes));
+            HostRoute {
+                job,
+                layout,
+                p,
+                ws,
+                spans,
+            }
+        }
+
+        fn run(&self, kind: Kind) {
+            run_route(self, kind, &self.layout).unwrap();
+        }
+
+        /// Panics unless `[addr, addr + bytes)` lies inside one known buffer.
+        fn check(&self, addr: usize, bytes: usize) {
+            assert!(
+                self.spans
+                    .iter()
+                    .any(|&(a, e)| addr >= a && addr + bytes <= e),
+                "access of {bytes} bytes at {addr:#x} outside every buffer"
+            );
+        }
+
+        fn mat(&self, m: &Mat) {
+            let e = self.job.dtype.size();
+            if m.rows > 0 && m.cols > 0 {
+                self.check(m.ptr, ((m.rows - 1) * m.ld + m.cols) as usize * e);
+            }
+        }
+
+        fn at(&self, addr: u64, i: usize) -> f64 {
+            let e = self.job.dtype.size();
+            self.check(addr as usize + i * e, e);
+            // SAFETY: checked above.
+            unsafe { get(self.job.dtype, addr as usize, i) }
+        }
+
+        fn set(&self, addr: u64, i: usize, v: f64) {
+            let e = self.job.dtype.size();
+            self.check(addr as usize + i * e, e);
+            // SAFETY: checked above; the test owns every buffer.
+            unsafe { put(self.job.dtype, addr as usize, i, v) }
+        }
+
+        /// The clamp bound as the kernels see it (rounded to the dtype).
+        fn bound(&self, c: f64) -> f64 {
+            if self.job.dtype == DType::F32 {
+                c as f32 as f64
+            } else {
+                c
+            }
+        }
+    }
+
+    impl Steps for HostRoute {
+        fn job(&self) -> &Job {
+            &self.job
+        }
+        fn p(&self) -> usize {
+            self.p.as_ptr() as usize
+        }
+        fn ws(&self) -> usize {
+            self.ws.as_ptr() as usize
+        }
+        fn gemm(&self, op_a: Trans, a: Mat, op_b: Trans, b: Mat, c: Mat, beta: f64) -> Result<()> {
+            for m in [&a, &b, &c] {
+                self.mat(m);
+            }
+            crate::cpu::linalg::gemm(&GemmPlan::new(
+                self.job.dtype,
+                op_a,
+                a,
+                op_b,
+                b,
+                c,
+                1.0,
+                beta,
+                1,
+                false,
+            ))
+        }
+        fn launch<A: Any>(&self, name: &'static str, n: i64, args: &mut A) -> Result<()> {
+            let args: &mut dyn Any = args;
+            let n = n as usize;
+            let pass = |raw: f64, c: f64| raw >= -c && raw <= c;
+            let clamp = |raw: f64, c: f64| {
+                if raw < -c {
+                    -c
+                } else if raw > c {
+                    c
+                } else {
+                    raw
+                }
+            };
+            let opt = |ptr: u64, i: usize| if ptr == 0 { 0.0 } else { self.at(ptr, i) };
+            if let Some(a) = args.downcast_mut::<KickArgs>() {
+                assert_eq!(name, "geo_kick");
+                let d = a.d as usize;
+                for i in 0..n {
+                    let vi = self.at(a.vin, i);
+                    let vn = vi
+                        + a.h
+                            * (opt(a.f, i)
+                                - clamp(self.at(a.raw, i), self.bound(a.c))
+                                - opt(a.mu, i % d) * vi);
+                    self.set(a.v, i, vn);
+                    if a.x != 0 {
+                        let xn = self.at(a.x, i) + a.dt * vn;
+                        self.set(a.x, i, xn);
+                        if a.tx != 0 {
+                            self.set(a.tx, i, xn);
+                        }
+                    }
+                    if a.tv != 0 {
+                        self.set(a.tv, i, vn);
+                    }
+                }
+            } else if let Some(a) = args.downcast_mut::<AdjArgs>() {
+                assert_eq!(name, "geo_adj");
+                let (d, c) = (a.d as usize, self.bound(a.c));
+                for i in 0..n {
+                    let l = opt(a.lv_in, i);
+                    if a.df != 0 {
+                        let old = if a.df_init != 0 {
+                            0.0
+                        } else {
+                            self.at(a.df, i)
+                        };
+                        self.set(a.df, i, old + a.h * l);
+                    }
+                    let g = if pass(self.at(a.g, i), c) {
+                        -a.h * l
+                    } else {
+                        0.0
+                    };
+                    self.set(a.g, i, g);
+                    self.set(
+                        a.lv,
+                        i,
+                        l * (1.0 - a.h * opt(a.mu, i % d)) + a.dt * opt(a.gx, i),
+                    );
+                }
+            } else {
+                let a = args.downcast_mut::<EwArgs>().expect("an EwArgs kernel");
+                let c = self.bound(a.c);
+                for i in 0..n {
+                    let y = match name {
+                        "geo_square" => self.at(a.x, i) * self.at(a.x, i),
+                        "geo_dp" => 2.0 * self.at(a.x, i) * self.at(a.y, i),
+                        "geo_mask" => {
+                            if pass(self.at(a.y, i), c) {
+                                self.at(a.x, i)
+                            } else {
+                                0.0
+                            }
+                        }
+                        "geo_clamp" => clamp(self.at(a.y, i), c),
+                        "geo_copy" => {
+                            if a.x != 0 {
+                                self.at(a.x, i)
+                            } else {
+                                c
+                            }
+                        }
+                        _ => panic!("no host version of {name}"),
+                    };
+                    self.set(a.y, i, y);
+                }
+            }
+            Ok(())
+        }
+        fn copy(&self, dst: usize, src: usize, bytes: usize) -> Result<()> {
+            self.check(dst, bytes);
+            self.check(src, bytes);
+            // SAFETY: both ranges checked; distinct buffers.
+            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
+            Ok(())
+        }
+    }
+
+    struct Lcg(u64);
+    impl Lcg {
+        fn vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+            (0..n)
+                .map(|_| {
+                    self.0 = self
+                        .0
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    lo + (hi - lo) * ((self.0 >> 11) as f64 / (1u64 << 53) as f64)
+                })
+                .collect()
+        }
+    }
+
+    /// The inputs of one problem: x, v, f, U, W, mu, g, gx, gv.
+    struct HostProb {
+        dtype: DType,
+        b: usize,
+        d: usize,
+        r: usize,
+        t: usize,
+        x: HostBuf,
+        v: HostBuf,
+        f: HostBuf,
+        u: HostBuf,
+        w: HostBuf,
+        mu: HostBuf,
+        g: HostBuf,
+        gx: HostBuf,
+        gv: HostBuf,
+    }
+
+    impl HostProb {
+        fn new(dtype: DType, b: usize, d: usize, r: usize, t: usize, seed: u64) -> HostProb {
+            let mut rng = Lcg(seed);
+            let (su, sw) = (1.0 / (d as f64).sqrt(), 1.0 / r as f64);
+            let mut m = |n: usize, lo: f64, hi: f64| HostBuf::new(dtype, &rng.vec(n, lo, hi));
+            HostProb {
+                dtype,
+                b,
+                d,
+                r,
+                t,
+                x: m(b * d, -1.0, 1.0),
+                v: m(b * d, -1.5, 1.5),
+                f: m(b * d, -0.5, 0.5),
+                u: m(d * r, -2.0 * su, 2.0 * su),
+                w: m(d * r, -2.0 * sw, 2.0 * sw),
+                mu: m(d, 0.0, 0.5),
+                g: m(b * d, -1.0, 1.0),
+                gx: m(b * d, -1.0, 1.0),
+                gv: m(b * d, -1.0, 1.0),
+            }
+        }
+
+        /// A job over the inputs; `opt` bits 1, 2, 4, 8: f, mu, gx, gv given.
+        fn job(&self, opt: u32, c: f64) -> Job {
+            let mut j = Job::new(self.dtype, self.b, self.d, self.r);
+            j.c = c;
+            j.dt = 0.1;
+            j.steps = self.t;
+            j.x0 = self.x.addr();
+            j.v0 = self.v.addr();
+            j.u = self.u.addr();
+            j.w = self.w.addr();
+            j.g = self.g.addr();
+            let on = |bit: u32, b: &HostBuf| if opt & bit != 0 { b.addr() } else { 0 };
+            j.f = on(1, &self.f);
+            j.mu = on(2, &self.mu);
+            j.gx = on(4, &self.gx);
+            j.gv = on(8, &self.gv);
+            j
+        }
+
+        fn inputs(&self) -> Vec<&HostBuf> {
+            vec![
+                &self.x, &self.v, &self.f, &self.u, &self.w, &self.mu, &self.g, &self.gx, &self.gv,
+            ]
+        }
+    }
+
+    #[track_caller]
+    fn close(got: &[f64], want: &[f64], tol: f64, what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}");
+        let num: f64 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
+        let den: f64 = want.iter().map(|b| b * b).sum();
+        let e = if den == 0.0 {
+            num.sqrt()
+        } else {
+            (num / den).sqrt()
+        };
+        assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:.1e}"); // NaN fails too
+    }
+
+    fn tol(dtype: DType) -> f64 {
+        if dtype == DType::F32 { 1e-4 } else { 1e-12 }
+    }
+
+    /// The leapfrog backward's op sequence (from the trajectory and recomputing,
+    /// every optional input and output on and off) against the CPU backend.
+    #[test]
+    fn route_leapfrog_backward_matches_the_cpu_backend() {
+        // output sets, bits 1, 2, 4, 8, 16: dx0, dv0, df, dU, dW
+        let outs = [31u32, 1, 2, 4, 8, 16, 5, 24, 6, 26];
+        for dtype in [DType::F64, DType::F32] {
+            for (b, d, r, t) in [(5, 7, 3, 3), (3, 9, 40, 1), (1, 1, 1, 2), (4, 6, 2, 4)] {
+                let pr = HostProb::new(dtype, b, d, r, t, (b * 1000 + d * 10 + r) as u64);
+                let (bd, dr) = (b * d, d * r);
+                for opt in 0..16u32 {
+                    let base = pr.job(opt, 0.6);
+                    // the trajectory of the CPU forward
+                    let traj = HostBuf::nan(dtype, t * 2 * bd);
+                    let (xo, vo) = (HostBuf::nan(dtype, bd), HostBuf::nan(dtype, bd));
+                    let mut fj = base;
+                    fj.x_out = xo.addr();
+                    fj.v_out = vo.addr();
+                    fj.traj = traj.addr();
+                    crate::cpu::geodesic::leapfrog_forward(&fj).unwrap();
+                    // the CPU backend's gradients, all of them
+                    let want: Vec<HostBuf> = [bd, bd, bd, dr, dr]
+                        .iter()
+                        .map(|&n| HostBuf::nan(dtype, n))
+                        .collect();
+                    let mut cj = base;
+                    [cj.dx, cj.dv, cj.df, cj.du, cj.dw] = [0, 1, 2, 3, 4].map(|k| want[k].addr());
+                    crate::cpu::geodesic::leapfrog_backward(&cj).unwrap();
+                    let want: Vec<Vec<f64>> = want.iter().map(HostBuf::read).collect();
+                    for with_traj in [true, false] {
+                        for &set in &outs {
+                            let got: Vec<Option<HostBuf>> = [bd, bd, bd, dr, dr]
+                                .iter()
+                                .enumerate()
+                                .map(|(k, &n)| {
+                                    (set & (1 << k) != 0).then(|| HostBuf::nan(dtype, n))
+                                })
+                                .collect();
+                            let mut j = base;
+                            j.traj = if with_traj { traj.addr() } else { 0 };
+                            [j.dx, j.dv, j.df, j.du, j.dw] =
+                                [0, 1, 2, 3, 4].map(|k| got[k].as_ref().map_or(0, HostBuf::addr));
+                            let mut bufs = pr.inputs();
+                            bufs.push(&traj);
+                            bufs.extend(got.iter().flatten());
+                            HostRoute::new(Kind::LeapfrogBackward, j, &bufs)
+                                .run(Kind::LeapfrogBackward);
+                            for (k, o) in got.iter().enumerate() {
+                                if let Some(o) = o {
+                                    close(
+                                        &o.read(),
+                                        &want[k],
+                                        tol(dtype),
+                                        &format!(
+                                            "{dtype:?} B={b} D={d} R={r} T={t} inputs {opt:04b} traj={with_traj} outputs {set:05b}: output {k}"
+                                        ),
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The other ops' sequences (shared steps) against the CPU backend, in place too.
+    #[test]
+    fn route_forwards_and_christoffel_backward_match_the_cpu_backend() {
+        for dtype in [DType::F64, DType::F32] {
+            for (b, d, r, t) in [(5, 7, 3, 3), (3, 9, 40, 1), (1, 1, 1, 2)] {
+                let pr = HostProb::new(dtype, b, d, r, t, (b * 7 + d * 3 + r) as u64);
+                let (bd, dr) = (b * d, d * r);
+                let what = format!("{dtype:?} B={b} D={d} R={r} T={t}");
+                for c in [0.6, f64::INFINITY] {
+                    // Christoffel forward, out of place and in place
+                    let job = pr.job(0, c);
+                    let want = HostBuf::nan(dtype, bd);
+                    let mut cj = job;
+                    cj.gamma = want.addr();
+                    crate::cpu::geodesic::christoffel_forward(&cj).unwrap();
+                    let got = HostBuf::nan(dtype, bd);
+                    cj.gamma = got.addr();
+                    let mut bufs = pr.inputs();
+                    bufs.push(&got);
+                    HostRoute::new(Kind::ChristoffelForward, cj, &bufs)
+                        .run(Kind::ChristoffelForward);
+                    close(
+                        &got.read(),
+                        &want.read(),
+                        tol(dtype),
+                        &format!("gamma {what}"),
+                    );
+                    let v = HostBuf::new(dtype, &pr.v.read());
+                    cj.v0 = v.addr();
+                    cj.gamma = v.addr();
+                    let mut bufs = pr.inputs();
+                    bufs.push(&v);
+                    HostRoute::new(Kind::ChristoffelForward, cj, &bufs)
+                        .run(Kind::ChristoffelForward);
+                    close(
+                        &v.read(),
+                        &want.read(),
+                        tol(dtype),
+                        &format!("gamma in place {what}"),
+                    );
+                    // Christoffel backward, all outputs and each alone
+                    let want: Vec<HostBuf> = [bd, dr, dr]
+                        .iter()
+                        .map(|&n| HostBuf::nan(dtype, n))
+                        .collect();
+                    let mut cj = job;
+                    [cj.dv, cj.du, cj.dw] = [0, 1, 2].map(|k| want[k].addr());
+                    crate::cpu::geodesic::christoffel_backward(&cj).unwrap();
+                    for set in [7u32, 1, 2, 4] {
+                        let got: Vec<Option<HostBuf>> = [bd, dr, dr]
+                            .iter()
+                            .enumerate()
+                            .map(|(k, &n)| (set & (1 << k) != 0).then(|| HostBuf::nan(dtype, n)))
+                            .collect();
+                        let mut j = job;
+                        [j.dv, j.du, j.dw] =
+                            [0, 1, 2].map(|k| got[k].as_ref().map_or(0, HostBuf::addr));
+                        let mut bufs = pr.inputs();
+                        bufs.extend(got.iter().flatten());
+                        HostRoute::new(Kind::ChristoffelBackward, j, &bufs)
+                            .run(Kind::ChristoffelBackward);
+                        for (k, o) in got.iter().enumerate() {
+                            if let Some(o) = o {
+                                close(
+                                    &o.read(),
+                                    &want[k].read(),
+                                    tol(dtype),
+                                    &format!("christoffel backward {k} of {set:03b} {what}"),
+                                );
+                            }
+                        }
+                    }
+                    // leapfrog forward: f, mu on and off, trajectory on and off, in place
+                    for opt in [0u32, 3] {
+                        let job = pr.job(opt, c);
+                        let want: Vec<HostBuf> = [bd, bd, t * 2 * bd]
+                            .iter()
+                            .map(|&n| HostBuf::nan(dtype, n))
+                            .collect();
+                        let mut cj = job;
+                        [cj.x_out, cj.v_out, cj.traj] = [0, 1, 2].map(|k| want[k].addr());
+                        crate::cpu::geodesic::leapfrog_forward(&cj).unwrap();
+                        for (in_place, with_traj) in [(false, true), (false, false), (true, true)] {
+                            let got: Vec<HostBuf> = if in_place {
+                                vec![
+                                    HostBuf::new(dtype, &pr.x.read()),
+                                    HostBuf::new(dtype, &pr.v.read()),
+                                    HostBuf::nan(dtype, t * 2 * bd),
+                                ]
+                            } else {
+                                [bd, bd, t * 2 * bd]
+                                    .iter()
+                                    .map(|&n| HostBuf::nan(dtype, n))
+                                    .collect()
+                            };
+                            let mut j = job;
+                            [j.x_out, j.v_out, j.traj] = [0, 1, 2].map(|k| got[k].addr());
+                            if in_place {
+                                (j.x0, j.v0) = (j.x_out, j.v_out);
+                            }
+                            if !with_traj {
+                                j.traj = 0;
+                            }
+                            let mut bufs = pr.inputs();
+                            bufs.extend(got.iter());
+                            HostRoute::new(Kind::LeapfrogForward, j, &bufs)
+                                .run(Kind::LeapfrogForward);
+                            let n = if with_traj { 3 } else { 2 };
+                            for k in 0..n {
+                                close(
+                                    &got[k].read(),
+                                    &want[k].read(),
+                                    tol(dtype),
+                                    &format!(
+                                        "leapfrog forward {k} f/mu {opt} in place {in_place} {what}"
+                                    ),
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The route's workspace: pieces in order without overlap; sizes that overflow
+    /// leave the op to the generic kernels.
+    #[test]
+    fn route_layout() {
+        let mut job = Job::new(DType::F32, 65536, 512, 64);
+        job.steps = 8;
+        job.dx = 1;
+        assert_eq!(Layout::new(Kind::LeapfrogBackward, &job).unwrap().bytes, 0);
+        job.du = 1;
+        let (br, bd) = (65536 * 64 * 4, 65536 * 512 * 4);
+        let l = Layout::new(Kind::LeapfrogBackward, &job).unwrap();
+        assert_eq!(
+            [l.s, l.p0, l.s1, l.raw, l.raw1, l.vh, l.lv, l.slab, l.bytes],
+            [
+                0,
+                br,
+                2 * br,
+                3 * br,
+                3 * br + bd,
+                3 * br + 2 * bd,
+                3 * br + 3 * bd,
+                3 * br + 4 * bd,
+                3 * br + 11 * bd
+            ]
+        );
+        job.dv = 1;
+        job.traj = 1;
+        assert_eq!(
+            Layout::new(Kind::LeapfrogBackward, &job).unwrap().bytes,
+            3 * br + 3 * bd
+        );
+        let l = Layout::new(Kind::ChristoffelBackward, &Job::new(DType::F64, 3, 5, 7)).unwrap();
+        assert_eq!((l.s, l.raw, l.bytes), (0, 256, 512));
+        job.traj = 0;
+        job.steps = usize::MAX / 4;
+        assert!(Layout::new(Kind::LeapfrogBackward, &job).is_none());
     }
 }

@@ -76,7 +76,7 @@ pub struct Job {
 }
 
 impl Job {
-    fn new(dtype: DType, b: usize, d: usize, r: usize) -> Job {
+    pub(crate) fn new(dtype: DType, b: usize, d: usize, r: usize) -> Job {
         Job {
             dtype,
             b,

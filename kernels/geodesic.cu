@@ -279,14 +279,15 @@ template <bool ROUND> __device__ __forceinline__ float maybe_tf32(float x) {
 }
 template <bool ROUND> __device__ __forceinline__ double maybe_tf32(double x) { return x; }
 
-// U or W [D, R] (global) into smem [DP][LD], zero padded (TF32-rounded for the TC
-// kernels), by the NTH threads of the block (a compile-time stride: the loop unrolls).
+// U or W [D, R] (global) into smem [DP][LD], zero padded (the FFMA kernels; the TF32
+// ones use load_frags), by the NTH threads of the block (a compile-time stride: the
+// loop unrolls).
 template <class C, int LD, int NTH = GEO_FAST_NT>
 __device__ void load_mat(typename C::T* dst, const typename C::T* src, i64 D, i64 R) {
     typedef typename C::T T;
     for (int idx = threadIdx.x; idx < C::DP * LD; idx += NTH) {
         int d = idx / LD, r = idx - d * LD;
-        dst[idx] = maybe_tf32<C::TC>((d < D && r < R) ? src[(i64)d * R + r] : T(0));
+        dst[idx] = (d < D && r < R) ? src[(i64)d * R + r] : T(0);
     }
 }
 
@@ -370,15 +371,15 @@ template <class C> struct Rows {
             }
         }
     }
-    // into the warp's own smem slice [M][SV] (TF32-rounded for the TC kernels); the
-    // __syncwarp orders the write after every earlier read of the slice by the warp's
-    // lanes (they need not be converged)
+    // into the warp's own smem slice [M][SV] (FFMA kernels: the TF32 ones take their A
+    // fragments from registers); the __syncwarp orders the write after every earlier
+    // read of the slice by the warp's lanes (they need not be converged)
     __device__ __forceinline__ void to_slice(const Tile& o, T* slice) const {
         __syncwarp();
 #pragma unroll
         for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-            for (int j = 0; j < C::TJ; ++j) slice[(g + roff(i)) * C::SV + c + coff(j)] = maybe_tf32<C::TC>(o[i][j]);
+            for (int j = 0; j < C::TJ; ++j) slice[(g + roff(i)) * C::SV + c + coff(j)] = o[i][j];
     }
 };
 

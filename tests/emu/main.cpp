@@ -86,7 +86,7 @@ static void run(Kind kind, const Job& j, unsigned seed, std::string* chosen) {
         m = 16;  // two thread groups of 16-row tiles
         smem = (2 * 64 * dj * rp + 2 * 9 * m * (rp + 4)) * es;  // SMEM_CHR_FWD_TC
     }
-    else if (tc) smem += (size_t)64 * dj * 4 * es;  // U rows of stride RP + 8 instead of RP + 4
+    else if (tc) smem -= (size_t)2 * 64 * dj * 4 * es;  // SMEM_LF_FWD_TC: U, W as [DP][RP], not [DP][RP + 4]
     bool fast = rp && dj && smem <= SMEM_MAX && !j.force_generic;
     size_t grid, ws_per_cta;
     std::string name;

@@ -102,6 +102,11 @@ template <typename T> __device__ __forceinline__ T clampc_fast(T x, T c) {
 template <typename T> __device__ __forceinline__ T kick(T v, T hf, T hmu, T h, T raw, T c) {
     return v + ((hf - hmu * v) - h * clampc_fast(raw, c));
 }
+// The TF32 leapfrog's kick, v a + hf - h clamp(raw) with a = 1 - h mu: 2 FFMA and the
+// clamp. Rounding a once costs ~1e-7 relative over 8 steps, far below TF32's ~1e-4.
+template <typename T> __device__ __forceinline__ T kick_folded(T v, T hf, T a, T h, T raw, T c) {
+    return fma(-h, clampc_fast(raw, c), fma(v, a, hf));
+}
 template <typename T> __device__ __forceinline__ bool passc(T x, T c) {
     return x >= -c && x <= c;  // the clamp's derivative: inclusive, 0 for NaN
 }
@@ -240,6 +245,7 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     static constexpr int SMEM_CHR_FWD = 2 * DP * SU + GEO_NW * SLICE + M * SU;
     static constexpr int SMEM_LF_FWD = 2 * DP * SU + GEO_NW * SLICE + M * SU;
     static constexpr int SMEM_LF_FWD_TC = 2 * DP * RP + GEO_NW * SLICE + M * SU;  // U, W in fragment order
+    static constexpr int SMEM_LF_STAGE = GEO_NW * SLICE;  // the leapfrog's optional v stage (lf_fwd_fast)
     // the TF32 Christoffel forward (chr_fwd_tc): U and W in fragment order, per group
     // the warps' partials and S
     static constexpr int SMEM_CHR_FWD_TC = 2 * DP * RP + GEO_GROUPS * (GEO_NW + 1) * M * SU;
@@ -261,6 +267,10 @@ __device__ __forceinline__ float geo_tf32(float x) {
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
     return __uint_as_float(r);
 }
+// An mma operand rounded to TF32 by one integer add: half a TF32 ulp on the bit
+// pattern. The mma ignores the 13 low bits, so finite values round to nearest, ties
+// away from zero, as cvt.rna (which takes 3 instructions on sm_90); +-inf becomes NaN.
+__device__ __forceinline__ float geo_tf32_op(float x) { return __uint_as_float(__float_as_uint(x) + 0x1000u); }
 __device__ __forceinline__ void geo_mma_tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
 #if __CUDA_ARCH__ >= 800
     asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -272,12 +282,6 @@ __device__ __forceinline__ void geo_mma_tf32(float (&d)[4], const float (&a)[4],
 #endif
 }
 #endif
-
-template <bool ROUND> __device__ __forceinline__ float maybe_tf32(float x) {
-    if constexpr (ROUND) return geo_tf32(x);
-    else return x;
-}
-template <bool ROUND> __device__ __forceinline__ double maybe_tf32(double x) { return x; }
 
 // U or W [D, R] (global) into smem [DP][LD], zero padded (the FFMA kernels; the TF32
 // ones use load_frags), by the NTH threads of the block (a compile-time stride: the
@@ -320,22 +324,48 @@ template <class C> struct Rows {
     __device__ __forceinline__ int col(int j) const { return w * C::KW + c + coff(j); }
     __device__ __forceinline__ bool colok(int j) const { return coff(j) < dlim; }
     __device__ __forceinline__ bool ok(int i, int j) const { return roff(i) < rlim && coff(j) < dlim; }
-    // src [B, D] (NULL: zeros)
-    __device__ __forceinline__ void load(Tile& o, const T* src) const {
+    // src [B, D] (NULL: zeros). TC layout with `pair`: columns j, j + 1 (j even) are
+    // adjacent and move as one 8-byte vector where both are in range (the caller
+    // checks that the tensors are 8-byte aligned and D is even); FFMA layout: ignored.
+    __device__ __forceinline__ void load(Tile& o, const T* src, bool pair = false) const {
+        constexpr int JS = C::TC ? 2 : 1;
 #pragma unroll
         for (int i = 0; i < C::TI; ++i) {
             const T* p = src + off + roff(i) * D;
+            const bool rok = src != nullptr && roff(i) < rlim;
 #pragma unroll
-            for (int j = 0; j < C::TJ; ++j) o[i][j] = (src != nullptr && ok(i, j)) ? p[coff(j)] : T(0);
+            for (int j = 0; j < C::TJ; j += JS) {
+                if (C::TC && pair && rok && coff(j + JS - 1) < dlim) {
+                    T pr[JS];
+                    ldv<JS>(p + coff(j), pr);
+#pragma unroll
+                    for (int e = 0; e < JS; ++e) o[i][j + e] = pr[e];
+                } else {
+#pragma unroll
+                    for (int e = 0; e < JS; ++e) o[i][j + e] = (rok && colok(j + e)) ? p[coff(j + e)] : T(0);
+                }
+            }
         }
     }
-    __device__ __forceinline__ void store(const Tile& o, T* dst) const {
+    __device__ __forceinline__ void store(const Tile& o, T* dst, bool pair = false) const {
+        constexpr int JS = C::TC ? 2 : 1;
 #pragma unroll
         for (int i = 0; i < C::TI; ++i) {
             T* p = dst + off + roff(i) * D;
+            if (roff(i) >= rlim) continue;
 #pragma unroll
-            for (int j = 0; j < C::TJ; ++j)
-                if (ok(i, j)) p[coff(j)] = o[i][j];
+            for (int j = 0; j < C::TJ; j += JS) {
+                if (C::TC && pair && coff(j + JS - 1) < dlim) {
+                    T pr[JS];
+#pragma unroll
+                    for (int e = 0; e < JS; ++e) pr[e] = o[i][j + e];
+                    stv<JS>(p + coff(j), pr);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < JS; ++e)
+                        if (colok(j + e)) p[coff(j + e)] = o[i][j + e];
+                }
+            }
         }
     }
     // store() without per-element bounds checks where the whole tile is in range
@@ -351,26 +381,6 @@ template <class C> struct Rows {
             store(o, dst);
         }
     }
-    // TC layout: columns j, j + 1 (j even) are adjacent, stored as one 8-byte vector
-    // where both are in range and `pair_ok` (dst 8-byte aligned, D even)
-    __device__ __forceinline__ void store_pairs(const Tile& o, T* dst, bool pair_ok) const {
-        static_assert(C::TC, "the TC row layout");
-#pragma unroll
-        for (int i = 0; i < C::TI; ++i) {
-            T* p = dst + off + roff(i) * D;
-            if (roff(i) >= rlim) continue;
-#pragma unroll
-            for (int j = 0; j < C::TJ; j += 2) {
-                if (pair_ok && coff(j) + 1 < dlim) {
-                    const T pr[2] = {o[i][j], o[i][j + 1]};
-                    stv<2>(p + coff(j), pr);
-                } else {
-                    if (colok(j)) p[coff(j)] = o[i][j];
-                    if (colok(j + 1)) p[coff(j + 1)] = o[i][j + 1];
-                }
-            }
-        }
-    }
     // into the warp's own smem slice [M][SV] (FFMA kernels: the TF32 ones take their A
     // fragments from registers); the __syncwarp orders the write after every earlier
     // read of the slice by the warp's lanes (they need not be converged)
@@ -380,6 +390,13 @@ template <class C> struct Rows {
         for (int i = 0; i < C::TI; ++i)
 #pragma unroll
             for (int j = 0; j < C::TJ; ++j) slice[(g + roff(i)) * C::SV + c + coff(j)] = o[i][j];
+    }
+    // from the warp's own slice [M][SV] (to_slice's inverse; load_tile's layout)
+    __device__ __forceinline__ void from_slice(Tile& o, const T* slice) const {
+#pragma unroll
+        for (int i = 0; i < C::TI; ++i)
+#pragma unroll
+            for (int j = 0; j < C::TJ; ++j) o[i][j] = slice[(g + roff(i)) * C::SV + c + coff(j)];
     }
 };
 
@@ -585,25 +602,43 @@ __device__ void param_store(const typename C::T (&acc)[C::NPAR], typename C::T* 
 
 // ---------------------------------------------------------------- TF32 tensor-core phases
 // Lane = 4g + t. U and W live in shared memory in mma fragment order (TF32-rounded
-// once), so that every B fragment is one conflict-free 8-byte load:
-//   U: [warp w][k-step s][n-tile n][lane][e] = U[kmap(w, s, t, e)][8n + g]   (phase A)
-//   W: [warp w][k-step s][n-tile n][lane][e] = W[w*KW + 8n + g][8s + t + 4e]  (phase B)
+// once), so that B fragments are conflict-free vector loads:
+//   U: fragment (o = w*KS + s, n) of lane: U[kmap(w, s, t, e)][8n + g]    (phase A, n < NR)
+//   W: fragment (o = w*NR + s, n) of lane: W[w*KW + 8n + g][8s + t + 4e]  (phase B, n < KS)
+// with a lane's fragments of n-tiles 2m and 2m + 1 side by side where the n count is
+// even (`Frags`: one 16-byte load for two mma), else one 8-byte load each.
 // `kmap` is the kernel's order of the k positions t (e = 0) and t + 4 (e = 1) of
 // k-step s within warp w's feature slice: a permutation of the summation order that
 // lets each lane supply its A fragments from the values it already holds (registers).
-typedef GVec<float, 2> F2;
+template <int NIN> struct Frags {
+    static constexpr int P = NIN % 2 == 0 ? 2 : 1;  // fragments per load
+    // element e of fragment (o, n) of `lane`, in floats
+    static __device__ __forceinline__ constexpr int off(int o, int n, int lane, int e) {
+        return (((o * NIN + n) / P * 32 + lane) * P + n % P) * 2 + e;
+    }
+    // the B fragments of n-tiles n, n + P - 1 (n a multiple of P) of outer index o
+    static __device__ __forceinline__ void load(const float* base, int o, int n, float (&b)[P][2]) {
+        float q[2 * P];
+        ldv<2 * P>(base + off(o, n, 0, 0), q);
+#pragma unroll
+        for (int k = 0; k < P; ++k) b[k][0] = q[2 * k], b[k][1] = q[2 * k + 1];
+    }
+};
 template <class C, class KMap>
 __device__ void load_frags(float* Uf, float* Wf, const float* U, const float* W, i64 D, i64 R, KMap kmap) {
     constexpr int KS = C::KW / 8, NR = C::RP / 8;
+    constexpr int PU = Frags<NR>::P, PW = Frags<KS>::P;
     for (int idx = threadIdx.x; idx < C::DP * C::RP; idx += GEO_FAST_NT) {  // compile-time trip count
-        const int e = idx & 1, ln = (idx >> 1) & 31, gg = ln >> 2, tt = ln & 3, blk = idx >> 6;
+        const int e = idx & 1;
         {
-            const int n = blk % NR, st = (blk / NR) % KS, ww = blk / (NR * KS);
+            const int h = PU == 2 ? (idx >> 1) & 1 : 0, ln = (idx >> PU) & 31, blk = (idx >> (PU + 5)) * PU + h;
+            const int gg = ln >> 2, tt = ln & 3, n = blk % NR, st = (blk / NR) % KS, ww = blk / (NR * KS);
             const int k = kmap(ww, st, tt, e), r = 8 * n + gg;
             Uf[idx] = geo_tf32((k < D && r < R) ? U[(i64)k * R + r] : 0.f);
         }
         {
-            const int n = blk % KS, s2 = (blk / KS) % NR, ww = blk / (KS * NR);
+            const int h = PW == 2 ? (idx >> 1) & 1 : 0, ln = (idx >> PW) & 31, blk = (idx >> (PW + 5)) * PW + h;
+            const int gg = ln >> 2, tt = ln & 3, n = blk % KS, s2 = (blk / KS) % NR, ww = blk / (KS * NR);
             const int d = ww * C::KW + 8 * n + gg, r = 8 * s2 + tt + 4 * e;
             Wf[idx] = geo_tf32((d < D && r < R) ? W[(i64)d * R + r] : 0.f);
         }
@@ -612,11 +647,12 @@ __device__ void load_frags(float* Uf, float* Wf, const float* U, const float* W,
 
 // Phase A over the warp's feature slice: acc = P[16][RP] partial = X[16][KW] U[KW][RP],
 // one m16n8k8 per (k-step, n-tile). `af(s, a)` writes k-step s's A fragment (TF32:
-// rows g, g + 8 at k position t, then at t + 4); `uf`: this warp's and lane's first
-// U fragment.
+// rows g, g + 8 at k position t, then at t + 4); `uf`: this warp's U fragments
+// (Frags<NR> order, outer index the k-step), offset by the lane.
 template <class C, class AF>
-__device__ __forceinline__ void phase_a_frag(const F2* uf, AF af, float (&acc)[C::RP / 8][4]) {
+__device__ __forceinline__ void phase_a_frag(const float* uf, AF af, float (&acc)[C::RP / 8][4]) {
     constexpr int KS = C::KW / 8, NR = C::RP / 8;
+    typedef Frags<NR> Fr;
 #pragma unroll
     for (int n = 0; n < NR; ++n)
 #pragma unroll
@@ -626,10 +662,11 @@ __device__ __forceinline__ void phase_a_frag(const F2* uf, AF af, float (&acc)[C
         float a[4];
         af(s, a);
 #pragma unroll
-        for (int n = 0; n < NR; ++n) {
-            const F2 bv = uf[(s * NR + n) * 32];
-            const float b[2] = {bv.x[0], bv.x[1]};
-            geo_mma_tf32(acc[n], a, b);
+        for (int n = 0; n < NR; n += Fr::P) {
+            float b[Fr::P][2];
+            Fr::load(uf, s, n, b);
+#pragma unroll
+            for (int k = 0; k < Fr::P; ++k) geo_mma_tf32(acc[n + k], a, b[k]);
         }
     }
 }
@@ -645,27 +682,35 @@ template <class C> __device__ __forceinline__ void store_part_tc(float* part, co
     }
 }
 
+// S [16][RP] in A-fragment order for phase B: element (m, r) at s_frag(m, r), lane
+// 4 (m % 8) + r % 4 of k-step r / 8 holding its 4 values side by side (one 16-byte
+// load per k-step; M * RP floats).
+__device__ __forceinline__ constexpr int s_frag(int m, int r) {
+    return ((r >> 3) * 32 + 4 * (m & 7) + (r & 3)) * 4 + (m >> 3) + 2 * ((r >> 2) & 1);
+}
+
 // Phase B: acc = raw[16][the warp's KW features] = S[16][RP] W^T, S TF32-rounded in
-// smem (stride SU), `wf` this warp's and lane's first W fragment. Accumulator n
-// holds rows g, g + 8 and features w*KW + 8n + 2t, + 1 (the TC row layout: tile
-// (i, 2n + e) is element 2i + e).
+// smem (s_frag order), `wf` this warp's W fragments (Frags<KS> order, outer index the
+// k-step), offset by the lane. Accumulator n holds rows g, g + 8 and features
+// w*KW + 8n + 2t, + 1 (the TC row layout: tile (i, 2n + e) is element 2i + e).
 template <class C>
-__device__ __forceinline__ void phase_b_frag(const float* S, const F2* wf, int lane, float (&acc)[C::KW / 8][4]) {
+__device__ __forceinline__ void phase_b_frag(const float* S, const float* wf, int lane, float (&acc)[C::KW / 8][4]) {
     constexpr int KS = C::KW / 8, NR = C::RP / 8;
-    const int g = lane >> 2, t = lane & 3;
+    typedef Frags<KS> Fr;
 #pragma unroll
     for (int n = 0; n < KS; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
-    const float* sa = S + g * C::SU + t;
 #pragma unroll
     for (int s2 = 0; s2 < NR; ++s2) {
-        const float a[4] = {sa[8 * s2], sa[8 * C::SU + 8 * s2], sa[8 * s2 + 4], sa[8 * C::SU + 8 * s2 + 4]};
+        float a[4];
+        ldv<4>(S + (s2 * 32 + lane) * 4, a);
 #pragma unroll
-        for (int n = 0; n < KS; ++n) {
-            const F2 bv = wf[(s2 * KS + n) * 32];
-            const float b[2] = {bv.x[0], bv.x[1]};
-            geo_mma_tf32(acc[n], a, b);
+        for (int n = 0; n < KS; n += Fr::P) {
+            float b[Fr::P][2];
+            Fr::load(wf, s2, n, b);
+#pragma unroll
+            for (int k = 0; k < Fr::P; ++k) geo_mma_tf32(acc[n + k], a, b[k]);
         }
     }
 }
@@ -697,12 +742,12 @@ __device__ __forceinline__ void gamma_regs(const typename Rows<C>::Tile& vin, co
     constexpr int KS = C::KW / 8, NR = C::RP / 8;
     if constexpr (C::TC) {
         float acc[NR][4];
-        phase_a_frag<C>(reinterpret_cast<const F2*>(Us) + rl.w * KS * NR * 32 + lane,
+        phase_a_frag<C>(Us + Frags<NR>::off(rl.w * KS, 0, lane, 0),
                         [&](int st, float (&a)[4]) {
-                            a[0] = geo_tf32(vin[0][2 * st]);
-                            a[1] = geo_tf32(vin[1][2 * st]);
-                            a[2] = geo_tf32(vin[0][2 * st + 1]);
-                            a[3] = geo_tf32(vin[1][2 * st + 1]);
+                            a[0] = geo_tf32_op(vin[0][2 * st]);
+                            a[1] = geo_tf32_op(vin[1][2 * st]);
+                            a[2] = geo_tf32_op(vin[0][2 * st + 1]);
+                            a[3] = geo_tf32_op(vin[1][2 * st + 1]);
                         },
                         acc);
         store_part_tc<C>(pb + rl.w * C::SLICE, acc, lane);
@@ -719,12 +764,13 @@ __device__ __forceinline__ void gamma_regs(const typename Rows<C>::Tile& vin, co
     reduce_parts<C>(pb, [&](int m, int r, T s) {
         bool in = r < R;
         if (P != nullptr) P[m * C::SU + r] = in ? s : T(0);
-        S[m * C::SU + r] = maybe_tf32<C::TC>(in ? s * s : T(0));
+        if constexpr (C::TC) S[s_frag(m, r)] = geo_tf32_op(in ? s * s : T(0));
+        else S[m * C::SU + r] = in ? s * s : T(0);
     });
     __syncthreads();
     if constexpr (C::TC) {
         float acc[KS][4];
-        phase_b_frag<C>(S, reinterpret_cast<const F2*>(Ws) + rl.w * NR * KS * 32 + lane, lane, acc);
+        phase_b_frag<C>(S, Ws + Frags<KS>::off(rl.w * NR, 0, lane, 0), lane, acc);
 #pragma unroll
         for (int n = 0; n < KS; ++n) {
             raw[0][2 * n] = acc[n][0];
@@ -859,8 +905,8 @@ template <class C> __device__ void chr_fwd_tc(const GeoArgs& a) {
     i64 tile = blockIdx.x + (i64)grp * gridDim.x;
     if (tile < ntiles) load_a(cur, tile);
     __syncthreads();  // Uf, Wf
-    const F2* uf = reinterpret_cast<const F2*>(Uf) + w * KS * NR * 32 + lane;
-    const F2* wf = reinterpret_cast<const F2*>(Wf) + w * NR * KS * 32 + lane;
+    const float* uf = Uf + Frags<NR>::off(w * KS, 0, lane, 0);
+    const float* wf = Wf + Frags<KS>::off(w * NR, 0, lane, 0);
     for (; tile < ntiles; tile += step) {
         if (tile + step < ntiles) load_a(nxt, tile + step);
         // phase A: the warp's partial [16][RP] over its slice
@@ -868,16 +914,16 @@ template <class C> __device__ void chr_fwd_tc(const GeoArgs& a) {
         phase_a_frag<C>(uf,
                         [&](int st, float (&af)[4]) {
                             const int q = st >> 1, h = st & 1;
-                            af[0] = geo_tf32(cur[0][q].x[2 * h]);
-                            af[1] = geo_tf32(cur[1][q].x[2 * h]);
-                            af[2] = geo_tf32(cur[0][q].x[2 * h + 1]);
-                            af[3] = geo_tf32(cur[1][q].x[2 * h + 1]);
+                            af[0] = geo_tf32_op(cur[0][q].x[2 * h]);
+                            af[1] = geo_tf32_op(cur[1][q].x[2 * h]);
+                            af[2] = geo_tf32_op(cur[0][q].x[2 * h + 1]);
+                            af[3] = geo_tf32_op(cur[1][q].x[2 * h + 1]);
                         },
                         acc);
         store_part_tc<C>(Pg + w * C::M * C::SU, acc, lane);
         geo_group_sync(grp);
         reduce_parts<C, C::M * C::SU>(Pg, [&](int m, int r, float sum) {
-            S[m * C::SU + r] = geo_tf32(r < R ? sum * sum : 0.f);
+            S[s_frag(m, r)] = geo_tf32_op(r < R ? sum * sum : 0.f);
         });
         geo_group_sync(grp);
         // phase B: raw[16][the warp's KW features] = S W^T
@@ -887,12 +933,12 @@ template <class C> __device__ void chr_fwd_tc(const GeoArgs& a) {
         typename Rows<C>::Tile raw;
 #pragma unroll
         for (int n = 0; n < KS; ++n) {
-            raw[0][2 * n] = clampc(accb[n][0], c);
-            raw[0][2 * n + 1] = clampc(accb[n][1], c);
-            raw[1][2 * n] = clampc(accb[n][2], c);
-            raw[1][2 * n + 1] = clampc(accb[n][3], c);
+            raw[0][2 * n] = clampc_fast(accb[n][0], c);
+            raw[0][2 * n + 1] = clampc_fast(accb[n][1], c);
+            raw[1][2 * n] = clampc_fast(accb[n][2], c);
+            raw[1][2 * n + 1] = clampc_fast(accb[n][3], c);
         }
-        rl.store_pairs(raw, out, pair_ok);
+        rl.store(raw, out, pair_ok);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
@@ -1017,18 +1063,35 @@ template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
     if (want_dw) param_store<C>(acc_w, reinterpret_cast<T*>(a.dw_part) + (i64)blockIdx.x * a.D * a.R, a.D, a.R);
 }
 
+// Leapfrog forward: per tile of M rows, x, v, f in registers (row layout) for all T
+// steps. The TF32 kernel stages v: where the launch gives it the room (`a.smem_bytes`
+// covers SMEM_LF_STAGE more elements), the next tile's v streams into a staging buffer
+// (load_tile, cp.async) during this tile's steps, so that a tile starts on v from
+// shared memory; its x and f, only needed after the first Gamma, are loaded from
+// global memory (asked for in L2 one tile ahead) while that Gamma runs. (The FFMA
+// kernel, at 254 registers, spilled with the stage and ran 3-4% slower: it loads v
+// like x and f.)
 template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
     typedef typename C::T T;
     typedef typename Rows<C>::Tile Tile;
     // TF32: U and W in fragment order (load_frags, KmapRows), [DP][RP] each
-    check_smem((C::TC ? C::SMEM_LF_FWD_TC : C::SMEM_LF_FWD) * sizeof(T), a);
+    constexpr int BASE = C::TC ? C::SMEM_LF_FWD_TC : C::SMEM_LF_FWD;
+    check_smem(BASE * sizeof(T), a);
+    const bool stage = C::TC && a.smem_bytes >= (BASE + C::SMEM_LF_STAGE) * sizeof(T);
     T* Us = reinterpret_cast<T*>(geo_smem);
     T* Ws = Us + C::DP * (C::TC ? C::RP : C::SU);
     T* Vb = Ws + C::DP * (C::TC ? C::RP : C::SU);
     T* S = Vb + GEO_NW * C::SLICE;
+    T* const Vn = S + C::M * C::SU;  // staged v of the next tile (`stage`)
     const T c = T(a.c), dt = T(a.dt), h = T(0.5 * a.dt);
     const i64 ntiles = (a.B + C::M - 1) / C::M;
     const i64 BD = a.B * a.D;
+    const T* x0 = reinterpret_cast<const T*>(a.x0);
+    const T* v0 = reinterpret_cast<const T*>(a.v0);
+    const T* f = reinterpret_cast<const T*>(a.f);
+    T* traj = reinterpret_cast<T*>(a.traj);
+    // TC layout: 8-byte row pairs where every [B, D] tensor allows them
+    const bool pair = ((a.x0 | a.v0 | a.f | a.x_out | a.v_out | a.traj | (u64)(a.D * sizeof(T))) & 7) == 0;
     if constexpr (C::TC) {
         load_frags<C>(Us, Ws, reinterpret_cast<const float*>(a.u), reinterpret_cast<const float*>(a.w), a.D, a.R,
                       KmapRows{C::KW});
@@ -1037,37 +1100,56 @@ template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
         load_mat<C, C::SU>(Ws, reinterpret_cast<const T*>(a.w), a.D, a.R);
     }
     const T* mu = reinterpret_cast<const T*>(a.mu);
-    T hmu[C::TJ];  // h mu
+    T hmu[C::TJ];  // h mu (TF32: 1 - h mu, kick_folded)
     {
         Rows<C> rl(0, a.B, a.D);
 #pragma unroll
-        for (int j = 0; j < C::TJ; ++j) hmu[j] = h * ((mu != nullptr && rl.colok(j)) ? mu[rl.col(j)] : T(0));
+        for (int j = 0; j < C::TJ; ++j) {
+            hmu[j] = h * ((mu != nullptr && rl.colok(j)) ? mu[rl.col(j)] : T(0));
+            if constexpr (C::TC) hmu[j] = T(1) - hmu[j];
+        }
     }
-    T* traj = reinterpret_cast<T*>(a.traj);
+    auto kk = [&](T v, T hf, T hm, T raw) {
+        if constexpr (C::TC) return kick_folded(v, hf, hm, h, raw, c);
+        else return kick(v, hf, hm, h, raw, c);
+    };
+    i64 tile = blockIdx.x;
+    if (stage && tile < ntiles) load_tile<C>(Vn, v0, tile * C::M, a.B, a.D, a.vec_ok != 0);
+    cp_async_commit();
     __syncthreads();
-    for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+    for (; tile < ntiles; tile += gridDim.x) {
         Rows<C> rl(tile * C::M, a.B, a.D);
         Tile x, v, hf, raw;
-        rl.load(x, reinterpret_cast<const T*>(a.x0));
-        rl.load(v, reinterpret_cast<const T*>(a.v0));
-        rl.load(hf, reinterpret_cast<const T*>(a.f));
-#pragma unroll
-        for (int i = 0; i < C::TI; ++i)
-#pragma unroll
-            for (int j = 0; j < C::TJ; ++j) hf[i][j] *= h;
-        {
-            const i64 next = (tile + gridDim.x) * C::M;
-            prefetch_rows_l2(reinterpret_cast<const T*>(a.x0), next, C::M, a.B, a.D);
-            prefetch_rows_l2(reinterpret_cast<const T*>(a.v0), next, C::M, a.B, a.D);
-            prefetch_rows_l2(reinterpret_cast<const T*>(a.f), next, C::M, a.B, a.D);
+        rl.load(x, x0, pair);
+        rl.load(hf, f, pair);  // times h after the first Gamma, so that nothing waits for it before
+        const i64 next = tile + gridDim.x;
+        if (stage) {
+            cp_async_wait<0>();
+            __syncthreads();  // the tile's v is in Vn
+            rl.from_slice(v, Vn + rl.w * C::SLICE);
+        } else {
+            rl.load(v, v0, pair);
+            prefetch_rows_l2(v0, next * C::M, C::M, a.B, a.D);
         }
+        prefetch_rows_l2(x0, next * C::M, C::M, a.B, a.D);
+        prefetch_rows_l2(f, next * C::M, C::M, a.B, a.D);
         for (i64 t = 0; t < a.steps; ++t) {
             gamma_regs<C>(v, rl, Vb, Vb, nullptr, S, Us, Ws, a.R, raw);
+            if (t == 0) {
+                // every thread has read Vn (gamma_regs has barriers): the next tile's v
+                // streams in during the steps
+                if (stage && next < ntiles) load_tile<C>(Vn, v0, next * C::M, a.B, a.D, a.vec_ok != 0);
+                cp_async_commit();
+#pragma unroll
+                for (int i = 0; i < C::TI; ++i)
+#pragma unroll
+                    for (int j = 0; j < C::TJ; ++j) hf[i][j] *= h;
+            }
 #pragma unroll
             for (int i = 0; i < C::TI; ++i)
 #pragma unroll
                 for (int j = 0; j < C::TJ; ++j) {
-                    const T vh = kick(v[i][j], hf[i][j], hmu[j], h, raw[i][j], c);
+                    const T vh = kk(v[i][j], hf[i][j], hmu[j], raw[i][j]);
                     v[i][j] = vh;
                     x[i][j] += dt * vh;
                 }
@@ -1076,15 +1158,16 @@ template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
             for (int i = 0; i < C::TI; ++i)
 #pragma unroll
                 for (int j = 0; j < C::TJ; ++j)
-                    v[i][j] = kick(v[i][j], hf[i][j], hmu[j], h, raw[i][j], c);
+                    v[i][j] = kk(v[i][j], hf[i][j], hmu[j], raw[i][j]);
             if (traj != nullptr) {
-                rl.store(x, traj + (2 * t) * BD);
-                rl.store(v, traj + (2 * t + 1) * BD);
+                rl.store(x, traj + (2 * t) * BD, pair);
+                rl.store(v, traj + (2 * t + 1) * BD, pair);
             }
         }
-        rl.store(x, reinterpret_cast<T*>(a.x_out));
-        rl.store(v, reinterpret_cast<T*>(a.v_out));
+        rl.store(x, reinterpret_cast<T*>(a.x_out), pair);
+        rl.store(v, reinterpret_cast<T*>(a.v_out), pair);
     }
+    cp_async_wait<0>();
 }
 
 // Leapfrog backward, per tile of rows: the velocities v_t at the start of each step

@@ -73,6 +73,14 @@ float geo_tf32(float x) {
     return x;
 }
 
+float geo_tf32_op(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    u += 0x1000u;
+    std::memcpy(&x, &u, 4);
+    return x;
+}
+
 void geo_mma_tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
     using namespace emu;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;

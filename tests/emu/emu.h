@@ -61,6 +61,7 @@ inline void __syncwarp() { emu::sync_warp(); }
 // and the warp-collective mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32 (D += A B; every
 // lane of the warp must call it; operands' low 13 mantissa bits are ignored).
 float geo_tf32(float x);
+float geo_tf32_op(float x);  // + half a TF32 ulp on the bits (the mma drops the low bits)
 // bar.sync 1 + grp, GEO_NT (named barrier of one thread group)
 inline void geo_group_sync(int grp) { emu::sync_bar(1 + grp, 256); }
 void geo_mma_tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]);

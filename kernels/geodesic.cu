@@ -1654,37 +1654,73 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_reduce(const ReduceArgs
 
 #if defined(GEO_GENERIC) || defined(GEO_ALL)
 // The GEMM route (R or D beyond the fast kernels, see src/cuda/geodesic.rs): the
-// products run in cuBLAS, these elementwise steps in between, each y[i] from y[i],
-// x[i] and c over n elements.
+// products run in cuBLAS, these elementwise steps in between. Each thread takes
+// V = 16 / sizeof(T) consecutive elements per step where `vec` (the host checked that
+// every pointer is 16-byte aligned and n and d are multiples of V: 16-byte loads and
+// stores, one i % d per V elements), else one.
+template <int N> struct Width { static constexpr int n = N; };
+template <typename F> __device__ __forceinline__ void ew_loop(i64 n, int vec, F f) {
+    constexpr int V = 16 / sizeof(GEO_T);
+    const i64 t0 = (i64)blockIdx.x * GEO_NT + threadIdx.x, st = (i64)gridDim.x * GEO_NT;
+    if (vec) {
+        for (i64 i = t0 * V; i < n; i += st * V) f(Width<V>{}, i);
+    } else {
+        for (i64 i = t0; i < n; i += st) f(Width<1>{}, i);
+    }
+}
+// N elements from p + i (NULL: zeros)
+template <int N> __device__ __forceinline__ void ld_opt(const GEO_T* p, i64 i, GEO_T (&o)[N]) {
+    if (p != nullptr) {
+        ldv<N>(p + i, o);
+    } else {
+#pragma unroll
+        for (int e = 0; e < N; ++e) o[e] = GEO_T(0);
+    }
+}
+// GEO_EW(NAME, EXPR, RY): y[i] = EXPR(y[i], x[i], c) over n elements (x NULL: zeros;
+// y read only where RY)
 struct EwArgs {
     u64 y, x;
     i64 n;
     double c;
+    int vec, pad_;
 };
-#define GEO_EW(NAME, EXPR)                                                                              \
-    extern "C" __global__ void __launch_bounds__(GEO_NT) NAME(const EwArgs a) {                         \
-        GEO_T* y = reinterpret_cast<GEO_T*>(a.y);                                                       \
-        const GEO_T* x = reinterpret_cast<const GEO_T*>(a.x);                                           \
-        const GEO_T c = (GEO_T)a.c;                                                                     \
-        (void)x, (void)c;                                                                               \
-        for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < a.n; i += (i64)gridDim.x * GEO_NT) y[i] = EXPR; \
+#define GEO_EW(NAME, EXPR, RY)                                                                \
+    extern "C" __global__ void __launch_bounds__(GEO_NT) NAME(const EwArgs a) {             \
+        GEO_T* y = reinterpret_cast<GEO_T*>(a.y);                                           \
+        const GEO_T* x = reinterpret_cast<const GEO_T*>(a.x);                               \
+        const GEO_T c = (GEO_T)a.c;                                                         \
+        (void)c;                                                                            \
+        ew_loop(a.n, a.vec, [&](auto wd, i64 i) {                                           \
+            constexpr int N = decltype(wd)::n;                                              \
+            GEO_T yv[N], xv[N];                                                             \
+            ld_opt<N>(x, i, xv);                                                            \
+            ld_opt<N>(RY ? y : nullptr, i, yv);                                             \
+            _Pragma("unroll") for (int e = 0; e < N; ++e) yv[e] = EXPR(yv[e], xv[e], c);   \
+            stv<N>(y + i, yv);                                                              \
+        });                                                                                 \
     }
-GEO_EW(geo_square, x[i] * x[i])  // s = p * p (y may be x)
+#define GEO_SQUARE(y_, x_, c_) (x_ * x_)
+GEO_EW(geo_square, GEO_SQUARE, 0)  // s = p * p (y may be x)
 #endif
 #if (defined(GEO_GENERIC) || defined(GEO_ALL)) && (defined(GEO_MODULE_CHR_BWD) || defined(GEO_MODULE_LF_BWD))
-GEO_EW(geo_dp, GEO_T(2) * x[i] * y[i])  // dp = 2 p q over q
+#define GEO_DP(y_, x_, c_) (GEO_T(2) * x_ * y_)
+GEO_EW(geo_dp, GEO_DP, 1)  // dp = 2 p q over q
 #endif
 #if (defined(GEO_GENERIC) || defined(GEO_ALL)) && defined(GEO_MODULE_CHR_BWD)
-GEO_EW(geo_mask, passc(y[i], c) ? x[i] : GEO_T(0))  // g' = g 1[-c <= raw <= c] over raw
+#define GEO_MASK(y_, x_, c_) (passc(y_, c_) ? x_ : GEO_T(0))
+GEO_EW(geo_mask, GEO_MASK, 1)  // g' = g 1[-c <= raw <= c] over raw
 #endif
 #if (defined(GEO_GENERIC) || defined(GEO_ALL)) && defined(GEO_MODULE_CHR_FWD)
-GEO_EW(geo_clamp, clampc(y[i], c))  // gamma = clamp(raw) in place
+#define GEO_CLAMP(y_, x_, c_) clampc(y_, c_)
+GEO_EW(geo_clamp, GEO_CLAMP, 1)  // gamma = clamp(raw) in place
 #endif
 #if (defined(GEO_GENERIC) || defined(GEO_ALL)) && (defined(GEO_MODULE_LF_FWD) || defined(GEO_MODULE_LF_BWD))
 struct KickArgs {
     i64 n, d;
     u64 vin, x, v, raw, f, mu, tx, tv;  // x: 0 for no drift; f, mu, tx, tv optional
     double h, dt, c;
+    int vec, pad_;
 };
 // One kick of the leapfrog, v = vin + h (f - clamp(raw) - mu vin) (vin may be v: in
 // place), then (x given) the drift x += dt v, and (tx, tv) copies of the new x, v (the
@@ -1698,29 +1734,37 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_kick(const KickArgs a) 
     const T* raw = reinterpret_cast<const T*>(a.raw);
     const T* f = reinterpret_cast<const T*>(a.f);
     const T* mu = reinterpret_cast<const T*>(a.mu);
-    for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < a.n; i += (i64)gridDim.x * GEO_NT) {
-        const T vi = vin[i];
-        const T fi = f != nullptr ? f[i] : T(0);
-        const T mi = mu != nullptr ? mu[i % a.d] : T(0);
-        const T vn = vi + h * (fi - clampc(raw[i], c) - mi * vi);
-        v[i] = vn;
+    ew_loop(a.n, a.vec, [&](auto wd, i64 i) {
+        constexpr int N = decltype(wd)::n;
+        T vi[N], ri[N], fi[N], mi[N];
+        ldv<N>(vin + i, vi);
+        ldv<N>(raw + i, ri);
+        ld_opt<N>(f, i, fi);
+        ld_opt<N>(mu, mu != nullptr ? i % a.d : 0, mi);
+#pragma unroll
+        for (int e = 0; e < N; ++e) vi[e] = vi[e] + h * (fi[e] - clampc(ri[e], c) - mi[e] * vi[e]);
+        stv<N>(v + i, vi);
         if (x != nullptr) {
-            const T xn = x[i] + dt * vn;
-            x[i] = xn;
-            if (a.tx) reinterpret_cast<T*>(a.tx)[i] = xn;
+            T xi[N];
+            ldv<N>(x + i, xi);
+#pragma unroll
+            for (int e = 0; e < N; ++e) xi[e] += dt * vi[e];
+            stv<N>(x + i, xi);
+            if (a.tx) stv<N>(reinterpret_cast<T*>(a.tx) + i, xi);
         }
-        if (a.tv) reinterpret_cast<T*>(a.tv)[i] = vn;
-    }
+        if (a.tv) stv<N>(reinterpret_cast<T*>(a.tv) + i, vi);
+    });
 }
 #endif
 #if (defined(GEO_GENERIC) || defined(GEO_ALL)) && defined(GEO_MODULE_LF_BWD)
-GEO_EW(geo_copy, x != nullptr ? x[i] : c)  // dx0 = gx, or c (0) without gx
+#define GEO_COPY(y_, x_, c_) (x != nullptr ? x_ : c_)
+GEO_EW(geo_copy, GEO_COPY, 0)  // dx0 = gx, or c (0) without gx
 struct AdjArgs {
     i64 n, d;
     u64 lv_in, lv, g, df, gx, mu;  // lv_in 0: zeros (no gv); df, gx, mu optional
     double h, dt, c;
     int df_init;  // the sweep's first update: df = h l instead of df += h l
-    int pad_;
+    int vec;
 };
 // The leapfrog backward's adjoint update at one kick (docs/geodesic.md, "Its
 // backward"), per element with l = lv_in[i] and g[i] = gamma_raw at the kick's input:
@@ -1737,14 +1781,28 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_adj(const AdjArgs a) {
     T* df = reinterpret_cast<T*>(a.df);
     const T* gx = reinterpret_cast<const T*>(a.gx);
     const T* mu = reinterpret_cast<const T*>(a.mu);
-    for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < a.n; i += (i64)gridDim.x * GEO_NT) {
-        const T l = lv_in != nullptr ? lv_in[i] : T(0);
-        if (df != nullptr) df[i] = (a.df_init ? T(0) : df[i]) + h * l;
-        g[i] = passc(g[i], c) ? -h * l : T(0);
-        const T mi = mu != nullptr ? mu[i % a.d] : T(0);
-        const T gxi = gx != nullptr ? gx[i] : T(0);
-        lv[i] = l * (T(1) - h * mi) + dt * gxi;
-    }
+    ew_loop(a.n, a.vec, [&](auto wd, i64 i) {
+        constexpr int N = decltype(wd)::n;
+        T l[N], gi[N], mi[N], gxi[N];
+        ld_opt<N>(lv_in, i, l);
+        ldv<N>(g + i, gi);
+        ld_opt<N>(mu, mu != nullptr ? i % a.d : 0, mi);
+        ld_opt<N>(gx, i, gxi);
+        if (df != nullptr) {
+            T d[N];
+            ld_opt<N>(a.df_init ? nullptr : df, i, d);
+#pragma unroll
+            for (int e = 0; e < N; ++e) d[e] += h * l[e];
+            stv<N>(df + i, d);
+        }
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+            gi[e] = passc(gi[e], c) ? -h * l[e] : T(0);
+            l[e] = l[e] * (T(1) - h * mi[e]) + dt * gxi[e];
+        }
+        stv<N>(g + i, gi);
+        stv<N>(lv + i, l);
+    });
 }
 #endif
 

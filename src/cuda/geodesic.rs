@@ -473,6 +473,8 @@ struct EwArgs {
     x: u64,
     n: i64,
     c: f64,
+    vec: i32,
+    pad: i32,
 }
 
 /// Mirrors `struct KickArgs` (`geo_kick`).
@@ -491,6 +493,8 @@ struct KickArgs {
     h: f64,
     dt: f64,
     c: f64,
+    vec: i32,
+    pad: i32,
 }
 
 /// Mirrors `struct AdjArgs` (`geo_adj`).
@@ -508,7 +512,16 @@ struct AdjArgs {
     dt: f64,
     c: f64,
     df_init: i32,
-    pad: i32,
+    vec: i32,
+}
+
+/// `vec` of the route's elementwise kernels: 1 where they may move 16 bytes per thread
+/// and step, i.e. every pointer (0: none) is 16-byte aligned and `n` and `period` (of
+/// `mu`, where read) are multiples of the elements in 16 bytes.
+fn ew_vec(esize: usize, n: i64, period: Option<usize>, ptrs: &[usize]) -> i32 {
+    let per = 16 / esize;
+    let whole = |k: usize| k % per == 0;
+    i32::from(whole(n as usize) && period.is_none_or(whole) && ptrs.iter().all(|&p| p % 16 == 0))
 }
 
 /// Byte offsets of the route's pieces in its workspace (the `extra` bytes of
@@ -622,11 +635,14 @@ trait Steps {
 
     /// A `GEO_EW` step: `y[i]` from `y[i]`, `x[i]` and `c`, `i < n`.
     fn ew(&self, name: &'static str, y: usize, x: usize, n: i64, c: f64) -> Result<()> {
+        let j = self.job();
         let mut a = EwArgs {
             y: y as u64,
             x: x as u64,
             n,
             c,
+            vec: ew_vec(j.dtype.size(), n, None, &[y, x]),
+            pad: 0,
         };
         self.launch(name, n, &mut a)
     }
@@ -675,6 +691,13 @@ trait Steps {
             h: 0.5 * j.dt,
             dt: j.dt,
             c: j.c,
+            vec: ew_vec(
+                j.dtype.size(),
+                n,
+                (j.mu != 0).then_some(j.d),
+                &[vin, x, v, raw, j.f, j.mu, tx, tv],
+            ),
+            pad: 0,
         };
         self.launch("geo_kick", n, &mut a)
     }
@@ -772,7 +795,12 @@ trait Steps {
             dt: j.dt,
             c: j.c,
             df_init: i32::from(first),
-            pad: 0,
+            vec: ew_vec(
+                j.dtype.size(),
+                n,
+                (j.mu != 0).then_some(j.d),
+                &[lv_in, lv, g, j.df, gx, j.mu],
+            ),
         };
         self.launch("geo_adj", n, &mut a)
     }

@@ -42,7 +42,9 @@ use crate::ops::geodesic as geo;
 /// about 5e-4 relative error in gamma instead of 1e-7. A permission, not a demand:
 /// it takes effect for f32 on CUDA where the fast kernels apply (D <= 512, R <= 32)
 /// and in the forwards' cuBLAS route (shapes without a fast kernel); the
-/// CPU, f64, the generic kernels and both backwards stay strict IEEE.
+/// CPU, f64, the generic kernels and both backwards stay strict IEEE. In the fast TF32
+/// kernels a row of `v` holding +-inf gets NaN throughout its gamma (strict f32 may
+/// give +-c for some of its features).
 pub const FK_GEO_ALLOW_TF32: u32 = 1;
 
 /// `flags` bit of the geodesic ops, for testing and debugging: the CUDA backend

@@ -616,6 +616,14 @@ template <int NIN> struct Frags {
     static __device__ __forceinline__ constexpr int off(int o, int n, int lane, int e) {
         return (((o * NIN + n) / P * 32 + lane) * P + n % P) * 2 + e;
     }
+    // off's inverse: the (o, n, lane, e) stored at float `idx`
+    static __device__ __forceinline__ void at(int idx, int& o, int& n, int& lane, int& e) {
+        e = idx & 1;
+        lane = (idx >> P) & 31;
+        const int blk = (idx >> (P + 5)) * P + (P == 2 ? (idx >> 1) & 1 : 0);  // o * NIN + n
+        o = blk / NIN;
+        n = blk % NIN;
+    }
     // the B fragments of n-tiles n, n + P - 1 (n a multiple of P) of outer index o
     static __device__ __forceinline__ void load(const float* base, int o, int n, float (&b)[P][2]) {
         float q[2 * P];
@@ -627,19 +635,16 @@ template <int NIN> struct Frags {
 template <class C, class KMap>
 __device__ void load_frags(float* Uf, float* Wf, const float* U, const float* W, i64 D, i64 R, KMap kmap) {
     constexpr int KS = C::KW / 8, NR = C::RP / 8;
-    constexpr int PU = Frags<NR>::P, PW = Frags<KS>::P;
     for (int idx = threadIdx.x; idx < C::DP * C::RP; idx += GEO_FAST_NT) {  // compile-time trip count
-        const int e = idx & 1;
+        int o, n, ln, e;
         {
-            const int h = PU == 2 ? (idx >> 1) & 1 : 0, ln = (idx >> PU) & 31, blk = (idx >> (PU + 5)) * PU + h;
-            const int gg = ln >> 2, tt = ln & 3, n = blk % NR, st = (blk / NR) % KS, ww = blk / (NR * KS);
-            const int k = kmap(ww, st, tt, e), r = 8 * n + gg;
+            Frags<NR>::at(idx, o, n, ln, e);  // o = w*KS + s
+            const int k = kmap(o / KS, o % KS, ln & 3, e), r = 8 * n + (ln >> 2);
             Uf[idx] = geo_tf32((k < D && r < R) ? U[(i64)k * R + r] : 0.f);
         }
         {
-            const int h = PW == 2 ? (idx >> 1) & 1 : 0, ln = (idx >> PW) & 31, blk = (idx >> (PW + 5)) * PW + h;
-            const int gg = ln >> 2, tt = ln & 3, n = blk % KS, s2 = (blk / KS) % NR, ww = blk / (KS * NR);
-            const int d = ww * C::KW + 8 * n + gg, r = 8 * s2 + tt + 4 * e;
+            Frags<KS>::at(idx, o, n, ln, e);  // o = w*NR + s
+            const int d = (o / NR) * C::KW + 8 * n + (ln >> 2), r = 8 * (o % NR) + (ln & 3) + 4 * e;
             Wf[idx] = geo_tf32((d < D && r < R) ? W[(i64)d * R + r] : 0.f);
         }
     }

@@ -397,21 +397,6 @@ fn launch_args(
     stream: &Stream,
     args: &mut GeoArgs,
 ) -> Result<()> {
-    if smem > 48 << 10 {
-        let f = dev.function(module, name)?;
-        dev.bind()?;
-        // SAFETY: a function of this context; the value was checked against the opt-in limit.
-        unsafe {
-            result::function::set_function_attribute(
-                f,
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-        }
-        .cuda(&format!(
-            "cuFuncSetAttribute({name}, MAX_DYNAMIC_SHARED_SIZE_BYTES)"
-        ))?;
-    }
     let mut params = [args as *mut GeoArgs as *mut c_void];
     launch(
         dev,

@@ -70,7 +70,8 @@ pub fn launch_ex(
     params: &mut [*mut c_void],
     early: bool,
 ) -> Result<()> {
-    let f = dev.function(module, function)?;
+    // (opted in to `shared_bytes` of dynamic shared memory above 48 KB, once per size)
+    let f = dev.function_for_smem(module, function, shared_bytes)?;
     dev.bind()?;
     // SAFETY: `params` match the kernel's signature (each launcher pairs a repr(C)
     // argument struct with its kernel), and the function belongs to this context.

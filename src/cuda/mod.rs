@@ -109,8 +109,9 @@ pub struct CudaDevice {
     pub arch: (i32, i32),
     pub sm_count: i32,
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
-    /// Keyed by the addresses of the static names (cheap to hash on the per-call path).
-    functions: Mutex<HashMap<(usize, usize), sys::CUfunction>>,
+    /// Keyed by the addresses of the static names (cheap to hash on the per-call path),
+    /// with the dynamic shared memory the function is opted in to (0: the default 48 KB).
+    functions: Mutex<HashMap<(usize, usize), (sys::CUfunction, u32)>>,
     /// cuBLAS / cuBLASLt handles and workspaces per stream (`cublas.rs`).
     pub(crate) blas: cublas::BlasCache,
     /// cuSOLVER handles per stream (`cusolver.rs`).
@@ -391,24 +392,61 @@ impl CudaDevice {
         module: &'static str,
         function: &'static str,
     ) -> Result<sys::CUfunction> {
+        self.function_for_smem(module, function, 0)
+    }
+
+    /// `function`, opted in to `smem_bytes` of dynamic shared memory where that is
+    /// above the default 48 KB. `cuFuncSetAttribute` is a driver call of several
+    /// microseconds on the per-launch path, so it is made once per function and larger
+    /// size (remembered beside the handle); the caller checks `smem_bytes` against the
+    /// device's opt-in limit.
+    pub fn function_for_smem(
+        &self,
+        module: &'static str,
+        function: &'static str,
+        smem_bytes: u32,
+    ) -> Result<sys::CUfunction> {
+        const DEFAULT_SMEM: u32 = 48 << 10;
         let key = (module.as_ptr() as usize, function.as_ptr() as usize);
-        if let Some(f) = self
+        let cached = self
             .functions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&key)
-        {
-            return Ok(*f);
+            .copied();
+        let (f, opted) = match cached {
+            Some(e) => e,
+            None => {
+                let m = self.module(module)?;
+                let cname = std::ffi::CString::new(function).unwrap_or_default();
+                // SAFETY: module is loaded.
+                let f = unsafe { result::module::get_function(m.raw, cname) }
+                    .cuda(&format!("cuModuleGetFunction({module}::{function})"))?;
+                self.functions
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(key)
+                    .or_insert((f, 0));
+                (f, 0)
+            }
+        };
+        if smem_bytes > DEFAULT_SMEM && smem_bytes > opted {
+            self.bind()?;
+            // SAFETY: a function of this context.
+            unsafe {
+                result::function::set_function_attribute(
+                    f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem_bytes as i32,
+                )
+            }
+            .cuda(&format!(
+                "cuFuncSetAttribute({module}::{function}, MAX_DYNAMIC_SHARED_SIZE_BYTES = {smem_bytes})"
+            ))?;
+            let mut g = self.functions.lock().unwrap_or_else(|e| e.into_inner());
+            let e = g.entry(key).or_insert((f, 0));
+            e.1 = e.1.max(smem_bytes);
         }
-        let m = self.module(module)?;
-        let cname = std::ffi::CString::new(function).unwrap_or_default();
-        // SAFETY: module is loaded.
-        let f = unsafe { result::module::get_function(m.raw, cname) }
-            .cuda(&format!("cuModuleGetFunction({module}::{function})"))?;
-        self.functions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, f);
         Ok(f)
     }
 

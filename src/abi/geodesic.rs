@@ -105,8 +105,10 @@ pub unsafe extern "C" fn fk_christoffel_forward(
 /// overlap inputs or each other. `dU`/`dW` sum over the batch deterministically
 /// (per-block partial sums, then a fixed-order second pass; no atomics), so
 /// repeated calls give bit-identical results. `v`, `g` `[B, D]`; `U`, `W`, `dU`, `dW`
-/// `[D, R]`; one dtype, f32 or f64. On CUDA a workspace of (blocks x D x R) elements
-/// per wanted parameter gradient is allocated stream-ordered on `stream`.
+/// `[D, R]`; one dtype, f32 or f64. On CUDA a workspace of (blocks x D' x R')
+/// elements per wanted parameter gradient is allocated stream-ordered on `stream`
+/// (fast kernels: D rounded up to 128, 256, 512 or 1024 and R to 8, 16 or 32; the
+/// generic kernels: D' = D, R' = R).
 /// `flags`: 0, or `FK_GEO_ALLOW_TF32` (f32 forwards on CUDA may use TF32 tensor
 /// cores, ~5e-4 relative error; ignored by the backwards) and/or
 /// `FK_GEO_FORCE_GENERIC` (debugging: the generic CUDA kernels). Buffers are contiguous row-major; `stream` NULL = the default stream

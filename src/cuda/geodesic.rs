@@ -247,6 +247,56 @@ struct ReduceArgs {
     out: u64,
     nparts: i64,
     n: i64,
+    d: i64,
+    r: i64,
+    kw: i32,
+    pv: i32,
+    rq: i32,
+    pad: i32,
+}
+
+/// How a backward's per-block parameter partials are laid out: `[D][R]` (generic
+/// kernels, and the leapfrog backward's fast ones), or the Christoffel backward's fast
+/// kernels' parameter layout (`param_store` with `GEO_PARAM_COALESCED`: `DP x RP`
+/// elements, accumulator-major, so that the blocks' stores are coalesced), which
+/// `geo_reduce` maps back to `[D][R]`.
+#[derive(Debug, Clone, Copy)]
+struct PartLayout {
+    /// elements per partial
+    n: usize,
+    /// the gradient's shape `[D][R]`
+    d: usize,
+    r: usize,
+    /// `Cfg::KW`, `PV`, `RQ` of the fast configuration (`kw` 0: `[D][R]`)
+    kw: i32,
+    pv: i32,
+    rq: i32,
+}
+
+impl PartLayout {
+    fn new(kind: Kind, fast: Option<Fast>, d: usize, r: usize) -> PartLayout {
+        match fast {
+            Some(f) if kind == Kind::ChristoffelBackward => {
+                let (rp, dj) = (RPS[f.ri], DJS[f.di]);
+                PartLayout {
+                    n: f.dp * rp,
+                    d,
+                    r,
+                    kw: 8 * dj as i32,
+                    pv: dj.min(4) as i32,
+                    rq: rp as i32 / 4,
+                }
+            }
+            _ => PartLayout {
+                n: d * r,
+                d,
+                r,
+                kw: 0,
+                pv: 0,
+                rq: 0,
+            },
+        }
+    }
 }
 
 const WANT_DV: i32 = 1;
@@ -416,14 +466,21 @@ fn reduce(
     parts: u64,
     nparts: usize,
     out: usize,
-    n: usize,
+    layout: PartLayout,
     stream: &Stream,
 ) -> Result<()> {
+    let n = layout.n;
     let mut a = ReduceArgs {
         parts,
         out: out as u64,
         nparts: nparts as i64,
         n: n as i64,
+        d: layout.d as i64,
+        r: layout.r as i64,
+        kw: layout.kw,
+        pv: layout.pv,
+        rq: layout.rq,
+        pad: 0,
     };
     let grid = n
         .div_ceil(NT as usize)
@@ -1059,8 +1116,8 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
         | (if job.dw != 0 { WANT_DW } else { 0 })
         | (if job.df != 0 { WANT_DF } else { 0 })
         | (if job.dx != 0 { WANT_DX } else { 0 });
-    let params =
-        job.d * job.r * usize::from(job.du != 0) + job.d * job.r * usize::from(job.dw != 0);
+    let parts = PartLayout::new(kind, fast, job.d, job.r);
+    let params = parts.n * usize::from(job.du != 0) + parts.n * usize::from(job.dw != 0);
     let no_traj_slab = kind == Kind::LeapfrogBackward && job.traj == 0 && job.steps > 1;
     // grid, per-block workspace (elements), kernel name, dynamic smem
     let (mut grid, ws_per_cta, name, smem, module) = match fast {
@@ -1125,7 +1182,7 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
         0
     };
     let dw_part = if job.dw != 0 {
-        base + (ws_bytes + grid * job.d * job.r * esize * usize::from(job.du != 0)) as u64
+        base + (ws_bytes + grid * parts.n * esize * usize::from(job.du != 0)) as u64
     } else {
         0
     };
@@ -1182,13 +1239,12 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
         stream,
         &mut args,
     )?;
-    let n = job.d * job.r;
     let generic = module_name(kind, job.dtype, None); // holds geo_reduce
     if job.du != 0 {
-        reduce(dev, generic, du_part, grid, job.du, n, stream)?;
+        reduce(dev, generic, du_part, grid, job.du, parts, stream)?;
     }
     if job.dw != 0 {
-        reduce(dev, generic, dw_part, grid, job.dw, n, stream)?;
+        reduce(dev, generic, dw_part, grid, job.dw, parts, stream)?;
     }
     drop(ws);
     Ok(())

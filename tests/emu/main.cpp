@@ -36,6 +36,8 @@ struct GeoArgs {
 struct ReduceArgs {
     u64 parts, out;
     i64 nparts, n;
+    i64 D, R;
+    int kw, pv, rq, pad;
 };
 
 enum Kind { CHR_FWD, CHR_BWD, LF_FWD, LF_BWD };
@@ -112,13 +114,17 @@ static void run(Kind kind, const Job& j, unsigned seed, std::string* chosen) {
         name = "geo_" + std::string(KNAME[kind]) + "_gen";
     }
     *chosen = name;
-    size_t params = D * R * ((j.du != nullptr) + (j.dw != nullptr));
+    // per-block parameter partials (as the host's PartLayout): the Christoffel backward's
+    // fast kernels' coalesced layout (DP x RP), else [D][R]
+    const bool coalesced = fast && kind == CHR_BWD;
+    const size_t pn = coalesced ? (size_t)64 * dj * rp : D * R;
+    size_t params = pn * ((j.du != nullptr) + (j.dw != nullptr));
     size_t total = grid * (ws_per_cta + params);
     std::vector<double> wsbuf(total * es / 8 + 1, std::nan(""));  // poisoned workspace
     u64 base = (u64)wsbuf.data();
     size_t ws_bytes = grid * ws_per_cta * es;
     u64 du_part = j.du ? base + ws_bytes : 0;
-    u64 dw_part = j.dw ? base + ws_bytes + grid * D * R * es * (j.du != nullptr) : 0;
+    u64 dw_part = j.dw ? base + ws_bytes + grid * pn * es * (j.du != nullptr) : 0;
     GeoArgs a{};
     a.B = j.B; a.D = j.D; a.R = j.R; a.steps = j.steps; a.dt = j.dt; a.c = j.c;
     a.x0 = (u64)j.x0; a.v0 = (u64)j.v0; a.f = (u64)j.f; a.u = (u64)j.u; a.w = (u64)j.w; a.mu = (u64)j.mu;
@@ -133,8 +139,9 @@ static void run(Kind kind, const Job& j, unsigned seed, std::string* chosen) {
     for (int k = 0; k < 2; ++k) {
         void* out = k == 0 ? j.du : j.dw;
         if (!out) continue;
-        ReduceArgs ra{k == 0 ? du_part : dw_part, (u64)out, (i64)grid, (i64)(D * R)};
-        emu::launch(REG.at(mod + "/geo_reduce"), std::max<size_t>(1, std::min<size_t>((D * R + 255) / 256, 8)), 256, 0, &ra, seed);
+        ReduceArgs ra{k == 0 ? du_part : dw_part, (u64)out, (i64)grid, (i64)pn, (i64)D, (i64)R,
+                      coalesced ? 8 * dj : 0, coalesced ? std::min(dj, 4) : 0, coalesced ? rp / 4 : 0, 0};
+        emu::launch(REG.at(mod + "/geo_reduce"), std::max<size_t>(1, std::min<size_t>((pn + 255) / 256, 8)), 256, 0, &ra, seed);
     }
 }
 

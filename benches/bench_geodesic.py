@@ -16,7 +16,7 @@ row), each backward product (12*D*R per row for a Christoffel backward, two of t
 per leapfrog step plus two forwards).
 
     python3 benches/bench_geodesic.py [--json PATH] [--reps N] [--no-compile] [--quick]
-                                      [--only REGEX] [--no-warmup]
+                                      [--only REGEX] [--no-warmup] [--no-eager]
 
 `--only REGEX` runs the rows whose name matches (e.g. `--only "christoffel fwd"`),
 `--no-warmup` compiles only the kernels used (instead of fk_context_warmup). Besides
@@ -213,6 +213,7 @@ def main():
     ap.add_argument("--R", type=int, default=32)
     ap.add_argument("--only", help="run only the rows whose name matches this regular expression")
     ap.add_argument("--no-warmup", action="store_true", help="skip fk_context_warmup (compile on first use)")
+    ap.add_argument("--no-eager", action="store_true", help="skip the eager column (fusekit only, for A/B runs)")
     args = ap.parse_args()
     want = lambda name: not args.only or re.search(args.only, name) is not None
     if not torch.cuda.is_available():
@@ -269,7 +270,7 @@ def main():
         failures += not ok
         t_fk = median_ms(fk_fn, args.reps)
         t_b2b = b2b_ms(fk_fn)
-        t_eager = median_ms(eager_fn, args.reps) if eager_fn else float("nan")
+        t_eager = median_ms(eager_fn, args.reps) if eager_fn and not args.no_eager else float("nan")
         t_comp = float("nan")
         if compile_fn is not None and not args.no_compile:
             try:

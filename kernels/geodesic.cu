@@ -70,9 +70,9 @@ struct ReduceArgs {
     u64 parts;  // [nparts][n]
     u64 out;    // [D][R]
     i64 nparts;
-    i64 n;      // elements per partial: D R, or DP RP in the fast kernels' parameter layout
+    i64 n;      // elements per partial: D R, or DP RP in the coalesced parameter layout
     i64 D, R;
-    int kw, pv, rq;  // the fast kernels' parameter layout (Cfg::KW, PV, RQ); kw = 0: [D][R]
+    int kw, pv, rq;  // the coalesced layout's Cfg::KW, PV, RQ (GEO_PARAM_COALESCED); kw = 0: [D][R]
     int pad;
 };
 

@@ -267,7 +267,7 @@ struct PartLayout {
     /// the gradient's shape `[D][R]`
     d: usize,
     r: usize,
-    /// `Cfg::KW`, `PV`, `RQ` of the fast configuration (`kw` 0: `[D][R]`)
+    /// `Cfg::KW`, `PV`, `RQ` of the coalesced layout's configuration (`kw` 0: `[D][R]`)
     kw: i32,
     pv: i32,
     rq: i32,

@@ -244,8 +244,10 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     static constexpr int TI = TC ? 2 : MB;     // row-layout tile per thread: rows
     static constexpr int TJ = TC ? 2 * DJ : DJ;  // and columns
     // shared memory of each fast kernel, in elements (src/cuda/geodesic.rs mirrors these)
-    // the FFMA Christoffel forward (chr_fwd_simt): one group, one tile buffer and S
-    static constexpr int SMEM_CHR_FWD = 2 * DP * SU + GEO_NW * SLICE + M * SU;
+    // the FFMA Christoffel forward (chr_fwd_simt): one group, one tile buffer and S;
+    // with CF_V, W as [DP][RP] (swizzled, w_swz) instead of [DP][SU]
+    static constexpr bool CF_V = !TC && sizeof(T) == 4 && RP == 32 && M == 32 && KW % 32 == 0;
+    static constexpr int SMEM_CHR_FWD = DP * SU + DP * (CF_V ? RP : SU) + GEO_NW * SLICE + M * SU;
     static constexpr int SMEM_LF_FWD = 2 * DP * SU + GEO_NW * SLICE + M * SU;
     static constexpr int SMEM_LF_FWD_TC = 2 * DP * RP + GEO_NW * SLICE + M * SU;  // U, W in fragment order
     static constexpr int SMEM_LF_STAGE = GEO_NW * SLICE;  // the leapfrog's optional v stage (lf_fwd_fast)
@@ -594,6 +596,50 @@ __device__ __forceinline__ void phase_b(const typename C::T* S, const typename C
 #pragma unroll
                 for (int q = 0; q < 4; ++q) acc[i][j] = fma(sv[i][q], mv[q], acc[i][j]);
         }
+    }
+}
+
+// Phase B of the FFMA Christoffel forward with CF_V (RP = 32, M = 32), vector layout:
+// lane (g, dg) = (lane >> 3, lane & 7) owns rows g + 4i (i < 8) and features
+// w*KW + 32h + 4dg + q (h < KW/32, q < 4), so that gamma leaves as 16-byte vectors
+// (Rows' layout, features 8j + dg, took 4 times the store instructions: ncu put ~10% of
+// the kernel's stall samples on them, LG throttle). W is [DP][RP] with the 16-byte
+// chunks of row f permuted by w_swz: the 8 lanes of a quarter warp (one g, dg = 0..7)
+// read rows 4dg + q, which a plain row stride would put on 2 bank groups (4-way
+// conflicts); swizzled they hit 8. Per 4 r: 8 + KW/8 LDS.128 feed 4*KW FFMA (DJ = 8:
+// 16 per 256, as phase_b).
+__device__ __forceinline__ constexpr int w_swz(int f, int r) { return f * 32 + ((((r >> 2) ^ (f >> 2)) & 7) << 2) + (r & 3); }
+template <class C>
+__device__ __forceinline__ void phase_b_v(const typename C::T* S, const typename C::T* Wz, int lane,
+                                          typename C::T (&acc)[8][C::KW / 8]) {
+    typedef typename C::T T;
+    static_assert(C::CF_V, "phase_b_v: the CF_V configuration");
+    constexpr int NH = C::KW / 32;
+    const int w = geo_tid() >> 5, g = lane >> 3, dg = lane & 7;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 4 * NH; ++j) acc[i][j] = T(0);
+    // (f >> 2) & 7 = dg for every feature of this lane (KW/4 is a multiple of 8)
+    const T* wrow = Wz + (w * C::KW + 4 * dg) * 32;
+    const T* srow = S + g * C::SU;
+#pragma unroll 2
+    for (int r0 = 0; r0 < 32; r0 += 4) {
+        T sv[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) ldv<4>(srow + 4 * i * C::SU + r0, sv[i]);
+        const int co = (((r0 >> 2) ^ dg) & 7) << 2;
+#pragma unroll
+        for (int h = 0; h < NH; ++h)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                T mv[4];
+                ldv<4>(wrow + (32 * h + q) * 32 + co, mv);
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[i][4 * h + q] = fma(sv[i][e], mv[e], acc[i][4 * h + q]);
+            }
     }
 }
 
@@ -1014,30 +1060,52 @@ template <class C> __device__ void chr_fwd_tc(const GeoArgs& a) {
 }
 
 // Christoffel forward (FFMA): one group of GEO_NT threads per block, tiles of M = 32
-// rows (16 for DJ = 16), so the lane tiles are MB x RA = 8 x 4 in phase A and
-// MB x DJ = 8 x 8 in phase B: 0.375 and 0.25 floats loaded from shared memory per
-// FFMA (M = 16 gave 0.5 and 0.375; the kernel is bounded by shared-memory bandwidth).
-// One v buffer: the next tile goes out by cp.async as soon as phase A has consumed
-// the buffer (after the partial-sum reduction) and streams in during phase B.
+// rows (16 for DJ = 16), so the lane tiles are 8 x 8 in phase A (phase_a_w; MB x RA =
+// 8 x 4 in phase_a for RP < 32) and 8 x DJ in phase B (phase_b_v, f32 with RP = 32 and
+// DJ = 4 or 8, stores gamma as 16-byte vectors; else phase_b): 0.25 floats loaded from
+// shared memory per FFMA (M = 16 gave 0.5 and 0.375). One v buffer: the next tile
+// goes out by cp.async as soon as phase A has consumed the buffer (after the
+// partial-sum reduction) and streams in during phase B.
 template <class C> __device__ void chr_fwd_simt(const GeoArgs& a) {
     typedef typename C::T T;
     static_assert(!C::TC, "FFMA configuration");
     check_smem(C::SMEM_CHR_FWD * sizeof(T), a);
     T* Us = reinterpret_cast<T*>(geo_smem);
     T* Ws = Us + C::DP * C::SU;
-    T* const vb = Ws + C::DP * C::SU;
+    T* const vb = Ws + C::DP * (C::CF_V ? C::RP : C::SU);
     T* const S = vb + GEO_NW * C::SLICE;
     const T* v = reinterpret_cast<const T*>(a.v0);
     T* out = reinterpret_cast<T*>(a.gamma);
     const T c = T(a.c);
-    const i64 ntiles = (a.B + C::M - 1) / C::M;
+    const i64 B = a.B, D = a.D;
+    const i64 ntiles = (B + C::M - 1) / C::M;
     const int w = geo_tid() >> 5, lane = threadIdx.x & 31;
     const bool vec = a.vec_ok != 0;
     const i64 step = gridDim.x;
-    load_uw<C, C::SU, GEO_NT>(Us, Ws, reinterpret_cast<const T*>(a.u), reinterpret_cast<const T*>(a.w), a.D,
-                               a.R);
+    const T* U = reinterpret_cast<const T*>(a.u);
+    const T* Wg = reinterpret_cast<const T*>(a.w);
+    if constexpr (C::CF_V) {
+        // U as [DP][SU] rows, W swizzled as [DP][RP] (w_swz)
+        fill_uw<C::DP * C::SU, GEO_NT, T>(
+            [&](int idx, T& u, T& ww) {
+                const int d = idx / C::SU, r = idx - d * C::SU;
+                const bool in = d < D && r < a.R;
+                const i64 at = in ? (i64)d * a.R + r : 0;
+                u = in ? U[at] : T(0);
+                ww = in ? Wg[at] : T(0);
+            },
+            [&](int idx, T u, T ww) {
+                const int d = idx / C::SU, r = idx - d * C::SU;
+                Us[idx] = u;
+                if (r < C::RP) Ws[w_swz(d, r)] = ww;
+            });
+    } else {
+        load_uw<C, C::SU, GEO_NT>(Us, Ws, U, Wg, D, a.R);
+    }
+    // gamma as 16-byte vectors (CF_V) where every row starts 16-byte aligned
+    const bool ovec = ((a.gamma | (u64)(D * sizeof(T))) & 15) == 0;
     i64 tile = blockIdx.x;
-    if (tile < ntiles) load_tile<C>(vb, v, tile * C::M, a.B, a.D, vec);
+    if (tile < ntiles) load_tile<C>(vb, v, tile * C::M, B, D, vec);
     cp_async_commit();
     T* vs = vb + w * C::SLICE;
     for (; tile < ntiles; tile += step) {
@@ -1056,16 +1124,43 @@ template <class C> __device__ void chr_fwd_simt(const GeoArgs& a) {
         reduce_parts<C>(vb, [&](int m, int r, T s) { S[m * C::SU + r] = r < a.R ? s * s : T(0); });
         __syncthreads();  // S complete, vb free: the next tile streams in during phase B
         const i64 next = tile + step;
-        if (next < ntiles) load_tile<C>(vb, v, next * C::M, a.B, a.D, vec);
+        if (next < ntiles) load_tile<C>(vb, v, next * C::M, B, D, vec);
         cp_async_commit();
-        Rows<C> rl(tile * C::M, a.B, a.D);
-        typename Rows<C>::Tile raw;
-        phase_b<C>(S, Ws, lane, raw);
+        if constexpr (C::CF_V) {
+            constexpr int NJ = C::KW / 8;
+            T raw[8][NJ];
+            phase_b_v<C>(S, Ws, lane, raw);
+            const int g = lane >> 3, dg = lane & 7;
+            const i64 row = tile * C::M + g;
+            const i64 col = w * C::KW + 4 * dg;
+            T* o = out + row * D + col;
+            const bool full = ovec && tile * C::M + C::M <= B && w * C::KW + C::KW <= D;
 #pragma unroll
-        for (int i = 0; i < C::TI; ++i)
+            for (int i = 0; i < 8; ++i)
 #pragma unroll
-            for (int j = 0; j < C::TJ; ++j) raw[i][j] = clampc_fast(raw[i][j], c);
-        rl.store_fast(raw, out);
+                for (int h = 0; h < NJ / 4; ++h) {
+                    T q4[4];
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) q4[e] = clampc_fast(raw[i][4 * h + e], c);
+                    T* p = o + 4 * i * D + 32 * h;
+                    if (full) {
+                        stv<4>(p, q4);
+                    } else if (row + 4 * i < B) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            if (col + 32 * h + e < D) p[e] = q4[e];
+                    }
+                }
+        } else {
+            Rows<C> rl(tile * C::M, B, D);
+            typename Rows<C>::Tile raw;
+            phase_b<C>(S, Ws, lane, raw);
+#pragma unroll
+            for (int i = 0; i < C::TI; ++i)
+#pragma unroll
+                for (int j = 0; j < C::TJ; ++j) raw[i][j] = clampc_fast(raw[i][j], c);
+            rl.store_fast(raw, out);
+        }
     }
     cp_async_wait<0>();
 }

@@ -222,6 +222,11 @@ __device__ __forceinline__ void prefetch_rows_l2(const T* p, i64 row0, int M, i6
 }
 
 // ---------------------------------------------------------------- fast path
+#if defined(GEO_MODULE_CHR_FWD) || defined(GEO_MODULE_LF_FWD)
+#define GEO_VL_MODULE 1
+#else
+#define GEO_VL_MODULE 0
+#endif
 template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     typedef T_ T;
     // TF32 tensor cores (mma.sync.m16n8k8) for phases A and B: f32 forwards only,
@@ -241,14 +246,17 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     static constexpr int NB = DJ / PV;
     static constexpr int RQ = RP / 4;          // parameter layout: columns per lane
     static constexpr int NPAR = DJ * RP / 4;   // parameter accumulators per thread
+    // The vector row layout (FFMA forwards, f32, RP = 32, DJ = 4 or 8): a thread's
+    // features are float4 groups (Rows, phase_b_v), W swizzled in smem (w_swz)
+    static constexpr bool VL = GEO_VL_MODULE && !TC && sizeof(T) == 4 && RP == 32 && (DJ == 4 || DJ == 8);
     static constexpr int TI = TC ? 2 : MB;     // row-layout tile per thread: rows
     static constexpr int TJ = TC ? 2 * DJ : DJ;  // and columns
     // shared memory of each fast kernel, in elements (src/cuda/geodesic.rs mirrors these)
-    // the FFMA Christoffel forward (chr_fwd_simt): one group, one tile buffer and S;
-    // with CF_V, W as [DP][RP] (swizzled, w_swz) instead of [DP][SU]
-    static constexpr bool CF_V = !TC && sizeof(T) == 4 && RP == 32 && M == 32 && KW % 32 == 0;
-    static constexpr int SMEM_CHR_FWD = DP * SU + DP * (CF_V ? RP : SU) + GEO_NW * SLICE + M * SU;
-    static constexpr int SMEM_LF_FWD = 2 * DP * SU + GEO_NW * SLICE + M * SU;
+    // the FFMA forwards (chr_fwd_simt: one group, one tile buffer and S); with VL, W
+    // as [DP][RP] (swizzled, w_swz) instead of [DP][SU]
+    static constexpr int SW = VL ? RP : SU;
+    static constexpr int SMEM_CHR_FWD = DP * SU + DP * SW + GEO_NW * SLICE + M * SU;
+    static constexpr int SMEM_LF_FWD = DP * SU + DP * SW + GEO_NW * SLICE + M * SU;
     static constexpr int SMEM_LF_FWD_TC = 2 * DP * RP + GEO_NW * SLICE + M * SU;  // U, W in fragment order
     static constexpr int SMEM_LF_STAGE = GEO_NW * SLICE;  // the leapfrog's optional v stage (lf_fwd_fast)
     // the TF32 Christoffel forward (chr_fwd_tc): U and W in fragment order, per group
@@ -294,6 +302,10 @@ __device__ __forceinline__ void geo_mma_tf32(float (&d)[4], const float (&a)[4],
 // are all issued before their stores, so a thread waits one global-memory latency per
 // batch: as a load-then-store loop (unrolled by 4 by the compiler) the prologue took
 // 10-18 us per launch, the time of 10-20 tiles (H100, D = 512, R = 32; measured).
+// Element (f, r) of W in the vector layout's smem order (Cfg::VL, RP = 32): row f of 32,
+// its 16-byte chunks permuted by (f >> 2) & 7 (phase_b_v says why).
+__device__ __forceinline__ constexpr int w_swz(int f, int r) { return f * 32 + ((((r >> 2) ^ (f >> 2)) & 7) << 2) + (r & 3); }
+
 #define GEO_FILL_KB 24
 template <int NTOT, int NTH, typename V, typename Ld, typename St>
 __device__ __forceinline__ void fill_uw(Ld ld, St st) {
@@ -315,7 +327,8 @@ __device__ __forceinline__ void fill_uw(Ld ld, St st) {
 }
 
 // U and W [D, R] (global) into smem [DP][LD] each, zero padded (the FFMA kernels; the
-// TF32 ones use load_frags), by the NTH threads of the block.
+// TF32 ones use load_frags), by the NTH threads of the block; with Cfg::VL, W as
+// [DP][RP] in w_swz order.
 template <class C, int LD, int NTH = GEO_FAST_NT>
 __device__ void load_uw(typename C::T* Us, typename C::T* Ws, const typename C::T* U, const typename C::T* W,
                         i64 D, i64 R) {
@@ -330,15 +343,21 @@ __device__ void load_uw(typename C::T* Us, typename C::T* Ws, const typename C::
         },
         [&](int idx, T u, T w) {
             Us[idx] = u;
-            Ws[idx] = w;
+            if constexpr (C::VL) {
+                const int d = idx / LD, r = idx - d * LD;
+                if (r < C::RP) Ws[w_swz(d, r)] = w;
+            } else {
+                Ws[idx] = w;
+            }
         });
 }
 
 // Row layout (FFMA kernels): rows row0 + g + 4i, features w*KW + 8j + dg, with
-// lane = 8g + dg. TC kernels: the mma accumulator layout, lane = 4g + t, rows
-// row0 + g + 8i (i < 2), features w*KW + 8(j/2) + 2t + (j%2). Element (i, j) of a
-// [B, D] matrix is at `off + roff(i)*D + coff(j)`: one base offset per thread and
-// immediate offsets, so that hoisted addresses cost few registers.
+// lane = 8g + dg; with Cfg::VL (the vector layout) features w*KW + 32(j/4) + 4dg +
+// (j%4). TC kernels: the mma accumulator layout, lane = 4g + t, rows row0 + g + 8i
+// (i < 2), features w*KW + 8(j/2) + 2t + (j%2). Element (i, j) of a [B, D] matrix is
+// at `off + roff(i)*D + coff(j)`: one base offset per thread and immediate offsets, so
+// that hoisted addresses cost few registers.
 template <class C> struct Rows {
     typedef typename C::T T;
     typedef T Tile[C::TI][C::TJ];
@@ -347,12 +366,13 @@ template <class C> struct Rows {
     i64 rlim;  // rows left from this thread's first row
     int dlim;  // features left from this thread's first feature
     static constexpr int roff(int i) { return C::TC ? 8 * i : 4 * i; }
-    static constexpr int coff(int j) { return C::TC ? 8 * (j >> 1) + (j & 1) : 8 * j; }
+    static constexpr int coff(int j) { return C::TC ? 8 * (j >> 1) + (j & 1) : C::VL ? 32 * (j >> 2) + (j & 3) : 8 * j; }
+    static constexpr int JS = C::TC ? 2 : C::VL ? 4 : 1;  // adjacent columns of a vector
     __device__ Rows(i64 r0, i64 B, i64 D_) {
         const int lane = geo_tid() & 31;
         w = geo_tid() >> 5;
         g = C::TC ? lane >> 2 : lane >> 3;
-        c = C::TC ? 2 * (lane & 3) : lane & 7;
+        c = C::TC ? 2 * (lane & 3) : C::VL ? 4 * (lane & 7) : lane & 7;
         row0 = r0;
         D = D_;
         const i64 c0 = w * C::KW + c;
@@ -363,18 +383,18 @@ template <class C> struct Rows {
     __device__ __forceinline__ int col(int j) const { return w * C::KW + c + coff(j); }
     __device__ __forceinline__ bool colok(int j) const { return coff(j) < dlim; }
     __device__ __forceinline__ bool ok(int i, int j) const { return roff(i) < rlim && coff(j) < dlim; }
-    // src [B, D] (NULL: zeros). TC layout with `pair`: columns j, j + 1 (j even) are
-    // adjacent and move as one 8-byte vector where both are in range (the caller
-    // checks that the tensors are 8-byte aligned and D is even); FFMA layout: ignored.
+    // src [B, D] (NULL: zeros). With `pair`, the JS adjacent columns j .. j + JS - 1
+    // (j a multiple of JS) move as one vector where all are in range: TC layout 8
+    // bytes, VL 16 (the caller checks that the tensors and rows are aligned to it);
+    // the row layout (JS = 1): ignored.
     __device__ __forceinline__ void load(Tile& o, const T* src, bool pair = false) const {
-        constexpr int JS = C::TC ? 2 : 1;
 #pragma unroll
         for (int i = 0; i < C::TI; ++i) {
             const T* p = src + off + roff(i) * D;
             const bool rok = src != nullptr && roff(i) < rlim;
 #pragma unroll
             for (int j = 0; j < C::TJ; j += JS) {
-                if (C::TC && pair && rok && coff(j + JS - 1) < dlim) {
+                if (JS > 1 && pair && rok && coff(j + JS - 1) < dlim) {
                     T pr[JS];
                     ldv<JS>(p + coff(j), pr);
 #pragma unroll
@@ -387,14 +407,13 @@ template <class C> struct Rows {
         }
     }
     __device__ __forceinline__ void store(const Tile& o, T* dst, bool pair = false) const {
-        constexpr int JS = C::TC ? 2 : 1;
 #pragma unroll
         for (int i = 0; i < C::TI; ++i) {
             T* p = dst + off + roff(i) * D;
             if (roff(i) >= rlim) continue;
 #pragma unroll
             for (int j = 0; j < C::TJ; j += JS) {
-                if (C::TC && pair && coff(j + JS - 1) < dlim) {
+                if (JS > 1 && pair && coff(j + JS - 1) < dlim) {
                     T pr[JS];
 #pragma unroll
                     for (int e = 0; e < JS; ++e) pr[e] = o[i][j + e];
@@ -408,16 +427,21 @@ template <class C> struct Rows {
         }
     }
     // store() without per-element bounds checks where the whole tile is in range
-    __device__ __forceinline__ void store_fast(const Tile& o, T* dst) const {
-        if (rlim > roff(C::TI - 1) && dlim > coff(C::TJ - 1)) {
+    __device__ __forceinline__ void store_fast(const Tile& o, T* dst, bool pair = false) const {
+        if (rlim > roff(C::TI - 1) && dlim > coff(C::TJ - 1) && (JS == 1 || pair)) {
 #pragma unroll
             for (int i = 0; i < C::TI; ++i) {
                 T* p = dst + off + roff(i) * D;
 #pragma unroll
-                for (int j = 0; j < C::TJ; ++j) p[coff(j)] = o[i][j];
+                for (int j = 0; j < C::TJ; j += JS) {
+                    T pr[JS];
+#pragma unroll
+                    for (int e = 0; e < JS; ++e) pr[e] = o[i][j + e];
+                    stv<JS>(p + coff(j), pr);
+                }
             }
         } else {
-            store(o, dst);
+            store(o, dst, pair);
         }
     }
     // into the warp's own smem slice [M][SV] (FFMA kernels: the TF32 ones take their A
@@ -425,10 +449,20 @@ template <class C> struct Rows {
     // read of the slice by the warp's lanes (they need not be converged)
     __device__ __forceinline__ void to_slice(const Tile& o, T* slice) const {
         __syncwarp();
+        if constexpr (C::VL) {
 #pragma unroll
-        for (int i = 0; i < C::TI; ++i)
+            for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-            for (int j = 0; j < C::TJ; ++j) slice[(g + roff(i)) * C::SV + c + coff(j)] = o[i][j];
+                for (int j = 0; j < C::TJ; j += 4) {
+                    const T q4[4] = {o[i][j], o[i][j + 1], o[i][j + 2], o[i][j + 3]};
+                    stv<4>(slice + (g + roff(i)) * C::SV + c + coff(j), q4);
+                }
+        } else {
+#pragma unroll
+            for (int i = 0; i < C::TI; ++i)
+#pragma unroll
+                for (int j = 0; j < C::TJ; ++j) slice[(g + roff(i)) * C::SV + c + coff(j)] = o[i][j];
+        }
     }
     // from the warp's own slice [M][SV] (to_slice's inverse; load_tile's layout)
     __device__ __forceinline__ void from_slice(Tile& o, const T* slice) const {
@@ -599,35 +633,33 @@ __device__ __forceinline__ void phase_b(const typename C::T* S, const typename C
     }
 }
 
-// Phase B of the FFMA Christoffel forward with CF_V (RP = 32, M = 32), vector layout:
-// lane (g, dg) = (lane >> 3, lane & 7) owns rows g + 4i (i < 8) and features
-// w*KW + 32h + 4dg + q (h < KW/32, q < 4), so that gamma leaves as 16-byte vectors
-// (Rows' layout, features 8j + dg, took 4 times the store instructions: ncu put ~10% of
-// the kernel's stall samples on them, LG throttle). W is [DP][RP] with the 16-byte
-// chunks of row f permuted by w_swz: the 8 lanes of a quarter warp (one g, dg = 0..7)
-// read rows 4dg + q, which a plain row stride would put on 2 bank groups (4-way
-// conflicts); swizzled they hit 8. Per 4 r: 8 + KW/8 LDS.128 feed 4*KW FFMA (DJ = 8:
-// 16 per 256, as phase_b).
-__device__ __forceinline__ constexpr int w_swz(int f, int r) { return f * 32 + ((((r >> 2) ^ (f >> 2)) & 7) << 2) + (r & 3); }
+// Phase B in the vector layout (Cfg::VL): lane (g, dg) = (lane >> 3, lane & 7) owns
+// rows g + 4i (i < MB) and features w*KW + 32h + 4dg + q (h < KW/32, q < 4), Rows' VL
+// layout, so that rows leave as 16-byte vectors (in the row layout, features 8j + dg,
+// the FFMA Christoffel forward took 4 times the store instructions: ncu put ~10% of its
+// stall samples on them, LG throttle). W is [DP][RP] in w_swz order: the 8 lanes of a
+// quarter warp (one g, dg = 0..7) read rows 4dg + q, which a plain row stride would put
+// on 2 bank groups (4-way conflicts); swizzled they hit 8. Per 4 r: MB + DJ LDS.128
+// feed 4 MB DJ FFMA (as phase_b).
 template <class C>
 __device__ __forceinline__ void phase_b_v(const typename C::T* S, const typename C::T* Wz, int lane,
-                                          typename C::T (&acc)[8][C::KW / 8]) {
+                                          typename C::T (&acc)[C::MB][C::DJ]) {
     typedef typename C::T T;
-    static_assert(C::CF_V, "phase_b_v: the CF_V configuration");
+    static_assert(C::VL && C::KW == 8 * C::DJ && C::KW % 32 == 0, "phase_b_v: the vector layout");
     constexpr int NH = C::KW / 32;
     const int w = geo_tid() >> 5, g = lane >> 3, dg = lane & 7;
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < C::MB; ++i)
 #pragma unroll
-        for (int j = 0; j < 4 * NH; ++j) acc[i][j] = T(0);
+        for (int j = 0; j < C::DJ; ++j) acc[i][j] = T(0);
     // (f >> 2) & 7 = dg for every feature of this lane (KW/4 is a multiple of 8)
     const T* wrow = Wz + (w * C::KW + 4 * dg) * 32;
     const T* srow = S + g * C::SU;
 #pragma unroll 2
     for (int r0 = 0; r0 < 32; r0 += 4) {
-        T sv[8][4];
+        T sv[C::MB][4];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) ldv<4>(srow + 4 * i * C::SU + r0, sv[i]);
+        for (int i = 0; i < C::MB; ++i) ldv<4>(srow + 4 * i * C::SU + r0, sv[i]);
         const int co = (((r0 >> 2) ^ dg) & 7) << 2;
 #pragma unroll
         for (int h = 0; h < NH; ++h)
@@ -636,7 +668,7 @@ __device__ __forceinline__ void phase_b_v(const typename C::T* S, const typename
                 T mv[4];
                 ldv<4>(wrow + (32 * h + q) * 32 + co, mv);
 #pragma unroll
-                for (int i = 0; i < 8; ++i)
+                for (int i = 0; i < C::MB; ++i)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) acc[i][4 * h + q] = fma(sv[i][e], mv[e], acc[i][4 * h + q]);
             }
@@ -891,6 +923,8 @@ __device__ __forceinline__ void gamma_regs(const typename Rows<C>::Tile& vin, co
             raw[1][2 * n] = acc[n][2];
             raw[1][2 * n + 1] = acc[n][3];
         }
+    } else if constexpr (C::VL) {
+        phase_b_v<C>(S, Ws, lane, raw);
     } else {
         phase_b<C>(S, Ws, lane, raw);
     }
@@ -1072,40 +1106,21 @@ template <class C> __device__ void chr_fwd_simt(const GeoArgs& a) {
     check_smem(C::SMEM_CHR_FWD * sizeof(T), a);
     T* Us = reinterpret_cast<T*>(geo_smem);
     T* Ws = Us + C::DP * C::SU;
-    T* const vb = Ws + C::DP * (C::CF_V ? C::RP : C::SU);
+    T* const vb = Ws + C::DP * C::SW;
     T* const S = vb + GEO_NW * C::SLICE;
     const T* v = reinterpret_cast<const T*>(a.v0);
     T* out = reinterpret_cast<T*>(a.gamma);
     const T c = T(a.c);
-    const i64 B = a.B, D = a.D;
-    const i64 ntiles = (B + C::M - 1) / C::M;
+    const i64 ntiles = (a.B + C::M - 1) / C::M;
     const int w = geo_tid() >> 5, lane = threadIdx.x & 31;
     const bool vec = a.vec_ok != 0;
+    // gamma as 16-byte vectors (VL) where every row starts 16-byte aligned
+    const bool ovec = ((a.gamma | (u64)(a.D * sizeof(T))) & 15) == 0;
     const i64 step = gridDim.x;
-    const T* U = reinterpret_cast<const T*>(a.u);
-    const T* Wg = reinterpret_cast<const T*>(a.w);
-    if constexpr (C::CF_V) {
-        // U as [DP][SU] rows, W swizzled as [DP][RP] (w_swz)
-        fill_uw<C::DP * C::SU, GEO_NT, T>(
-            [&](int idx, T& u, T& ww) {
-                const int d = idx / C::SU, r = idx - d * C::SU;
-                const bool in = d < D && r < a.R;
-                const i64 at = in ? (i64)d * a.R + r : 0;
-                u = in ? U[at] : T(0);
-                ww = in ? Wg[at] : T(0);
-            },
-            [&](int idx, T u, T ww) {
-                const int d = idx / C::SU, r = idx - d * C::SU;
-                Us[idx] = u;
-                if (r < C::RP) Ws[w_swz(d, r)] = ww;
-            });
-    } else {
-        load_uw<C, C::SU, GEO_NT>(Us, Ws, U, Wg, D, a.R);
-    }
-    // gamma as 16-byte vectors (CF_V) where every row starts 16-byte aligned
-    const bool ovec = ((a.gamma | (u64)(D * sizeof(T))) & 15) == 0;
+    load_uw<C, C::SU, GEO_NT>(Us, Ws, reinterpret_cast<const T*>(a.u), reinterpret_cast<const T*>(a.w), a.D,
+                               a.R);
     i64 tile = blockIdx.x;
-    if (tile < ntiles) load_tile<C>(vb, v, tile * C::M, B, D, vec);
+    if (tile < ntiles) load_tile<C>(vb, v, tile * C::M, a.B, a.D, vec);
     cp_async_commit();
     T* vs = vb + w * C::SLICE;
     for (; tile < ntiles; tile += step) {
@@ -1124,43 +1139,17 @@ template <class C> __device__ void chr_fwd_simt(const GeoArgs& a) {
         reduce_parts<C>(vb, [&](int m, int r, T s) { S[m * C::SU + r] = r < a.R ? s * s : T(0); });
         __syncthreads();  // S complete, vb free: the next tile streams in during phase B
         const i64 next = tile + step;
-        if (next < ntiles) load_tile<C>(vb, v, next * C::M, B, D, vec);
+        if (next < ntiles) load_tile<C>(vb, v, next * C::M, a.B, a.D, vec);
         cp_async_commit();
-        if constexpr (C::CF_V) {
-            constexpr int NJ = C::KW / 8;
-            T raw[8][NJ];
-            phase_b_v<C>(S, Ws, lane, raw);
-            const int g = lane >> 3, dg = lane & 7;
-            const i64 row = tile * C::M + g;
-            const i64 col = w * C::KW + 4 * dg;
-            T* o = out + row * D + col;
-            const bool full = ovec && tile * C::M + C::M <= B && w * C::KW + C::KW <= D;
+        Rows<C> rl(tile * C::M, a.B, a.D);
+        typename Rows<C>::Tile raw;
+        if constexpr (C::VL) phase_b_v<C>(S, Ws, lane, raw);
+        else phase_b<C>(S, Ws, lane, raw);
 #pragma unroll
-            for (int i = 0; i < 8; ++i)
+        for (int i = 0; i < C::TI; ++i)
 #pragma unroll
-                for (int h = 0; h < NJ / 4; ++h) {
-                    T q4[4];
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) q4[e] = clampc_fast(raw[i][4 * h + e], c);
-                    T* p = o + 4 * i * D + 32 * h;
-                    if (full) {
-                        stv<4>(p, q4);
-                    } else if (row + 4 * i < B) {
-#pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            if (col + 32 * h + e < D) p[e] = q4[e];
-                    }
-                }
-        } else {
-            Rows<C> rl(tile * C::M, B, D);
-            typename Rows<C>::Tile raw;
-            phase_b<C>(S, Ws, lane, raw);
-#pragma unroll
-            for (int i = 0; i < C::TI; ++i)
-#pragma unroll
-                for (int j = 0; j < C::TJ; ++j) raw[i][j] = clampc_fast(raw[i][j], c);
-            rl.store_fast(raw, out);
-        }
+            for (int j = 0; j < C::TJ; ++j) raw[i][j] = clampc_fast(raw[i][j], c);
+        rl.store_fast(raw, out, ovec);
     }
     cp_async_wait<0>();
 }
@@ -1242,7 +1231,7 @@ template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
     const bool stage = C::TC && a.smem_bytes >= (BASE + C::SMEM_LF_STAGE) * sizeof(T);
     T* Us = reinterpret_cast<T*>(geo_smem);
     T* Ws = Us + C::DP * (C::TC ? C::RP : C::SU);
-    T* Vb = Ws + C::DP * (C::TC ? C::RP : C::SU);
+    T* Vb = Ws + C::DP * (C::TC ? C::RP : C::SW);
     T* S = Vb + GEO_NW * C::SLICE;
     T* const Vn = S + C::M * C::SU;  // staged v of the next tile (`stage`)
     const T c = T(a.c), dt = T(a.dt), h = T(0.5 * a.dt);
@@ -1252,8 +1241,10 @@ template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
     const T* v0 = reinterpret_cast<const T*>(a.v0);
     const T* f = reinterpret_cast<const T*>(a.f);
     T* traj = reinterpret_cast<T*>(a.traj);
-    // TC layout: 8-byte row pairs where every [B, D] tensor allows them
-    const bool pair = ((a.x0 | a.v0 | a.f | a.x_out | a.v_out | a.traj | (u64)(a.D * sizeof(T))) & 7) == 0;
+    // TC layout: 8-byte row pairs where every [B, D] tensor allows them; VL: 16-byte
+    // vectors
+    const bool pair =
+        ((a.x0 | a.v0 | a.f | a.x_out | a.v_out | a.traj | (u64)(a.D * sizeof(T))) & (C::VL ? 15 : 7)) == 0;
     if constexpr (C::TC) {
         load_frags<C>(Us, Ws, reinterpret_cast<const float*>(a.u), reinterpret_cast<const float*>(a.w), a.D, a.R,
                       KmapRows{C::KW});

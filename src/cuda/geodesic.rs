@@ -358,13 +358,15 @@ fn fast_smem(kind: Kind, rp: usize, dj: usize, esize: usize) -> (usize, usize, u
     let su = rp + 4;
     let sv = kw + 4;
     let slice = m * sv.max(su);
+    // `Cfg::VL` (the forwards' vector layout): W as [DP][RP] (swizzled) instead of
+    // [DP][RP + 4]
+    let sw = if esize == 4 && rp == 32 && (dj == 4 || dj == 8) {
+        rp
+    } else {
+        su
+    };
     let elems = match kind {
-        Kind::ChristoffelForward => {
-            // `Cfg::CF_V`: W as [DP][RP] (swizzled) instead of [DP][RP + 4]
-            let cf_v = esize == 4 && rp == 32 && m == 32 && kw % 32 == 0;
-            dp * su + dp * if cf_v { rp } else { su } + NW * slice + m * su
-        }
-        Kind::LeapfrogForward => 2 * dp * su + NW * slice + m * su,
+        Kind::ChristoffelForward | Kind::LeapfrogForward => dp * su + dp * sw + NW * slice + m * su,
         Kind::ChristoffelBackward => 2 * dp * su + 2 * NW * slice + 3 * m * su,
         Kind::LeapfrogBackward => 2 * dp * su + 2 * NW * slice + 5 * m * su + 2 * m * dp,
     };
@@ -395,9 +397,9 @@ fn fast_config(kind: Kind, job: &Job, max_smem: usize) -> Option<Fast> {
             m = 16;
             (2 * dp * rp + CHR_FWD_GROUPS * (NW + 1) * m * su) * job.dtype.size()
         } else {
-            // `SMEM_LF_FWD_TC`: U and W as [DP][RP] (fragment order) instead of
-            // [DP][RP + 4] rows
-            smem - 2 * dp * 4 * job.dtype.size()
+            // `SMEM_LF_FWD_TC`: U and W as [DP][RP] (fragment order)
+            let (rp, su, kw) = (RPS[ri], RPS[ri] + 4, 8 * DJS[di]);
+            (2 * dp * rp + NW * m * (kw + 4).max(su) + m * su) * job.dtype.size()
         };
     }
     let limit = max_smem.min(SMEM_MAX);

@@ -52,11 +52,11 @@ static int mb_of(Kind k, int dj) {
 static size_t fast_smem(Kind k, int rp, int dj, size_t es, int* m_out) {
     int m = 4 * mb_of(k, dj), kw = 8 * dj, dp = 8 * kw, su = rp + 4, sv = kw + 4;
     int slice = m * std::max(sv, su);
-    bool cf_v = es == 4 && rp == 32 && m == 32 && kw % 32 == 0;  // Cfg::CF_V: W as [DP][RP], swizzled
+    int sw = es == 4 && rp == 32 && (dj == 4 || dj == 8) ? rp : su;  // Cfg::VL: W as [DP][RP], swizzled
     size_t e = 0;
     switch (k) {
-        case CHR_FWD: e = dp * su + dp * (cf_v ? rp : su) + 8 * slice + m * su; break;  // FFMA: one group, M = 32 (16 for DJ = 16)
-        case LF_FWD: e = 2 * dp * su + 8 * slice + m * su; break;
+        case CHR_FWD: e = dp * su + dp * sw + 8 * slice + m * su; break;  // FFMA: one group, M = 32 (16 for DJ = 16)
+        case LF_FWD: e = dp * su + dp * sw + 8 * slice + m * su; break;
         case CHR_BWD: e = 2 * dp * su + 2 * 8 * slice + 3 * m * su; break;
         case LF_BWD: e = 2 * dp * su + 2 * 8 * slice + 5 * m * su + 2 * m * dp; break;
     }
@@ -90,7 +90,8 @@ static void run(Kind kind, const Job& j, unsigned seed, std::string* chosen) {
         m = 16;  // two thread groups of 16-row tiles
         smem = (2 * 64 * dj * rp + 2 * 9 * m * (rp + 4)) * es;  // SMEM_CHR_FWD_TC
     }
-    else if (tc) smem -= (size_t)2 * 64 * dj * 4 * es;  // SMEM_LF_FWD_TC: U, W as [DP][RP], not [DP][RP + 4]
+    else if (tc)  // SMEM_LF_FWD_TC: U, W as [DP][RP] (fragment order)
+        smem = ((size_t)2 * 64 * dj * rp + 8 * m * std::max(8 * dj + 4, rp + 4) + m * (rp + 4)) * es;
     if (kind == LF_FWD && tc && j.stage) {  // SMEM_LF_STAGE: the next tile's v, a warp slice each
         size_t stage = (size_t)8 * m * std::max(8 * dj + 4, rp + 4) * es;
         if (smem + stage <= SMEM_MAX) smem += stage;

@@ -222,10 +222,17 @@ __device__ __forceinline__ void prefetch_rows_l2(const T* p, i64 row0, int M, i6
 }
 
 // ---------------------------------------------------------------- fast path
-#if defined(GEO_MODULE_CHR_FWD) || defined(GEO_MODULE_LF_FWD)
+#if defined(GEO_MODULE_CHR_FWD) || defined(GEO_MODULE_LF_FWD) || defined(GEO_MODULE_CHR_BWD)
 #define GEO_VL_MODULE 1
 #else
 #define GEO_VL_MODULE 0
+#endif
+// The Christoffel backward's phase B also runs with U (dv = dp U^T): with VL its U is
+// swizzled as W, and phase A reads both swizzled (Cfg::UZ).
+#if defined(GEO_MODULE_CHR_BWD)
+#define GEO_UZ_MODULE 1
+#else
+#define GEO_UZ_MODULE 0
 #endif
 template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     typedef T_ T;
@@ -255,6 +262,8 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     // the FFMA forwards (chr_fwd_simt: one group, one tile buffer and S); with VL, W
     // as [DP][RP] (swizzled, w_swz) instead of [DP][SU]
     static constexpr int SW = VL ? RP : SU;
+    static constexpr bool UZ = VL && GEO_UZ_MODULE;  // U in w_swz order too
+    static constexpr int SUZ = UZ ? RP : SU;         // U's row stride
     static constexpr int SMEM_CHR_FWD = DP * SU + DP * SW + GEO_NW * SLICE + M * SU;
     static constexpr int SMEM_LF_FWD = DP * SU + DP * SW + GEO_NW * SLICE + M * SU;
     static constexpr int SMEM_LF_FWD_TC = 2 * DP * RP + GEO_NW * SLICE + M * SU;  // U, W in fragment order
@@ -262,7 +271,7 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     // the TF32 Christoffel forward (chr_fwd_tc): U and W in fragment order, per group
     // the warps' partials and S
     static constexpr int SMEM_CHR_FWD_TC = 2 * DP * RP + GEO_GROUPS * (GEO_NW + 1) * M * SU;
-    static constexpr int SMEM_CHR_BWD = 2 * DP * SU + 2 * GEO_NW * SLICE + 3 * M * SU;
+    static constexpr int SMEM_CHR_BWD = DP * SUZ + DP * SW + 2 * GEO_NW * SLICE + 3 * M * SU;
     static constexpr int SMEM_LF_BWD = 2 * DP * SU + 2 * GEO_NW * SLICE + 5 * M * SU + 2 * M * DP;
     static_assert(!TC || (MB == 4 && DJ <= 8 && sizeof(T) == 4), "TF32 configurations: f32, M = 16, D <= 512");
 };
@@ -342,11 +351,16 @@ __device__ void load_uw(typename C::T* Us, typename C::T* Ws, const typename C::
             w = in ? W[at] : T(0);
         },
         [&](int idx, T u, T w) {
-            Us[idx] = u;
             if constexpr (C::VL) {
                 const int d = idx / LD, r = idx - d * LD;
+                if constexpr (C::UZ) {
+                    if (r < C::RP) Us[w_swz(d, r)] = u;
+                } else {
+                    Us[idx] = u;
+                }
                 if (r < C::RP) Ws[w_swz(d, r)] = w;
             } else {
+                Us[idx] = u;
                 Ws[idx] = w;
             }
         });
@@ -474,7 +488,8 @@ template <class C> struct Rows {
 };
 
 // Phase A over the warp's feature slice: acc[i][j] = sum_k X[am + 4i][k] M[k][ar*RA + j].
-// `xs`: the warp's slice [M][SV]; `mat`: the first of the slice's rows of U or W ([KW][SU]).
+// `xs`: the warp's slice [M][SV]; `mat`: the first of the slice's rows of U or W ([KW][SU];
+// with Cfg::UZ [KW][RP] in w_swz order).
 template <class C>
 __device__ __forceinline__ void phase_a(const typename C::T* xs, const typename C::T* mat, int lane,
                                         typename C::T (&acc)[C::MB][C::RA]) {
@@ -484,16 +499,19 @@ __device__ __forceinline__ void phase_a(const typename C::T* xs, const typename 
     for (int i = 0; i < C::MB; ++i)
 #pragma unroll
         for (int j = 0; j < C::RA; ++j) acc[i][j] = T(0);
-    const T* mrow = mat + ar * C::RA;
+    const T* mrow = mat + (C::UZ ? 0 : ar * C::RA);
 #pragma unroll 2
     for (int k = 0; k < C::KW; k += 4) {
         T xv[C::MB][4];
 #pragma unroll
         for (int i = 0; i < C::MB; ++i) ldv<4>(xs + (am + 4 * i) * C::SV + k, xv[i]);
+        // UZ: the matrix in w_swz order, chunk ar of rows k .. k + 3 at chunk ar ^ (k/4)
+        // (the slice starts at a multiple of 32 rows)
+        const int co = C::UZ ? ((ar ^ (k >> 2)) & 7) << 2 : 0;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             T mv[C::RA];
-            ldv<C::RA>(mrow + (k + q) * C::SU, mv);
+            ldv<C::RA>(mrow + (k + q) * C::SUZ + co, mv);
 #pragma unroll
             for (int i = 0; i < C::MB; ++i)
 #pragma unroll
@@ -901,7 +919,7 @@ __device__ __forceinline__ void gamma_regs(const typename Rows<C>::Tile& vin, co
         rl.to_slice(vin, vs);
         __syncwarp();
         T acc[C::MB][C::RA];
-        phase_a<C>(vs, Us + rl.w * C::KW * C::SU, lane, acc);
+        phase_a<C>(vs, Us + rl.w * C::KW * C::SUZ, lane, acc);
         __syncwarp();
         store_part<C>(pb + rl.w * C::SLICE, acc, lane);
     }
@@ -941,13 +959,18 @@ __device__ __forceinline__ void vjp_tail(typename C::T* gb, const typename C::T*
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     T* gs = gb + w * C::SLICE;
     T acc[C::MB][C::RA];
-    phase_a<C>(gs, Ws + w * C::KW * C::SU, lane, acc);
+    phase_a<C>(gs, Ws + w * C::KW * C::SW, lane, acc);
     __syncwarp();
     store_part<C>(gs, acc, lane);
     __syncthreads();
     reduce_parts<C>(gb, [&](int m, int r, T s) { DPs[m * C::SU + r] = T(2) * P[m * C::SU + r] * s; });
     __syncthreads();
-    if (want_dv) phase_b<C>(DPs, Us, lane, dv);
+    if constexpr (C::VL) {
+        static_assert(C::UZ, "vjp_tail: a vector layout needs U swizzled");
+        if (want_dv) phase_b_v<C>(DPs, Us, lane, dv);
+    } else {
+        if (want_dv) phase_b<C>(DPs, Us, lane, dv);
+    }
 }
 
 // Tile of v rows into the (warp-sliced) smem buffer `vb`: cp.async (16-byte chunks)
@@ -1165,8 +1188,8 @@ template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
     typedef typename Rows<C>::Tile Tile;
     check_smem(C::SMEM_CHR_BWD * sizeof(T), a);
     T* Us = reinterpret_cast<T*>(geo_smem);
-    T* Ws = Us + C::DP * C::SU;
-    T* Vb = Ws + C::DP * C::SU;
+    T* Ws = Us + C::DP * C::SUZ;
+    T* Vb = Ws + C::DP * C::SW;
     T* Gb = Vb + GEO_NW * C::SLICE;
     T* P = Gb + GEO_NW * C::SLICE;
     T* S = P + C::M * C::SU;
@@ -1175,6 +1198,8 @@ template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
     const i64 ntiles = (a.B + C::M - 1) / C::M;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const bool want_dv = a.want & GEO_WANT_DV, want_du = a.want & GEO_WANT_DU, want_dw = a.want & GEO_WANT_DW;
+    // VL: rows as 16-byte vectors where v, g, dv and the rows are 16-byte aligned
+    const bool vec = C::VL && ((a.v0 | a.g | a.dv | (u64)(a.D * sizeof(T))) & 15) == 0;
     load_uw<C, C::SU>(Us, Ws, reinterpret_cast<const T*>(a.u), reinterpret_cast<const T*>(a.w), a.D,
                                a.R);
     T acc_u[C::NPAR], acc_w[C::NPAR];
@@ -1186,9 +1211,9 @@ template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
     for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
         Rows<C> rl(tile * C::M, a.B, a.D);
         Tile t;
-        rl.load(t, reinterpret_cast<const T*>(a.v0));
+        rl.load(t, reinterpret_cast<const T*>(a.v0), vec);
         Tile gr;
-        rl.load(gr, reinterpret_cast<const T*>(a.g));
+        rl.load(gr, reinterpret_cast<const T*>(a.g), vec);
         {
             const i64 next = (tile + gridDim.x) * C::M;
             prefetch_rows_l2(reinterpret_cast<const T*>(a.v0), next, C::M, a.B, a.D);
@@ -1207,7 +1232,7 @@ template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
         if (want_dw) param_acc<C>(gs, S, lane, acc_w);
         // q = g' W, dp = 2 p q, dv = dp U^T
         vjp_tail<C>(Gb, P, DPs, Us, Ws, want_dv, raw);
-        if (want_dv) rl.store(raw, reinterpret_cast<T*>(a.dv));
+        if (want_dv) rl.store(raw, reinterpret_cast<T*>(a.dv), vec);
         if (want_du) param_acc<C>(vs, DPs, lane, acc_u);
     }
     if (want_du) param_store<C>(acc_u, param_part<C>(a.du_part, a), a.D, a.R);

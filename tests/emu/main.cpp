@@ -52,12 +52,12 @@ static int mb_of(Kind k, int dj) {
 static size_t fast_smem(Kind k, int rp, int dj, size_t es, int* m_out) {
     int m = 4 * mb_of(k, dj), kw = 8 * dj, dp = 8 * kw, su = rp + 4, sv = kw + 4;
     int slice = m * std::max(sv, su);
-    int sw = es == 4 && rp == 32 && (dj == 4 || dj == 8) ? rp : su;  // Cfg::VL: W as [DP][RP], swizzled
+    int sw = es == 4 && rp == 32 && (dj == 4 || dj == 8) && k != LF_BWD ? rp : su;  // Cfg::VL: W (and the backward's U) as [DP][RP], swizzled
     size_t e = 0;
     switch (k) {
         case CHR_FWD: e = dp * su + dp * sw + 8 * slice + m * su; break;  // FFMA: one group, M = 32 (16 for DJ = 16)
         case LF_FWD: e = dp * su + dp * sw + 8 * slice + m * su; break;
-        case CHR_BWD: e = 2 * dp * su + 2 * 8 * slice + 3 * m * su; break;
+        case CHR_BWD: e = 2 * dp * sw + 2 * 8 * slice + 3 * m * su; break;
         case LF_BWD: e = 2 * dp * su + 2 * 8 * slice + 5 * m * su + 2 * m * dp; break;
     }
     *m_out = m;

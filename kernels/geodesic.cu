@@ -26,7 +26,9 @@
 //   kernel (geo_reduce) adds the partials in block order. No atomics: results are
 //   bit-reproducible for a given device and launch configuration.
 // - Shared-memory row strides are padded (RP + 4, KW + 4) so that the 16-byte
-//   loads of all three access patterns are free of bank conflicts.
+//   loads of all three access patterns are free of bank conflicts; in the vector row
+//   layout (Cfg::VL) W (and the Christoffel backward's U) are unpadded with their
+//   16-byte chunks XOR-swizzled instead (w_swz).
 //
 // The generic kernels (any D, any R; used when the fast configuration does not fit
 // the device's shared memory, e.g. R > 32 or D > 1024 or f64 with large D*R) keep
@@ -253,8 +255,9 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     static constexpr int NB = DJ / PV;
     static constexpr int RQ = RP / 4;          // parameter layout: columns per lane
     static constexpr int NPAR = DJ * RP / 4;   // parameter accumulators per thread
-    // The vector row layout (FFMA forwards, f32, RP = 32, DJ = 4 or 8): a thread's
-    // features are float4 groups (Rows, phase_b_v), W swizzled in smem (w_swz)
+    // The vector row layout (the FFMA forwards and the Christoffel backward, f32,
+    // RP = 32, DJ = 4 or 8): a thread's features are float4 groups (Rows, phase_b_v),
+    // W swizzled in smem (w_swz; in the backward U too, UZ)
     static constexpr bool VL = GEO_VL_MODULE && !TC && sizeof(T) == 4 && RP == 32 && (DJ == 4 || DJ == 8);
     static constexpr int TI = TC ? 2 : MB;     // row-layout tile per thread: rows
     static constexpr int TJ = TC ? 2 * DJ : DJ;  // and columns
@@ -337,7 +340,7 @@ __device__ __forceinline__ void fill_uw(Ld ld, St st) {
 
 // U and W [D, R] (global) into smem [DP][LD] each, zero padded (the FFMA kernels; the
 // TF32 ones use load_frags), by the NTH threads of the block; with Cfg::VL, W as
-// [DP][RP] in w_swz order.
+// [DP][RP] in w_swz order (U too with Cfg::UZ).
 template <class C, int LD, int NTH = GEO_FAST_NT>
 __device__ void load_uw(typename C::T* Us, typename C::T* Ws, const typename C::T* U, const typename C::T* W,
                         i64 D, i64 R) {

@@ -27,7 +27,7 @@
 //   bit-reproducible for a given device and launch configuration.
 // - Shared-memory row strides are padded (RP + 4, KW + 4) so that the 16-byte
 //   loads of all three access patterns are free of bank conflicts; in the vector row
-//   layout (Cfg::VL) W (and the Christoffel backward's U) are unpadded with their
+//   layout (Cfg::VL) W (and the backwards' U) are unpadded with their
 //   16-byte chunks XOR-swizzled instead (w_swz).
 //
 // The generic kernels (any D, any R; used when the fast configuration does not fit
@@ -224,14 +224,15 @@ __device__ __forceinline__ void prefetch_rows_l2(const T* p, i64 row0, int M, i6
 }
 
 // ---------------------------------------------------------------- fast path
-#if defined(GEO_MODULE_CHR_FWD) || defined(GEO_MODULE_LF_FWD) || defined(GEO_MODULE_CHR_BWD)
+#if defined(GEO_MODULE_CHR_FWD) || defined(GEO_MODULE_LF_FWD) || defined(GEO_MODULE_CHR_BWD) || \
+    defined(GEO_MODULE_LF_BWD)
 #define GEO_VL_MODULE 1
 #else
 #define GEO_VL_MODULE 0
 #endif
-// The Christoffel backward's phase B also runs with U (dv = dp U^T): with VL its U is
-// swizzled as W, and phase A reads both swizzled (Cfg::UZ).
-#if defined(GEO_MODULE_CHR_BWD)
+// The backwards' phase B also runs with U (dv = dp U^T): with VL their U is swizzled
+// as W, and phase A reads both swizzled (Cfg::UZ).
+#if defined(GEO_MODULE_CHR_BWD) || defined(GEO_MODULE_LF_BWD)
 #define GEO_UZ_MODULE 1
 #else
 #define GEO_UZ_MODULE 0
@@ -255,7 +256,7 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     static constexpr int NB = DJ / PV;
     static constexpr int RQ = RP / 4;          // parameter layout: columns per lane
     static constexpr int NPAR = DJ * RP / 4;   // parameter accumulators per thread
-    // The vector row layout (the FFMA forwards and the Christoffel backward, f32,
+    // The vector row layout (the FFMA kernels: both forwards and both backwards, f32,
     // RP = 32, DJ = 4 or 8): a thread's features are float4 groups (Rows, phase_b_v),
     // W swizzled in smem (w_swz; in the backward U too, UZ)
     static constexpr bool VL = GEO_VL_MODULE && !TC && sizeof(T) == 4 && RP == 32 && (DJ == 4 || DJ == 8);
@@ -275,7 +276,7 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     // the warps' partials and S
     static constexpr int SMEM_CHR_FWD_TC = 2 * DP * RP + GEO_GROUPS * (GEO_NW + 1) * M * SU;
     static constexpr int SMEM_CHR_BWD = DP * SUZ + DP * SW + 2 * GEO_NW * SLICE + 3 * M * SU;
-    static constexpr int SMEM_LF_BWD = 2 * DP * SU + 2 * GEO_NW * SLICE + 5 * M * SU + 2 * M * DP;
+    static constexpr int SMEM_LF_BWD = DP * SUZ + DP * SW + 2 * GEO_NW * SLICE + 5 * M * SU + 2 * M * DP;
     static_assert(!TC || (MB == 4 && DJ <= 8 && sizeof(T) == 4), "TF32 configurations: f32, M = 16, D <= 512");
 };
 
@@ -1363,8 +1364,8 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
     static_assert(E <= 32, "mask bits must fit one word");
     check_smem(C::SMEM_LF_BWD * sizeof(T), a);
     T* Us = reinterpret_cast<T*>(geo_smem);
-    T* Ws = Us + C::DP * C::SU;
-    T* Vb = Ws + C::DP * C::SU;
+    T* Ws = Us + C::DP * C::SUZ;
+    T* Vb = Ws + C::DP * C::SW;
     T* Gb = Vb + GEO_NW * C::SLICE;
     T* P0 = Gb + GEO_NW * C::SLICE;
     T* S0 = P0 + C::M * C::SU;
@@ -1380,6 +1381,8 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
     const i64 BD = a.B * a.D;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const bool want_du = a.want & GEO_WANT_DU, want_dw = a.want & GEO_WANT_DW, want_df = a.want & GEO_WANT_DF;
+    // VL: rows as 16-byte vectors where every [B, D] tensor and the rows are 16-byte aligned
+    const bool vec = C::VL && ((a.v0 | a.f | a.traj | a.gx | a.gv | a.dx | a.dv | a.df | (u64)(a.D * sizeof(T))) & 15) == 0;
     load_uw<C, C::SU>(Us, Ws, reinterpret_cast<const T*>(a.u), reinterpret_cast<const T*>(a.w), a.D,
                                a.R);
     const T* mu = reinterpret_cast<const T*>(a.mu);
@@ -1405,11 +1408,11 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
         Tile t0, t1, raw;
         if (traj == nullptr && a.steps > 1) {
             // recompute v_1 .. v_{T-1} of this tile into the slab
-            rl.load(t0, v0);
+            rl.load(t0, v0, vec);
             for (i64 t = 0; t + 1 < a.steps; ++t) {
                 for (int k = 0; k < 2; ++k) {
                     gamma_regs<C>(t0, rl, Vb, Gb, nullptr, S0, Us, Ws, a.R, raw);
-                    rl.load(t1, f);
+                    rl.load(t1, f, vec);
 #pragma unroll
                     for (int i = 0; i < C::TI; ++i)
 #pragma unroll
@@ -1424,7 +1427,7 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
             }
         }
         Tile lv;
-        rl.load(lv, reinterpret_cast<const T*>(a.gv));
+        rl.load(lv, reinterpret_cast<const T*>(a.gv), vec);
         if (want_df) {
 #pragma unroll
             for (int e = 0; e < E; ++e) DF[e * GEO_NT] = T(0);
@@ -1432,9 +1435,9 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
         for (i64 t = a.steps - 1; t >= 0; --t) {
             // v_t: from v0, the trajectory or the slab; kept in the stash for dU
             if (t == 0) {
-                rl.load(t0, v0);
+                rl.load(t0, v0, vec);
             } else if (traj != nullptr) {
-                rl.load(t0, traj + (2 * (t - 1) + 1) * BD);
+                rl.load(t0, traj + (2 * (t - 1) + 1) * BD, vec);
             } else {
                 const T* s = slab + (t - 1) * E * GEO_NT;
 #pragma unroll
@@ -1451,7 +1454,7 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
             // forward recomputation of the step: Gamma(v_t), vh, Gamma(vh)
             gamma_regs<C>(t0, rl, Vb, Gb, P0, S0, Us, Ws, a.R, raw);
             unsigned m0 = 0, m1 = 0;
-            rl.load(t1, f);
+            rl.load(t1, f, vec);
 #pragma unroll
             for (int i = 0; i < C::TI; ++i)
 #pragma unroll
@@ -1474,7 +1477,7 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
             vjp_tail<C>(Gb, P1, DPs, Us, Ws, true, raw);
             if (want_du) param_acc<C>(vs, DPs, lane, acc_u);  // vs holds vh
             // lvh = lv (1 - h mu) + dt gx + J^T g'; df += h (lv + lvh)
-            rl.load(t1, gx);
+            rl.load(t1, gx, vec);
 #pragma unroll
             for (int i = 0; i < C::TI; ++i)
 #pragma unroll
@@ -1503,17 +1506,17 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
 #pragma unroll
                 for (int j = 0; j < C::TJ; ++j) lv[i][j] = lv[i][j] * (T(1) - h * mur[j]) + raw[i][j];
         }
-        if (a.want & GEO_WANT_DV) rl.store(lv, reinterpret_cast<T*>(a.dv));
+        if (a.want & GEO_WANT_DV) rl.store(lv, reinterpret_cast<T*>(a.dv), vec);
         if (want_df) {
 #pragma unroll
             for (int i = 0; i < C::TI; ++i)
 #pragma unroll
                 for (int j = 0; j < C::TJ; ++j) t1[i][j] = DF[(i * C::TJ + j) * GEO_NT];
-            rl.store(t1, reinterpret_cast<T*>(a.df));
+            rl.store(t1, reinterpret_cast<T*>(a.df), vec);
         }
         if (a.want & GEO_WANT_DX) {
-            rl.load(t1, gx);
-            rl.store(t1, reinterpret_cast<T*>(a.dx));
+            rl.load(t1, gx, vec);
+            rl.store(t1, reinterpret_cast<T*>(a.dx), vec);
         }
     }
     if (want_du) param_store<C>(acc_u, param_part<C>(a.du_part, a), a.D, a.R);

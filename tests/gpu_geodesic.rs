@@ -447,6 +447,7 @@ fn shapes() -> Vec<(usize, usize, usize, usize)> {
             (40, 70, 17, 2),
             (3, 130, 33, 1),
             (33, 20, 3, 3),
+            (9, 256, 20, 2), // the vector row layout (Cfg::VL) with 16-byte rows
         ]
     } else {
         vec![

@@ -358,14 +358,14 @@ fn fast_smem(kind: Kind, rp: usize, dj: usize, esize: usize) -> (usize, usize, u
     let su = rp + 4;
     let sv = kw + 4;
     let slice = m * sv.max(su);
-    // `Cfg::VL` (the vector row layout of the forwards and the Christoffel backward): W
-    // as [DP][RP] (swizzled) instead of [DP][RP + 4], in the backward U too
-    let vl = esize == 4 && rp == 32 && (dj == 4 || dj == 8) && kind != Kind::LeapfrogBackward;
+    // `Cfg::VL` (the FFMA kernels' vector row layout): W as [DP][RP] (swizzled) instead
+    // of [DP][RP + 4], in the backwards U too
+    let vl = esize == 4 && rp == 32 && (dj == 4 || dj == 8);
     let sw = if vl { rp } else { su };
     let elems = match kind {
         Kind::ChristoffelForward | Kind::LeapfrogForward => dp * su + dp * sw + NW * slice + m * su,
         Kind::ChristoffelBackward => 2 * dp * sw + 2 * NW * slice + 3 * m * su,
-        Kind::LeapfrogBackward => 2 * dp * su + 2 * NW * slice + 5 * m * su + 2 * m * dp,
+        Kind::LeapfrogBackward => 2 * dp * sw + 2 * NW * slice + 5 * m * su + 2 * m * dp,
     };
     let stage = if kind == Kind::LeapfrogForward {
         NW * slice
@@ -1298,6 +1298,7 @@ mod tests {
         }
         assert_eq!(fast_smem(Kind::ChristoffelForward, 32, 8, 4).0, 213_504);
         assert_eq!(fast_smem(Kind::ChristoffelBackward, 32, 8, 4).0, 207_616);
+        assert_eq!(fast_smem(Kind::LeapfrogBackward, 32, 8, 4).0, 204_416);
     }
 
     // ------------------------------------------------------------ the route on the host

@@ -52,13 +52,13 @@ static int mb_of(Kind k, int dj) {
 static size_t fast_smem(Kind k, int rp, int dj, size_t es, int* m_out) {
     int m = 4 * mb_of(k, dj), kw = 8 * dj, dp = 8 * kw, su = rp + 4, sv = kw + 4;
     int slice = m * std::max(sv, su);
-    int sw = es == 4 && rp == 32 && (dj == 4 || dj == 8) && k != LF_BWD ? rp : su;  // Cfg::VL: W (and the backward's U) as [DP][RP], swizzled
+    int sw = es == 4 && rp == 32 && (dj == 4 || dj == 8) ? rp : su;  // Cfg::VL: W (and the backwards' U) as [DP][RP], swizzled
     size_t e = 0;
     switch (k) {
         case CHR_FWD: e = dp * su + dp * sw + 8 * slice + m * su; break;  // FFMA: one group, M = 32 (16 for DJ = 16)
         case LF_FWD: e = dp * su + dp * sw + 8 * slice + m * su; break;
         case CHR_BWD: e = 2 * dp * sw + 2 * 8 * slice + 3 * m * su; break;
-        case LF_BWD: e = 2 * dp * su + 2 * 8 * slice + 5 * m * su + 2 * m * dp; break;
+        case LF_BWD: e = 2 * dp * sw + 2 * 8 * slice + 5 * m * su + 2 * m * dp; break;
     }
     *m_out = m;
     return e * es;
@@ -382,7 +382,8 @@ int main(int argc, char** argv) {
     struct S { size_t B, D, R, T; };
     std::vector<S> shapes = {{1, 1, 1, 1}, {7, 33, 5, 2}, {37, 70, 17, 2}, {20, 130, 32, 1}, {9, 64, 33, 2},
                              {53, 16, 8, 3}, {0, 24, 4, 2},
-                             {33, 256, 32, 1}};  // the FFMA Christoffel forward's vector phase B (CF_V), 16-byte rows
+                             {33, 256, 32, 1},   // the FFMA Christoffel forward's vector phase B (CF_V), 16-byte rows
+                             {11, 256, 20, 3}};  // the vector layout (VL) in the leapfrog backward: 16-byte rows, T > 1
     if (!quick) {
         shapes.push_back({18, 520, 8, 1});   // DJ = 16
         shapes.push_back({50, 300, 31, 1});  // DJ = 8, R = 31

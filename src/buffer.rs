@@ -321,7 +321,12 @@ impl Buffer {
 
     /// Copies `bytes` from host memory `src` into this (contiguous) buffer, queued on
     /// `stream`; `blocking` waits for the copy to finish.
-    pub fn copy_from_host(
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `bytes` bytes (it may be NULL when `bytes` is
+    /// 0) until the copy has finished: on return when `blocking`, else when `stream`
+    /// reaches it.
+    pub unsafe fn copy_from_host(
         &self,
         src: *const u8,
         bytes: usize,
@@ -336,7 +341,7 @@ impl Buffer {
         }
         match &self.ctx.cuda {
             None => {
-                // SAFETY: caller guarantees src holds `bytes` bytes; ranges may not
+                // SAFETY: the caller guarantees src holds `bytes` bytes; ranges may not
                 // overlap in a well-formed call, `copy` tolerates it anyway.
                 unsafe { std::ptr::copy(src, self.data as *mut u8, bytes) };
                 Ok(())
@@ -353,7 +358,12 @@ impl Buffer {
     }
 
     /// Copies this (contiguous) buffer into `bytes` of host memory at `dst`.
-    pub fn copy_to_host(
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `bytes` bytes (it may be NULL when `bytes` is
+    /// 0) and not read until the copy has finished: on return when `blocking`, else
+    /// when `stream` reaches it.
+    pub unsafe fn copy_to_host(
         &self,
         dst: *mut u8,
         bytes: usize,

@@ -504,7 +504,8 @@ unsafe fn host_copy_in(
         "src is NULL"
     );
     let s = unsafe { stream_or_default(stream, &b.ctx) }?;
-    b.copy_from_host(src as *const u8, bytes, &s, blocking)
+    // SAFETY: the caller of the C entry point guarantees `src` (its contract).
+    unsafe { b.copy_from_host(src as *const u8, bytes, &s, blocking) }
 }
 
 unsafe fn host_copy_out(
@@ -521,7 +522,8 @@ unsafe fn host_copy_out(
         "dst is NULL"
     );
     let s = unsafe { stream_or_default(stream, &b.ctx) }?;
-    b.copy_to_host(dst as *mut u8, bytes, &s, blocking)
+    // SAFETY: the caller of the C entry point guarantees `dst` (its contract).
+    unsafe { b.copy_to_host(dst as *mut u8, bytes, &s, blocking) }
 }
 
 /// Copies a contiguous buffer into `bytes` bytes of host memory `dst` and waits for

@@ -74,7 +74,7 @@ struct ReduceArgs {
     i64 nparts;
     i64 n;      // elements per partial: D R, or DP RP in the coalesced parameter layout
     i64 D, R;
-    int kw, pv, rq;  // the coalesced layout's Cfg::KW, PV, RQ (GEO_PARAM_COALESCED); kw = 0: [D][R]
+    int kw, pv, rq;  // the fast kernels' coalesced layout's Cfg::KW, PV, RQ (param_store); kw = 0: [D][R]
     int pad;
 };
 
@@ -590,9 +590,11 @@ __device__ __forceinline__ void store_part(typename C::T* part, const typename C
 // epi(m, r, sum). The forwards unroll it over a compile-time count with one base
 // pointer, so that every load is base + immediate (RP is a power of two: m and r are
 // a shift and a mask); as a loop with index arithmetic it cost ~68 instructions per
-// element (H100: TF32 leapfrog T = 8 -4%, strict -2%). The register-bound backwards
-// keep the loop: unrolled, they spilled more and ran 1-2.5% slower (measured).
-#if defined(GEO_MODULE_CHR_BWD) || defined(GEO_MODULE_LF_BWD)
+// element (H100: TF32 leapfrog T = 8 -4%, strict -2%). The Christoffel backward keeps
+// the loop: unrolled, it spilled more and ran 1-2.5% slower (measured before its vector
+// layout); the leapfrog backward, unrolled in the vector layout, spills less (sm_90:
+// 44/140 -> 32/104 bytes) and ran 2.6% faster (H100, 9.08 -> 8.85 ms b2b).
+#if defined(GEO_MODULE_CHR_BWD)
 #define GEO_REDUCE_UNROLL 0
 #else
 #define GEO_REDUCE_UNROLL 1
@@ -721,44 +723,22 @@ __device__ __forceinline__ void param_acc(const typename C::T* xs, const typenam
     }
 }
 
-// This block's partial of dU or dW. Coalesced (GEO_PARAM_COALESCED): in the parameter
-// layout's order, `GEO_NT` consecutive elements per accumulator index, DP x RP
-// elements, padding included; geo_reduce maps it back to [D][R]. Stored as [D][R]
-// directly, a warp's store writes 4 useful bytes per 32-byte sector: ~25 us per block
-// (H100, D = 512, R = 32: dU and dW cost the Christoffel backward 46 - 18 = 28 us at
-// one tile), and the Christoffel backward ran 4.7% faster coalesced (0.526 -> 0.501 ms
-// b2b). The leapfrog backward keeps [D][R]: at its 255 registers the coalesced store
-// changed the allocation of its main loop (spill loads 116 -> 164 bytes, sm_90) and it
-// ran 0.5-1% slower (measured), while its partials are written once per ~9 ms.
+// This block's partial of dU or dW, coalesced: in the parameter layout's order,
+// `GEO_NT` consecutive elements per accumulator index, DP x RP elements, padding
+// included; geo_reduce maps it back to [D][R]. Stored as [D][R] directly, a warp's
+// store wrote 4 useful bytes per 32-byte sector: ~25 us per block (H100, D = 512,
+// R = 32: dU and dW cost the Christoffel backward 46 - 18 = 28 us at one tile); the
+// Christoffel backward ran 4.7% faster coalesced (0.526 -> 0.501 ms b2b), the leapfrog
+// backward, once in the vector layout and with the reduction unrolled, 4.5% (9.08 ->
+// 8.67 ms b2b; before the vector layout its register allocation made it 0.5-1% slower).
 // `param_part`: the block's slot among the grid's partials; the host mirrors the
 // layout (PartLayout in src/cuda/geodesic.rs).
-#if defined(GEO_MODULE_LF_BWD)
-#define GEO_PARAM_COALESCED 0
-#else
-#define GEO_PARAM_COALESCED 1
-#endif
 template <class C> __device__ __forceinline__ typename C::T* param_part(u64 parts, const GeoArgs& a) {
-    const i64 n = GEO_PARAM_COALESCED ? (i64)C::DP * C::RP : a.D * a.R;
-    return reinterpret_cast<typename C::T*>(parts) + (i64)blockIdx.x * n;
+    return reinterpret_cast<typename C::T*>(parts) + (i64)blockIdx.x * C::DP * C::RP;
 }
-template <class C>
-__device__ __forceinline__ void param_store(const typename C::T (&acc)[C::NPAR], typename C::T* out, i64 D, i64 R) {
-    if constexpr (GEO_PARAM_COALESCED) {
+template <class C> __device__ __forceinline__ void param_store(const typename C::T (&acc)[C::NPAR], typename C::T* out) {
 #pragma unroll
-        for (int q = 0; q < C::NPAR; ++q) out[q * GEO_NT + threadIdx.x] = acc[q];
-    } else {
-        const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, dq = lane & 7, rq = lane >> 3;
-#pragma unroll
-        for (int b = 0; b < C::NB; ++b)
-#pragma unroll
-            for (int jj = 0; jj < C::PV; ++jj)
-#pragma unroll
-                for (int k = 0; k < C::RQ; ++k) {
-                    i64 d = w * C::KW + b * 8 * C::PV + dq * C::PV + jj;
-                    i64 r = rq * C::RQ + k;
-                    if (d < D && r < R) out[d * R + r] = acc[(b * C::PV + jj) * C::RQ + k];
-                }
-    }
+    for (int q = 0; q < C::NPAR; ++q) out[q * GEO_NT + threadIdx.x] = acc[q];
 }
 
 // ---------------------------------------------------------------- TF32 tensor-core phases
@@ -1239,8 +1219,8 @@ template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
         if (want_dv) rl.store(raw, reinterpret_cast<T*>(a.dv), vec);
         if (want_du) param_acc<C>(vs, DPs, lane, acc_u);
     }
-    if (want_du) param_store<C>(acc_u, param_part<C>(a.du_part, a), a.D, a.R);
-    if (want_dw) param_store<C>(acc_w, param_part<C>(a.dw_part, a), a.D, a.R);
+    if (want_du) param_store<C>(acc_u, param_part<C>(a.du_part, a));
+    if (want_dw) param_store<C>(acc_w, param_part<C>(a.dw_part, a));
 }
 
 // Leapfrog forward: per tile of M rows, x, v, f in registers (row layout) for all T
@@ -1519,8 +1499,8 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
             rl.store(t1, reinterpret_cast<T*>(a.dx), vec);
         }
     }
-    if (want_du) param_store<C>(acc_u, param_part<C>(a.du_part, a), a.D, a.R);
-    if (want_dw) param_store<C>(acc_w, param_part<C>(a.dw_part, a), a.D, a.R);
+    if (want_du) param_store<C>(acc_u, param_part<C>(a.du_part, a));
+    if (want_dw) param_store<C>(acc_w, param_part<C>(a.dw_part, a));
 }
 
 // ---------------------------------------------------------------- generic path

@@ -256,10 +256,9 @@ struct ReduceArgs {
 }
 
 /// How a backward's per-block parameter partials are laid out: `[D][R]` (generic
-/// kernels, and the leapfrog backward's fast ones), or the Christoffel backward's fast
-/// kernels' parameter layout (`param_store` with `GEO_PARAM_COALESCED`: `DP x RP`
-/// elements, accumulator-major, so that the blocks' stores are coalesced), which
-/// `geo_reduce` maps back to `[D][R]`.
+/// kernels), or the fast kernels' parameter layout (`param_store`: `DP x RP` elements,
+/// accumulator-major, so that the blocks' stores are coalesced), which `geo_reduce`
+/// maps back to `[D][R]`.
 #[derive(Debug, Clone, Copy)]
 struct PartLayout {
     /// elements per partial
@@ -276,7 +275,7 @@ struct PartLayout {
 impl PartLayout {
     fn new(kind: Kind, fast: Option<Fast>, d: usize, r: usize) -> PartLayout {
         match fast {
-            Some(f) if kind == Kind::ChristoffelBackward => {
+            Some(f) if matches!(kind, Kind::ChristoffelBackward | Kind::LeapfrogBackward) => {
                 let (rp, dj) = (RPS[f.ri], DJS[f.di]);
                 PartLayout {
                     n: f.dp * rp,

@@ -587,44 +587,29 @@ __device__ __forceinline__ void store_part(typename C::T* part, const typename C
 }
 
 // Sums the 8 warps' partials (warp w's [M][SU] at parts + w * WS) in warp order:
-// epi(m, r, sum). The forwards unroll it over a compile-time count with one base
-// pointer, so that every load is base + immediate (RP is a power of two: m and r are
-// a shift and a mask); as a loop with index arithmetic it cost ~68 instructions per
-// element (H100: TF32 leapfrog T = 8 -4%, strict -2%). The Christoffel backward keeps
-// the loop: unrolled, it spilled more and ran 1-2.5% slower (measured before its vector
-// layout); the leapfrog backward, unrolled in the vector layout, spills less (sm_90:
-// 44/140 -> 32/104 bytes) and ran 2.6% faster (H100, 9.08 -> 8.85 ms b2b).
-#if defined(GEO_MODULE_CHR_BWD)
-#define GEO_REDUCE_UNROLL 0
-#else
-#define GEO_REDUCE_UNROLL 1
-#endif
+// epi(m, r, sum). Unrolled over a compile-time count with one base pointer, so that
+// every load is base + immediate (RP is a power of two: m and r are a shift and a
+// mask); as a loop with index arithmetic it cost ~68 instructions per element (H100:
+// TF32 leapfrog T = 8 -4%, strict -2%). The backwards kept the loop while their register
+// allocation spilled more unrolled; in the vector layout (and, in the Christoffel
+// backward, with g loaded after the Gamma recompute) unrolled is faster there too
+// (H100 b2b: leapfrog backward 9.08 -> 8.85 ms, Christoffel backward 0.4426 -> 0.4373).
 template <class C, int WS = C::SLICE, typename Epi>
 __device__ __forceinline__ void reduce_parts(const typename C::T* parts, Epi epi) {
     typedef typename C::T T;
     constexpr int N = C::M * C::RP, K = (N + GEO_NT - 1) / GEO_NT;
+    constexpr int DM = GEO_NT / C::RP;  // rows per k
     static_assert((C::RP & (C::RP - 1)) == 0 && GEO_NT % C::RP == 0, "RP a power of two dividing GEO_NT");
     const int tid = geo_tid();
-    if constexpr (GEO_REDUCE_UNROLL) {
-        constexpr int DM = GEO_NT / C::RP;  // rows per k
-        const int m0 = tid / C::RP, r = tid % C::RP;
-        const T* p = parts + m0 * C::SU + r;
+    const int m0 = tid / C::RP, r = tid % C::RP;
+    const T* p = parts + m0 * C::SU + r;
 #pragma unroll
-        for (int k = 0; k < K; ++k) {
-            if (N % GEO_NT == 0 || tid + k * GEO_NT < N) {
-                T s = p[k * DM * C::SU];
+    for (int k = 0; k < K; ++k) {
+        if (N % GEO_NT == 0 || tid + k * GEO_NT < N) {
+            T s = p[k * DM * C::SU];
 #pragma unroll
-                for (int w = 1; w < GEO_NW; ++w) s += p[w * WS + k * DM * C::SU];
-                epi(m0 + k * DM, r, s);
-            }
-        }
-    } else {
-        for (int idx = tid; idx < N; idx += GEO_NT) {
-            const int m = idx / C::RP, r = idx - m * C::RP;
-            T s = parts[m * C::SU + r];
-#pragma unroll
-            for (int w = 1; w < GEO_NW; ++w) s += parts[w * WS + m * C::SU + r];
-            epi(m, r, s);
+            for (int w = 1; w < GEO_NW; ++w) s += p[w * WS + k * DM * C::SU];
+            epi(m0 + k * DM, r, s);
         }
     }
 }
@@ -1196,8 +1181,6 @@ template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
         Rows<C> rl(tile * C::M, a.B, a.D);
         Tile t;
         rl.load(t, reinterpret_cast<const T*>(a.v0), vec);
-        Tile gr;
-        rl.load(gr, reinterpret_cast<const T*>(a.g), vec);
         {
             const i64 next = (tile + gridDim.x) * C::M;
             prefetch_rows_l2(reinterpret_cast<const T*>(a.v0), next, C::M, a.B, a.D);
@@ -1206,6 +1189,10 @@ template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
         // p, s (partials in the G slices, free now)
         Tile raw;
         gamma_regs<C>(t, rl, Vb, Gb, P, S, Us, Ws, a.R, raw);
+        // g only now: loaded before the Gamma, its tile lived in registers across it
+        // (sm_90: 36/36 bytes of spills -> none; H100 -8% b2b; L2 holds it, prefetched)
+        Tile gr;
+        rl.load(gr, reinterpret_cast<const T*>(a.g), vec);
         // g' = g * 1[-c <= raw <= c] into the G slice
 #pragma unroll
         for (int i = 0; i < C::TI; ++i)

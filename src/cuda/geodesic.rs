@@ -258,7 +258,7 @@ struct ReduceArgs {
 /// How a backward's per-block parameter partials are laid out: `[D][R]` (generic
 /// kernels), or the fast kernels' parameter layout (`param_store`: `DP x RP` elements,
 /// accumulator-major, so that the blocks' stores are coalesced), which `geo_reduce`
-/// maps back to `[D][R]`.
+/// maps back to `[D][R]`. Only the backwards write partials (dU, dW).
 #[derive(Debug, Clone, Copy)]
 struct PartLayout {
     /// elements per partial
@@ -273,9 +273,9 @@ struct PartLayout {
 }
 
 impl PartLayout {
-    fn new(kind: Kind, fast: Option<Fast>, d: usize, r: usize) -> PartLayout {
+    fn new(fast: Option<Fast>, d: usize, r: usize) -> PartLayout {
         match fast {
-            Some(f) if matches!(kind, Kind::ChristoffelBackward | Kind::LeapfrogBackward) => {
+            Some(f) => {
                 let (rp, dj) = (RPS[f.ri], DJS[f.di]);
                 PartLayout {
                     n: f.dp * rp,
@@ -1118,7 +1118,7 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
         | (if job.dw != 0 { WANT_DW } else { 0 })
         | (if job.df != 0 { WANT_DF } else { 0 })
         | (if job.dx != 0 { WANT_DX } else { 0 });
-    let parts = PartLayout::new(kind, fast, job.d, job.r);
+    let parts = PartLayout::new(fast, job.d, job.r);
     let params = parts.n * usize::from(job.du != 0) + parts.n * usize::from(job.dw != 0);
     let no_traj_slab = kind == Kind::LeapfrogBackward && job.traj == 0 && job.steps > 1;
     // grid, per-block workspace (elements), kernel name, dynamic smem

@@ -116,9 +116,9 @@ static void run(Kind kind, const Job& j, unsigned seed, std::string* chosen) {
         name = "geo_" + std::string(KNAME[kind]) + "_gen";
     }
     *chosen = name;
-    // per-block parameter partials (as the host's PartLayout): the backwards'
+    // per-block parameter partials of the backwards (as the host's PartLayout): the
     // fast kernels' coalesced layout (DP x RP), else [D][R]
-    const bool coalesced = fast && (kind == CHR_BWD || kind == LF_BWD);
+    const bool coalesced = fast;
     const size_t pn = coalesced ? (size_t)64 * dj * rp : D * R;
     size_t params = pn * ((j.du != nullptr) + (j.dw != nullptr));
     size_t total = grid * (ws_per_cta + params);

@@ -32,7 +32,7 @@ step() { # step NAME TIMEOUT CMD...
   cat "$steplog" >>"$LOG"
   local dt=$((SECONDS - t0))
   local tail_line
-  tail_line=$(grep -E "test result:|passed|failed|ERROR SUMMARY|SKIPPED|warmup" "$steplog" | tail -1 | cut -c1-70)
+  tail_line=$(grep -E "test result:|passed|failed|ERROR SUMMARY|SKIPPED|warmup|FFMA peak" "$steplog" | tail -1 | cut -c1-70)
   rm -f "$steplog"
   if [ $rc -eq 0 ]; then SUMMARY+=("$(printf '%-28s %-6s %5ss  %s' "$name" PASS "$dt" "$tail_line")")
   else SUMMARY+=("$(printf '%-28s %-6s %5ss  rc=%s %s' "$name" FAIL "$dt" "$rc" "$tail_line")"); FAILED=1; fi
@@ -83,6 +83,7 @@ fi
 { sel bench || sel bench_torch; } && step bench_torch 900 python3 benches/bench_torch.py --json "$OUT/bench_torch.json"
 { sel bench || sel bench_linalg; } && step bench_linalg 900 python3 benches/bench_linalg.py --json "$OUT/bench_linalg.json"
 { sel bench || sel bench_optim; } && step bench_optim 900 python3 benches/bench_optim.py --json "$OUT/bench_optim.json"
+{ sel bench || sel peak_ffma; } && command -v nvcc >/dev/null && step peak_ffma 120 bash -c "nvcc -O3 -arch=sm_90 benches/peak_ffma.cu -o '$OUT/peak_ffma' && '$OUT/peak_ffma'"
 { sel bench || sel bench_geodesic; } && step bench_geodesic 900 python3 benches/bench_geodesic.py --json "$OUT/bench_geodesic.json"
 { sel bench || sel bench_gaussian; } && step bench_gaussian 900 python3 benches/bench_gaussian.py --json "$OUT/bench_gaussian.json"
 { sel scale || sel scale_gaussian; } && step scale_gaussian 900 env FK_SCALE_TEST=1 "$B/bin/gpu_gaussian" scale_field --nocapture

@@ -1890,13 +1890,163 @@ GEO_EW(geo_mask, GEO_MASK, 1)  // g' = g 1[-c <= raw <= c] over raw
 #define GEO_CLAMP(y_, x_, c_) clampc(y_, c_)
 GEO_EW(geo_clamp, GEO_CLAMP, 1)  // gamma = clamp(raw) in place
 #endif
-#if (defined(GEO_GENERIC) || defined(GEO_ALL)) && (defined(GEO_MODULE_LF_FWD) || defined(GEO_MODULE_LF_BWD))
+#if (defined(GEO_GENERIC) || defined(GEO_ALL)) && \
+    (defined(GEO_MODULE_CHR_FWD) || defined(GEO_MODULE_LF_FWD) || defined(GEO_MODULE_LF_BWD))
 struct KickArgs {
     i64 n, d;
     u64 vin, x, v, raw, f, mu, tx, tv;  // x: 0 for no drift; f, mu, tx, tv optional
     double h, dt, c;
     int vec, pad_;
 };
+// The route's second product with what follows it fused in (geo_sw): for a tile of
+// GEO_SW_M rows, raw = (P^2) W^T (P = v U from cuBLAS, squared here), then either the
+// kick of geo_kick (`kick`; k.raw unused) or gamma = clamp(raw) into k.v (the
+// Christoffel forward). raw never goes to memory, and the square and the clamp are no
+// passes of their own. W stays in shared memory for the whole (persistent) block, as
+// [D][RS] with RS = R rounded up to 4 and to an odd number of 16-byte chunks (every
+// lane's 16-byte loads of its own feature row in a different bank group); the tile's S
+// beside it, transposed ([R4][GEO_SW_M], R4 = R rounded up to 4): a warp's lanes hold
+// different features and the same rows, so S is read as 16-byte broadcasts. The host takes this kernel where that fits the device's
+// shared memory and the products are strict (src/cuda/geodesic.rs, `sw_smem`).
+struct SwArgs {
+    KickArgs k;  // k.n = B*D, k.d = D
+    u64 p, w;    // P [B, R], W [D, R]
+    i64 r;
+    int kick, pad_;
+};
+#define GEO_SW_M (sizeof(GEO_T) == 4 ? 32 : 16)  // rows per tile (f64: the accumulators take twice the registers)
+__device__ __forceinline__ int geo_sw_stride(i64 r) {
+    const int q = (int)((r + 3) / 4);  // 16-byte chunks of a row
+    return 4 * (q % 2 == 0 ? q + 1 : q);
+}
+extern "C" __global__ void __launch_bounds__(GEO_NT, 1) geo_sw(const SwArgs a) {
+    typedef GEO_T T;
+    constexpr int M = GEO_SW_M;
+    const i64 D = a.k.d, R = a.r, B = a.k.n / D;
+    const int RS = geo_sw_stride(R);
+    if ((u64)(D + M) * RS * sizeof(T) > dyn_smem_size()) __trap();
+    T* Ws = reinterpret_cast<T*>(geo_smem);
+    T* Ss = Ws + D * RS;  // [R4][M] (R4 <= RS)
+    const T* P = reinterpret_cast<const T*>(a.p);
+    const T* W = reinterpret_cast<const T*>(a.w);
+    const T h = (T)a.k.h, dt = (T)a.k.dt, c = (T)a.k.c;
+    const T* vin = reinterpret_cast<const T*>(a.k.vin);
+    T* x = reinterpret_cast<T*>(a.k.x);
+    T* v = reinterpret_cast<T*>(a.k.v);
+    const T* f = reinterpret_cast<const T*>(a.k.f);
+    const T* mu = reinterpret_cast<const T*>(a.k.mu);
+    T* tx = reinterpret_cast<T*>(a.k.tx);
+    T* tv = reinterpret_cast<T*>(a.k.tv);
+    // W, zero padded; batches of 8 loads before their stores
+    for (i64 i0 = threadIdx.x; i0 < D * RS; i0 += 8 * GEO_NT) {
+        T wv[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const i64 i = i0 + k * GEO_NT, d = i / RS, r = i - d * RS;
+            wv[k] = (i < D * RS && r < R) ? W[d * R + r] : T(0);
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            if (i0 + k * GEO_NT < D * RS) Ws[i0 + k * GEO_NT] = wv[k];
+    }
+    const int R4 = (int)((R + 3) / 4 * 4);
+    const i64 ntiles = (B + M - 1) / M;
+    for (i64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        const i64 row0 = tile * M;
+        __syncthreads();  // W is in; the previous tile's reads of Ss are done
+        // S = P^2 of the tile, transposed ([R4][M]: the M rows of one r side by side,
+        // 16-byte broadcast loads at immediate offsets below), zero past R and B
+        for (int i = threadIdx.x; i < M * R4; i += GEO_NT) {
+            const int r = i / M, m = i - r * M;
+            const T pv = (row0 + m < B && r < R) ? P[(row0 + m) * R + r] : T(0);
+            Ss[i] = pv * pv;
+        }
+        if (a.kick) {  // the epilogue's rows, from DRAM into L2 while the product runs
+            prefetch_rows_l2(vin, row0, M, B, D);
+            prefetch_rows_l2(f, row0, M, B, D);
+            prefetch_rows_l2(x, row0, M, B, D);
+        }
+        __syncthreads();
+        for (i64 f0 = 0; f0 < D; f0 += 2 * GEO_NT) {
+            // features fe[0], fe[1] of this thread (past D: computed on row D - 1, unused)
+            const i64 fe[2] = {f0 + threadIdx.x, f0 + GEO_NT + threadIdx.x};
+            const T* wa = Ws + min(fe[0], D - 1) * RS;
+            const T* wb = Ws + min(fe[1], D - 1) * RS;
+            T acc[2][M];
+#pragma unroll
+            for (int m = 0; m < M; ++m) acc[0][m] = acc[1][m] = T(0);
+            for (int r0 = 0; r0 < R4; r0 += 4) {  // raw = sum over r in order, as phase_b
+                T w0[4], w1[4];
+                ldv<4>(wa + r0, w0);
+                ldv<4>(wb + r0, w1);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const T* sr = Ss + (r0 + e) * M;
+#pragma unroll
+                    for (int q = 0; q < M; q += 4) {
+                        T sv[4];
+                        ldv<4>(sr + q, sv);
+#pragma unroll
+                        for (int k = 0; k < 4; ++k) {
+                            acc[0][q + k] = fma(sv[k], w0[e], acc[0][q + k]);
+                            acc[1][q + k] = fma(sv[k], w1[e], acc[1][q + k]);
+                        }
+                    }
+                }
+            }
+            // the epilogue: element (m, k) at row0 + m, fe[k]; a full tile (every row and
+            // both features in range) without per-element checks
+            const bool ok[2] = {fe[0] < D, fe[1] < D};
+            const bool full = row0 + M <= B && ok[1];
+            auto in = [&](int m, int k) { return full || (row0 + m < B && ok[k]); };
+            const i64 base = row0 * D + fe[0];  // element (m, k): base + m D + k GEO_NT
+            if (!a.kick) {
+#pragma unroll
+                for (int m = 0; m < M; ++m)
+#pragma unroll
+                    for (int k = 0; k < 2; ++k)
+                        if (in(m, k)) v[base + m * D + k * GEO_NT] = clampc_fast(acc[k][m], c);
+                continue;
+            }
+            // geo_kick's element; per G rows every load before any use
+            constexpr int G = sizeof(T) == 4 ? 8 : 4;
+            T mi[2];
+#pragma unroll
+            for (int k = 0; k < 2; ++k) mi[k] = (mu != nullptr && ok[k]) ? mu[fe[k]] : T(0);
+#pragma unroll
+            for (int m0 = 0; m0 < M; m0 += G) {
+                T vv[G][2], ff[G][2], xx[G][2];
+#pragma unroll
+                for (int mm = 0; mm < G; ++mm)
+#pragma unroll
+                    for (int k = 0; k < 2; ++k) {
+                        const i64 i = base + (m0 + mm) * D + k * GEO_NT;
+                        const bool e = in(m0 + mm, k);
+                        vv[mm][k] = e ? vin[i] : T(0);
+                        ff[mm][k] = (e && f != nullptr) ? f[i] : T(0);
+                        xx[mm][k] = (e && x != nullptr) ? x[i] : T(0);
+                    }
+#pragma unroll
+                for (int mm = 0; mm < G; ++mm)
+#pragma unroll
+                    for (int k = 0; k < 2; ++k) {
+                        if (!in(m0 + mm, k)) continue;
+                        const i64 i = base + (m0 + mm) * D + k * GEO_NT;
+                        const T vi = vv[mm][k] + h * (ff[mm][k] - clampc(acc[k][m0 + mm], c) - mi[k] * vv[mm][k]);
+                        v[i] = vi;
+                        if (x != nullptr) {
+                            const T xi = xx[mm][k] + dt * vi;
+                            x[i] = xi;
+                            if (tx != nullptr) tx[i] = xi;
+                        }
+                        if (tv != nullptr) tv[i] = vi;
+                    }
+            }
+        }
+    }
+}
+#endif
+#if (defined(GEO_GENERIC) || defined(GEO_ALL)) && (defined(GEO_MODULE_LF_FWD) || defined(GEO_MODULE_LF_BWD))
 // One kick of the leapfrog, v = vin + h (f - clamp(raw) - mu vin) (vin may be v: in
 // place), then (x given) the drift x += dt v, and (tx, tv) copies of the new x, v (the
 // trajectory). The backward uses it to recompute vh from v_t (vin = v_t, no drift).

@@ -5,7 +5,7 @@
 //! (compute-sanitizer runs) shrinks the sizes.
 //!
 //! Covered, f32 and f64: random shapes with odd B, D, R, R > 32 and R > 128 and
-//! D > 1024 (the cuBLAS route of every op), B = 0, several tiles per block; every
+//! D > 1024 (the cuBLAS route of every op), B = 0, several tiles per block (the route's geo_sw too); every
 //! kernel also with `FK_GEO_FORCE_GENERIC`, so the fast (or route) and the generic
 //! kernels are both checked on the same shapes; the leapfrog backward's route with
 //! every optional input and output on and off; misaligned rows (the non-cp.async load path); the in-place
@@ -447,7 +447,8 @@ fn shapes() -> Vec<(usize, usize, usize, usize)> {
             (40, 70, 17, 2),
             (3, 130, 33, 1),
             (33, 20, 3, 3),
-            (9, 256, 20, 2), // the vector row layout (Cfg::VL) with 16-byte rows
+            (9, 256, 20, 2),  // the vector row layout (Cfg::VL) with 16-byte rows
+            (4300, 8, 33, 1), // the route's geo_sw with two tiles in some blocks
         ]
     } else {
         vec![
@@ -462,6 +463,7 @@ fn shapes() -> Vec<(usize, usize, usize, usize)> {
             (5, 40, 129, 2),
             (3001, 128, 16, 2),
             (6, 2100, 2, 1),
+            (4500, 40, 33, 2), // the route's geo_sw with two tiles in some blocks
         ]
     }
 }

@@ -523,6 +523,7 @@ struct EwArgs {
 
 /// Mirrors `struct KickArgs` (`geo_kick`).
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct KickArgs {
     n: i64,
     d: i64,
@@ -539,6 +540,35 @@ struct KickArgs {
     c: f64,
     vec: i32,
     pad: i32,
+}
+
+/// Mirrors `struct SwArgs` (`geo_sw`).
+#[repr(C)]
+struct SwArgs {
+    k: KickArgs,
+    p: u64,
+    w: u64,
+    r: i64,
+    kick: i32,
+    pad: i32,
+}
+
+/// Rows per tile of `geo_sw` (`GEO_SW_M`): 32 in f32, 16 in f64.
+fn sw_m(dtype: DType) -> usize {
+    if dtype == DType::F32 { 32 } else { 16 }
+}
+
+/// Shared memory of `geo_sw` in bytes: W as `[D][RS]` and a tile of S (`sw_m` rows, at
+/// most `RS` columns),
+/// `RS` R rounded up to 4 and to an odd number of 16-byte chunks (`geo_sw_stride`);
+/// `None` on overflow.
+fn sw_smem(job: &Job) -> Option<usize> {
+    let q = job.r.div_ceil(4);
+    let rs = 4 * if q % 2 == 0 { q + 1 } else { q };
+    job.d
+        .checked_add(sw_m(job.dtype))?
+        .checked_mul(rs)?
+        .checked_mul(job.dtype.size())
 }
 
 /// Mirrors `struct AdjArgs` (`geo_adj`).
@@ -597,8 +627,9 @@ struct Layout {
 }
 
 impl Layout {
-    /// `None` where the sizes overflow (the route is then not taken).
-    fn new(kind: Kind, job: &Job) -> Option<Layout> {
+    /// `None` where the sizes overflow (the route is then not taken). `fused`: the
+    /// route runs `geo_sw` (`Steps::fused`), so the forwards' raw never goes to memory.
+    fn new(kind: Kind, job: &Job, fused: bool) -> Option<Layout> {
         let e = job.dtype.size();
         let piece = |rows: usize, cols: usize| {
             rows.checked_mul(cols)?
@@ -618,7 +649,11 @@ impl Layout {
         };
         match kind {
             Kind::ChristoffelForward => {}
-            Kind::LeapfrogForward => l.raw = take(bd)?,
+            Kind::LeapfrogForward => {
+                if !fused {
+                    l.raw = take(bd)?;
+                }
+            }
             Kind::ChristoffelBackward => {
                 l.s = take(br)?;
                 l.raw = take(bd)?;
@@ -676,6 +711,11 @@ trait Steps {
     fn launch<A: Any>(&self, name: &'static str, n: i64, args: &mut A) -> Result<()>;
     /// `bytes` bytes from `src` to `dst`.
     fn copy(&self, dst: usize, src: usize, bytes: usize) -> Result<()>;
+    /// Whether `sw` may run (`geo_sw` fits the device's shared memory and the products
+    /// are strict); the forwards then never write raw to memory.
+    fn fused(&self) -> bool;
+    /// `geo_sw` over the whole batch, with `P = v U` in `p()`.
+    fn sw(&self, a: &mut SwArgs) -> Result<()>;
 
     /// A `GEO_EW` step: `y[i]` from `y[i]`, `x[i]` and `c`, `i < n`.
     fn ew(&self, name: &'static str, y: usize, x: usize, n: i64, c: f64) -> Result<()> {
@@ -719,9 +759,24 @@ trait Steps {
     /// where `x` is nonzero the drift `x += dt v`; `tx`, `tv` (0 = none) get copies of
     /// the new `x`, `v`.
     fn kick(&self, vin: usize, v: usize, raw: usize, x: usize, tx: usize, tv: usize) -> Result<()> {
+        let n = (self.job().b * self.job().d) as i64;
+        let mut a = self.kick_args(vin, v, raw, x, tx, tv);
+        self.launch("geo_kick", n, &mut a)
+    }
+
+    /// `kick`'s arguments (`raw` 0 for `geo_sw`, which computes it).
+    fn kick_args(
+        &self,
+        vin: usize,
+        v: usize,
+        raw: usize,
+        x: usize,
+        tx: usize,
+        tv: usize,
+    ) -> KickArgs {
         let j = self.job();
         let n = (j.b * j.d) as i64;
-        let mut a = KickArgs {
+        KickArgs {
             n,
             d: j.d as i64,
             vin: vin as u64,
@@ -742,8 +797,32 @@ trait Steps {
                 &[vin, x, v, raw, j.f, j.mu, tx, tv],
             ),
             pad: 0,
+        }
+    }
+
+    /// `P = v U` into `p()`, then `geo_sw`: raw = (P^2) W^T per element, never stored,
+    /// fused with the kick `k` (`kick`) or with the clamp into `k.v` (the Christoffel
+    /// forward's gamma, `k.c` the bound).
+    fn gamma_fused(&self, v: usize, k: KickArgs, kick: bool) -> Result<()> {
+        let j = self.job();
+        let (b, d, r) = (j.b as i64, j.d as i64, j.r as i64);
+        self.gemm(
+            Trans::N,
+            dense(v, b, d, 0),
+            Trans::N,
+            dense(j.u, d, r, 0),
+            dense(self.p(), b, r, 0),
+            0.0,
+        )?;
+        let mut a = SwArgs {
+            k,
+            p: self.p() as u64,
+            w: j.w as u64,
+            r,
+            kick: kick as i32,
+            pad: 0,
         };
-        self.launch("geo_kick", n, &mut a)
+        self.sw(&mut a)
     }
 
     /// One kick-drift-kick step from the velocity `v_from` (read by the first
@@ -759,6 +838,10 @@ trait Steps {
         tx: usize,
         tv: usize,
     ) -> Result<()> {
+        if self.fused() {
+            self.gamma_fused(v_from, self.kick_args(v_from, v, 0, x, tx, 0), true)?;
+            return self.gamma_fused(v, self.kick_args(v, v, 0, 0, 0, tv), true);
+        }
         let p = self.p();
         self.gamma_raw(v_from, raw, p, p)?;
         self.kick(v_from, v, raw, x, tx, 0)?;
@@ -857,6 +940,8 @@ struct GemmRoute<'a> {
     module: &'static str,
     /// TF32 products (the f32 forwards with `FK_GEO_ALLOW_TF32`).
     tf32: bool,
+    /// `geo_sw`'s shared memory where the op takes it (`fused`), else 0.
+    sw_smem: usize,
     slot: std::sync::Arc<std::sync::Mutex<super::cublas::Slot>>,
     p: Workspace<'a>,
     /// The op's own workspace (`extra` bytes at `new`).
@@ -873,15 +958,15 @@ impl<'a> GemmRoute<'a> {
         job: &'a Job,
         stream: &'a Stream,
         extra: usize,
+        sw_smem: usize,
     ) -> Result<Self> {
         Ok(GemmRoute {
             dev,
             stream,
             job,
             module: module_name(kind, job.dtype, None),
-            tf32: job.flags & GEO_ALLOW_TF32 != 0
-                && job.dtype == DType::F32
-                && matches!(kind, Kind::ChristoffelForward | Kind::LeapfrogForward),
+            tf32: route_tf32(kind, job),
+            sw_smem,
             slot: dev.blas.slot(dev, stream.raw)?,
             p: Workspace::new(dev, job.b * job.r * job.dtype.size(), stream.raw)?,
             ws: if extra > 0 {
@@ -890,6 +975,26 @@ impl<'a> GemmRoute<'a> {
                 None
             },
         })
+    }
+}
+
+/// Whether the route's forward products are TF32 (`FK_GEO_ALLOW_TF32`, f32 forwards).
+fn route_tf32(kind: Kind, job: &Job) -> bool {
+    job.flags & GEO_ALLOW_TF32 != 0
+        && job.dtype == DType::F32
+        && matches!(kind, Kind::ChristoffelForward | Kind::LeapfrogForward)
+}
+
+/// `geo_sw`'s shared memory for this op where the route takes it: strict products
+/// (with TF32 allowed cuBLAS's TF32 product stays), an op with a Christoffel forward
+/// in it (not the Christoffel backward, whose raw is its mask), and W with a tile
+/// within `max_smem`; else 0.
+fn route_sw_smem(kind: Kind, job: &Job, max_smem: usize) -> usize {
+    match sw_smem(job) {
+        Some(b) if b <= max_smem && kind != Kind::ChristoffelBackward && !route_tf32(kind, job) => {
+            b
+        }
+        _ => 0,
     }
 }
 
@@ -934,6 +1039,34 @@ impl Steps for GemmRoute<'_> {
         self.dev
             .memcpy_async(dst as u64, src as u64, bytes, self.stream.raw)
     }
+
+    fn fused(&self) -> bool {
+        self.sw_smem > 0
+    }
+
+    fn sw(&self, a: &mut SwArgs) -> Result<()> {
+        crate::ensure!(
+            self.sw_smem > 0,
+            FK_ERROR_INTERNAL,
+            "geo_sw without its shared memory"
+        );
+        // persistent: a block per SM at most (W fills its shared memory)
+        let grid = self
+            .job
+            .b
+            .div_ceil(sw_m(self.job.dtype))
+            .clamp(1, self.dev.sm_count.max(1) as usize);
+        launch(
+            self.dev,
+            self.module,
+            "geo_sw",
+            (grid as u32, 1, 1),
+            (NT, 1, 1),
+            self.sw_smem as u32,
+            self.stream.raw,
+            &mut [a as *mut SwArgs as *mut c_void],
+        )
+    }
 }
 
 /// Runs `kind` through the route `r` with workspace layout `l`.
@@ -950,6 +1083,10 @@ fn run_route(r: &impl Steps, kind: Kind, l: &Layout) -> Result<()> {
 /// place (skipped for `c = +inf`).
 fn chr_fwd_gemm(r: &impl Steps) -> Result<()> {
     let job = r.job();
+    if r.fused() {
+        let k = r.kick_args(0, job.gamma, 0, 0, 0, 0);
+        return r.gamma_fused(job.v0, k, false);
+    }
     r.gamma_raw(job.v0, job.gamma, r.p(), r.p())?;
     if job.c.is_finite() {
         r.ew("geo_clamp", job.gamma, 0, (job.b * job.d) as i64, job.c)?;
@@ -1104,8 +1241,9 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
         && job.b.max(job.d).max(job.r) <= i32::MAX as usize
         && super::cublas::load().is_ok()
     {
-        if let Some(l) = Layout::new(kind, job) {
-            match GemmRoute::new(dev, kind, job, stream, l.bytes) {
+        let sw = route_sw_smem(kind, job, max_smem(dev)?);
+        if let Some(l) = Layout::new(kind, job, sw > 0) {
+            match GemmRoute::new(dev, kind, job, stream, l.bytes, sw) {
                 Ok(route) => return run_route(&route, kind, &l),
                 // nothing queued yet: the generic kernels, which need less memory
                 Err(e) if e.status == crate::error::FK_ERROR_OUT_OF_MEMORY => {}
@@ -1371,11 +1509,17 @@ mod tests {
         ws: Vec<u64>,
         /// `[start, end)` of the job's buffers and the workspaces
         spans: Vec<(usize, usize)>,
+        /// `Steps::fused`: the forwards through `sw` (`geo_sw`)
+        fused: bool,
     }
 
     impl HostRoute {
         fn new(kind: Kind, job: Job, bufs: &[&HostBuf]) -> HostRoute {
-            let layout = Layout::new(kind, &job).unwrap();
+            HostRoute::with(kind, job, bufs, false)
+        }
+
+        fn with(kind: Kind, job: Job, bufs: &[&HostBuf], fused: bool) -> HostRoute {
+            let layout = Layout::new(kind, &job, fused).unwrap();
             let p = vec![0u64; (job.b * job.r * job.dtype.size()).div_ceil(8).max(1)];
             // workspaces start poisoned (NaN bit patterns) like device memory may not
             let ws = vec![u64::MAX; layout.bytes.div_ceil(8).max(1)];
@@ -1394,6 +1538,7 @@ mod tests {
                 p,
                 ws,
                 spans,
+                fused,
             }
         }
 
@@ -1559,6 +1704,59 @@ mod tests {
             }
             Ok(())
         }
+        fn fused(&self) -> bool {
+            self.fused
+        }
+        /// `geo_sw` on the host: raw from `P^2` and W in f64, then `geo_kick`'s
+        /// element (its host version above) or the clamp.
+        fn sw(&self, a: &mut SwArgs) -> Result<()> {
+            assert!(self.fused, "sw without fused");
+            let (d, r) = (a.k.d as usize, a.r as usize);
+            let n = a.k.n as usize;
+            let raw = HostBuf::nan(self.job.dtype, n);
+            for i in 0..n {
+                let (row, f) = (i / d, i % d);
+                let mut acc = 0.0;
+                for k in 0..r {
+                    let p = self.at(a.p, row * r + k);
+                    acc += p * p * self.at(a.w, f * r + k);
+                }
+                // SAFETY: i < n, raw's length.
+                unsafe { put(self.job.dtype, raw.addr(), i, acc) };
+            }
+            if a.kick != 0 {
+                let mut k = a.k;
+                k.raw = raw.addr() as u64;
+                let mut spans = self.spans.clone();
+                spans.push((raw.addr(), raw.addr() + n * self.job.dtype.size()));
+                let with_raw = HostRoute {
+                    job: self.job,
+                    layout: self.layout,
+                    p: Vec::new(),
+                    ws: Vec::new(),
+                    spans,
+                    fused: true,
+                };
+                return with_raw.launch("geo_kick", n as i64, &mut k);
+            }
+            let c = self.bound(a.k.c);
+            for i in 0..n {
+                // SAFETY: i < n.
+                let x = unsafe { get(self.job.dtype, raw.addr(), i) };
+                self.set(
+                    a.k.v,
+                    i,
+                    if x < -c {
+                        -c
+                    } else if x > c {
+                        c
+                    } else {
+                        x
+                    },
+                );
+            }
+            Ok(())
+        }
         fn copy(&self, dst: usize, src: usize, bytes: usize) -> Result<()> {
             self.check(dst, bytes);
             self.check(src, bytes);
@@ -1696,7 +1894,8 @@ mod tests {
                     [cj.dx, cj.dv, cj.df, cj.du, cj.dw] = [0, 1, 2, 3, 4].map(|k| want[k].addr());
                     crate::cpu::geodesic::leapfrog_backward(&cj).unwrap();
                     let want: Vec<Vec<f64>> = want.iter().map(HostBuf::read).collect();
-                    for with_traj in [true, false] {
+                    // without the trajectory the recomputing forward also runs fused
+                    for (with_traj, fused) in [(true, false), (false, false), (false, true)] {
                         for &set in &outs {
                             let got: Vec<Option<HostBuf>> = [bd, bd, bd, dr, dr]
                                 .iter()
@@ -1712,7 +1911,7 @@ mod tests {
                             let mut bufs = pr.inputs();
                             bufs.push(&traj);
                             bufs.extend(got.iter().flatten());
-                            HostRoute::new(Kind::LeapfrogBackward, j, &bufs)
+                            HostRoute::with(Kind::LeapfrogBackward, j, &bufs, fused)
                                 .run(Kind::LeapfrogBackward);
                             for (k, o) in got.iter().enumerate() {
                                 if let Some(o) = o {
@@ -1721,7 +1920,7 @@ mod tests {
                                         &want[k],
                                         tol(dtype),
                                         &format!(
-                                            "{dtype:?} B={b} D={d} R={r} T={t} inputs {opt:04b} traj={with_traj} outputs {set:05b}: output {k}"
+                                            "{dtype:?} B={b} D={d} R={r} T={t} inputs {opt:04b} traj={with_traj} fused={fused} outputs {set:05b}: output {k}"
                                         ),
                                     );
                                 }
@@ -1741,7 +1940,13 @@ mod tests {
                 let pr = HostProb::new(dtype, b, d, r, t, (b * 7 + d * 3 + r) as u64);
                 let (bd, dr) = (b * d, d * r);
                 let what = format!("{dtype:?} B={b} D={d} R={r} T={t}");
-                for c in [0.6, f64::INFINITY] {
+                for (c, fused) in [
+                    (0.6, false),
+                    (f64::INFINITY, false),
+                    (0.6, true),
+                    (f64::INFINITY, true),
+                ] {
+                    let what = format!("{what} fused={fused}");
                     // Christoffel forward, out of place and in place
                     let job = pr.job(0, c);
                     let want = HostBuf::nan(dtype, bd);
@@ -1752,7 +1957,7 @@ mod tests {
                     cj.gamma = got.addr();
                     let mut bufs = pr.inputs();
                     bufs.push(&got);
-                    HostRoute::new(Kind::ChristoffelForward, cj, &bufs)
+                    HostRoute::with(Kind::ChristoffelForward, cj, &bufs, fused)
                         .run(Kind::ChristoffelForward);
                     close(
                         &got.read(),
@@ -1765,7 +1970,7 @@ mod tests {
                     cj.gamma = v.addr();
                     let mut bufs = pr.inputs();
                     bufs.push(&v);
-                    HostRoute::new(Kind::ChristoffelForward, cj, &bufs)
+                    HostRoute::with(Kind::ChristoffelForward, cj, &bufs, fused)
                         .run(Kind::ChristoffelForward);
                     close(
                         &v.read(),
@@ -1838,7 +2043,7 @@ mod tests {
                             }
                             let mut bufs = pr.inputs();
                             bufs.extend(got.iter());
-                            HostRoute::new(Kind::LeapfrogForward, j, &bufs)
+                            HostRoute::with(Kind::LeapfrogForward, j, &bufs, fused)
                                 .run(Kind::LeapfrogForward);
                             let n = if with_traj { 3 } else { 2 };
                             for k in 0..n {
@@ -1865,10 +2070,15 @@ mod tests {
         let mut job = Job::new(DType::F32, 65536, 512, 64);
         job.steps = 8;
         job.dx = 1;
-        assert_eq!(Layout::new(Kind::LeapfrogBackward, &job).unwrap().bytes, 0);
+        assert_eq!(
+            Layout::new(Kind::LeapfrogBackward, &job, false)
+                .unwrap()
+                .bytes,
+            0
+        );
         job.du = 1;
         let (br, bd) = (65536 * 64 * 4, 65536 * 512 * 4);
-        let l = Layout::new(Kind::LeapfrogBackward, &job).unwrap();
+        let l = Layout::new(Kind::LeapfrogBackward, &job, false).unwrap();
         assert_eq!(
             [l.s, l.p0, l.s1, l.raw, l.raw1, l.vh, l.lv, l.slab, l.bytes],
             [
@@ -1886,13 +2096,20 @@ mod tests {
         job.dv = 1;
         job.traj = 1;
         assert_eq!(
-            Layout::new(Kind::LeapfrogBackward, &job).unwrap().bytes,
+            Layout::new(Kind::LeapfrogBackward, &job, false)
+                .unwrap()
+                .bytes,
             3 * br + 3 * bd
         );
-        let l = Layout::new(Kind::ChristoffelBackward, &Job::new(DType::F64, 3, 5, 7)).unwrap();
+        let l = Layout::new(
+            Kind::ChristoffelBackward,
+            &Job::new(DType::F64, 3, 5, 7),
+            false,
+        )
+        .unwrap();
         assert_eq!((l.s, l.raw, l.bytes), (0, 256, 512));
         job.traj = 0;
         job.steps = usize::MAX / 4;
-        assert!(Layout::new(Kind::LeapfrogBackward, &job).is_none());
+        assert!(Layout::new(Kind::LeapfrogBackward, &job, false).is_none());
     }
 }

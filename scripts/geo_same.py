@@ -6,8 +6,8 @@ same values), this runs the Christoffel backward and the leapfrog backward (from
 trajectory and recomputing) through both libraries on the same tensors, at the
 benchmark shape and at clamp bounds `c` that put many elements at or near the clamp
 (so that a mask decided differently would show), and compares the outputs with
-`torch.equal`. It also prints each library's b2b time per case (median of 5 runs of
-10 back-to-back calls). Exit status 1 when any output differs.
+`torch.equal`. It also prints each library's b2b time per case (`bench_geodesic.b2b_ms`:
+median of 5 runs of 10 back-to-back calls). Exit status 1 when any output differs.
 
     python3 scripts/geo_same.py base=path/to/a.so new=path/to/b.so [--ops chr,lf] [--B 65536]
 """
@@ -20,21 +20,6 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benches"))
 import bench_geodesic as bg  # noqa: E402
-
-
-def b2b(fn, n=10, runs=5):
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(runs):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(n):
-            fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / n)
-    return sorted(ts)[len(ts) // 2]
 
 
 def main():
@@ -62,7 +47,7 @@ def main():
             run()
             torch.cuda.synchronize()
             outs.append([t.clone() for t in o])
-            times.append(b2b(run))
+            times.append(bg.b2b_ms(run, n=10))
         same = all(torch.equal(a, b) for a, b in zip(*outs))
         diff = max(((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item() for a, b in zip(*outs))
         bad += not same

@@ -731,9 +731,8 @@ trait Steps {
         self.launch(name, n, &mut a)
     }
 
-    /// `out = (v U)^2 W^T` with `P = v U` into `p` and `S = P^2` into `s` (`s` may be
-    /// `p`; `out` may be `v`: `v` is read before `out` is written).
-    fn gamma_raw(&self, v: usize, out: usize, p: usize, s: usize) -> Result<()> {
+    /// `P = v U` into `p` (`[B, R]`).
+    fn vu(&self, v: usize, p: usize) -> Result<()> {
         let j = self.job();
         let (b, d, r) = (j.b as i64, j.d as i64, j.r as i64);
         self.gemm(
@@ -743,7 +742,15 @@ trait Steps {
             dense(j.u, d, r, 0),
             dense(p, b, r, 0),
             0.0,
-        )?;
+        )
+    }
+
+    /// `out = (v U)^2 W^T` with `P = v U` into `p` and `S = P^2` into `s` (`s` may be
+    /// `p`; `out` may be `v`: `v` is read before `out` is written).
+    fn gamma_raw(&self, v: usize, out: usize, p: usize, s: usize) -> Result<()> {
+        let j = self.job();
+        let (b, d, r) = (j.b as i64, j.d as i64, j.r as i64);
+        self.vu(v, p)?;
         self.ew("geo_square", s, p, b * r, 0.0)?;
         self.gemm(
             Trans::N,
@@ -804,21 +811,13 @@ trait Steps {
     /// fused with the kick `k` (`kick`) or with the clamp into `k.v` (the Christoffel
     /// forward's gamma, `k.c` the bound).
     fn gamma_fused(&self, v: usize, k: KickArgs, kick: bool) -> Result<()> {
+        self.vu(v, self.p())?;
         let j = self.job();
-        let (b, d, r) = (j.b as i64, j.d as i64, j.r as i64);
-        self.gemm(
-            Trans::N,
-            dense(v, b, d, 0),
-            Trans::N,
-            dense(j.u, d, r, 0),
-            dense(self.p(), b, r, 0),
-            0.0,
-        )?;
         let mut a = SwArgs {
             k,
             p: self.p() as u64,
             w: j.w as u64,
-            r,
+            r: j.r as i64,
             kick: kick as i32,
             pad: 0,
         };

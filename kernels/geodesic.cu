@@ -1890,8 +1890,7 @@ GEO_EW(geo_mask, GEO_MASK, 1)  // g' = g 1[-c <= raw <= c] over raw
 #define GEO_CLAMP(y_, x_, c_) clampc(y_, c_)
 GEO_EW(geo_clamp, GEO_CLAMP, 1)  // gamma = clamp(raw) in place
 #endif
-#if (defined(GEO_GENERIC) || defined(GEO_ALL)) && \
-    (defined(GEO_MODULE_CHR_FWD) || defined(GEO_MODULE_LF_FWD) || defined(GEO_MODULE_LF_BWD))
+#if (defined(GEO_GENERIC) || defined(GEO_ALL))
 struct KickArgs {
     i64 n, d;
     u64 vin, x, v, raw, f, mu, tx, tv;  // x: 0 for no drift; f, mu, tx, tv optional
@@ -1899,10 +1898,11 @@ struct KickArgs {
     int vec, pad_;
 };
 // The route's second product with what follows it fused in (geo_sw): for a tile of
-// GEO_SW_M rows, raw = (P^2) W^T (P = v U from cuBLAS, squared here), then either the
-// kick of geo_kick (`kick`; k.raw unused) or gamma = clamp(raw) into k.v (the
-// Christoffel forward). raw never goes to memory, and the square and the clamp are no
-// passes of their own. W stays in shared memory for the whole (persistent) block, as
+// GEO_SW_M rows, raw = (P^2) W^T (P = v U from cuBLAS, squared here), then by `mode`:
+// gamma = clamp(raw) into k.v (GEO_SW_CLAMP, the Christoffel forward), the kick of
+// geo_kick (GEO_SW_KICK; k.raw unused), or g' = g 1[-c <= raw <= c] into k.v with g at
+// k.vin (GEO_SW_MASK, the Christoffel backward). raw never goes to memory, and the
+// square, the clamp, the mask and the kick are no passes of their own. W stays in shared memory for the whole (persistent) block, as
 // [D][RS] with RS = R rounded up to 4 and to an odd number of 16-byte chunks (every
 // lane's 16-byte loads of its own feature row in a different bank group); the tile's S
 // beside it, transposed ([R4][GEO_SW_M], R4 = R rounded up to 4): a warp's lanes hold
@@ -1912,8 +1912,11 @@ struct SwArgs {
     KickArgs k;  // k.n = B*D, k.d = D
     u64 p, w;    // P [B, R], W [D, R]
     i64 r;
-    int kick, pad_;
+    int mode, pad_;
 };
+#define GEO_SW_CLAMP 0
+#define GEO_SW_KICK 1
+#define GEO_SW_MASK 2
 #define GEO_SW_M (sizeof(GEO_T) == 4 ? 32 : 16)  // rows per tile (f64: the accumulators take twice the registers)
 __device__ __forceinline__ int geo_sw_stride(i64 r) {
     const int q = (int)((r + 3) / 4);  // 16-byte chunks of a row
@@ -1961,7 +1964,7 @@ extern "C" __global__ void __launch_bounds__(GEO_NT, 1) geo_sw(const SwArgs a) {
             const T pv = (row0 + m < B && r < R) ? P[(row0 + m) * R + r] : T(0);
             Ss[i] = pv * pv;
         }
-        if (a.kick) {  // the epilogue's rows, from DRAM into L2 while the product runs
+        if (a.mode != GEO_SW_CLAMP) {  // the epilogue's rows, from DRAM into L2 while the product runs
             prefetch_rows_l2(vin, row0, M, B, D);
             prefetch_rows_l2(f, row0, M, B, D);
             prefetch_rows_l2(x, row0, M, B, D);
@@ -2000,12 +2003,31 @@ extern "C" __global__ void __launch_bounds__(GEO_NT, 1) geo_sw(const SwArgs a) {
             const bool full = row0 + M <= B && ok[1];
             auto in = [&](int m, int k) { return full || (row0 + m < B && ok[k]); };
             const i64 base = row0 * D + fe[0];  // element (m, k): base + m D + k GEO_NT
-            if (!a.kick) {
+            if (a.mode == GEO_SW_CLAMP) {
 #pragma unroll
                 for (int m = 0; m < M; ++m)
 #pragma unroll
                     for (int k = 0; k < 2; ++k)
                         if (in(m, k)) v[base + m * D + k * GEO_NT] = clampc_fast(acc[k][m], c);
+                continue;
+            }
+            if (a.mode == GEO_SW_MASK) {
+                constexpr int G = 8;
+#pragma unroll
+                for (int m0 = 0; m0 < M; m0 += G) {
+                    T gg[G][2];
+#pragma unroll
+                    for (int mm = 0; mm < G; ++mm)
+#pragma unroll
+                        for (int k = 0; k < 2; ++k)
+                            gg[mm][k] = in(m0 + mm, k) ? vin[base + (m0 + mm) * D + k * GEO_NT] : T(0);
+#pragma unroll
+                    for (int mm = 0; mm < G; ++mm)
+#pragma unroll
+                        for (int k = 0; k < 2; ++k)
+                            if (in(m0 + mm, k))
+                                v[base + (m0 + mm) * D + k * GEO_NT] = passc(acc[k][m0 + mm], c) ? gg[mm][k] : T(0);
+                }
                 continue;
             }
             // geo_kick's element; per G rows every load before any use

@@ -549,8 +549,19 @@ struct SwArgs {
     p: u64,
     w: u64,
     r: i64,
-    kick: i32,
+    mode: i32,
     pad: i32,
+}
+
+/// `SwArgs::mode` (`GEO_SW_*`): what `geo_sw` does with raw.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Sw {
+    /// gamma = clamp(raw) into `k.v`
+    Clamp = 0,
+    /// `geo_kick`'s element
+    Kick = 1,
+    /// g' = g 1[|raw| <= c] into `k.v`, g at `k.vin`
+    Mask = 2,
 }
 
 /// Rows per tile of `geo_sw` (`GEO_SW_M`): 32 in f32, 16 in f64.
@@ -807,21 +818,26 @@ trait Steps {
         }
     }
 
-    /// `P = v U` into `p()`, then `geo_sw`: raw = (P^2) W^T per element, never stored,
-    /// fused with the kick `k` (`kick`) or with the clamp into `k.v` (the Christoffel
-    /// forward's gamma, `k.c` the bound).
-    fn gamma_fused(&self, v: usize, k: KickArgs, kick: bool) -> Result<()> {
-        self.vu(v, self.p())?;
+    /// `geo_sw` with `P = v U` in `p()`: raw = (P^2) W^T per element, never stored,
+    /// fused with what `mode` says (`k`: the kick's arguments, or for the clamp and the
+    /// mask the output `k.v`, the bound `k.c` and the mask's g `k.vin`).
+    fn sw_after(&self, k: KickArgs, mode: Sw) -> Result<()> {
         let j = self.job();
         let mut a = SwArgs {
             k,
             p: self.p() as u64,
             w: j.w as u64,
             r: j.r as i64,
-            kick: kick as i32,
+            mode: mode as i32,
             pad: 0,
         };
         self.sw(&mut a)
+    }
+
+    /// `P = v U` into `p()`, then `sw_after`.
+    fn gamma_fused(&self, v: usize, k: KickArgs, mode: Sw) -> Result<()> {
+        self.vu(v, self.p())?;
+        self.sw_after(k, mode)
     }
 
     /// One kick-drift-kick step from the velocity `v_from` (read by the first
@@ -838,8 +854,8 @@ trait Steps {
         tv: usize,
     ) -> Result<()> {
         if self.fused() {
-            self.gamma_fused(v_from, self.kick_args(v_from, v, 0, x, tx, 0), true)?;
-            return self.gamma_fused(v, self.kick_args(v, v, 0, 0, 0, tv), true);
+            self.gamma_fused(v_from, self.kick_args(v_from, v, 0, x, tx, 0), Sw::Kick)?;
+            return self.gamma_fused(v, self.kick_args(v, v, 0, 0, 0, tv), Sw::Kick);
         }
         let p = self.p();
         self.gamma_raw(v_from, raw, p, p)?;
@@ -985,14 +1001,11 @@ fn route_tf32(kind: Kind, job: &Job) -> bool {
 }
 
 /// `geo_sw`'s shared memory for this op where the route takes it: strict products
-/// (with TF32 allowed cuBLAS's TF32 product stays), an op with a Christoffel forward
-/// in it (not the Christoffel backward, whose raw is its mask), and W with a tile
-/// within `max_smem`; else 0.
+/// (with TF32 allowed cuBLAS's TF32 product stays) and W with a tile within
+/// `max_smem`; else 0.
 fn route_sw_smem(kind: Kind, job: &Job, max_smem: usize) -> usize {
     match sw_smem(job) {
-        Some(b) if b <= max_smem && kind != Kind::ChristoffelBackward && !route_tf32(kind, job) => {
-            b
-        }
+        Some(b) if b <= max_smem && !route_tf32(kind, job) => b,
         _ => 0,
     }
 }
@@ -1084,7 +1097,7 @@ fn chr_fwd_gemm(r: &impl Steps) -> Result<()> {
     let job = r.job();
     if r.fused() {
         let k = r.kick_args(0, job.gamma, 0, 0, 0, 0);
-        return r.gamma_fused(job.v0, k, false);
+        return r.gamma_fused(job.v0, k, Sw::Clamp);
     }
     r.gamma_raw(job.v0, job.gamma, r.p(), r.p())?;
     if job.c.is_finite() {
@@ -1132,8 +1145,15 @@ fn lf_fwd_gemm(r: &impl Steps, l: &Layout) -> Result<()> {
 fn chr_bwd_gemm(r: &impl Steps, l: &Layout) -> Result<()> {
     let job = r.job();
     let (s, raw) = (r.ws() + l.s, r.ws() + l.raw);
-    r.gamma_raw(job.v0, raw, r.p(), s)?;
-    r.ew("geo_mask", raw, job.g, (job.b * job.d) as i64, job.c)?;
+    if r.fused() {
+        // g' straight into the raw workspace; S for the vjp's products from P
+        r.vu(job.v0, r.p())?;
+        r.ew("geo_square", s, r.p(), (job.b * job.r) as i64, 0.0)?;
+        r.sw_after(r.kick_args(job.g, raw, 0, 0, 0, 0), Sw::Mask)?;
+    } else {
+        r.gamma_raw(job.v0, raw, r.p(), s)?;
+        r.ew("geo_mask", raw, job.g, (job.b * job.d) as i64, job.c)?;
+    }
     r.vjp_products(
         job.v0,
         r.p(),
@@ -1723,7 +1743,7 @@ mod tests {
                 // SAFETY: i < n, raw's length.
                 unsafe { put(self.job.dtype, raw.addr(), i, acc) };
             }
-            if a.kick != 0 {
+            if a.mode == Sw::Kick as i32 {
                 let mut k = a.k;
                 k.raw = raw.addr() as u64;
                 let mut spans = self.spans.clone();
@@ -1742,17 +1762,20 @@ mod tests {
             for i in 0..n {
                 // SAFETY: i < n.
                 let x = unsafe { get(self.job.dtype, raw.addr(), i) };
-                self.set(
-                    a.k.v,
-                    i,
-                    if x < -c {
-                        -c
-                    } else if x > c {
-                        c
+                let y = if a.mode == Sw::Mask as i32 {
+                    if x >= -c && x <= c {
+                        self.at(a.k.vin, i)
                     } else {
-                        x
-                    },
-                );
+                        0.0
+                    }
+                } else if x < -c {
+                    -c
+                } else if x > c {
+                    c
+                } else {
+                    x
+                };
+                self.set(a.k.v, i, y);
             }
             Ok(())
         }
@@ -1996,7 +2019,7 @@ mod tests {
                             [0, 1, 2].map(|k| got[k].as_ref().map_or(0, HostBuf::addr));
                         let mut bufs = pr.inputs();
                         bufs.extend(got.iter().flatten());
-                        HostRoute::new(Kind::ChristoffelBackward, j, &bufs)
+                        HostRoute::with(Kind::ChristoffelBackward, j, &bufs, fused)
                             .run(Kind::ChristoffelBackward);
                         for (k, o) in got.iter().enumerate() {
                             if let Some(o) = o {

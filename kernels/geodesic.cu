@@ -1902,12 +1902,14 @@ struct KickArgs {
 // gamma = clamp(raw) into k.v (GEO_SW_CLAMP, the Christoffel forward), the kick of
 // geo_kick (GEO_SW_KICK; k.raw unused), or g' = g 1[-c <= raw <= c] into k.v with g at
 // k.vin (GEO_SW_MASK, the Christoffel backward). raw never goes to memory, and the
-// square, the clamp, the mask and the kick are no passes of their own. W stays in shared memory for the whole (persistent) block, as
-// [D][RS] with RS = R rounded up to 4 and to an odd number of 16-byte chunks (every
-// lane's 16-byte loads of its own feature row in a different bank group); the tile's S
-// beside it, transposed ([R4][GEO_SW_M], R4 = R rounded up to 4): a warp's lanes hold
-// different features and the same rows, so S is read as 16-byte broadcasts. The host takes this kernel where that fits the device's
-// shared memory and the products are strict (src/cuda/geodesic.rs, `sw_smem`).
+// square, the clamp, the mask and the kick are no passes of their own. W stays in
+// shared memory for the whole (persistent) block, as [D][RS] with RS = R rounded up
+// to 4 and to an odd number of 16-byte chunks (every lane's 16-byte loads of its own
+// feature row in a different bank group); the tile's S beside it, transposed
+// ([R4][GEO_SW_M], R4 = R rounded up to 4): a warp's lanes hold different features and
+// the same rows, so S is read as 16-byte broadcasts. The host takes this kernel where
+// that fits the device's shared memory and the products are strict
+// (src/cuda/geodesic.rs, `sw_smem`).
 struct SwArgs {
     KickArgs k;  // k.n = B*D, k.d = D
     u64 p, w;    // P [B, R], W [D, R]

@@ -1726,13 +1726,16 @@ mod tests {
         fn fused(&self) -> bool {
             self.fused
         }
-        /// `geo_sw` on the host: raw from `P^2` and W in f64, then `geo_kick`'s
-        /// element (its host version above) or the clamp.
+        /// `geo_sw` on the host: raw from `P^2` and W in f64, then the host version of
+        /// the kernel it fuses (`geo_kick`, `geo_clamp`, `geo_mask`, above).
         fn sw(&self, a: &mut SwArgs) -> Result<()> {
             assert!(self.fused, "sw without fused");
             let (d, r) = (a.k.d as usize, a.r as usize);
             let n = a.k.n as usize;
-            let raw = HostBuf::nan(self.job.dtype, n);
+            // raw: the clamp and the mask work in place on their output; the kick reads
+            // v (maybe in place) and needs raw beside it
+            let kick_raw = (a.mode == Sw::Kick as i32).then(|| HostBuf::nan(self.job.dtype, n));
+            let raw = kick_raw.as_ref().map_or(a.k.v as usize, HostBuf::addr);
             for i in 0..n {
                 let (row, f) = (i / d, i % d);
                 let mut acc = 0.0;
@@ -1740,44 +1743,33 @@ mod tests {
                     let p = self.at(a.p, row * r + k);
                     acc += p * p * self.at(a.w, f * r + k);
                 }
-                // SAFETY: i < n, raw's length.
-                unsafe { put(self.job.dtype, raw.addr(), i, acc) };
-            }
-            if a.mode == Sw::Kick as i32 {
-                let mut k = a.k;
-                k.raw = raw.addr() as u64;
-                let mut spans = self.spans.clone();
-                spans.push((raw.addr(), raw.addr() + n * self.job.dtype.size()));
-                let with_raw = HostRoute {
-                    job: self.job,
-                    layout: self.layout,
-                    p: Vec::new(),
-                    ws: Vec::new(),
-                    spans,
-                    fused: true,
-                };
-                return with_raw.launch("geo_kick", n as i64, &mut k);
-            }
-            let c = self.bound(a.k.c);
-            for i in 0..n {
-                // SAFETY: i < n.
-                let x = unsafe { get(self.job.dtype, raw.addr(), i) };
-                let y = if a.mode == Sw::Mask as i32 {
-                    if x >= -c && x <= c {
-                        self.at(a.k.vin, i)
-                    } else {
-                        0.0
-                    }
-                } else if x < -c {
-                    -c
-                } else if x > c {
-                    c
+                if kick_raw.is_some() {
+                    // SAFETY: i < n, raw's length.
+                    unsafe { put(self.job.dtype, raw, i, acc) };
                 } else {
-                    x
-                };
-                self.set(a.k.v, i, y);
+                    self.set(a.k.v, i, acc);
+                }
             }
-            Ok(())
+            let ni = n as i64;
+            match a.mode {
+                m if m == Sw::Clamp as i32 => self.ew("geo_clamp", raw, 0, ni, a.k.c),
+                m if m == Sw::Mask as i32 => self.ew("geo_mask", raw, a.k.vin as usize, ni, a.k.c),
+                _ => {
+                    let mut k = a.k;
+                    k.raw = raw as u64;
+                    let mut spans = self.spans.clone();
+                    spans.push((raw, raw + n * self.job.dtype.size()));
+                    let with_raw = HostRoute {
+                        job: self.job,
+                        layout: self.layout,
+                        p: Vec::new(),
+                        ws: Vec::new(),
+                        spans,
+                        fused: true,
+                    };
+                    with_raw.launch("geo_kick", ni, &mut k)
+                }
+            }
         }
         fn copy(&self, dst: usize, src: usize, bytes: usize) -> Result<()> {
             self.check(dst, bytes);

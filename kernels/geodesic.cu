@@ -197,6 +197,14 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
     *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
 #endif
 }
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+#if __CUDA_ARCH__ >= 800
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+    *reinterpret_cast<uint2*>(smem) = *reinterpret_cast<const uint2*>(gmem);
+#endif
+}
 __device__ __forceinline__ void cp_async_commit() {
 #if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -270,7 +278,7 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     static constexpr int SUZ = UZ ? RP : SU;         // U's row stride
     static constexpr int SMEM_CHR_FWD = DP * SU + DP * SW + GEO_NW * SLICE + M * SU;
     static constexpr int SMEM_LF_FWD = DP * SU + DP * SW + GEO_NW * SLICE + M * SU;
-    static constexpr int SMEM_LF_FWD_TC = 2 * DP * RP + GEO_NW * SLICE + M * SU;  // U, W in fragment order
+    static constexpr int SMEM_LF_FWD_TC = GEO_NW * SLICE + M * SU + 2 * M * DP + DP;  // U, W in registers (RegFrags); x, hf stashed, 1 - h mu
     static constexpr int SMEM_LF_STAGE = GEO_NW * SLICE;  // the leapfrog's optional v stage (lf_fwd_fast)
     // the TF32 Christoffel forward (chr_fwd_tc): U and W in fragment order, per group
     // the warps' partials and S
@@ -460,6 +468,39 @@ template <class C> struct Rows {
             }
         } else {
             store(o, dst, pair);
+        }
+    }
+    // A tile parked in shared memory, private to its thread (`st` = stash + 4 * thread):
+    // element q = i TJ + j at st + (q / 4) 4 NT + q % 4, so 4 consecutive elements are one
+    // conflict-free 16-byte vector and no barriers are needed.
+    static __device__ __forceinline__ T* stash_at(T* st, int q) { return st + (q >> 2) * 4 * GEO_NT + (q & 3); }
+    // src [B, D] (NULL: zeros) into the stash: cp.async for the JS = 2 pairs of the TC
+    // layout where `pair` allows (the caller waits for them), plain copies elsewhere
+    __device__ __forceinline__ void stash_async(T* st, const T* src, bool pair) const {
+        static_assert(C::TC, "the TC row layout");
+#pragma unroll
+        for (int i = 0; i < C::TI; ++i) {
+            const T* p = src + off + roff(i) * D;
+            const bool rok = src != nullptr && roff(i) < rlim;
+#pragma unroll
+            for (int j = 0; j < C::TJ; j += 2) {
+                T* d = stash_at(st, i * C::TJ + j);
+                if (pair && rok && coff(j + 1) < dlim) {
+                    cp_async8(d, p + coff(j));
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) d[e] = (rok && colok(j + e)) ? p[coff(j + e)] : T(0);
+                }
+            }
+        }
+    }
+    __device__ __forceinline__ void from_stash(Tile& o, T* st) const {
+#pragma unroll
+        for (int q = 0; q < C::TI * C::TJ; q += 4) {
+            T q4[4];
+            ldv<4>(stash_at(st, q), q4);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[(q + e) / C::TJ][(q + e) % C::TJ] = q4[e];
         }
     }
     // into the warp's own smem slice [M][SV] (FFMA kernels: the TF32 ones take their A
@@ -777,14 +818,74 @@ __device__ void load_frags(float* Uf, float* Wf, const float* U, const float* W,
         });
 }
 
+// Where the B fragments of a phase come from: `SmemFrags` (Frags<NIN> order in shared
+// memory, offset by the lane: P fragments per 8- or 16-byte load) or `RegFrags` (the
+// TF32 leapfrog: the warp's fragments of U and W held in registers for the launch).
+// `load(o, n, b)`: fragments (o, n .. n + P - 1), o the k-step.
+template <int NIN> struct SmemFrags {
+    static constexpr int P = Frags<NIN>::P;
+    const float* base;
+    __device__ __forceinline__ void load(int o, int n, float (&b)[P][2]) const { Frags<NIN>::load(base, o, n, b); }
+};
+template <class C> struct RegFrags {
+    static constexpr int KS = C::KW / 8, NR = C::RP / 8;
+    float u[KS][NR][2];  // phase A: k-step s (of the warp's feature slice), n-tile n (of RP)
+    float w[NR][KS][2];  // phase B: k-step s (of RP), n-tile n (of the warp's features)
+    // warp wp's fragments of U [D, R] (k order `kmap`, as load_frags) and W from global
+    // memory, TF32-rounded; all loads issued before the first is used
+    template <class KMap>
+    __device__ __forceinline__ void load(const float* U, const float* W, i64 D, i64 R, int wp, int lane, KMap kmap) {
+        const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int s = 0; s < KS; ++s)
+#pragma unroll
+            for (int n = 0; n < NR; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int k = kmap(wp, s, t, e), r = 8 * n + g;
+                    u[s][n][e] = (k < D && r < R) ? U[(i64)k * R + r] : 0.f;
+                }
+#pragma unroll
+        for (int s = 0; s < NR; ++s)
+#pragma unroll
+            for (int n = 0; n < KS; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int d = wp * C::KW + 8 * n + g, r = 8 * s + t + 4 * e;
+                    w[s][n][e] = (d < D && r < R) ? W[(i64)d * R + r] : 0.f;
+                }
+#pragma unroll
+        for (int s = 0; s < KS; ++s)
+#pragma unroll
+            for (int n = 0; n < NR; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) u[s][n][e] = geo_tf32(u[s][n][e]);
+#pragma unroll
+        for (int s = 0; s < NR; ++s)
+#pragma unroll
+            for (int n = 0; n < KS; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) w[s][n][e] = geo_tf32(w[s][n][e]);
+    }
+    template <int O, int N> struct Src {
+        static constexpr int P = 1;
+        const float (&f)[O][N][2];
+        __device__ __forceinline__ void load(int o, int n, float (&b)[1][2]) const {
+            b[0][0] = f[o][n][0];
+            b[0][1] = f[o][n][1];
+        }
+    };
+    __device__ __forceinline__ Src<KS, NR> a_src() const { return {u}; }
+    __device__ __forceinline__ Src<NR, KS> b_src() const { return {w}; }
+};
+
 // Phase A over the warp's feature slice: acc = P[16][RP] partial = X[16][KW] U[KW][RP],
 // one m16n8k8 per (k-step, n-tile). `af(s, a)` writes k-step s's A fragment (TF32:
-// rows g, g + 8 at k position t, then at t + 4); `uf`: this warp's U fragments
-// (Frags<NR> order, outer index the k-step), offset by the lane.
-template <class C, class AF>
-__device__ __forceinline__ void phase_a_frag(const float* uf, AF af, float (&acc)[C::RP / 8][4]) {
-    constexpr int KS = C::KW / 8, NR = C::RP / 8;
-    typedef Frags<NR> Fr;
+// rows g, g + 8 at k position t, then at t + 4); `bs`: this warp's U fragments
+// (SmemFrags<NR> or RegFrags::a_src, outer index the k-step).
+template <class C, class BS, class AF>
+__device__ __forceinline__ void phase_a_frag(const BS& bs, AF af, float (&acc)[C::RP / 8][4]) {
+    constexpr int KS = C::KW / 8, NR = C::RP / 8, P = BS::P;
 #pragma unroll
     for (int n = 0; n < NR; ++n)
 #pragma unroll
@@ -794,11 +895,11 @@ __device__ __forceinline__ void phase_a_frag(const float* uf, AF af, float (&acc
         float a[4];
         af(s, a);
 #pragma unroll
-        for (int n = 0; n < NR; n += Fr::P) {
-            float b[Fr::P][2];
-            Fr::load(uf, s, n, b);
+        for (int n = 0; n < NR; n += P) {
+            float b[P][2];
+            bs.load(s, n, b);
 #pragma unroll
-            for (int k = 0; k < Fr::P; ++k) geo_mma_tf32(acc[n + k], a, b[k]);
+            for (int k = 0; k < P; ++k) geo_mma_tf32(acc[n + k], a, b[k]);
         }
     }
 }
@@ -822,13 +923,12 @@ __device__ __forceinline__ constexpr int s_frag(int m, int r) {
 }
 
 // Phase B: acc = raw[16][the warp's KW features] = S[16][RP] W^T, S TF32-rounded in
-// smem (s_frag order), `wf` this warp's W fragments (Frags<KS> order, outer index the
-// k-step), offset by the lane. Accumulator n holds rows g, g + 8 and features
-// w*KW + 8n + 2t, + 1 (the TC row layout: tile (i, 2n + e) is element 2i + e).
-template <class C>
-__device__ __forceinline__ void phase_b_frag(const float* S, const float* wf, int lane, float (&acc)[C::KW / 8][4]) {
-    constexpr int KS = C::KW / 8, NR = C::RP / 8;
-    typedef Frags<KS> Fr;
+// smem (s_frag order), `bs` this warp's W fragments (SmemFrags<KS> or
+// RegFrags::b_src, outer index the k-step). Accumulator n holds rows g, g + 8 and
+// features w*KW + 8n + 2t, + 1 (the TC row layout: tile (i, 2n + e) is element 2i + e).
+template <class C, class BS>
+__device__ __forceinline__ void phase_b_frag(const float* S, const BS& bs, int lane, float (&acc)[C::KW / 8][4]) {
+    constexpr int KS = C::KW / 8, NR = C::RP / 8, P = BS::P;
 #pragma unroll
     for (int n = 0; n < KS; ++n)
 #pragma unroll
@@ -838,11 +938,11 @@ __device__ __forceinline__ void phase_b_frag(const float* S, const float* wf, in
         float a[4];
         ldv<4>(S + (s2 * 32 + lane) * 4, a);
 #pragma unroll
-        for (int n = 0; n < KS; n += Fr::P) {
-            float b[Fr::P][2];
-            Fr::load(wf, s2, n, b);
+        for (int n = 0; n < KS; n += P) {
+            float b[P][2];
+            bs.load(s2, n, b);
 #pragma unroll
-            for (int k = 0; k < Fr::P; ++k) geo_mma_tf32(acc[n + k], a, b[k]);
+            for (int k = 0; k < P; ++k) geo_mma_tf32(acc[n + k], a, b[k]);
         }
     }
 }
@@ -859,22 +959,30 @@ __device__ __forceinline__ void check_smem(unsigned needed_bytes, const GeoArgs&
     if (needed_bytes > a.smem_bytes || a.smem_bytes > dyn_smem_size()) __trap();
 }
 
+// U and W for gamma_regs: the FFMA kernels' in shared memory ([DP][SUZ], [DP][SW]);
+// the TF32 leapfrog passes its RegFrags instead.
+template <class C> struct SmemUW {
+    const typename C::T* U;
+    const typename C::T* W;
+};
+template <bool B, class X, class Y> struct GeoIf { typedef X type; };
+template <class X, class Y> struct GeoIf<false, X, Y> { typedef Y type; };
+
 // Gamma of a row-layout tile: writes it to the warp's slice of `vb` (FFMA; the TC
-// kernels take their A fragments from `vin` itself and U, W in fragment order with
-// the KmapRows k order), phase A with the partials in the slices of `pb` (may be
+// kernels take their A fragments from `vin` itself and U, W from the RegFrags `uw`,
+// KmapRows k order), phase A with the partials in the slices of `pb` (may be
 // `vb`), P (optional) and S = P^2 into smem, phase B into `raw` (unclamped).
 // Contains two __syncthreads.
-template <class C>
+template <class C, class UW>
 __device__ __forceinline__ void gamma_regs(const typename Rows<C>::Tile& vin, const Rows<C>& rl, typename C::T* vb,
-                                           typename C::T* pb, typename C::T* P, typename C::T* S,
-                                           const typename C::T* Us, const typename C::T* Ws, i64 R,
-                                           typename Rows<C>::Tile& raw) {
+                                           typename C::T* pb, typename C::T* P, typename C::T* S, const UW& uw,
+                                           i64 R, typename Rows<C>::Tile& raw) {
     typedef typename C::T T;
     const int lane = threadIdx.x & 31;
     constexpr int KS = C::KW / 8, NR = C::RP / 8;
     if constexpr (C::TC) {
         float acc[NR][4];
-        phase_a_frag<C>(Us + Frags<NR>::off(rl.w * KS, 0, lane, 0),
+        phase_a_frag<C>(uw.a_src(),
                         [&](int st, float (&a)[4]) {
                             a[0] = geo_tf32_op(vin[0][2 * st]);
                             a[1] = geo_tf32_op(vin[1][2 * st]);
@@ -888,7 +996,7 @@ __device__ __forceinline__ void gamma_regs(const typename Rows<C>::Tile& vin, co
         rl.to_slice(vin, vs);
         __syncwarp();
         T acc[C::MB][C::RA];
-        phase_a<C>(vs, Us + rl.w * C::KW * C::SUZ, lane, acc);
+        phase_a<C>(vs, uw.U + rl.w * C::KW * C::SUZ, lane, acc);
         __syncwarp();
         store_part<C>(pb + rl.w * C::SLICE, acc, lane);
     }
@@ -902,7 +1010,7 @@ __device__ __forceinline__ void gamma_regs(const typename Rows<C>::Tile& vin, co
     __syncthreads();
     if constexpr (C::TC) {
         float acc[KS][4];
-        phase_b_frag<C>(S, Ws + Frags<KS>::off(rl.w * NR, 0, lane, 0), lane, acc);
+        phase_b_frag<C>(S, uw.b_src(), lane, acc);
 #pragma unroll
         for (int n = 0; n < KS; ++n) {
             raw[0][2 * n] = acc[n][0];
@@ -911,9 +1019,9 @@ __device__ __forceinline__ void gamma_regs(const typename Rows<C>::Tile& vin, co
             raw[1][2 * n + 1] = acc[n][3];
         }
     } else if constexpr (C::VL) {
-        phase_b_v<C>(S, Ws, lane, raw);
+        phase_b_v<C>(S, uw.W, lane, raw);
     } else {
-        phase_b<C>(S, Ws, lane, raw);
+        phase_b<C>(S, uw.W, lane, raw);
     }
 }
 
@@ -1044,8 +1152,8 @@ template <class C> __device__ void chr_fwd_tc(const GeoArgs& a) {
     i64 tile = blockIdx.x + (i64)grp * gridDim.x;
     if (tile < ntiles) load_a(cur, tile);
     __syncthreads();  // Uf, Wf
-    const float* uf = Uf + Frags<NR>::off(w * KS, 0, lane, 0);
-    const float* wf = Wf + Frags<KS>::off(w * NR, 0, lane, 0);
+    const SmemFrags<NR> uf{Uf + Frags<NR>::off(w * KS, 0, lane, 0)};
+    const SmemFrags<KS> wf{Wf + Frags<KS>::off(w * NR, 0, lane, 0)};
     for (; tile < ntiles; tile += step) {
         if (tile + step < ntiles) load_a(nxt, tile + step);
         // phase A: the warp's partial [16][RP] over its slice
@@ -1188,7 +1296,7 @@ template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
         }
         // p, s (partials in the G slices, free now)
         Tile raw;
-        gamma_regs<C>(t, rl, Vb, Gb, P, S, Us, Ws, a.R, raw);
+        gamma_regs<C>(t, rl, Vb, Gb, P, S, SmemUW<C>{Us, Ws}, a.R, raw);
         // g only now: loaded before the Gamma, its tile lived in registers across it
         // (sm_90: 36/36 bytes of spills -> none; H100 -8% b2b; L2 holds it, prefetched)
         Tile gr;
@@ -1210,67 +1318,160 @@ template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
     if (want_dw) param_store<C>(acc_w, param_part<C>(a.dw_part, a));
 }
 
-// Leapfrog forward: per tile of M rows, x, v, f in registers (row layout) for all T
-// steps. The TF32 kernel stages v: where the launch gives it the room (`a.smem_bytes`
-// covers SMEM_LF_STAGE more elements), the next tile's v streams into a staging buffer
-// (load_tile, cp.async) during this tile's steps, so that a tile starts on v from
-// shared memory; its x and f, only needed after the first Gamma, are loaded from
-// global memory (asked for in L2 one tile ahead) while that Gamma runs. (The FFMA
-// kernel, at 254 registers, spilled with the stage and ran 3-4% slower: it loads v
-// like x and f.)
+// Where the leapfrog forward keeps a tile's x and h f and the per-feature h mu (TF32:
+// 1 - h mu, for kick_folded) between its steps: in registers (`LfState<C, false>`, the
+// FFMA kernel), or, in the TF32 kernel whose registers hold U and W (RegFrags), x and
+// h f in a thread-private stash in shared memory (Rows::stash_at: 16-byte vectors,
+// no barriers) and 1 - h mu as a [DP] vector there (`LfState<C, true>`).
+//   load(rl, x0, f, pair)  the tile's x and f (stash: cp.async, one group committed)
+//   scale_hf(h)            f -> h f, after the first Gamma (stash: waits for all but
+//                          the newest cp.async group, i.e. the tile's x and f)
+//   kick<DRIFT>(v, raw)    v = kick(v, raw) per element; with DRIFT also x += dt v
+//   with_x(rl, fn)         fn(the tile's x as a row-layout tile)
+template <class C, bool STASH> struct LfState;
+template <class C> struct LfState<C, false> {
+    typedef typename C::T T;
+    typedef typename Rows<C>::Tile Tile;
+    T h, dt, c;
+    Tile x, hf;
+    T hm[C::TJ];
+    __device__ __forceinline__ LfState(const Rows<C>& rl, T h_, T dt_, T c_, const T* mu, T*, int)
+        : h(h_), dt(dt_), c(c_) {
+#pragma unroll
+        for (int j = 0; j < C::TJ; ++j) hm[j] = h * ((mu != nullptr && rl.colok(j)) ? mu[rl.col(j)] : T(0));
+    }
+    __device__ __forceinline__ void load(const Rows<C>& rl, const T* x0, const T* f, bool pair) {
+        rl.load(x, x0, pair);
+        rl.load(hf, f, pair);
+    }
+    __device__ __forceinline__ void scale_hf() {
+#pragma unroll
+        for (int i = 0; i < C::TI; ++i)
+#pragma unroll
+            for (int j = 0; j < C::TJ; ++j) hf[i][j] *= h;
+    }
+    template <bool DRIFT> __device__ __forceinline__ void kick(Tile& v, const Tile& raw) {
+#pragma unroll
+        for (int i = 0; i < C::TI; ++i)
+#pragma unroll
+            for (int j = 0; j < C::TJ; ++j) {
+                v[i][j] = ::kick(v[i][j], hf[i][j], hm[j], h, raw[i][j], c);
+                if (DRIFT) x[i][j] += dt * v[i][j];
+            }
+    }
+    template <class F> __device__ __forceinline__ void with_x(const Rows<C>&, F fn) const { fn(x); }
+};
+template <class C> struct LfState<C, true> {
+    typedef typename C::T T;
+    typedef typename Rows<C>::Tile Tile;
+    T h, dt, c;
+    T *xs, *hs, *am;  // the stash of x and of h f (offset by the thread); 1 - h mu at the thread's columns
+    // `sm`: 2 M DP + DP elements of shared memory
+    __device__ __forceinline__ LfState(const Rows<C>& rl, T h_, T dt_, T c_, const T* mu, T* sm, int D)
+        : h(h_), dt(dt_), c(c_) {
+        xs = sm + 4 * geo_tid();
+        hs = xs + C::M * C::DP;
+        am = sm + 2 * C::M * C::DP;
+        for (int d = geo_tid(); d < C::DP; d += GEO_NT) am[d] = T(1) - h * ((mu != nullptr && d < D) ? mu[d] : T(0));
+        am += rl.col(0);  // (read after the caller's next barrier)
+    }
+    __device__ __forceinline__ void load(const Rows<C>& rl, const T* x0, const T* f, bool pair) {
+        rl.stash_async(xs, x0, pair);
+        rl.stash_async(hs, f, pair);
+        cp_async_commit();
+    }
+    __device__ __forceinline__ void scale_hf() {
+        cp_async_wait<1>();
+#pragma unroll
+        for (int q = 0; q < C::TI * C::TJ; q += 4) {
+            T* p = Rows<C>::stash_at(hs, q);
+            T f4[4];
+            ldv<4>(p, f4);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) f4[e] *= h;
+            stv<4>(p, f4);
+        }
+    }
+    template <bool DRIFT> __device__ __forceinline__ void kick(Tile& v, const Tile& raw) {
+#pragma unroll
+        for (int q = 0; q < C::TI * C::TJ; q += 4) {
+            T x4[4], hf4[4], a2[2][2];
+            if (DRIFT) ldv<4>(Rows<C>::stash_at(xs, q), x4);
+            ldv<4>(Rows<C>::stash_at(hs, q), hf4);
+            ldv<2>(am + Rows<C>::coff(q % C::TJ), a2[0]);  // columns j, j + 1 (the TC layout's pairs)
+            ldv<2>(am + Rows<C>::coff(q % C::TJ + 2), a2[1]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = (q + e) / C::TJ, j = (q + e) % C::TJ;
+                v[i][j] = kick_folded(v[i][j], hf4[e], a2[e >> 1][e & 1], h, raw[i][j], c);
+                if (DRIFT) x4[e] += dt * v[i][j];
+            }
+            if (DRIFT) stv<4>(Rows<C>::stash_at(xs, q), x4);
+        }
+    }
+    template <class F> __device__ __forceinline__ void with_x(const Rows<C>& rl, F fn) const {
+        Tile x;
+        rl.from_stash(x, xs);
+        fn(x);
+    }
+};
+
+// Leapfrog forward: per tile of M rows, x, v, f on chip (row layout) for all T steps:
+// the FFMA kernel in registers, the TF32 one v in registers and x, h f in a
+// thread-private shared-memory stash (LfState), its registers holding the warp's U and
+// W fragments (RegFrags) for the launch instead. The TF32 kernel stages v: where the
+// launch gives it the room (`a.smem_bytes` covers SMEM_LF_STAGE more elements), the
+// next tile's v streams into a staging buffer (load_tile, cp.async) during this tile's
+// steps, so that a tile starts on v from shared memory; its x and f, only needed after
+// the first Gamma, stream into the stash (cp.async) while that Gamma runs. (The FFMA
+// kernel, at 250 registers, spilled with the stage and ran 3-4% slower: it loads v
+// like x and f, asked for in L2 one tile ahead.)
 template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
     typedef typename C::T T;
     typedef typename Rows<C>::Tile Tile;
-    // TF32: U and W in fragment order (load_frags, KmapRows), [DP][RP] each
     constexpr int BASE = C::TC ? C::SMEM_LF_FWD_TC : C::SMEM_LF_FWD;
     check_smem(BASE * sizeof(T), a);
     const bool stage = C::TC && a.smem_bytes >= (BASE + C::SMEM_LF_STAGE) * sizeof(T);
+    // FFMA: U, W, the warp slices and S; TF32: the slices (partials), S, the state's
+    // stash and the optional v stage
     T* Us = reinterpret_cast<T*>(geo_smem);
-    T* Ws = Us + C::DP * (C::TC ? C::RP : C::SU);
-    T* Vb = Ws + C::DP * (C::TC ? C::RP : C::SW);
+    T* Ws = Us + (C::TC ? 0 : C::DP * C::SU);
+    T* Vb = Ws + (C::TC ? 0 : C::DP * C::SW);
     T* S = Vb + GEO_NW * C::SLICE;
-    T* const Vn = S + C::M * C::SU;  // staged v of the next tile (`stage`)
+    T* const stash = S + C::M * C::SU;
+    T* const Vn = stash + (C::TC ? 2 * C::M * C::DP + C::DP : 0);  // staged v of the next tile (`stage`)
     const T c = T(a.c), dt = T(a.dt), h = T(0.5 * a.dt);
     const i64 ntiles = (a.B + C::M - 1) / C::M;
     const i64 BD = a.B * a.D;
     const T* x0 = reinterpret_cast<const T*>(a.x0);
     const T* v0 = reinterpret_cast<const T*>(a.v0);
     const T* f = reinterpret_cast<const T*>(a.f);
+    const T* mu = reinterpret_cast<const T*>(a.mu);
     T* traj = reinterpret_cast<T*>(a.traj);
     // TC layout: 8-byte row pairs where every [B, D] tensor allows them; VL: 16-byte
     // vectors
     const bool pair =
         ((a.x0 | a.v0 | a.f | a.x_out | a.v_out | a.traj | (u64)(a.D * sizeof(T))) & (C::VL ? 15 : 7)) == 0;
+    typename GeoIf<C::TC, RegFrags<C>, SmemUW<C>>::type uw;
     if constexpr (C::TC) {
-        load_frags<C>(Us, Ws, reinterpret_cast<const float*>(a.u), reinterpret_cast<const float*>(a.w), a.D, a.R,
-                      KmapRows{C::KW});
+        uw.load(reinterpret_cast<const float*>(a.u), reinterpret_cast<const float*>(a.w), a.D, a.R, geo_tid() >> 5,
+                threadIdx.x & 31, KmapRows{C::KW});
     } else {
         load_uw<C, C::SU>(Us, Ws, reinterpret_cast<const T*>(a.u), reinterpret_cast<const T*>(a.w), a.D,
                                    a.R);
+        uw = SmemUW<C>{Us, Ws};
     }
-    const T* mu = reinterpret_cast<const T*>(a.mu);
-    T hmu[C::TJ];  // h mu (TF32: 1 - h mu, kick_folded)
-    {
-        Rows<C> rl(0, a.B, a.D);
-#pragma unroll
-        for (int j = 0; j < C::TJ; ++j) {
-            hmu[j] = h * ((mu != nullptr && rl.colok(j)) ? mu[rl.col(j)] : T(0));
-            if constexpr (C::TC) hmu[j] = T(1) - hmu[j];
-        }
-    }
-    auto kk = [&](T v, T hf, T hm, T raw) {
-        if constexpr (C::TC) return kick_folded(v, hf, hm, h, raw, c);
-        else return kick(v, hf, hm, h, raw, c);
-    };
+    LfState<C, C::TC> st(Rows<C>(0, a.B, a.D), h, dt, c, mu, stash, (int)a.D);
     i64 tile = blockIdx.x;
     if (stage && tile < ntiles) load_tile<C>(Vn, v0, tile * C::M, a.B, a.D, a.vec_ok != 0);
     cp_async_commit();
     __syncthreads();
     for (; tile < ntiles; tile += gridDim.x) {
         Rows<C> rl(tile * C::M, a.B, a.D);
-        Tile x, v, hf, raw;
-        rl.load(x, x0, pair);
-        rl.load(hf, f, pair);  // times h after the first Gamma, so that nothing waits for it before
+        Tile v, raw;
+        // x and f (h f after the first Gamma, so that nothing waits for f before): the
+        // FFMA kernel's loads are issued before v's, the TF32 kernel's cp.async after
+        if constexpr (!C::TC) st.load(rl, x0, f, pair);
         const i64 next = tile + gridDim.x;
         if (stage) {
             cp_async_wait<0>();
@@ -1280,40 +1481,27 @@ template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
             rl.load(v, v0, pair);
             prefetch_rows_l2(v0, next * C::M, C::M, a.B, a.D);
         }
+        if constexpr (C::TC) st.load(rl, x0, f, pair);
         prefetch_rows_l2(x0, next * C::M, C::M, a.B, a.D);
         prefetch_rows_l2(f, next * C::M, C::M, a.B, a.D);
         for (i64 t = 0; t < a.steps; ++t) {
-            gamma_regs<C>(v, rl, Vb, Vb, nullptr, S, Us, Ws, a.R, raw);
+            gamma_regs<C>(v, rl, Vb, Vb, nullptr, S, uw, a.R, raw);
             if (t == 0) {
                 // every thread has read Vn (gamma_regs has barriers): the next tile's v
                 // streams in during the steps
                 if (stage && next < ntiles) load_tile<C>(Vn, v0, next * C::M, a.B, a.D, a.vec_ok != 0);
                 cp_async_commit();
-#pragma unroll
-                for (int i = 0; i < C::TI; ++i)
-#pragma unroll
-                    for (int j = 0; j < C::TJ; ++j) hf[i][j] *= h;
+                st.scale_hf();
             }
-#pragma unroll
-            for (int i = 0; i < C::TI; ++i)
-#pragma unroll
-                for (int j = 0; j < C::TJ; ++j) {
-                    const T vh = kk(v[i][j], hf[i][j], hmu[j], raw[i][j]);
-                    v[i][j] = vh;
-                    x[i][j] += dt * vh;
-                }
-            gamma_regs<C>(v, rl, Vb, Vb, nullptr, S, Us, Ws, a.R, raw);
-#pragma unroll
-            for (int i = 0; i < C::TI; ++i)
-#pragma unroll
-                for (int j = 0; j < C::TJ; ++j)
-                    v[i][j] = kk(v[i][j], hf[i][j], hmu[j], raw[i][j]);
+            st.template kick<true>(v, raw);
+            gamma_regs<C>(v, rl, Vb, Vb, nullptr, S, uw, a.R, raw);
+            st.template kick<false>(v, raw);
             if (traj != nullptr) {
-                rl.store(x, traj + (2 * t) * BD, pair);
+                st.with_x(rl, [&](const Tile& x) { rl.store(x, traj + (2 * t) * BD, pair); });
                 rl.store(v, traj + (2 * t + 1) * BD, pair);
             }
         }
-        rl.store(x, reinterpret_cast<T*>(a.x_out), pair);
+        st.with_x(rl, [&](const Tile& x) { rl.store(x, reinterpret_cast<T*>(a.x_out), pair); });
         rl.store(v, reinterpret_cast<T*>(a.v_out), pair);
     }
     cp_async_wait<0>();
@@ -1378,7 +1566,7 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
             rl.load(t0, v0, vec);
             for (i64 t = 0; t + 1 < a.steps; ++t) {
                 for (int k = 0; k < 2; ++k) {
-                    gamma_regs<C>(t0, rl, Vb, Gb, nullptr, S0, Us, Ws, a.R, raw);
+                    gamma_regs<C>(t0, rl, Vb, Gb, nullptr, S0, SmemUW<C>{Us, Ws}, a.R, raw);
                     rl.load(t1, f, vec);
 #pragma unroll
                     for (int i = 0; i < C::TI; ++i)
@@ -1419,7 +1607,7 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
                     for (int j = 0; j < C::TJ; ++j) VT[(i * C::TJ + j) * GEO_NT] = t0[i][j];
             }
             // forward recomputation of the step: Gamma(v_t), vh, Gamma(vh)
-            gamma_regs<C>(t0, rl, Vb, Gb, P0, S0, Us, Ws, a.R, raw);
+            gamma_regs<C>(t0, rl, Vb, Gb, P0, S0, SmemUW<C>{Us, Ws}, a.R, raw);
             unsigned m0 = 0, m1 = 0;
             rl.load(t1, f, vec);
 #pragma unroll
@@ -1429,7 +1617,7 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
                     if (passc(raw[i][j], c)) m0 |= 1u << (i * C::TJ + j);
                     t1[i][j] = kick(t0[i][j], h * t1[i][j], h * mur[j], h, raw[i][j], c);
                 }
-            gamma_regs<C>(t1, rl, Vb, Gb, P1, S1, Us, Ws, a.R, raw);  // vh stays in the V slice
+            gamma_regs<C>(t1, rl, Vb, Gb, P1, S1, SmemUW<C>{Us, Ws}, a.R, raw);  // vh stays in the V slice
             // second kick, adjoint lv: g' = -h lv * mask1
 #pragma unroll
             for (int i = 0; i < C::TI; ++i)

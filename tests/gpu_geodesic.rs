@@ -689,13 +689,16 @@ fn cuda_tf32_forwards() {
     let cpu = Ctx::new(FK_DEVICE_CPU);
     let mut rng = Rng(16);
     let shapes: &[(usize, usize, usize, usize)] = if sanitizing() {
-        &[(7, 33, 5, 2), (40, 64, 32, 1)]
+        // (2200, 64, 32, 2): more tiles than SMs, so that blocks run several tiles (the
+        // TF32 leapfrog's v stage and x, f stash across tiles)
+        &[(7, 33, 5, 2), (40, 64, 32, 1), (2200, 64, 32, 2)]
     } else {
         &[
             (7, 33, 5, 2),
             (257, 512, 32, 2),
             (129, 300, 31, 8),
             (50, 100, 16, 1),
+            (4501, 200, 24, 3),
             // R > 32: the Christoffel forward's GEMM route with TF32 products
             (60, 200, 40, 1),
         ]

@@ -393,9 +393,10 @@ fn fast_config(kind: Kind, job: &Job, max_smem: usize) -> Option<Fast> {
             m = 16;
             (2 * dp * rp + CHR_FWD_GROUPS * (NW + 1) * m * su) * job.dtype.size()
         } else {
-            // `SMEM_LF_FWD_TC`: U and W as [DP][RP] (fragment order)
-            let (rp, su, kw) = (RPS[ri], RPS[ri] + 4, 8 * DJS[di]);
-            (2 * dp * rp + NW * m * (kw + 4).max(su) + m * su) * job.dtype.size()
+            // `SMEM_LF_FWD_TC`: U and W in registers (`RegFrags`); the warps'
+            // partials, S, the thread-private stash of x and h f, and 1 - h mu
+            let (su, kw) = (RPS[ri] + 4, 8 * DJS[di]);
+            (NW * m * (kw + 4).max(su) + m * su + 2 * m * dp + dp) * job.dtype.size()
         };
     }
     let limit = max_smem.min(SMEM_MAX);

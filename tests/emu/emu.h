@@ -35,6 +35,7 @@ typedef long long i64;
 typedef unsigned long long u64;
 struct uint3 { unsigned x, y, z; };
 struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
 
 namespace emu {
 extern uint3 threadIdx, blockIdx, gridDim, blockDim;

@@ -90,8 +90,8 @@ static void run(Kind kind, const Job& j, unsigned seed, std::string* chosen) {
         m = 16;  // two thread groups of 16-row tiles
         smem = (2 * 64 * dj * rp + 2 * 9 * m * (rp + 4)) * es;  // SMEM_CHR_FWD_TC
     }
-    else if (tc)  // SMEM_LF_FWD_TC: U, W as [DP][RP] (fragment order)
-        smem = ((size_t)2 * 64 * dj * rp + 8 * m * std::max(8 * dj + 4, rp + 4) + m * (rp + 4)) * es;
+    else if (tc)  // SMEM_LF_FWD_TC: U, W in registers; partials, S, the x and h f stash, 1 - h mu
+        smem = ((size_t)8 * m * std::max(8 * dj + 4, rp + 4) + m * (rp + 4) + 2 * m * 64 * dj + 64 * dj) * es;
     if (kind == LF_FWD && tc && j.stage) {  // SMEM_LF_STAGE: the next tile's v, a warp slice each
         size_t stage = (size_t)8 * m * std::max(8 * dj + 4, rp + 4) * es;
         if (smem + stage <= SMEM_MAX) smem += stage;

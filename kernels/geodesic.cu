@@ -1326,7 +1326,7 @@ template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
 //   load(rl, x0, f, pair)  the tile's x and f (stash: cp.async, one group committed)
 //   scale_hf(h)            f -> h f, after the first Gamma (stash: waits for all but
 //                          the newest cp.async group, i.e. the tile's x and f)
-//   kick<DRIFT>(v, raw)    v = kick(v, raw) per element; with DRIFT also x += dt v
+//   kicks<DRIFT>(v, raw)   v = kick(v, raw) per element; with DRIFT also x += dt v
 //   with_x(rl, fn)         fn(the tile's x as a row-layout tile)
 template <class C, bool STASH> struct LfState;
 template <class C> struct LfState<C, false> {
@@ -1350,12 +1350,12 @@ template <class C> struct LfState<C, false> {
 #pragma unroll
             for (int j = 0; j < C::TJ; ++j) hf[i][j] *= h;
     }
-    template <bool DRIFT> __device__ __forceinline__ void kick(Tile& v, const Tile& raw) {
+    template <bool DRIFT> __device__ __forceinline__ void kicks(Tile& v, const Tile& raw) {
 #pragma unroll
         for (int i = 0; i < C::TI; ++i)
 #pragma unroll
             for (int j = 0; j < C::TJ; ++j) {
-                v[i][j] = ::kick(v[i][j], hf[i][j], hm[j], h, raw[i][j], c);
+                v[i][j] = kick(v[i][j], hf[i][j], hm[j], h, raw[i][j], c);
                 if (DRIFT) x[i][j] += dt * v[i][j];
             }
     }
@@ -1392,7 +1392,7 @@ template <class C> struct LfState<C, true> {
             stv<4>(p, f4);
         }
     }
-    template <bool DRIFT> __device__ __forceinline__ void kick(Tile& v, const Tile& raw) {
+    template <bool DRIFT> __device__ __forceinline__ void kicks(Tile& v, const Tile& raw) {
 #pragma unroll
         for (int q = 0; q < C::TI * C::TJ; q += 4) {
             T x4[4], hf4[4], a2[2][2];
@@ -1493,9 +1493,9 @@ template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
                 cp_async_commit();
                 st.scale_hf();
             }
-            st.template kick<true>(v, raw);
+            st.template kicks<true>(v, raw);
             gamma_regs<C>(v, rl, Vb, Vb, nullptr, S, uw, a.R, raw);
-            st.template kick<false>(v, raw);
+            st.template kicks<false>(v, raw);
             if (traj != nullptr) {
                 st.with_x(rl, [&](const Tile& x) { rl.store(x, traj + (2 * t) * BD, pair); });
                 rl.store(v, traj + (2 * t + 1) * BD, pair);

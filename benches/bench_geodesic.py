@@ -367,6 +367,16 @@ def main():
             err = max(rel_err(xo, xr), rel_err(vo, vr))
             row(f"leapfrog fwd f32 T={T}, TF32 (flags=1)", lambda: fk.leapfrog(x, v, f, U, W, mu, dt, T, c, xo, vo, None, 1),
                 None, err, 5 * nbd * 4 + 2 * ndr * 4, 8 * T * nbd * R, extra=dict(tolerance="TF32"))
+    # the opt-in 3xTF32 leapfrog forward (FK_GEO_ALLOW_TF32X3 = 4): f32-level accuracy,
+    # checked at the strict tolerance
+    if want("leapfrog fwd f32 T=.*TF32x3"):
+        for T in ([1, 8] if not args.quick else [8]):
+            fk.leapfrog(x, v, f, U, W, mu, dt, T, c, xo, vo, None, 4)
+            xr, vr = lf_ref(P64["x"], P64["v"], P64["f"], P64["U"], P64["W"], P64["mu"], dt, T, c)
+            err = max(rel_err(xo, xr), rel_err(vo, vr))
+            row(f"leapfrog fwd f32 T={T}, TF32x3 (flags=4)",
+                lambda: fk.leapfrog(x, v, f, U, W, mu, dt, T, c, xo, vo, None, 4),
+                None, err, 5 * nbd * 4 + 2 * ndr * 4, 8 * T * nbd * R)
     # R = 64 (no fast kernel): the "generic" rows below, and the leapfrog backward's rows
     # (named "leapfrog bwd R=64 ..." so that --only "leapfrog bwd f32" leaves them out)
     T = 8

@@ -245,11 +245,14 @@ __device__ __forceinline__ void prefetch_rows_l2(const T* p, i64 row0, int M, i6
 #else
 #define GEO_UZ_MODULE 0
 #endif
-template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
+template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false, bool X3_ = false> struct Cfg {
     typedef T_ T;
     // TF32 tensor cores (mma.sync.m16n8k8) for phases A and B: f32 forwards only,
     // M = 16, D <= 512; the row layout follows the MMA accumulator layout
     static constexpr bool TC = TC_;
+    // 3xTF32 (`FK_GEO_ALLOW_TF32X3`, the leapfrog forward): each product as
+    // hi*hi + hi*lo + lo*hi of TF32 parts, f32-level accuracy on the tensor cores
+    static constexpr bool X3 = X3_;
     static constexpr int RP = RP_;  // R padded (8, 16, 32)
     static constexpr int DJ = DJ_;  // feature groups of 8 per thread (D padded to 64*DJ)
     static constexpr int MB = MB_;  // rows per thread (tile = 4*MB rows)
@@ -259,6 +262,7 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     static constexpr int SU = RP + 4;          // row stride of W, P, S, DP (and U) in smem
     static constexpr int SV = KW + 4;          // row stride of a warp slice
     static constexpr int SLICE = M * (SV > SU ? SV : SU);  // a warp slice (also holds a [M][SU] partial)
+    static constexpr int PSL = X3 ? M * SU : SLICE;        // a warp's partial in the gamma_regs of X3
     static constexpr int RA = RP / 8;          // phase A: columns per lane
     static constexpr int PV = DJ >= 4 ? 4 : DJ;  // parameter layout: features per vector
     static constexpr int NB = DJ / PV;
@@ -280,12 +284,16 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false> struct Cfg {
     static constexpr int SMEM_LF_FWD = DP * SU + DP * SW + GEO_NW * SLICE + M * SU;
     static constexpr int SMEM_LF_FWD_TC = GEO_NW * SLICE + M * SU + 2 * M * DP + DP;  // U, W in registers (RegFrags); x, hf stashed, 1 - h mu
     static constexpr int SMEM_LF_STAGE = GEO_NW * SLICE;  // the leapfrog's optional v stage (lf_fwd_fast)
+    // X3: the partials, S's hi and lo parts, the stash, and U's and W's lo parts in
+    // fragment order (no v stage)
+    static constexpr int SMEM_LF_FWD_TC3 = GEO_NW * M * SU + 2 * M * SU + 2 * M * DP + DP + 2 * DP * RP;
     // the TF32 Christoffel forward (chr_fwd_tc): U and W in fragment order, per group
     // the warps' partials and S
     static constexpr int SMEM_CHR_FWD_TC = 2 * DP * RP + GEO_GROUPS * (GEO_NW + 1) * M * SU;
     static constexpr int SMEM_CHR_BWD = DP * SUZ + DP * SW + 2 * GEO_NW * SLICE + 3 * M * SU;
     static constexpr int SMEM_LF_BWD = DP * SUZ + DP * SW + 2 * GEO_NW * SLICE + 5 * M * SU + 2 * M * DP;
     static_assert(!TC || (MB == 4 && DJ <= 8 && sizeof(T) == 4), "TF32 configurations: f32, M = 16, D <= 512");
+    static_assert(!X3 || TC, "3xTF32 is a TF32 configuration");
 };
 
 // Largest opt-in shared memory per block of the supported GPUs (227 KB on sm_90);
@@ -305,6 +313,12 @@ __device__ __forceinline__ float geo_tf32(float x) {
 // pattern. The mma ignores the 13 low bits, so finite values round to nearest, ties
 // away from zero, as cvt.rna (which takes 3 instructions on sm_90); +-inf becomes NaN.
 __device__ __forceinline__ float geo_tf32_op(float x) { return __uint_as_float(__float_as_uint(x) + 0x1000u); }
+// 3xTF32: x = hi + lo with hi exactly x rounded to TF32 (nearest, ties away: the same
+// add, then the 13 low bits cleared) and lo = x - hi (exact in f32) as an mma operand
+__device__ __forceinline__ void geo_split(float x, float& hi, float& lo) {
+    hi = __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
+    lo = geo_tf32_op(x - hi);
+}
 __device__ __forceinline__ void geo_mma_tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
 #if __CUDA_ARCH__ >= 800
     asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -799,7 +813,8 @@ template <int NIN> struct Frags {
         for (int k = 0; k < P; ++k) b[k][0] = q[2 * k], b[k][1] = q[2 * k + 1];
     }
 };
-template <class C, class KMap>
+// (LO: the 3xTF32 low parts x - tf32(x) instead, TF32-rounded)
+template <class C, bool LO = false, class KMap>
 __device__ void load_frags(float* Uf, float* Wf, const float* U, const float* W, i64 D, i64 R, KMap kmap) {
     constexpr int KS = C::KW / 8, NR = C::RP / 8;
     fill_uw<C::DP * C::RP, GEO_FAST_NT, float>(
@@ -813,8 +828,8 @@ __device__ void load_frags(float* Uf, float* Wf, const float* U, const float* W,
             w = (d < D && rw < R) ? W[(i64)d * R + rw] : 0.f;
         },
         [&](int idx, float u, float w) {
-            Uf[idx] = geo_tf32(u);
-            Wf[idx] = geo_tf32(w);
+            Uf[idx] = LO ? geo_tf32(u - geo_tf32(u)) : geo_tf32(u);
+            Wf[idx] = LO ? geo_tf32(w - geo_tf32(w)) : geo_tf32(w);
         });
 }
 
@@ -824,13 +839,38 @@ __device__ void load_frags(float* Uf, float* Wf, const float* U, const float* W,
 // `load(o, n, b)`: fragments (o, n .. n + P - 1), o the k-step.
 template <int NIN> struct SmemFrags {
     static constexpr int P = Frags<NIN>::P;
+    static constexpr bool LO = true;  // as the low parts of a 3xTF32 phase
     const float* base;
     __device__ __forceinline__ void load(int o, int n, float (&b)[P][2]) const { Frags<NIN>::load(base, o, n, b); }
 };
+// The B-side low parts of a phase without 3xTF32.
+struct NoLo {
+    static constexpr int P = 1;
+    static constexpr bool LO = false;
+    __device__ __forceinline__ void load(int, int, float (&)[1][2]) const {}
+};
+// Fragments (o, n .. n + Q - 1) of source `bs`, whose loads move BS::P of them.
+template <int Q, class BS> __device__ __forceinline__ void frags_q(const BS& bs, int o, int n, float (&b)[Q][2]) {
+    if constexpr (BS::P == Q) {
+        bs.load(o, n, b);
+    } else {
+        static_assert(BS::P == 1, "frags_q: one fragment per load");
+#pragma unroll
+        for (int k = 0; k < Q; ++k) {
+            float t[1][2];
+            bs.load(o, n + k, t);
+            b[k][0] = t[0][0];
+            b[k][1] = t[0][1];
+        }
+    }
+}
 template <class C> struct RegFrags {
     static constexpr int KS = C::KW / 8, NR = C::RP / 8;
     float u[KS][NR][2];  // phase A: k-step s (of the warp's feature slice), n-tile n (of RP)
     float w[NR][KS][2];  // phase B: k-step s (of RP), n-tile n (of the warp's features)
+    // 3xTF32 (C::X3): the warp's low parts of U and W in shared memory (load_frags<C, true>)
+    SmemFrags<NR> ulo{nullptr};
+    SmemFrags<KS> wlo{nullptr};
     // warp wp's fragments of U [D, R] (k order `kmap`, as load_frags) and W from global
     // memory, TF32-rounded; all loads issued before the first is used
     template <class KMap>
@@ -880,26 +920,35 @@ template <class C> struct RegFrags {
 };
 
 // Phase A over the warp's feature slice: acc = P[16][RP] partial = X[16][KW] U[KW][RP],
-// one m16n8k8 per (k-step, n-tile). `af(s, a)` writes k-step s's A fragment (TF32:
-// rows g, g + 8 at k position t, then at t + 4); `bs`: this warp's U fragments
-// (SmemFrags<NR> or RegFrags::a_src, outer index the k-step).
-template <class C, class BS, class AF>
-__device__ __forceinline__ void phase_a_frag(const BS& bs, AF af, float (&acc)[C::RP / 8][4]) {
-    constexpr int KS = C::KW / 8, NR = C::RP / 8, P = BS::P;
+// one m16n8k8 per (k-step, n-tile). `af(s, ah, al)` writes k-step s's A fragment (TF32:
+// rows g, g + 8 at k position t, then at t + 4) to `ah`, and with 3xTF32 its low parts
+// to `al`; `bh`: this warp's U fragments (SmemFrags<NR> or RegFrags::a_src, outer
+// index the k-step), `bl` their low parts (3xTF32: acc += al bh + ah bl + ah bh, in that
+// order) or NoLo.
+template <class C, class BH, class BL, class AF>
+__device__ __forceinline__ void phase_a_frag(const BH& bh, const BL& bl, AF af, float (&acc)[C::RP / 8][4]) {
+    constexpr int KS = C::KW / 8, NR = C::RP / 8, Q = BL::LO ? BL::P : BH::P;
 #pragma unroll
     for (int n = 0; n < NR; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
 #pragma unroll
     for (int s = 0; s < KS; ++s) {
-        float a[4];
-        af(s, a);
+        float ah[4], al[4];
+        af(s, ah, al);
 #pragma unroll
-        for (int n = 0; n < NR; n += P) {
-            float b[P][2];
-            bs.load(s, n, b);
+        for (int n = 0; n < NR; n += Q) {
+            float b[Q][2], bq[Q][2];
+            frags_q<Q>(bh, s, n, b);
+            if constexpr (BL::LO) bl.load(s, n, bq);
 #pragma unroll
-            for (int k = 0; k < P; ++k) geo_mma_tf32(acc[n + k], a, b[k]);
+            for (int k = 0; k < Q; ++k) {
+                if constexpr (BL::LO) {
+                    geo_mma_tf32(acc[n + k], al, b[k]);
+                    geo_mma_tf32(acc[n + k], ah, bq[k]);
+                }
+                geo_mma_tf32(acc[n + k], ah, b[k]);
+            }
         }
     }
 }
@@ -923,26 +972,36 @@ __device__ __forceinline__ constexpr int s_frag(int m, int r) {
 }
 
 // Phase B: acc = raw[16][the warp's KW features] = S[16][RP] W^T, S TF32-rounded in
-// smem (s_frag order), `bs` this warp's W fragments (SmemFrags<KS> or
-// RegFrags::b_src, outer index the k-step). Accumulator n holds rows g, g + 8 and
+// smem (s_frag order; with 3xTF32 its low parts in the same order at `Sl`), `bh` this
+// warp's W fragments (SmemFrags<KS> or RegFrags::b_src, outer index the k-step), `bl`
+// their low parts or NoLo (as phase_a_frag). Accumulator n holds rows g, g + 8 and
 // features w*KW + 8n + 2t, + 1 (the TC row layout: tile (i, 2n + e) is element 2i + e).
-template <class C, class BS>
-__device__ __forceinline__ void phase_b_frag(const float* S, const BS& bs, int lane, float (&acc)[C::KW / 8][4]) {
-    constexpr int KS = C::KW / 8, NR = C::RP / 8, P = BS::P;
+template <class C, class BH, class BL>
+__device__ __forceinline__ void phase_b_frag(const float* S, const float* Sl, const BH& bh, const BL& bl, int lane,
+                                             float (&acc)[C::KW / 8][4]) {
+    constexpr int KS = C::KW / 8, NR = C::RP / 8, Q = BL::LO ? BL::P : BH::P;
 #pragma unroll
     for (int n = 0; n < KS; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
 #pragma unroll
     for (int s2 = 0; s2 < NR; ++s2) {
-        float a[4];
-        ldv<4>(S + (s2 * 32 + lane) * 4, a);
+        float ah[4], al[4];
+        ldv<4>(S + (s2 * 32 + lane) * 4, ah);
+        if constexpr (BL::LO) ldv<4>(Sl + (s2 * 32 + lane) * 4, al);
 #pragma unroll
-        for (int n = 0; n < KS; n += P) {
-            float b[P][2];
-            bs.load(s2, n, b);
+        for (int n = 0; n < KS; n += Q) {
+            float b[Q][2], bq[Q][2];
+            frags_q<Q>(bh, s2, n, b);
+            if constexpr (BL::LO) bl.load(s2, n, bq);
 #pragma unroll
-            for (int k = 0; k < P; ++k) geo_mma_tf32(acc[n + k], a, b[k]);
+            for (int k = 0; k < Q; ++k) {
+                if constexpr (BL::LO) {
+                    geo_mma_tf32(acc[n + k], al, b[k]);
+                    geo_mma_tf32(acc[n + k], ah, bq[k]);
+                }
+                geo_mma_tf32(acc[n + k], ah, b[k]);
+            }
         }
     }
 }
@@ -971,7 +1030,8 @@ template <class X, class Y> struct GeoIf<false, X, Y> { typedef Y type; };
 // Gamma of a row-layout tile: writes it to the warp's slice of `vb` (FFMA; the TC
 // kernels take their A fragments from `vin` itself and U, W from the RegFrags `uw`,
 // KmapRows k order), phase A with the partials in the slices of `pb` (may be
-// `vb`), P (optional) and S = P^2 into smem, phase B into `raw` (unclamped).
+// `vb`; stride C::PSL with 3xTF32), P (optional) and S = P^2 into smem (3xTF32: its
+// low parts M SU elements after it), phase B into `raw` (unclamped).
 // Contains two __syncthreads.
 template <class C, class UW>
 __device__ __forceinline__ void gamma_regs(const typename Rows<C>::Tile& vin, const Rows<C>& rl, typename C::T* vb,
@@ -982,15 +1042,18 @@ __device__ __forceinline__ void gamma_regs(const typename Rows<C>::Tile& vin, co
     constexpr int KS = C::KW / 8, NR = C::RP / 8;
     if constexpr (C::TC) {
         float acc[NR][4];
-        phase_a_frag<C>(uw.a_src(),
-                        [&](int st, float (&a)[4]) {
-                            a[0] = geo_tf32_op(vin[0][2 * st]);
-                            a[1] = geo_tf32_op(vin[1][2 * st]);
-                            a[2] = geo_tf32_op(vin[0][2 * st + 1]);
-                            a[3] = geo_tf32_op(vin[1][2 * st + 1]);
-                        },
-                        acc);
-        store_part_tc<C>(pb + rl.w * C::SLICE, acc, lane);
+        // A fragment element e of k-step st: row layout (e & 1, 2 st + (e >> 1))
+        auto af = [&](int st, float (&ah)[4], float (&al)[4]) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float x = vin[e & 1][2 * st + (e >> 1)];
+                if constexpr (C::X3) geo_split(x, ah[e], al[e]);
+                else ah[e] = geo_tf32_op(x);
+            }
+        };
+        if constexpr (C::X3) phase_a_frag<C>(uw.a_src(), uw.ulo, af, acc);
+        else phase_a_frag<C>(uw.a_src(), NoLo{}, af, acc);
+        store_part_tc<C>(pb + rl.w * C::PSL, acc, lane);
     } else {
         T* vs = vb + rl.w * C::SLICE;
         rl.to_slice(vin, vs);
@@ -1001,16 +1064,19 @@ __device__ __forceinline__ void gamma_regs(const typename Rows<C>::Tile& vin, co
         store_part<C>(pb + rl.w * C::SLICE, acc, lane);
     }
     __syncthreads();
-    reduce_parts<C>(pb, [&](int m, int r, T s) {
+    T* const Sl = S + C::M * C::SU;  // 3xTF32: S's low parts
+    reduce_parts<C, C::PSL>(pb, [&](int m, int r, T s) {
         bool in = r < R;
         if (P != nullptr) P[m * C::SU + r] = in ? s : T(0);
-        if constexpr (C::TC) S[s_frag(m, r)] = geo_tf32_op(in ? s * s : T(0));
+        if constexpr (C::X3) geo_split(in ? s * s : T(0), S[s_frag(m, r)], Sl[s_frag(m, r)]);
+        else if constexpr (C::TC) S[s_frag(m, r)] = geo_tf32_op(in ? s * s : T(0));
         else S[m * C::SU + r] = in ? s * s : T(0);
     });
     __syncthreads();
     if constexpr (C::TC) {
         float acc[KS][4];
-        phase_b_frag<C>(S, uw.b_src(), lane, acc);
+        if constexpr (C::X3) phase_b_frag<C>(S, Sl, uw.b_src(), uw.wlo, lane, acc);
+        else phase_b_frag<C>(S, nullptr, uw.b_src(), NoLo{}, lane, acc);
 #pragma unroll
         for (int n = 0; n < KS; ++n) {
             raw[0][2 * n] = acc[n][0];
@@ -1158,8 +1224,8 @@ template <class C> __device__ void chr_fwd_tc(const GeoArgs& a) {
         if (tile + step < ntiles) load_a(nxt, tile + step);
         // phase A: the warp's partial [16][RP] over its slice
         float acc[NR][4];
-        phase_a_frag<C>(uf,
-                        [&](int st, float (&af)[4]) {
+        phase_a_frag<C>(uf, NoLo{},
+                        [&](int st, float (&af)[4], float (&)[4]) {
                             const int q = st >> 1, h = st & 1;
                             af[0] = geo_tf32_op(cur[0][q].x[2 * h]);
                             af[1] = geo_tf32_op(cur[1][q].x[2 * h]);
@@ -1175,7 +1241,7 @@ template <class C> __device__ void chr_fwd_tc(const GeoArgs& a) {
         geo_group_sync(grp);
         // phase B: raw[16][the warp's KW features] = S W^T
         float accb[KS][4];
-        phase_b_frag<C>(S, wf, lane, accb);
+        phase_b_frag<C>(S, nullptr, wf, NoLo{}, lane, accb);
         Rows<C> rl(tile * C::M, B, D);
         typename Rows<C>::Tile raw;
 #pragma unroll
@@ -1429,16 +1495,17 @@ template <class C> struct LfState<C, true> {
 template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
     typedef typename C::T T;
     typedef typename Rows<C>::Tile Tile;
-    constexpr int BASE = C::TC ? C::SMEM_LF_FWD_TC : C::SMEM_LF_FWD;
+    constexpr int BASE = C::X3 ? C::SMEM_LF_FWD_TC3 : C::TC ? C::SMEM_LF_FWD_TC : C::SMEM_LF_FWD;
     check_smem(BASE * sizeof(T), a);
-    const bool stage = C::TC && a.smem_bytes >= (BASE + C::SMEM_LF_STAGE) * sizeof(T);
+    const bool stage = C::TC && !C::X3 && a.smem_bytes >= (BASE + C::SMEM_LF_STAGE) * sizeof(T);
     // FFMA: U, W, the warp slices and S; TF32: the slices (partials), S, the state's
-    // stash and the optional v stage
+    // stash and the optional v stage; 3xTF32: the partials, S and its low parts, the
+    // stash, and the low parts of U and W (in the v stage's place)
     T* Us = reinterpret_cast<T*>(geo_smem);
     T* Ws = Us + (C::TC ? 0 : C::DP * C::SU);
     T* Vb = Ws + (C::TC ? 0 : C::DP * C::SW);
-    T* S = Vb + GEO_NW * C::SLICE;
-    T* const stash = S + C::M * C::SU;
+    T* S = Vb + GEO_NW * C::PSL;
+    T* const stash = S + (C::X3 ? 2 : 1) * C::M * C::SU;
     T* const Vn = stash + (C::TC ? 2 * C::M * C::DP + C::DP : 0);  // staged v of the next tile (`stage`)
     const T c = T(a.c), dt = T(a.dt), h = T(0.5 * a.dt);
     const i64 ntiles = (a.B + C::M - 1) / C::M;
@@ -1454,8 +1521,17 @@ template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
         ((a.x0 | a.v0 | a.f | a.x_out | a.v_out | a.traj | (u64)(a.D * sizeof(T))) & (C::VL ? 15 : 7)) == 0;
     typename GeoIf<C::TC, RegFrags<C>, SmemUW<C>>::type uw;
     if constexpr (C::TC) {
-        uw.load(reinterpret_cast<const float*>(a.u), reinterpret_cast<const float*>(a.w), a.D, a.R, geo_tid() >> 5,
-                threadIdx.x & 31, KmapRows{C::KW});
+        const int w = geo_tid() >> 5, lane = threadIdx.x & 31;
+        const float* U = reinterpret_cast<const float*>(a.u);
+        const float* W = reinterpret_cast<const float*>(a.w);
+        uw.load(U, W, a.D, a.R, w, lane, KmapRows{C::KW});
+        if constexpr (C::X3) {
+            float* Ul = reinterpret_cast<float*>(Vn);
+            float* Wl = Ul + C::DP * C::RP;
+            load_frags<C, true>(Ul, Wl, U, W, a.D, a.R, KmapRows{C::KW});  // (read after the barrier below)
+            uw.ulo.base = Ul + Frags<C::RP / 8>::off(w * (C::KW / 8), 0, lane, 0);
+            uw.wlo.base = Wl + Frags<C::KW / 8>::off(w * (C::RP / 8), 0, lane, 0);
+        }
     } else {
         load_uw<C, C::SU>(Us, Ws, reinterpret_cast<const T*>(a.u), reinterpret_cast<const T*>(a.w), a.D,
                                    a.R);
@@ -2389,10 +2465,18 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_adj(const AdjArgs a) {
         if constexpr ((DJ) <= 8 && C::SMEM * sizeof(float) <= GEO_SMEM_MAX) FN<C>(a);                         \
         else __trap();                                                                                         \
     }
+// 3xTF32 (the leapfrog forward's TF32 module): geo_lf_fwd_tc3_r<RP>_d<DJ>
+#define GEO_ENTRY_TC3(NAME, FN, SMEM, RP, DJ)                                                                        \
+    extern "C" __global__ void __launch_bounds__(GEO_FAST_NT, 1) geo_##NAME##_tc3_r##RP##_d##DJ(const GeoArgs a) {  \
+        typedef Cfg<float, RP, ((DJ) <= 8 ? (DJ) : 8), 4, true, true> C;                                      \
+        if constexpr ((DJ) <= 8 && C::SMEM * sizeof(float) <= GEO_SMEM_MAX) FN<C>(a);                          \
+        else __trap();                                                                                          \
+    }
 #if defined(GEO_TF32) && defined(GEO_MODULE_CHR_FWD)
 #define GEO_FAST_TC(RP, DJ) GEO_ENTRY_TC(chr_fwd, chr_fwd_fast, SMEM_CHR_FWD_TC, RP, DJ)
 #elif defined(GEO_TF32) && defined(GEO_MODULE_LF_FWD)
-#define GEO_FAST_TC(RP, DJ) GEO_ENTRY_TC(lf_fwd, lf_fwd_fast, SMEM_LF_FWD_TC, RP, DJ)
+#define GEO_FAST_TC(RP, DJ) \
+    GEO_ENTRY_TC(lf_fwd, lf_fwd_fast, SMEM_LF_FWD_TC, RP, DJ) GEO_ENTRY_TC3(lf_fwd, lf_fwd_fast, SMEM_LF_FWD_TC3, RP, DJ)
 #else
 #define GEO_FAST_TC(RP, DJ)
 #endif

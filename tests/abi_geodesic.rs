@@ -1123,9 +1123,9 @@ fn christoffel_rejects_bad_inputs() {
         &["c = NaN"],
     );
     expect(
-        unsafe { fk_christoffel_forward(v.h, u.h, w.h, 5.0, 6, out.h, null()) },
+        unsafe { fk_christoffel_forward(v.h, u.h, w.h, 5.0, 0xe, out.h, null()) },
         FK_ERROR_INVALID_ARGUMENT,
-        &["flags = 0x6"],
+        &["flags = 0xe", "FK_GEO_ALLOW_TF32X3 = 4"],
     );
     ok(unsafe { fk_christoffel_forward(v.h, u.h, w.h, 5.0, FK_GEO_ALLOW_TF32, out.h, null()) });
     for (k, name) in ["v", "U", "W", "gamma"].iter().enumerate() {
@@ -1549,6 +1549,8 @@ fn flags_are_accepted_and_change_nothing_on_the_cpu() {
         FK_GEO_ALLOW_TF32,
         FK_GEO_FORCE_GENERIC,
         FK_GEO_ALLOW_TF32 | FK_GEO_FORCE_GENERIC,
+        FK_GEO_ALLOW_TF32X3,
+        FK_GEO_ALLOW_TF32X3 | FK_GEO_ALLOW_TF32 | FK_GEO_FORCE_GENERIC,
     ] {
         let g = Buf::new(&ctx, FK_DTYPE_F32, &[b, d]);
         ok(unsafe { fk_christoffel_forward(i.v.h, i.u.h, i.w.h, p.c, flags, g.h, null()) });

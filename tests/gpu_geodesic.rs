@@ -734,6 +734,88 @@ fn cuda_tf32_forwards() {
     }
 }
 
+/// `FK_GEO_ALLOW_TF32X3`: the leapfrog forward's 3xTF32 kernel against the CPU at the
+/// strict f32 tolerance (TF32's error is ~100x over it) and different from the FFMA
+/// kernel's bits where a fast kernel applies and T >= 2 (so the 3xTF32 kernel ran); the
+/// Christoffel ops, the leapfrog backward's recomputed forward, f64 and the route
+/// (R > 32) bit-identical to flags 0; with `FK_GEO_ALLOW_TF32` too, TF32's bits.
+#[test]
+fn cuda_tf32x3_leapfrog() {
+    let Some(gpu) = gpu() else { return };
+    let cpu = Ctx::new(FK_DEVICE_CPU);
+    let mut rng = Rng(18);
+    let shapes: &[(usize, usize, usize, usize)] = if sanitizing() {
+        &[(7, 33, 5, 2), (2200, 64, 32, 2)]
+    } else {
+        &[
+            (7, 33, 5, 2),
+            (257, 512, 32, 2),
+            (129, 300, 31, 8),
+            (4501, 200, 24, 3),
+            (50, 100, 16, 1),
+            // R > 32: the route, strict
+            (60, 200, 40, 1),
+        ]
+    };
+    for &(b, d, r, t) in shapes {
+        let p = Prob::new(&mut rng, b, d, r, t, true, 0.6);
+        let what = format!("3xTF32 B={b} D={d} R={r} T={t}");
+        let want = run_all(&cpu, FK_DTYPE_F32, &p, 0, null());
+        let got = run_all(&gpu, FK_DTYPE_F32, &p, FK_GEO_ALLOW_TF32X3, null());
+        close(
+            &got.x,
+            &want.x,
+            tol_fwd(FK_DTYPE_F32),
+            &format!("x_T {what}"),
+        );
+        close(
+            &got.v,
+            &want.v,
+            tol_fwd(FK_DTYPE_F32),
+            &format!("v_T {what}"),
+        );
+        close(
+            &got.traj,
+            &want.traj,
+            tol_fwd(FK_DTYPE_F32),
+            &format!("traj {what}"),
+        );
+        let strict = run_all(&gpu, FK_DTYPE_F32, &p, 0, null());
+        // (at T = 1 the permission is not used: the strict kernel is faster there)
+        assert_eq!(
+            r <= 32 && t >= 2,
+            got.traj != strict.traj,
+            "{what}: the 3xTF32 kernel ran where it applies, only there"
+        );
+        assert!(
+            got.gamma == strict.gamma && got.chr == strict.chr,
+            "{what}: the Christoffel ops changed"
+        );
+        assert!(
+            got.lf_notraj == strict.lf_notraj,
+            "{what}: the backward's recomputed forward changed"
+        );
+        let tf = run_all(&gpu, FK_DTYPE_F32, &p, FK_GEO_ALLOW_TF32, null());
+        let both = run_all(
+            &gpu,
+            FK_DTYPE_F32,
+            &p,
+            FK_GEO_ALLOW_TF32 | FK_GEO_ALLOW_TF32X3,
+            null(),
+        );
+        assert!(
+            both.traj == tf.traj && both.v == tf.v,
+            "{what}: with FK_GEO_ALLOW_TF32 too, not TF32's result"
+        );
+        let g64 = run_all(&gpu, FK_DTYPE_F64, &p, FK_GEO_ALLOW_TF32X3, null());
+        let s64 = run_all(&gpu, FK_DTYPE_F64, &p, 0, null());
+        assert!(
+            g64.traj == s64.traj && g64.v == s64.v,
+            "{what}: f64 changed"
+        );
+    }
+}
+
 /// The leapfrog backward where no fast kernel fits (R > 32): the cuBLAS route under
 /// flags 0 and the generic kernel under `FK_GEO_FORCE_GENERIC`, against the CPU, with
 /// and without the trajectory, every optional input (f, mu, gx, gv) and output (dx0,

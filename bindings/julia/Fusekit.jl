@@ -118,6 +118,7 @@ const FK_GAUSSIAN_DEFAULT_EPS = 1e-6
 
 const FK_GEO_ALLOW_TF32 = 1
 const FK_GEO_FORCE_GENERIC = 2
+const FK_GEO_ALLOW_TF32X3 = 4
 
 # optimizer math (fk_matpow_method; the flags are FK_GEMM_ALLOW_TF32)
 const FK_MATPOW_AUTO = 0

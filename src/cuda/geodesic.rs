@@ -19,7 +19,7 @@ use super::launch::launch;
 use super::{CudaDevice, Workspace};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, FK_ERROR_INTERNAL, Result};
-use crate::ops::geodesic::{GEO_ALLOW_TF32, GEO_FORCE_GENERIC, Job, Kind};
+use crate::ops::geodesic::{GEO_ALLOW_TF32, GEO_ALLOW_TF32X3, GEO_FORCE_GENERIC, Job, Kind};
 use crate::stream::Stream;
 
 /// One op's modules for one dtype: the 12 fast configurations (RP-major, DJ-minor,
@@ -181,6 +181,8 @@ const FAST: [[[&str; 4]; 3]; 4] = [
 ];
 /// The TF32 tensor-core variants of the f32 forwards (`Kind` order of the two).
 const FAST_TC: [[[&str; 4]; 3]; 2] = [fast_names!("chr_fwd_tc"), fast_names!("lf_fwd_tc")];
+/// The 3xTF32 variants of the f32 leapfrog forward (in its TF32 module).
+const FAST_TC3: [[&str; 4]; 3] = fast_names!("lf_fwd_tc3");
 const GENERIC: [&str; 4] = [
     "geo_chr_fwd_gen",
     "geo_chr_bwd_gen",
@@ -316,6 +318,8 @@ struct Fast {
     smem: usize,
     /// the TF32 tensor-core variant
     tc: bool,
+    /// the 3xTF32 variant (the leapfrog forward)
+    tc3: bool,
 }
 
 /// Rows per thread (`GEO_MB_A` / `GEO_MB_B` / `GEO_MB_CF` in the kernel source; the
@@ -404,6 +408,25 @@ fn fast_config(kind: Kind, job: &Job, max_smem: usize) -> Option<Fast> {
     if tc && stage > 0 && smem + stage <= limit {
         smem += stage;
     }
+    // 3xTF32 (the f32 leapfrog forward, TF32 not allowed, T >= 2): `SMEM_LF_FWD_TC3`,
+    // the partials, S and its low parts, the stash, U's and W's low parts in fragment
+    // order; where that does not fit, the strict kernel. At T = 1 the strict kernel is
+    // faster (H100, B = 65536, D = 512, R = 32: 0.363 against 0.386 ms b2b; T = 8 2.19
+    // against 1.38), so the permission is not used there
+    let tc3_smem = {
+        let (rp, su) = (RPS[ri], RPS[ri] + 4);
+        (NW * m * su + 2 * m * su + 2 * m * dp + dp + 2 * dp * rp) * job.dtype.size()
+    };
+    let tc3 = !tc
+        && job.flags & GEO_ALLOW_TF32X3 != 0
+        && job.dtype == DType::F32
+        && kind == Kind::LeapfrogForward
+        && job.steps >= 2
+        && DJS[di] <= 8
+        && tc3_smem <= limit;
+    if tc3 {
+        smem = tc3_smem;
+    }
     (smem <= limit).then_some(Fast {
         ri,
         di,
@@ -411,6 +434,7 @@ fn fast_config(kind: Kind, job: &Job, max_smem: usize) -> Option<Fast> {
         dp,
         smem,
         tc,
+        tc3,
     })
 }
 
@@ -1291,7 +1315,9 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
             (
                 tiles.clamp(1, sms),
                 ws,
-                if f.tc {
+                if f.tc3 {
+                    FAST_TC3[f.ri][f.di]
+                } else if f.tc {
                     FAST_TC[kind_index(kind) / 2][f.ri][f.di]
                 } else {
                     FAST[kind_index(kind)][f.ri][f.di]
@@ -1434,6 +1460,53 @@ mod tests {
                 .contains("#define GEO_CFG_RP 8\n#define GEO_CFG_DJ 2\n#define GEO_TF32 1")
         );
         assert_eq!(FAST_TC[1][2][2], "geo_lf_fwd_tc_r32_d8");
+        assert_eq!(FAST_TC3[2][2], "geo_lf_fwd_tc3_r32_d8");
+    }
+
+    /// Which variant the flags choose for the leapfrog forward at the benchmark shape:
+    /// 3xTF32 only for f32 with `GEO_ALLOW_TF32X3` and without `GEO_ALLOW_TF32`, in
+    /// `SMEM_LF_FWD_TC3`'s bytes; the strict kernel where that does not fit.
+    #[test]
+    fn tf32x3_config() {
+        let limit = 232_448;
+        let pick = |dtype, flags, max| {
+            let mut job = Job::new(dtype, 65536, 512, 32);
+            job.flags = flags;
+            job.steps = 8;
+            fast_config(Kind::LeapfrogForward, &job, max).map(|f| (f.tc, f.tc3, f.smem))
+        };
+        assert_eq!(
+            pick(DType::F32, GEO_ALLOW_TF32X3, limit),
+            Some((false, true, 221_696))
+        );
+        let both = pick(DType::F32, GEO_ALLOW_TF32X3 | GEO_ALLOW_TF32, limit).unwrap();
+        assert_eq!((both.0, both.1), (true, false));
+        assert!(!pick(DType::F32, 0, limit).unwrap().1);
+        // T = 1: the strict kernel
+        let mut one = Job::new(DType::F32, 65536, 512, 32);
+        one.flags = GEO_ALLOW_TF32X3;
+        one.steps = 1;
+        assert!(!fast_config(Kind::LeapfrogForward, &one, limit).unwrap().tc3);
+        // f64 at this shape: no fast kernel (the route), with or without the flag
+        assert_eq!(pick(DType::F64, GEO_ALLOW_TF32X3, limit), None);
+        let mut small = Job::new(DType::F64, 100, 64, 8);
+        small.flags = GEO_ALLOW_TF32X3;
+        small.steps = 8;
+        assert!(
+            !fast_config(Kind::LeapfrogForward, &small, limit)
+                .unwrap()
+                .tc3
+        );
+        // a device with less shared memory: the strict kernel
+        let strict = pick(DType::F32, 0, 200_000);
+        assert_eq!(pick(DType::F32, GEO_ALLOW_TF32X3, 200_000), strict);
+        let mut chr = Job::new(DType::F32, 65536, 512, 32);
+        chr.flags = GEO_ALLOW_TF32X3;
+        assert!(
+            !fast_config(Kind::ChristoffelForward, &chr, limit)
+                .unwrap()
+                .tc3
+        );
     }
 
     /// The H100 configuration of the performance goals fits its 227 KB opt-in limit.

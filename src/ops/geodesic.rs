@@ -29,8 +29,12 @@ pub(crate) const GEO_ALLOW_TF32: u32 = 1;
 /// Flag bit for testing and debugging: the CUDA backend uses its generic kernels
 /// even where a fast configuration exists (same results to rounding, slower).
 pub(crate) const GEO_FORCE_GENERIC: u32 = 2;
+/// Flag bit: the CUDA leapfrog forward may use 3xTF32 tensor-core products for f32
+/// (each operand split into TF32 high and low parts): f32-level accuracy, faster than
+/// the FFMA kernel. A permission like `GEO_ALLOW_TF32`, which wins where both are set.
+pub(crate) const GEO_ALLOW_TF32X3: u32 = 4;
 /// Every flag bit this version knows.
-pub(crate) const GEO_KNOWN_FLAGS: u32 = GEO_ALLOW_TF32 | GEO_FORCE_GENERIC;
+pub(crate) const GEO_KNOWN_FLAGS: u32 = GEO_ALLOW_TF32 | GEO_FORCE_GENERIC | GEO_ALLOW_TF32X3;
 
 /// What the backends execute: sizes, scalars and the data addresses (0 = absent).
 /// Every buffer is contiguous row-major, so an address and the sizes say it all.
@@ -155,7 +159,7 @@ fn check_scalars(c: f64, flags: u32) -> Result<()> {
     crate::ensure!(
         flags & !GEO_KNOWN_FLAGS == 0,
         FK_ERROR_INVALID_ARGUMENT,
-        "flags = {flags:#x} has unknown bits (known: FK_GEO_ALLOW_TF32 = 1, FK_GEO_FORCE_GENERIC = 2)"
+        "flags = {flags:#x} has unknown bits (known: FK_GEO_ALLOW_TF32 = 1, FK_GEO_FORCE_GENERIC = 2, FK_GEO_ALLOW_TF32X3 = 4)"
     );
     Ok(())
 }

@@ -81,6 +81,14 @@ float geo_tf32_op(float x) {
     return x;
 }
 
+void geo_split(float x, float& hi, float& lo) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    u = (u + 0x1000u) & 0xffffe000u;
+    std::memcpy(&hi, &u, 4);
+    lo = geo_tf32_op(x - hi);
+}
+
 void geo_mma_tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
     using namespace emu;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;

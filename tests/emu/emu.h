@@ -63,6 +63,7 @@ inline void __syncwarp() { emu::sync_warp(); }
 // lane of the warp must call it; operands' low 13 mantissa bits are ignored).
 float geo_tf32(float x);
 float geo_tf32_op(float x);  // + half a TF32 ulp on the bits (the mma drops the low bits)
+void geo_split(float x, float& hi, float& lo);  // 3xTF32: hi exactly TF32 (+ 0x1000, low bits cleared), lo = geo_tf32_op(x - hi)
 // bar.sync 1 + grp, GEO_NT (named barrier of one thread group)
 inline void geo_group_sync(int grp) { emu::sync_bar(1 + grp, 256); }
 void geo_mma_tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]);

@@ -39,6 +39,8 @@ def main():
             tf32 = ty == "f32" and kind in ("chr_fwd", "lf_fwd")
             if tf32:
                 names += [f"geo_{kind}_tc_r{rp}_d{dj}" for rp in (8, 16, 32) for dj in (2, 4, 8, 16)]
+            if tf32 and kind == "lf_fwd":  # the 3xTF32 variants (FK_GEO_ALLOW_TF32X3)
+                names += [f"geo_{kind}_tc3_r{rp}_d{dj}" for rp in (8, 16, 32) for dj in (2, 4, 8, 16)]
             lines = ['#include "emu.h"', '#include "registry.h"', f"namespace {ns} {{",
                      f"#define GEO_MODULE_{mod} 1", f"#define GEO_T {cty}"] + (["#define GEO_TF32 1"] if tf32 else []) + [
                      text, "}  // namespace", ""]

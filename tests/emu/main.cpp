@@ -70,6 +70,7 @@ struct Job {
     double dt, c;
     bool force_generic, vec_ok, tf32 = false;
     bool stage = true;  // the TF32 leapfrog forward's v stage where it fits (as the host)
+    bool x3 = false;    // FK_GEO_ALLOW_TF32X3: the leapfrog forward's 3xTF32 kernel where it fits
     void *x0 = nullptr, *v0 = nullptr, *f = nullptr, *u = nullptr, *w = nullptr, *mu = nullptr, *g = nullptr,
          *gx = nullptr, *gv = nullptr, *x_out = nullptr, *v_out = nullptr, *traj = nullptr, *gamma = nullptr,
          *dx = nullptr, *dv = nullptr, *df = nullptr, *du = nullptr, *dw = nullptr;
@@ -96,6 +97,10 @@ static void run(Kind kind, const Job& j, unsigned seed, std::string* chosen) {
         size_t stage = (size_t)8 * m * std::max(8 * dj + 4, rp + 4) * es;
         if (smem + stage <= SMEM_MAX) smem += stage;
     }
+    // SMEM_LF_FWD_TC3: partials, S and its low parts, the stash, U's and W's low parts
+    const size_t smem3 = ((size_t)8 * m * (rp + 4) + 2 * m * (rp + 4) + 2 * m * 64 * dj + 64 * dj + 2 * 64 * dj * rp) * es;
+    const bool tc3 = !tc && j.x3 && !j.f64 && kind == LF_FWD && j.steps >= 2 && dj && dj <= 8 && smem3 <= SMEM_MAX;
+    if (tc3) smem = smem3;
     bool fast = rp && dj && smem <= SMEM_MAX && !j.force_generic;
     size_t grid, ws_per_cta;
     std::string name;
@@ -104,7 +109,7 @@ static void run(Kind kind, const Job& j, unsigned seed, std::string* chosen) {
         size_t tiles = (B + m - 1) / m;
         grid = std::min<size_t>(std::max<size_t>(tiles, 1), SMS);
         ws_per_cta = (kind == LF_BWD && !j.traj && T > 1) ? (T - 1) * m * 64 * dj : 0;
-        name = "geo_" + std::string(KNAME[kind]) + (tc ? "_tc" : "") + "_r" + std::to_string(rp) + "_d" + std::to_string(dj);
+        name = "geo_" + std::string(KNAME[kind]) + (tc3 ? "_tc3" : tc ? "_tc" : "") + "_r" + std::to_string(rp) + "_d" + std::to_string(dj);
     } else {
         smem = 0;
         grid = std::min<size_t>(std::max<size_t>((B + 3) / 4, 1), SMS * 4);
@@ -136,7 +141,12 @@ static void run(Kind kind, const Job& j, unsigned seed, std::string* chosen) {
     a.want = (j.dv ? 1 : 0) | (j.du ? 2 : 0) | (j.dw ? 4 : 0) | (j.df ? 8 : 0) | (j.dx ? 16 : 0);
     a.vec_ok = j.vec_ok && (D * es) % 16 == 0;  // as src/cuda/geodesic.rs: 16-byte rows
     a.smem_bytes = smem;
-    auto fn = REG.at(mod + "/" + name);
+    const auto it = REG.find(mod + "/" + name);
+    if (it == REG.end()) {
+        fprintf(stderr, "no kernel %s/%s in the emulator's registry (tests/emu/gen_modules.py)\n", mod.c_str(), name.c_str());
+        exit(2);
+    }
+    auto fn = it->second;
     emu::launch(fn, grid, fast && tc && kind == CHR_FWD ? 512 : 256, smem, &a, seed);
     for (int k = 0; k < 2; ++k) {
         void* out = k == 0 ? j.du : j.dw;
@@ -239,7 +249,7 @@ static void same(const char* what, const std::string& ctx, const std::vector<dou
 
 template <typename T>
 static void case_run(size_t B, size_t D, size_t R, size_t T_, bool opt, double c, bool generic, bool vec_ok,
-                     bool tf32 = false, bool stage = true) {
+                     bool tf32 = false, bool stage = true, bool x3 = false) {
     const bool f64 = sizeof(T) == 8;
     const double tol = f64 ? 1e-11 : 1e-4;
     const double su = 1.0 / std::max(1.0, std::sqrt((double)D)), sw = 1.0 / std::max<double>(1, R);
@@ -333,6 +343,7 @@ static void case_run(size_t B, size_t D, size_t R, size_t T_, bool opt, double c
         Dev<T> xo(B * D), vo(B * D), tr(T_ * 2 * B * D);
         k.x_out = xo.p(); k.v_out = vo.p(); k.traj = tr.p();
         k.stage = stage;
+        k.x3 = x3;
         run(LF_FWD, k, seed, &chosen[2]);
         outs.push_back(xo.get()); outs.push_back(vo.get()); outs.push_back(tr.get());
         for (int use_traj = 1; use_traj >= 0; --use_traj) {
@@ -348,7 +359,7 @@ static void case_run(size_t B, size_t D, size_t R, size_t T_, bool opt, double c
             outs.push_back(o3.get()); outs.push_back(o4.get());
         }
         snprintf(buf, sizeof buf, "%s B=%zu D=%zu R=%zu T=%zu opt=%d c=%g %s%s%s%s [%s %s %s %s]", f64 ? "f64" : "f32", B, D,
-                 R, T_, opt, c, generic ? "generic" : "auto", vec_ok ? "" : " unaligned", tf32 ? " tf32" : "",
+                 R, T_, opt, c, generic ? "generic" : "auto", vec_ok ? "" : " unaligned", tf32 ? " tf32" : x3 ? " tf32x3" : "",
                  stage ? "" : " unstaged", chosen[0].c_str(),
                  chosen[1].c_str(), chosen[2].c_str(), chosen[3].c_str());
         std::string ctx = buf;
@@ -405,6 +416,8 @@ int main(int argc, char** argv) {
         case_run<float>(s.B, s.D, s.R, s.T, true, 0.6, false, true, true);   // TF32 forwards
         case_run<float>(s.B, s.D, s.R, s.T, true, 0.6, false, false, true);  // TF32, plain loads
         case_run<float>(s.B, s.D, s.R, s.T, true, 0.6, false, true, true, false);  // TF32, leapfrog v unstaged
+        case_run<float>(s.B, s.D, s.R, s.T, true, 0.6, false, true, false, true, true);   // 3xTF32 leapfrog
+        case_run<float>(s.B, s.D, s.R, s.T, true, 0.6, false, false, false, true, true);  // 3xTF32, plain loads
     }
     printf("emulator: %d failures\n", failures);
     return failures ? 1 : 0;

@@ -61,6 +61,9 @@ MAX_DIMS = 8
 GEO_ALLOW_TF32 = 1
 #: ``FK_GEO_FORCE_GENERIC``: geodesic ops use the generic CUDA kernels (debugging).
 GEO_FORCE_GENERIC = 2
+#: ``FK_GEO_ALLOW_TF32X3``: the leapfrog forward may use 3xTF32 tensor-core products for
+#: f32 on CUDA (f32-level accuracy, faster than the FFMA kernel).
+GEO_ALLOW_TF32X3 = 4
 #: ``FK_GEMM_ALLOW_TF32``: f32 products may use TF32 tensor cores on CUDA (GEMM and
 #: the optimizer-math ops).
 GEMM_ALLOW_TF32 = 1

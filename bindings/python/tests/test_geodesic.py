@@ -157,7 +157,7 @@ def test_errors(rng):
 
 
 def test_constants_and_entry_points():
-    assert fusekit.GEO_ALLOW_TF32 == 1 and fusekit.GEO_FORCE_GENERIC == 2
+    assert fusekit.GEO_ALLOW_TF32 == 1 and fusekit.GEO_FORCE_GENERIC == 2 and fusekit.GEO_ALLOW_TF32X3 == 4
     for name in ("fk_christoffel_forward", "fk_christoffel_backward", "fk_leapfrog_forward", "fk_leapfrog_backward"):
         assert fusekit.ENTRY_POINTS[name] is getattr(fusekit, name[3:])
 

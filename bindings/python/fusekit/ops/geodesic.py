@@ -17,18 +17,20 @@ array (torch in, torch out).
   ``f`` (constant force) and ``mu`` (per-feature friction) are optional (None = 0).
 
 The backwards return a tuple of gradients, ``None`` for each one not asked for
-(``want``). ``flags``: 0, ``GEO_ALLOW_TF32`` and/or ``GEO_FORCE_GENERIC``.
+(``want``). ``flags``: 0, ``GEO_ALLOW_TF32``, ``GEO_ALLOW_TF32X3`` (the leapfrog
+forward: 3xTF32 tensor-core products, f32-level accuracy) and/or ``GEO_FORCE_GENERIC``.
 Differentiable versions for torch are in ``fusekit.torch_geodesic``.
 """
 
 from __future__ import annotations
 
 from .._core import Invocation
-from .._lib import GEO_ALLOW_TF32, GEO_FORCE_GENERIC, lib
+from .._lib import GEO_ALLOW_TF32, GEO_ALLOW_TF32X3, GEO_FORCE_GENERIC, lib
 
 __all__ = [
     "DEFAULT_C",
     "GEO_ALLOW_TF32",
+    "GEO_ALLOW_TF32X3",
     "GEO_FORCE_GENERIC",
     "christoffel_forward",
     "christoffel_backward",

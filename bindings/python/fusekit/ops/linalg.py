@@ -21,7 +21,7 @@ Gradient checks: the fused linear layer exists in float16, bfloat16 and float32
 only (no float64 kernel), so ``torch.autograd.gradcheck`` runs it on the CPU in
 float32 with tolerances for float32 finite differences, and the backward is also
 compared with torch's own autograd of the same expression in float64
-(``bindings/python/tests/test_linalg.py``).
+(``bindings/python/tests/test_linalg_torch.py``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,107 @@
+"""Geodesic flow ops as torch custom ops (fusekit.torch_geodesic): gradcheck in float64
+on the CPU, with and without clamping, and CUDA cases when a GPU is usable. Skipped
+without torch; the plain functions are tested in test_geodesic.py."""
+
+import math
+
+import numpy as np
+import pytest
+
+import fusekit
+from test_geodesic import problem, ref_leapfrog, rel
+
+# ------------------------------------------------------------------ torch custom ops
+
+torch = pytest.importorskip("torch")
+import fusekit.torch_ops  # noqa: E402,F401
+from fusekit.torch_geodesic import christoffel, leapfrog  # noqa: E402
+
+
+def tproblem(seed=0, b=3, d=5, r=2, device="cpu", dtype=torch.float64, scale=0.5):
+    rng = np.random.default_rng(seed)
+    return [torch.tensor(a, device=device, dtype=dtype).requires_grad_(True)
+            for a in problem(rng, b, d, r, scale=scale)]
+
+
+def test_torch_ops_registered():
+    for name in ("christoffel", "christoffel_backward", "leapfrog", "leapfrog_backward"):
+        assert hasattr(torch.ops.fusekit, name)
+
+
+@pytest.mark.parametrize("c", [5.0, math.inf])
+def test_gradcheck_christoffel_f64(c):
+    _, v, U, W, _, _ = tproblem(1)  # |gamma_raw| < 0.2: clamping inactive near the point for c = 5
+    assert torch.autograd.gradcheck(lambda v, U, W: christoffel(v, U, W, c), (v, U, W))
+
+
+def test_gradcheck_christoffel_clamped_f64():
+    # large inputs, small c: some entries clamped (gradient 0 there), none near +-c
+    _, v, U, W, _, _ = tproblem(2, scale=1.5)
+    with torch.no_grad():
+        raw = (v @ U) ** 2 @ W.T
+    a = raw.abs().flatten().sort().values
+    c = float(0.5 * (a[7] + a[8]))  # between two entries: about half clamped
+    assert ((raw.abs() - c).abs() > 1e-3).all()
+    assert torch.autograd.gradcheck(lambda v, U, W: christoffel(v, U, W, c), (v, U, W))
+
+
+@pytest.mark.parametrize("c", [5.0, math.inf])
+@pytest.mark.parametrize("with_f", [True, False])
+def test_gradcheck_leapfrog_f64(c, with_f):
+    x, v, U, W, f, mu = tproblem(3)
+    mu = mu.detach()
+
+    def fn(x, v, U, W, f):
+        xT, vT = leapfrog(x, v, U, W, 0.1, 3, f=f, mu=mu, c=c)
+        return xT, vT
+
+    if with_f:
+        args = (x, v, U, W, f)
+        assert torch.autograd.gradcheck(fn, args)
+    else:
+        assert torch.autograd.gradcheck(lambda x, v, U, W: fn(x, v, U, W, None), (x, v, U, W))
+
+
+def test_leapfrog_matches_reference_and_traj():
+    x, v, U, W, f, mu = [a.detach() for a in tproblem(4)]
+    xT, vT, traj = leapfrog(x, v, U, W, 0.2, 2, f=f, mu=mu, return_traj=True)
+    xr, vr, tr = ref_leapfrog(*(a.numpy() for a in (x, v, U, W)), 0.2, 2, f.numpy(), mu.numpy())
+    assert rel(xT.numpy(), xr) < 1e-12 and rel(vT.numpy(), vr) < 1e-12 and rel(traj.numpy(), tr) < 1e-12
+
+
+def test_only_some_inputs_require_grad():
+    x, v, U, W, f, mu = tproblem(5)
+    x, U = x.detach(), U.detach()
+    xT, vT = leapfrog(x, v, U, W, 0.1, 2, f=f)
+    (xT.sum() + vT.square().sum()).backward()
+    assert x.grad is None and U.grad is None
+    assert v.grad is not None and W.grad is not None and f.grad is not None
+
+
+@pytest.mark.parametrize("name", ["christoffel", "leapfrog"])
+def test_opcheck(name):
+    if not hasattr(torch.library, "opcheck"):
+        pytest.skip("torch.library.opcheck needs torch >= 2.4")
+    x, v, U, W, f, mu = tproblem(6)
+    args = (v, U, W, 5.0) if name == "christoffel" else (x, v, U, W, f, mu.detach(), 0.1, 2, 5.0)
+    torch.library.opcheck(getattr(torch.ops.fusekit, name).default, args)
+
+
+@pytest.mark.skipif(fusekit.device_count() == 0 or not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
+def test_cuda_matches_cpu(dtype, tol):
+    cpu = tproblem(7, b=300, d=64, r=8, dtype=dtype, scale=0.3)
+    cpu[5] = cpu[5].detach()
+    gpu = [a.detach().cuda().requires_grad_(a.requires_grad) for a in cpu]
+    g_cpu, g_gpu = christoffel(*cpu[1:4]), christoffel(*gpu[1:4])
+    torch.testing.assert_close(g_gpu.cpu(), g_cpu, rtol=tol, atol=tol)
+    out_cpu = leapfrog(*cpu[:4], 0.05, 4, f=cpu[4], mu=cpu[5])
+    out_gpu = leapfrog(*gpu[:4], 0.05, 4, f=gpu[4], mu=gpu[5])
+    for a, b in zip(out_gpu, out_cpu):
+        assert (a.detach().cpu() - b.detach()).norm() <= tol * b.detach().norm()
+    w = torch.linspace(-1, 1, 300 * 64, dtype=dtype).reshape(300, 64)
+    ((out_cpu[0] * w).sum() + (out_cpu[1] ** 2).sum() + (g_cpu * w).sum()).backward()
+    wg = w.cuda()
+    ((out_gpu[0] * wg).sum() + (out_gpu[1] ** 2).sum() + (g_gpu * wg).sum()).backward()
+    for a, b in zip(gpu[:5], cpu[:5]):
+        assert (a.grad.cpu() - b.grad).norm() <= tol * b.grad.norm()

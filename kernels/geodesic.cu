@@ -919,37 +919,45 @@ template <class C> struct RegFrags {
     __device__ __forceinline__ Src<NR, KS> b_src() const { return {w}; }
 };
 
-// Phase A over the warp's feature slice: acc = P[16][RP] partial = X[16][KW] U[KW][RP],
-// one m16n8k8 per (k-step, n-tile). `af(s, ah, al)` writes k-step s's A fragment (TF32:
-// rows g, g + 8 at k position t, then at t + 4) to `ah`, and with 3xTF32 its low parts
-// to `al`; `bh`: this warp's U fragments (SmemFrags<NR> or RegFrags::a_src, outer
-// index the k-step), `bl` their low parts (3xTF32: acc += al bh + ah bl + ah bh, in that
-// order) or NoLo.
+// One k-step o of a TF32 phase: acc[n] += A B(o, n) for the n-tiles n < NN, one
+// m16n8k8 each, A given as its TF32 operand `ah`; with 3xTF32 (`bl` the B fragments'
+// low parts, BL::LO) also A's low part `al`: acc += al bh + ah bl + ah bh, in that order.
+template <int NN, class BH, class BL>
+__device__ __forceinline__ void mma_kstep(float (&acc)[NN][4], const float (&ah)[4], const float (&al)[4],
+                                          const BH& bh, const BL& bl, int o) {
+    constexpr int Q = BL::LO ? BL::P : BH::P;
+#pragma unroll
+    for (int n = 0; n < NN; n += Q) {
+        float b[Q][2], bq[Q][2];
+        frags_q<Q>(bh, o, n, b);
+        if constexpr (BL::LO) bl.load(o, n, bq);
+#pragma unroll
+        for (int k = 0; k < Q; ++k) {
+            if constexpr (BL::LO) {
+                geo_mma_tf32(acc[n + k], al, b[k]);
+                geo_mma_tf32(acc[n + k], ah, bq[k]);
+            }
+            geo_mma_tf32(acc[n + k], ah, b[k]);
+        }
+    }
+}
+
+// Phase A over the warp's feature slice: acc = P[16][RP] partial = X[16][KW] U[KW][RP].
+// `af(s, ah, al)` writes k-step s's A fragment (TF32: rows g, g + 8 at k position t,
+// then at t + 4) to `ah`, and with 3xTF32 its low parts to `al`; `bh`: this warp's U
+// fragments (SmemFrags<NR> or RegFrags::a_src, outer index the k-step), `bl` their low
+// parts (3xTF32) or NoLo.
 template <class C, class BH, class BL, class AF>
 __device__ __forceinline__ void phase_a_frag(const BH& bh, const BL& bl, AF af, float (&acc)[C::RP / 8][4]) {
-    constexpr int KS = C::KW / 8, NR = C::RP / 8, Q = BL::LO ? BL::P : BH::P;
 #pragma unroll
-    for (int n = 0; n < NR; ++n)
+    for (int n = 0; n < C::RP / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
 #pragma unroll
-    for (int s = 0; s < KS; ++s) {
+    for (int s = 0; s < C::KW / 8; ++s) {
         float ah[4], al[4];
         af(s, ah, al);
-#pragma unroll
-        for (int n = 0; n < NR; n += Q) {
-            float b[Q][2], bq[Q][2];
-            frags_q<Q>(bh, s, n, b);
-            if constexpr (BL::LO) bl.load(s, n, bq);
-#pragma unroll
-            for (int k = 0; k < Q; ++k) {
-                if constexpr (BL::LO) {
-                    geo_mma_tf32(acc[n + k], al, b[k]);
-                    geo_mma_tf32(acc[n + k], ah, bq[k]);
-                }
-                geo_mma_tf32(acc[n + k], ah, b[k]);
-            }
-        }
+        mma_kstep(acc, ah, al, bh, bl, s);
     }
 }
 
@@ -979,30 +987,16 @@ __device__ __forceinline__ constexpr int s_frag(int m, int r) {
 template <class C, class BH, class BL>
 __device__ __forceinline__ void phase_b_frag(const float* S, const float* Sl, const BH& bh, const BL& bl, int lane,
                                              float (&acc)[C::KW / 8][4]) {
-    constexpr int KS = C::KW / 8, NR = C::RP / 8, Q = BL::LO ? BL::P : BH::P;
 #pragma unroll
-    for (int n = 0; n < KS; ++n)
+    for (int n = 0; n < C::KW / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
 #pragma unroll
-    for (int s2 = 0; s2 < NR; ++s2) {
+    for (int s2 = 0; s2 < C::RP / 8; ++s2) {
         float ah[4], al[4];
         ldv<4>(S + (s2 * 32 + lane) * 4, ah);
         if constexpr (BL::LO) ldv<4>(Sl + (s2 * 32 + lane) * 4, al);
-#pragma unroll
-        for (int n = 0; n < KS; n += Q) {
-            float b[Q][2], bq[Q][2];
-            frags_q<Q>(bh, s2, n, b);
-            if constexpr (BL::LO) bl.load(s2, n, bq);
-#pragma unroll
-            for (int k = 0; k < Q; ++k) {
-                if constexpr (BL::LO) {
-                    geo_mma_tf32(acc[n + k], al, b[k]);
-                    geo_mma_tf32(acc[n + k], ah, bq[k]);
-                }
-                geo_mma_tf32(acc[n + k], ah, b[k]);
-            }
-        }
+        mma_kstep(acc, ah, al, bh, bl, s2);
     }
 }
 

@@ -419,9 +419,7 @@ fn compare(dt: fk_dtype, got: &Outs, want: &Outs, what: &str) {
             &format!("christoffel {n} {what}"),
         );
     }
-    close(&got.x, &want.x, tf, &format!("x_T {what}"));
-    close(&got.v, &want.v, tf, &format!("v_T {what}"));
-    close(&got.traj, &want.traj, tf, &format!("traj {what}"));
+    close_lf(got, want, tf, what);
     for (k, n) in ["dx0", "dv0", "df", "dU", "dW"].iter().enumerate() {
         close(
             &got.lf[k],
@@ -683,35 +681,46 @@ fn cuda_backward_optional_outputs() {
     }
 }
 
-#[test]
-fn cuda_tf32_forwards() {
-    let Some(gpu) = gpu() else { return };
-    let cpu = Ctx::new(FK_DEVICE_CPU);
-    let mut rng = Rng(16);
-    let shapes: &[(usize, usize, usize, usize)] = if sanitizing() {
+/// The shapes of the tensor-core tests: odd sizes, every DJ and RP of the TF32
+/// kernels, T = 1 and T > 1, blocks with several tiles (B > 16 x SMs), and R > 32 (no
+/// fast kernel). Under the sanitizers: a small set, still with several tiles per block.
+fn tc_shapes() -> Vec<(usize, usize, usize, usize)> {
+    if sanitizing() {
         // (2200, 64, 32, 2): more tiles than SMs, so that blocks run several tiles (the
         // TF32 leapfrog's v stage and x, f stash across tiles)
-        &[(7, 33, 5, 2), (40, 64, 32, 1), (2200, 64, 32, 2)]
+        vec![(7, 33, 5, 2), (40, 64, 32, 1), (2200, 64, 32, 2)]
     } else {
-        &[
+        vec![
             (7, 33, 5, 2),
             (257, 512, 32, 2),
             (129, 300, 31, 8),
             (50, 100, 16, 1),
             (4501, 200, 24, 3),
-            // R > 32: the Christoffel forward's GEMM route with TF32 products
+            // R > 32: the GEMM route (TF32 products in the Christoffel forward's)
             (60, 200, 40, 1),
         ]
-    };
-    for &(b, d, r, t) in shapes {
+    }
+}
+
+/// x_T, v_T and the trajectory of `got` against `want` within `tol`.
+fn close_lf(got: &Outs, want: &Outs, tol: f64, what: &str) {
+    close(&got.x, &want.x, tol, &format!("x_T {what}"));
+    close(&got.v, &want.v, tol, &format!("v_T {what}"));
+    close(&got.traj, &want.traj, tol, &format!("traj {what}"));
+}
+
+#[test]
+fn cuda_tf32_forwards() {
+    let Some(gpu) = gpu() else { return };
+    let cpu = Ctx::new(FK_DEVICE_CPU);
+    let mut rng = Rng(16);
+    for (b, d, r, t) in tc_shapes() {
         let p = Prob::new(&mut rng, b, d, r, t, true, 0.6);
         let want = run_all(&cpu, FK_DTYPE_F32, &p, 0, null());
         let got = run_all(&gpu, FK_DTYPE_F32, &p, FK_GEO_ALLOW_TF32, null());
         let what = format!("TF32 B={b} D={d} R={r} T={t}");
         close(&got.gamma, &want.gamma, 5e-3, &format!("gamma {what}"));
-        close(&got.x, &want.x, 5e-3, &format!("x_T {what}"));
-        close(&got.v, &want.v, 5e-3, &format!("v_T {what}"));
-        close(&got.traj, &want.traj, 5e-3, &format!("traj {what}"));
+        close_lf(&got, &want, 5e-3, &what);
         // the backwards ignore the flag (bit-identical to strict runs); f64 too
         let strict = run_all(&gpu, FK_DTYPE_F32, &p, 0, null());
         assert!(
@@ -744,42 +753,12 @@ fn cuda_tf32x3_leapfrog() {
     let Some(gpu) = gpu() else { return };
     let cpu = Ctx::new(FK_DEVICE_CPU);
     let mut rng = Rng(18);
-    let shapes: &[(usize, usize, usize, usize)] = if sanitizing() {
-        &[(7, 33, 5, 2), (2200, 64, 32, 2)]
-    } else {
-        &[
-            (7, 33, 5, 2),
-            (257, 512, 32, 2),
-            (129, 300, 31, 8),
-            (4501, 200, 24, 3),
-            (50, 100, 16, 1),
-            // R > 32: the route, strict
-            (60, 200, 40, 1),
-        ]
-    };
-    for &(b, d, r, t) in shapes {
+    for (b, d, r, t) in tc_shapes() {
         let p = Prob::new(&mut rng, b, d, r, t, true, 0.6);
         let what = format!("3xTF32 B={b} D={d} R={r} T={t}");
         let want = run_all(&cpu, FK_DTYPE_F32, &p, 0, null());
         let got = run_all(&gpu, FK_DTYPE_F32, &p, FK_GEO_ALLOW_TF32X3, null());
-        close(
-            &got.x,
-            &want.x,
-            tol_fwd(FK_DTYPE_F32),
-            &format!("x_T {what}"),
-        );
-        close(
-            &got.v,
-            &want.v,
-            tol_fwd(FK_DTYPE_F32),
-            &format!("v_T {what}"),
-        );
-        close(
-            &got.traj,
-            &want.traj,
-            tol_fwd(FK_DTYPE_F32),
-            &format!("traj {what}"),
-        );
+        close_lf(&got, &want, tol_fwd(FK_DTYPE_F32), &what);
         let strict = run_all(&gpu, FK_DTYPE_F32, &p, 0, null());
         // (at T = 1 the permission is not used: the strict kernel is faster there)
         assert_eq!(

@@ -238,6 +238,12 @@ __device__ __forceinline__ void prefetch_rows_l2(const T* p, i64 row0, int M, i6
 #else
 #define GEO_VL_MODULE 0
 #endif
+// The leapfrog forward's strict f32 kernel with U and W in registers (lf_fwd_rs)
+#if defined(GEO_MODULE_LF_FWD)
+#define GEO_RS_MODULE 1
+#else
+#define GEO_RS_MODULE 0
+#endif
 // The backwards' phase B also runs with U (dv = dp U^T): with VL their U is swizzled
 // as W, and phase A reads both swizzled (Cfg::UZ).
 #if defined(GEO_MODULE_CHR_BWD) || defined(GEO_MODULE_LF_BWD)
@@ -284,6 +290,10 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false, bool X3_ = f
     static constexpr int SMEM_LF_FWD = DP * SU + DP * SW + GEO_NW * SLICE + M * SU;
     static constexpr int SMEM_LF_FWD_TC = GEO_NW * SLICE + M * SU + 2 * M * DP + DP;  // U, W in registers (RegFrags); x, hf stashed, 1 - h mu
     static constexpr int SMEM_LF_STAGE = GEO_NW * SLICE;  // the leapfrog's optional v stage (lf_fwd_fast)
+    // the strict f32 leapfrog forward with U and W in registers (lf_fwd_rs:
+    // 16 < R <= 32, 256 < D <= 512): two buffers of the tile's v, x, f, the warps' partials and S
+    static constexpr bool RS = GEO_RS_MODULE && !TC && sizeof(T) == 4 && RP == 32 && DJ == 8 && MB == 4;
+    static constexpr int SMEM_LF_FWD_RS = 6 * M * DP + GEO_NW * M * RP + M * RP;
     // X3: the partials, S's hi and lo parts, the stash, and U's and W's lo parts in
     // fragment order (no v stage)
     static constexpr int SMEM_LF_FWD_TC3 = GEO_NW * M * SU + 2 * M * SU + 2 * M * DP + DP + 2 * DP * RP;
@@ -1476,6 +1486,210 @@ template <class C> struct LfState<C, true> {
     }
 };
 
+// The strict f32 leapfrog forward with U and W in registers (`Cfg::RS`: f32,
+// 16 < R <= 32, 256 < D <= 512, every [B, D] tensor 16-byte aligned, where the host
+// gives the kernel SMEM_LF_FWD_RS: T >= 2 and the device has the room; else
+// lf_fwd_fast's register-state kernel runs). Each warp
+// keeps, for the launch, U for its 64 features x 32 columns and W for its 64 features
+// (64 + 64 registers per lane); the tile's state (v, x, h f) sits in shared memory,
+// double-buffered so that the next tile streams in (cp.async) during this one's steps,
+// and x in registers. Per Gamma:
+// - phase A: lane (g = lane / 4, t = lane % 4) of warp w accumulates P[m][4g + (j ^ t)]
+//   over features 64w + 16q + 4t + e (q, e < 4) for every row m: one 16-byte load of
+//   v per 16 FFMA, shared by the 8 lanes of equal t; two xor-shuffle levels reduce
+//   over t and leave P[m][lane] (the xor in the column order makes them select-free);
+//   the 8 warps' partials are summed in warp order (deterministic);
+// - phase B: lane L owns features 64w + 2L, +1 and all 32 columns of W: S rows are
+//   broadcast 16-byte loads, no reduction; the kick and the drift follow in registers.
+// Smem loads per FFMA drop from 0.5 / 0.375 (the register-state kernel's lane tiles)
+// to 1/16 and 1/8 (docs/geodesic.md, "U and W in registers: the strict leapfrog").
+template <class C> __device__ __forceinline__ bool lf_fwd_rs_ok(const GeoArgs& a) {
+    return a.smem_bytes >= C::SMEM_LF_FWD_RS * sizeof(float) &&
+           ((a.x0 | a.v0 | a.f | a.x_out | a.v_out | a.traj | (u64)(a.D * sizeof(float))) & 15) == 0;
+}
+
+template <class C, bool DRIFT>
+__device__ __forceinline__ void gamma_rs(float* Vs, const float* Hs, float (&xr)[C::M][2], float* Part, float* S,
+                                         const float (&Ua)[4][4][4], const float (&Wb)[2][32], const float (&hm)[2],
+                                         float h, float dt, float c) {
+    constexpr int M = C::M, DP = C::DP, RP = C::RP, RA = 8, RB = 8;
+    const int tid = geo_tid(), w = tid >> 5, L = tid & 31, t = L & 3, d0 = 64 * w + 2 * L;
+    const float* vb = Vs + 64 * w + 4 * t;
+#pragma unroll 1
+    for (int m0 = 0; m0 < M; m0 += RA) {
+        float acc[RA][4];
+#pragma unroll
+        for (int i = 0; i < RA; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            float v4[RA][4];
+#pragma unroll
+            for (int i = 0; i < RA; ++i) ldv<4>(vb + (m0 + i) * DP + 16 * q, v4[i]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+#pragma unroll
+                for (int i = 0; i < RA; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(v4[i][e], Ua[q][e][j], acc[i][j]);
+        }
+#pragma unroll
+        for (int i = 0; i < RA; ++i) {
+            acc[i][0] += __shfl_xor_sync(0xffffffffu, acc[i][1], 1);
+            acc[i][2] += __shfl_xor_sync(0xffffffffu, acc[i][3], 1);
+            acc[i][0] += __shfl_xor_sync(0xffffffffu, acc[i][2], 2);
+            Part[(w * M + m0 + i) * RP + L] = acc[i][0];
+        }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < M * RP; idx += GEO_NT) {
+        float p = 0.f;
+#pragma unroll
+        for (int k = 0; k < GEO_NW; ++k) p += Part[k * M * RP + idx];
+        S[idx] = p * p;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int m0 = 0; m0 < M; m0 += RB) {
+        float acc[RB][2];
+#pragma unroll
+        for (int i = 0; i < RB; ++i) acc[i][0] = acc[i][1] = 0.f;
+#pragma unroll
+        for (int rq = 0; rq < RP / 4; ++rq) {
+            float s4[RB][4];
+#pragma unroll
+            for (int i = 0; i < RB; ++i) ldv<4>(S + (m0 + i) * RP + 4 * rq, s4[i]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+#pragma unroll
+                for (int i = 0; i < RB; ++i)
+#pragma unroll
+                    for (int k = 0; k < 2; ++k) acc[i][k] = fmaf(s4[i][e], Wb[k][4 * rq + e], acc[i][k]);
+        }
+#pragma unroll
+        for (int i = 0; i < RB; ++i) {
+            float v[2], hf[2];
+            ldv<2>(Vs + (m0 + i) * DP + d0, v);
+            ldv<2>(Hs + (m0 + i) * DP + d0, hf);
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                v[k] = kick(v[k], hf[k], hm[k], h, acc[i][k], c);
+                if (DRIFT) xr[m0 + i][k] += dt * v[k];
+            }
+            stv<2>(Vs + (m0 + i) * DP + d0, v);
+        }
+    }
+    __syncwarp();  // phase A of the next Gamma reads the warp's features that its lanes wrote
+}
+
+template <class C> __device__ void lf_fwd_rs(const GeoArgs& a) {
+    constexpr int M = C::M, DP = C::DP, RP = C::RP, BUF = 3 * M * DP, Q = DP / 4;
+    static_assert(M == 16 && DP == 512 && RP == 32, "the register kernel's configuration");
+    float* const sm = reinterpret_cast<float*>(geo_smem);  // 2 buffers of [v, x, f][M][DP]
+    float* const Part = sm + 2 * BUF;                         // [NW][M][RP]
+    float* const S = Part + GEO_NW * M * RP;                   // [M][RP]
+    const int tid = geo_tid(), w = tid >> 5, L = tid & 31, t = L & 3, g = L >> 2, d0 = 64 * w + 2 * L;
+    const int D = (int)a.D, R = (int)a.R;
+    const float c = float(a.c), dt = float(a.dt), h = float(0.5 * a.dt);
+    const float* U = reinterpret_cast<const float*>(a.u);
+    const float* W = reinterpret_cast<const float*>(a.w);
+    const float* x0 = reinterpret_cast<const float*>(a.x0);
+    const float* v0 = reinterpret_cast<const float*>(a.v0);
+    const float* f = reinterpret_cast<const float*>(a.f);
+    const float* mu = reinterpret_cast<const float*>(a.mu);
+    float* traj = reinterpret_cast<float*>(a.traj);
+    float Ua[4][4][4], Wb[2][32], hm[2];
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int k = 64 * w + 16 * q + 4 * t + e, r = 4 * g + (j ^ t);
+                Ua[q][e][j] = (k < D && r < R) ? U[k * R + r] : 0.f;
+            }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+#pragma unroll
+        for (int r = 0; r < 32; ++r) Wb[k][r] = (d0 + k < D && r < R) ? W[(d0 + k) * R + r] : 0.f;
+        hm[k] = h * ((mu != nullptr && d0 + k < D) ? mu[d0 + k] : 0.f);
+    }
+    // zeros where no load writes: padded features, rows past B, h f without f
+    for (int i = tid; i < 2 * BUF / 4; i += GEO_NT) stv<4>(sm + 4 * i, {0.f, 0.f, 0.f, 0.f});
+    __syncthreads();
+    const i64 ntiles = (a.B + M - 1) / M, BD = a.B * a.D;
+    // the tile's rows of v, x, f into buffer b (rows past B: zeros)
+    auto load = [&](i64 tile, float* b) {
+        const i64 r0 = tile * M;
+        for (int i = tid; i < M * Q; i += GEO_NT) {
+            const int m = i / Q, col = 4 * (i % Q);
+            if (col >= D) continue;
+            float* s = b + m * DP + col;
+            if (r0 + m < a.B) {
+                const i64 o = (r0 + m) * D + col;
+                cp_async16(s, v0 + o);
+                cp_async16(s + M * DP, x0 + o);
+                if (f != nullptr) cp_async16(s + 2 * M * DP, f + o);
+            } else {
+                stv<4>(s, {0.f, 0.f, 0.f, 0.f});
+                stv<4>(s + M * DP, {0.f, 0.f, 0.f, 0.f});
+                stv<4>(s + 2 * M * DP, {0.f, 0.f, 0.f, 0.f});
+            }
+        }
+    };
+    // the lane's features of the tile's valid rows: fn(row offset, smem row)
+    auto rows = [&](i64 r0, auto fn) {
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+            if (d0 < D && r0 + m < a.B) fn((r0 + m) * a.D + d0, m);
+    };
+    int cur = 0;
+    i64 tile = blockIdx.x;
+    if (tile < ntiles) load(tile, sm);
+    cp_async_commit();
+    for (; tile < ntiles; tile += gridDim.x, cur ^= 1) {
+        const i64 next = tile + gridDim.x, r0 = tile * M;
+        if (next < ntiles) load(next, sm + (cur ^ 1) * BUF);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();  // the tile's v, x, f are in buffer `cur`
+        float* const Vs = sm + cur * BUF;
+        float* const Hs = Vs + 2 * M * DP;
+        if (f != nullptr)
+            for (int i = tid; i < M * Q; i += GEO_NT) {
+                float q[4];
+                ldv<4>(Hs + 4 * i, q);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) q[e] *= h;
+                stv<4>(Hs + 4 * i, q);
+            }
+        float xr[M][2];
+#pragma unroll
+        for (int m = 0; m < M; ++m) ldv<2>(Vs + M * DP + m * DP + d0, xr[m]);
+        __syncthreads();  // h f
+        for (i64 s = 0; s < a.steps; ++s) {
+            gamma_rs<C, true>(Vs, Hs, xr, Part, S, Ua, Wb, hm, h, dt, c);
+            gamma_rs<C, false>(Vs, Hs, xr, Part, S, Ua, Wb, hm, h, dt, c);
+            if (traj != nullptr)
+                rows(r0, [&](i64 o, int m) {
+                    stv<2>(traj + 2 * s * BD + o, xr[m]);
+                    float v[2];
+                    ldv<2>(Vs + m * DP + d0, v);
+                    stv<2>(traj + (2 * s + 1) * BD + o, v);
+                });
+        }
+        rows(r0, [&](i64 o, int m) {
+            stv<2>(reinterpret_cast<float*>(a.x_out) + o, xr[m]);
+            float v[2];
+            ldv<2>(Vs + m * DP + d0, v);
+            stv<2>(reinterpret_cast<float*>(a.v_out) + o, v);
+        });
+        __syncthreads();  // buffer `cur` is free for the tile after next
+    }
+    cp_async_wait<0>();
+}
+
 // Leapfrog forward: per tile of M rows, x, v, f on chip (row layout) for all T steps:
 // the FFMA kernel in registers, the TF32 one v in registers and x, h f in a
 // thread-private shared-memory stash (LfState), its registers holding the warp's U and
@@ -1487,6 +1701,12 @@ template <class C> struct LfState<C, true> {
 // kernel, at 250 registers, spilled with the stage and ran 3-4% slower: it loads v
 // like x and f, asked for in L2 one tile ahead.)
 template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
+    if constexpr (C::RS) {
+        if (lf_fwd_rs_ok<C>(a)) {
+            lf_fwd_rs<C>(a);
+            return;
+        }
+    }
     typedef typename C::T T;
     typedef typename Rows<C>::Tile Tile;
     constexpr int BASE = C::X3 ? C::SMEM_LF_FWD_TC3 : C::TC ? C::SMEM_LF_FWD_TC : C::SMEM_LF_FWD;

@@ -445,8 +445,9 @@ fn shapes() -> Vec<(usize, usize, usize, usize)> {
             (40, 70, 17, 2),
             (3, 130, 33, 1),
             (33, 20, 3, 3),
-            (9, 256, 20, 2),  // the vector row layout (Cfg::VL) with 16-byte rows
-            (4300, 8, 33, 1), // the route's geo_sw with two tiles in some blocks
+            (9, 256, 20, 2),    // the vector row layout (Cfg::VL) with 16-byte rows
+            (2200, 300, 24, 2), // the leapfrog forward's register kernel (lf_fwd_rs), several tiles per block
+            (4300, 8, 33, 1),   // the route's geo_sw with two tiles in some blocks
         ]
     } else {
         vec![
@@ -461,7 +462,8 @@ fn shapes() -> Vec<(usize, usize, usize, usize)> {
             (5, 40, 129, 2),
             (3001, 128, 16, 2),
             (6, 2100, 2, 1),
-            (4500, 40, 33, 2), // the route's geo_sw with two tiles in some blocks
+            (4500, 40, 33, 2),  // the route's geo_sw with two tiles in some blocks
+            (4500, 300, 24, 3), // the leapfrog forward's register kernel (lf_fwd_rs), several tiles per block
         ]
     }
 }
@@ -544,8 +546,9 @@ fn cuda_misaligned_rows_and_in_place() {
     let Some(gpu) = gpu() else { return };
     let cpu = Ctx::new(FK_DEVICE_CPU);
     let mut rng = Rng(14);
-    // R = 12: the fast kernels; R = 40: the cuBLAS route
-    for (b, d, r) in [(37usize, 64usize, 12usize), (37, 64, 40)] {
+    // R = 12: the fast kernels; R = 40: the cuBLAS route; D = 300, R = 24: the leapfrog
+    // forward's register kernel's fallback (lf_fwd_rs needs 16-byte rows)
+    for (b, d, r) in [(37usize, 64usize, 12usize), (37, 64, 40), (37, 300, 24)] {
         let p = Prob::new(&mut rng, b, d, r, 1, false, 0.6);
         for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
             let want = run_all(&cpu, dt, &p, 0, null());

@@ -427,6 +427,24 @@ fn fast_config(kind: Kind, job: &Job, max_smem: usize) -> Option<Fast> {
     if tc3 {
         smem = tc3_smem;
     }
+    // the strict f32 leapfrog forward with U and W in registers (`lf_fwd_rs`: 16 < R <=
+    // 32, 256 < D <= 512, T >= 2) where its `SMEM_LF_FWD_RS` fits: two buffers of the
+    // tile's v, x, f, the warps' partials and S; the kernel falls back to the
+    // register-state kernel (which needs less) where the rows are not 16-byte aligned.
+    // At T = 1 the register-state kernel is faster (H100, B = 65536, D = 512, R = 32:
+    // 0.361 against 0.381 ms b2b; T = 8 2.177 against 2.054)
+    let rs_smem = (6 * m * dp + NW * m * 32 + m * 32) * job.dtype.size();
+    if !tc
+        && !tc3
+        && kind == Kind::LeapfrogForward
+        && job.dtype == DType::F32
+        && job.steps >= 2
+        && RPS[ri] == 32
+        && DJS[di] == 8
+        && rs_smem <= limit
+    {
+        smem = smem.max(rs_smem);
+    }
     (smem <= limit).then_some(Fast {
         ri,
         di,
@@ -1466,6 +1484,47 @@ mod tests {
     /// Which variant the flags choose for the leapfrog forward at the benchmark shape:
     /// 3xTF32 only for f32 with `GEO_ALLOW_TF32X3` and without `GEO_ALLOW_TF32`, in
     /// `SMEM_LF_FWD_TC3`'s bytes; the strict kernel where that does not fit.
+    #[test]
+    fn register_leapfrog_config() {
+        // the strict f32 leapfrog forward's register kernel (lf_fwd_rs) gets its
+        // SMEM_LF_FWD_RS at 16 < R <= 32, 256 < D <= 512 where it fits
+        let limit = 232_448;
+        let smem = |dtype, d, r, flags, max| {
+            let mut job = Job::new(dtype, 65536, d, r);
+            job.flags = flags;
+            job.steps = 8;
+            fast_config(Kind::LeapfrogForward, &job, max).map(|f| f.smem)
+        };
+        let (strict, _, _) = fast_smem(Kind::LeapfrogForward, 32, 8, 4);
+        assert_eq!(smem(DType::F32, 512, 32, 0, limit), Some(215_040));
+        assert_eq!(smem(DType::F32, 300, 17, 0, limit), Some(215_040));
+        // no room, or T = 1: the register-state kernel
+        assert_eq!(smem(DType::F32, 512, 32, 0, 200_000), Some(strict));
+        let mut one = Job::new(DType::F32, 65536, 512, 32);
+        one.steps = 1;
+        assert_eq!(
+            fast_config(Kind::LeapfrogForward, &one, limit).map(|f| f.smem),
+            Some(strict)
+        );
+        // other configurations and the TF32 kernels: their own sizes
+        assert_ne!(smem(DType::F32, 512, 16, 0, limit), Some(215_040));
+        assert_ne!(smem(DType::F32, 256, 32, 0, limit), Some(215_040));
+        assert_ne!(
+            smem(DType::F32, 512, 32, GEO_ALLOW_TF32, limit),
+            Some(215_040)
+        );
+        assert_ne!(
+            smem(DType::F32, 512, 32, GEO_ALLOW_TF32X3, limit),
+            Some(215_040)
+        );
+        let mut chr = Job::new(DType::F32, 65536, 512, 32);
+        chr.steps = 8;
+        assert_ne!(
+            fast_config(Kind::ChristoffelForward, &chr, limit).map(|f| f.smem),
+            Some(215_040)
+        );
+    }
+
     #[test]
     fn tf32x3_config() {
         let limit = 232_448;

@@ -101,6 +101,10 @@ static void run(Kind kind, const Job& j, unsigned seed, std::string* chosen) {
     const size_t smem3 = ((size_t)8 * m * (rp + 4) + 2 * m * (rp + 4) + 2 * m * 64 * dj + 64 * dj + 2 * 64 * dj * rp) * es;
     const bool tc3 = !tc && j.x3 && !j.f64 && kind == LF_FWD && j.steps >= 2 && dj && dj <= 8 && smem3 <= SMEM_MAX;
     if (tc3) smem = smem3;
+    // SMEM_LF_FWD_RS: the strict f32 leapfrog forward with U and W in registers (two
+    // buffers of v, x, f; partials; S), 16 < R <= 32, 256 < D <= 512, T >= 2
+    const size_t smem_rs = ((size_t)6 * m * 512 + 8 * m * 32 + m * 32) * es;
+    if (!tc && !tc3 && !j.f64 && kind == LF_FWD && j.steps >= 2 && rp == 32 && dj == 8 && smem_rs <= SMEM_MAX) smem = std::max(smem, smem_rs);
     bool fast = rp && dj && smem <= SMEM_MAX && !j.force_generic;
     size_t grid, ws_per_cta;
     std::string name;
@@ -394,7 +398,8 @@ int main(int argc, char** argv) {
     std::vector<S> shapes = {{1, 1, 1, 1}, {7, 33, 5, 2}, {37, 70, 17, 2}, {20, 130, 32, 1}, {9, 64, 33, 2},
                              {53, 16, 8, 3}, {0, 24, 4, 2},
                              {33, 256, 32, 1},   // the FFMA Christoffel forward's vector phase B (CF_V), 16-byte rows
-                             {11, 256, 20, 3}};  // the vector layout (VL) in the leapfrog backward: 16-byte rows, T > 1
+                             {11, 256, 20, 3},   // the vector layout (VL) in the leapfrog backward: 16-byte rows, T > 1
+                             {21, 300, 24, 2}};  // the strict leapfrog forward with U and W in registers (lf_fwd_rs)
     if (!quick) {
         shapes.push_back({18, 520, 8, 1});   // DJ = 16
         shapes.push_back({50, 300, 31, 1});  // DJ = 8, R = 31

@@ -291,8 +291,9 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false, bool X3_ = f
     static constexpr int SMEM_LF_FWD_TC = GEO_NW * SLICE + M * SU + 2 * M * DP + DP;  // U, W in registers (RegFrags); x, hf stashed, 1 - h mu
     static constexpr int SMEM_LF_STAGE = GEO_NW * SLICE;  // the leapfrog's optional v stage (lf_fwd_fast)
     // the strict f32 leapfrog forward with U and W in registers (lf_fwd_rs:
-    // 16 < R <= 32, 256 < D <= 512): two buffers of the tile's v, x, f, the warps' partials and S
-    static constexpr bool RS = GEO_RS_MODULE && !TC && sizeof(T) == 4 && RP == 32 && DJ == 8 && MB == 4;
+    // 16 < R <= 32, 256 < D <= 512): two buffers of the tile's v, x, f, the warps'
+    // partials and S
+    static constexpr bool RS = GEO_RS_MODULE && !TC && sizeof(T) == 4 && RP == 32 && DJ == 8;
     static constexpr int SMEM_LF_FWD_RS = 6 * M * DP + GEO_NW * M * RP + M * RP;
     // X3: the partials, S's hi and lo parts, the stash, and U's and W's lo parts in
     // fragment order (no v stage)
@@ -1030,6 +1031,9 @@ template <class C> struct SmemUW {
 };
 template <bool B, class X, class Y> struct GeoIf { typedef X type; };
 template <class X, class Y> struct GeoIf<false, X, Y> { typedef Y type; };
+template <bool V> struct GeoBool {
+    static constexpr bool value = V;
+};
 
 // Gamma of a row-layout tile: writes it to the warp's slice of `vb` (FFMA; the TC
 // kernels take their A fragments from `vin` itself and U, W from the RegFrags `uw`,
@@ -1162,6 +1166,234 @@ __device__ void load_tile(typename C::T* vb, const typename C::T* v, i64 row0, i
             vb[w * C::SLICE + m * C::SV + kk] = (row < B && d < D) ? v[row * D + d] : T(0);
         }
     }
+}
+
+// ---------------------------------------------------------------- U and W in registers
+// The strict f32 leapfrog forward with U and W in registers (`Cfg::RS`: 16 < R <= 32,
+// 256 < D <= 512, T >= 2, every [B, D] tensor 16-byte aligned, where the host gives the
+// kernel its shared memory; else the register-state kernel runs). (The same scheme for
+// the Christoffel forward, `chr_fwd_rs` with 32-row tiles of v double-buffered, was 12%
+// slower than chr_fwd_simt on the H100, 0.168 against 0.150 ms b2b, and was not kept.) Each warp keeps, for the launch, U for its 64 features x 32
+// columns and W for its 64 features (64 + 64 registers per lane); the tile's rows sit
+// in shared memory, double-buffered so that the next tile streams in (cp.async) during
+// this one. Per Gamma (gamma_rs):
+// - phase A: lane (g = lane / 4, t = lane % 4) of warp w accumulates P[m][4g + (j ^ t)]
+//   over features 64w + 16q + 4t + e (q, e < 4) for every row m: one 16-byte load of
+//   v per 16 FFMA, shared by the 8 lanes of equal t; two xor-shuffle levels reduce over
+//   t and leave P[m][lane] (the xor in the column order makes them select-free); the 8
+//   warps' partials are summed in warp order (deterministic);
+// - phase B: lane L owns features 64w + 2L, +1 and all 32 columns of W: S rows are
+//   broadcast 16-byte loads, no reduction; the epilogue (the kicks) takes the lane's
+//   two raw values per row.
+// Shared-memory loads per FFMA drop from 0.5 / 0.375 (the register-state leapfrog's
+// lane tiles) to 1/16 and 1/8 (docs/geodesic.md, "U and W in registers").
+template <class C> __device__ __forceinline__ bool rs_ok(const GeoArgs& a, int smem_elems) {
+    return a.smem_bytes >= smem_elems * sizeof(float) &&
+           ((a.x0 | a.v0 | a.f | a.x_out | a.v_out | a.traj | a.gamma | (u64)(a.D * sizeof(float))) & 15) == 0;
+}
+
+// The warp's slices of U (phase A) and W (phase B) and the lane's features d0, d0 + 1
+struct RsUW {
+    float Ua[4][4][4], Wb[2][32];
+    int d0;
+    __device__ __forceinline__ void load(const GeoArgs& a) {
+        const int w = geo_tid() >> 5, L = geo_tid() & 31, t = L & 3, g = L >> 2, D = (int)a.D, R = (int)a.R;
+        const float* U = reinterpret_cast<const float*>(a.u);
+        const float* W = reinterpret_cast<const float*>(a.w);
+        d0 = 64 * w + 2 * L;
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int k = 64 * w + 16 * q + 4 * t + e, r = 4 * g + (j ^ t);
+                    Ua[q][e][j] = (k < D && r < R) ? U[k * R + r] : 0.f;
+                }
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+#pragma unroll
+            for (int r = 0; r < 32; ++r) Wb[k][r] = (d0 + k < D && r < R) ? W[(d0 + k) * R + r] : 0.f;
+    }
+};
+
+// raw = (v U)^2 W^T for the M rows of Vs ([M][DP]); epi(m, raw[2]) gets the lane's
+// features d0, d0 + 1 of row m. Partials [NW][M][RP], S [M][RP].
+template <class C, class Epi>
+__device__ __forceinline__ void gamma_rs(const float* Vs, float* Part, float* S, const RsUW& uw, Epi epi) {
+    constexpr int M = C::M, DP = C::DP, RP = C::RP, RA = 8, RB = 8;
+    static_assert(DP == 512 && RP == 32 && M % 8 == 0, "the register kernels' configuration");
+    const int tid = geo_tid(), w = tid >> 5, L = tid & 31, t = L & 3;
+    const float* vb = Vs + 64 * w + 4 * t;
+#pragma unroll 1
+    for (int m0 = 0; m0 < M; m0 += RA) {
+        float acc[RA][4];
+#pragma unroll
+        for (int i = 0; i < RA; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            float v4[RA][4];
+#pragma unroll
+            for (int i = 0; i < RA; ++i) ldv<4>(vb + (m0 + i) * DP + 16 * q, v4[i]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+#pragma unroll
+                for (int i = 0; i < RA; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(v4[i][e], uw.Ua[q][e][j], acc[i][j]);
+        }
+#pragma unroll
+        for (int i = 0; i < RA; ++i) {
+            acc[i][0] += __shfl_xor_sync(0xffffffffu, acc[i][1], 1);
+            acc[i][2] += __shfl_xor_sync(0xffffffffu, acc[i][3], 1);
+            acc[i][0] += __shfl_xor_sync(0xffffffffu, acc[i][2], 2);
+            Part[(w * M + m0 + i) * RP + L] = acc[i][0];
+        }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < M * RP; idx += GEO_NT) {
+        float p = 0.f;
+#pragma unroll
+        for (int k = 0; k < GEO_NW; ++k) p += Part[k * M * RP + idx];
+        S[idx] = p * p;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int m0 = 0; m0 < M; m0 += RB) {
+        float acc[RB][2];
+#pragma unroll
+        for (int i = 0; i < RB; ++i) acc[i][0] = acc[i][1] = 0.f;
+#pragma unroll
+        for (int rq = 0; rq < RP / 4; ++rq) {
+            float s4[RB][4];
+#pragma unroll
+            for (int i = 0; i < RB; ++i) ldv<4>(S + (m0 + i) * RP + 4 * rq, s4[i]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+#pragma unroll
+                for (int i = 0; i < RB; ++i)
+#pragma unroll
+                    for (int k = 0; k < 2; ++k) acc[i][k] = fmaf(s4[i][e], uw.Wb[k][4 * rq + e], acc[i][k]);
+        }
+#pragma unroll
+        for (int i = 0; i < RB; ++i) epi(m0 + i, acc[i]);
+    }
+    __syncwarp();  // (the leapfrog's next phase A reads the features that the warp's lanes wrote)
+}
+
+// Zeros both tile buffers (padded features and rows past B stay zero), then the rows
+// of tile `tile` of each [B, D] source into buffer `b` (`n` arrays of [M][DP], NULL
+// sources skipped; rows past B zeroed).
+__device__ __forceinline__ void rs_zero(float* sm, int elems) {
+    for (int i = geo_tid(); i < elems / 4; i += GEO_NT) stv<4>(sm + 4 * i, {0.f, 0.f, 0.f, 0.f});
+    __syncthreads();
+}
+template <class C, int N>
+__device__ __forceinline__ void rs_load(float* b, const float* const (&src)[N], i64 tile, const GeoArgs& a) {
+    constexpr int M = C::M, DP = C::DP, Q = DP / 4;
+    const i64 r0 = tile * M;
+    for (int i = geo_tid(); i < M * Q; i += GEO_NT) {
+        const int m = i / Q, col = 4 * (i % Q);
+        if (col >= a.D) continue;
+        const bool in = r0 + m < a.B;
+#pragma unroll
+        for (int n = 0; n < N; ++n) {
+            float* s = b + n * M * DP + m * DP + col;
+            if (src[n] == nullptr) continue;
+            if (in) cp_async16(s, src[n] + (r0 + m) * a.D + col);
+            else stv<4>(s, {0.f, 0.f, 0.f, 0.f});
+        }
+    }
+}
+
+// Leapfrog forward: the tile's v, x, f double-buffered, h f scaled in place, x of the
+// lane's features in registers; kicks and drift in gamma_rs's epilogue.
+template <class C> __device__ void lf_fwd_rs(const GeoArgs& a) {
+    constexpr int M = C::M, DP = C::DP, BUF = 3 * M * DP;
+    check_smem(C::SMEM_LF_FWD_RS * sizeof(float), a);
+    float* const sm = reinterpret_cast<float*>(geo_smem);  // 2 buffers of [v, x, f][M][DP]
+    float* const Part = sm + 2 * BUF;                         // [NW][M][RP]
+    float* const S = Part + GEO_NW * M * C::RP;                // [M][RP]
+    const float c = float(a.c), dt = float(a.dt), h = float(0.5 * a.dt);
+    const float* x0 = reinterpret_cast<const float*>(a.x0);
+    const float* v0 = reinterpret_cast<const float*>(a.v0);
+    const float* f = reinterpret_cast<const float*>(a.f);
+    const float* mu = reinterpret_cast<const float*>(a.mu);
+    float* traj = reinterpret_cast<float*>(a.traj);
+    RsUW uw;
+    uw.load(a);
+    const int d0 = uw.d0;
+    float hm[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) hm[k] = h * ((mu != nullptr && d0 + k < a.D) ? mu[d0 + k] : 0.f);
+    rs_zero(sm, 2 * BUF);  // (h f stays zero without f)
+    const i64 ntiles = (a.B + M - 1) / M, BD = a.B * a.D;
+    const float* const src[3] = {v0, x0, f};
+    // the lane's features of the tile's valid rows: fn(row offset, smem row)
+    auto rows = [&](i64 r0, auto fn) {
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+            if (d0 < a.D && r0 + m < a.B) fn((r0 + m) * a.D + d0, m);
+    };
+    int cur = 0;
+    i64 tile = blockIdx.x;
+    if (tile < ntiles) rs_load<C>(sm, src, tile, a);
+    cp_async_commit();
+    for (; tile < ntiles; tile += gridDim.x, cur ^= 1) {
+        const i64 next = tile + gridDim.x, r0 = tile * M;
+        if (next < ntiles) rs_load<C>(sm + (cur ^ 1) * BUF, src, next, a);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();  // the tile's v, x, f are in buffer `cur`
+        float* const Vs = sm + cur * BUF;
+        float* const Hs = Vs + 2 * M * DP;
+        if (f != nullptr)
+            for (int i = geo_tid(); i < M * DP / 4; i += GEO_NT) {
+                float q[4];
+                ldv<4>(Hs + 4 * i, q);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) q[e] *= h;
+                stv<4>(Hs + 4 * i, q);
+            }
+        float xr[M][2];
+#pragma unroll
+        for (int m = 0; m < M; ++m) ldv<2>(Vs + M * DP + m * DP + d0, xr[m]);
+        __syncthreads();  // h f
+        auto kicks = [&](auto drift) {
+            gamma_rs<C>(Vs, Part, S, uw, [&](int m, const float (&raw)[2]) {
+                float v[2], hf[2];
+                ldv<2>(Vs + m * DP + d0, v);
+                ldv<2>(Hs + m * DP + d0, hf);
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {
+                    v[k] = kick(v[k], hf[k], hm[k], h, raw[k], c);
+                    if (decltype(drift)::value) xr[m][k] += dt * v[k];
+                }
+                stv<2>(Vs + m * DP + d0, v);
+            });
+        };
+        for (i64 s = 0; s < a.steps; ++s) {
+            kicks(GeoBool<true>{});
+            kicks(GeoBool<false>{});
+            if (traj != nullptr)
+                rows(r0, [&](i64 o, int m) {
+                    stv<2>(traj + 2 * s * BD + o, xr[m]);
+                    float v[2];
+                    ldv<2>(Vs + m * DP + d0, v);
+                    stv<2>(traj + (2 * s + 1) * BD + o, v);
+                });
+        }
+        rows(r0, [&](i64 o, int m) {
+            stv<2>(reinterpret_cast<float*>(a.x_out) + o, xr[m]);
+            float v[2];
+            ldv<2>(Vs + m * DP + d0, v);
+            stv<2>(reinterpret_cast<float*>(a.v_out) + o, v);
+        });
+        __syncthreads();  // buffer `cur` is free for the tile after next
+    }
+    cp_async_wait<0>();
 }
 
 // TF32 Christoffel forward, the same GEO_GROUPS thread groups. The phase-A operand (v) never touches shared memory: each
@@ -1486,210 +1718,6 @@ template <class C> struct LfState<C, true> {
     }
 };
 
-// The strict f32 leapfrog forward with U and W in registers (`Cfg::RS`: f32,
-// 16 < R <= 32, 256 < D <= 512, every [B, D] tensor 16-byte aligned, where the host
-// gives the kernel SMEM_LF_FWD_RS: T >= 2 and the device has the room; else
-// lf_fwd_fast's register-state kernel runs). Each warp
-// keeps, for the launch, U for its 64 features x 32 columns and W for its 64 features
-// (64 + 64 registers per lane); the tile's state (v, x, h f) sits in shared memory,
-// double-buffered so that the next tile streams in (cp.async) during this one's steps,
-// and x in registers. Per Gamma:
-// - phase A: lane (g = lane / 4, t = lane % 4) of warp w accumulates P[m][4g + (j ^ t)]
-//   over features 64w + 16q + 4t + e (q, e < 4) for every row m: one 16-byte load of
-//   v per 16 FFMA, shared by the 8 lanes of equal t; two xor-shuffle levels reduce
-//   over t and leave P[m][lane] (the xor in the column order makes them select-free);
-//   the 8 warps' partials are summed in warp order (deterministic);
-// - phase B: lane L owns features 64w + 2L, +1 and all 32 columns of W: S rows are
-//   broadcast 16-byte loads, no reduction; the kick and the drift follow in registers.
-// Smem loads per FFMA drop from 0.5 / 0.375 (the register-state kernel's lane tiles)
-// to 1/16 and 1/8 (docs/geodesic.md, "U and W in registers: the strict leapfrog").
-template <class C> __device__ __forceinline__ bool lf_fwd_rs_ok(const GeoArgs& a) {
-    return a.smem_bytes >= C::SMEM_LF_FWD_RS * sizeof(float) &&
-           ((a.x0 | a.v0 | a.f | a.x_out | a.v_out | a.traj | (u64)(a.D * sizeof(float))) & 15) == 0;
-}
-
-template <class C, bool DRIFT>
-__device__ __forceinline__ void gamma_rs(float* Vs, const float* Hs, float (&xr)[C::M][2], float* Part, float* S,
-                                         const float (&Ua)[4][4][4], const float (&Wb)[2][32], const float (&hm)[2],
-                                         float h, float dt, float c) {
-    constexpr int M = C::M, DP = C::DP, RP = C::RP, RA = 8, RB = 8;
-    const int tid = geo_tid(), w = tid >> 5, L = tid & 31, t = L & 3, d0 = 64 * w + 2 * L;
-    const float* vb = Vs + 64 * w + 4 * t;
-#pragma unroll 1
-    for (int m0 = 0; m0 < M; m0 += RA) {
-        float acc[RA][4];
-#pragma unroll
-        for (int i = 0; i < RA; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            float v4[RA][4];
-#pragma unroll
-            for (int i = 0; i < RA; ++i) ldv<4>(vb + (m0 + i) * DP + 16 * q, v4[i]);
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-#pragma unroll
-                for (int i = 0; i < RA; ++i)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(v4[i][e], Ua[q][e][j], acc[i][j]);
-        }
-#pragma unroll
-        for (int i = 0; i < RA; ++i) {
-            acc[i][0] += __shfl_xor_sync(0xffffffffu, acc[i][1], 1);
-            acc[i][2] += __shfl_xor_sync(0xffffffffu, acc[i][3], 1);
-            acc[i][0] += __shfl_xor_sync(0xffffffffu, acc[i][2], 2);
-            Part[(w * M + m0 + i) * RP + L] = acc[i][0];
-        }
-    }
-    __syncthreads();
-    for (int idx = tid; idx < M * RP; idx += GEO_NT) {
-        float p = 0.f;
-#pragma unroll
-        for (int k = 0; k < GEO_NW; ++k) p += Part[k * M * RP + idx];
-        S[idx] = p * p;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int m0 = 0; m0 < M; m0 += RB) {
-        float acc[RB][2];
-#pragma unroll
-        for (int i = 0; i < RB; ++i) acc[i][0] = acc[i][1] = 0.f;
-#pragma unroll
-        for (int rq = 0; rq < RP / 4; ++rq) {
-            float s4[RB][4];
-#pragma unroll
-            for (int i = 0; i < RB; ++i) ldv<4>(S + (m0 + i) * RP + 4 * rq, s4[i]);
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-#pragma unroll
-                for (int i = 0; i < RB; ++i)
-#pragma unroll
-                    for (int k = 0; k < 2; ++k) acc[i][k] = fmaf(s4[i][e], Wb[k][4 * rq + e], acc[i][k]);
-        }
-#pragma unroll
-        for (int i = 0; i < RB; ++i) {
-            float v[2], hf[2];
-            ldv<2>(Vs + (m0 + i) * DP + d0, v);
-            ldv<2>(Hs + (m0 + i) * DP + d0, hf);
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                v[k] = kick(v[k], hf[k], hm[k], h, acc[i][k], c);
-                if (DRIFT) xr[m0 + i][k] += dt * v[k];
-            }
-            stv<2>(Vs + (m0 + i) * DP + d0, v);
-        }
-    }
-    __syncwarp();  // phase A of the next Gamma reads the warp's features that its lanes wrote
-}
-
-template <class C> __device__ void lf_fwd_rs(const GeoArgs& a) {
-    constexpr int M = C::M, DP = C::DP, RP = C::RP, BUF = 3 * M * DP, Q = DP / 4;
-    static_assert(M == 16 && DP == 512 && RP == 32, "the register kernel's configuration");
-    float* const sm = reinterpret_cast<float*>(geo_smem);  // 2 buffers of [v, x, f][M][DP]
-    float* const Part = sm + 2 * BUF;                         // [NW][M][RP]
-    float* const S = Part + GEO_NW * M * RP;                   // [M][RP]
-    const int tid = geo_tid(), w = tid >> 5, L = tid & 31, t = L & 3, g = L >> 2, d0 = 64 * w + 2 * L;
-    const int D = (int)a.D, R = (int)a.R;
-    const float c = float(a.c), dt = float(a.dt), h = float(0.5 * a.dt);
-    const float* U = reinterpret_cast<const float*>(a.u);
-    const float* W = reinterpret_cast<const float*>(a.w);
-    const float* x0 = reinterpret_cast<const float*>(a.x0);
-    const float* v0 = reinterpret_cast<const float*>(a.v0);
-    const float* f = reinterpret_cast<const float*>(a.f);
-    const float* mu = reinterpret_cast<const float*>(a.mu);
-    float* traj = reinterpret_cast<float*>(a.traj);
-    float Ua[4][4][4], Wb[2][32], hm[2];
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int k = 64 * w + 16 * q + 4 * t + e, r = 4 * g + (j ^ t);
-                Ua[q][e][j] = (k < D && r < R) ? U[k * R + r] : 0.f;
-            }
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-#pragma unroll
-        for (int r = 0; r < 32; ++r) Wb[k][r] = (d0 + k < D && r < R) ? W[(d0 + k) * R + r] : 0.f;
-        hm[k] = h * ((mu != nullptr && d0 + k < D) ? mu[d0 + k] : 0.f);
-    }
-    // zeros where no load writes: padded features, rows past B, h f without f
-    for (int i = tid; i < 2 * BUF / 4; i += GEO_NT) stv<4>(sm + 4 * i, {0.f, 0.f, 0.f, 0.f});
-    __syncthreads();
-    const i64 ntiles = (a.B + M - 1) / M, BD = a.B * a.D;
-    // the tile's rows of v, x, f into buffer b (rows past B: zeros)
-    auto load = [&](i64 tile, float* b) {
-        const i64 r0 = tile * M;
-        for (int i = tid; i < M * Q; i += GEO_NT) {
-            const int m = i / Q, col = 4 * (i % Q);
-            if (col >= D) continue;
-            float* s = b + m * DP + col;
-            if (r0 + m < a.B) {
-                const i64 o = (r0 + m) * D + col;
-                cp_async16(s, v0 + o);
-                cp_async16(s + M * DP, x0 + o);
-                if (f != nullptr) cp_async16(s + 2 * M * DP, f + o);
-            } else {
-                stv<4>(s, {0.f, 0.f, 0.f, 0.f});
-                stv<4>(s + M * DP, {0.f, 0.f, 0.f, 0.f});
-                stv<4>(s + 2 * M * DP, {0.f, 0.f, 0.f, 0.f});
-            }
-        }
-    };
-    // the lane's features of the tile's valid rows: fn(row offset, smem row)
-    auto rows = [&](i64 r0, auto fn) {
-#pragma unroll
-        for (int m = 0; m < M; ++m)
-            if (d0 < D && r0 + m < a.B) fn((r0 + m) * a.D + d0, m);
-    };
-    int cur = 0;
-    i64 tile = blockIdx.x;
-    if (tile < ntiles) load(tile, sm);
-    cp_async_commit();
-    for (; tile < ntiles; tile += gridDim.x, cur ^= 1) {
-        const i64 next = tile + gridDim.x, r0 = tile * M;
-        if (next < ntiles) load(next, sm + (cur ^ 1) * BUF);
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();  // the tile's v, x, f are in buffer `cur`
-        float* const Vs = sm + cur * BUF;
-        float* const Hs = Vs + 2 * M * DP;
-        if (f != nullptr)
-            for (int i = tid; i < M * Q; i += GEO_NT) {
-                float q[4];
-                ldv<4>(Hs + 4 * i, q);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) q[e] *= h;
-                stv<4>(Hs + 4 * i, q);
-            }
-        float xr[M][2];
-#pragma unroll
-        for (int m = 0; m < M; ++m) ldv<2>(Vs + M * DP + m * DP + d0, xr[m]);
-        __syncthreads();  // h f
-        for (i64 s = 0; s < a.steps; ++s) {
-            gamma_rs<C, true>(Vs, Hs, xr, Part, S, Ua, Wb, hm, h, dt, c);
-            gamma_rs<C, false>(Vs, Hs, xr, Part, S, Ua, Wb, hm, h, dt, c);
-            if (traj != nullptr)
-                rows(r0, [&](i64 o, int m) {
-                    stv<2>(traj + 2 * s * BD + o, xr[m]);
-                    float v[2];
-                    ldv<2>(Vs + m * DP + d0, v);
-                    stv<2>(traj + (2 * s + 1) * BD + o, v);
-                });
-        }
-        rows(r0, [&](i64 o, int m) {
-            stv<2>(reinterpret_cast<float*>(a.x_out) + o, xr[m]);
-            float v[2];
-            ldv<2>(Vs + m * DP + d0, v);
-            stv<2>(reinterpret_cast<float*>(a.v_out) + o, v);
-        });
-        __syncthreads();  // buffer `cur` is free for the tile after next
-    }
-    cp_async_wait<0>();
-}
-
 // Leapfrog forward: per tile of M rows, x, v, f on chip (row layout) for all T steps:
 // the FFMA kernel in registers, the TF32 one v in registers and x, h f in a
 // thread-private shared-memory stash (LfState), its registers holding the warp's U and
@@ -1702,7 +1730,7 @@ template <class C> __device__ void lf_fwd_rs(const GeoArgs& a) {
 // like x and f, asked for in L2 one tile ahead.)
 template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
     if constexpr (C::RS) {
-        if (lf_fwd_rs_ok<C>(a)) {
+        if (rs_ok<C>(a, C::SMEM_LF_FWD_RS)) {
             lf_fwd_rs<C>(a);
             return;
         }

@@ -1171,12 +1171,13 @@ __device__ void load_tile(typename C::T* vb, const typename C::T* v, i64 row0, i
 // ---------------------------------------------------------------- U and W in registers
 // The strict f32 leapfrog forward with U and W in registers (`Cfg::RS`: 16 < R <= 32,
 // 256 < D <= 512, T >= 2, every [B, D] tensor 16-byte aligned, where the host gives the
-// kernel its shared memory; else the register-state kernel runs). (The same scheme for
-// the Christoffel forward, `chr_fwd_rs` with 32-row tiles of v double-buffered, was 12%
-// slower than chr_fwd_simt on the H100, 0.168 against 0.150 ms b2b, and was not kept.) Each warp keeps, for the launch, U for its 64 features x 32
-// columns and W for its 64 features (64 + 64 registers per lane); the tile's rows sit
-// in shared memory, double-buffered so that the next tile streams in (cp.async) during
-// this one. Per Gamma (gamma_rs):
+// kernel its shared memory; else the register-state kernel runs). Each warp keeps, for
+// the launch, U for its 64 features x 32 columns and W for its 64 features (64 + 64
+// registers per lane); the tile's rows sit in shared memory, double-buffered so that
+// the next tile streams in (cp.async) during this one. (The same scheme for the
+// Christoffel forward, `chr_fwd_rs` with 32-row tiles of v double-buffered, was 12%
+// slower than chr_fwd_simt on the H100, 0.168 against 0.150 ms b2b, and was not kept.)
+// Per Gamma (gamma_rs):
 // - phase A: lane (g = lane / 4, t = lane % 4) of warp w accumulates P[m][4g + (j ^ t)]
 //   over features 64w + 16q + 4t + e (q, e < 4) for every row m: one 16-byte load of
 //   v per 16 FFMA, shared by the 8 lanes of equal t; two xor-shuffle levels reduce over
@@ -1187,7 +1188,7 @@ __device__ void load_tile(typename C::T* vb, const typename C::T* v, i64 row0, i
 //   two raw values per row.
 // Shared-memory loads per FFMA drop from 0.5 / 0.375 (the register-state leapfrog's
 // lane tiles) to 1/16 and 1/8 (docs/geodesic.md, "U and W in registers").
-template <class C> __device__ __forceinline__ bool rs_ok(const GeoArgs& a, int smem_elems) {
+__device__ __forceinline__ bool rs_ok(const GeoArgs& a, int smem_elems) {
     return a.smem_bytes >= smem_elems * sizeof(float) &&
            ((a.x0 | a.v0 | a.f | a.x_out | a.v_out | a.traj | a.gamma | (u64)(a.D * sizeof(float))) & 15) == 0;
 }
@@ -1730,7 +1731,7 @@ template <class C> struct LfState<C, true> {
 // like x and f, asked for in L2 one tile ahead.)
 template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
     if constexpr (C::RS) {
-        if (rs_ok<C>(a, C::SMEM_LF_FWD_RS)) {
+        if (rs_ok(a, C::SMEM_LF_FWD_RS)) {
             lf_fwd_rs<C>(a);
             return;
         }

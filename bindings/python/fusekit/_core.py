@@ -112,6 +112,8 @@ _ALIASES = {
     "c64": DType.complex64,
     "c128": DType.complex128,
 }
+# torch dtype -> DType, filled by as_dtype (torch is never imported here)
+_FROM_TORCH: dict = {}
 _SUPPORTED = "float16, bfloat16, float32, float64, complex64, complex128"
 
 # DLPack (code, bits) -> DType, for legacy capsules wrapped by pointer.
@@ -135,11 +137,25 @@ def _is_torch_tensor(obj) -> bool:
     return t is not None and isinstance(obj, t.Tensor)
 
 
+def _is_torch_dtype(x) -> bool:
+    t = _torch()
+    return t is not None and isinstance(x, t.dtype)
+
+
 def as_dtype(x, where: str = "fusekit", name: str = "dtype") -> DType:
     """Accepts a DType, its value, a name ("float32", "f32", "bf16", ...), a numpy
     dtype or a torch dtype."""
     if isinstance(x, DType):
         return x
+    # the per-call paths: a native numpy dtype, a torch dtype seen before
+    if isinstance(x, np.dtype):
+        d = _FROM_NUMPY.get(x)
+        if d is not None:
+            return d
+    else:
+        d = _FROM_TORCH.get(x) if _FROM_TORCH and _is_torch_dtype(x) else None
+        if d is not None:
+            return d
     if isinstance(x, int) and not isinstance(x, bool):
         try:
             return DType(x)
@@ -155,6 +171,7 @@ def as_dtype(x, where: str = "fusekit", name: str = "dtype") -> DType:
     if t is not None and isinstance(x, t.dtype):
         name_ = str(x).replace("torch.", "")
         if name_ in DType.__members__:
+            _FROM_TORCH[x] = DType[name_]
             return DType[name_]
     else:
         try:
@@ -288,6 +305,7 @@ class Context(_Handle):
         k, oo = c_int32(0), c_int32(0)
         L.fk_context_device(h, byref(k), byref(oo))
         self._kind, self._ordinal = int(k.value), int(oo.value)
+        self._default = False  # one of default_context's (set there)
 
     # -- handle management
     def _kind_ordinal(self):
@@ -361,7 +379,17 @@ def default_context(device="auto") -> Context:
             ctx = _defaults.get(key)
             if ctx is None or ctx.closed:
                 ctx = Context(_device_str(kind, o))
+                ctx._default = True
                 _defaults[key] = ctx
+    return ctx
+
+
+def _default_of(kind: int, o: int) -> Context:
+    """``default_context`` of a parsed device: one dict lookup once it exists (the
+    per-call path of the array adapters)."""
+    ctx = _defaults.get((kind, o))
+    if ctx is None or ctx._handle is None:
+        ctx = default_context(_device_str(kind, o))
     return ctx
 
 
@@ -504,10 +532,24 @@ def resolve_stream(ctx: Context, stream, where: str = "fusekit") -> Stream | Non
     if not ctx.is_cuda:
         return None
     t = _torch()
-    if t is not None and t.cuda.is_available():
-        raw = t.cuda.current_stream(ctx.ordinal).cuda_stream
-        return _wrapped_stream(ctx, int(raw))
+    if t is not None:
+        raw = _torch_current_stream(t, ctx.ordinal)
+        if raw is not None:
+            return _wrapped_stream(ctx, raw)
     return None
+
+
+def _torch_current_stream(t, ordinal: int) -> int | None:
+    """torch's current stream of CUDA device ``ordinal`` (None without CUDA in torch):
+    once torch's CUDA state is initialised, one call into torch
+    (``torch._C._cuda_getCurrentRawStream``, what torch.compile's generated code uses;
+    ``torch.cuda.current_stream`` costs several microseconds more)."""
+    fast = getattr(t._C, "_cuda_getCurrentRawStream", None)
+    if fast is not None and t.cuda.is_initialized():
+        return int(fast(ordinal))
+    if not t.cuda.is_available():
+        return None
+    return int(t.cuda.current_stream(ordinal).cuda_stream)
 
 
 def _stream_raw_of(s: Stream | None) -> int:
@@ -556,6 +598,7 @@ class Buffer(_Handle):
 
     _where = "fusekit.Buffer"
     _noun = "buffer"
+    _shared = False  # a `_temp_view` (closed by garbage collection only)
 
     def __init__(self, handle, ctx: Context, *, owner=None, stream: Stream | None = None, readonly=False, meta=None):
         # Internal: use the classmethods. ``meta`` = (dtype, shape, strides, data)
@@ -641,30 +684,40 @@ class Buffer(_Handle):
         dt = as_dtype(dtype, where)
         shape = _shape_tuple(shape, where)
         n = len(shape)
-        sh = (c_int64 * max(n, 1))(*shape)
+        if strides is not None and 0 in shape:
+            strides = None  # (as _view)
+        if strides is not None:
+            strides = tuple(int(s) for s in strides)
+            if len(strides) != n:
+                raise_error(ERROR_SHAPE_MISMATCH, where, f"strides {strides} do not match shape {shape}")
+        return cls._view(ctx, int(data_ptr), shape, dt, strides, owner, readonly)
+
+    @classmethod
+    def _view(cls, ctx: Context, data_ptr: int, shape: tuple, dt: DType, strides, owner, readonly) -> "Buffer":
+        """``wrap`` of checked arguments: ``shape`` and ``strides`` (or None) tuples of
+        ints of one length (the per-call path of the array adapters)."""
+        n = len(shape)
         if strides is not None and 0 in shape:
             # No element is addressed, so strides are meaningless; numpy >= 2 gives
             # empty arrays zero strides, which the library would take for a
             # self-overlapping output.
             strides = None
-        if strides is not None:
-            strides = tuple(int(s) for s in strides)
-            if len(strides) != n:
-                raise_error(ERROR_SHAPE_MISMATCH, where, f"strides {strides} do not match shape {shape}")
-            st = (c_int64 * max(n, 1))(*strides)
-        else:
-            st = None
+        st = None if strides is None else (c_int64 * max(n, 1))(*strides)
         h = _lib.buffer_p()
-        lib().fk_buffer_wrap(ctx.handle, c_void_p(int(data_ptr) or None), int(dt), n, sh, st, byref(h))
+        lib().fk_buffer_wrap(ctx.handle, c_void_p(data_ptr or None), int(dt), n, (c_int64 * max(n, 1))(*shape), st,
+                             byref(h))
         return cls(h, ctx, owner=owner, readonly=readonly, meta=(dt, shape, strides, data_ptr))
 
     @classmethod
-    def from_numpy(cls, arr, ctx=None, *, name: str = "array", where: str = "fusekit.Buffer.from_numpy") -> "Buffer":
+    def from_numpy(
+        cls, arr, ctx=None, *, name: str = "array", where: str = "fusekit.Buffer.from_numpy", _temp: bool = False
+    ) -> "Buffer":
         """Zero-copy view of a numpy array (CPU context). Byte strides must be
-        multiples of the item size."""
+        multiples of the item size. (``_temp``: a shared view for one op call, see
+        ``_temp_view``.)"""
         if not isinstance(arr, np.ndarray):
             raise_error(ERROR_INVALID_ARGUMENT, where, f"{name} must be a numpy.ndarray, got {type(arr).__name__}")
-        ctx = default_context("cpu") if ctx is None else _ctx_arg(ctx)
+        ctx = _default_of(_lib.DEVICE_CPU, 0) if ctx is None else _ctx_arg(ctx)
         if ctx.is_cuda:
             raise_error(
                 ERROR_DEVICE_MISMATCH,
@@ -689,8 +742,7 @@ class Buffer(_Handle):
         if arr.ndim > MAX_DIMS:
             raise_error(ERROR_INVALID_ARGUMENT, where, f"{name} has {arr.ndim} dimensions; at most {MAX_DIMS}")
         isz = nd.itemsize
-        bad = [s for s in arr.strides if s % isz != 0]
-        if bad:
+        if any(s % isz for s in arr.strides):
             raise_error(
                 ERROR_INVALID_ARGUMENT,
                 where,
@@ -699,36 +751,37 @@ class Buffer(_Handle):
                 "copy it with numpy.ascontiguousarray first",
             )
         strides = tuple(s // isz for s in arr.strides)
-        return cls.wrap(
-            ctx,
-            arr.ctypes.data if arr.size else (arr.ctypes.data or 0),
-            arr.shape,
-            dt,
-            strides,
-            owner=arr,
-            readonly=not arr.flags.writeable,
-        )
+        if _temp and ctx._default:
+            return _temp_view(ctx, arr.ctypes.data or 0, arr.shape, dt, strides)
+        return cls._view(ctx, arr.ctypes.data or 0, arr.shape, dt, strides, arr, not arr.flags.writeable)
 
     @classmethod
-    def from_torch(cls, t, ctx=None, *, name: str = "tensor", where: str = "fusekit.Buffer.from_torch") -> "Buffer":
+    def from_torch(
+        cls, t, ctx=None, *, name: str = "tensor", where: str = "fusekit.Buffer.from_torch", _temp: bool = False
+    ) -> "Buffer":
         """Zero-copy view of a torch tensor on the CPU or a CUDA device (kept alive).
-        A lazily conjugated or negated view (``t.conj()``) is resolved to a copy."""
+        A lazily conjugated or negated view (``t.conj()``) is resolved to a copy.
+        (``_temp``: a shared view for one op call, see ``_temp_view``.)"""
         torch = _torch()
         if torch is None or not isinstance(t, torch.Tensor):
             raise_error(ERROR_INVALID_ARGUMENT, where, f"{name} must be a torch.Tensor, got {type(t).__name__}")
         dev = t.device
-        if dev.type == "cpu":
-            need = default_context("cpu") if ctx is None else _ctx_arg(ctx)
-        elif dev.type == "cuda":
-            need = default_context(f"cuda:{dev.index if dev.index is not None else 0}") if ctx is None else _ctx_arg(ctx)
+        typ = dev.type
+        if typ == "cuda":
+            need = _default_of(_lib.DEVICE_CUDA, dev.index or 0) if ctx is None else _ctx_arg(ctx)
+        elif typ == "cpu":
+            need = _default_of(_lib.DEVICE_CPU, 0) if ctx is None else _ctx_arg(ctx)
         else:
             raise_error(ERROR_DEVICE_MISMATCH, where, f"{name} is on torch device {dev}, which fusekit cannot use")
         if t.layout != torch.strided:
             raise_error(ERROR_INVALID_ARGUMENT, where, f"{name} has layout {t.layout}; only strided tensors")
         if t.is_conj() or t.is_neg():
             t = t.resolve_conj().resolve_neg()
+            _temp = False  # the copy lives as long as the buffer
         dt = as_dtype(t.dtype, where, name)
-        return cls.wrap(need, t.data_ptr(), tuple(t.shape), dt, tuple(t.stride()), owner=t)
+        if _temp and need._default:
+            return _temp_view(need, t.data_ptr(), tuple(t.shape), dt, t.stride())
+        return cls._view(need, t.data_ptr(), tuple(t.shape), dt, t.stride(), t, False)
 
     @classmethod
     def from_array(cls, obj, ctx=None, stream=None) -> "Buffer":
@@ -896,7 +949,7 @@ class Buffer(_Handle):
     def __repr__(self) -> str:
         if self.closed:
             return "<fusekit.Buffer closed>"
-        kind = "borrowed" if self._owner is not None else ("dlpack" if self._imported else "owned")
+        kind = "borrowed" if self._owner is not None or self._shared else ("dlpack" if self._imported else "owned")
         return f"<fusekit.Buffer {self._dtype.name}{list(self._shape)} {self.device} {kind}>"
 
     # -- copies
@@ -1106,6 +1159,38 @@ def from_dlpack(obj, ctx=None, stream=None) -> Buffer:
     return Buffer.from_dlpack(obj, ctx, stream)
 
 
+# Views that op calls made of the caller's numpy arrays and torch tensors on a
+# default context, by all that defines one: (context, address, shape, strides,
+# dtype). A borrowed view is nothing but those (the library keeps no other state
+# per buffer; the Python-side read-only flag only guards Buffers given as outputs,
+# which these never are: Invocation.output checks the array itself), so the view made for an earlier array with the same key
+# serves any later one: an op call on arrays seen before makes no fk_buffer_wrap and
+# no fk_buffer_destroy (docs/python.md, "Host time per call"). A view holds no
+# reference to the array (the call's caller does, for the length of the call). The
+# oldest quarter goes when the table is full; a call still using a dropped view
+# holds its own reference, and garbage collection destroys it after.
+_VIEWS: dict = {}
+_VIEWS_MAX = 256
+_views_lock = threading.Lock()
+
+
+def _temp_view(ctx: Context, ptr: int, shape: tuple, dt: DType, strides) -> Buffer:
+    if 0 in shape:
+        strides = None  # (as Buffer._view)
+    key = (ctx, ptr, shape, strides, dt)
+    b = _VIEWS.get(key)
+    if b is not None and b._handle is not None:
+        return b
+    b = Buffer._view(ctx, ptr, shape, dt, strides, None, False)
+    b._shared = True
+    with _views_lock:
+        if len(_VIEWS) >= _VIEWS_MAX:
+            for k in list(_VIEWS)[: len(_VIEWS) - _VIEWS_MAX * 3 // 4]:
+                _VIEWS.pop(k, None)
+        _VIEWS[key] = b
+    return b
+
+
 # ---------------------------------------------------------------------------
 # Adapting the caller's arrays
 # ---------------------------------------------------------------------------
@@ -1177,6 +1262,7 @@ class Invocation:
         self._stream: Stream | None = None
         self._stream_resolved = False
         self._temps: list[Buffer] = []
+        self._views: list[Buffer] = []  # shared views in use (kept, not closed: _temp_view)
         self._kinds: list[str] = []
         self._torch_ref = None  # first torch tensor seen (device and dtype for outputs)
         self._buffers: dict[str, Buffer] = {}
@@ -1192,6 +1278,7 @@ class Invocation:
 
     def close(self):
         temps, self._temps = self._temps, []
+        self._views = []
         for b in temps:
             b.close()
 
@@ -1218,11 +1305,18 @@ class Invocation:
             self._kinds.append(kind)
         if kind == KIND_TORCH and self._torch_ref is None:
             self._torch_ref = obj
-        stream = self._stream_arg
-        if kind == KIND_BUFFER and not isinstance(obj, Buffer) and self.ctx is not None and self.ctx.is_cuda:
-            stream = self.stream
-        b = as_buffer(obj, name=name, where=self.where, stream=stream)
-        if b is not obj:
+        if kind == KIND_TORCH:
+            b = Buffer.from_torch(obj, name=name, where=self.where, _temp=True)
+        elif kind == KIND_NUMPY and isinstance(obj, np.ndarray):
+            b = Buffer.from_numpy(obj, name=name, where=self.where, _temp=True)
+        else:
+            stream = self._stream_arg
+            if kind == KIND_BUFFER and not isinstance(obj, Buffer) and self.ctx is not None and self.ctx.is_cuda:
+                stream = self.stream
+            b = as_buffer(obj, name=name, where=self.where, stream=stream)
+        if b._shared:
+            self._views.append(b)
+        elif b is not obj:
             self._temps.append(b)
         if kind == KIND_TORCH and obj.is_cuda:
             self._torch_cuda.append(obj)
@@ -1292,8 +1386,8 @@ class Invocation:
             torch = _torch()
             ref = self._torch_ref
             t = torch.empty(tuple(shape), dtype=dtype.torch, device=ref.device)
-            b = Buffer.from_torch(t, name=name, where=where)
-            self._temps.append(b)
+            b = Buffer.from_torch(t, name=name, where=where, _temp=True)
+            (self._views if b._shared else self._temps).append(b)
             if t.is_cuda:
                 self._torch_cuda.append(t)
             self._result = t
@@ -1305,8 +1399,8 @@ class Invocation:
             if nd is None:
                 raise_error(ERROR_UNSUPPORTED_DTYPE, where, f"numpy has no {dtype.name}")
             arr = np.empty(tuple(shape), dtype=nd)
-            b = Buffer.from_numpy(arr, name=name, where=where)
-            self._temps.append(b)
+            b = Buffer.from_numpy(arr, name=name, where=where, _temp=True)
+            (self._views if b._shared else self._temps).append(b)
             self._result = arr
         self._out_buffer = b
         return b

@@ -139,3 +139,117 @@ def test_interpreter_exit_with_live_handles(tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "ok"
     assert "Exception ignored" not in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+# --- the views that op calls make of numpy arrays (fusekit._core._temp_view) ----------
+
+
+def _count_views(monkeypatch):
+    """Counts the borrowed views (fk_buffer_wrap calls) that Buffer._view makes."""
+    from fusekit import _core
+
+    made = []
+    real = _core.Buffer._view.__func__
+
+    def counting(cls, *args):
+        made.append(args[1:5])  # address, shape, dtype, strides
+        return real(cls, *args)
+
+    monkeypatch.setattr(_core.Buffer, "_view", classmethod(counting))
+    return made
+
+
+def test_op_call_views_are_shared_and_hold_no_array(monkeypatch):
+    from fusekit import _core
+
+    made = _count_views(monkeypatch)
+    a = np.arange(1.0, 9.0)
+    o = np.full_like(a, np.nan)
+    r = weakref.ref(a)
+    fk.exp(a, out=o)
+    np.testing.assert_array_equal(o, np.exp(a))
+    first = len(made)
+    assert first <= 2  # a and o, unless an earlier test made the same views
+    o[:] = np.nan
+    fk.exp(a, out=o)
+    np.testing.assert_array_equal(o, np.exp(a))
+    assert len(made) == first  # the second call wrapped nothing
+    held = [b for b in _core._VIEWS.values() if b._shared]
+    assert held and all(b._owner is None and "borrowed" in repr(b) for b in held)
+    del a
+    gc.collect()
+    assert r() is None  # the table keeps no array alive
+
+
+def test_op_call_views_keyed_by_everything_that_defines_them(monkeypatch):
+    made = _count_views(monkeypatch)
+    a = np.arange(1.0, 13.0)
+    np.testing.assert_allclose(fk.exp(a), np.exp(a))
+    # the same address with another shape, other strides, another dtype: each its
+    # own view, and each result right (a view found by address alone would give
+    # exp(a[:6]) for a[::2], or read float64 as float32)
+    for x in (a[:6], a[::2], a.reshape(3, 4), a.view(np.float32)):
+        n = len(made)
+        np.testing.assert_allclose(fk.exp(x), np.exp(x), rtol=1e-6)
+        assert any(addr == x.ctypes.data and shape == x.shape for addr, shape, _dt, _st in made[n:]), x.shape
+    # a read-only array, then the same memory written as an output
+    b = np.arange(1.0, 5.0)
+    ro = b.view()
+    ro.flags.writeable = False
+    np.testing.assert_allclose(fk.exp(ro), np.exp(b))
+    fk.exp(b, out=b)
+    np.testing.assert_allclose(b, np.exp(np.arange(1.0, 5.0)))
+
+
+def test_op_call_views_bounded_and_reused_memory(monkeypatch):
+    from fusekit import _core
+
+    monkeypatch.setattr(_core, "_VIEWS_MAX", 16)
+    arrays = [np.full(5, float(i)) for i in range(3 * _core._VIEWS_MAX)]
+    for i, x in enumerate(arrays):
+        y = fk.add(x, x)
+        np.testing.assert_array_equal(y, np.full(5, 2.0 * i))
+        assert len(_core._VIEWS) <= _core._VIEWS_MAX
+    # memory freed and reused by new arrays with the same address and shape
+    for i in range(50):
+        x = np.full(7, float(i))
+        np.testing.assert_array_equal(fk.add(x, x), np.full(7, 2.0 * i))
+        del x
+
+
+def test_op_call_views_under_threads(monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fusekit import _core
+
+    monkeypatch.setattr(_core, "_VIEWS_MAX", 8)  # evictions while other calls run
+
+    def work(k):
+        rng = np.random.default_rng(k)
+        for _ in range(200):
+            x = rng.standard_normal(int(rng.integers(1, 40)))
+            y = rng.standard_normal(x.shape)
+            np.testing.assert_array_equal(fk.add(x, y), x + y)
+        return k
+
+    with ThreadPoolExecutor(4) as ex:
+        assert sorted(ex.map(work, range(8))) == list(range(8))
+
+
+def test_op_call_keeps_its_views_while_the_table_turns_over(monkeypatch):
+    """A call with several outputs whose views leave the table before the C call
+    (every insertion empties it here) still hands the library live handles."""
+    from fusekit import _core
+
+    monkeypatch.setattr(_core, "_VIEWS_MAX", 1)
+    rng = np.random.default_rng(3)
+    v, g = rng.standard_normal((5, 6)), rng.standard_normal((5, 6))
+    U, W = rng.standard_normal((6, 3)), rng.standard_normal((6, 3))
+    dv, dU, dW = fk.christoffel_backward(v, U, W, g, 5.0)
+    p = v @ U
+    gp = g * (np.abs((p * p) @ W.T) <= 5.0)
+    dp = 2 * p * (gp @ W)
+    np.testing.assert_allclose(dv, dp @ U.T, rtol=1e-12)
+    np.testing.assert_allclose(dU, v.T @ dp, rtol=1e-12)
+    np.testing.assert_allclose(dW, gp.T @ (p * p), rtol=1e-12)
+    assert len(_core._VIEWS) <= 1

@@ -84,6 +84,7 @@ fi
 { sel bench || sel bench_linalg; } && step bench_linalg 900 python3 benches/bench_linalg.py --json "$OUT/bench_linalg.json"
 { sel bench || sel bench_optim; } && step bench_optim 900 python3 benches/bench_optim.py --json "$OUT/bench_optim.json"
 { sel bench || sel peak_ffma; } && command -v nvcc >/dev/null && step peak_ffma 120 bash -c "nvcc -O3 -arch=sm_90 benches/peak_ffma.cu -o '$OUT/peak_ffma' && '$OUT/peak_ffma'"
+{ sel bench || sel host_overhead; } && step host_overhead 300 python3 benches/host_overhead.py --json "$OUT/host_overhead.json"
 { sel bench || sel bench_geodesic; } && step bench_geodesic 900 python3 benches/bench_geodesic.py --json "$OUT/bench_geodesic.json"
 { sel bench || sel bench_gaussian; } && step bench_gaussian 900 python3 benches/bench_gaussian.py --json "$OUT/bench_gaussian.json"
 { sel scale || sel scale_gaussian; } && step scale_gaussian 900 env FK_SCALE_TEST=1 "$B/bin/gpu_gaussian" scale_field --nocapture
@@ -91,7 +92,7 @@ want huge && step chunked_huge 900 env FK_TEST_HUGE=1 "$B/bin/gpu_linalg" chunke
 
 echo
 echo "---- benchmark rows"
-grep -E "^(device|add|mul|axpby|host|driver|device-to-device|cuda: pooled|overlap|all-reduce|torch.distributed|fusekit busbw|relu|gelu|gemm|chunked|kron|field_|mahalanobis_|christoffel|leapfrog|float64 check|inverse|per-sample|ghost|DP clipped|Shampoo)" "$LOG" | grep -v "^===" | head -80
+grep -E "^(device|add|mul|axpby|host|driver|device-to-device|cuda: pooled|overlap|all-reduce|torch.distributed|fusekit busbw|relu|gelu|gemm|chunked|kron|field_|mahalanobis_|christoffel|leapfrog|float64 check|inverse|per-sample|ghost|DP clipped|Shampoo|torch.add|fusekit.add|  fusekit.ops|  torch.ops|  PyTorch eager)" "$LOG" | grep -v "^===" | head -80
 echo
 echo "---- GPU suite summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
 printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"

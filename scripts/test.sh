@@ -43,4 +43,6 @@ FUSEKIT_LIB_DIR=$ROOT/target/release FK_TEST_DEVICE=cpu bash tests/c/run.sh
 
 echo "==> Python tests"
 python -m pip install -q "$ROOT/bindings/python"
+echo "==> Python host time per call (CPU backend; a smoke run of benches/host_overhead.py)"
+FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python benches/host_overhead.py
 FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python -m pytest -q bindings/python/tests tests/*.py

@@ -1165,7 +1165,7 @@ def from_dlpack(obj, ctx=None, stream=None) -> Buffer:
 # per buffer; the Python-side read-only flag only guards Buffers given as outputs,
 # which these never are: Invocation.output checks the array itself), so the view made for an earlier array with the same key
 # serves any later one: an op call on arrays seen before makes no fk_buffer_wrap and
-# no fk_buffer_destroy (docs/python.md, "Host time per call"). A view holds no
+# no fk_buffer_destroy (bindings/python/README.md, "Host time per call"). A view holds no
 # reference to the array (the call's caller does, for the length of the call). The
 # oldest quarter goes when the table is full; a call still using a dropped view
 # holds its own reference, and garbage collection destroys it after.

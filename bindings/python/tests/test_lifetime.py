@@ -131,6 +131,7 @@ def test_interpreter_exit_with_live_handles(tmp_path):
         class Cycle: pass
         c = Cycle(); c.c = c; c.b = fk.Buffer.from_numpy(np.zeros(3))
         r = fk.add(b, b)
+        y = fk.add(np.ones(3), np.ones(3))  # views left in the op calls' table
         print("ok")
         """
     )

@@ -27,6 +27,10 @@ fi
 source "$VENV/bin/activate"
 python -m pip install -q --upgrade pip >/dev/null
 python -m pip install -q numpy pytest cffi "nvidia-cuda-nvrtc==13.0.88" "nvidia-cuda-runtime==13.0.96"
+# torch (the version on the GPU machine; it runs on the CPU here): the torch
+# bindings' tests (custom ops, autograd, gradcheck, torch.compile) run instead of
+# being skipped
+python -m pip install -q "torch==2.11.*"
 # NCCL (no GPU needed to load it and make a unique id): checks the run-time loader
 python -m pip install -q "nvidia-nccl-cu13==2.32.3"
 

@@ -4,11 +4,14 @@ module) under ``torch.ops.fusekit``:
 
 - ``christoffel(v, U, W, c) -> gamma [B,D]``: differentiable with respect to ``v``,
   ``U``, ``W`` (through ``fk_christoffel_backward``);
-- ``leapfrog(x0, v0, U, W, f, mu, dt, steps, c) -> (x_T, v_T, traj)``:
+- ``leapfrog(x0, v0, U, W, f, mu, dt, steps, c, keep_traj=True) -> (x_T, v_T, traj)``:
   differentiable with respect to ``x0``, ``v0``, ``U``, ``W`` and ``f`` (through
-  ``fk_leapfrog_backward``; ``mu`` gets no gradient). The forward writes the
-  trajectory ``traj [steps,2,B,D]`` and saves it for the backward (``steps*2*B*D``
-  extra elements, no recomputation); ``traj`` itself gets no gradient;
+  ``fk_leapfrog_backward``; ``mu`` gets no gradient). With ``keep_traj`` the forward
+  writes the trajectory ``traj [steps,2,B,D]`` and saves it for the backward
+  (``steps*2*B*D`` extra elements, no recomputation); without, ``traj`` is empty
+  (``[0,2,B,D]``) and a backward recomputes the trajectory on chip (slower, no extra
+  memory). ``traj`` itself gets no gradient. The wrapper :func:`leapfrog` keeps it
+  only where a gradient can be asked for (``save_traj``);
 - ``christoffel_backward(v, U, W, g, c)`` and
   ``leapfrog_backward(v0, U, W, f, mu, traj, gx, gv, dt, steps, c)``: the fusekit
   backward kernels as their own ops (what the autograd formulas call).
@@ -108,33 +111,35 @@ register("leapfrog_backward", _lf_bwd, fake=_lf_bwd_fake)
 
 def _lf(
     x0: Tensor, v0: Tensor, U: Tensor, W: Tensor, f: Optional[Tensor], mu: Optional[Tensor], dt: float, steps: int,
-    c: float
+    c: float, keep_traj: bool = True
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    x, v, traj = _g.leapfrog_forward(_c(x0), _c(v0), _c(U), _c(W), dt, steps, f=_c(f), mu=_c(mu), c=c, traj=True)
-    return x, v, traj
+    if keep_traj:
+        return _g.leapfrog_forward(_c(x0), _c(v0), _c(U), _c(W), dt, steps, f=_c(f), mu=_c(mu), c=c, traj=True)
+    x, v = _g.leapfrog_forward(_c(x0), _c(v0), _c(U), _c(W), dt, steps, f=_c(f), mu=_c(mu), c=c)
+    return x, v, v0.new_empty((0, 2) + tuple(v0.shape))
 
 
-def _lf_fake(x0, v0, U, W, f, mu, dt, steps, c):
+def _lf_fake(x0, v0, U, W, f, mu, dt, steps, c, keep_traj=True):
     torch._check(v0.dim() == 2, lambda: "fusekit::leapfrog: v0 must be [B,D]")
     torch._check(steps >= 1, lambda: "fusekit::leapfrog: steps must be >= 1")
     b, d = v0.shape
-    return x0.new_empty(x0.shape), v0.new_empty(v0.shape), v0.new_empty((steps, 2, b, d))
+    return x0.new_empty(x0.shape), v0.new_empty(v0.shape), v0.new_empty((steps if keep_traj else 0, 2, b, d))
 
 
 def _lf_setup(ctx, inputs, output):
-    x0, v0, U, W, f, mu, dt, steps, c = inputs
-    ctx.save_for_backward(v0, U, W, f, mu, output[2])
+    x0, v0, U, W, f, mu, dt, steps, c, keep_traj = inputs
+    ctx.save_for_backward(v0, U, W, f, mu, output[2] if keep_traj else None)
     ctx.dt, ctx.steps, ctx.c = dt, steps, c
 
 
 def _lf_backward(ctx, gx, gv, gtraj):
-    v0, U, W, f, mu, traj = ctx.saved_tensors
+    v0, U, W, f, mu, traj = ctx.saved_tensors  # traj None: recomputed on chip
     dx0, dv0, df, dU, dW = torch.ops.fusekit.leapfrog_backward(
         v0, U, W, f, mu, traj, gx, gv, ctx.dt, ctx.steps, ctx.c
     )
     need = ctx.needs_input_grad
     return (dx0 if need[0] else None, dv0 if need[1] else None, dU if need[2] else None, dW if need[3] else None,
-            df if need[4] else None, None, None, None, None)
+            df if need[4] else None, None, None, None, None, None)
 
 
 register("leapfrog", _lf, fake=_lf_fake, backward=_lf_backward, setup_context=_lf_setup)
@@ -148,11 +153,29 @@ def christoffel(v: Tensor, U: Tensor, W: Tensor, c: float = _g.DEFAULT_C) -> Ten
     return torch.ops.fusekit.christoffel(v, U, W, float(c))
 
 
+def _keep_traj(save_traj: Optional[bool], return_traj: bool, differentiable) -> bool:
+    """:func:`leapfrog`'s ``keep_traj``: asked for, or (None) whether a gradient can be."""
+    if return_traj or save_traj:
+        return True
+    if save_traj is None:
+        return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in differentiable)
+    return False
+
+
 def leapfrog(
     x0: Tensor, v0: Tensor, U: Tensor, W: Tensor, dt: float, steps: int, f: Optional[Tensor] = None,
-    mu: Optional[Tensor] = None, c: float = _g.DEFAULT_C, return_traj: bool = False
+    mu: Optional[Tensor] = None, c: float = _g.DEFAULT_C, return_traj: bool = False,
+    save_traj: Optional[bool] = None
 ):
     """Differentiable fused leapfrog (``torch.ops.fusekit.leapfrog``): ``(x_T, v_T)``,
-    plus the trajectory ``[steps,2,B,D]`` when ``return_traj``."""
-    x, v, traj = torch.ops.fusekit.leapfrog(x0, v0, U, W, f, mu, float(dt), int(steps), float(c))
+    plus the trajectory ``[steps,2,B,D]`` when ``return_traj``.
+
+    ``save_traj``: whether the forward writes the trajectory for the backward
+    (``steps*2*B*D`` elements; the backward then reads it) or the backward recomputes
+    it on chip (about 1.3x its time at the benchmark shape, no extra memory). The
+    default (None) saves it exactly when a gradient can be asked for: grad mode on
+    and one of ``x0, v0, U, W, f`` requiring grad; so inference (``torch.no_grad()``,
+    or no input requiring grad) writes no trajectory. ``return_traj`` implies it."""
+    keep = _keep_traj(save_traj, return_traj, (x0, v0, U, W, f))
+    x, v, traj = torch.ops.fusekit.leapfrog(x0, v0, U, W, f, mu, float(dt), int(steps), float(c), keep)
     return (x, v, traj) if return_traj else (x, v)

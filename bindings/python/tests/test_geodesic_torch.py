@@ -105,3 +105,79 @@ def test_cuda_matches_cpu(dtype, tol):
     ((out_gpu[0] * wg).sum() + (out_gpu[1] ** 2).sum() + (g_gpu * wg).sum()).backward()
     for a, b in zip(gpu[:5], cpu[:5]):
         assert (a.grad.cpu() - b.grad).norm() <= tol * b.grad.norm()
+
+
+def test_leapfrog_keep_traj_decision():
+    from fusekit.torch_geodesic import _keep_traj
+
+    x, v, U, W, f, mu = tproblem(8)
+    plain = [a.detach() for a in (x, v, U, W, f)]
+    assert _keep_traj(None, False, (x, v, U, W, f))  # grads possible
+    assert _keep_traj(None, False, plain[:4] + [None, ]) is False  # nothing requires grad
+    with torch.no_grad():
+        assert _keep_traj(None, False, (x, v, U, W, f)) is False  # inference
+        assert _keep_traj(True, False, plain) and _keep_traj(None, True, plain)
+    assert _keep_traj(False, False, (x, v, U, W, f)) is False  # asked: recompute
+    assert _keep_traj(False, True, plain)  # the trajectory returned needs it
+
+
+def test_leapfrog_without_traj_same_values_and_empty_traj():
+    x, v, U, W, f, mu = [a.detach() for a in tproblem(9)]
+    x1, v1, t1 = torch.ops.fusekit.leapfrog(x, v, U, W, f, mu, 0.1, 3, 5.0, True)
+    x0_, v0_, t0 = torch.ops.fusekit.leapfrog(x, v, U, W, f, mu, 0.1, 3, 5.0, False)
+    assert t1.shape == (3, 2, 3, 5) and t0.shape == (0, 2, 3, 5)
+    assert torch.equal(x0_, x1) and torch.equal(v0_, v1)
+    with torch.no_grad():
+        xn, vn = leapfrog(x, v, U, W, 0.1, 3, f=f, mu=mu)
+    assert torch.equal(xn, x1) and torch.equal(vn, v1)
+
+
+@pytest.mark.parametrize("save_traj", [True, False])
+def test_gradcheck_leapfrog_saved_or_recomputed_traj(save_traj):
+    x, v, U, W, f, mu = tproblem(10)
+    mu = mu.detach()
+
+    def fn(x, v, U, W, f):
+        return leapfrog(x, v, U, W, 0.1, 3, f=f, mu=mu, save_traj=save_traj)
+
+    assert torch.autograd.gradcheck(fn, (x, v, U, W, f))
+
+
+def test_leapfrog_recomputed_traj_same_gradients():
+    grads = []
+    for save in (True, False):
+        x, v, U, W, f, mu = tproblem(11)
+        xT, vT = leapfrog(x, v, U, W, 0.1, 4, f=f, mu=mu.detach(), save_traj=save)
+        (xT.square().sum() + (vT * xT).sum()).backward()
+        grads.append([a.grad for a in (x, v, U, W, f)])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_opcheck_leapfrog_without_traj():
+    if not hasattr(torch.library, "opcheck"):
+        pytest.skip("torch.library.opcheck needs torch >= 2.4")
+    x, v, U, W, f, mu = tproblem(12)
+    torch.library.opcheck(torch.ops.fusekit.leapfrog.default, (x, v, U, W, f, mu.detach(), 0.1, 2, 5.0, False))
+
+
+def test_leapfrog_torch_compile_fullgraph_grad_and_no_grad():
+    """Under torch.compile the trajectory decision is traced too: the graph with grads
+    saves it and matches eager; under no_grad the recompiled graph skips it."""
+    x, v, U, W, f, mu = tproblem(13)
+
+    def loss(x, v, U, W, f):
+        xT, vT = leapfrog(x, v, U, W, 0.1, 3, f=f, mu=mu.detach())
+        return (xT * xT).sum() + (vT * xT).sum()
+
+    try:
+        cf = torch.compile(loss, fullgraph=True)
+        got = cf(x, v, U, W, f)
+    except RuntimeError as e:  # e.g. torch.compile unsupported on this Python
+        pytest.skip(f"torch.compile unavailable: {e}")
+    want = loss(x, v, U, W, f)
+    args = (x, v, U, W, f)
+    for a, b in zip(torch.autograd.grad(got, args), torch.autograd.grad(want, args)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        torch.testing.assert_close(cf(*args), want.detach(), rtol=1e-12, atol=1e-12)

@@ -1161,14 +1161,15 @@ def from_dlpack(obj, ctx=None, stream=None) -> Buffer:
 
 # Views that op calls made of the caller's numpy arrays and torch tensors on a
 # default context, by all that defines one: (context, address, shape, strides,
-# dtype). A borrowed view is nothing but those (the library keeps no other state
-# per buffer; the Python-side read-only flag only guards Buffers given as outputs,
-# which these never are: Invocation.output checks the array itself), so the view made for an earlier array with the same key
-# serves any later one: an op call on arrays seen before makes no fk_buffer_wrap and
-# no fk_buffer_destroy (bindings/python/README.md, "Host time per call"). A view holds no
-# reference to the array (the call's caller does, for the length of the call). The
-# oldest quarter goes when the table is full; a call still using a dropped view
-# holds its own reference, and garbage collection destroys it after.
+# dtype). A borrowed view is nothing but those (the library keeps no other state per
+# buffer; the Python-side read-only flag only guards Buffers given as outputs, which
+# these never are: Invocation.output checks the array itself), so the view made for
+# an earlier array with the same key serves any later one: an op call on arrays seen
+# before makes no fk_buffer_wrap and no fk_buffer_destroy (bindings/python/README.md,
+# "Host time per call"). A view holds no reference to the array (the call's caller
+# does, for the length of the call). When the table is full its oldest quarter goes;
+# a call still using a dropped view holds it (Invocation._views), and garbage
+# collection destroys it after.
 _VIEWS: dict = {}
 _VIEWS_MAX = 256
 _views_lock = threading.Lock()

@@ -12,9 +12,12 @@ module) under ``torch.ops.fusekit``:
   (``[0,2,B,D]``) and a backward recomputes the trajectory on chip (slower, no extra
   memory). ``traj`` itself gets no gradient. The wrapper :func:`leapfrog` keeps it
   only where a gradient can be asked for (``save_traj``);
-- ``christoffel_backward(v, U, W, g, c)`` and
-  ``leapfrog_backward(v0, U, W, f, mu, traj, gx, gv, dt, steps, c)``: the fusekit
-  backward kernels as their own ops (what the autograd formulas call).
+- ``christoffel_backward(v, U, W, g, c, want=7)`` and
+  ``leapfrog_backward(v0, U, W, f, mu, traj, gx, gv, dt, steps, c, want=31)``: the
+  fusekit backward kernels as their own ops (what the autograd formulas call).
+  ``want`` is a bit mask of the gradients to compute (``WANT_*`` below; the kernels
+  skip the products of the others, e.g. the dU, dW accumulations when U and W are
+  frozen); a gradient not wanted comes back as an empty tensor.
 
 ::
 
@@ -41,16 +44,38 @@ def _c(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.detach().contiguous()
 
 
+# The backward ops' ``want`` bits: the Christoffel backward's gradients (v, U, W) and
+# the leapfrog backward's (x0, v0, f, U, W), in their output order.
+CHR_GRADS = ("v", "U", "W")
+LF_GRADS = ("x0", "v0", "f", "U", "W")
+
+
+def _want_names(want: int, names) -> Tuple[str, ...]:
+    return tuple(n for i, n in enumerate(names) if want >> i & 1)
+
+
+def _want_bits(needs) -> int:
+    """``want`` from flags in output order (e.g. ``ctx.needs_input_grad`` reordered)."""
+    return sum(1 << i for i, n in enumerate(needs) if n)
+
+
+def _wanted_or_empty(grads, like):
+    """The backward ops' outputs: each gradient, or an empty tensor (not wanted)."""
+    return tuple(g if g is not None else t.new_empty((0,)) for g, t in zip(grads, like))
+
+
 # --- fusekit::christoffel_backward ----------------------------------------------------
 
 
-def _chr_bwd(v: Tensor, U: Tensor, W: Tensor, g: Tensor, c: float) -> Tuple[Tensor, Tensor, Tensor]:
-    dv, dU, dW = _g.christoffel_backward(_c(v), _c(U), _c(W), _c(g), c)
-    return dv, dU, dW
+def _chr_bwd(
+    v: Tensor, U: Tensor, W: Tensor, g: Tensor, c: float, want: int = 7
+) -> Tuple[Tensor, Tensor, Tensor]:
+    grads = _g.christoffel_backward(_c(v), _c(U), _c(W), _c(g), c, want=_want_names(want, CHR_GRADS))
+    return _wanted_or_empty(grads, (v, U, W))
 
 
-def _chr_bwd_fake(v, U, W, g, c):
-    return v.new_empty(v.shape), U.new_empty(U.shape), W.new_empty(W.shape)
+def _chr_bwd_fake(v, U, W, g, c, want=7):
+    return tuple(t.new_empty(t.shape if want >> i & 1 else (0,)) for i, t in enumerate((v, U, W)))
 
 
 register("christoffel_backward", _chr_bwd, fake=_chr_bwd_fake)
@@ -77,8 +102,8 @@ def _chr_setup(ctx, inputs, output):
 
 def _chr_backward(ctx, grad):
     v, U, W = ctx.saved_tensors
-    dv, dU, dW = torch.ops.fusekit.christoffel_backward(v, U, W, grad, ctx.c)
-    need = ctx.needs_input_grad
+    need = ctx.needs_input_grad[:3]
+    dv, dU, dW = torch.ops.fusekit.christoffel_backward(v, U, W, grad, ctx.c, _want_bits(need))
     return dv if need[0] else None, dU if need[1] else None, dW if need[2] else None, None
 
 
@@ -90,17 +115,17 @@ register("christoffel", _chr, fake=_chr_fake, backward=_chr_backward, setup_cont
 
 def _lf_bwd(
     v0: Tensor, U: Tensor, W: Tensor, f: Optional[Tensor], mu: Optional[Tensor], traj: Optional[Tensor],
-    gx: Optional[Tensor], gv: Optional[Tensor], dt: float, steps: int, c: float
+    gx: Optional[Tensor], gv: Optional[Tensor], dt: float, steps: int, c: float, want: int = 31
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    dx0, dv0, df, dU, dW = _g.leapfrog_backward(
-        _c(v0), _c(U), _c(W), dt, steps, _c(gx), _c(gv), f=_c(f), mu=_c(mu), traj=_c(traj), c=c
+    grads = _g.leapfrog_backward(
+        _c(v0), _c(U), _c(W), dt, steps, _c(gx), _c(gv), f=_c(f), mu=_c(mu), traj=_c(traj), c=c,
+        want=_want_names(want, LF_GRADS)
     )
-    return dx0, dv0, df, dU, dW
+    return _wanted_or_empty(grads, (v0, v0, v0, U, W))
 
 
-def _lf_bwd_fake(v0, U, W, f, mu, traj, gx, gv, dt, steps, c):
-    return (v0.new_empty(v0.shape), v0.new_empty(v0.shape), v0.new_empty(v0.shape), U.new_empty(U.shape),
-            W.new_empty(W.shape))
+def _lf_bwd_fake(v0, U, W, f, mu, traj, gx, gv, dt, steps, c, want=31):
+    return tuple(t.new_empty(t.shape if want >> i & 1 else (0,)) for i, t in enumerate((v0, v0, v0, U, W)))
 
 
 register("leapfrog_backward", _lf_bwd, fake=_lf_bwd_fake)
@@ -134,10 +159,11 @@ def _lf_setup(ctx, inputs, output):
 
 def _lf_backward(ctx, gx, gv, gtraj):
     v0, U, W, f, mu, traj = ctx.saved_tensors  # traj None: recomputed on chip
+    need = ctx.needs_input_grad  # inputs (x0, v0, U, W, f, ...); outputs (x0, v0, f, U, W)
+    want = _want_bits((need[0], need[1], need[4], need[2], need[3]))
     dx0, dv0, df, dU, dW = torch.ops.fusekit.leapfrog_backward(
-        v0, U, W, f, mu, traj, gx, gv, ctx.dt, ctx.steps, ctx.c
+        v0, U, W, f, mu, traj, gx, gv, ctx.dt, ctx.steps, ctx.c, want
     )
-    need = ctx.needs_input_grad
     return (dx0 if need[0] else None, dv0 if need[1] else None, dU if need[2] else None, dW if need[3] else None,
             df if need[4] else None, None, None, None, None, None)
 

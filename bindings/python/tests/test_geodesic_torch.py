@@ -181,3 +181,85 @@ def test_leapfrog_torch_compile_fullgraph_grad_and_no_grad():
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     with torch.no_grad():
         torch.testing.assert_close(cf(*args), want.detach(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("want", [1, 2, 4, 3, 6, 7])
+def test_christoffel_backward_op_want(want):
+    _, v, U, W, _, _ = [a.detach() for a in tproblem(14)]
+    g = torch.randn_like(v)
+    full = torch.ops.fusekit.christoffel_backward(v, U, W, g, 5.0)
+    part = torch.ops.fusekit.christoffel_backward(v, U, W, g, 5.0, want)
+    for i, (a, b) in enumerate(zip(part, full)):
+        if want >> i & 1:
+            assert torch.equal(a, b)
+        else:
+            assert a.numel() == 0
+
+
+@pytest.mark.parametrize("want", [1, 2, 4, 8, 16, 3, 24, 7, 31])
+def test_leapfrog_backward_op_want(want):
+    x, v, U, W, f, mu = [a.detach() for a in tproblem(15)]
+    _, _, traj = torch.ops.fusekit.leapfrog(x, v, U, W, f, mu, 0.1, 3, 5.0)
+    gx, gv = torch.randn_like(x), torch.randn_like(v)
+    args = (v, U, W, f, mu, traj, gx, gv, 0.1, 3, 5.0)
+    full = torch.ops.fusekit.leapfrog_backward(*args)
+    part = torch.ops.fusekit.leapfrog_backward(*args, want)
+    for i, (a, b) in enumerate(zip(part, full)):
+        if want >> i & 1:
+            torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
+        else:
+            assert a.numel() == 0
+
+
+def test_opcheck_backward_ops_partial_want():
+    if not hasattr(torch.library, "opcheck"):
+        pytest.skip("torch.library.opcheck needs torch >= 2.4")
+    x, v, U, W, f, mu = [a.detach() for a in tproblem(16)]
+    g = torch.randn_like(v)
+    torch.library.opcheck(torch.ops.fusekit.christoffel_backward.default, (v, U, W, g, 5.0, 1))
+    _, _, traj = torch.ops.fusekit.leapfrog(x, v, U, W, f, mu, 0.1, 2, 5.0)
+    torch.library.opcheck(torch.ops.fusekit.leapfrog_backward.default,
+                          (v, U, W, f, mu, traj, g, g, 0.1, 2, 5.0, 3))
+
+
+def test_frozen_parameters_same_gradients(monkeypatch):
+    """U and W frozen: the backwards are asked for the other gradients only (so the
+    kernels skip the dU, dW products), and those are the full backward's."""
+    from fusekit.ops import geodesic as G
+
+    asked = []
+    for name in ("christoffel_backward", "leapfrog_backward"):
+        real = getattr(G, name)
+
+        def spy(*a, _real=real, _name=name, **kw):
+            asked.append((_name, tuple(kw["want"])))
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(G, name, spy)
+    grads = []
+    for frozen in (False, True):
+        asked.clear()
+        x, v, U, W, f, mu = tproblem(17)
+        if frozen:
+            U, W = U.detach(), W.detach()
+        xT, vT = leapfrog(x, v, U, W, 0.1, 3, f=f, mu=mu.detach())
+        g = christoffel(vT, U, W)
+        (xT.square().sum() + (g * vT).sum()).backward()
+        grads.append([a.grad for a in (x, v, f)])
+        if frozen:
+            assert U.grad is None and W.grad is None
+            assert sorted(asked) == [("christoffel_backward", ("v",)), ("leapfrog_backward", ("x0", "v0", "f"))]
+        else:
+            assert sorted(asked) == [("christoffel_backward", ("v", "U", "W")),
+                                     ("leapfrog_backward", ("x0", "v0", "f", "U", "W"))]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_only_mu_requires_grad():
+    x, v, U, W, f, mu = [a.detach() for a in tproblem(18)]
+    mu.requires_grad_(True)
+    xT, vT = leapfrog(x, v, U, W, 0.1, 2, f=f, mu=mu)
+    assert xT.requires_grad
+    (xT.sum() + vT.sum()).backward()  # mu gets no gradient, and nothing fails
+    assert mu.grad is None

@@ -15,9 +15,10 @@ module) under ``torch.ops.fusekit``:
 - ``christoffel_backward(v, U, W, g, c, want=7)`` and
   ``leapfrog_backward(v0, U, W, f, mu, traj, gx, gv, dt, steps, c, want=31)``: the
   fusekit backward kernels as their own ops (what the autograd formulas call).
-  ``want`` is a bit mask of the gradients to compute (``WANT_*`` below; the kernels
-  skip the products of the others, e.g. the dU, dW accumulations when U and W are
-  frozen); a gradient not wanted comes back as an empty tensor.
+  ``want`` is a bit mask of the gradients to compute (bit i: the i-th of
+  ``CHR_GRADS`` / ``LF_GRADS`` below, the outputs' order; the kernels skip the
+  products of the others, e.g. the dU, dW accumulations when U and W are frozen); a
+  gradient not wanted comes back as an empty tensor.
 
 ::
 

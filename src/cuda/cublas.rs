@@ -8,16 +8,26 @@
 //! first call, so a missing library is `FK_ERROR_LIBRARY_NOT_FOUND` with an install
 //! hint, never cudarc's panic.
 //!
-//! Handles: one `Slot` per (context, stream) holds a cuBLAS handle bound to that
-//! stream once (`cublasSetStream`), a cuBLASLt handle (its stream is per call), a
-//! 32 MiB workspace allocated stream-ordered on that stream at first use and given
-//! to both, a grow-only scratch buffer (the backward's `dz`), and the two copy
-//! streams of the chunked GEMM (uploads and downloads, so that the two directions
-//! use the GPU's two copy engines at once). Work queued on one stream runs in order, so everything a slot
-//! owns is reused by the next call on the stream without synchronising. A slot is
-//! locked while a call queues its work (two threads queuing on one stream do not
-//! interleave). Slots go with their stream (`fk_stream_destroy` of an owned stream)
-//! or with the context.
+//! Handles: one cuBLAS and one cuBLASLt handle per context, created on first use
+//! (with the thread's capture mode relaxed, so also during a stream capture), behind
+//! a mutex; a call holds it while it binds the cuBLAS handle to its stream and
+//! workspace (`cublasSetStream`, then `cublasSetWorkspace`, skipped when already
+//! bound) and queues its work (cuBLASLt takes stream and workspace per call).
+//!
+//! Slots: one `Slot` per (context, stream) holds a 32 MiB workspace (stream-ordered
+//! from the pool on that stream at first use; plain `cuMemAlloc` memory when the
+//! first use is inside a capture, so that it is no graph allocation), a grow-only
+//! scratch buffer (the backward's `dz`; not used while the stream captures, see
+//! `Slot::scratch`), and the two copy streams of the chunked GEMM (uploads and
+//! downloads, so that the two directions use the GPU's two copy engines at once).
+//! Work queued on one stream runs in order, so everything a slot owns is reused by
+//! the next call on the stream without synchronising; two streams never share a
+//! workspace. A slot is locked while a call queues its work (two threads queuing
+//! on one stream do not interleave). Slots go with their stream
+//! (`fk_stream_destroy` of an owned stream) or with the context. A CUDA graph
+//! captured from these calls holds the address of its stream's workspace: replay
+//! it while the context (and, for an owned stream, the stream) lives, and not
+//! concurrently with other work of the capturing stream.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -160,19 +170,54 @@ fn check_lt(what: &str, s: lt::cublasStatus_t) -> Result<()> {
 
 // ------------------------------------------------------------------ slots
 
-/// Per-(context, stream) cuBLAS state; see the module docs.
+/// The context's cuBLAS and cuBLASLt handles (one pair per context, created on
+/// first use), and the stream and workspace the cuBLAS handle is bound to now.
+struct HandleState {
+    blas: bs::cublasHandle_t,
+    lt: lt::cublasLtHandle_t,
+    bound_stream: usize,
+    bound_workspace: u64,
+}
+
+/// The handles behind their mutex: a call holds it while it binds the cuBLAS
+/// handle to its stream and workspace and queues its work.
+pub struct Handles(Mutex<HandleState>);
+
+// SAFETY: the handles are used only while the mutex is held, with the context
+// current.
+unsafe impl Send for Handles {}
+unsafe impl Sync for Handles {}
+
+/// The locked handles, the cuBLAS one bound to a slot's stream and workspace.
+pub struct HandleGuard<'a>(std::sync::MutexGuard<'a, HandleState>);
+
+impl HandleGuard<'_> {
+    /// The cuBLAS handle (bound to the slot's stream and workspace).
+    pub fn blas(&self) -> bs::cublasHandle_t {
+        self.0.blas
+    }
+    /// The cuBLASLt handle (stream and workspace are arguments of each call).
+    pub fn lt(&self) -> lt::cublasLtHandle_t {
+        self.0.lt
+    }
+}
+
+/// Per-(context, stream) state; see the module docs.
 pub struct Slot {
     pub stream: usize,
-    pub blas: bs::cublasHandle_t,
-    pub lt: lt::cublasLtHandle_t,
+    handles: Arc<Handles>,
     pub workspace: u64,
+    /// The workspace is plain `cuMemAlloc` memory (the slot was made while the
+    /// stream was being captured), freed with `cuMemFree`; else it came from the
+    /// pool, stream-ordered on `stream`.
+    workspace_plain: bool,
     scratch: u64,
     scratch_bytes: usize,
     copy_stream: usize,
     download_stream: usize,
 }
 
-// SAFETY: the handles are used only while the slot's mutex is held, with the
+// SAFETY: the slot's raw values are used only while its mutex is held, with the
 // context current.
 unsafe impl Send for Slot {}
 
@@ -183,42 +228,26 @@ pub struct AlgoKey(pub Vec<i64>);
 /// The context's cuBLAS state (a field of `CudaDevice`).
 #[derive(Default)]
 pub struct BlasCache {
+    handles: Mutex<Option<Arc<Handles>>>,
     slots: Mutex<HashMap<usize, Arc<Mutex<Slot>>>>,
     /// `None`: cuBLASLt refused this configuration (the caller falls back).
     algos: Mutex<HashMap<AlgoKey, Option<lt::cublasLtMatmulAlgo_t>>>,
 }
 
-fn is_capturing(stream: usize) -> bool {
-    let mut st = ds::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: writes the capture status of a stream of the current context.
-    let r = unsafe { ds::cuStreamIsCapturing(stream as ds::CUstream, &mut st) };
-    r == ds::CUresult::CUDA_SUCCESS
-        && st != ds::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
-}
-
-fn no_capture(stream: usize, what: &str) -> Result<()> {
-    crate::ensure!(
-        !is_capturing(stream),
-        FK_ERROR_UNSUPPORTED,
-        "{what} would be created while the stream is being captured into a CUDA graph; run one linear-algebra op on this stream before capturing"
-    );
-    Ok(())
-}
-
 impl BlasCache {
-    /// The slot of `stream`, created (handles, workspace) on first use.
-    pub fn slot(&self, dev: &CudaDevice, stream: usize) -> Result<Arc<Mutex<Slot>>> {
-        if let Some(s) = self
-            .slots
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&stream)
-        {
-            return Ok(s.clone());
+    /// The context's handles, created on first use. Creation runs with the
+    /// thread's capture mode relaxed: `cublasCreate` / `cublasLtCreate` allocate
+    /// device memory, which a capture in progress (on this thread's stream, or a
+    /// global-mode capture on any thread) would otherwise forbid. They touch no
+    /// capturing stream, so the capture stays valid.
+    fn handles(&self, dev: &CudaDevice) -> Result<Arc<Handles>> {
+        let mut h = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = h.as_ref() {
+            return Ok(h.clone());
         }
         load()?;
         dev.bind()?;
-        no_capture(stream, "the cuBLAS handles and workspace")?;
+        let _relaxed = super::RelaxedCapture::new();
         let mut blas: bs::cublasHandle_t = std::ptr::null_mut();
         // SAFETY: writes a new handle; the context is current.
         check("cublasCreate", unsafe { bs::cublasCreate_v2(&mut blas) })?;
@@ -229,39 +258,58 @@ impl BlasCache {
             unsafe { bs::cublasDestroy_v2(blas) };
             return Err(e);
         }
-        let mut slot = Slot {
-            stream,
+        let made = Arc::new(Handles(Mutex::new(HandleState {
             blas,
             lt: lth,
-            workspace: 0,
+            bound_stream: 0,
+            bound_workspace: 0,
+        })));
+        *h = Some(made.clone());
+        Ok(made)
+    }
+
+    /// Creates the context's cuBLAS / cuBLASLt handles now (for warm-up), when
+    /// the libraries can be loaded.
+    pub fn prepare(&self, dev: &CudaDevice) -> Result<()> {
+        self.handles(dev).map(|_| ())
+    }
+
+    /// The slot of `stream`, created (workspace) on first use. Legal while the
+    /// stream is being captured: the handles are the context's (see `handles`), and
+    /// a workspace first needed during a capture is plain device memory
+    /// (`CudaDevice::alloc_plain`, not a graph allocation) that lives with the slot.
+    pub fn slot(&self, dev: &CudaDevice, stream: usize) -> Result<Arc<Mutex<Slot>>> {
+        if let Some(s) = self
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&stream)
+        {
+            return Ok(s.clone());
+        }
+        dev.bind()?;
+        let handles = self.handles(dev)?;
+        let capturing = super::is_capturing(stream);
+        let workspace = if capturing {
+            dev.alloc_plain(WORKSPACE_BYTES)?
+        } else {
+            dev.alloc_async(WORKSPACE_BYTES, stream)?
+        };
+        let slot = Slot {
+            stream,
+            handles,
+            workspace,
+            workspace_plain: capturing,
             scratch: 0,
             scratch_bytes: 0,
             copy_stream: 0,
             download_stream: 0,
         };
-        let init = (|| -> Result<()> {
-            slot.workspace = dev.alloc_async(WORKSPACE_BYTES, stream)?;
-            // SAFETY: valid handle, stream of this context, workspace of its size.
-            unsafe {
-                check(
-                    "cublasSetStream",
-                    bs::cublasSetStream_v2(blas, stream as bs::cudaStream_t),
-                )?;
-                check(
-                    "cublasSetWorkspace",
-                    bs::cublasSetWorkspace_v2(blas, slot.workspace as *mut c_void, WORKSPACE_BYTES),
-                )?;
-            }
-            Ok(())
-        })();
-        if let Err(e) = init {
-            slot.release(dev, true);
-            return Err(e);
-        }
         let slot = Arc::new(Mutex::new(slot));
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         // Another thread may have raced us to the same stream: keep the first.
         let kept = slots.entry(stream).or_insert_with(|| slot.clone()).clone();
+        drop(slots);
         if !Arc::ptr_eq(&kept, &slot) {
             if let Ok(m) = Arc::try_unwrap(slot) {
                 m.into_inner()
@@ -286,7 +334,8 @@ impl BlasCache {
         }
     }
 
-    /// Releases every slot (the context is going away; the device is idle).
+    /// Releases every slot and the handles (the context is going away; the device
+    /// is idle).
     pub fn clear(&self, dev: &CudaDevice) {
         let slots: Vec<_> = self
             .slots
@@ -297,6 +346,28 @@ impl BlasCache {
         for (_, s) in slots {
             let mut g = s.lock().unwrap_or_else(|e| e.into_inner());
             g.release(dev, false);
+        }
+        let h = self
+            .handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(h) = h {
+            if dev.bind().is_err() {
+                return;
+            }
+            let mut st = h.0.lock().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: created in `handles`, destroyed once (the slots are gone).
+            unsafe {
+                if !st.blas.is_null() {
+                    bs::cublasDestroy_v2(st.blas);
+                    st.blas = std::ptr::null_mut();
+                }
+                if !st.lt.is_null() {
+                    lt::cublasLtDestroy(st.lt);
+                    st.lt = std::ptr::null_mut();
+                }
+            }
         }
     }
 
@@ -316,23 +387,62 @@ impl BlasCache {
     }
 }
 
+/// Scratch memory of one call: the slot's cached buffer, or (while the stream is
+/// being captured) a stream-ordered allocation of this call, freed on the stream
+/// when dropped (inside a capture: a graph allocation and its free).
+pub struct CallScratch<'d> {
+    pub ptr: u64,
+    _owned: Option<super::Workspace<'d>>,
+}
+
 impl Slot {
-    /// Destroys the handles and frees the memory (`ordered`: free on the slot's
-    /// stream, behind its queued work; otherwise the device is idle).
+    /// The context's handles, locked, with the cuBLAS handle bound to this slot's
+    /// stream and workspace (`cublasSetStream` resets the workspace, so the
+    /// workspace is set after it); both calls are skipped when already bound.
+    pub fn handle(&self) -> Result<HandleGuard<'_>> {
+        let mut st = self.handles.0.lock().unwrap_or_else(|e| e.into_inner());
+        if st.bound_stream != self.stream || st.bound_workspace != self.workspace {
+            st.bound_stream = 0;
+            st.bound_workspace = 0;
+            // SAFETY: valid handle; a stream of this context; a workspace of
+            // WORKSPACE_BYTES owned by this slot.
+            unsafe {
+                check(
+                    "cublasSetStream",
+                    bs::cublasSetStream_v2(st.blas, self.stream as bs::cudaStream_t),
+                )?;
+                check(
+                    "cublasSetWorkspace",
+                    bs::cublasSetWorkspace_v2(
+                        st.blas,
+                        self.workspace as *mut c_void,
+                        WORKSPACE_BYTES,
+                    ),
+                )?;
+            }
+            st.bound_stream = self.stream;
+            st.bound_workspace = self.workspace;
+        }
+        Ok(HandleGuard(st))
+    }
+
+    /// Frees the memory (`ordered`: pool memory freed on the slot's stream, behind
+    /// its queued work; otherwise the device is idle) and unbinds the handles from
+    /// the slot's stream.
     fn release(&mut self, dev: &CudaDevice, ordered: bool) {
+        {
+            let mut st = self.handles.0.lock().unwrap_or_else(|e| e.into_inner());
+            if st.bound_stream == self.stream {
+                st.bound_stream = 0;
+                st.bound_workspace = 0;
+            }
+        }
         if dev.bind().is_err() {
             return;
         }
-        // SAFETY: handles created in BlasCache::slot, destroyed once.
-        unsafe {
-            if !self.blas.is_null() {
-                bs::cublasDestroy_v2(self.blas);
-                self.blas = std::ptr::null_mut();
-            }
-            if !self.lt.is_null() {
-                lt::cublasLtDestroy(self.lt);
-                self.lt = std::ptr::null_mut();
-            }
+        if self.workspace != 0 && self.workspace_plain {
+            dev.free_plain(self.workspace);
+            self.workspace = 0;
         }
         for p in [self.workspace, self.scratch] {
             if p == 0 {
@@ -356,23 +466,36 @@ impl Slot {
         }
     }
 
-    /// A scratch buffer of at least `bytes` on this slot's stream (grown as needed;
-    /// valid for work queued on the stream until the next call that grows it).
-    pub fn scratch(&mut self, dev: &CudaDevice, bytes: usize) -> Result<u64> {
-        if bytes <= self.scratch_bytes {
-            return Ok(self.scratch);
+    /// Scratch of at least `bytes` for work queued on this slot's stream, valid
+    /// until the returned value is dropped. Outside a capture it is the slot's
+    /// grow-only buffer (valid for work queued on the stream until the next call
+    /// that grows it). While the stream is being captured the cached buffer is
+    /// neither used nor grown (a graph would keep its address after a later call
+    /// freed it): the call gets its own stream-ordered allocation, which the capture
+    /// records as a graph allocation freed after the call's last use.
+    pub fn scratch<'d>(&mut self, dev: &'d CudaDevice, bytes: usize) -> Result<CallScratch<'d>> {
+        if super::is_capturing(self.stream) {
+            let ws = super::Workspace::new(dev, bytes.max(16), self.stream)?;
+            return Ok(CallScratch {
+                ptr: ws.ptr,
+                _owned: Some(ws),
+            });
         }
-        no_capture(self.stream, "a larger scratch buffer")?;
-        if self.scratch != 0 {
-            dev.free_async(self.scratch, self.stream);
-            self.scratch = 0;
-            self.scratch_bytes = 0;
+        if bytes > self.scratch_bytes {
+            if self.scratch != 0 {
+                dev.free_async(self.scratch, self.stream);
+                self.scratch = 0;
+                self.scratch_bytes = 0;
+            }
+            // 1/8 headroom so that slowly growing sizes do not reallocate every call
+            let want = (bytes + bytes / 8).next_multiple_of(1 << 20);
+            self.scratch = dev.alloc_async(want, self.stream)?;
+            self.scratch_bytes = want;
         }
-        // 1/8 headroom so that slowly growing sizes do not reallocate every call
-        let want = (bytes + bytes / 8).next_multiple_of(1 << 20);
-        self.scratch = dev.alloc_async(want, self.stream)?;
-        self.scratch_bytes = want;
-        Ok(self.scratch)
+        Ok(CallScratch {
+            ptr: self.scratch,
+            _owned: None,
+        })
     }
 
     /// The upload (host-to-device) copy stream of the chunked GEMM (created on
@@ -459,12 +582,13 @@ pub fn gemm_ex(slot: &Slot, p: &GemmPlan) -> Result<()> {
     let alpha = HostScalar::new(p.dtype, p.alpha.re, p.alpha.im);
     let beta = HostScalar::new(p.dtype, p.beta.re, p.beta.im);
     let t = bs_type(p.dtype);
+    let h = slot.handle()?;
     // SAFETY: the plan was validated (every pointer and stride addresses the
     // operands), the handle is bound to the slot's stream, the scalars outlive the
     // call (host pointer mode reads them before returning).
     let s = unsafe {
         bs::cublasGemmStridedBatchedEx(
-            slot.blas,
+            h.blas(),
             bs_op(p.op_b),
             bs_op(p.op_a),
             p.n as i32,
@@ -634,6 +758,7 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
         return Ok(false);
     }
     let t = lt_type(c.dtype);
+    let h = slot.handle()?;
     let mut descs = Descs {
         op: std::ptr::null_mut(),
         layouts: [std::ptr::null_mut(); 3],
@@ -706,7 +831,7 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
                 let mut res: lt::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
                 let mut count = 0i32;
                 let s = lt::cublasLtMatmulAlgoGetHeuristic(
-                    slot.lt,
+                    h.lt(),
                     descs.op,
                     descs.layouts[0],
                     descs.layouts[1],
@@ -737,7 +862,7 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
         };
         let (one, zero) = (1.0f32, 0.0f32);
         let s = lt::cublasLtMatmul(
-            slot.lt,
+            h.lt(),
             descs.op,
             &one as *const f32 as *const c_void,
             c.a as *const c_void,

@@ -108,7 +108,8 @@ pub fn launch_ex(
         }
     }
     .cuda(&format!("launching {module}::{function}"))?;
-    if debug_sync() {
+    // (Not while the stream is being captured: a synchronisation would break it.)
+    if debug_sync() && !super::is_capturing(stream) {
         dev.stream_synchronize(stream).map_err(|mut e| {
             e.message = format!(
                 "kernel {module}::{function} faulted (FK_DEBUG_SYNC): {}",

@@ -453,11 +453,14 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
     } else {
         0
     };
-    let scratch = if dz_bytes + partial_bytes > 0 {
-        g.scratch(dev, dz_bytes + partial_bytes)?
+    // Lives to the end of the call: under capture it is the call's own
+    // stream-ordered allocation, freed (on the stream) after the last GEMM.
+    let scratch_mem = if dz_bytes + partial_bytes > 0 {
+        Some(g.scratch(dev, dz_bytes + partial_bytes)?)
     } else {
-        0
+        None
     };
+    let scratch = scratch_mem.as_ref().map_or(0, |s| s.ptr);
     let dz = if write_dz { scratch as usize } else { p.dy };
     if write_dz || p.db.is_some() {
         let mut a = DzArgs {

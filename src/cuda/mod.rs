@@ -92,6 +92,53 @@ impl Drop for Workspace<'_> {
     }
 }
 
+/// Switches the calling thread's stream-capture mode to relaxed for its life
+/// (`cuThreadExchangeStreamCaptureMode`), then restores the previous mode. Under
+/// it a thread may make the calls that stream capture otherwise forbids while a
+/// capture is in progress (`cuMemAlloc`, module loading, the allocations inside
+/// `cublasCreate`); fusekit uses it only for one-time setup that touches no
+/// capturing stream, so the capture stays valid.
+pub(crate) struct RelaxedCapture {
+    prev: Option<sys::CUstreamCaptureMode>,
+}
+
+impl RelaxedCapture {
+    pub fn new() -> RelaxedCapture {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: exchanges this thread's capture mode; `mode` is a valid in/out value.
+        let r = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        RelaxedCapture {
+            prev: (r == sys::CUresult::CUDA_SUCCESS).then_some(mode),
+        }
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        if let Some(mut m) = self.prev.take() {
+            // SAFETY: restores the mode saved in `new`.
+            let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut m) };
+        }
+    }
+}
+
+/// Whether `stream` (of the current context; 0 is the legacy default stream) is
+/// being captured into a CUDA graph. A legacy-stream query that the driver answers
+/// with `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` (another blocking stream captures)
+/// counts as capturing: work queued there would join or break that capture.
+pub(crate) fn is_capturing(stream: usize) -> bool {
+    let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: writes the capture status of a stream of the current context.
+    let r = unsafe { sys::cuStreamIsCapturing(stream as sys::CUstream, &mut st) };
+    match r {
+        sys::CUresult::CUDA_SUCCESS => {
+            st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+        }
+        sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => true,
+        _ => false,
+    }
+}
+
 /// One CUDA device: its retained primary context, the memory pool owned by this
 /// fusekit context, and the per-context module cache.
 pub struct CudaDevice {
@@ -215,6 +262,59 @@ impl CudaDevice {
             // SAFETY: an owned stream created by stream_create; destroyed once.
             let _ = unsafe { result::stream::destroy(raw as sys::CUstream) };
         }
+    }
+
+    /// Whether `raw` is being captured into a CUDA graph (see `is_capturing`).
+    pub fn is_capturing(&self, raw: usize) -> Result<bool> {
+        self.bind()?;
+        Ok(is_capturing(raw))
+    }
+
+    /// `FK_ERROR_UNSUPPORTED` naming `entry` and `why` when `raw` is being captured
+    /// into a CUDA graph; called before an op that cannot be captured queues anything,
+    /// so the capture stays valid.
+    pub fn refuse_capture(&self, raw: usize, entry: &str, why: &str) -> Result<()> {
+        crate::ensure!(
+            !self.is_capturing(raw)?,
+            crate::error::FK_ERROR_UNSUPPORTED,
+            "{entry} cannot be captured into a CUDA graph: {why}; nothing was queued and the capture is still valid (run this call outside the capture)"
+        );
+        Ok(())
+    }
+
+    /// `bytes` of plain device memory (`cuMemAlloc`, outside the stream-ordered
+    /// pool), allocated with the thread's capture mode relaxed, so that it is legal
+    /// while a stream is being captured and does not become a graph node. Freed by
+    /// `free_plain`.
+    pub fn alloc_plain(&self, bytes: usize) -> Result<u64> {
+        self.bind()?;
+        let _relaxed = RelaxedCapture::new();
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: ptr is a valid out-param; the context is current.
+        unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.max(1)) }
+            .result()
+            .map_err(|e| {
+                let mut err = Error::from(e);
+                if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                    err.status = crate::error::FK_ERROR_OUT_OF_MEMORY;
+                }
+                err.message = format!(
+                    "cuMemAlloc of {bytes} bytes on cuda:{} failed: {}",
+                    self.ordinal, err.message
+                );
+                err
+            })?;
+        Ok(ptr)
+    }
+
+    /// Frees memory of `alloc_plain` (`cuMemFree`, which waits for work using it).
+    pub fn free_plain(&self, ptr: u64) {
+        if ptr == 0 || self.bind().is_err() {
+            return;
+        }
+        let _relaxed = RelaxedCapture::new();
+        // SAFETY: ptr came from alloc_plain and is freed once.
+        let _ = unsafe { sys::cuMemFree_v2(ptr) };
     }
 
     pub fn stream_synchronize(&self, raw: usize) -> Result<()> {
@@ -378,6 +478,10 @@ impl CudaDevice {
         image: &[u8],
     ) -> Result<Arc<Module>> {
         self.bind()?;
+        // A module first used while a stream is being captured loads here: relax
+        // this thread's capture mode so that the load (which may allocate the
+        // module's globals) is legal; it touches no capturing stream.
+        let _relaxed = RelaxedCapture::new();
         // SAFETY: image is a complete CUBIN for this device's architecture.
         let raw = unsafe { result::module::load_data(image.as_ptr() as *const _) }
             .cuda(&format!("cuModuleLoadData({name})"))?;
@@ -419,6 +523,7 @@ impl CudaDevice {
             None => {
                 let m = self.module(module)?;
                 let cname = std::ffi::CString::new(function).unwrap_or_default();
+                let _relaxed = RelaxedCapture::new();
                 // SAFETY: module is loaded.
                 let f = unsafe { result::module::get_function(m.raw, cname) }
                     .cuda(&format!("cuModuleGetFunction({module}::{function})"))?;
@@ -432,6 +537,7 @@ impl CudaDevice {
         };
         if smem_bytes > DEFAULT_SMEM && smem_bytes > opted {
             self.bind()?;
+            let _relaxed = RelaxedCapture::new();
             // SAFETY: a function of this context.
             unsafe {
                 result::function::set_function_attribute(

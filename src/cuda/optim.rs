@@ -467,13 +467,14 @@ fn rank_k(
     };
     let lower = bs::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER;
     let (ni, ki, ld) = (k as i32, inner as i32, cols.max(1) as i32);
+    let h = slot.handle()?;
     // SAFETY: validated contiguous operands; the handle is bound to the stream;
     // host scalars outlive the call.
     let s = unsafe {
         if dtype == DType::F32 {
             let (al, be) = (alpha as f32, beta as f32);
             bs::cublasSsyrk_v2(
-                slot.blas,
+                h.blas(),
                 lower,
                 trans,
                 ni,
@@ -487,7 +488,7 @@ fn rank_k(
             )
         } else {
             bs::cublasDsyrk_v2(
-                slot.blas,
+                h.blas(),
                 lower,
                 trans,
                 ni,
@@ -737,7 +738,8 @@ pub fn sample_norms(dev: &CudaDevice, p: &SamplePlan, out: usize, stream: &Strea
 /// The clipped sum: g scaled per sample into scratch (fused with the norms for one
 /// step), then one GEMM `out = gs^T a` over all `B*T` rows. The scaled g (and the
 /// norms when the caller wants none) live in the stream's grow-only cuBLAS scratch,
-/// so a steady-state call allocates nothing and is capturable into a CUDA graph.
+/// so a steady-state call allocates nothing; while the stream is being captured
+/// they live in a stream-ordered allocation of the call (a graph allocation).
 pub fn dp_clipped_sum(
     dev: &CudaDevice,
     p: &SamplePlan,
@@ -754,11 +756,14 @@ pub fn dp_clipped_sum(
     } else {
         0
     };
-    let gs = ops
+    // (Kept until the last use below is queued: under capture it is this call's
+    // own stream-ordered allocation, freed when dropped.)
+    let scratch = ops
         .slot
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .scratch(dev, gs_bytes + sq_bytes)? as usize;
+        .scratch(dev, gs_bytes + sq_bytes)?;
+    let gs = scratch.ptr as usize;
     if p.steps == 1 {
         fused_norms(dev, p, norms.unwrap_or(0), gs, max_norm, stream.raw)?;
     } else {
@@ -791,5 +796,7 @@ pub fn dp_clipped_sum(
             &mut a,
         )?;
     }
-    crate::ops::optim::MatOps::gemm(&ops, &p.sum_gemm(gs, out))
+    crate::ops::optim::MatOps::gemm(&ops, &p.sum_gemm(gs, out))?;
+    drop(scratch);
+    Ok(())
 }

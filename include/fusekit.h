@@ -950,6 +950,7 @@ fk_status fk_copy(const fk_buffer *a,
  * `FK_ERROR_INVALID_ARGUMENT` (eps negative or not finite, read-only out, a dead
  * handle), `FK_ERROR_ALIASING` (out overlaps an input), `FK_ERROR_DEVICE_MISMATCH`;
  * on CUDA also `FK_ERROR_LIBRARY_NOT_FOUND`, `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
+ * - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_mahalanobis_forward(const fk_buffer *points,
                                  const fk_buffer *means,
@@ -979,6 +980,7 @@ fk_status fk_mahalanobis_forward(const fk_buffer *points,
  * Statuses: those of `fk_mahalanobis_forward`, plus `FK_ERROR_NULL_POINTER` (g NULL,
  * or workspace NULL on CUDA), `FK_ERROR_BUFFER_TOO_SMALL` (workspace smaller than
  * needed), `FK_ERROR_ALIASING` (an output or the workspace overlaps another argument).
+ * - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_mahalanobis_backward(const fk_buffer *points,
                                   const fk_buffer *means,
@@ -1003,6 +1005,7 @@ fk_status fk_mahalanobis_backward(const fk_buffer *points,
  *   allocation. The sum over Gaussians is in a fixed order (deterministic).
  *
  * Statuses: those of `fk_mahalanobis_forward` (weights NULL: `FK_ERROR_NULL_POINTER`).
+ * - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_gaussian_field_forward(const fk_buffer *points,
                                     const fk_buffer *means,
@@ -1027,6 +1030,7 @@ fk_status fk_gaussian_field_forward(const fk_buffer *points,
  *   B = 1M, N = 65536); ignored on the CPU. Sums are deterministic.
  *
  * Statuses: those of `fk_mahalanobis_backward` (dout in place of g).
+ * - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_gaussian_field_backward(const fk_buffer *points,
                                      const fk_buffer *means,
@@ -1079,6 +1083,7 @@ fk_status fk_gaussian_backward_workspace_size(const fk_context *ctx,
  * (buffers or stream on different devices), `FK_ERROR_ALIASING` (a forbidden
  * overlap), and on CUDA `FK_ERROR_OUT_OF_MEMORY` (workspace), `FK_ERROR_LIBRARY_NOT_FOUND`,
  * `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
+ * - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_christoffel_forward(const fk_buffer *v,
                                  const fk_buffer *U,
@@ -1115,6 +1120,7 @@ fk_status fk_christoffel_forward(const fk_buffer *v,
  * (buffers or stream on different devices), `FK_ERROR_ALIASING` (a forbidden
  * overlap), and on CUDA `FK_ERROR_OUT_OF_MEMORY` (workspace), `FK_ERROR_LIBRARY_NOT_FOUND`,
  * `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
+ * - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_christoffel_backward(const fk_buffer *v,
                                   const fk_buffer *U,
@@ -1158,6 +1164,7 @@ fk_status fk_christoffel_backward(const fk_buffer *v,
  * (buffers or stream on different devices), `FK_ERROR_ALIASING` (a forbidden
  * overlap), and on CUDA `FK_ERROR_OUT_OF_MEMORY` (workspace), `FK_ERROR_LIBRARY_NOT_FOUND`,
  * `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
+ * - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_leapfrog_forward(const fk_buffer *x0,
                               const fk_buffer *v0,
@@ -1208,6 +1215,7 @@ fk_status fk_leapfrog_forward(const fk_buffer *x0,
  * (buffers or stream on different devices), `FK_ERROR_ALIASING` (a forbidden
  * overlap), and on CUDA `FK_ERROR_OUT_OF_MEMORY` (workspace), `FK_ERROR_LIBRARY_NOT_FOUND`,
  * `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
+ * - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_leapfrog_backward(const fk_buffer *v0,
                                const fk_buffer *f,
@@ -1243,6 +1251,7 @@ fk_status fk_leapfrog_backward(const fk_buffer *v0,
  * - `flags`: 0 or `FK_GEMM_ALLOW_TF32`.
  * - Layout, aliasing, streams and statuses: see the module rules; `k = 0` gives
  *   `C = beta C`.
+ * - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_gemm(fk_op op_a,
                   fk_op op_b,
@@ -1270,6 +1279,9 @@ fk_status fk_gemm(fk_op op_a,
  *   linear-algebra call) is not counted. On the CPU the budget is ignored.
  * - Statuses: as `fk_gemm`, and `FK_ERROR_OUT_OF_MEMORY` when the budget cannot
  *   hold even the smallest tiles (the message gives the minimum).
+ * - CUDA graphs: capturable only when every operand is device memory (then it is
+ *   `fk_gemm`); with a host operand `FK_ERROR_UNSUPPORTED` on a capturing stream,
+ *   before anything is queued (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_gemm_chunked(fk_op op_a,
                           fk_op op_b,
@@ -1314,6 +1326,7 @@ fk_status fk_linear_aux_size(fk_activation act,
  *   f32 before rounding); every buffer shares one; all must be contiguous.
  * - Statuses: see the module rules; `FK_ERROR_UNSUPPORTED_DTYPE` for f64/complex
  *   (use `fk_gemm`).
+ * - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_linear_forward(const fk_buffer *x,
                             const fk_buffer *w,
@@ -1339,6 +1352,9 @@ fk_status fk_linear_forward(const fk_buffer *x,
  *   needed, `m * n` elements); `dx` and `dw` are cuBLAS products.
  * - Statuses: see the module rules; `FK_ERROR_NULL_POINTER` also when `saved` is
  *   NULL for relu or gelu.
+ * - CUDA graphs: capturable from the first call on any stream; under capture `dz`
+ *   is a stream-ordered allocation of the call (graph alloc/free nodes), not the
+ *   cached scratch (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_linear_backward(const fk_buffer *dy,
                              const fk_buffer *x,
@@ -1362,6 +1378,7 @@ fk_status fk_linear_backward(const fk_buffer *dy,
  * - Inputs may have any strides (zero and negative included); `out` must be
  *   contiguous.
  * - Statuses: see the module rules.
+ * - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_kron(const fk_buffer *a,
                   const fk_buffer *b,
@@ -1408,6 +1425,11 @@ fk_status fk_kron(const fk_buffer *a,
  * `out` then holds the last iterate and `report` says how far it got.
  * `FK_MATPOW_AUTO` never returns an unconverged Newton result: it recomputes
  * with the eigendecomposition.
+ * - CUDA graphs: capturable with `FK_MATPOW_NEWTON` (or AUTO choosing Newton) and
+ *   `tol <= 0` (exactly `max_iter` iterations; `report` is filled on the host as
+ *   outside capture: iterations = max_iter, converged = 1, residual NaN). EIGH, and
+ *   Newton with `tol > 0`, return `FK_ERROR_UNSUPPORTED` on a capturing stream
+ *   before anything is queued (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_matrix_power(const fk_buffer *a,
                           double power,
@@ -1436,6 +1458,7 @@ fk_status fk_matrix_power(const fk_buffer *a,
  *
  * Statuses: the common ones; `FK_ERROR_NULL_POINTER` (grad NULL, or l and r both
  * NULL), `FK_ERROR_ALIASING` (l or r overlaps grad, or each other).
+ * - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_shampoo_stats(const fk_buffer *grad,
                            double alpha,
@@ -1456,6 +1479,7 @@ fk_status fk_shampoo_stats(const fk_buffer *grad,
  *
  * Statuses: the common ones; `FK_ERROR_NULL_POINTER` (grad or out NULL),
  * `FK_ERROR_ALIASING` (out overlaps grad or a root).
+ * - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_shampoo_precondition(const fk_buffer *l_root,
                                   const fk_buffer *grad,
@@ -1478,6 +1502,7 @@ fk_status fk_shampoo_precondition(const fk_buffer *l_root,
  *
  * Statuses: the common ones; `FK_ERROR_NULL_POINTER` (a, g or out NULL),
  * `FK_ERROR_ALIASING` (out overlaps a or g).
+ * - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_per_sample_grads(const fk_buffer *a,
                               const fk_buffer *g,
@@ -1497,6 +1522,7 @@ fk_status fk_per_sample_grads(const fk_buffer *a,
  *
  * Statuses: the common ones; `FK_ERROR_NULL_POINTER`, `FK_ERROR_ALIASING`
  * (sq_norms overlaps a or g).
+ * - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_per_sample_grad_norms(const fk_buffer *a,
                                    const fk_buffer *g,
@@ -1519,6 +1545,7 @@ fk_status fk_per_sample_grad_norms(const fk_buffer *a,
  *
  * Statuses: the common ones; `FK_ERROR_NULL_POINTER` (a, g or out NULL),
  * `FK_ERROR_ALIASING` (out or sq_norms overlaps an input or each other).
+ * - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
  */
 fk_status fk_dp_clipped_grad_sum(const fk_buffer *a,
                                  const fk_buffer *g,

@@ -9,6 +9,8 @@
 //!   (same data pointer, shape and strides: in place).
 //! - `stream`: the op is queued there (NULL = the default stream of `out`'s
 //!   context); it neither synchronises nor allocates.
+//! - CUDA graphs: every elementwise op is capturable from its first call on any
+//!   stream (docs/abi.md, "CUDA graphs").
 //! - statuses: `FK_ERROR_NULL_POINTER` (a, b or out NULL), `FK_ERROR_DTYPE_MISMATCH`,
 //!   `FK_ERROR_SHAPE_MISMATCH`, `FK_ERROR_DEVICE_MISMATCH` (buffers or stream on
 //!   different devices), `FK_ERROR_ALIASING` (partial overlap of out and an input),

@@ -36,6 +36,7 @@ pub const FK_GAUSSIAN_DEFAULT_EPS: f64 = 1e-6;
 /// `FK_ERROR_INVALID_ARGUMENT` (eps negative or not finite, read-only out, a dead
 /// handle), `FK_ERROR_ALIASING` (out overlaps an input), `FK_ERROR_DEVICE_MISMATCH`;
 /// on CUDA also `FK_ERROR_LIBRARY_NOT_FOUND`, `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
+/// - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_mahalanobis_forward(
     points: *const fk_buffer,
@@ -75,6 +76,7 @@ pub unsafe extern "C" fn fk_mahalanobis_forward(
 /// Statuses: those of `fk_mahalanobis_forward`, plus `FK_ERROR_NULL_POINTER` (g NULL,
 /// or workspace NULL on CUDA), `FK_ERROR_BUFFER_TOO_SMALL` (workspace smaller than
 /// needed), `FK_ERROR_ALIASING` (an output or the workspace overlaps another argument).
+/// - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_mahalanobis_backward(
     points: *const fk_buffer,
@@ -113,6 +115,7 @@ pub unsafe extern "C" fn fk_mahalanobis_backward(
 ///   allocation. The sum over Gaussians is in a fixed order (deterministic).
 ///
 /// Statuses: those of `fk_mahalanobis_forward` (weights NULL: `FK_ERROR_NULL_POINTER`).
+/// - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_gaussian_field_forward(
     points: *const fk_buffer,
@@ -148,6 +151,7 @@ pub unsafe extern "C" fn fk_gaussian_field_forward(
 ///   B = 1M, N = 65536); ignored on the CPU. Sums are deterministic.
 ///
 /// Statuses: those of `fk_mahalanobis_backward` (dout in place of g).
+/// - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_gaussian_field_backward(
     points: *const fk_buffer,

@@ -92,6 +92,7 @@ const _: () = assert!(FK_GEO_ALLOW_TF32X3 == geo::GEO_ALLOW_TF32X3);
 /// (buffers or stream on different devices), `FK_ERROR_ALIASING` (a forbidden
 /// overlap), and on CUDA `FK_ERROR_OUT_OF_MEMORY` (workspace), `FK_ERROR_LIBRARY_NOT_FOUND`,
 /// `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
+/// - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_christoffel_forward(
     v: *const fk_buffer,
@@ -138,6 +139,7 @@ pub unsafe extern "C" fn fk_christoffel_forward(
 /// (buffers or stream on different devices), `FK_ERROR_ALIASING` (a forbidden
 /// overlap), and on CUDA `FK_ERROR_OUT_OF_MEMORY` (workspace), `FK_ERROR_LIBRARY_NOT_FOUND`,
 /// `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
+/// - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_christoffel_backward(
     v: *const fk_buffer,
@@ -194,6 +196,7 @@ pub unsafe extern "C" fn fk_christoffel_backward(
 /// (buffers or stream on different devices), `FK_ERROR_ALIASING` (a forbidden
 /// overlap), and on CUDA `FK_ERROR_OUT_OF_MEMORY` (workspace), `FK_ERROR_LIBRARY_NOT_FOUND`,
 /// `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
+/// - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_leapfrog_forward(
     x0: *const fk_buffer,
@@ -259,6 +262,7 @@ pub unsafe extern "C" fn fk_leapfrog_forward(
 /// (buffers or stream on different devices), `FK_ERROR_ALIASING` (a forbidden
 /// overlap), and on CUDA `FK_ERROR_OUT_OF_MEMORY` (workspace), `FK_ERROR_LIBRARY_NOT_FOUND`,
 /// `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_CUDA`.
+/// - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_leapfrog_backward(
     v0: *const fk_buffer,

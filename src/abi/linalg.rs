@@ -103,6 +103,7 @@ fn activation(v: fk_activation) -> Result<Activation> {
 /// - `flags`: 0 or `FK_GEMM_ALLOW_TF32`.
 /// - Layout, aliasing, streams and statuses: see the module rules; `k = 0` gives
 ///   `C = beta C`.
+/// - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_gemm(
     op_a: fk_op,
@@ -152,6 +153,9 @@ pub unsafe extern "C" fn fk_gemm(
 ///   linear-algebra call) is not counted. On the CPU the budget is ignored.
 /// - Statuses: as `fk_gemm`, and `FK_ERROR_OUT_OF_MEMORY` when the budget cannot
 ///   hold even the smallest tiles (the message gives the minimum).
+/// - CUDA graphs: capturable only when every operand is device memory (then it is
+///   `fk_gemm`); with a host operand `FK_ERROR_UNSUPPORTED` on a capturing stream,
+///   before anything is queued (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_gemm_chunked(
     op_a: fk_op,
@@ -227,6 +231,7 @@ pub unsafe extern "C" fn fk_linear_aux_size(
 ///   f32 before rounding); every buffer shares one; all must be contiguous.
 /// - Statuses: see the module rules; `FK_ERROR_UNSUPPORTED_DTYPE` for f64/complex
 ///   (use `fk_gemm`).
+/// - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_linear_forward(
     x: *const fk_buffer,
@@ -266,6 +271,9 @@ pub unsafe extern "C" fn fk_linear_forward(
 ///   needed, `m * n` elements); `dx` and `dw` are cuBLAS products.
 /// - Statuses: see the module rules; `FK_ERROR_NULL_POINTER` also when `saved` is
 ///   NULL for relu or gelu.
+/// - CUDA graphs: capturable from the first call on any stream; under capture `dz`
+///   is a stream-ordered allocation of the call (graph alloc/free nodes), not the
+///   cached scratch (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_linear_backward(
     dy: *const fk_buffer,
@@ -307,6 +315,7 @@ pub unsafe extern "C" fn fk_linear_backward(
 /// - Inputs may have any strides (zero and negative included); `out` must be
 ///   contiguous.
 /// - Statuses: see the module rules.
+/// - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_kron(
     a: *const fk_buffer,

@@ -103,6 +103,11 @@ pub struct fk_matpow_report {
 /// `out` then holds the last iterate and `report` says how far it got.
 /// `FK_MATPOW_AUTO` never returns an unconverged Newton result: it recomputes
 /// with the eigendecomposition.
+/// - CUDA graphs: capturable with `FK_MATPOW_NEWTON` (or AUTO choosing Newton) and
+///   `tol <= 0` (exactly `max_iter` iterations; `report` is filled on the host as
+///   outside capture: iterations = max_iter, converged = 1, residual NaN). EIGH, and
+///   Newton with `tol > 0`, return `FK_ERROR_UNSUPPORTED` on a capturing stream
+///   before anything is queued (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn fk_matrix_power(
@@ -153,6 +158,7 @@ pub unsafe extern "C" fn fk_matrix_power(
 ///
 /// Statuses: the common ones; `FK_ERROR_NULL_POINTER` (grad NULL, or l and r both
 /// NULL), `FK_ERROR_ALIASING` (l or r overlaps grad, or each other).
+/// - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_shampoo_stats(
     grad: *const fk_buffer,
@@ -181,6 +187,7 @@ pub unsafe extern "C" fn fk_shampoo_stats(
 ///
 /// Statuses: the common ones; `FK_ERROR_NULL_POINTER` (grad or out NULL),
 /// `FK_ERROR_ALIASING` (out overlaps grad or a root).
+/// - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_shampoo_precondition(
     l_root: *const fk_buffer,
@@ -213,6 +220,7 @@ pub unsafe extern "C" fn fk_shampoo_precondition(
 ///
 /// Statuses: the common ones; `FK_ERROR_NULL_POINTER` (a, g or out NULL),
 /// `FK_ERROR_ALIASING` (out overlaps a or g).
+/// - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_per_sample_grads(
     a: *const fk_buffer,
@@ -243,6 +251,7 @@ pub unsafe extern "C" fn fk_per_sample_grads(
 ///
 /// Statuses: the common ones; `FK_ERROR_NULL_POINTER`, `FK_ERROR_ALIASING`
 /// (sq_norms overlaps a or g).
+/// - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_per_sample_grad_norms(
     a: *const fk_buffer,
@@ -276,6 +285,7 @@ pub unsafe extern "C" fn fk_per_sample_grad_norms(
 ///
 /// Statuses: the common ones; `FK_ERROR_NULL_POINTER` (a, g or out NULL),
 /// `FK_ERROR_ALIASING` (out or sq_norms overlaps an input or each other).
+/// - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn fk_dp_clipped_grad_sum(

@@ -1409,6 +1409,11 @@ pub fn gemm_chunked(dev: &CudaDevice, p: &GemmPlan, budget: u64, stream: &Stream
     if !host.iter().any(|&h| h) {
         return gemm(dev, p, stream);
     }
+    dev.refuse_capture(
+        stream.raw,
+        "fk_gemm_chunked",
+        "with operands in host memory it pipelines copies through staging buffers on copy streams of its own, ordered by events (with every operand in device memory it is fk_gemm and capturable)",
+    )?;
     let pr = ChunkProblem::new(p, host, dev.sm_count);
     let t = choose_tiles(&pr, budget)?;
     let mut st = Staging::new(&t, p.dtype.size(), host);

@@ -456,6 +456,27 @@ pub fn matrix_power(
     if let Device::Cuda(_) = device {
         int32(plan.n, "n")?;
         int32(plan.batch, "batch")?;
+        // Under stream capture only the asynchronous Newton iteration (tol <= 0:
+        // exactly max_iter iterations, nothing read back) can be recorded; refuse
+        // the rest before anything is queued, so the capture stays valid.
+        let resolved = match method {
+            Method::Auto => auto_method(&plan, device),
+            m => m,
+        };
+        let why = match resolved {
+            Method::Newton if plan.tol > 0.0 => Some(
+                "with tol > 0 the Newton iteration reads its residual on the host every iteration; pass tol <= 0 to run exactly max_iter iterations asynchronously (capturable)",
+            ),
+            Method::Newton => None,
+            _ => Some(
+                "the eigendecomposition (FK_MATPOW_EIGH, or FK_MATPOW_AUTO choosing it for this power and size) waits for the stream to read cuSOLVER's convergence flags and eigenvalues on the host; use FK_MATPOW_NEWTON with tol <= 0 for inverse roots",
+            ),
+        };
+        if let Some(why) = why {
+            out.ctx
+                .cuda_dev()
+                .refuse_capture(stream.raw, "fk_matrix_power", why)?;
+        }
     }
     let run = |m: Method| -> Result<Report> {
         match (m, device) {

@@ -17,6 +17,7 @@
  */
 #include "fusekit.h"
 
+#include <dlfcn.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -1633,6 +1634,206 @@ static void test_device_mismatch(void)
 
 /* ------------------------------------------------------------------ main */
 
+/* ------------------------------------------------------------------ CUDA graph capture */
+
+/* The few CUDA driver calls the capture test needs, loaded from libcuda.so.1 at run
+ * time (the C tests build without a CUDA toolkit: no cuda.h). */
+typedef int cu_result;
+typedef void *cu_stream;
+typedef void *cu_graph;
+typedef void *cu_graph_exec;
+static struct {
+    cu_result (*init)(unsigned);
+    cu_result (*stream_create)(cu_stream *, unsigned);
+    cu_result (*stream_destroy)(cu_stream);
+    cu_result (*stream_sync)(cu_stream);
+    cu_result (*begin_capture)(cu_stream, int);
+    cu_result (*end_capture)(cu_stream, cu_graph *);
+    cu_result (*instantiate)(cu_graph_exec *, cu_graph, unsigned long long);
+    cu_result (*launch)(cu_graph_exec, cu_stream);
+    cu_result (*exec_destroy)(cu_graph_exec);
+    cu_result (*graph_destroy)(cu_graph);
+} cu;
+
+static int cu_sym(void *lib, const char *name, void *fp, size_t size)
+{
+    void *sym = dlsym(lib, name);
+    if (sym == NULL)
+        return 0;
+    memcpy(fp, &sym, size); /* object to function pointer, as POSIX allows */
+    return 1;
+}
+
+static int cu_load(void)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL)
+        return 0;
+    return cu_sym(lib, "cuInit", &cu.init, sizeof cu.init) &&
+           cu_sym(lib, "cuStreamCreate", &cu.stream_create, sizeof cu.stream_create) &&
+           cu_sym(lib, "cuStreamDestroy_v2", &cu.stream_destroy, sizeof cu.stream_destroy) &&
+           cu_sym(lib, "cuStreamSynchronize", &cu.stream_sync, sizeof cu.stream_sync) &&
+           cu_sym(lib, "cuStreamBeginCapture_v2", &cu.begin_capture, sizeof cu.begin_capture) &&
+           cu_sym(lib, "cuStreamEndCapture", &cu.end_capture, sizeof cu.end_capture) &&
+           cu_sym(lib, "cuGraphInstantiateWithFlags", &cu.instantiate, sizeof cu.instantiate) &&
+           cu_sym(lib, "cuGraphLaunch", &cu.launch, sizeof cu.launch) &&
+           cu_sym(lib, "cuGraphExecDestroy", &cu.exec_destroy, sizeof cu.exec_destroy) &&
+           cu_sym(lib, "cuGraphDestroy", &cu.graph_destroy, sizeof cu.graph_destroy);
+}
+
+static uint64_t g_cap_rng = 0x9E3779B97F4A7C15ull;
+static float cap_rand(void)
+{
+    g_cap_rng = g_cap_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(g_cap_rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+enum { CAP_M = 37, CAP_K = 24, CAP_N = 19, CAP_BUFS = 9 };
+/* x, w, b, dy (inputs); y, dx, dw, db, sum (outputs) */
+static const int64_t cap_shapes[CAP_BUFS][2] = {{CAP_M, CAP_K}, {CAP_N, CAP_K}, {CAP_N, 1}, {CAP_M, CAP_N},
+                                                {CAP_M, CAP_N}, {CAP_M, CAP_K}, {CAP_N, CAP_K}, {CAP_N, 1},
+                                                {CAP_M, CAP_N}};
+
+static size_t cap_numel(int i)
+{
+    return (size_t)(cap_shapes[i][0] * cap_shapes[i][1]);
+}
+
+static fk_status cap_make(fk_context *ctx, fk_stream *s, fk_buffer **b)
+{
+    int i;
+    for (i = 0; i < CAP_BUFS; i++) {
+        int nd = cap_shapes[i][1] == 1 ? 1 : 2;
+        fk_status st = fk_buffer_create(ctx, FK_DTYPE_F32, nd, cap_shapes[i], s, &b[i]);
+        if (st != FK_OK)
+            return st;
+    }
+    return FK_OK;
+}
+
+/* linear forward (relu) + backward + add: the ops the capture records. */
+static fk_status cap_ops(fk_buffer **b, fk_stream *s)
+{
+    fk_status st = fk_linear_forward(b[0], b[1], b[2], FK_ACT_RELU, b[4], NULL, s);
+    if (st == FK_OK)
+        st = fk_linear_backward(b[3], b[0], b[1], FK_ACT_RELU, b[4], b[5], b[6], b[7], s);
+    if (st == FK_OK)
+        st = fk_add(b[4], b[3], b[8], s);
+    return st;
+}
+
+/* fk_linear_forward + fk_linear_backward + fk_add captured into a CUDA graph as the
+ * very first ops of a new context on a fresh CUstream (global capture mode), then
+ * replayed twice on new inputs and compared with the CPU context. */
+static void test_graph_capture(void)
+{
+    fk_context *g = NULL, *c = NULL;
+    fk_stream *s = NULL;
+    cu_stream raw = NULL;
+    cu_graph graph = NULL;
+    cu_graph_exec exec = NULL;
+    fk_buffer *gb[CAP_BUFS] = {0}, *cb[CAP_BUFS] = {0};
+    float *host[CAP_BUFS] = {0}, *want = NULL;
+    fk_status st;
+    cu_result r;
+    int i, replay;
+    if (g_actual != FK_DEVICE_CUDA) {
+        check(1, "graph capture: skipped (not running on CUDA)");
+        return;
+    }
+    if (!cu_load() || cu.init(0) != 0) {
+        check(0, "graph capture: libcuda.so.1 or one of its capture functions could not be loaded");
+        return;
+    }
+    if (!expect_ok(fk_context_create(FK_ABI_VERSION, FK_DEVICE_CUDA, 0, &g), "graph capture: new CUDA context") ||
+        !expect_ok(fk_context_create(FK_ABI_VERSION, FK_DEVICE_CPU, 0, &c), "graph capture: CPU context"))
+        goto done;
+    r = cu.stream_create(&raw, 1 /* CU_STREAM_NON_BLOCKING */);
+    if (!check(r == 0, "graph capture: cuStreamCreate (%d)", r))
+        goto done;
+    if (!expect_ok(fk_stream_wrap(g, raw, &s), "graph capture: fk_stream_wrap of a fresh CUstream") ||
+        !expect_ok(cap_make(g, s, gb), "graph capture: CUDA buffers") ||
+        !expect_ok(cap_make(c, NULL, cb), "graph capture: CPU buffers") ||
+        !expect_ok(fk_stream_synchronize(s), "graph capture: buffers ready"))
+        goto done;
+    for (i = 0; i < CAP_BUFS; i++)
+        host[i] = (float *)malloc(cap_numel(i) * sizeof(float));
+    want = (float *)malloc(CAP_M * CAP_K * sizeof(float));
+
+    r = cu.begin_capture(raw, 0 /* CU_STREAM_CAPTURE_MODE_GLOBAL */);
+    if (!check(r == 0, "graph capture: cuStreamBeginCapture (%d)", r))
+        goto done;
+    st = cap_ops(gb, s);
+    r = cu.end_capture(raw, &graph);
+    expect_ok(st, "graph capture: fk_linear_forward + fk_linear_backward + fk_add as the first ops, inside the capture");
+    if (!check(r == 0 && graph != NULL, "graph capture: cuStreamEndCapture (%d; nonzero: the capture was invalidated)", r))
+        goto done;
+    r = cu.instantiate(&exec, graph, 0);
+    if (!check(r == 0, "graph capture: cuGraphInstantiateWithFlags (%d)", r))
+        goto done;
+    for (replay = 0; replay < 2; replay++) {
+        int bad = 0;
+        for (i = 0; i < 4; i++) {
+            size_t j, n = cap_numel(i);
+            for (j = 0; j < n; j++)
+                host[i][j] = cap_rand();
+            st = fk_buffer_copy_from_host(gb[i], host[i], n * sizeof(float), s);
+            if (st == FK_OK)
+                st = fk_buffer_copy_from_host(cb[i], host[i], n * sizeof(float), NULL);
+            if (st != FK_OK)
+                bad = 1;
+        }
+        for (i = 4; i < CAP_BUFS && !bad; i++) {
+            size_t n = cap_numel(i);
+            memset(host[i], 0xFF, n * sizeof(float)); /* NaN: only the graph makes it right */
+            if (fk_buffer_copy_from_host(gb[i], host[i], n * sizeof(float), s) != FK_OK)
+                bad = 1;
+        }
+        if (!check(!bad, "graph capture: new inputs, replay %d", replay))
+            goto done;
+        r = cu.launch(exec, raw);
+        if (!check(r == 0 && cu.stream_sync(raw) == 0, "graph capture: cuGraphLaunch, replay %d (%d)", replay, r))
+            goto done;
+        if (!expect_ok(cap_ops(cb, NULL), "graph capture: the same ops on the CPU"))
+            goto done;
+        for (i = 4; i < CAP_BUFS; i++) {
+            size_t j, n = cap_numel(i);
+            double num = 0.0, den = 0.0;
+            st = fk_buffer_copy_to_host(gb[i], host[i], n * sizeof(float), s);
+            if (st == FK_OK)
+                st = fk_buffer_copy_to_host(cb[i], want, n * sizeof(float), NULL);
+            if (!expect_ok(st, "graph capture: read back"))
+                goto done;
+            for (j = 0; j < n; j++) {
+                double d = (double)host[i][j] - (double)want[j];
+                num += d * d;
+                den += (double)want[j] * (double)want[j];
+            }
+            check(!isnan(num) && sqrt(num) <= 1e-4 * sqrt(den) + 1e-30,
+                  "graph capture: replay %d output %d matches the CPU (rel err %.3g)", replay, i,
+                  den > 0 ? sqrt(num / den) : sqrt(num));
+        }
+    }
+done:
+    if (exec != NULL)
+        cu.exec_destroy(exec);
+    if (graph != NULL)
+        cu.graph_destroy(graph);
+    for (i = 0; i < CAP_BUFS; i++) {
+        fk_buffer_destroy(gb[i]);
+        fk_buffer_destroy(cb[i]);
+        free(host[i]);
+    }
+    free(want);
+    fk_stream_destroy(s);
+    if (raw != NULL) {
+        cu.stream_sync(raw);
+        cu.stream_destroy(raw);
+    }
+    fk_context_destroy(c);
+    fk_context_destroy(g);
+}
+
 int main(int argc, char **argv)
 {
     const char *dev = argc > 1 ? argv[1] : getenv("FK_TEST_DEVICE");
@@ -1664,6 +1865,7 @@ int main(int argc, char **argv)
         test_half();
         test_bad_inputs();
         test_device_mismatch();
+        test_graph_capture();
         expect_ok(fk_context_destroy(g_ctx), "fk_context_destroy");
     }
 

@@ -45,8 +45,21 @@ bash tests/cuda_emu/run.sh
 echo "==> C / C++ tests"
 FUSEKIT_LIB_DIR=$ROOT/target/release FK_TEST_DEVICE=cpu bash tests/c/run.sh
 
+echo "==> Python package, with the compiled torch ops (built against this torch's stable ABI)"
+python -m pip install -q wheel "setuptools>=64"
+FUSEKIT_REQUIRE_TORCH_EXT=1 python -m pip install -q --no-build-isolation "$ROOT/bindings/python"
+# the tests import the package from the source tree; they use the extension the install built
+FUSEKIT_TORCH_LIBRARY=$(cd / && python -c 'import fusekit._torch_ext as t; print(t._candidates()[0])')
+export FUSEKIT_TORCH_LIBRARY
+echo "compiled torch ops: $FUSEKIT_TORCH_LIBRARY"
+# the installed package, outside the source tree: torch ops load and run
+(cd / && FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so FUSEKIT_TORCH_LIBRARY= python -c '
+import torch, fusekit, fusekit.torch_ops
+x = torch.randn(8, 16, requires_grad=True); w = torch.randn(4, 16, requires_grad=True)
+y = fusekit.torch_ops.linear(x, w, None, "relu"); y.sum().backward()
+assert torch.allclose(y, torch.relu(x @ w.T), atol=1e-5) and w.grad is not None
+print("installed package: torch ops OK,", fusekit._torch_ext.library_path())')
 echo "==> Python tests"
-python -m pip install -q "$ROOT/bindings/python"
 echo "==> Python host time per call (CPU backend; a smoke run of benches/host_overhead.py)"
 FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python benches/host_overhead.py
 FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python -m pytest -q bindings/python/tests tests/*.py

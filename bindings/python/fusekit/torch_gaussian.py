@@ -5,9 +5,14 @@ module) under ``torch.ops.fusekit``:
 - ``gaussian_field(points, means, chol, weights, eps) -> [B]`` and
   ``mahalanobis(points, means, chol, eps) -> [B,N]``: differentiable with respect to
   every tensor input (``loss.backward()`` works);
-- ``gaussian_field_backward(points, means, chol, weights, dout, eps)`` and
-  ``mahalanobis_backward(points, means, chol, g, eps)``: the fused fusekit backward
-  kernels as their own ops (what the autograd formulas call).
+- ``gaussian_field_backward(points, means, chol, weights, dout, eps, want=15)`` and
+  ``mahalanobis_backward(points, means, chol, g, eps, want=7)``: the fused fusekit
+  backward kernels as their own ops (what the autograd formulas call); ``want`` is a
+  bit mask of the gradients to compute, in output order (a gradient not wanted
+  comes back as an empty tensor).
+
+The kernels are compiled (``fusekit/csrc/fusekit_torch.cpp``); this module gives
+them their fake implementations and autograd formulas.
 
 ::
 
@@ -19,44 +24,36 @@ module) under ``torch.ops.fusekit``:
 Double backward is not supported (the backward ops have no autograd formula).
 """
 
-from typing import Tuple
-
 import torch
 from torch import Tensor
 
+from . import _torch_ext
 from .ops import gaussian as _g
 from .torch_ops import register
 
 __all__ = ["gaussian_field", "mahalanobis"]
 
 
-def _c(t: Tensor) -> Tensor:
-    return t.detach().contiguous()
+def _want(needs) -> int:
+    return sum(1 << i for i, n in enumerate(needs) if n)
+
+
+def _maybe(t: Tensor, want: int, i: int, shape):
+    return t.new_empty(shape if want >> i & 1 else (0,))
 
 
 # --- fusekit::gaussian_field_backward -------------------------------------------------
 
 
-def _field_bwd(
-    points: Tensor, means: Tensor, chol: Tensor, weights: Tensor, dout: Tensor, eps: float
-) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    dp, dm, dc, dw = _g.gaussian_field_backward(_c(points), _c(means), _c(chol), _c(weights), _c(dout), eps)
-    return dp, dm, dc, dw
+def _field_bwd_fake(points, means, chol, weights, dout, eps, want=15):
+    return (_maybe(points, want, 0, points.shape), _maybe(means, want, 1, means.shape),
+            _maybe(chol, want, 2, chol.shape), _maybe(weights, want, 3, weights.shape))
 
 
-def _field_bwd_fake(points, means, chol, weights, dout, eps):
-    return (points.new_empty(points.shape), means.new_empty(means.shape), chol.new_empty(chol.shape),
-            weights.new_empty(weights.shape))
-
-
-register("gaussian_field_backward", _field_bwd, fake=_field_bwd_fake)
+register("gaussian_field_backward", fake=_field_bwd_fake)
 
 
 # --- fusekit::gaussian_field -------------------------------------------------------------
-
-
-def _field(points: Tensor, means: Tensor, chol: Tensor, weights: Tensor, eps: float) -> Tensor:
-    return _g.gaussian_field_forward(_c(points), _c(means), _c(chol), _c(weights), eps)
 
 
 def _field_fake(points, means, chol, weights, eps):
@@ -72,35 +69,28 @@ def _field_setup(ctx, inputs, output):
 
 def _field_backward(ctx, grad):
     points, means, chol, weights = ctx.saved_tensors
-    dp, dm, dc, dw = torch.ops.fusekit.gaussian_field_backward(points, means, chol, weights, grad, ctx.eps)
-    need = ctx.needs_input_grad
+    need = ctx.needs_input_grad[:4]
+    dp, dm, dc, dw = torch.ops.fusekit.gaussian_field_backward(points, means, chol, weights, grad, ctx.eps,
+                                                               _want(need))
     return (dp if need[0] else None, dm if need[1] else None, dc if need[2] else None,
             dw if need[3] else None, None)
 
 
-register("gaussian_field", _field, fake=_field_fake, backward=_field_backward, setup_context=_field_setup)
+register("gaussian_field", fake=_field_fake, backward=_field_backward, setup_context=_field_setup)
 
 
 # --- fusekit::mahalanobis_backward --------------------------------------------------------
 
 
-def _maha_bwd(points: Tensor, means: Tensor, chol: Tensor, g: Tensor, eps: float) -> Tuple[Tensor, Tensor, Tensor]:
-    dp, dm, dc = _g.mahalanobis_backward(_c(points), _c(means), _c(chol), _c(g), eps)
-    return dp, dm, dc
+def _maha_bwd_fake(points, means, chol, g, eps, want=7):
+    return (_maybe(points, want, 0, points.shape), _maybe(means, want, 1, means.shape),
+            _maybe(chol, want, 2, chol.shape))
 
 
-def _maha_bwd_fake(points, means, chol, g, eps):
-    return points.new_empty(points.shape), means.new_empty(means.shape), chol.new_empty(chol.shape)
-
-
-register("mahalanobis_backward", _maha_bwd, fake=_maha_bwd_fake)
+register("mahalanobis_backward", fake=_maha_bwd_fake)
 
 
 # --- fusekit::mahalanobis --------------------------------------------------------------------
-
-
-def _maha(points: Tensor, means: Tensor, chol: Tensor, eps: float) -> Tensor:
-    return _g.mahalanobis_forward(_c(points), _c(means), _c(chol), eps)
 
 
 def _maha_fake(points, means, chol, eps):
@@ -115,12 +105,12 @@ def _maha_setup(ctx, inputs, output):
 
 def _maha_backward(ctx, grad):
     points, means, chol = ctx.saved_tensors
-    dp, dm, dc = torch.ops.fusekit.mahalanobis_backward(points, means, chol, grad, ctx.eps)
-    need = ctx.needs_input_grad
+    need = ctx.needs_input_grad[:3]
+    dp, dm, dc = torch.ops.fusekit.mahalanobis_backward(points, means, chol, grad, ctx.eps, _want(need))
     return dp if need[0] else None, dm if need[1] else None, dc if need[2] else None, None
 
 
-register("mahalanobis", _maha, fake=_maha_fake, backward=_maha_backward, setup_context=_maha_setup)
+register("mahalanobis", fake=_maha_fake, backward=_maha_backward, setup_context=_maha_setup)
 
 
 # --- wrappers with the default eps ------------------------------------------------------------
@@ -128,9 +118,15 @@ register("mahalanobis", _maha, fake=_maha_fake, backward=_maha_backward, setup_c
 
 def gaussian_field(points: Tensor, means: Tensor, chol: Tensor, weights: Tensor, eps: float = _g.DEFAULT_EPS) -> Tensor:
     """Differentiable fused Gaussian field ``[B]`` (``torch.ops.fusekit.gaussian_field``)."""
-    return torch.ops.fusekit.gaussian_field(points, means, chol, weights, float(eps))
+    try:
+        return torch.ops.fusekit.gaussian_field(points, means, chol, weights, float(eps))
+    except RuntimeError as e:
+        raise _torch_ext.translate(e) from None
 
 
 def mahalanobis(points: Tensor, means: Tensor, chol: Tensor, eps: float = _g.DEFAULT_EPS) -> Tensor:
     """Differentiable squared Mahalanobis distances ``[B,N]`` (``torch.ops.fusekit.mahalanobis``)."""
-    return torch.ops.fusekit.mahalanobis(points, means, chol, float(eps))
+    try:
+        return torch.ops.fusekit.mahalanobis(points, means, chol, float(eps))
+    except RuntimeError as e:
+        raise _torch_ext.translate(e) from None

@@ -27,22 +27,22 @@ module) under ``torch.ops.fusekit``:
     x, v = leapfrog(x0, v0, U, W, dt=0.1, steps=4, f=f)   # c defaults to 5.0
     (x.square().sum() + v.square().sum()).backward()
 
+The kernels are compiled (``fusekit/csrc/fusekit_torch.cpp``); this module gives
+them their fake implementations and autograd formulas.
+
 Double backward is not supported (the backward ops have no autograd formula).
 """
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
 
+from . import _torch_ext
 from .ops import geodesic as _g
 from .torch_ops import register
 
 __all__ = ["christoffel", "leapfrog"]
-
-
-def _c(t: Optional[Tensor]) -> Optional[Tensor]:
-    return None if t is None else t.detach().contiguous()
 
 
 # The backward ops' ``want`` bits: the Christoffel backward's gradients (v, U, W) and
@@ -51,42 +51,22 @@ CHR_GRADS = ("v", "U", "W")
 LF_GRADS = ("x0", "v0", "f", "U", "W")
 
 
-def _want_names(want: int, names) -> Tuple[str, ...]:
-    return tuple(n for i, n in enumerate(names) if want >> i & 1)
-
-
 def _want_bits(needs) -> int:
     """``want`` from flags in output order (e.g. ``ctx.needs_input_grad`` reordered)."""
     return sum(1 << i for i, n in enumerate(needs) if n)
 
 
-def _wanted_or_empty(grads, like):
-    """The backward ops' outputs: each gradient, or an empty tensor (not wanted)."""
-    return tuple(g if g is not None else t.new_empty((0,)) for g, t in zip(grads, like))
-
-
 # --- fusekit::christoffel_backward ----------------------------------------------------
-
-
-def _chr_bwd(
-    v: Tensor, U: Tensor, W: Tensor, g: Tensor, c: float, want: int = 7
-) -> Tuple[Tensor, Tensor, Tensor]:
-    grads = _g.christoffel_backward(_c(v), _c(U), _c(W), _c(g), c, want=_want_names(want, CHR_GRADS))
-    return _wanted_or_empty(grads, (v, U, W))
 
 
 def _chr_bwd_fake(v, U, W, g, c, want=7):
     return tuple(t.new_empty(t.shape if want >> i & 1 else (0,)) for i, t in enumerate((v, U, W)))
 
 
-register("christoffel_backward", _chr_bwd, fake=_chr_bwd_fake)
+register("christoffel_backward", fake=_chr_bwd_fake)
 
 
 # --- fusekit::christoffel ------------------------------------------------------------------
-
-
-def _chr(v: Tensor, U: Tensor, W: Tensor, c: float) -> Tensor:
-    return _g.christoffel_forward(_c(v), _c(U), _c(W), c)
 
 
 def _chr_fake(v, U, W, c):
@@ -108,41 +88,20 @@ def _chr_backward(ctx, grad):
     return dv if need[0] else None, dU if need[1] else None, dW if need[2] else None, None
 
 
-register("christoffel", _chr, fake=_chr_fake, backward=_chr_backward, setup_context=_chr_setup)
+register("christoffel", fake=_chr_fake, backward=_chr_backward, setup_context=_chr_setup)
 
 
 # --- fusekit::leapfrog_backward -------------------------------------------------------------
-
-
-def _lf_bwd(
-    v0: Tensor, U: Tensor, W: Tensor, f: Optional[Tensor], mu: Optional[Tensor], traj: Optional[Tensor],
-    gx: Optional[Tensor], gv: Optional[Tensor], dt: float, steps: int, c: float, want: int = 31
-) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    grads = _g.leapfrog_backward(
-        _c(v0), _c(U), _c(W), dt, steps, _c(gx), _c(gv), f=_c(f), mu=_c(mu), traj=_c(traj), c=c,
-        want=_want_names(want, LF_GRADS)
-    )
-    return _wanted_or_empty(grads, (v0, v0, v0, U, W))
 
 
 def _lf_bwd_fake(v0, U, W, f, mu, traj, gx, gv, dt, steps, c, want=31):
     return tuple(t.new_empty(t.shape if want >> i & 1 else (0,)) for i, t in enumerate((v0, v0, v0, U, W)))
 
 
-register("leapfrog_backward", _lf_bwd, fake=_lf_bwd_fake)
+register("leapfrog_backward", fake=_lf_bwd_fake)
 
 
 # --- fusekit::leapfrog --------------------------------------------------------------------------
-
-
-def _lf(
-    x0: Tensor, v0: Tensor, U: Tensor, W: Tensor, f: Optional[Tensor], mu: Optional[Tensor], dt: float, steps: int,
-    c: float, keep_traj: bool = True
-) -> Tuple[Tensor, Tensor, Tensor]:
-    if keep_traj:
-        return _g.leapfrog_forward(_c(x0), _c(v0), _c(U), _c(W), dt, steps, f=_c(f), mu=_c(mu), c=c, traj=True)
-    x, v = _g.leapfrog_forward(_c(x0), _c(v0), _c(U), _c(W), dt, steps, f=_c(f), mu=_c(mu), c=c)
-    return x, v, v0.new_empty((0, 2) + tuple(v0.shape))
 
 
 def _lf_fake(x0, v0, U, W, f, mu, dt, steps, c, keep_traj=True):
@@ -169,7 +128,7 @@ def _lf_backward(ctx, gx, gv, gtraj):
             df if need[4] else None, None, None, None, None, None)
 
 
-register("leapfrog", _lf, fake=_lf_fake, backward=_lf_backward, setup_context=_lf_setup)
+register("leapfrog", fake=_lf_fake, backward=_lf_backward, setup_context=_lf_setup)
 
 
 # --- wrappers with the default c ----------------------------------------------------------------
@@ -177,7 +136,10 @@ register("leapfrog", _lf, fake=_lf_fake, backward=_lf_backward, setup_context=_l
 
 def christoffel(v: Tensor, U: Tensor, W: Tensor, c: float = _g.DEFAULT_C) -> Tensor:
     """Differentiable clamped Christoffel term ``[B,D]`` (``torch.ops.fusekit.christoffel``)."""
-    return torch.ops.fusekit.christoffel(v, U, W, float(c))
+    try:
+        return torch.ops.fusekit.christoffel(v, U, W, float(c))
+    except RuntimeError as e:
+        raise _torch_ext.translate(e) from None
 
 
 def _keep_traj(save_traj: Optional[bool], return_traj: bool, differentiable) -> bool:
@@ -204,5 +166,8 @@ def leapfrog(
     and one of ``x0, v0, U, W, f`` requiring grad; so inference (``torch.no_grad()``,
     or no input requiring grad) writes no trajectory. ``return_traj`` implies it."""
     keep = _keep_traj(save_traj, return_traj, (x0, v0, U, W, f))
-    x, v, traj = torch.ops.fusekit.leapfrog(x0, v0, U, W, f, mu, float(dt), int(steps), float(c), keep)
+    try:
+        x, v, traj = torch.ops.fusekit.leapfrog(x0, v0, U, W, f, mu, float(dt), int(steps), float(c), keep)
+    except RuntimeError as e:
+        raise _torch_ext.translate(e) from None
     return (x, v, traj) if return_traj else (x, v)

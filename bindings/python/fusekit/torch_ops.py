@@ -7,54 +7,56 @@ Import this module explicitly (it imports torch; ``import fusekit`` does not)::
     y = torch.ops.fusekit.axpby(a, b, 2.0, -1.0)   # or fusekit.torch_ops.axpby(2.0, a, -1.0, b)
     y.sum().backward()
 
-The pattern for an op family with a backward (geodesic flow, Gaussian field,
-fused linear, ...): in its own module, call :func:`register` once per op with
+The ops are compiled: ``fusekit/csrc/fusekit_torch.cpp`` defines every op's schema
+and its CPU and CUDA kernels against PyTorch's stable ABI, calling libfusekit's C
+entry points directly on torch's current stream (no ctypes, no Python wrappers per
+call). Importing this module loads it (:mod:`fusekit._torch_ext`; ImportError with
+build instructions when it was not built). What Python adds per op, here and in the
+family modules, is what torch wants in Python:
 
-- ``fn``: the forward, a function with type annotations (torch infers the schema
-  from them: ``Tensor``, ``Optional[Tensor]``, ``float``, ``int``, ``bool``,
-  ``List[int]``...) that calls the plain fusekit function on real tensors and
-  returns NEW tensors (a custom op's outputs must not alias its inputs);
-- ``fake``: the same signature, returning empty tensors of the right shape, dtype
-  and device (what ``torch.compile`` traces with);
+- ``fake``: the op's signature, returning empty tensors of the right shape, dtype
+  and device (what ``torch.compile`` and FakeTensor tracing use);
 - ``backward(ctx, *grads)`` and ``setup_context(ctx, inputs, output)``: the
   autograd formula, written with registered ops (``torch.ops.fusekit.*``, e.g. the
-  fusekit backward kernel as its own custom op) or plain torch ops, so that it
-  traces under ``torch.compile`` too. Return one gradient per input (None for
-  non-tensor inputs).
+  fusekit backward kernel as its own op) or plain torch ops, so that it traces
+  under ``torch.compile`` too. Return one gradient per input (None for non-tensor
+  inputs).
 
-Then check it with ``torch.library.opcheck`` and ``torch.autograd.gradcheck`` in
-float64 on the CPU, as ``bindings/python/tests/test_torch_custom_ops.py`` does.
+A new op family adds its kernels and schemas to fusekit_torch.cpp and calls
+:func:`register` once per op; check it with ``torch.library.opcheck`` and
+``torch.autograd.gradcheck`` in float64 on the CPU, as
+``bindings/python/tests/test_torch_custom_ops.py`` does.
 """
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
-from .ops import elementwise as _ew
+from . import _torch_ext
 
 __all__ = ["register", "axpby", "scalar_mul", "relu", "NAMESPACE"]
 
 NAMESPACE = "fusekit"
 
+_torch_ext.load()
+
 
 def register(
     name: str,
-    fn: Callable,
     *,
     fake: Callable,
     backward: Optional[Callable] = None,
     setup_context: Optional[Callable] = None,
-    mutates_args: Sequence[str] = (),
 ):
-    """Registers ``fusekit::<name>`` as a torch custom op with a fake (meta)
-    implementation and, when ``backward`` is given, an autograd formula. Returns
-    the op (callable; also reachable as ``torch.ops.fusekit.<name>``)."""
-    op = torch.library.custom_op(f"{NAMESPACE}::{name}", fn, mutates_args=tuple(mutates_args))
-    op.register_fake(fake)
+    """Gives the compiled op ``fusekit::<name>`` its fake (meta) implementation and,
+    when ``backward`` is given, its autograd formula. Returns the op's default
+    overload (callable; also reachable as ``torch.ops.fusekit.<name>``)."""
+    qualname = f"{NAMESPACE}::{name}"
+    torch.library.register_fake(qualname, fake)
     if backward is not None:
-        op.register_autograd(backward, setup_context=setup_context)
-    return op
+        torch.library.register_autograd(qualname, backward, setup_context=setup_context)
+    return getattr(torch.ops.fusekit, name).default
 
 
 def _reduce_to(grad: Tensor, shape) -> Tensor:
@@ -65,10 +67,6 @@ def _reduce_to(grad: Tensor, shape) -> Tensor:
 
 
 # --- fusekit::scalar_mul(Tensor a, float s) -> Tensor ------------------------
-
-
-def _scalar_mul(a: Tensor, s: float) -> Tensor:
-    return _ew.scalar_mul(a, s)
 
 
 def _scalar_mul_fake(a: Tensor, s: float) -> Tensor:
@@ -85,7 +83,6 @@ def _scalar_mul_backward(ctx, grad):
 
 _scalar_mul_op = register(
     "scalar_mul",
-    _scalar_mul,
     fake=_scalar_mul_fake,
     backward=_scalar_mul_backward,
     setup_context=_scalar_mul_setup,
@@ -93,10 +90,6 @@ _scalar_mul_op = register(
 
 
 # --- fusekit::axpby(Tensor a, Tensor b, float alpha, float beta) -> Tensor --
-
-
-def _axpby(a: Tensor, b: Tensor, alpha: float, beta: float) -> Tensor:
-    return _ew.axpby(alpha, a, beta, b)
 
 
 def _axpby_fake(a: Tensor, b: Tensor, alpha: float, beta: float) -> Tensor:
@@ -122,7 +115,6 @@ def _axpby_backward(ctx, grad):
 
 _axpby_op = register(
     "axpby",
-    _axpby,
     fake=_axpby_fake,
     backward=_axpby_backward,
     setup_context=_axpby_setup,
@@ -130,10 +122,6 @@ _axpby_op = register(
 
 
 # --- fusekit::relu(Tensor a) -> Tensor ---------------------------------------
-
-
-def _relu(a: Tensor) -> Tensor:
-    return _ew.relu(a)
 
 
 def _relu_fake(a: Tensor) -> Tensor:
@@ -151,7 +139,7 @@ def _relu_backward(ctx, grad):
     return torch.where(out > 0, grad, torch.zeros_like(grad))
 
 
-_relu_op = register("relu", _relu, fake=_relu_fake, backward=_relu_backward, setup_context=_relu_setup)
+_relu_op = register("relu", fake=_relu_fake, backward=_relu_backward, setup_context=_relu_setup)
 
 
 # --- convenience wrappers with the argument order of the plain functions -------

@@ -225,17 +225,18 @@ def test_opcheck_backward_ops_partial_want():
 def test_frozen_parameters_same_gradients(monkeypatch):
     """U and W frozen: the backwards are asked for the other gradients only (so the
     kernels skip the dU, dW products), and those are the full backward's."""
-    from fusekit.ops import geodesic as G
+    from fusekit.torch_geodesic import CHR_GRADS, LF_GRADS
 
     asked = []
-    for name in ("christoffel_backward", "leapfrog_backward"):
-        real = getattr(G, name)
+    for name, names in (("christoffel_backward", CHR_GRADS), ("leapfrog_backward", LF_GRADS)):
+        real = getattr(torch.ops.fusekit, name)
 
-        def spy(*a, _real=real, _name=name, **kw):
-            asked.append((_name, tuple(kw["want"])))
-            return _real(*a, **kw)
+        def spy(*a, _real=real, _name=name, _names=names):
+            want = a[-1]  # the formulas pass want positionally, last
+            asked.append((_name, tuple(n for i, n in enumerate(_names) if want >> i & 1)))
+            return _real(*a)
 
-        monkeypatch.setattr(G, name, spy)
+        monkeypatch.setattr(torch.ops.fusekit, name, spy)
     grads = []
     for frozen in (False, True):
         asked.clear()

@@ -200,74 +200,55 @@ ENTRY_POINTS = {
 
 
 def register_torch_ops(register):
-    """Registers ``fusekit::linear`` (forward, returns ``(y, aux)``; aux is the GELU
-    pre-activation, empty otherwise) and
-    ``fusekit::linear_backward`` with fake implementations and autograd; returns
-    the user-facing ``linear(x, w, b=None, act="relu")``."""
+    """Gives the compiled ops ``fusekit::linear`` (forward, returns ``(y, aux)``; aux
+    is the GELU pre-activation, empty otherwise) and ``fusekit::linear_backward``
+    (``want`` bits: dx, dw, db; a gradient not wanted comes back empty) their fake
+    implementations and autograd; returns the user-facing
+    ``linear(x, w, b=None, act="relu")``."""
     import torch
-    from torch import Tensor
-    from typing import Optional
 
-    def _y_shape(x, w):
-        return tuple(x.shape[:-1]) + (w.shape[0],)
-
-    def _linear(x: Tensor, w: Tensor, b: Optional[Tensor], act: int) -> tuple[Tensor, Tensor]:
-        if act == FK_ACT_GELU:
-            y, aux = linear_forward(x.contiguous(), w.contiguous(), None if b is None else b.contiguous(),
-                                    act=act, want_aux=True)
-            return y, aux
-        y = linear_forward(x.contiguous(), w.contiguous(), None if b is None else b.contiguous(), act=act)
-        # relu's backward reads y itself (saved in setup_context); none needs nothing
-        return y, y.new_empty((0,))
+    from .. import _torch_ext
 
     def _linear_fake(x, w, b, act):
         torch._check(x.dtype in (torch.float16, torch.bfloat16, torch.float32),
                      lambda: f"fusekit::linear takes float16, bfloat16 or float32, not {x.dtype}")
         torch._check(w.dim() == 2 and w.shape[1] == x.shape[-1],
                      lambda: f"fusekit::linear: w {tuple(w.shape)} does not match x {tuple(x.shape)}")
-        shape = _y_shape(x, w)
+        shape = tuple(x.shape[:-1]) + (w.shape[0],)
         y = x.new_empty(shape)
         aux = x.new_empty(shape) if act == FK_ACT_GELU else x.new_empty((0,))
         return y, aux
 
-    def _linear_bwd(dy: Tensor, x: Tensor, w: Tensor, saved: Tensor, act: int,
-                    has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
-        dx, dw, db = linear_backward(dy.contiguous(), x.contiguous(), w.contiguous(), act=act,
-                                     saved=saved if act != FK_ACT_NONE else None, db=has_bias)
-        if db is None:
-            db = dy.new_empty((0,))
-        return dx, dw, db
+    def _linear_bwd_fake(dy, x, w, saved, act, want=7):
+        return (x.new_empty(x.shape if want & 1 else (0,)), w.new_empty(w.shape if want & 2 else (0,)),
+                dy.new_empty((w.shape[0],) if want & 4 else (0,)))
 
-    def _linear_bwd_fake(dy, x, w, saved, act, has_bias):
-        return x.new_empty(x.shape), w.new_empty(w.shape), dy.new_empty((w.shape[0],) if has_bias else (0,))
-
-    # this module uses `from __future__ import annotations`: give torch's schema
-    # inference real types
-    _linear.__annotations__ = {"x": Tensor, "w": Tensor, "b": Optional[Tensor], "act": int,
-                               "return": tuple[Tensor, Tensor]}
-    _linear_bwd.__annotations__ = {"dy": Tensor, "x": Tensor, "w": Tensor, "saved": Tensor, "act": int,
-                                   "has_bias": bool, "return": tuple[Tensor, Tensor, Tensor]}
-    bwd_op = register("linear_backward", _linear_bwd, fake=_linear_bwd_fake)
+    bwd_op = register("linear_backward", fake=_linear_bwd_fake)
 
     def _setup(ctx, inputs, output):
         x, w, b, act = inputs
         y, aux = output
-        saved = y if act == FK_ACT_RELU else aux
+        saved = y if act == FK_ACT_RELU else aux  # relu's backward reads y itself; none needs nothing
         ctx.act = act
         ctx.has_bias = b is not None
         ctx.save_for_backward(x, w, saved)
 
     def _backward(ctx, gy, _gsaved):
         x, w, saved = ctx.saved_tensors
-        dx, dw, db = bwd_op(gy, x, w, saved, ctx.act, ctx.has_bias)
-        return dx, dw, (db if ctx.has_bias else None), None
+        need = ctx.needs_input_grad
+        want = (1 if need[0] else 0) | (2 if need[1] else 0) | (4 if ctx.has_bias and need[2] else 0)
+        dx, dw, db = bwd_op(gy, x, w, saved, ctx.act, want)
+        return (dx if want & 1 else None), (dw if want & 2 else None), (db if want & 4 else None), None
 
-    fwd_op = register("linear", _linear, fake=_linear_fake, backward=_backward, setup_context=_setup)
+    fwd_op = register("linear", fake=_linear_fake, backward=_backward, setup_context=_setup)
 
     def linear(x, w, b=None, act="relu"):
         """``act(x w^T + b)`` through ``torch.ops.fusekit.linear`` (differentiable;
-        float16, bfloat16, float32)."""
-        y, _ = fwd_op(x, w, b, _act(act))
+        float16, bfloat16, float32; contiguous tensors)."""
+        try:
+            y, _ = fwd_op(x, w, b, _act(act))
+        except RuntimeError as e:
+            raise _torch_ext.translate(e) from None
         return y
 
     return linear

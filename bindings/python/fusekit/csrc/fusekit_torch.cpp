@@ -1,0 +1,724 @@
+// fusekit's torch integration: the torch ops (`torch.ops.fusekit.*`) implemented in
+// C++ against PyTorch's stable ABI (torch/csrc/stable, torch >= 2.10), calling the
+// fusekit C ABI directly. One binary serves every torch from the version it was
+// built against (TORCH_TARGET_VERSION below) onwards, CPU and CUDA builds alike; it
+// needs no CUDA toolkit to build.
+//
+// - libfusekit is not linked: Python loads it (ctypes) and hands its path to
+//   `fusekit_torch_init`, which dlopens the same file (the loader returns the
+//   already-loaded library) and resolves every entry point used here. So the ctypes
+//   package and these ops share one libfusekit, whatever the loader path says.
+// - Tensors are borrowed, never copied: each becomes an `fk_buffer` view of its
+//   memory (data pointer, sizes, strides). Outputs are allocated by torch
+//   (aoti_torch_empty_strided: torch's caching allocator, so torch's CUDA-graph
+//   memory pools apply to them).
+// - CUDA tensors run on torch's current stream of their device
+//   (aoti_torch_get_current_cuda_stream, looked up in libtorch_cuda at run time so
+//   that the same binary loads under a CPU-only torch), so fusekit work orders with
+//   the surrounding torch work, and is captured when torch captures that stream.
+// - One fusekit context per device (CPU, cuda:i), created on first use and kept
+//   for the life of the process.
+// - A failing fusekit call throws `std::runtime_error("fusekit[<status>]: <message>")`;
+//   torch turns it into a Python RuntimeError, which fusekit's Python layer turns
+//   into the matching fusekit.Error subclass (fusekit/_torch_ext.py).
+//
+// The autograd formulas and the fake (meta) implementations are registered in
+// Python (fusekit/torch_ops.py and the family modules) on these ops.
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <dlfcn.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "fusekit.h"
+
+using torch::stable::Tensor;
+using OptTensor = std::optional<Tensor>;
+
+namespace {
+
+// ---------------------------------------------------------------- the C ABI, resolved at init
+
+#define FK_TORCH_ENTRY_POINTS(X)                                                         \
+    X(fk_abi_version) X(fk_status_string) X(fk_last_error_message) X(fk_context_create)  \
+    X(fk_stream_wrap) X(fk_buffer_wrap) X(fk_buffer_destroy) X(fk_add) X(fk_sub)         \
+    X(fk_mul) X(fk_div) X(fk_axpby) X(fk_scalar_add) X(fk_scalar_mul) X(fk_neg)          \
+    X(fk_abs) X(fk_exp) X(fk_log) X(fk_sqrt) X(fk_sin) X(fk_cos) X(fk_tanh)              \
+    X(fk_sigmoid) X(fk_relu) X(fk_copy) X(fk_linear_forward) X(fk_linear_backward)       \
+    X(fk_gaussian_field_forward) X(fk_gaussian_field_backward) X(fk_mahalanobis_forward) \
+    X(fk_mahalanobis_backward) X(fk_gaussian_backward_workspace_size)                     \
+    X(fk_christoffel_forward) X(fk_christoffel_backward) X(fk_leapfrog_forward)          \
+    X(fk_leapfrog_backward)
+
+struct Api {
+#define FK_TORCH_FIELD(name) decltype(&::name) name = nullptr;
+    FK_TORCH_ENTRY_POINTS(FK_TORCH_FIELD)
+#undef FK_TORCH_FIELD
+};
+
+Api g_api;
+std::atomic<bool> g_ready{false};
+
+const Api& api() {
+    if (!g_ready.load(std::memory_order_acquire))
+        throw std::runtime_error(
+            "fusekit[-1]: the fusekit torch ops are not initialised: import fusekit.torch_ops (it loads "
+            "libfusekit and calls fusekit_torch_init)");
+    return g_api;
+}
+
+[[noreturn]] void fail(fk_status s, const char* where) {
+    const char* msg = g_api.fk_last_error_message ? g_api.fk_last_error_message() : nullptr;
+    std::string text = "fusekit[" + std::to_string(s) + "]: ";
+    text += (msg && *msg) ? msg : where;
+    throw std::runtime_error(text);
+}
+
+inline void check(fk_status s, const char* where) {
+    if (s != 0) fail(s, where);
+}
+
+[[noreturn]] void bad(fk_status status, const std::string& msg) {
+    throw std::runtime_error("fusekit[" + std::to_string(status) + "]: " + msg);
+}
+
+// ---------------------------------------------------------------- torch facts, looked up once
+
+struct TorchCodes {
+    int32_t cpu = 0, cuda = 1;
+    int32_t f16 = 0, bf16 = 0, f32 = 0, f64 = 0, c64 = 0, c128 = 0;
+    TorchCodes() {
+        cpu = aoti_torch_device_type_cpu();
+        cuda = aoti_torch_device_type_cuda();
+        f16 = aoti_torch_dtype_float16();
+        bf16 = aoti_torch_dtype_bfloat16();
+        f32 = aoti_torch_dtype_float32();
+        f64 = aoti_torch_dtype_float64();
+        c64 = aoti_torch_dtype_complex64();
+        c128 = aoti_torch_dtype_complex128();
+    }
+};
+
+const TorchCodes& codes() {
+    static const TorchCodes c;
+    return c;
+}
+
+fk_dtype fk_dtype_of(int32_t t, const char* where, const char* arg) {
+    const TorchCodes& c = codes();
+    if (t == c.f32) return FK_DTYPE_F32;
+    if (t == c.f64) return FK_DTYPE_F64;
+    if (t == c.bf16) return FK_DTYPE_BF16;
+    if (t == c.f16) return FK_DTYPE_F16;
+    if (t == c.c64) return FK_DTYPE_C64;
+    if (t == c.c128) return FK_DTYPE_C128;
+    bad(FK_ERROR_UNSUPPORTED_DTYPE, std::string(where) + ": " + arg +
+                                        " has a dtype fusekit does not take (float16, bfloat16, float32, "
+                                        "float64, complex64, complex128)");
+}
+
+int32_t torch_real_of(int32_t t) {
+    const TorchCodes& c = codes();
+    if (t == c.c64) return c.f32;
+    if (t == c.c128) return c.f64;
+    return t;
+}
+
+using GetStreamFn = AOTITorchError (*)(int32_t, void**);
+
+// torch's current CUDA stream of a device. The shim function lives in
+// libtorch_cuda.so, which a CPU-only torch lacks: found at run time.
+void* current_cuda_stream(int32_t device) {
+    static GetStreamFn fn = []() -> GetStreamFn {
+        void* h = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD);
+        void* f = h ? dlsym(h, "aoti_torch_get_current_cuda_stream") : nullptr;
+        if (!f) f = dlsym(RTLD_DEFAULT, "aoti_torch_get_current_cuda_stream");
+        return reinterpret_cast<GetStreamFn>(f);
+    }();
+    if (!fn) bad(FK_ERROR_CUDA_UNAVAILABLE, "a CUDA tensor, but torch's CUDA library (libtorch_cuda) is not loaded");
+    void* s = nullptr;
+    if (fn(device, &s) != AOTI_TORCH_SUCCESS) bad(FK_ERROR_CUDA, "torch could not give its current CUDA stream");
+    return s;
+}
+
+// ---------------------------------------------------------------- contexts and streams
+
+struct Device {
+    bool cuda;
+    int32_t index;
+};
+
+Device device_of(const Tensor& t) {
+    int32_t type = 0, index = 0;
+    TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t.get(), &type));
+    if (type == codes().cpu) return {false, 0};
+    if (type != codes().cuda) bad(FK_ERROR_DEVICE_MISMATCH, "fusekit takes CPU or CUDA tensors");
+    TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(t.get(), &index));
+    return {true, index};
+}
+
+constexpr int kMaxDevices = 64;
+
+fk_context* context_for(Device d) {
+    static std::mutex mu;
+    static fk_context* cpu = nullptr;
+    static std::array<std::atomic<fk_context*>, kMaxDevices> cuda{};
+    if (d.cuda) {
+        if (d.index < 0 || d.index >= kMaxDevices) bad(FK_ERROR_INVALID_ARGUMENT, "CUDA device index out of range");
+        fk_context* c = cuda[d.index].load(std::memory_order_acquire);
+        if (c) return c;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (!d.cuda) {
+        if (!cpu) check(api().fk_context_create(FK_ABI_VERSION, FK_DEVICE_CPU, 0, &cpu), "fk_context_create");
+        return cpu;
+    }
+    fk_context* c = cuda[d.index].load(std::memory_order_acquire);
+    if (!c) {
+        check(api().fk_context_create(FK_ABI_VERSION, FK_DEVICE_CUDA, d.index, &c), "fk_context_create");
+        cuda[d.index].store(c, std::memory_order_release);
+    }
+    return c;
+}
+
+// Borrowed stream handles, one per (context, CUstream), kept for the process (a
+// handle is a context reference and the raw pointer; nothing else).
+const fk_stream* stream_for(fk_context* ctx, Device d) {
+    if (!d.cuda) return nullptr;
+    void* raw = current_cuda_stream(d.index);
+    thread_local fk_context* last_ctx = nullptr;
+    thread_local void* last_raw = nullptr;
+    thread_local fk_stream* last = nullptr;
+    if (last && last_ctx == ctx && last_raw == raw) return last;
+    static std::mutex mu;
+    static std::unordered_map<void*, std::unordered_map<void*, fk_stream*>>* all =
+        new std::unordered_map<void*, std::unordered_map<void*, fk_stream*>>();
+    std::lock_guard<std::mutex> lock(mu);
+    fk_stream*& s = (*all)[ctx][raw];
+    if (!s) check(api().fk_stream_wrap(ctx, raw, &s), "fk_stream_wrap");
+    last_ctx = ctx;
+    last_raw = raw;
+    last = s;
+    return s;
+}
+
+// ---------------------------------------------------------------- borrowed buffers
+
+// An fk_buffer view of a tensor (or none), destroyed with the call.
+class Buf {
+   public:
+    Buf() = default;
+    Buf(fk_context* ctx, const Tensor& t, const char* where, const char* arg) {
+        int32_t dt = 0;
+        TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(t.get(), &dt));
+        fk_dtype fd = fk_dtype_of(dt, where, arg);
+        auto sizes = t.sizes();
+        auto strides = t.strides();
+        check(api().fk_buffer_wrap(ctx, t.data_ptr(), fd, static_cast<int32_t>(sizes.size()), sizes.data(),
+                                   strides.data(), &h_),
+              where);
+    }
+    Buf(fk_context* ctx, const OptTensor& t, const char* where, const char* arg) {
+        if (t.has_value()) *this = Buf(ctx, *t, where, arg);
+    }
+    Buf(const Buf&) = delete;
+    Buf& operator=(const Buf&) = delete;
+    Buf(Buf&& o) noexcept : h_(o.h_) { o.h_ = nullptr; }
+    Buf& operator=(Buf&& o) noexcept {
+        std::swap(h_, o.h_);
+        return *this;
+    }
+    ~Buf() {
+        if (h_) g_api.fk_buffer_destroy(h_);
+    }
+    fk_buffer* get() const { return h_; }
+
+   private:
+    fk_buffer* h_ = nullptr;
+};
+
+// What every call needs: the device, its context and stream.
+struct Call {
+    const char* where;
+    Device dev;
+    fk_context* ctx;
+    const fk_stream* stream;
+    Call(const char* w, const Tensor& first) : where(w), dev(device_of(first)) {
+        ctx = context_for(dev);
+        stream = stream_for(ctx, dev);
+    }
+    Buf in(const Tensor& t, const char* arg) const {
+        Device d = device_of(t);
+        if (d.cuda != dev.cuda || d.index != dev.index)
+            bad(FK_ERROR_DEVICE_MISMATCH, std::string(where) + ": " + arg + " is on another device than the first tensor");
+        return Buf(ctx, t, where, arg);
+    }
+    Buf in(const OptTensor& t, const char* arg) const { return t.has_value() ? in(*t, arg) : Buf(); }
+    Buf out(const Tensor& t, const char* arg) const { return Buf(ctx, t, where, arg); }
+};
+
+int32_t dtype_of(const Tensor& t) {
+    int32_t dt = 0;
+    TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(t.get(), &dt));
+    return dt;
+}
+
+// A new contiguous tensor of `shape` on `like`'s device, of dtype `dt`.
+Tensor new_tensor(const std::vector<int64_t>& shape, int32_t dt, const Tensor& like) {
+    std::vector<int64_t> strides(shape.size());
+    int64_t s = 1;
+    for (size_t i = shape.size(); i-- > 0;) {
+        strides[i] = s;
+        s *= shape[i] > 0 ? shape[i] : 1;
+    }
+    int32_t type = 0, index = 0;
+    TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(like.get(), &type));
+    TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(like.get(), &index));
+    AtenTensorHandle h = nullptr;
+    TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(shape.size()), shape.data(),
+                                                    strides.data(), dt, type, index, &h));
+    return Tensor(h);
+}
+
+Tensor new_like(const Tensor& t) {
+    auto s = t.sizes();
+    return new_tensor(std::vector<int64_t>(s.begin(), s.end()), dtype_of(t), t);
+}
+
+Tensor empty0(const Tensor& like) { return new_tensor({0}, dtype_of(like), like); }
+
+// The fused ops take contiguous row-major tensors: a strided one is copied first
+// (as torch's own kernels do), a contiguous one passes as it is.
+Tensor contig(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
+OptTensor contig(const OptTensor& t) { return t.has_value() ? OptTensor(contig(*t)) : t; }
+
+template <class... T>
+void contig_all(T&... ts) {
+    ((ts = contig(ts)), ...);
+}
+
+std::vector<int64_t> shape_of(const Tensor& t) {
+    auto s = t.sizes();
+    return std::vector<int64_t>(s.begin(), s.end());
+}
+
+// NumPy broadcast of two shapes (the library reports a mismatch; here the larger
+// rank's extent wins where they differ so that the call can report it).
+std::vector<int64_t> broadcast(const Tensor& a, const Tensor& b) {
+    auto sa = a.sizes();
+    auto sb = b.sizes();
+    size_t n = std::max(sa.size(), sb.size());
+    std::vector<int64_t> out(n);
+    for (size_t i = 0; i < n; ++i) {
+        int64_t x = i < n - sa.size() ? 1 : sa[i - (n - sa.size())];
+        int64_t y = i < n - sb.size() ? 1 : sb[i - (n - sb.size())];
+        out[i] = x == 1 ? y : x;
+    }
+    return out;
+}
+
+// ---------------------------------------------------------------- elementwise
+
+// Entry point codes shared with fusekit/_torch_ext.py (BINARY, UNARY, SCALAR).
+using BinaryFn = fk_status (*)(const fk_buffer*, const fk_buffer*, fk_buffer*, const fk_stream*);
+using UnaryFn = fk_status (*)(const fk_buffer*, fk_buffer*, const fk_stream*);
+using ScalarFn = fk_status (*)(const fk_buffer*, fk_scalar, fk_buffer*, const fk_stream*);
+
+BinaryFn binary_fn(int64_t op, const char** where) {
+    const Api& a = api();
+    switch (op) {
+        case 0: *where = "fusekit.add"; return a.fk_add;
+        case 1: *where = "fusekit.sub"; return a.fk_sub;
+        case 2: *where = "fusekit.mul"; return a.fk_mul;
+        case 3: *where = "fusekit.div"; return a.fk_div;
+    }
+    bad(FK_ERROR_INVALID_ARGUMENT, "fusekit::binary: unknown op " + std::to_string(op));
+}
+
+UnaryFn unary_fn(int64_t op, const char** where) {
+    const Api& a = api();
+    switch (op) {
+        case 0: *where = "fusekit.neg"; return a.fk_neg;
+        case 1: *where = "fusekit.abs"; return a.fk_abs;
+        case 2: *where = "fusekit.exp"; return a.fk_exp;
+        case 3: *where = "fusekit.log"; return a.fk_log;
+        case 4: *where = "fusekit.sqrt"; return a.fk_sqrt;
+        case 5: *where = "fusekit.sin"; return a.fk_sin;
+        case 6: *where = "fusekit.cos"; return a.fk_cos;
+        case 7: *where = "fusekit.tanh"; return a.fk_tanh;
+        case 8: *where = "fusekit.sigmoid"; return a.fk_sigmoid;
+        case 9: *where = "fusekit.relu"; return a.fk_relu;
+        case 10: *where = "fusekit.copy"; return a.fk_copy;
+    }
+    bad(FK_ERROR_INVALID_ARGUMENT, "fusekit::unary: unknown op " + std::to_string(op));
+}
+
+ScalarFn scalar_fn(int64_t op, const char** where) {
+    const Api& a = api();
+    switch (op) {
+        case 0: *where = "fusekit.scalar_add"; return a.fk_scalar_add;
+        case 1: *where = "fusekit.scalar_mul"; return a.fk_scalar_mul;
+    }
+    bad(FK_ERROR_INVALID_ARGUMENT, "fusekit::scalar: unknown op " + std::to_string(op));
+}
+
+void binary_out(Tensor a, Tensor b, int64_t op, Tensor out) {
+    const char* where = nullptr;
+    BinaryFn fn = binary_fn(op, &where);
+    Call c(where, a);
+    Buf A = c.in(a, "a"), B = c.in(b, "b"), O = c.in(out, "out");
+    check(fn(A.get(), B.get(), O.get(), c.stream), where);
+}
+
+Tensor binary(Tensor a, Tensor b, int64_t op) {
+    Tensor out = new_tensor(broadcast(a, b), dtype_of(a), a);
+    binary_out(a, b, op, out);
+    return out;
+}
+
+void unary_out(Tensor a, int64_t op, Tensor out) {
+    const char* where = nullptr;
+    UnaryFn fn = unary_fn(op, &where);
+    Call c(where, a);
+    Buf A = c.in(a, "a"), O = c.in(out, "out");
+    check(fn(A.get(), O.get(), c.stream), where);
+}
+
+Tensor unary(Tensor a, int64_t op) {
+    int32_t dt = dtype_of(a);
+    Tensor out = new_tensor(shape_of(a), op == 1 ? torch_real_of(dt) : dt, a);  // abs of complex: real
+    unary_out(a, op, out);
+    return out;
+}
+
+void scalar_out(Tensor a, double re, double im, int64_t op, Tensor out) {
+    const char* where = nullptr;
+    ScalarFn fn = scalar_fn(op, &where);
+    Call c(where, a);
+    Buf A = c.in(a, "a"), O = c.in(out, "out");
+    check(fn(A.get(), fk_scalar{re, im}, O.get(), c.stream), where);
+}
+
+Tensor scalar(Tensor a, double re, double im, int64_t op) {
+    Tensor out = new_like(a);
+    scalar_out(a, re, im, op, out);
+    return out;
+}
+
+void axpby_c_out(Tensor a, Tensor b, double are, double aim, double bre, double bim, Tensor out) {
+    Call c("fusekit.axpby", a);
+    Buf A = c.in(a, "a"), B = c.in(b, "b"), O = c.in(out, "out");
+    check(api().fk_axpby(fk_scalar{are, aim}, A.get(), fk_scalar{bre, bim}, B.get(), O.get(), c.stream), c.where);
+}
+
+Tensor axpby_c(Tensor a, Tensor b, double are, double aim, double bre, double bim) {
+    Tensor out = new_tensor(broadcast(a, b), dtype_of(a), a);
+    axpby_c_out(a, b, are, aim, bre, bim, out);
+    return out;
+}
+
+// The differentiable elementwise ops (autograd in fusekit/torch_ops.py).
+Tensor axpby(Tensor a, Tensor b, double alpha, double beta) { return axpby_c(a, b, alpha, 0.0, beta, 0.0); }
+Tensor scalar_mul(Tensor a, double s) { return scalar(a, s, 0.0, 1); }
+Tensor relu(Tensor a) { return unary(a, 9); }
+
+// ---------------------------------------------------------------- fused linear layer
+
+constexpr int64_t kActGelu = FK_ACT_GELU;
+constexpr int64_t kActNone = FK_ACT_NONE;
+
+std::tuple<Tensor, Tensor> linear(Tensor x, Tensor w, OptTensor b, int64_t act) {
+    contig_all(x, w, b);
+    Call c("fusekit.linear", x);
+    auto xs = x.sizes();
+    std::vector<int64_t> ys(xs.begin(), xs.end());
+    if (ys.empty() || w.dim() != 2) bad(FK_ERROR_SHAPE_MISMATCH, "fusekit.linear: x must be [..., k] and w [n, k]");
+    ys.back() = w.size(0);
+    int32_t dt = dtype_of(x);
+    Tensor y = new_tensor(ys, dt, x);
+    Tensor aux = act == kActGelu ? new_tensor(ys, dt, x) : empty0(x);
+    Buf X = c.in(x, "x"), W = c.in(w, "w"), B = c.in(b, "b"), Y = c.out(y, "y");
+    Buf A = act == kActGelu ? c.out(aux, "aux") : Buf();
+    check(api().fk_linear_forward(X.get(), W.get(), B.get(), static_cast<fk_activation>(act), Y.get(), A.get(),
+                                  c.stream),
+          c.where);
+    return {y, aux};
+}
+
+// want: bit 0 dx, bit 1 dw, bit 2 db (a gradient not wanted comes back empty).
+std::tuple<Tensor, Tensor, Tensor> linear_backward(Tensor dy, Tensor x, Tensor w, Tensor saved, int64_t act,
+                                                   int64_t want) {
+    contig_all(dy, x, w, saved);
+    Call c("fusekit.linear_backward", dy);
+    Tensor dx = want & 1 ? new_like(x) : empty0(x);
+    Tensor dw = want & 2 ? new_like(w) : empty0(w);
+    Tensor db = want & 4 ? new_tensor({w.size(0)}, dtype_of(dy), dy) : empty0(dy);
+    Buf DY = c.in(dy, "dy"), X = c.in(x, "x"), W = c.in(w, "w");
+    Buf S = act != kActNone ? c.in(saved, "saved") : Buf();
+    Buf DX = want & 1 ? c.out(dx, "dx") : Buf();
+    Buf DW = want & 2 ? c.out(dw, "dw") : Buf();
+    Buf DB = want & 4 ? c.out(db, "db") : Buf();
+    check(api().fk_linear_backward(DY.get(), X.get(), W.get(), static_cast<fk_activation>(act), S.get(), DX.get(),
+                                   DW.get(), DB.get(), c.stream),
+          c.where);
+    return {dx, dw, db};
+}
+
+// ---------------------------------------------------------------- Gaussian field
+
+// The backwards' workspace, from torch's allocator (0 bytes on the CPU: none).
+Tensor gaussian_workspace(const Call& c, const Tensor& points, const Tensor& means) {
+    size_t bytes = 0;
+    fk_dtype fd = fk_dtype_of(dtype_of(points), c.where, "points");
+    check(api().fk_gaussian_backward_workspace_size(c.ctx, fd, points.dim() > 0 ? points.size(0) : 0,
+                                                    means.dim() > 0 ? means.size(0) : 0, &bytes),
+          c.where);
+    return new_tensor({static_cast<int64_t>((bytes + 3) / 4)}, codes().f32, points);
+}
+
+Tensor gaussian_field(Tensor points, Tensor means, Tensor chol, Tensor weights, double eps) {
+    contig_all(points, means, chol, weights);
+    Call c("fusekit.gaussian_field", points);
+    Tensor out = new_tensor({points.dim() > 0 ? points.size(0) : 0}, dtype_of(points), points);
+    Buf P = c.in(points, "points"), M = c.in(means, "means"), L = c.in(chol, "chol"), W = c.in(weights, "weights");
+    Buf O = c.out(out, "out");
+    check(api().fk_gaussian_field_forward(P.get(), M.get(), L.get(), W.get(), eps, O.get(), c.stream), c.where);
+    return out;
+}
+
+// want: bits 0..3 dpoints, dmeans, dchol, dweights.
+std::tuple<Tensor, Tensor, Tensor, Tensor> gaussian_field_backward(Tensor points, Tensor means, Tensor chol,
+                                                                   Tensor weights, Tensor dout, double eps,
+                                                                   int64_t want) {
+    contig_all(points, means, chol, weights, dout);
+    Call c("fusekit.gaussian_field_backward", points);
+    Tensor dp = want & 1 ? new_like(points) : empty0(points);
+    Tensor dm = want & 2 ? new_like(means) : empty0(means);
+    Tensor dc = want & 4 ? new_like(chol) : empty0(chol);
+    Tensor dw = want & 8 ? new_like(weights) : empty0(weights);
+    Tensor ws = want & 15 ? gaussian_workspace(c, points, means) : empty0(points);
+    Buf P = c.in(points, "points"), M = c.in(means, "means"), L = c.in(chol, "chol"), W = c.in(weights, "weights");
+    Buf D = c.in(dout, "dout");
+    Buf DP = want & 1 ? c.out(dp, "dpoints") : Buf();
+    Buf DM = want & 2 ? c.out(dm, "dmeans") : Buf();
+    Buf DC = want & 4 ? c.out(dc, "dchol") : Buf();
+    Buf DW = want & 8 ? c.out(dw, "dweights") : Buf();
+    Buf WS = ws.numel() > 0 ? c.out(ws, "workspace") : Buf();
+    check(api().fk_gaussian_field_backward(P.get(), M.get(), L.get(), W.get(), eps, D.get(), DP.get(), DM.get(),
+                                           DC.get(), DW.get(), WS.get(), c.stream),
+          c.where);
+    return {dp, dm, dc, dw};
+}
+
+Tensor mahalanobis(Tensor points, Tensor means, Tensor chol, double eps) {
+    contig_all(points, means, chol);
+    Call c("fusekit.mahalanobis", points);
+    Tensor out = new_tensor({points.dim() > 0 ? points.size(0) : 0, means.dim() > 0 ? means.size(0) : 0},
+                       dtype_of(points), points);
+    Buf P = c.in(points, "points"), M = c.in(means, "means"), L = c.in(chol, "chol"), O = c.out(out, "out");
+    check(api().fk_mahalanobis_forward(P.get(), M.get(), L.get(), eps, O.get(), c.stream), c.where);
+    return out;
+}
+
+// want: bits 0..2 dpoints, dmeans, dchol.
+std::tuple<Tensor, Tensor, Tensor> mahalanobis_backward(Tensor points, Tensor means, Tensor chol, Tensor g,
+                                                        double eps, int64_t want) {
+    contig_all(points, means, chol, g);
+    Call c("fusekit.mahalanobis_backward", points);
+    Tensor dp = want & 1 ? new_like(points) : empty0(points);
+    Tensor dm = want & 2 ? new_like(means) : empty0(means);
+    Tensor dc = want & 4 ? new_like(chol) : empty0(chol);
+    Tensor ws = want & 7 ? gaussian_workspace(c, points, means) : empty0(points);
+    Buf P = c.in(points, "points"), M = c.in(means, "means"), L = c.in(chol, "chol"), G = c.in(g, "g");
+    Buf DP = want & 1 ? c.out(dp, "dpoints") : Buf();
+    Buf DM = want & 2 ? c.out(dm, "dmeans") : Buf();
+    Buf DC = want & 4 ? c.out(dc, "dchol") : Buf();
+    Buf WS = ws.numel() > 0 ? c.out(ws, "workspace") : Buf();
+    check(api().fk_mahalanobis_backward(P.get(), M.get(), L.get(), eps, G.get(), DP.get(), DM.get(), DC.get(),
+                                        WS.get(), c.stream),
+          c.where);
+    return {dp, dm, dc};
+}
+
+// ---------------------------------------------------------------- geodesic flow
+
+Tensor christoffel(Tensor v, Tensor U, Tensor W, double cl) {
+    contig_all(v, U, W);
+    Call c("fusekit.christoffel", v);
+    Tensor gamma = new_like(v);
+    Buf V = c.in(v, "v"), Uh = c.in(U, "U"), Wh = c.in(W, "W"), G = c.out(gamma, "gamma");
+    check(api().fk_christoffel_forward(V.get(), Uh.get(), Wh.get(), cl, 0, G.get(), c.stream), c.where);
+    return gamma;
+}
+
+// want: bits 0..2 dv, dU, dW.
+std::tuple<Tensor, Tensor, Tensor> christoffel_backward(Tensor v, Tensor U, Tensor W, Tensor g, double cl,
+                                                        int64_t want) {
+    contig_all(v, U, W, g);
+    Call c("fusekit.christoffel_backward", v);
+    Tensor dv = want & 1 ? new_like(v) : empty0(v);
+    Tensor dU = want & 2 ? new_like(U) : empty0(U);
+    Tensor dW = want & 4 ? new_like(W) : empty0(W);
+    Buf V = c.in(v, "v"), Uh = c.in(U, "U"), Wh = c.in(W, "W"), G = c.in(g, "g");
+    Buf DV = want & 1 ? c.out(dv, "dv") : Buf();
+    Buf DU = want & 2 ? c.out(dU, "dU") : Buf();
+    Buf DW = want & 4 ? c.out(dW, "dW") : Buf();
+    check(api().fk_christoffel_backward(V.get(), Uh.get(), Wh.get(), G.get(), cl, 0, DV.get(), DU.get(), DW.get(),
+                                        c.stream),
+          c.where);
+    return {dv, dU, dW};
+}
+
+std::tuple<Tensor, Tensor, Tensor> leapfrog(Tensor x0, Tensor v0, Tensor U, Tensor W, OptTensor f, OptTensor mu,
+                                            double dt, int64_t steps, double cl, bool keep_traj) {
+    contig_all(x0, v0, U, W, f, mu);
+    Call c("fusekit.leapfrog", v0);
+    Tensor x = new_like(x0), v = new_like(v0);
+    int64_t b = v0.dim() > 0 ? v0.size(0) : 0, d = v0.dim() > 1 ? v0.size(1) : 0;
+    Tensor traj = new_tensor({keep_traj ? steps : 0, 2, b, d}, dtype_of(v0), v0);
+    Buf X0 = c.in(x0, "x0"), V0 = c.in(v0, "v0"), F = c.in(f, "f"), Uh = c.in(U, "U"), Wh = c.in(W, "W");
+    Buf MU = c.in(mu, "mu"), X = c.out(x, "x_out"), V = c.out(v, "v_out");
+    Buf T = keep_traj ? c.out(traj, "traj") : Buf();
+    check(api().fk_leapfrog_forward(X0.get(), V0.get(), F.get(), Uh.get(), Wh.get(), MU.get(), dt, steps, cl, 0,
+                                    X.get(), V.get(), T.get(), c.stream),
+          c.where);
+    return {x, v, traj};
+}
+
+// want: bits 0..4 dx0, dv0, df, dU, dW.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> leapfrog_backward(Tensor v0, Tensor U, Tensor W, OptTensor f,
+                                                                     OptTensor mu, OptTensor traj, OptTensor gx,
+                                                                     OptTensor gv, double dt, int64_t steps,
+                                                                     double cl, int64_t want) {
+    contig_all(v0, U, W, f, mu, traj, gx, gv);
+    Call c("fusekit.leapfrog_backward", v0);
+    Tensor dx0 = want & 1 ? new_like(v0) : empty0(v0);
+    Tensor dv0 = want & 2 ? new_like(v0) : empty0(v0);
+    Tensor df = want & 4 ? new_like(v0) : empty0(v0);
+    Tensor dU = want & 8 ? new_like(U) : empty0(U);
+    Tensor dW = want & 16 ? new_like(W) : empty0(W);
+    Buf V0 = c.in(v0, "v0"), F = c.in(f, "f"), Uh = c.in(U, "U"), Wh = c.in(W, "W"), MU = c.in(mu, "mu");
+    Buf T = c.in(traj, "traj"), GX = c.in(gx, "gx"), GV = c.in(gv, "gv");
+    Buf DX0 = want & 1 ? c.out(dx0, "dx0") : Buf();
+    Buf DV0 = want & 2 ? c.out(dv0, "dv0") : Buf();
+    Buf DF = want & 4 ? c.out(df, "df") : Buf();
+    Buf DU = want & 8 ? c.out(dU, "dU") : Buf();
+    Buf DW = want & 16 ? c.out(dW, "dW") : Buf();
+    check(api().fk_leapfrog_backward(V0.get(), F.get(), Uh.get(), Wh.get(), MU.get(), dt, steps, cl, 0, T.get(),
+                                     GX.get(), GV.get(), DX0.get(), DV0.get(), DF.get(), DU.get(), DW.get(),
+                                     c.stream),
+          c.where);
+    return {dx0, dv0, df, dU, dW};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- init (called once from Python)
+
+// Resolves the C ABI in the libfusekit at `path` (already loaded by the ctypes
+// package). Returns 0, or -1 with a message in `err`.
+extern "C" __attribute__((visibility("default"))) int fusekit_torch_init(const char* path, char* err, size_t errlen) {
+    auto say = [&](const std::string& m) {
+        if (err && errlen) {
+            std::strncpy(err, m.c_str(), errlen - 1);
+            err[errlen - 1] = 0;
+        }
+        return -1;
+    };
+    if (g_ready.load(std::memory_order_acquire)) return 0;
+    void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) return say(std::string("dlopen failed: ") + dlerror());
+    Api a;
+#define FK_TORCH_RESOLVE(name)                                                        \
+    a.name = reinterpret_cast<decltype(&::name)>(dlsym(h, #name));                  \
+    if (!a.name) return say(std::string(path) + " lacks the entry point " #name " (older than these bindings)");
+    FK_TORCH_ENTRY_POINTS(FK_TORCH_RESOLVE)
+#undef FK_TORCH_RESOLVE
+    uint32_t abi = a.fk_abi_version();
+    if (abi / 1000 != FK_ABI_VERSION / 1000 || abi < FK_ABI_VERSION)
+        return say(std::string(path) + " has ABI version " + std::to_string(abi) + ", the torch ops were built for " +
+                   std::to_string(FK_ABI_VERSION));
+    g_api = a;
+    g_ready.store(true, std::memory_order_release);
+    return 0;
+}
+
+// Which torch stable-ABI version the binary was built for (for diagnostics).
+extern "C" __attribute__((visibility("default"))) uint64_t fusekit_torch_target_version() {
+    return TORCH_FEATURE_VERSION;
+}
+
+// ---------------------------------------------------------------- schemas and kernels
+
+STABLE_TORCH_LIBRARY(fusekit, m) {
+    // plain elementwise ops on tensors (fusekit.add(...) etc.; not differentiable)
+    m.def("binary(Tensor a, Tensor b, int op) -> Tensor");
+    m.def("binary_out(Tensor a, Tensor b, int op, Tensor(a!) out) -> ()");
+    m.def("unary(Tensor a, int op) -> Tensor");
+    m.def("unary_out(Tensor a, int op, Tensor(a!) out) -> ()");
+    m.def("scalar(Tensor a, float re, float im, int op) -> Tensor");
+    m.def("scalar_out(Tensor a, float re, float im, int op, Tensor(a!) out) -> ()");
+    m.def("axpby_c(Tensor a, Tensor b, float alpha_re, float alpha_im, float beta_re, float beta_im) -> Tensor");
+    m.def("axpby_c_out(Tensor a, Tensor b, float alpha_re, float alpha_im, float beta_re, float beta_im, "
+          "Tensor(a!) out) -> ()");
+    // differentiable ops (autograd registered in Python) and their backwards
+    m.def("axpby(Tensor a, Tensor b, float alpha, float beta) -> Tensor");
+    m.def("scalar_mul(Tensor a, float s) -> Tensor");
+    m.def("relu(Tensor a) -> Tensor");
+    m.def("linear(Tensor x, Tensor w, Tensor? b, int act) -> (Tensor, Tensor)");
+    m.def("linear_backward(Tensor dy, Tensor x, Tensor w, Tensor saved, int act, int want=7) "
+          "-> (Tensor, Tensor, Tensor)");
+    m.def("gaussian_field(Tensor points, Tensor means, Tensor chol, Tensor weights, float eps) -> Tensor");
+    m.def("gaussian_field_backward(Tensor points, Tensor means, Tensor chol, Tensor weights, Tensor dout, "
+          "float eps, int want=15) -> (Tensor, Tensor, Tensor, Tensor)");
+    m.def("mahalanobis(Tensor points, Tensor means, Tensor chol, float eps) -> Tensor");
+    m.def("mahalanobis_backward(Tensor points, Tensor means, Tensor chol, Tensor g, float eps, int want=7) "
+          "-> (Tensor, Tensor, Tensor)");
+    m.def("christoffel(Tensor v, Tensor U, Tensor W, float c) -> Tensor");
+    m.def("christoffel_backward(Tensor v, Tensor U, Tensor W, Tensor g, float c, int want=7) "
+          "-> (Tensor, Tensor, Tensor)");
+    m.def("leapfrog(Tensor x0, Tensor v0, Tensor U, Tensor W, Tensor? f, Tensor? mu, float dt, int steps, "
+          "float c, bool keep_traj=True) -> (Tensor, Tensor, Tensor)");
+    m.def("leapfrog_backward(Tensor v0, Tensor U, Tensor W, Tensor? f, Tensor? mu, Tensor? traj, Tensor? gx, "
+          "Tensor? gv, float dt, int steps, float c, int want=31) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+}
+
+#define FK_TORCH_IMPLS(m)                                                              \
+    m.impl("binary", TORCH_BOX(&binary));                                              \
+    m.impl("binary_out", TORCH_BOX(&binary_out));                                      \
+    m.impl("unary", TORCH_BOX(&unary));                                                \
+    m.impl("unary_out", TORCH_BOX(&unary_out));                                        \
+    m.impl("scalar", TORCH_BOX(&scalar));                                              \
+    m.impl("scalar_out", TORCH_BOX(&scalar_out));                                      \
+    m.impl("axpby_c", TORCH_BOX(&axpby_c));                                            \
+    m.impl("axpby_c_out", TORCH_BOX(&axpby_c_out));                                    \
+    m.impl("axpby", TORCH_BOX(&axpby));                                                \
+    m.impl("scalar_mul", TORCH_BOX(&scalar_mul));                                      \
+    m.impl("relu", TORCH_BOX(&relu));                                                  \
+    m.impl("linear", TORCH_BOX(&linear));                                              \
+    m.impl("linear_backward", TORCH_BOX(&linear_backward));                            \
+    m.impl("gaussian_field", TORCH_BOX(&gaussian_field));                              \
+    m.impl("gaussian_field_backward", TORCH_BOX(&gaussian_field_backward));            \
+    m.impl("mahalanobis", TORCH_BOX(&mahalanobis));                                    \
+    m.impl("mahalanobis_backward", TORCH_BOX(&mahalanobis_backward));                  \
+    m.impl("christoffel", TORCH_BOX(&christoffel));                                    \
+    m.impl("christoffel_backward", TORCH_BOX(&christoffel_backward));                  \
+    m.impl("leapfrog", TORCH_BOX(&leapfrog));                                          \
+    m.impl("leapfrog_backward", TORCH_BOX(&leapfrog_backward));
+
+STABLE_TORCH_LIBRARY_IMPL(fusekit, CPU, m) { FK_TORCH_IMPLS(m) }
+STABLE_TORCH_LIBRARY_IMPL(fusekit, CUDA, m) { FK_TORCH_IMPLS(m) }

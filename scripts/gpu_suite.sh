@@ -16,6 +16,7 @@ mkdir -p "$OUT"
 LOG=$OUT/suite.log
 : >"$LOG"
 export FUSEKIT_LIBRARY=$B/lib/libfusekit.so FUSEKIT_LIB_DIR=$B/lib
+export FUSEKIT_TORCH_LIBRARY=$B/lib/_fusekit_torch.so
 export FK_CACHE_DIR=${FK_CACHE_DIR:-/tmp/fusekit-cache} FK_REQUIRE_GPU=1 FK_REQUIRE_NVRTC=1
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 export PYTHONPATH=$ROOT/bindings/python${PYTHONPATH:+:$PYTHONPATH}
@@ -54,7 +55,7 @@ fi
 echo "GPUs: $NGPU; NCCL: ${FK_NCCL_PATH:-(fusekit search)}" | tee -a "$LOG"
 
 sel warmup && step warmup 600 python3 -c "import fusekit, time; t=time.time(); c=fusekit.Context('cuda'); c.warmup(); print('warmup', round(time.time()-t,1), 's')"
-for t in gpu_elementwise gpu_geodesic gpu_gaussian gpu_linalg gpu_optim gpu_runtime abi_core abi_elementwise abi_geodesic abi_gaussian abi_linalg abi_optim abi_runtime multigpu_runtime nccl_missing; do
+for t in gpu_capture gpu_elementwise gpu_geodesic gpu_gaussian gpu_linalg gpu_optim gpu_runtime abi_core abi_elementwise abi_geodesic abi_gaussian abi_linalg abi_optim abi_runtime multigpu_runtime nccl_missing; do
   [ -x "$B/bin/$t" ] && sel "$t" && step "$t" 600 "$B/bin/$t" --test-threads=1 --nocapture
 done
 sel c_tests && step c_tests 300 env FK_TEST_DEVICE=cuda bash tests/c/run.sh

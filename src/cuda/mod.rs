@@ -187,6 +187,11 @@ impl CudaDevice {
             FK_ERROR_INVALID_ARGUMENT,
             "ordinal = {ordinal} but only {count} CUDA device(s) are present"
         );
+        // A context may be created while another stream of the process is being
+        // captured (PyTorch's torch.cuda.graph with fusekit's first call inside it):
+        // its one-time setup (primary context, memory pool) touches no capturing
+        // stream, so it runs in relaxed capture mode and leaves the capture valid.
+        let _relaxed = RelaxedCapture::new();
         let cu_device = result::device::get(ordinal as i32).cuda("cuDeviceGet")?;
         // SAFETY: valid device handle.
         let cu_ctx =

@@ -838,17 +838,17 @@ fn capture_refuses_non_capturable_calls_cleanly() {
     let a = Buf::new_on(&g, d, &[n, n], s.raw());
     let out = Buf::new_on(&g, d, &[n, n], s.raw());
     upload(&a, d, &av, s.raw());
-    // chunked GEMM operands in pinned host memory
-    let mk_pinned = |shape: &[i64]| {
+    // chunked GEMM operands in pinned host memory (cuMemHostAlloc, wrapped for the
+    // CUDA context: what fk_gemm_chunked streams tile by tile)
+    let mut hosts: Vec<*mut c_void> = Vec::new();
+    let mut mk_pinned = |shape: &[i64]| {
+        let n = shape.iter().product::<i64>() as usize * 8; // f64
+        let ptr = unsafe { cu::malloc_host(n, 0) }.expect("cuMemHostAlloc");
+        unsafe { std::ptr::write_bytes(ptr as *mut u8, 0x3f, n) };
+        hosts.push(ptr);
         let mut b = null_mut();
         ok(unsafe {
-            fusekit::abi::runtime::fk_buffer_create_pinned(
-                g.raw(),
-                d,
-                shape.len() as i32,
-                shape.as_ptr(),
-                &mut b,
-            )
+            fusekit::abi::core::fk_buffer_wrap(g.raw(), ptr, d, shape.len() as i32, shape.as_ptr(), null(), &mut b)
         });
         b
     };
@@ -1014,6 +1014,9 @@ fn capture_refuses_non_capturable_calls_cleanly() {
         fk_buffer_destroy(pa);
         fk_buffer_destroy(pb);
         fk_buffer_destroy(pc);
+    }
+    for p in hosts {
+        unsafe { cu::free_host(p) }.expect("cuMemFreeHost");
     }
     drop((a, out));
     drop(s);

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from . import _torch_ext
 from .ops import gaussian as _g
-from .torch_ops import register
+from .torch_ops import eager_call, register
 
 __all__ = ["gaussian_field", "mahalanobis"]
 
@@ -76,7 +76,8 @@ def _field_backward(ctx, grad):
             dw if need[3] else None, None)
 
 
-register("gaussian_field", fake=_field_fake, backward=_field_backward, setup_context=_field_setup)
+_field = eager_call(register("gaussian_field", fake=_field_fake, backward=_field_backward, setup_context=_field_setup),
+                    _field_backward, _field_setup, (0, 1, 2, 3))
 
 
 # --- fusekit::mahalanobis_backward --------------------------------------------------------
@@ -110,7 +111,8 @@ def _maha_backward(ctx, grad):
     return dp if need[0] else None, dm if need[1] else None, dc if need[2] else None, None
 
 
-register("mahalanobis", fake=_maha_fake, backward=_maha_backward, setup_context=_maha_setup)
+_maha = eager_call(register("mahalanobis", fake=_maha_fake, backward=_maha_backward, setup_context=_maha_setup),
+                   _maha_backward, _maha_setup, (0, 1, 2))
 
 
 # --- wrappers with the default eps ------------------------------------------------------------
@@ -119,7 +121,7 @@ register("mahalanobis", fake=_maha_fake, backward=_maha_backward, setup_context=
 def gaussian_field(points: Tensor, means: Tensor, chol: Tensor, weights: Tensor, eps: float = _g.DEFAULT_EPS) -> Tensor:
     """Differentiable fused Gaussian field ``[B]`` (``torch.ops.fusekit.gaussian_field``)."""
     try:
-        return torch.ops.fusekit.gaussian_field(points, means, chol, weights, float(eps))
+        return _field(points, means, chol, weights, float(eps))
     except RuntimeError as e:
         raise _torch_ext.translate(e) from None
 
@@ -127,6 +129,6 @@ def gaussian_field(points: Tensor, means: Tensor, chol: Tensor, weights: Tensor,
 def mahalanobis(points: Tensor, means: Tensor, chol: Tensor, eps: float = _g.DEFAULT_EPS) -> Tensor:
     """Differentiable squared Mahalanobis distances ``[B,N]`` (``torch.ops.fusekit.mahalanobis``)."""
     try:
-        return torch.ops.fusekit.mahalanobis(points, means, chol, float(eps))
+        return _maha(points, means, chol, float(eps))
     except RuntimeError as e:
         raise _torch_ext.translate(e) from None

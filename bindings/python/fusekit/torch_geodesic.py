@@ -40,7 +40,7 @@ from torch import Tensor
 
 from . import _torch_ext
 from .ops import geodesic as _g
-from .torch_ops import register
+from .torch_ops import eager_call, register
 
 __all__ = ["christoffel", "leapfrog"]
 
@@ -88,7 +88,8 @@ def _chr_backward(ctx, grad):
     return dv if need[0] else None, dU if need[1] else None, dW if need[2] else None, None
 
 
-register("christoffel", fake=_chr_fake, backward=_chr_backward, setup_context=_chr_setup)
+_chr = eager_call(register("christoffel", fake=_chr_fake, backward=_chr_backward, setup_context=_chr_setup),
+                  _chr_backward, _chr_setup, (0, 1, 2))
 
 
 # --- fusekit::leapfrog_backward -------------------------------------------------------------
@@ -128,7 +129,8 @@ def _lf_backward(ctx, gx, gv, gtraj):
             df if need[4] else None, None, None, None, None, None)
 
 
-register("leapfrog", fake=_lf_fake, backward=_lf_backward, setup_context=_lf_setup)
+_lf = eager_call(register("leapfrog", fake=_lf_fake, backward=_lf_backward, setup_context=_lf_setup),
+                 _lf_backward, _lf_setup, (0, 1, 2, 3, 4, 5), materialize=False)
 
 
 # --- wrappers with the default c ----------------------------------------------------------------
@@ -137,7 +139,7 @@ register("leapfrog", fake=_lf_fake, backward=_lf_backward, setup_context=_lf_set
 def christoffel(v: Tensor, U: Tensor, W: Tensor, c: float = _g.DEFAULT_C) -> Tensor:
     """Differentiable clamped Christoffel term ``[B,D]`` (``torch.ops.fusekit.christoffel``)."""
     try:
-        return torch.ops.fusekit.christoffel(v, U, W, float(c))
+        return _chr(v, U, W, float(c))
     except RuntimeError as e:
         raise _torch_ext.translate(e) from None
 
@@ -167,7 +169,7 @@ def leapfrog(
     or no input requiring grad) writes no trajectory. ``return_traj`` implies it."""
     keep = _keep_traj(save_traj, return_traj, (x0, v0, U, W, f))
     try:
-        x, v, traj = torch.ops.fusekit.leapfrog(x0, v0, U, W, f, mu, float(dt), int(steps), float(c), keep)
+        x, v, traj = _lf(x0, v0, U, W, f, mu, float(dt), int(steps), float(c), keep)
     except RuntimeError as e:
         raise _torch_ext.translate(e) from None
     return (x, v, traj) if return_traj else (x, v)

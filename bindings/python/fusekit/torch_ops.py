@@ -35,7 +35,7 @@ from torch import Tensor
 
 from . import _torch_ext
 
-__all__ = ["register", "axpby", "scalar_mul", "relu", "NAMESPACE"]
+__all__ = ["register", "eager_call", "axpby", "scalar_mul", "relu", "NAMESPACE"]
 
 NAMESPACE = "fusekit"
 
@@ -57,6 +57,61 @@ def register(
     if backward is not None:
         torch.library.register_autograd(qualname, backward, setup_context=setup_context)
     return getattr(torch.ops.fusekit, name).default
+
+
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_is_compiling = torch.compiler.is_compiling
+
+
+def eager_call(op, backward: Callable, setup_context: Callable, grad_args: tuple, materialize: bool = True) -> Callable:
+    """What the user-facing wrappers (``linear``, ``gaussian_field``, ...) call: the
+    same compiled op with the same autograd formula, minus torch's generic Python
+    autograd kernel of ``register_autograd`` (its per-call tree walk and redispatch
+    cost tens of microseconds of host time).
+
+    - Eager, a gradient wanted (grad mode on and an argument at a position in
+      ``grad_args`` requiring grad): a ``torch.autograd.Function`` with the op's own
+      ``setup_context`` and ``backward``, whose forward calls the kernel below the
+      autograd key.
+    - Eager, no gradient wanted: the kernel below the autograd key.
+    - Under ``torch.compile``: the registered op itself, so the graph holds the
+      custom op and its registered autograd.
+
+    ``materialize=False`` (ops with several outputs whose backward takes None for an
+    unused one, e.g. the trajectory): no zero gradients are made for unused outputs."""
+
+    class _Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(*args):
+            with _below_autograd():
+                return op(*args)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            if not materialize:
+                ctx.set_materialize_grads(False)
+            setup_context(ctx, inputs, output)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return backward(ctx, *grads)
+
+    _Fn.__name__ = _Fn.__qualname__ = f"fusekit_{op._schema.name.split('::')[-1]}"
+    apply = _Fn.apply
+    grad_enabled = torch.is_grad_enabled
+
+    def call(*args):
+        if _is_compiling():
+            return op(*args)
+        if grad_enabled():
+            for i in grad_args:
+                t = args[i]
+                if t is not None and t.requires_grad:
+                    return apply(*args)
+        with _below_autograd():
+            return op(*args)
+
+    return call
 
 
 def _reduce_to(grad: Tensor, shape) -> Tensor:
@@ -81,12 +136,9 @@ def _scalar_mul_backward(ctx, grad):
     return torch.ops.fusekit.scalar_mul(grad, ctx.s), None
 
 
-_scalar_mul_op = register(
-    "scalar_mul",
-    fake=_scalar_mul_fake,
-    backward=_scalar_mul_backward,
-    setup_context=_scalar_mul_setup,
-)
+_scalar_mul_op = eager_call(
+    register("scalar_mul", fake=_scalar_mul_fake, backward=_scalar_mul_backward, setup_context=_scalar_mul_setup),
+    _scalar_mul_backward, _scalar_mul_setup, (0,))
 
 
 # --- fusekit::axpby(Tensor a, Tensor b, float alpha, float beta) -> Tensor --
@@ -113,12 +165,9 @@ def _axpby_backward(ctx, grad):
     return ga, gb, None, None
 
 
-_axpby_op = register(
-    "axpby",
-    fake=_axpby_fake,
-    backward=_axpby_backward,
-    setup_context=_axpby_setup,
-)
+_axpby_op = eager_call(
+    register("axpby", fake=_axpby_fake, backward=_axpby_backward, setup_context=_axpby_setup),
+    _axpby_backward, _axpby_setup, (0, 1))
 
 
 # --- fusekit::relu(Tensor a) -> Tensor ---------------------------------------
@@ -139,7 +188,8 @@ def _relu_backward(ctx, grad):
     return torch.where(out > 0, grad, torch.zeros_like(grad))
 
 
-_relu_op = register("relu", fake=_relu_fake, backward=_relu_backward, setup_context=_relu_setup)
+_relu_op = eager_call(register("relu", fake=_relu_fake, backward=_relu_backward, setup_context=_relu_setup),
+                      _relu_backward, _relu_setup, (0,))
 
 
 # --- convenience wrappers with the argument order of the plain functions -------
@@ -147,17 +197,17 @@ _relu_op = register("relu", fake=_relu_fake, backward=_relu_backward, setup_cont
 
 def axpby(alpha: float, a: Tensor, beta: float, b: Tensor) -> Tensor:
     """``alpha*a + beta*b`` through ``torch.ops.fusekit.axpby`` (differentiable)."""
-    return torch.ops.fusekit.axpby(a, b, float(alpha), float(beta))
+    return _axpby_op(a, b, float(alpha), float(beta))
 
 
 def scalar_mul(a: Tensor, s: float) -> Tensor:
     """``a*s`` through ``torch.ops.fusekit.scalar_mul`` (differentiable)."""
-    return torch.ops.fusekit.scalar_mul(a, float(s))
+    return _scalar_mul_op(a, float(s))
 
 
 def relu(a: Tensor) -> Tensor:
     """``max(a, 0)`` through ``torch.ops.fusekit.relu`` (differentiable)."""
-    return torch.ops.fusekit.relu(a)
+    return _relu_op(a)
 
 
 # --- fusekit::linear, fusekit::linear_backward (the fused linear layer) ------

@@ -234,6 +234,8 @@ def register_torch_ops(register):
         ctx.save_for_backward(x, w, saved)
 
     def _backward(ctx, gy, _gsaved):
+        if gy is None:  # only aux was used (it gets no gradient)
+            return None, None, None, None
         x, w, saved = ctx.saved_tensors
         need = ctx.needs_input_grad
         want = (1 if need[0] else 0) | (2 if need[1] else 0) | (4 if ctx.has_bias and need[2] else 0)
@@ -241,12 +243,17 @@ def register_torch_ops(register):
         return (dx if want & 1 else None), (dw if want & 2 else None), (db if want & 4 else None), None
 
     fwd_op = register("linear", fake=_linear_fake, backward=_backward, setup_context=_setup)
+    from ..torch_ops import eager_call
+
+    fwd = eager_call(fwd_op, _backward, _setup, (0, 1, 2), materialize=False)
+    acts = {name: _act(name) for name in ("none", "relu", "gelu")}
 
     def linear(x, w, b=None, act="relu"):
         """``act(x w^T + b)`` through ``torch.ops.fusekit.linear`` (differentiable;
-        float16, bfloat16, float32; contiguous tensors)."""
+        float16, bfloat16, float32)."""
+        a = acts.get(act) if isinstance(act, str) else None
         try:
-            y, _ = fwd_op(x, w, b, _act(act))
+            y, _ = fwd(x, w, b, _act(act) if a is None else a)
         except RuntimeError as e:
             raise _torch_ext.translate(e) from None
         return y

@@ -534,3 +534,41 @@ fn pooled_create_destroy_is_cheap() {
         );
     }
 }
+
+// ------------------------------------------------------------------ wrap's pointer check
+
+/// `fk_buffer_wrap` on CUDA checks the pointer once per device allocation and
+/// remembers the allocation's range: pointers anywhere inside it wrap (also after
+/// many others), while host memory is refused every time, before and after.
+#[test]
+fn wrap_remembers_checked_allocations_and_still_refuses_host_memory() {
+    let Some(g) = gpu() else { return };
+    let s = Stream::new(&g);
+    let dev = f32_buf(&g, 1 << 16, &s);
+    s.sync();
+    let host = vec![0f32; 64];
+    let try_wrap = |p: *mut c_void| {
+        let mut b = null_mut();
+        let shape = [16i64];
+        let st = unsafe { fk_buffer_wrap(g.raw(), p, FK_DTYPE_F32, 1, shape.as_ptr(), null(), &mut b) };
+        if !b.is_null() {
+            unsafe { fk_buffer_destroy(b) };
+        }
+        st
+    };
+    let hp = host.as_ptr() as *mut c_void;
+    assert_eq!(try_wrap(hp), FK_ERROR_DEVICE_MISMATCH, "{}", last_error());
+    let base = dev.data() as *mut u8;
+    for off in [0usize, 4, 4096, (1 << 18) - 64] {
+        assert_eq!(try_wrap(unsafe { base.add(off) } as *mut c_void), FK_OK, "offset {off}");
+    }
+    // many other allocations push this one's range out, then in again
+    let others: Vec<Buf> = (0..40).map(|_| f32_buf(&g, 1024, &s)).collect();
+    s.sync();
+    for o in &others {
+        assert_eq!(try_wrap(o.data()), FK_OK);
+    }
+    assert_eq!(try_wrap(base as *mut c_void), FK_OK);
+    assert_eq!(try_wrap(hp), FK_ERROR_DEVICE_MISMATCH, "host memory after cached ranges");
+    assert!(last_error().contains("not memory CUDA knows"), "{}", last_error());
+}

@@ -163,7 +163,16 @@ pub struct CudaDevice {
     pub(crate) blas: cublas::BlasCache,
     /// cuSOLVER handles per stream (`cusolver.rs`).
     pub(crate) solver: cusolver::SolverCache,
+    /// Device-memory allocations of this device that `check_pointer` has already
+    /// confirmed, as `[start, end)` address ranges, most recent first (at most
+    /// `CHECKED_RANGES`): a pointer into one of them needs no driver query.
+    checked: Mutex<Vec<(u64, u64)>>,
 }
+
+/// How many allocation ranges `check_pointer` remembers per device. A framework's
+/// caching allocator (PyTorch's) carves tensors out of a few large segments, so a
+/// handful of ranges covers most of the pointers a program passes.
+const CHECKED_RANGES: usize = 32;
 
 // SAFETY: CUDA handles are usable from any thread once the context is current;
 // `bind()` makes it current before every use, and the maps are behind mutexes.
@@ -229,6 +238,7 @@ impl CudaDevice {
             functions: Mutex::new(HashMap::new()),
             blas: Default::default(),
             solver: Default::default(),
+            checked: Mutex::new(Vec::new()),
         };
         dev.bind()?;
         Ok(dev)
@@ -369,20 +379,44 @@ impl CudaDevice {
 
     /// Checks that `ptr` is memory this device can address (device memory of this
     /// device, managed memory, or registered host memory).
+    ///
+    /// The query (`cuPointerGetAttributes`, about 2.5 us) is made once per device
+    /// allocation: the allocation's address range is remembered and later pointers
+    /// into it pass without a driver call. The check guards against host pointers
+    /// and other devices' memory; like the query itself it cannot tell whether the
+    /// memory is still allocated (a range freed by its owner stays remembered until
+    /// pushed out).
     pub fn check_pointer(&self, ptr: usize, what: &str) -> Result<()> {
+        let p = ptr as u64;
+        {
+            let mut c = self.checked.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = c.iter().position(|&(a, b)| a <= p && p < b) {
+                if i > 0 {
+                    let r = c.remove(i);
+                    c.insert(0, r);
+                }
+                return Ok(());
+            }
+        }
         self.bind()?;
         // cuPointerGetAttributes, unlike cuPointerGetAttribute, answers memory CUDA
         // does not know with memory type 0 instead of an error, so probing plain host
         // memory raises no CUDA API error (which compute-sanitizer would report).
         let mut mem_type: u32 = 0;
         let mut ord: i32 = -1;
+        let mut start: sys::CUdeviceptr = 0;
+        let mut size: usize = 0;
         let mut attrs = [
             sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
             sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
         ];
         let mut data = [
             &mut mem_type as *mut u32 as *mut std::ffi::c_void,
             &mut ord as *mut i32 as *mut std::ffi::c_void,
+            &mut start as *mut sys::CUdeviceptr as *mut std::ffi::c_void,
+            &mut size as *mut usize as *mut std::ffi::c_void,
         ];
         // SAFETY: `data[i]` points to storage of the type of attribute `attrs[i]`.
         unsafe {
@@ -408,6 +442,11 @@ impl CudaDevice {
                 "{what} = {ptr:#x} is memory of cuda:{ord}, not cuda:{}",
                 self.ordinal
             );
+            if size > 0 && start <= p && p < start + size as u64 {
+                let mut c = self.checked.lock().unwrap_or_else(|e| e.into_inner());
+                c.insert(0, (start, start + size as u64));
+                c.truncate(CHECKED_RANGES);
+            }
         }
         Ok(())
     }

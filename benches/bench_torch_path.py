@@ -6,8 +6,9 @@ a) Host time per call (us) of one op of each family on small CUDA tensors, again
    `torch.add(a, b)`: the median host time (perf_counter) of 300 calls, the minimum
    over 3 such medians; the GPU is synchronised every 50 calls so its queue never
    fills (the style of benches/host_overhead.py).
-b) Training steps (forward, MSE loss, backward, torch.optim.SGD(momentum=0.9), the
-   same optimizer for every variant) of three models: an MLP of fused linear layers,
+b) Training steps (forward, MSE loss, backward: the step the issue measured; with
+   `--optimizer sgd` also torch.optim.SGD(momentum=0.9), the same optimizer for
+   every variant) of three models: an MLP of fused linear layers,
    a Gaussian-field fit and a geodesic leapfrog layer. Variants: fusekit eager,
    PyTorch eager, torch.compile (default mode, fullgraph) of the PyTorch model and of
    the fusekit model, the whole step (forward, backward, optimizer) captured with
@@ -371,8 +372,27 @@ def check_variant(case, name, step, module):
 
 
 # ---------------------------------------------------------------- variants
+OPTIMIZER = "none"  # --optimizer
+
+
+class _NoOptimizer:
+    """The step without an optimizer: gradients set to None before each step."""
+
+    def __init__(self, params):
+        self.params = list(params)
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        pass
+
+
 def make_opt(module, case):
-    return torch.optim.SGD(module.parameters(), lr=case.lr, momentum=0.9)
+    if OPTIMIZER == "sgd":
+        return torch.optim.SGD(module.parameters(), lr=case.lr, momentum=0.9)
+    return _NoOptimizer(module.parameters())
 
 
 def eager_step(module, opt, inputs, mark=False):
@@ -551,8 +571,10 @@ def host_rows(args):
     cases = [  # (key, label, fn, baseline key)
         ("torch.add", "torch.add(a, b), 1024 f32 (baseline)", lambda: torch.add(a, b), None),
         ("fusekit.add", "fusekit.add(a, b), 1024 f32", lambda: fusekit.add(a, b), "torch.add"),
-        ("fusekit.axpby", "torch.ops.fusekit.axpby(a, b, 2, -1)", lambda: torch.ops.fusekit.axpby(a, b, 2.0, -1.0),
-         "torch.add"),
+        ("fusekit.axpby", "fusekit.torch_ops.axpby(2, a, -1, b) (differentiable)",
+         lambda: fusekit.torch_ops.axpby(2.0, a, -1.0, b), "torch.add"),
+        ("op.axpby", "torch.ops.fusekit.axpby(a, b, 2, -1) (registered autograd)",
+         lambda: torch.ops.fusekit.axpby(a, b, 2.0, -1.0), "torch.add"),
         ("torch.linear", "torch.relu(F.linear(x, w, b)) [64,256]x[256,256]", lambda: torch.relu(F.linear(x, w, bias)),
          None),
         ("fusekit.linear", "fusekit.torch_ops.linear(x, w, b, relu)", lambda: fk_linear(x, w, bias, "relu"),
@@ -609,6 +631,7 @@ def header():
                 commit=commit, fusekit_library=os.environ.get("FUSEKIT_LIBRARY"))
     log(f"device: {info['device']}")
     log(f"torch {info['torch']}; date {info['date']}; git commit {info['commit']}")
+    log(f"step: forward, MSE loss, backward{' and SGD(momentum=0.9)' if OPTIMIZER == 'sgd' else ''}")
     log(f"library: {info['fusekit_library']}")
     return info
 
@@ -618,7 +641,7 @@ def fmt(v, w=8, p=3):
 
 
 def main():
-    global CUDA, DEV
+    global CUDA, DEV, OPTIMIZER
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (automatic without CUDA)")
@@ -627,7 +650,10 @@ def main():
     ap.add_argument("--no-profile", action="store_true", help="skip the gpu-only (profiler) times")
     ap.add_argument("--no-host", action="store_true", help="skip the host time rows")
     ap.add_argument("--budget-s", type=float, default=420.0)
+    ap.add_argument("--optimizer", choices=("none", "sgd"), default="none",
+                    help="the step's optimizer (none: forward, loss, backward)")
     args = ap.parse_args()
+    OPTIMIZER = args.optimizer
     t_start = time.time()
     CUDA = torch.cuda.is_available()
     DEV = "cuda" if CUDA else "cpu"
@@ -679,7 +705,7 @@ def main():
         goals.append(dict(goal=text, value=value, limit=limit, unit=unit, met=met))
 
     if "torch.add" in host:
-        for k in ("fusekit.add", "fusekit.axpby"):
+        for k in ("fusekit.add",):
             if k in host:
                 goal(f"host {k} <= 1.5x torch.add", host[k] / host["torch.add"], 1.5, "x")
     if "torch.linear_fb" in host and "fusekit.linear_fb" in host:

@@ -229,9 +229,7 @@ fn conj_copy<T: Mm>(x: &Mat, batch: i64) -> (Vec<T>, Mat) {
     let nb = if x.batch_stride == 0 { 1 } else { batch };
     let (r, c) = (x.rows as usize, x.cols as usize);
     let mut v = vec![T::ZERO; nb as usize * r * c];
-    v.par_chunks_mut((r * c).max(1))
-        .enumerate()
-        .for_each(|(bi, dst)| {
+    super::for_chunks_mut(&mut v, (r * c).max(1), |bi, dst| {
             let base = x.at(bi as i64, size_of::<T>());
             for i in 0..r {
                 for j in 0..c {
@@ -308,9 +306,7 @@ impl Half for bf16 {
 fn widen<H: Half>(x: &Mat, count: i64) -> Vec<f32> {
     let (r, c) = (x.rows as usize, x.cols as usize);
     let mut v = vec![0f32; count as usize * r * c];
-    v.par_chunks_mut(c.max(1))
-        .enumerate()
-        .for_each(|(row, dst)| {
+    super::for_chunks_mut(&mut v, c.max(1), |row, dst| {
             let (bi, i) = (row / r.max(1), row % r.max(1));
             let base = x.at(bi as i64, 2) + i * x.ld as usize * 2;
             for (j, d) in dst.iter_mut().enumerate() {
@@ -363,9 +359,7 @@ fn gemm_half<H: Half>(p: &GemmPlan) {
         &c_at,
     );
     // round back into C (with its own strides)
-    c32.par_chunks_mut(n.max(1))
-        .enumerate()
-        .for_each(|(row, src)| {
+    super::for_chunks_mut(&mut c32, n.max(1), |row, src| {
             let (bi, i) = (row / m.max(1), row % m.max(1));
             let base = p.c.at(bi as i64, 2) + i * p.c.ld as usize * 2;
             for (j, s) in src.iter().enumerate() {
@@ -425,7 +419,7 @@ fn act_fwd(act: Activation, z: f32) -> f32 {
 fn load_f32(dtype: DType, ptr: usize, n: usize) -> Vec<f32> {
     let mut v = vec![0f32; n];
     let chunk = 1 << 16;
-    v.par_chunks_mut(chunk).enumerate().for_each(|(ci, dst)| {
+    super::for_chunks_mut(&mut v, chunk, |ci, dst| {
         let off = ci * chunk;
         for (j, d) in dst.iter_mut().enumerate() {
             // SAFETY: ptr holds n elements of dtype (validated).
@@ -444,7 +438,7 @@ fn load_f32(dtype: DType, ptr: usize, n: usize) -> Vec<f32> {
 /// Writes f32 values rounded to `dtype` at `ptr`.
 fn store_f32(dtype: DType, ptr: usize, src: &[f32]) {
     let chunk = 1 << 16;
-    src.par_chunks(chunk).enumerate().for_each(|(ci, s)| {
+    super::for_chunks(src, chunk, |ci, s| {
         let off = ci * chunk;
         for (j, &v) in s.iter().enumerate() {
             // SAFETY: ptr holds src.len() elements of dtype (validated).
@@ -514,7 +508,7 @@ pub fn linear_forward(p: &LinearPlan) -> Result<()> {
     let mut z = mm_f32(m, n, k, &x, k as isize, 1, &w, 1, k.max(1) as isize);
     if let Some(bp) = p.bias {
         let b = load_f32(p.dtype, bp, n);
-        z.par_chunks_mut(n).for_each(|row| {
+        super::for_chunks_mut(&mut z, n, |_, row| {
             for (v, bj) in row.iter_mut().zip(&b) {
                 *v += bj;
             }
@@ -523,7 +517,7 @@ pub fn linear_forward(p: &LinearPlan) -> Result<()> {
     if let Some(ap) = p.aux {
         store_f32(p.dtype, ap, &z);
     }
-    z.par_iter_mut().for_each(|v| *v = act_fwd(p.act, *v));
+    super::for_chunks_mut(&mut z, 4096, |_, c| c.iter_mut().for_each(|v| *v = act_fwd(p.act, *v)));
     store_f32(p.dtype, p.y, &z);
     Ok(())
 }
@@ -536,23 +530,28 @@ pub fn linear_backward(p: &LinearBwdPlan) -> Result<()> {
         Activation::None => {}
         Activation::Relu => {
             let y = load_f32(p.dtype, p.saved, m * n);
-            dz.par_iter_mut().zip(&y).for_each(|(d, &y)| {
-                if !(y > 0.0) {
-                    *d = 0.0;
+            super::for_chunks_mut(&mut dz, 4096, |ci, c| {
+                for (d, &y) in c.iter_mut().zip(&y[ci * 4096..]) {
+                    if !(y > 0.0) {
+                        *d = 0.0;
+                    }
                 }
             });
         }
         Activation::Gelu => {
             let z = load_f32(p.dtype, p.saved, m * n);
-            dz.par_iter_mut()
-                .zip(&z)
-                .for_each(|(d, &z)| *d *= gelu_grad(z));
+            super::for_chunks_mut(&mut dz, 4096, |ci, c| {
+                for (d, &z) in c.iter_mut().zip(&z[ci * 4096..]) {
+                    *d *= gelu_grad(z);
+                }
+            });
         }
     }
     if let Some(dbp) = p.db {
         // column sums in f64, parallel over column blocks
         let mut db = vec![0f32; n];
-        db.par_chunks_mut(64).enumerate().for_each(|(cb, out)| {
+        let par = m * n >= super::PAR_MIN;
+        let col_block = |(cb, out): (usize, &mut [f32])| {
             let j0 = cb * 64;
             let mut acc = vec![0f64; out.len()];
             for i in 0..m {
@@ -564,7 +563,12 @@ pub fn linear_backward(p: &LinearBwdPlan) -> Result<()> {
             for (o, a) in out.iter_mut().zip(acc) {
                 *o = a as f32;
             }
-        });
+        };
+        if par {
+            db.par_chunks_mut(64).enumerate().for_each(col_block);
+        } else {
+            db.chunks_mut(64).enumerate().for_each(col_block);
+        }
         store_f32(p.dtype, dbp, &db);
     }
     if let Some(dxp) = p.dx {

@@ -9,6 +9,32 @@ pub mod linalg;
 pub mod optim;
 
 use half::{bf16, f16};
+use rayon::prelude::*;
+
+/// Below this many elements a loop runs on the calling thread: handing it to the
+/// rayon pool wakes the pool's threads and waits for them, which costs more than
+/// the loop (tens of microseconds when they sleep; the torch ops on small CPU
+/// tensors paid it several times a call).
+pub(crate) const PAR_MIN: usize = 1 << 15;
+
+/// `f(i, chunk)` for the `chunk`-sized pieces of `v`: in parallel when `v` holds
+/// at least `PAR_MIN` elements, else in order on this thread.
+pub(crate) fn for_chunks_mut<T: Send>(v: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
+    if v.len() < PAR_MIN {
+        v.chunks_mut(chunk.max(1)).enumerate().for_each(|(i, c)| f(i, c));
+    } else {
+        v.par_chunks_mut(chunk.max(1)).enumerate().for_each(|(i, c)| f(i, c));
+    }
+}
+
+/// `f(i, chunk)` for the `chunk`-sized pieces of `v` (read-only), as `for_chunks_mut`.
+pub(crate) fn for_chunks<T: Sync>(v: &[T], chunk: usize, f: impl Fn(usize, &[T]) + Sync + Send) {
+    if v.len() < PAR_MIN {
+        v.chunks(chunk.max(1)).enumerate().for_each(|(i, c)| f(i, c));
+    } else {
+        v.par_chunks(chunk.max(1)).enumerate().for_each(|(i, c)| f(i, c));
+    }
+}
 
 /// A complex number with the same arithmetic as `kernels/common.cuh`.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

@@ -63,6 +63,29 @@ _below_autograd = torch._C._AutoDispatchBelowAutograd
 _is_compiling = torch.compiler.is_compiling
 
 
+def _fast_apply(fn_cls):
+    """``fn_cls.apply`` without ``Function.apply``'s Python prologue, which binds the
+    arguments through ``inspect.signature`` on every call (about 15 us) when
+    ``setup_context`` is defined: every argument is passed positionally here, so
+    the C++ ``apply`` of ``torch._C._FunctionBase`` is called directly. Under
+    functorch transforms (vmap, grad, ...) the full ``apply`` runs."""
+    try:
+        from torch.autograd.function import _SingleLevelFunction
+
+        raw = super(_SingleLevelFunction, fn_cls).apply
+    except (ImportError, AttributeError):  # another torch layout: the public path
+        return fn_cls.apply
+    full = fn_cls.apply
+    transforms_active = torch._C._are_functorch_transforms_active
+
+    def apply(*args):
+        if transforms_active():
+            return full(*args)
+        return raw(*args)
+
+    return apply
+
+
 def eager_call(op, backward: Callable, setup_context: Callable, grad_args: tuple, materialize: bool = True) -> Callable:
     """What the user-facing wrappers (``linear``, ``gaussian_field``, ...) call: the
     same compiled op with the same autograd formula, minus torch's generic Python
@@ -97,7 +120,7 @@ def eager_call(op, backward: Callable, setup_context: Callable, grad_args: tuple
             return backward(ctx, *grads)
 
     _Fn.__name__ = _Fn.__qualname__ = f"fusekit_{op._schema.name.split('::')[-1]}"
-    apply = _Fn.apply
+    apply = _fast_apply(_Fn)
     grad_enabled = torch.is_grad_enabled
 
     def call(*args):

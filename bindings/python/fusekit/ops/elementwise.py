@@ -76,6 +76,13 @@ def _routed(where, fn, fn_out, out, *args):
 
 
 def _binary(entry: str, where: str, a, b, out, stream):
+    t = _route.tensor
+    if (t is not None and type(a) is t and type(b) is t and out is None and stream is None
+            and not (a.requires_grad or b.requires_grad or a.is_complex() or b.is_complex())):
+        try:  # the common case, kept short: two plain real tensors, a new output
+            return _route.binary(a, b, _tx.BINARY[entry])
+        except RuntimeError as e:
+            raise _tx.translate(e) from None
     if stream is None and _torch_route(a, b) and (out is None or _torch_route(out)):
         return _routed(where, _route.binary, _route.binary_out, out, _d(a), _d(b), _tx.BINARY[entry])
     with Invocation(where, stream) as inv:
@@ -87,6 +94,12 @@ def _binary(entry: str, where: str, a, b, out, stream):
 
 
 def _unary(entry: str, where: str, a, out, stream, out_dtype=None):
+    t = _route.tensor
+    if t is not None and type(a) is t and out is None and stream is None and not (a.requires_grad or a.is_complex()):
+        try:  # the common case, kept short
+            return _route.unary(a, _tx.UNARY[entry])
+        except RuntimeError as e:
+            raise _tx.translate(e) from None
     if stream is None and _torch_route(a) and (out is None or _torch_route(out)):
         return _routed(where, _route.unary, _route.unary_out, out, _d(a), _tx.UNARY[entry])
     with Invocation(where, stream) as inv:

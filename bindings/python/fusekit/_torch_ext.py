@@ -201,3 +201,54 @@ def call(fn, *args):
         return fn(*args)
     except RuntimeError as e:
         raise translate(e) from None
+
+
+def ops():
+    """``torch.ops.fusekit`` (the extension is loaded by the time a route is taken)."""
+    return sys.modules["torch"].ops.fusekit
+
+
+def plain(*arrays) -> bool:
+    """Whether a plain function's arrays (None entries skipped; at least one given)
+    all take the compiled route: torch tensors, the extension loaded, no lazily
+    conjugated/negated view. The caller also requires ``stream=None``."""
+    t = route.tensor
+    if t is None:
+        torch = sys.modules.get("torch")
+        first = next((x for x in arrays if x is not None), None)
+        if route.tried or torch is None or not isinstance(first, torch.Tensor) or not enable_route():
+            return False
+        t = route.tensor
+    seen = False
+    for x in arrays:
+        if x is None:
+            continue
+        if not isinstance(x, t) or (x.is_complex() and (x.is_conj() or x.is_neg())):
+            return False
+        seen = True
+    return seen
+
+
+def d(t):
+    """An input without autograd history (plain functions record none)."""
+    return t.detach() if t is not None and t.requires_grad else t
+
+
+def new(shape, like):
+    """A new tensor of ``shape`` with ``like``'s dtype and device."""
+    return sys.modules["torch"].empty(tuple(shape), dtype=like.dtype, device=like.device)
+
+
+def run(where: str, op, args, written=()):
+    """Runs a compiled in-place op: the caller's outputs in ``written`` (None
+    skipped) are checked first and get their version counters bumped after."""
+    for o in written:
+        if o is not None:
+            check_out(where, o)
+    try:
+        op(*args)
+    except RuntimeError as e:
+        raise translate(e) from None
+    for o in written:
+        if o is not None:
+            route.increment_version(o)

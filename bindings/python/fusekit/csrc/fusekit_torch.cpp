@@ -62,7 +62,9 @@ namespace {
     X(fk_gaussian_field_forward) X(fk_gaussian_field_backward) X(fk_mahalanobis_forward) \
     X(fk_mahalanobis_backward) X(fk_gaussian_backward_workspace_size)                     \
     X(fk_christoffel_forward) X(fk_christoffel_backward) X(fk_leapfrog_forward)          \
-    X(fk_leapfrog_backward)
+    X(fk_leapfrog_backward) X(fk_gemm) X(fk_kron) X(fk_matrix_power) X(fk_shampoo_stats)  \
+    X(fk_shampoo_precondition) X(fk_per_sample_grads) X(fk_per_sample_grad_norms)         \
+    X(fk_dp_clipped_grad_sum)
 
 struct Api {
 #define FK_TORCH_FIELD(name) decltype(&::name) name = nullptr;
@@ -625,6 +627,81 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> leapfrog_backward(Tensor v0, 
     return {dx0, dv0, df, dU, dW};
 }
 
+
+// ---------------------------------------------------------------- linear algebra and optimizer math
+// The plain functions' compiled route (fusekit.gemm, kron, matrix_power, ...): the
+// Python functions shape and allocate the outputs; these run the entry point on
+// torch's current stream. Outputs are written in place (the `_out`/`_` ops).
+
+void gemm_(int64_t op_a, int64_t op_b, double are, double aim, Tensor a, Tensor b, double bre, double bim, Tensor c,
+           int64_t flags) {
+    Call k("fusekit.gemm", c);
+    Buf A = k.in(a, "a"), B = k.in(b, "b"), C = k.in(c, "c");
+    check(api().fk_gemm(static_cast<fk_op>(op_a), static_cast<fk_op>(op_b), fk_scalar{are, aim}, A.get(), B.get(),
+                        fk_scalar{bre, bim}, C.get(), static_cast<uint32_t>(flags), k.stream),
+          k.where);
+}
+
+void kron_out(Tensor a, Tensor b, Tensor out) {
+    Call k("fusekit.kron", a);
+    Buf A = k.in(a, "a"), B = k.in(b, "b"), O = k.in(out, "out");
+    check(api().fk_kron(A.get(), B.get(), O.get(), k.stream), k.where);
+}
+
+// report: a float64 CPU tensor [5] receiving (method, iterations, converged,
+// residual, min_eigenvalue), also when the call fails with FK_ERROR_NOT_CONVERGED.
+void matrix_power_out(Tensor a, double power, double eps, int64_t method, int64_t max_iter, double tol,
+                      int64_t flags, Tensor out, Tensor report) {
+    Call k("fusekit.matrix_power", a);
+    Buf A = k.in(a, "a"), O = k.in(out, "out");
+    fk_matpow_report rep{};
+    fk_status s = api().fk_matrix_power(A.get(), power, eps, static_cast<fk_matpow_method>(method),
+                                        static_cast<int32_t>(max_iter), tol, static_cast<uint32_t>(flags), O.get(),
+                                        &rep, k.stream);
+    if (report.numel() >= 5 && report.is_cpu() && dtype_of(report) == codes().f64) {
+        double* r = static_cast<double*>(report.data_ptr());
+        r[0] = rep.method;
+        r[1] = rep.iterations;
+        r[2] = rep.converged;
+        r[3] = rep.residual;
+        r[4] = rep.min_eigenvalue;
+    }
+    check(s, k.where);
+}
+
+void shampoo_stats_(Tensor grad, OptTensor l, OptTensor r, double alpha, double beta) {
+    Call k("fusekit.shampoo_stats", grad);
+    Buf G = k.in(grad, "grad"), L = k.in(l, "l"), R = k.in(r, "r");
+    check(api().fk_shampoo_stats(G.get(), alpha, beta, L.get(), R.get(), k.stream), k.where);
+}
+
+void shampoo_precondition_out(Tensor grad, OptTensor l_root, OptTensor r_root, int64_t flags, Tensor out) {
+    Call k("fusekit.shampoo_precondition", grad);
+    Buf G = k.in(grad, "grad"), L = k.in(l_root, "l_root"), R = k.in(r_root, "r_root"), O = k.in(out, "out");
+    check(api().fk_shampoo_precondition(L.get(), G.get(), R.get(), O.get(), static_cast<uint32_t>(flags), k.stream),
+          k.where);
+}
+
+void per_sample_grads_out(Tensor a, Tensor g, int64_t flags, Tensor out) {
+    Call k("fusekit.per_sample_grads", a);
+    Buf A = k.in(a, "a"), G = k.in(g, "g"), O = k.in(out, "out");
+    check(api().fk_per_sample_grads(A.get(), G.get(), O.get(), static_cast<uint32_t>(flags), k.stream), k.where);
+}
+
+void per_sample_grad_norms_out(Tensor a, Tensor g, Tensor out) {
+    Call k("fusekit.per_sample_grad_norms", a);
+    Buf A = k.in(a, "a"), G = k.in(g, "g"), O = k.in(out, "sq_norms");
+    check(api().fk_per_sample_grad_norms(A.get(), G.get(), O.get(), k.stream), k.where);
+}
+
+void dp_clipped_grad_sum_out(Tensor a, Tensor g, double max_norm, int64_t flags, Tensor out, OptTensor sq_norms) {
+    Call k("fusekit.dp_clipped_grad_sum", a);
+    Buf A = k.in(a, "a"), G = k.in(g, "g"), O = k.in(out, "out"), N = k.in(sq_norms, "sq_norms");
+    check(api().fk_dp_clipped_grad_sum(A.get(), G.get(), max_norm, O.get(), N.get(), static_cast<uint32_t>(flags),
+                                       k.stream),
+          k.where);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- init (called once from Python)
@@ -693,6 +770,18 @@ STABLE_TORCH_LIBRARY(fusekit, m) {
           "-> (Tensor, Tensor, Tensor)");
     m.def("leapfrog(Tensor x0, Tensor v0, Tensor U, Tensor W, Tensor? f, Tensor? mu, float dt, int steps, "
           "float c, bool keep_traj=True) -> (Tensor, Tensor, Tensor)");
+    // linear algebra and optimizer math (the plain functions' compiled route)
+    m.def("gemm_(int op_a, int op_b, float alpha_re, float alpha_im, Tensor a, Tensor b, float beta_re, "
+          "float beta_im, Tensor(a!) c, int flags) -> ()");
+    m.def("kron_out(Tensor a, Tensor b, Tensor(a!) out) -> ()");
+    m.def("matrix_power_out(Tensor a, float power, float eps, int method, int max_iter, float tol, int flags, "
+          "Tensor(a!) out, Tensor(b!) report) -> ()");
+    m.def("shampoo_stats_(Tensor grad, Tensor(a!)? l, Tensor(b!)? r, float alpha, float beta) -> ()");
+    m.def("shampoo_precondition_out(Tensor grad, Tensor? l_root, Tensor? r_root, int flags, Tensor(a!) out) -> ()");
+    m.def("per_sample_grads_out(Tensor a, Tensor g, int flags, Tensor(a!) out) -> ()");
+    m.def("per_sample_grad_norms_out(Tensor a, Tensor g, Tensor(a!) out) -> ()");
+    m.def("dp_clipped_grad_sum_out(Tensor a, Tensor g, float max_norm, int flags, Tensor(a!) out, "
+          "Tensor(b!)? sq_norms) -> ()");
     m.def("leapfrog_backward(Tensor v0, Tensor U, Tensor W, Tensor? f, Tensor? mu, Tensor? traj, Tensor? gx, "
           "Tensor? gv, float dt, int steps, float c, int want=31) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
@@ -718,7 +807,15 @@ STABLE_TORCH_LIBRARY(fusekit, m) {
     m.impl("christoffel", TORCH_BOX(&christoffel));                                    \
     m.impl("christoffel_backward", TORCH_BOX(&christoffel_backward));                  \
     m.impl("leapfrog", TORCH_BOX(&leapfrog));                                          \
-    m.impl("leapfrog_backward", TORCH_BOX(&leapfrog_backward));
+    m.impl("leapfrog_backward", TORCH_BOX(&leapfrog_backward));                        \
+    m.impl("gemm_", TORCH_BOX(&gemm_));                                                \
+    m.impl("kron_out", TORCH_BOX(&kron_out));                                          \
+    m.impl("matrix_power_out", TORCH_BOX(&matrix_power_out));                          \
+    m.impl("shampoo_stats_", TORCH_BOX(&shampoo_stats_));                              \
+    m.impl("shampoo_precondition_out", TORCH_BOX(&shampoo_precondition_out));          \
+    m.impl("per_sample_grads_out", TORCH_BOX(&per_sample_grads_out));                  \
+    m.impl("per_sample_grad_norms_out", TORCH_BOX(&per_sample_grad_norms_out));        \
+    m.impl("dp_clipped_grad_sum_out", TORCH_BOX(&dp_clipped_grad_sum_out));
 
 STABLE_TORCH_LIBRARY_IMPL(fusekit, CPU, m) { FK_TORCH_IMPLS(m) }
 STABLE_TORCH_LIBRARY_IMPL(fusekit, CUDA, m) { FK_TORCH_IMPLS(m) }

@@ -48,7 +48,8 @@ def _torch_route(*ts) -> bool:
     no explicit stream, and the extension loaded (decided on the first torch call)."""
     t = _route.tensor
     if t is None:
-        if _route.tried or _torch() is None or not _tx.enable_route():
+        torch = _torch()
+        if _route.tried or torch is None or not isinstance(ts[0], torch.Tensor) or not _tx.enable_route():
             return False
         t = _route.tensor
     for x in ts:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from ctypes import byref, c_size_t
 
+from .. import _torch_ext as _tx
 from .._core import DType, Invocation, as_dtype, default_context
 from .._lib import lib
 
@@ -80,6 +81,8 @@ def gaussian_backward_workspace_size(context, dtype, num_points: int, num_gaussi
 
 def mahalanobis_forward(points, means, chol, eps: float = DEFAULT_EPS, *, out=None, stream=None):
     """Squared Mahalanobis distances ``m[b,n] = |(L_n + eps I)^-1 (p_b - mu_n)|^2``, ``[B,N]``."""
+    if out is None and stream is None and _tx.plain(points, means, chol):
+        return _tx.call(_tx.ops().mahalanobis.default, _tx.d(points), _tx.d(means), _tx.d(chol), float(eps))
     with Invocation("fusekit.mahalanobis_forward", stream) as inv:
         P = inv.input(points, "points")
         M = inv.input(means, "means")
@@ -95,6 +98,11 @@ def mahalanobis_backward(
 ):
     """Given ``g = dL/dm [B,N]``: ``(dpoints [B,3], dmeans [N,3], dchol [N,3,3])``
     (exact full lower triangle of dchol; its upper part is 0)."""
+    if out is None and workspace is None and stream is None and _tx.plain(points, means, chol, g):
+        want = sum(1 << i for i, n in enumerate(needs) if n)
+        grads = _tx.call(_tx.ops().mahalanobis_backward.default, _tx.d(points), _tx.d(means), _tx.d(chol), _tx.d(g),
+                         float(eps), want)
+        return tuple(t if want >> i & 1 else None for i, t in enumerate(grads))
     with Invocation("fusekit.mahalanobis_backward", stream) as inv:
         P = inv.input(points, "points")
         M = inv.input(means, "means")
@@ -113,6 +121,9 @@ def mahalanobis_backward(
 
 def gaussian_field_forward(points, means, chol, weights, eps: float = DEFAULT_EPS, *, out=None, stream=None):
     """``out[b] = sum_n weights[n] exp(-0.5 m[b,n])``, ``[B]``, fused (no ``[B,N]`` array)."""
+    if out is None and stream is None and _tx.plain(points, means, chol, weights):
+        return _tx.call(_tx.ops().gaussian_field.default, _tx.d(points), _tx.d(means), _tx.d(chol), _tx.d(weights),
+                        float(eps))
     with Invocation("fusekit.gaussian_field_forward", stream) as inv:
         P = inv.input(points, "points")
         M = inv.input(means, "means")
@@ -130,6 +141,11 @@ def gaussian_field_backward(
     workspace=None, stream=None
 ):
     """Given ``dout = dL/dout [B]``: ``(dpoints, dmeans, dchol, dweights)``, fused."""
+    if out is None and workspace is None and stream is None and _tx.plain(points, means, chol, weights, dout):
+        want = sum(1 << i for i, n in enumerate(needs) if n)
+        grads = _tx.call(_tx.ops().gaussian_field_backward.default, _tx.d(points), _tx.d(means), _tx.d(chol),
+                         _tx.d(weights), _tx.d(dout), float(eps), want)
+        return tuple(t if want >> i & 1 else None for i, t in enumerate(grads))
     with Invocation("fusekit.gaussian_field_backward", stream) as inv:
         P = inv.input(points, "points")
         M = inv.input(means, "means")

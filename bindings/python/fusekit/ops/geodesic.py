@@ -24,6 +24,7 @@ Differentiable versions for torch are in ``fusekit.torch_geodesic``.
 
 from __future__ import annotations
 
+from .. import _torch_ext as _tx
 from .._core import Invocation
 from .._lib import GEO_ALLOW_TF32, GEO_ALLOW_TF32X3, GEO_FORCE_GENERIC, lib
 
@@ -81,6 +82,8 @@ def _wanted(where: str, want, names) -> tuple:
 
 def christoffel_forward(v, U, W, c: float = DEFAULT_C, flags: int = 0, *, out=None, stream=None):
     """``gamma = clamp((v U)**2 W^T, -c, c)``, ``[B, D]`` (``out`` may be ``v``)."""
+    if flags == 0 and out is None and stream is None and _tx.plain(v, U, W):
+        return _tx.call(_tx.ops().christoffel.default, _tx.d(v), _tx.d(U), _tx.d(W), float(c))
     with Invocation("fusekit.christoffel_forward", stream) as inv:
         V = inv.input(v, "v")
         Uh = inv.input(U, "U")
@@ -98,6 +101,11 @@ def christoffel_backward(
     a gradient not in ``want``. ``out``: optional 3-tuple of output arrays."""
     where = "fusekit.christoffel_backward"
     wanted = _wanted(where, want, ("v", "U", "W"))
+    if flags == 0 and out is None and stream is None and _tx.plain(v, U, W, g):
+        bits = sum(1 << i for i, w in enumerate(wanted) if w)
+        grads = _tx.call(_tx.ops().christoffel_backward.default, _tx.d(v), _tx.d(U), _tx.d(W), _tx.d(g), float(c),
+                         bits)
+        return tuple(t if w else None for t, w in zip(grads, wanted))
     with Invocation(where, stream) as inv:
         V = inv.input(v, "v")
         Uh = inv.input(U, "U")
@@ -120,6 +128,12 @@ def leapfrog_forward(
     ``[steps, 2, B, D]`` to write (``traj[t][0] = x``, ``traj[t][1] = v`` after step
     t; pass it to :func:`leapfrog_backward`). ``out``: optional ``(x_out, v_out)``
     (``x_out`` may be ``x0`` and ``v_out`` ``v0``)."""
+    if (flags == 0 and out is None and stream is None and (traj is False or traj is True or traj is None)
+            and _tx.plain(x0, v0, U, W, f, mu)):
+        keep = traj is True
+        x, v, t = _tx.call(_tx.ops().leapfrog.default, _tx.d(x0), _tx.d(v0), _tx.d(U), _tx.d(W), _tx.d(f), _tx.d(mu),
+                           float(dt), int(steps), float(c), keep)
+        return (x, v, t) if keep else (x, v)
     with Invocation("fusekit.leapfrog_forward", stream) as inv:
         X = inv.input(x0, "x0")
         V = inv.input(v0, "v0")
@@ -158,6 +172,11 @@ def leapfrog_backward(
     are recomputed). ``out``: optional 5-tuple of output arrays."""
     where = "fusekit.leapfrog_backward"
     wanted = _wanted(where, want, ("x0", "v0", "f", "U", "W"))
+    if flags == 0 and out is None and stream is None and _tx.plain(v0, U, W, f, mu, traj, gx, gv):
+        bits = sum(1 << i for i, w in enumerate(wanted) if w)
+        grads = _tx.call(_tx.ops().leapfrog_backward.default, _tx.d(v0), _tx.d(U), _tx.d(W), _tx.d(f), _tx.d(mu),
+                         _tx.d(traj), _tx.d(gx), _tx.d(gv), float(dt), int(steps), float(c), bits)
+        return tuple(t if w else None for t, w in zip(grads, wanted))
     with Invocation(where, stream) as inv:
         V = inv.input(v0, "v0")
         fh = _opt(inv, f, "f")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 
+from .. import _torch_ext as _tx
 from .._core import Invocation, as_dtype
 from .._lib import lib, scalar
 
@@ -61,6 +62,15 @@ def _dims(shape, op):
     return batch, (c, r) if op != FK_OP_N else (r, c)
 
 
+def _gemm_shape(sa, sb, oa, ob):
+    """The shape of ``op(a) op(b)`` for stored shapes ``sa``, ``sb``."""
+    ba, (m, _) = _dims(sa, oa)
+    bb, (_, n) = _dims(sb, ob)
+    if m is None or n is None:
+        return (0, 0)  # the library reports the rank error
+    return (m, n) if len(sa) < 3 and len(sb) < 3 else (max(ba, bb), m, n)
+
+
 def _take(inv):
     """The caller-kind result of the output just adapted or allocated."""
     return inv._result
@@ -72,6 +82,18 @@ def gemm(a, b, *, op_a="N", op_b="N", alpha=1.0, beta=0.0, c=None, allow_tf32=Fa
     where = "fusekit.gemm"
     sa, sb = scalar(alpha, where, "alpha"), scalar(beta, where, "beta")
     oa, ob = _op(op_a), _op(op_b)
+    if stream is None and _tx.plain(a, b, c):
+        A, B = _tx.d(a), _tx.d(b)
+        C = c
+        if C is None:
+            if beta != 0:
+                from .._lib import ERROR_INVALID_ARGUMENT, raise_error
+
+                raise_error(ERROR_INVALID_ARGUMENT, where, "beta != 0 needs c")
+            C = _tx.new(_gemm_shape(tuple(A.shape), tuple(B.shape), oa, ob), A)
+        flags = FK_GEMM_ALLOW_TF32 if allow_tf32 else 0
+        _tx.run(where, _tx.ops().gemm_, (oa, ob, sa.re, sa.im, A, B, sb.re, sb.im, C, flags), (c,))
+        return C
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         B = inv.input(b, "b")
@@ -80,11 +102,7 @@ def gemm(a, b, *, op_a="N", op_b="N", alpha=1.0, beta=0.0, c=None, allow_tf32=Fa
                 from .._lib import ERROR_INVALID_ARGUMENT, raise_error
 
                 raise_error(ERROR_INVALID_ARGUMENT, where, "beta != 0 needs c")
-            ba, (m, _) = _dims(tuple(A.shape), oa)
-            bb, (_, n) = _dims(tuple(B.shape), ob)
-            shape = (m, n) if len(A.shape) < 3 and len(B.shape) < 3 else (max(ba, bb), m, n)
-            if m is None or n is None:
-                shape = (0, 0)  # the library reports the rank error
+            shape = _gemm_shape(tuple(A.shape), tuple(B.shape), oa, ob)
         else:
             shape = None
         C = inv.output(c, "c", shape, A.dtype)
@@ -163,22 +181,29 @@ def linear_backward(dy, x, w, *, act="relu", saved=None, dx=True, dw=True, db=Tr
         return tuple(r for _, r in outs)
 
 
+def _kron_shape(sa, sb):
+    """The shape of ``kron(a, b)`` for shapes ``sa``, ``sb``."""
+    if len(sa) in (2, 3) and len(sb) in (2, 3):
+        ba, bb = (sa[0] if len(sa) == 3 else 1), (sb[0] if len(sb) == 3 else 1)
+        shape = (sa[-2] * sb[-2], sa[-1] * sb[-1])
+        if len(sa) == 3 or len(sb) == 3:
+            shape = (max(ba, bb),) + shape
+        return shape
+    return (0, 0)  # the library reports the rank error
+
+
 def kron(a, b, *, out=None, stream=None):
     """Batched Kronecker product: ``kron(a [m, n], b [p, q]) -> [m*p, n*q]``, or
     ``[batch, m*p, n*q]`` when either is 3-D (a batch of 1 broadcasts)."""
+    if stream is None and _tx.plain(a, b, out):
+        A, B = _tx.d(a), _tx.d(b)
+        O = out if out is not None else _tx.new(_kron_shape(tuple(A.shape), tuple(B.shape)), A)
+        _tx.run("fusekit.kron", _tx.ops().kron_out, (A, B, O), (out,))
+        return O
     with Invocation("fusekit.kron", stream) as inv:
         A = inv.input(a, "a")
         B = inv.input(b, "b")
-        sa, sb = tuple(A.shape), tuple(B.shape)
-        shape = None
-        if len(sa) in (2, 3) and len(sb) in (2, 3):
-            ba, bb = (sa[0] if len(sa) == 3 else 1), (sb[0] if len(sb) == 3 else 1)
-            shape = (sa[-2] * sb[-2], sa[-1] * sb[-1])
-            if len(sa) == 3 or len(sb) == 3:
-                shape = (max(ba, bb),) + shape
-        else:
-            shape = (0, 0)  # the library reports the rank error
-        O = inv.output(out, "out", shape, A.dtype)
+        O = inv.output(out, "out", _kron_shape(tuple(A.shape), tuple(B.shape)), A.dtype)
         lib().fk_kron(A.handle, B.handle, O.handle, inv.stream_handle)
         return inv.result()
 

@@ -33,7 +33,8 @@ import numbers
 from ctypes import byref
 from dataclasses import dataclass
 
-from .._core import DType, Invocation, _is_torch_tensor, _torch
+from .. import _torch_ext as _tx
+from .._core import DType, Invocation, _is_torch_tensor, _torch, as_dtype
 from .._lib import (
     ERROR_INVALID_ARGUMENT,
     GEMM_ALLOW_TF32,
@@ -189,6 +190,20 @@ def matrix_power(a, power, eps=0.0, *, method="auto", max_iter=100, tol=None, al
     e = _real(eps, where, "eps")
     m = _method(method, where)
     it = _int32(max_iter, where, "max_iter")
+    if stream is None and _tx.plain(a, out):
+        A = _tx.d(a)
+        O = out if out is not None else _tx.new(A.shape, A)
+        t = _default_tol(as_dtype(A.dtype), allow_tf32) if tol is None else _real(tol, where, "tol")
+        rep_t = _torch().zeros(5, dtype=_torch().float64)
+        rep = fk_matpow_report()
+        try:
+            _tx.run(where, _tx.ops().matrix_power_out, (A, p, e, m, it, t, _flags(allow_tf32), O, rep_t), (out,))
+        except NotConvergedError as err:
+            _report_from(rep, rep_t)
+            err.report, err.out = MatrixPowerReport.from_c(rep), O
+            raise
+        _report_from(rep, rep_t)
+        return (O, MatrixPowerReport.from_c(rep)) if return_report else O
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         O = inv.output(out, "out", _dims(A), A.dtype)
@@ -207,6 +222,14 @@ def matrix_power(a, power, eps=0.0, *, method="auto", max_iter=100, tol=None, al
         return (result, MatrixPowerReport.from_c(rep)) if return_report else result
 
 
+def _report_from(rep: fk_matpow_report, t) -> None:
+    """The compiled route's report tensor (method, iterations, converged, residual,
+    min_eigenvalue) into an ``fk_matpow_report``."""
+    v = t.tolist()
+    rep.method, rep.iterations, rep.converged = int(v[0]), int(v[1]), int(v[2])
+    rep.residual, rep.min_eigenvalue = v[3], v[4]
+
+
 def shampoo_stats(grad, l=None, r=None, alpha=1.0, beta=1.0, *, stream=None):  # noqa: E741
     """Shampoo statistics, in place: ``l = beta l + alpha grad grad^T`` and
     ``r = beta r + alpha grad^T grad`` (``alpha = beta = 1`` accumulates;
@@ -218,6 +241,9 @@ def shampoo_stats(grad, l=None, r=None, alpha=1.0, beta=1.0, *, stream=None):  #
     written, exactly symmetric. Returns ``(l, r)`` (None where not given)."""
     where = "fusekit.shampoo_stats"
     sa, sb = _real(alpha, where, "alpha"), _real(beta, where, "beta")
+    if stream is None and _tx.plain(grad, l, r):
+        _tx.run(where, _tx.ops().shampoo_stats_, (_tx.d(grad), l, r, sa, sb), (l, r))
+        return l, r
     with Invocation(where, stream) as inv:
         G = inv.input(grad, "grad")
         L = inv.output(l, "l", None, G.dtype) if l is not None else None
@@ -234,6 +260,12 @@ def shampoo_precondition(grad, l_root=None, r_root=None, *, out=None, allow_tf32
     batch of 1 shared by all), each optional (None = the identity), e.g. from
     :func:`matrix_power` with ``power = -1/4``. ``out`` has grad's shape."""
     where = "fusekit.shampoo_precondition"
+    if stream is None and _tx.plain(grad, l_root, r_root, out):
+        G = _tx.d(grad)
+        O = out if out is not None else _tx.new(G.shape, G)
+        _tx.run(where, _tx.ops().shampoo_precondition_out, (G, _tx.d(l_root), _tx.d(r_root), _flags(allow_tf32), O),
+                (out,))
+        return O
     with Invocation(where, stream) as inv:
         G = inv.input(grad, "grad")
         Lh = inv.input(l_root, "l_root").handle if l_root is not None else None
@@ -260,6 +292,12 @@ def per_sample_grads(a, g, *, out=None, allow_tf32=False, stream=None):
     (sequences sum over T). ``allow_tf32`` applies to sequences (one step is an
     exact outer product)."""
     where = "fusekit.per_sample_grads"
+    if stream is None and _tx.plain(a, g, out):
+        A, G = _tx.d(a), _tx.d(g)
+        b, din, dout = _psg_dims(A, G)
+        O = out if out is not None else _tx.new((b, dout, din), A)
+        _tx.run(where, _tx.ops().per_sample_grads_out, (A, G, _flags(allow_tf32), O), (out,))
+        return O
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         G = inv.input(g, "g")
@@ -274,6 +312,11 @@ def per_sample_grad_norms(a, g, *, out=None, stream=None):
     gradients, without materialising them (``a``, ``g`` as
     :func:`per_sample_grads`)."""
     where = "fusekit.per_sample_grad_norms"
+    if stream is None and _tx.plain(a, g, out):
+        A, G = _tx.d(a), _tx.d(g)
+        O = out if out is not None else _tx.new((_psg_dims(A, G)[0],), A)
+        _tx.run(where, _tx.ops().per_sample_grad_norms_out, (A, G, O), (out,))
+        return O
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         G = inv.input(g, "g")
@@ -294,6 +337,14 @@ def dp_clipped_grad_sum(a, g, max_norm, *, out=None, sq_norms=None, allow_tf32=F
     where = "fusekit.dp_clipped_grad_sum"
     c = _real(max_norm, where, "max_norm")
     want_norms = sq_norms is not None and sq_norms is not False
+    given_norms = None if sq_norms is None or isinstance(sq_norms, bool) else sq_norms
+    if stream is None and _tx.plain(a, g, out, given_norms):
+        A, G = _tx.d(a), _tx.d(g)
+        b, din, dout = _psg_dims(A, G)
+        O = out if out is not None else _tx.new((dout, din), A)
+        N = (given_norms if given_norms is not None else _tx.new((b,), A)) if want_norms else None
+        _tx.run(where, _tx.ops().dp_clipped_grad_sum_out, (A, G, c, _flags(allow_tf32), O, N), (out, given_norms))
+        return (O, N) if want_norms else O
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         G = inv.input(g, "g")

@@ -86,6 +86,7 @@ fi
 { sel bench || sel bench_optim; } && step bench_optim 900 python3 benches/bench_optim.py --json "$OUT/bench_optim.json"
 { sel bench || sel peak_ffma; } && command -v nvcc >/dev/null && step peak_ffma 120 bash -c "nvcc -O3 -arch=sm_90 benches/peak_ffma.cu -o '$OUT/peak_ffma' && '$OUT/peak_ffma'"
 { sel bench || sel host_overhead; } && step host_overhead 300 python3 benches/host_overhead.py --json "$OUT/host_overhead.json"
+{ sel bench || sel torch_host_breakdown; } && step torch_host_breakdown 300 python3 benches/torch_host_breakdown.py
 { sel bench || sel bench_geodesic; } && step bench_geodesic 900 python3 benches/bench_geodesic.py --json "$OUT/bench_geodesic.json"
 { sel bench || sel bench_gaussian; } && step bench_gaussian 900 python3 benches/bench_gaussian.py --json "$OUT/bench_gaussian.json"
 { sel bench || sel bench_torch_path; } && step bench_torch_path 900 python3 benches/bench_torch_path.py --json "$OUT/bench_torch_path.json"

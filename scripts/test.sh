@@ -62,4 +62,6 @@ print("installed package: torch ops OK,", fusekit._torch_ext.library_path())')
 echo "==> Python tests"
 echo "==> Python host time per call (CPU backend; a smoke run of benches/host_overhead.py)"
 FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python benches/host_overhead.py
+echo "==> the torch path's benchmark (CPU smoke run of benches/bench_torch_path.py)"
+FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python benches/bench_torch_path.py --smoke --no-compile
 FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python -m pytest -q bindings/python/tests tests/*.py

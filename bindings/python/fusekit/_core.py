@@ -1112,22 +1112,26 @@ class Buffer(_Handle):
         return dl.make_legacy_capsule(addr, keep)
 
     def _order_before(self, consumer: int) -> None:
-        """Orders fusekit's last work on this buffer before the consumer's stream."""
+        """Orders fusekit's last work on this buffer before the consumer's stream,
+        with fusekit's own event (``fk_event_record`` on the producer stream,
+        ``fk_stream_wait_event`` on the consumer's). torch's events recorded on a
+        ``torch.cuda.ExternalStream`` of the producer's pointer did not order when
+        that pointer was one of torch's own pool streams (7 of the first 9
+        ``torch.cuda.Stream()`` of a fresh process on the H100 machine, 2026-11-26;
+        ``bindings/python/tests/test_cuda.py`` repeats the case over fresh streams)."""
         raw_consumer = {1: 0, 2: 2}.get(consumer, consumer)
         producer = self._last_stream
         raw_producer = _stream_raw_of(producer)
         if raw_producer == raw_consumer:
             return
-        torch = _torch()
-        if torch is not None and torch.cuda.is_available():
-            dev = torch.device("cuda", self._ordinal)
-            ev = torch.cuda.Event()
-            ev.record(torch.cuda.ExternalStream(raw_producer, device=dev))
-            torch.cuda.ExternalStream(raw_consumer, device=dev).wait_event(ev)
-        elif producer is not None:
-            producer.synchronize()
-        else:
-            _wrapped_stream(self._context, 0).synchronize()
+        from .runtime import Event
+
+        ev = Event(self._context)
+        try:
+            ev.record(producer if producer is not None else _wrapped_stream(self._context, 0))
+            ev.wait(_wrapped_stream(self._context, raw_consumer))
+        finally:
+            ev.close()
 
 
 def _ctx_for_dlpack_device(dev_type: int, dev_id: int, where: str) -> Context:

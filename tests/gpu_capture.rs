@@ -32,24 +32,6 @@ use fusekit::abi::optim::*;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn gpu() -> Option<Ctx> {
-    let n = device_count();
-    if n == 0 {
-        if std::env::var("FK_REQUIRE_GPU").as_deref() == Ok("1") {
-            let mut c = null_mut();
-            let s = unsafe { fk_context_create(FK_ABI_VERSION, FK_DEVICE_CUDA, 0, &mut c) };
-            panic!(
-                "FK_REQUIRE_GPU=1 but fk_device_count is 0 (FK_DEVICE_CUDA: {}: {})",
-                status_name(s),
-                last_error()
-            );
-        }
-        println!("SKIPPED: no CUDA device");
-        return None;
-    }
-    Some(Ctx::cuda(0))
-}
-
 /// How an input (or an in/out buffer's initial value) is drawn.
 #[derive(Clone, Copy)]
 enum Gen {
@@ -848,7 +830,15 @@ fn capture_refuses_non_capturable_calls_cleanly() {
         hosts.push(ptr);
         let mut b = null_mut();
         ok(unsafe {
-            fusekit::abi::core::fk_buffer_wrap(g.raw(), ptr, d, shape.len() as i32, shape.as_ptr(), null(), &mut b)
+            fusekit::abi::core::fk_buffer_wrap(
+                g.raw(),
+                ptr,
+                d,
+                shape.len() as i32,
+                shape.as_ptr(),
+                null(),
+                &mut b,
+            )
         });
         b
     };
@@ -860,51 +850,33 @@ fn capture_refuses_non_capturable_calls_cleanly() {
     }
     .expect("cuStreamBeginCapture");
     let mut rep = unsafe { std::mem::zeroed::<fk_matpow_report>() };
-    let eigh = unsafe {
+    // fk_matrix_power(A, -1/2, eps 1e-6) with `method`, `max_iter`, `tol`, into `out`
+    let matpow = |a: &Buf,
+                  out: &Buf,
+                  method,
+                  max_iter,
+                  tol,
+                  rep: *mut fk_matpow_report,
+                  st: *mut fk_stream| unsafe {
         fk_matrix_power(
             a.raw(),
             -0.5,
             1e-6,
-            FK_MATPOW_EIGH,
-            1,
-            0.0,
+            method,
+            max_iter,
+            tol,
             0,
             out.raw(),
-            &mut rep,
-            s.raw(),
+            rep,
+            st,
         )
     };
+    let eigh = matpow(&a, &out, FK_MATPOW_EIGH, 1, 0.0, &mut rep, s.raw());
     let eigh_msg = last_error();
-    let newton_tol = unsafe {
-        fk_matrix_power(
-            a.raw(),
-            -0.5,
-            1e-6,
-            FK_MATPOW_NEWTON,
-            30,
-            1e-9,
-            0,
-            out.raw(),
-            &mut rep,
-            s.raw(),
-        )
-    };
+    let newton_tol = matpow(&a, &out, FK_MATPOW_NEWTON, 30, 1e-9, &mut rep, s.raw());
     let newton_msg = last_error();
-    let auto_small = unsafe {
-        // AUTO on a 40 x 40 inverse root picks Newton; with tol > 0 it is refused too
-        fk_matrix_power(
-            a.raw(),
-            -0.5,
-            1e-6,
-            FK_MATPOW_AUTO,
-            30,
-            1e-9,
-            0,
-            out.raw(),
-            &mut rep,
-            s.raw(),
-        )
-    };
+    // AUTO on a 40 x 40 inverse root picks Newton; with tol > 0 it is refused too
+    let auto_small = matpow(&a, &out, FK_MATPOW_AUTO, 30, 1e-9, &mut rep, s.raw());
     let auto_msg = last_error();
     let chunked = unsafe {
         fk_gemm_chunked(
@@ -922,20 +894,7 @@ fn capture_refuses_non_capturable_calls_cleanly() {
     };
     let chunked_msg = last_error();
     // A capturable call after the refusals: the capture must still be valid.
-    let newton = unsafe {
-        fk_matrix_power(
-            a.raw(),
-            -0.5,
-            1e-6,
-            FK_MATPOW_NEWTON,
-            25,
-            0.0,
-            0,
-            out.raw(),
-            &mut rep,
-            s.raw(),
-        )
-    };
+    let newton = matpow(&a, &out, FK_MATPOW_NEWTON, 25, 0.0, &mut rep, s.raw());
     let newton_err = if newton == FK_OK {
         String::new()
     } else {
@@ -972,20 +931,15 @@ fn capture_refuses_non_capturable_calls_cleanly() {
     let cpu = Ctx::cpu();
     let ca = Buf::from_vals(&cpu, d, &[n, n], &av);
     let co = Buf::new(&cpu, d, &[n, n]);
-    ok(unsafe {
-        fk_matrix_power(
-            ca.raw(),
-            -0.5,
-            1e-6,
-            FK_MATPOW_NEWTON,
-            25,
-            0.0,
-            0,
-            co.raw(),
-            null_mut(),
-            null(),
-        )
-    });
+    ok(matpow(
+        &ca,
+        &co,
+        FK_MATPOW_NEWTON,
+        25,
+        0.0,
+        null_mut(),
+        null_mut(),
+    ));
     assert_close(
         &download(&out, d, s.raw()),
         &co.read(),
@@ -993,20 +947,7 @@ fn capture_refuses_non_capturable_calls_cleanly() {
         "graph after refusals",
     );
     // Outside a capture the refused calls run.
-    ok(unsafe {
-        fk_matrix_power(
-            a.raw(),
-            -0.5,
-            1e-6,
-            FK_MATPOW_EIGH,
-            1,
-            0.0,
-            0,
-            out.raw(),
-            &mut rep,
-            s.raw(),
-        )
-    });
+    ok(matpow(&a, &out, FK_MATPOW_EIGH, 1, 0.0, &mut rep, s.raw()));
     s.sync();
     unsafe {
         cu::graph::exec_destroy(exec).unwrap();

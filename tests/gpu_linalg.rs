@@ -26,24 +26,6 @@ use common::*;
 use cudarc::driver::{result as cu, sys};
 use linalg_ref::*;
 
-fn gpu() -> Option<Ctx> {
-    let n = device_count();
-    if n == 0 {
-        if std::env::var("FK_REQUIRE_GPU").as_deref() == Ok("1") {
-            let mut c = null_mut();
-            let s = unsafe { fk_context_create(FK_ABI_VERSION, FK_DEVICE_CUDA, 0, &mut c) };
-            panic!(
-                "FK_REQUIRE_GPU=1 but fk_device_count is 0 (FK_DEVICE_CUDA: {}: {})",
-                status_name(s),
-                last_error()
-            );
-        }
-        println!("SKIPPED: no CUDA device");
-        return None;
-    }
-    Some(Ctx::cuda(0))
-}
-
 fn sanitizing() -> bool {
     std::env::var("FK_SANITIZE").is_ok_and(|v| !v.is_empty() && v != "0")
 }

@@ -550,7 +550,8 @@ fn wrap_remembers_checked_allocations_and_still_refuses_host_memory() {
     let try_wrap = |p: *mut c_void| {
         let mut b = null_mut();
         let shape = [16i64];
-        let st = unsafe { fk_buffer_wrap(g.raw(), p, FK_DTYPE_F32, 1, shape.as_ptr(), null(), &mut b) };
+        let st =
+            unsafe { fk_buffer_wrap(g.raw(), p, FK_DTYPE_F32, 1, shape.as_ptr(), null(), &mut b) };
         if !b.is_null() {
             unsafe { fk_buffer_destroy(b) };
         }
@@ -560,7 +561,11 @@ fn wrap_remembers_checked_allocations_and_still_refuses_host_memory() {
     assert_eq!(try_wrap(hp), FK_ERROR_DEVICE_MISMATCH, "{}", last_error());
     let base = dev.data() as *mut u8;
     for off in [0usize, 4, 4096, (1 << 18) - 64] {
-        assert_eq!(try_wrap(unsafe { base.add(off) } as *mut c_void), FK_OK, "offset {off}");
+        assert_eq!(
+            try_wrap(unsafe { base.add(off) } as *mut c_void),
+            FK_OK,
+            "offset {off}"
+        );
     }
     // many other allocations push this one's range out, then in again
     let others: Vec<Buf> = (0..40).map(|_| f32_buf(&g, 1024, &s)).collect();
@@ -569,6 +574,14 @@ fn wrap_remembers_checked_allocations_and_still_refuses_host_memory() {
         assert_eq!(try_wrap(o.data()), FK_OK);
     }
     assert_eq!(try_wrap(base as *mut c_void), FK_OK);
-    assert_eq!(try_wrap(hp), FK_ERROR_DEVICE_MISMATCH, "host memory after cached ranges");
-    assert!(last_error().contains("not memory CUDA knows"), "{}", last_error());
+    assert_eq!(
+        try_wrap(hp),
+        FK_ERROR_DEVICE_MISMATCH,
+        "host memory after cached ranges"
+    );
+    assert!(
+        last_error().contains("not memory CUDA knows"),
+        "{}",
+        last_error()
+    );
 }

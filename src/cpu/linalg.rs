@@ -230,15 +230,15 @@ fn conj_copy<T: Mm>(x: &Mat, batch: i64) -> (Vec<T>, Mat) {
     let (r, c) = (x.rows as usize, x.cols as usize);
     let mut v = vec![T::ZERO; nb as usize * r * c];
     super::for_chunks_mut(&mut v, (r * c).max(1), |bi, dst| {
-            let base = x.at(bi as i64, size_of::<T>());
-            for i in 0..r {
-                for j in 0..c {
-                    // SAFETY: (i, j) lies inside matrix bi of the validated operand.
-                    let e = unsafe { *((base as *const T).add(i * x.ld as usize + j)) };
-                    dst[i * c + j] = e.conj();
-                }
+        let base = x.at(bi as i64, size_of::<T>());
+        for i in 0..r {
+            for j in 0..c {
+                // SAFETY: (i, j) lies inside matrix bi of the validated operand.
+                let e = unsafe { *((base as *const T).add(i * x.ld as usize + j)) };
+                dst[i * c + j] = e.conj();
             }
-        });
+        }
+    });
     let m = Mat {
         ptr: v.as_ptr() as usize,
         rows: x.rows,
@@ -307,13 +307,13 @@ fn widen<H: Half>(x: &Mat, count: i64) -> Vec<f32> {
     let (r, c) = (x.rows as usize, x.cols as usize);
     let mut v = vec![0f32; count as usize * r * c];
     super::for_chunks_mut(&mut v, c.max(1), |row, dst| {
-            let (bi, i) = (row / r.max(1), row % r.max(1));
-            let base = x.at(bi as i64, 2) + i * x.ld as usize * 2;
-            for (j, d) in dst.iter_mut().enumerate() {
-                // SAFETY: inside the validated operand.
-                *d = unsafe { *((base as *const H).add(j)) }.to_f32();
-            }
-        });
+        let (bi, i) = (row / r.max(1), row % r.max(1));
+        let base = x.at(bi as i64, 2) + i * x.ld as usize * 2;
+        for (j, d) in dst.iter_mut().enumerate() {
+            // SAFETY: inside the validated operand.
+            *d = unsafe { *((base as *const H).add(j)) }.to_f32();
+        }
+    });
     v
 }
 
@@ -360,13 +360,13 @@ fn gemm_half<H: Half>(p: &GemmPlan) {
     );
     // round back into C (with its own strides)
     super::for_chunks_mut(&mut c32, n.max(1), |row, src| {
-            let (bi, i) = (row / m.max(1), row % m.max(1));
-            let base = p.c.at(bi as i64, 2) + i * p.c.ld as usize * 2;
-            for (j, s) in src.iter().enumerate() {
-                // SAFETY: inside the validated output.
-                unsafe { *((base as *mut H).add(j)) = H::from_f32(*s) };
-            }
-        });
+        let (bi, i) = (row / m.max(1), row % m.max(1));
+        let base = p.c.at(bi as i64, 2) + i * p.c.ld as usize * 2;
+        for (j, s) in src.iter().enumerate() {
+            // SAFETY: inside the validated output.
+            unsafe { *((base as *mut H).add(j)) = H::from_f32(*s) };
+        }
+    });
 }
 
 /// `C = alpha op(A) op(B) + beta C` (beta = 0: C is not read, NaN in it is ignored).
@@ -517,7 +517,9 @@ pub fn linear_forward(p: &LinearPlan) -> Result<()> {
     if let Some(ap) = p.aux {
         store_f32(p.dtype, ap, &z);
     }
-    super::for_chunks_mut(&mut z, 4096, |_, c| c.iter_mut().for_each(|v| *v = act_fwd(p.act, *v)));
+    super::for_chunks_mut(&mut z, 4096, |_, c| {
+        c.iter_mut().for_each(|v| *v = act_fwd(p.act, *v))
+    });
     store_f32(p.dtype, p.y, &z);
     Ok(())
 }

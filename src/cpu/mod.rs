@@ -19,20 +19,32 @@ pub(crate) const PAR_MIN: usize = 1 << 15;
 
 /// `f(i, chunk)` for the `chunk`-sized pieces of `v`: in parallel when `v` holds
 /// at least `PAR_MIN` elements, else in order on this thread.
-pub(crate) fn for_chunks_mut<T: Send>(v: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
+pub(crate) fn for_chunks_mut<T: Send>(
+    v: &mut [T],
+    chunk: usize,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
+) {
     if v.len() < PAR_MIN {
-        v.chunks_mut(chunk.max(1)).enumerate().for_each(|(i, c)| f(i, c));
+        v.chunks_mut(chunk.max(1))
+            .enumerate()
+            .for_each(|(i, c)| f(i, c));
     } else {
-        v.par_chunks_mut(chunk.max(1)).enumerate().for_each(|(i, c)| f(i, c));
+        v.par_chunks_mut(chunk.max(1))
+            .enumerate()
+            .for_each(|(i, c)| f(i, c));
     }
 }
 
 /// `f(i, chunk)` for the `chunk`-sized pieces of `v` (read-only), as `for_chunks_mut`.
 pub(crate) fn for_chunks<T: Sync>(v: &[T], chunk: usize, f: impl Fn(usize, &[T]) + Sync + Send) {
     if v.len() < PAR_MIN {
-        v.chunks(chunk.max(1)).enumerate().for_each(|(i, c)| f(i, c));
+        v.chunks(chunk.max(1))
+            .enumerate()
+            .for_each(|(i, c)| f(i, c));
     } else {
-        v.par_chunks(chunk.max(1)).enumerate().for_each(|(i, c)| f(i, c));
+        v.par_chunks(chunk.max(1))
+            .enumerate()
+            .for_each(|(i, c)| f(i, c));
     }
 }
 

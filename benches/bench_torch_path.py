@@ -68,6 +68,10 @@ import fusekit.torch_ops  # noqa: E402,F401  (registers torch.ops.fusekit.*)
 from fusekit.torch_gaussian import gaussian_field  # noqa: E402
 from fusekit.torch_geodesic import christoffel, leapfrog  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benches"))
+from bench_gaussian import field_torch  # noqa: E402  (the eager formulas the other benches use)
+from bench_geodesic import chr_ref, lf_ref  # noqa: E402
+
 fk_linear = fusekit.torch_ops.linear
 EPS = 1e-6  # the Gaussian field's eps (the wrapper's default)
 TOL = {torch.float32: 1e-2, torch.bfloat16: 1e-1}
@@ -243,14 +247,9 @@ def mlp_case(hidden, layers, batch, dtype, seed=0):
     return Case(name, dtype, init, inputs, mlp_fk, mlp_ref, mlp_loss, lr=1e-3, goal="mlp")
 
 
-# Gaussian field fit (the reference: bindings/python/tests/test_gaussian_torch.py torch_field)
+# Gaussian field fit: the eager reference is benches/bench_gaussian.py's field_torch
 def field_ref_formula(p, m, c, w, eps=EPS):
-    L = torch.tril(c) + eps * torch.eye(3, dtype=c.dtype, device=c.device)
-    d = p[:, None, :] - m[None, :, :]
-    y0 = d[..., 0] / L[:, 0, 0]
-    y1 = (d[..., 1] - L[:, 1, 0] * y0) / L[:, 1, 1]
-    y2 = (d[..., 2] - L[:, 2, 0] * y0 - L[:, 2, 1] * y1) / L[:, 2, 2]
-    return (w * torch.exp(-0.5 * (y0 ** 2 + y1 ** 2 + y2 ** 2))).sum(-1)
+    return field_torch(p, m, c, w, eps)
 
 
 def gauss_fk(params, inputs):
@@ -285,22 +284,8 @@ def gauss_case(N, B, seed=0):
                 goal="gauss" if (N, B) == (1000, 500) else None)
 
 
-# Geodesic leapfrog layer (the reference: benches/bench_geodesic.py chr_ref / lf_ref)
+# Geodesic leapfrog layer: the eager references are benches/bench_geodesic.py's chr_ref / lf_ref
 GEO_DT, GEO_C = 0.1, 5.0
-
-
-def chr_ref(v, U, W, c):
-    p = v @ U
-    return torch.clamp((p * p) @ W.T, -c, c)
-
-
-def lf_ref(x, v, f, U, W, mu, dt, T, c):
-    h = 0.5 * dt
-    for _ in range(T):
-        vh = v + h * (f - chr_ref(v, U, W, c) - mu * v)
-        x = x + dt * vh
-        v = vh + h * (f - chr_ref(vh, U, W, c) - mu * vh)
-    return x, v
 
 
 def make_geo_fns(T):

@@ -87,8 +87,32 @@ def load() -> str:
         except (OSError, RuntimeError) as e:
             _ERROR = f"fusekit: the compiled torch ops at {path} did not load: {e}. {NOT_BUILT}"
             raise ImportError(_ERROR) from e
+        _register_fakes(torch)
         _PATH = path
         return path
+
+
+def _register_fakes(torch) -> None:
+    """Fake (meta) implementations of the plain functions' ops, so that code calling
+    ``fusekit.add`` & co. on tensors traces under ``torch.compile`` (the
+    differentiable ops get theirs in fusekit.torch_ops and the family modules). The
+    in-place ``*_out`` / ``*_`` ops return nothing: their fakes do nothing."""
+    lib = "fusekit::"
+
+    def bshape(a, b):
+        return torch.broadcast_shapes(a.shape, b.shape)
+
+    torch.library.register_fake(lib + "binary", lambda a, b, op: a.new_empty(bshape(a, b)))
+    torch.library.register_fake(
+        lib + "unary",
+        lambda a, op: a.new_empty(a.shape, dtype=a.real.dtype if (op == UNARY["fk_abs"] and a.is_complex()) else a.dtype),
+    )
+    torch.library.register_fake(lib + "scalar", lambda a, re, im, op: a.new_empty(a.shape))
+    torch.library.register_fake(lib + "axpby_c", lambda a, b, ar, ai, br, bi: a.new_empty(bshape(a, b)))
+    for name in ("binary_out", "unary_out", "scalar_out", "axpby_c_out", "gemm_", "kron_out", "matrix_power_out",
+                 "shampoo_stats_", "shampoo_precondition_out", "per_sample_grads_out", "per_sample_grad_norms_out",
+                 "dp_clipped_grad_sum_out"):
+        torch.library.register_fake(lib + name, lambda *args: None)
 
 
 def available() -> bool:

@@ -142,3 +142,36 @@ def test_wrappers_and_registered_ops_agree():
     lf_r = lambda x, v, U, W, f: ops.leapfrog(x, v, U, W, f, mu.detach(), 0.1, 3, 5.0, True)[:2]  # noqa: E731
     (o1, g1), (o2, g2) = _grads(lf_w, (xg, v, U, W, f)), _grads(lf_r, (xg, v, U, W, f))
     assert all(torch.equal(a, c) for a, c in zip(o1 + g1, o2 + g2))
+
+
+def test_plain_ops_opcheck():
+    """The plain functions' compiled ops (what fusekit.add & co. call on tensors)."""
+    import fusekit._torch_ext as tx
+
+    ops = torch.ops.fusekit
+    a, b = (t.detach() for t in _inputs((3, 4), (4,), seed=5))
+    out = torch.empty(3, 4, dtype=torch.float64)
+    z = torch.randn(5, dtype=torch.complex128)
+    cases = [
+        (ops.binary.default, (a, b, tx.BINARY["fk_mul"])),
+        (ops.binary_out.default, (a, b, tx.BINARY["fk_add"], out)),
+        (ops.unary.default, (a, tx.UNARY["fk_exp"])),
+        (ops.unary.default, (z, tx.UNARY["fk_abs"])),
+        (ops.unary_out.default, (a, tx.UNARY["fk_sin"], out)),
+        (ops.scalar.default, (a, 2.0, 0.0, tx.SCALAR["fk_scalar_mul"])),
+        (ops.axpby_c.default, (a, b, 2.0, 0.0, -1.0, 0.0)),
+        (ops.kron_out.default, (a[:2, :2], a[:2, :2].clone(), torch.empty(4, 4, dtype=torch.float64))),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_plain_functions_under_torch_compile_fullgraph():
+    import fusekit
+
+    def f(a, b):
+        return fusekit.exp(fusekit.add(a, b)) * 2
+
+    a, b = (t.detach() for t in _inputs((3, 4), (4,), seed=6))
+    cf = _compile_or_skip(f)
+    torch.testing.assert_close(cf(a, b), torch.exp(a + b) * 2)

@@ -184,10 +184,8 @@ def enable_route() -> bool:
         )
         return False
     ops = torch.ops.fusekit
-    # the hottest calls skip OpOverload.__call__'s Python frame (its _op is the
-    # C++ callable it forwards to; about 0.2 us)
-    route.binary, route.binary_out = getattr(ops.binary.default, "_op", ops.binary.default), ops.binary_out.default
-    route.unary, route.unary_out = getattr(ops.unary.default, "_op", ops.unary.default), ops.unary_out.default
+    route.binary, route.binary_out = ops.binary.default, ops.binary_out.default
+    route.unary, route.unary_out = ops.unary.default, ops.unary_out.default
     route.scalar, route.scalar_out = ops.scalar.default, ops.scalar_out.default
     route.axpby, route.axpby_out = ops.axpby_c.default, ops.axpby_c_out.default
     route.increment_version = torch.autograd.graph.increment_version

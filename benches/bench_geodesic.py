@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark rows for the geodesic ops: fusekit vs PyTorch eager vs torch.compile of
-the same formulas (OPS.md section 2), with each op's floor.
+the same formulas (docs/ops.md section 5), with each op's floor.
 
 fusekit is called through ctypes directly on the torch tensors' memory
 (`fk_buffer_wrap`) and on torch's current stream (`fk_stream_wrap`), so no copy

@@ -8,7 +8,7 @@
  * T = 32 steps in one call that also writes the trajectory [T, 2, B, D]. From the
  * trajectory it prints, per step, the mean kinetic energy E = |v|^2 / 2 and its drift
  * relative to the start; then the same flow with dt/2 and dt/4 to measure the
- * integrator's order (the force depends on v, so the kick-drift-kick of OPS.md is
+ * integrator's order (the force depends on v, so the kick-drift-kick of docs/ops.md section 5 is
  * first order in v: halving dt about halves the error, a ratio of 3 below; a
  * position-only force would give second order, a ratio of 5); then the gradient of the final energy with respect to U from the backward, checked
  * against a central finite difference on one element.

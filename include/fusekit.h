@@ -1389,7 +1389,7 @@ fk_status fk_kron(const fk_buffer *a,
  * Matrix power of symmetric positive semi-definite matrices, batched:
  * `out = (A + eps I)^power` (Shampoo's inverse p-th root is `power = -1/p`).
  *
- * Eigendecomposition (OPS.md): `A + eps I = Q diag(lambda) Q^T`; when the smallest
+ * Eigendecomposition (docs/ops.md section 4.1): `A + eps I = Q diag(lambda) Q^T`; when the smallest
  * eigenvalue is below `eps` the spectrum is shifted up by `eps - lambda_min`;
  * `out = Q diag(lambda^power) Q^T`. Only the upper triangle of `A` is read.
  *

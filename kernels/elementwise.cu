@@ -1,4 +1,4 @@
-// fusekit: the elementwise family (OPS.md section 1).
+// fusekit: the elementwise family (docs/ops.md section 1).
 //
 // One kernel per (arity, storage types, layout) and one module per dtype; the operation is a uniform
 // run-time argument, dispatched once per thread outside the element loop. Op codes

@@ -1,4 +1,4 @@
-// fusekit: the Gaussian field family (OPS.md section 3). docs/gaussian.md has the
+// fusekit: the Gaussian field family (docs/ops.md section 3). docs/gaussian.md has the
 // design and the performance floors.
 //
 // One module per element type (gaussian_f32, gaussian_f64); the host prepends

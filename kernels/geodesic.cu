@@ -1,4 +1,4 @@
-// fusekit: the geodesic flow family (OPS.md section 2). docs/geodesic.md explains
+// fusekit: the geodesic flow family (docs/ops.md section 5). docs/geodesic.md explains
 // the design; the short version:
 //
 //   Gamma(v) = clamp((v U)^2 W^T, -c, c),  v [B, D],  U, W [D, R].

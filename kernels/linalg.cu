@@ -1,4 +1,4 @@
-// fusekit: kernels of the linear-algebra family (OPS.md section 4).
+// fusekit: kernels of the linear-algebra family (docs/ops.md section 2).
 //
 // The products themselves run in cuBLAS / cuBLASLt; these are the pieces around
 // them:

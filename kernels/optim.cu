@@ -1,4 +1,4 @@
-// fusekit: kernels of the optimizer-math family (OPS.md section 5).
+// fusekit: kernels of the optimizer-math family (docs/ops.md section 4).
 //
 // The products run in cuBLAS (GEMM, SYRK) and the eigendecompositions in cuSOLVER;
 // these are the pieces around them. Matrices are row-major, contiguous, batched

@@ -1,4 +1,4 @@
-//! The elementwise family (OPS.md section 1) on the CPU backend, through the C ABI:
+//! The elementwise family (docs/ops.md section 1) on the CPU backend, through the C ABI:
 //! every op and dtype against an f64 reference written here from the formulas,
 //! broadcasting, strided inputs and outputs, in-place, empty tensors, IEEE
 //! specials, the rayon-parallel path, and every bad-input status with its message.

@@ -1,5 +1,5 @@
 //! The Gaussian field family through the C ABI on the CPU backend: against the f64
-//! reference of `gaussian_util` (written from OPS.md section 3), every gradient
+//! reference of `gaussian_util` (written from docs/ops.md section 3), every gradient
 //! against central finite differences in f64, odd and empty sizes, near-singular
 //! factors where eps matters, every bad-input status with its message, and
 //! bitwise determinism of the backwards.

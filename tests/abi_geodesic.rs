@@ -1,6 +1,6 @@
 //! The geodesic flow ops through the C ABI on the CPU backend.
 //!
-//! - Forward results against an f64 reference written here from OPS.md section 2
+//! - Forward results against an f64 reference written here from docs/ops.md section 5
 //!   (independently of the library), f32 and f64.
 //! - Both backwards against central finite differences of the library's own f64
 //!   forward (inputs chosen so that no clamp boundary lies within reach of the
@@ -202,7 +202,7 @@ fn tol(dtype: fk_dtype) -> f64 {
     if dtype == FK_DTYPE_F32 { 2e-5 } else { 1e-12 }
 }
 
-// ------------------------------------------------------------------ reference (f64, from OPS.md)
+// ------------------------------------------------------------------ reference (f64, from docs/ops.md section 5)
 
 /// One problem: sizes, inputs, scalars.
 #[derive(Clone)]

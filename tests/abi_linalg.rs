@@ -1,4 +1,4 @@
-//! The linear-algebra family (OPS.md section 4) on the CPU backend, through the C
+//! The linear-algebra family (docs/ops.md section 2) on the CPU backend, through the C
 //! ABI: GEMM for every dtype and op pair on odd sizes, batches (broadcast too),
 //! padded leading dimensions, beta = 0 over a NaN output, k = 0; the fused linear
 //! layer forward and backward against f64 references, the GELU derivative and the

@@ -1,4 +1,4 @@
-//! The optimizer-math family (OPS.md section 5) on the CPU backend, through the C
+//! The optimizer-math family (docs/ops.md section 4) on the CPU backend, through the C
 //! ABI: matrix powers (eigendecomposition and Newton) against an independent f64
 //! Jacobi reference, `A^p A^-p = I`, ill-conditioned, rank-deficient and indefinite
 //! inputs, Newton's convergence report and its non-convergence status; Shampoo

@@ -334,7 +334,7 @@ fk_linear_backward(dy, x, w, act, saved, dx, dw, db, stream) =
 fk_kron(a, b, out, stream) =
     ccall((:fk_kron, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}), a, b, out, stream)
 
-# Gaussian field (OPS.md section 3, docs/gaussian.md); NULL (C_NULL) for an unwanted gradient.
+# Gaussian field (docs/ops.md section 3, docs/gaussian.md); NULL (C_NULL) for an unwanted gradient.
 fk_mahalanobis_forward(points, means, chol, eps, out, stream) =
     ccall((:fk_mahalanobis_forward, libfusekit), Int32,
           (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, Ptr{fk_buffer}, Ptr{fk_stream}),
@@ -381,7 +381,7 @@ fk_leapfrog_backward(v0, f, U, W, mu, dt, steps, c, flags, traj, gx, gv, dx0, dv
            Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
           v0, f, U, W, mu, dt, steps, c, flags, traj, gx, gv, dx0, dv0, df, dU, dW, stream)
 
-# Optimizer math (OPS.md section 5, src/abi/optim.rs). Optional buffers (and the
+# Optimizer math (docs/ops.md section 4, src/abi/optim.rs). Optional buffers (and the
 # report) are C_NULL. Shapes are row-major: see the buffer-level wrappers below.
 fk_matrix_power(a, power, eps, method, max_iter, tol, flags, out, report, stream) =
     ccall((:fk_matrix_power, libfusekit), Int32,

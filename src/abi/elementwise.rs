@@ -1,4 +1,4 @@
-//! Elementwise entry points (OPS.md section 1).
+//! Elementwise entry points (docs/ops.md section 1).
 //!
 //! Shared rules, stated once here and referenced by each function's doc:
 //! - dtypes: f16, bf16, f32, f64, complex64, complex128; `a`, `b` and `out` share

@@ -1,4 +1,4 @@
-//! Gaussian field entry points (OPS.md section 3; design in docs/gaussian.md).
+//! Gaussian field entry points (docs/ops.md section 3; design in docs/gaussian.md).
 //!
 //! Shared rules, stated once here and in each function's doc:
 //! - dtypes: f32 or f64; every buffer of a call has the same dtype.

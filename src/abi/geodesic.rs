@@ -1,4 +1,4 @@
-//! Geodesic flow entry points (OPS.md section 2): the low-rank Christoffel map and
+//! Geodesic flow entry points (docs/ops.md section 5): the low-rank Christoffel map and
 //! a fused leapfrog integrator, with their backwards.
 //!
 //! Shared rules, stated once here and referenced by each function's doc:

@@ -1,4 +1,4 @@
-//! Linear-algebra entry points (OPS.md section 4): GEMM, the fused linear layer
+//! Linear-algebra entry points (docs/ops.md section 2): GEMM, the fused linear layer
 //! (forward, backward, aux size), the chunked GEMM, the batched Kronecker product.
 //!
 //! Shared rules, stated once here and referenced by each function's doc:

@@ -1,4 +1,4 @@
-//! Optimizer-math entry points (OPS.md section 5): the matrix power of symmetric
+//! Optimizer-math entry points (docs/ops.md section 4): the matrix power of symmetric
 //! PSD matrices (Shampoo's inverse roots), Shampoo statistics and preconditioning,
 //! per-sample gradients of a linear layer (materialised, norms, DP-SGD clipped
 //! sum). The memory report of the same section is `fk_context_memory_stats`
@@ -67,7 +67,7 @@ pub struct fk_matpow_report {
 /// Matrix power of symmetric positive semi-definite matrices, batched:
 /// `out = (A + eps I)^power` (Shampoo's inverse p-th root is `power = -1/p`).
 ///
-/// Eigendecomposition (OPS.md): `A + eps I = Q diag(lambda) Q^T`; when the smallest
+/// Eigendecomposition (docs/ops.md section 4.1): `A + eps I = Q diag(lambda) Q^T`; when the smallest
 /// eigenvalue is below `eps` the spectrum is shifted up by `eps - lambda_min`;
 /// `out = Q diag(lambda^power) Q^T`. Only the upper triangle of `A` is read.
 ///

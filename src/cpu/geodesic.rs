@@ -1,4 +1,4 @@
-//! CPU geodesic flow ops (OPS.md section 2): the fallback without a GPU and the
+//! CPU geodesic flow ops (docs/ops.md section 5): the fallback without a GPU and the
 //! oracle the CUDA kernels are tested against.
 //!
 //! Every row is independent; rows are processed in parallel with rayon. All

@@ -162,7 +162,7 @@ pub fn newton_scale(norm2: f64, p: u32) -> f64 {
 
 /// `out = V diag((lambda + shift)^power) V^T` per matrix from nalgebra's symmetric
 /// eigendecomposition of `A + eps I` (its upper triangle); `shift = eps - lambda_min`
-/// when `lambda_min < eps`, else 0 (OPS.md section 5).
+/// when `lambda_min < eps`, else 0 (docs/ops.md section 4.1).
 pub fn eigh_power(plan: &PowPlan) -> Result<Report> {
     let results: Vec<(bool, f64)> = crate::with_real!(plan.dtype, T => eigh_power_t::<T>(plan));
     Ok(Report {
@@ -211,7 +211,7 @@ fn eigh_power_t<T: Real>(plan: &PowPlan) -> Vec<(bool, f64)> {
         .collect()
 }
 
-/// The spectrum shift of OPS.md: `eps - lambda_min` when the smallest eigenvalue of
+/// The spectrum shift of docs/ops.md section 4.1: `eps - lambda_min` when the smallest eigenvalue of
 /// `A + eps I` is below `eps`, else 0.
 pub fn eigen_shift(lambda_min: f64, eps: f64) -> f64 {
     if lambda_min < eps {

@@ -1,4 +1,4 @@
-//! The elementwise family (OPS.md section 1): validation, then dispatch.
+//! The elementwise family (docs/ops.md section 1): validation, then dispatch.
 //!
 //! Binary `add, sub, mul, div, axpby` with NumPy broadcasting; unary `neg, abs,
 //! exp, log, sqrt, sin, cos, tanh, sigmoid, relu, scalar_add, scalar_mul, copy`

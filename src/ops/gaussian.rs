@@ -1,4 +1,4 @@
-//! The Gaussian field family (OPS.md section 3): validation, then dispatch.
+//! The Gaussian field family (docs/ops.md section 3): validation, then dispatch.
 //!
 //! Inputs (f32 or f64, one dtype for every buffer of a call, row-major and
 //! contiguous): `points [B,3]`, `means [N,3]`, `chol [N,3,3]` (lower-triangular

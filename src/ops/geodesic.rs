@@ -1,4 +1,4 @@
-//! The geodesic flow family (OPS.md section 2): validation, then dispatch.
+//! The geodesic flow family (docs/ops.md section 5): validation, then dispatch.
 //!
 //! - `christoffel_forward`: `gamma = clamp((v U)^2 W^T, -c, c)`.
 //! - `christoffel_backward`: `dv, dU, dW` (each optional) given `g = dL/dgamma`.

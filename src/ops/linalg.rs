@@ -1,4 +1,4 @@
-//! The linear-algebra family (OPS.md section 4): validation, then dispatch.
+//! The linear-algebra family (docs/ops.md section 2): validation, then dispatch.
 //!
 //! - GEMM `C = alpha op(A) op(B) + beta C`, strided batches, every dtype.
 //! - Fused linear `y = act(x W^T + b)` forward and backward (f16, bf16, f32).

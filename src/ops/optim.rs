@@ -1,4 +1,4 @@
-//! The optimizer-math family (OPS.md section 5): validation, then dispatch.
+//! The optimizer-math family (docs/ops.md section 4): validation, then dispatch.
 //!
 //! - `matrix_power`: `out = (A + eps I)^power` of symmetric PSD matrices, batched,
 //!   by eigendecomposition or (inverse roots) the coupled Newton iteration.

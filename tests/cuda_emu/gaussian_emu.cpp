@@ -1,5 +1,5 @@
 // Runs kernels/gaussian.cu itself on the CPU (through the emulation in common.cuh)
-// and checks every kernel against an f64 reference written from OPS.md section 3,
+// and checks every kernel against an f64 reference written from docs/ops.md section 3,
 // including launch configurations that put several Gaussian tiles and point chunks
 // in one CTA (the partial-sum paths). Built once per dtype: -DFK_GS_f32 / -DFK_GS_f64.
 //   bash tests/cuda_emu/run.sh

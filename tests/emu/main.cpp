@@ -161,7 +161,7 @@ static void run(Kind kind, const Job& j, unsigned seed, std::string* chosen) {
     }
 }
 
-// ------------------------------------------------------------------ f64 reference (OPS.md section 2)
+// ------------------------------------------------------------------ f64 reference (docs/ops.md section 5)
 struct Ref {
     size_t B, D, R;
     std::vector<double> U, W;

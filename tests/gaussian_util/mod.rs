@@ -1,5 +1,5 @@
 //! Shared by `abi_gaussian` and `gpu_gaussian`: random problems, an f64 reference
-//! written here from the formulas of OPS.md section 3 (independently of the
+//! written here from the formulas of docs/ops.md section 3 (independently of the
 //! library: explicit triangular solves with divisions), and wrappers that call
 //! the four ops through the C ABI with poisoned outputs.
 

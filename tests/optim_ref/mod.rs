@@ -1,5 +1,5 @@
 //! f64 references and case builders of the optimizer-math tests (`abi_optim`,
-//! `gpu_optim`), written from OPS.md section 5 independently of the library: a
+//! `gpu_optim`), written from docs/ops.md section 4 independently of the library: a
 //! cyclic Jacobi eigensolver, plain triple-loop products, per-sample gradients
 //! materialised.
 
@@ -85,7 +85,7 @@ pub fn jacobi_eigh(a: &[f64], n: usize) -> (Vec<f64>, Vec<f64>) {
     ((0..n).map(|i| a[i * n + i]).collect(), v)
 }
 
-/// `(A + eps I)^power` per OPS.md (shift when the smallest eigenvalue is below eps),
+/// `(A + eps I)^power` per docs/ops.md section 4.1 (shift when the smallest eigenvalue is below eps),
 /// and the smallest eigenvalue of `A + eps I`.
 pub fn power_ref(a: &[f64], n: usize, power: f64, eps: f64) -> (Vec<f64>, f64) {
     let mut s = a.to_vec();

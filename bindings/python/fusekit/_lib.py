@@ -418,7 +418,7 @@ PROTOTYPES: dict[str, tuple] = {
     "fk_buffer_numel": (fk_status, [buffer_p, POINTER(c_int64)]),
     "fk_buffer_nbytes": (fk_status, [buffer_p, POINTER(c_size_t)]),
     "fk_buffer_is_contiguous": (fk_status, [buffer_p, POINTER(c_int32)]),
-    # elementwise (OPS.md section 1)
+    # elementwise (docs/ops.md section 1)
     "fk_add": _BINARY,
     "fk_sub": _BINARY,
     "fk_mul": _BINARY,
@@ -437,7 +437,7 @@ PROTOTYPES: dict[str, tuple] = {
     "fk_sigmoid": _UNARY,
     "fk_relu": _UNARY,
     "fk_copy": _UNARY,
-    # linear algebra (OPS.md section 4)
+    # linear algebra (docs/ops.md section 2)
     "fk_gemm": (
         fk_status,
         [c_int32, c_int32, fk_scalar, buffer_p, buffer_p, fk_scalar, buffer_p, c_uint32, stream_p],
@@ -485,7 +485,7 @@ PROTOTYPES: dict[str, tuple] = {
     "fk_broadcast": (fk_status, [comm_p, buffer_p, buffer_p, c_int32, stream_p]),
     "fk_all_gather": (fk_status, [comm_p, buffer_p, buffer_p, stream_p]),
     "fk_reduce_scatter": (fk_status, [comm_p, buffer_p, buffer_p, c_int32, stream_p]),
-    # Gaussian field (OPS.md section 3)
+    # Gaussian field (docs/ops.md section 3)
     "fk_mahalanobis_forward": (fk_status, [buffer_p, buffer_p, buffer_p, c_double, buffer_p, stream_p]),
     "fk_mahalanobis_backward": (
         fk_status,
@@ -501,7 +501,7 @@ PROTOTYPES: dict[str, tuple] = {
          buffer_p, stream_p],
     ),
     "fk_gaussian_backward_workspace_size": (fk_status, [ctx_p, fk_dtype, c_int64, c_int64, POINTER(c_size_t)]),
-    # Geodesic flow (OPS.md section 2)
+    # Geodesic flow (docs/ops.md section 5)
     "fk_christoffel_forward": (fk_status, [buffer_p, buffer_p, buffer_p, c_double, c_uint32, buffer_p, stream_p]),
     "fk_christoffel_backward": (
         fk_status,
@@ -517,7 +517,7 @@ PROTOTYPES: dict[str, tuple] = {
         [buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, c_double, c_int64, c_double, c_uint32, buffer_p,
          buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, stream_p],
     ),
-    # Optimizer math (OPS.md section 5)
+    # Optimizer math (docs/ops.md section 4)
     "fk_matrix_power": (
         fk_status,
         [buffer_p, c_double, c_double, c_int32, c_int32, c_double, c_uint32, buffer_p, POINTER(fk_matpow_report),

@@ -1,5 +1,5 @@
 """Geodesic flow ops from Python: the plain functions (numpy, CPU) against a numpy
-float64 reference written from OPS.md section 2, and errors. The torch custom ops are
+float64 reference written from docs/ops.md section 5, and errors. The torch custom ops are
 in test_geodesic_torch.py (a separate module, so that these run without torch)."""
 
 import math
@@ -20,7 +20,7 @@ def problem(rng, b=3, d=5, r=2, dtype=np.float64, scale=0.5):
     return [np.ascontiguousarray(a, dtype=dtype) for a in (x, v, U, W, f, mu)]
 
 
-# ------------------------------------------------------------------ numpy reference (OPS.md)
+# ------------------------------------------------------------------ numpy reference (docs/ops.md section 5)
 
 
 def ref_gamma(v, U, W, c=5.0):

@@ -1,4 +1,4 @@
-"""Optimizer math through the Python bindings (OPS.md section 5): matrix powers
+"""Optimizer math through the Python bindings (docs/ops.md section 4): matrix powers
 (eigendecomposition and Newton) against numpy.linalg.eigh in float64, the report,
 non-convergence (FK_ERROR_NOT_CONVERGED); Shampoo statistics and preconditioning;
 per-sample gradients against an explicit einsum (and torch autograd), their norms

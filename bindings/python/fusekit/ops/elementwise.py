@@ -1,4 +1,4 @@
-"""Elementwise ops (OPS.md section 1): one function per C entry point.
+"""Elementwise ops (docs/ops.md section 1): one function per C entry point.
 
 Each function takes numpy arrays, torch tensors (CPU or CUDA), fusekit Buffers or
 other DLPack producers, and returns the caller's kind of array. Without ``out=``

@@ -1,4 +1,4 @@
-"""Gaussian field ops (OPS.md section 3, docs/gaussian.md): one function per C
+"""Gaussian field ops (docs/ops.md section 3, docs/gaussian.md): one function per C
 entry point.
 
 Inputs (numpy arrays, torch tensors on the CPU or CUDA, fusekit Buffers, DLPack

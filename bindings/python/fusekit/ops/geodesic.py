@@ -1,4 +1,4 @@
-"""Geodesic flow ops (OPS.md section 2, include/fusekit.h): one function per C
+"""Geodesic flow ops (docs/ops.md section 5, include/fusekit.h): one function per C
 entry point.
 
 Inputs (numpy arrays, torch tensors on the CPU or CUDA, fusekit Buffers, DLPack

@@ -1,4 +1,4 @@
-"""Linear algebra (OPS.md section 4): one function per C entry point, plus the torch
+"""Linear algebra (docs/ops.md section 2): one function per C entry point, plus the torch
 custom ops of the fused linear layer (registered by ``fusekit.torch_ops``).
 
 Each function takes numpy arrays, torch tensors (CPU or CUDA), fusekit Buffers or

@@ -1,4 +1,4 @@
-"""Optimizer math (OPS.md section 5, src/abi/optim.rs): one function per C entry
+"""Optimizer math (docs/ops.md section 4, src/abi/optim.rs): one function per C entry
 point.
 
 Inputs (numpy arrays, torch tensors on the CPU or CUDA, fusekit Buffers, DLPack

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Diagnosis of the complex128 GEMM crash on CUDA (cuBLAS 13.0 crashed inside
-# cublasLtZZZMatmul; src/ops/linalg.rs refuses complex128 GEMM on CUDA since), in one
-# call on the GPU machine. Every case runs so that a crash is attributed to it:
+# cublasLtZZZMatmul). Since then fusekit keeps complex128 off cuBLAS's ZGEMM: large
+# products run as four f64 GEMMs on split planes, small ones fusekit's own kernel
+# (src/cuda/linalg.rs, docs/linalg.md); FK_CUDA_C128_GEMM=1 sends them to cuBLAS
+# again, for this diagnosis only. One call on the GPU machine; every case runs so
+# that a crash is attributed to it:
 #   (a) torch: complex128 matmuls through PyTorch (its own cuBLAS), each case
 #       announced before it runs; after a crash the run resumes at the next case;
 #   (b) cuBLAS directly (tests/c/diag_c128.cu, built here with nvcc): fusekit's exact
@@ -12,10 +15,10 @@
 #       both through cublasGemmStridedBatchedEx and cublasZgemmStridedBatched, each
 #       case in a forked child; again against torch's cuBLAS wheel when there is one
 #       (another build of the same library);
-#   (c) fusekit: the gpu_linalg test binary's complex128 cases
-#       (gemm_c128_opt_in_cases, with FK_CUDA_C128_GEMM=1 lifting the refusal),
-#       resumed after each crash, with the cuBLAS files the process loaded; then the
-#       refusal test without the variable.
+#   (c) fusekit: the gpu_linalg test binary's complex128 cases through cuBLAS
+#       (gemm_c128_opt_in_cases, with FK_CUDA_C128_GEMM=1), resumed after each crash,
+#       with the cuBLAS files the process loaded; then, without the variable, the
+#       default route against the CPU oracle (gemm_oracle_c128).
 # Logs go to $OUT (or ./gpu-suite-out/diag-c128, git-ignored); the table of case -> result is printed last
 # (also in $OUT/diag_c128_table.txt).
 # About 3 to 6 minutes (longer when many cases crash: each crash restarts a process).
@@ -215,10 +218,10 @@ elif echo "== (c) fusekit: gpu_linalg's complex128 cases (FK_CUDA_C128_GEMM=1)" 
       FK_CUBLAS_PATH="$TORCH_CUBLAS_DIR/libcublas.so.13" FK_CUBLASLT_PATH="$TORCH_CUBLAS_DIR/libcublasLt.so.13" \
       "$B/bin/gpu_linalg" gemm_c128_opt_in_cases --exact --test-threads=1 --nocapture
   fi
-  timeout 300 "$B/bin/gpu_linalg" gemm_c128_is_refused_on_cuda --exact --test-threads=1 --nocapture \
-    >"$OUT/fusekit_refused.log" 2>&1
+  timeout 600 "$B/bin/gpu_linalg" gemm_oracle_c128 --exact --test-threads=1 --nocapture \
+    >"$OUT/fusekit_default.log" 2>&1
   rc=$?
-  row fusekit refused "$([ $rc -eq 0 ] && echo ok || echo "FAIL rc=$rc")" "gemm_c128_is_refused_on_cuda (without FK_CUDA_C128_GEMM)"
+  row fusekit default "$([ $rc -eq 0 ] && echo ok || echo "FAIL rc=$rc")" "gemm_oracle_c128 (without FK_CUDA_C128_GEMM: split planes or fusekit's kernel)"
 else
   row fusekit - SKIPPED "no $B/bin/gpu_linalg (run scripts/build_gpu_bundle.sh and carry .dev/bundle)"
 fi

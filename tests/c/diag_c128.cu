@@ -1,5 +1,6 @@
 // Diagnosis of the complex128 GEMM crash (SIGSEGV inside cublasLtZZZMatmul with
-// cuBLAS 13.0 on the H100; src/ops/linalg.rs refuses complex128 GEMM on CUDA since).
+// cuBLAS 13.0 on the H100; since then fusekit keeps complex128 off cuBLAS's ZGEMM,
+// see src/cuda/linalg.rs and docs/linalg.md).
 // Calls cublasGemmStridedBatchedEx (CUDA_C_64F, CUBLAS_COMPUTE_64F) and
 // cublasZgemmStridedBatched directly, with the argument pattern fusekit uses
 // (src/cuda/cublas.rs gemm_ex: row-major C = op(A) op(B) as the column-major

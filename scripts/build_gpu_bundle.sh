@@ -39,4 +39,6 @@ for line in sys.stdin:
         print("bundled bench_" + m["target"]["name"])
 ' "$out/bin"
 strip --strip-debug "$out"/bin/* "$out"/lib/*.so
+# programs linked against libfusekit.so ask for its SONAME, libfusekit.so.<major> (build.rs)
+for l in target/release/libfusekit.so.[0-9]*; do cp "$out/lib/libfusekit.so" "$out/lib/${l##*/}"; done
 du -sh "$out"

@@ -45,6 +45,9 @@ bash tests/cuda_emu/run.sh
 echo "==> C / C++ tests"
 FUSEKIT_LIB_DIR=$ROOT/target/release FK_TEST_DEVICE=cpu bash tests/c/run.sh
 
+echo "==> install prefix: pkg-config and CMake consumers"
+bash tests/install/run.sh --no-build
+
 echo "==> Python package, with the compiled torch ops (built against this torch's stable ABI)"
 python -m pip install -q wheel "setuptools>=64"
 FUSEKIT_REQUIRE_TORCH_EXT=1 python -m pip install -q --no-build-isolation "$ROOT/bindings/python"

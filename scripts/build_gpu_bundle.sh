@@ -39,6 +39,7 @@ for line in sys.stdin:
         print("bundled bench_" + m["target"]["name"])
 ' "$out/bin"
 strip --strip-debug "$out"/bin/* "$out"/lib/*.so
-# programs linked against libfusekit.so ask for its SONAME, libfusekit.so.<major> (build.rs)
-for l in target/release/libfusekit.so.[0-9]*; do cp "$out/lib/libfusekit.so" "$out/lib/${l##*/}"; done
+# programs linked against libfusekit.so ask for its SONAME, libfusekit.so.<major> (build.rs):
+# a link, not a copy, so that a process loading both names maps one library
+for l in target/release/libfusekit.so.[0-9]*; do ln -sf libfusekit.so "$out/lib/${l##*/}"; done
 du -sh "$out"

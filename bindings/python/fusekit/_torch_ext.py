@@ -111,7 +111,10 @@ def _register_fakes(torch) -> None:
     torch.library.register_fake(lib + "axpby_c", lambda a, b, ar, ai, br, bi: a.new_empty(bshape(a, b)))
     for name in ("binary_out", "unary_out", "scalar_out", "axpby_c_out", "gemm_", "kron_out", "matrix_power_out",
                  "shampoo_stats_", "shampoo_precondition_out", "per_sample_grads_out", "per_sample_grad_norms_out",
-                 "dp_clipped_grad_sum_out"):
+                 "dp_clipped_grad_sum_out", "linear_forward_out", "linear_backward_out", "christoffel_forward_out",
+                 "christoffel_backward_out", "leapfrog_forward_out", "leapfrog_backward_out",
+                 "mahalanobis_forward_out", "gaussian_field_forward_out", "mahalanobis_backward_out",
+                 "gaussian_field_backward_out"):
         torch.library.register_fake(lib + name, lambda *args: None)
 
 
@@ -261,6 +264,18 @@ def d(t):
 def new(shape, like):
     """A new tensor of ``shape`` with ``like``'s dtype and device."""
     return sys.modules["torch"].empty(tuple(shape), dtype=like.dtype, device=like.device)
+
+
+def outputs(where: str, specs, wanted, out, like):
+    """The compiled route's ``_outputs`` (the ctypes path's rule): for each
+    ``(name, shape)`` of ``specs``, the caller's tensor from ``out`` (a tuple, None
+    entries allowed), else a new one where wanted, else None. Returns (tensors,
+    the caller's tensors)."""
+    outs = tuple(out) if out is not None else (None,) * len(specs)
+    if len(outs) != len(specs):
+        raise ValueError(f"{where}: out must hold {len(specs)} entries (None for not wanted)")
+    res = [o if o is not None else (new(shape, like) if w else None) for (_, shape), w, o in zip(specs, wanted, outs)]
+    return res, tuple(o for o in outs if o is not None)
 
 
 def run(where: str, op, args, written=()):

@@ -702,6 +702,122 @@ void dp_clipped_grad_sum_out(Tensor a, Tensor g, double max_norm, int64_t flags,
           k.where);
 }
 
+
+// ---------------------------------------------------------------- the plain functions' entry points, 1:1
+// fusekit.linear_forward, christoffel_forward, gaussian_field_backward, ... on torch
+// tensors: each op is its C entry point with every output given (None = not
+// wanted), no copies and no checks of its own (the library checks, as through
+// ctypes). The Python functions shape and allocate the outputs.
+
+void linear_forward_out(Tensor x, Tensor w, OptTensor b, int64_t act, Tensor y, OptTensor aux) {
+    Call k("fusekit.linear_forward", x);
+    Buf X = k.in(x, "x"), W = k.in(w, "w"), B = k.in(b, "b"), Y = k.in(y, "y"), A = k.in(aux, "aux");
+    check(api().fk_linear_forward(X.get(), W.get(), B.get(), static_cast<fk_activation>(act), Y.get(), A.get(),
+                                  k.stream),
+          k.where);
+}
+
+void linear_backward_out(Tensor dy, Tensor x, Tensor w, int64_t act, OptTensor saved, OptTensor dx, OptTensor dw,
+                         OptTensor db) {
+    Call k("fusekit.linear_backward", dy);
+    Buf DY = k.in(dy, "dy"), X = k.in(x, "x"), W = k.in(w, "w"), S = k.in(saved, "saved");
+    Buf DX = k.in(dx, "dx"), DW = k.in(dw, "dw"), DB = k.in(db, "db");
+    check(api().fk_linear_backward(DY.get(), X.get(), W.get(), static_cast<fk_activation>(act), S.get(), DX.get(),
+                                   DW.get(), DB.get(), k.stream),
+          k.where);
+}
+
+void christoffel_forward_out(Tensor v, Tensor U, Tensor W, double cl, int64_t flags, Tensor gamma) {
+    Call k("fusekit.christoffel_forward", v);
+    Buf V = k.in(v, "v"), Uh = k.in(U, "U"), Wh = k.in(W, "W"), G = k.in(gamma, "gamma");
+    check(api().fk_christoffel_forward(V.get(), Uh.get(), Wh.get(), cl, static_cast<uint32_t>(flags), G.get(),
+                                       k.stream),
+          k.where);
+}
+
+void christoffel_backward_out(Tensor v, Tensor U, Tensor W, Tensor g, double cl, int64_t flags, OptTensor dv,
+                              OptTensor dU, OptTensor dW) {
+    Call k("fusekit.christoffel_backward", v);
+    Buf V = k.in(v, "v"), Uh = k.in(U, "U"), Wh = k.in(W, "W"), G = k.in(g, "g");
+    Buf DV = k.in(dv, "dv"), DU = k.in(dU, "dU"), DW = k.in(dW, "dW");
+    check(api().fk_christoffel_backward(V.get(), Uh.get(), Wh.get(), G.get(), cl, static_cast<uint32_t>(flags),
+                                        DV.get(), DU.get(), DW.get(), k.stream),
+          k.where);
+}
+
+void leapfrog_forward_out(Tensor x0, Tensor v0, OptTensor f, Tensor U, Tensor W, OptTensor mu, double dt,
+                          int64_t steps, double cl, int64_t flags, Tensor x_out, Tensor v_out, OptTensor traj) {
+    Call k("fusekit.leapfrog_forward", v0);
+    Buf X0 = k.in(x0, "x0"), V0 = k.in(v0, "v0"), F = k.in(f, "f"), Uh = k.in(U, "U"), Wh = k.in(W, "W");
+    Buf MU = k.in(mu, "mu"), X = k.in(x_out, "x_out"), V = k.in(v_out, "v_out"), T = k.in(traj, "traj");
+    check(api().fk_leapfrog_forward(X0.get(), V0.get(), F.get(), Uh.get(), Wh.get(), MU.get(), dt, steps, cl,
+                                    static_cast<uint32_t>(flags), X.get(), V.get(), T.get(), k.stream),
+          k.where);
+}
+
+void leapfrog_backward_out(Tensor v0, OptTensor f, Tensor U, Tensor W, OptTensor mu, double dt, int64_t steps,
+                           double cl, int64_t flags, OptTensor traj, OptTensor gx, OptTensor gv, OptTensor dx0,
+                           OptTensor dv0, OptTensor df, OptTensor dU, OptTensor dW) {
+    Call k("fusekit.leapfrog_backward", v0);
+    Buf V0 = k.in(v0, "v0"), F = k.in(f, "f"), Uh = k.in(U, "U"), Wh = k.in(W, "W"), MU = k.in(mu, "mu");
+    Buf T = k.in(traj, "traj"), GX = k.in(gx, "gx"), GV = k.in(gv, "gv");
+    Buf DX0 = k.in(dx0, "dx0"), DV0 = k.in(dv0, "dv0"), DF = k.in(df, "df"), DU = k.in(dU, "dU"), DW = k.in(dW, "dW");
+    check(api().fk_leapfrog_backward(V0.get(), F.get(), Uh.get(), Wh.get(), MU.get(), dt, steps, cl,
+                                     static_cast<uint32_t>(flags), T.get(), GX.get(), GV.get(), DX0.get(), DV0.get(),
+                                     DF.get(), DU.get(), DW.get(), k.stream),
+          k.where);
+}
+
+void mahalanobis_forward_out(Tensor points, Tensor means, Tensor chol, double eps, Tensor out) {
+    Call k("fusekit.mahalanobis_forward", points);
+    Buf P = k.in(points, "points"), M = k.in(means, "means"), L = k.in(chol, "chol"), O = k.in(out, "out");
+    check(api().fk_mahalanobis_forward(P.get(), M.get(), L.get(), eps, O.get(), k.stream), k.where);
+}
+
+void gaussian_field_forward_out(Tensor points, Tensor means, Tensor chol, Tensor weights, double eps, Tensor out) {
+    Call k("fusekit.gaussian_field_forward", points);
+    Buf P = k.in(points, "points"), M = k.in(means, "means"), L = k.in(chol, "chol"), W = k.in(weights, "weights");
+    Buf O = k.in(out, "out");
+    check(api().fk_gaussian_field_forward(P.get(), M.get(), L.get(), W.get(), eps, O.get(), k.stream), k.where);
+}
+
+// workspace: the caller's, or (None) one from torch's allocator of the size the
+// library asks for (none on the CPU).
+Buf workspace_of(const Call& k, const OptTensor& given, const Tensor& points, const Tensor& means, Tensor& keep) {
+    if (given.has_value()) return k.in(*given, "workspace");
+    keep = gaussian_workspace(k, points, means);
+    return keep.numel() > 0 ? k.out(keep, "workspace") : Buf();
+}
+
+void mahalanobis_backward_out(Tensor points, Tensor means, Tensor chol, double eps, Tensor g, OptTensor dpoints,
+                              OptTensor dmeans, OptTensor dchol, OptTensor workspace) {
+    Call k("fusekit.mahalanobis_backward", points);
+    Buf P = k.in(points, "points"), M = k.in(means, "means"), L = k.in(chol, "chol"), G = k.in(g, "g");
+    Buf DP = k.in(dpoints, "dpoints"), DM = k.in(dmeans, "dmeans"), DC = k.in(dchol, "dchol");
+    Tensor keep;
+    bool any = dpoints.has_value() || dmeans.has_value() || dchol.has_value();
+    Buf WS = any ? workspace_of(k, workspace, points, means, keep) : k.in(workspace, "workspace");
+    check(api().fk_mahalanobis_backward(P.get(), M.get(), L.get(), eps, G.get(), DP.get(), DM.get(), DC.get(),
+                                        WS.get(), k.stream),
+          k.where);
+}
+
+void gaussian_field_backward_out(Tensor points, Tensor means, Tensor chol, Tensor weights, double eps, Tensor dout,
+                                 OptTensor dpoints, OptTensor dmeans, OptTensor dchol, OptTensor dweights,
+                                 OptTensor workspace) {
+    Call k("fusekit.gaussian_field_backward", points);
+    Buf P = k.in(points, "points"), M = k.in(means, "means"), L = k.in(chol, "chol"), W = k.in(weights, "weights");
+    Buf D = k.in(dout, "dout");
+    Buf DP = k.in(dpoints, "dpoints"), DM = k.in(dmeans, "dmeans"), DC = k.in(dchol, "dchol");
+    Buf DW = k.in(dweights, "dweights");
+    Tensor keep;
+    bool any = dpoints.has_value() || dmeans.has_value() || dchol.has_value() || dweights.has_value();
+    Buf WS = any ? workspace_of(k, workspace, points, means, keep) : k.in(workspace, "workspace");
+    check(api().fk_gaussian_field_backward(P.get(), M.get(), L.get(), W.get(), eps, D.get(), DP.get(), DM.get(),
+                                           DC.get(), DW.get(), WS.get(), k.stream),
+          k.where);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- init (called once from Python)
@@ -782,6 +898,26 @@ STABLE_TORCH_LIBRARY(fusekit, m) {
     m.def("per_sample_grad_norms_out(Tensor a, Tensor g, Tensor(a!) out) -> ()");
     m.def("dp_clipped_grad_sum_out(Tensor a, Tensor g, float max_norm, int flags, Tensor(a!) out, "
           "Tensor(b!)? sq_norms) -> ()");
+    // the plain functions' entry points, 1:1 (every output given; None = not wanted)
+    m.def("linear_forward_out(Tensor x, Tensor w, Tensor? b, int act, Tensor(a!) y, Tensor(b!)? aux) -> ()");
+    m.def("linear_backward_out(Tensor dy, Tensor x, Tensor w, int act, Tensor? saved, Tensor(a!)? dx, "
+          "Tensor(b!)? dw, Tensor(c!)? db) -> ()");
+    m.def("christoffel_forward_out(Tensor v, Tensor U, Tensor W, float c, int flags, Tensor(a!) gamma) -> ()");
+    m.def("christoffel_backward_out(Tensor v, Tensor U, Tensor W, Tensor g, float c, int flags, Tensor(a!)? dv, "
+          "Tensor(b!)? dU, Tensor(c!)? dW) -> ()");
+    m.def("leapfrog_forward_out(Tensor x0, Tensor v0, Tensor? f, Tensor U, Tensor W, Tensor? mu, float dt, "
+          "int steps, float c, int flags, Tensor(a!) x_out, Tensor(b!) v_out, Tensor(c!)? traj) -> ()");
+    m.def("leapfrog_backward_out(Tensor v0, Tensor? f, Tensor U, Tensor W, Tensor? mu, float dt, int steps, "
+          "float c, int flags, Tensor? traj, Tensor? gx, Tensor? gv, Tensor(a!)? dx0, Tensor(b!)? dv0, "
+          "Tensor(c!)? df, Tensor(d!)? dU, Tensor(e!)? dW) -> ()");
+    m.def("mahalanobis_forward_out(Tensor points, Tensor means, Tensor chol, float eps, Tensor(a!) out) -> ()");
+    m.def("gaussian_field_forward_out(Tensor points, Tensor means, Tensor chol, Tensor weights, float eps, "
+          "Tensor(a!) out) -> ()");
+    m.def("mahalanobis_backward_out(Tensor points, Tensor means, Tensor chol, float eps, Tensor g, "
+          "Tensor(a!)? dpoints, Tensor(b!)? dmeans, Tensor(c!)? dchol, Tensor(d!)? workspace) -> ()");
+    m.def("gaussian_field_backward_out(Tensor points, Tensor means, Tensor chol, Tensor weights, float eps, "
+          "Tensor dout, Tensor(a!)? dpoints, Tensor(b!)? dmeans, Tensor(c!)? dchol, Tensor(d!)? dweights, "
+          "Tensor(e!)? workspace) -> ()");
     m.def("leapfrog_backward(Tensor v0, Tensor U, Tensor W, Tensor? f, Tensor? mu, Tensor? traj, Tensor? gx, "
           "Tensor? gv, float dt, int steps, float c, int want=31) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
@@ -815,7 +951,17 @@ STABLE_TORCH_LIBRARY(fusekit, m) {
     m.impl("shampoo_precondition_out", TORCH_BOX(&shampoo_precondition_out));          \
     m.impl("per_sample_grads_out", TORCH_BOX(&per_sample_grads_out));                  \
     m.impl("per_sample_grad_norms_out", TORCH_BOX(&per_sample_grad_norms_out));        \
-    m.impl("dp_clipped_grad_sum_out", TORCH_BOX(&dp_clipped_grad_sum_out));
+    m.impl("dp_clipped_grad_sum_out", TORCH_BOX(&dp_clipped_grad_sum_out));          \
+    m.impl("linear_forward_out", TORCH_BOX(&linear_forward_out));                      \
+    m.impl("linear_backward_out", TORCH_BOX(&linear_backward_out));                    \
+    m.impl("christoffel_forward_out", TORCH_BOX(&christoffel_forward_out));            \
+    m.impl("christoffel_backward_out", TORCH_BOX(&christoffel_backward_out));          \
+    m.impl("leapfrog_forward_out", TORCH_BOX(&leapfrog_forward_out));                  \
+    m.impl("leapfrog_backward_out", TORCH_BOX(&leapfrog_backward_out));                \
+    m.impl("mahalanobis_forward_out", TORCH_BOX(&mahalanobis_forward_out));            \
+    m.impl("gaussian_field_forward_out", TORCH_BOX(&gaussian_field_forward_out));      \
+    m.impl("mahalanobis_backward_out", TORCH_BOX(&mahalanobis_backward_out));          \
+    m.impl("gaussian_field_backward_out", TORCH_BOX(&gaussian_field_backward_out));
 
 STABLE_TORCH_LIBRARY_IMPL(fusekit, CPU, m) { FK_TORCH_IMPLS(m) }
 STABLE_TORCH_LIBRARY_IMPL(fusekit, CUDA, m) { FK_TORCH_IMPLS(m) }

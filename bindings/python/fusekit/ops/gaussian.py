@@ -81,8 +81,12 @@ def gaussian_backward_workspace_size(context, dtype, num_points: int, num_gaussi
 
 def mahalanobis_forward(points, means, chol, eps: float = DEFAULT_EPS, *, out=None, stream=None):
     """Squared Mahalanobis distances ``m[b,n] = |(L_n + eps I)^-1 (p_b - mu_n)|^2``, ``[B,N]``."""
-    if out is None and stream is None and _tx.plain(points, means, chol):
-        return _tx.call(_tx.ops().mahalanobis.default, _tx.d(points), _tx.d(means), _tx.d(chol), float(eps))
+    if stream is None and _tx.plain(points, means, chol, out):
+        P = _tx.d(points)
+        O = out if out is not None else _tx.new((_lead(P), _lead(means)), P)
+        _tx.run("fusekit.mahalanobis_forward", _tx.ops().mahalanobis_forward_out,
+                (P, _tx.d(means), _tx.d(chol), float(eps), O), (out,))
+        return O
     with Invocation("fusekit.mahalanobis_forward", stream) as inv:
         P = inv.input(points, "points")
         M = inv.input(means, "means")
@@ -98,11 +102,14 @@ def mahalanobis_backward(
 ):
     """Given ``g = dL/dm [B,N]``: ``(dpoints [B,3], dmeans [N,3], dchol [N,3,3])``
     (exact full lower triangle of dchol; its upper part is 0)."""
-    if out is None and workspace is None and stream is None and _tx.plain(points, means, chol, g):
-        want = sum(1 << i for i, n in enumerate(needs) if n)
-        grads = _tx.call(_tx.ops().mahalanobis_backward.default, _tx.d(points), _tx.d(means), _tx.d(chol), _tx.d(g),
-                         float(eps), want)
-        return tuple(t if want >> i & 1 else None for i, t in enumerate(grads))
+    if stream is None and _tx.plain(points, means, chol, g, workspace, *(out or ())):
+        P, M = _tx.d(points), _tx.d(means)
+        b, n = _lead(P), _lead(M)
+        specs = (("dpoints", (b, 3)), ("dmeans", (n, 3)), ("dchol", (n, 3, 3)))
+        outs, given = _tx.outputs("fusekit.mahalanobis_backward", specs, needs, out, P)
+        _tx.run("fusekit.mahalanobis_backward", _tx.ops().mahalanobis_backward_out,
+                (P, M, _tx.d(chol), float(eps), _tx.d(g), *outs, workspace), given)
+        return tuple(outs)
     with Invocation("fusekit.mahalanobis_backward", stream) as inv:
         P = inv.input(points, "points")
         M = inv.input(means, "means")
@@ -121,9 +128,12 @@ def mahalanobis_backward(
 
 def gaussian_field_forward(points, means, chol, weights, eps: float = DEFAULT_EPS, *, out=None, stream=None):
     """``out[b] = sum_n weights[n] exp(-0.5 m[b,n])``, ``[B]``, fused (no ``[B,N]`` array)."""
-    if out is None and stream is None and _tx.plain(points, means, chol, weights):
-        return _tx.call(_tx.ops().gaussian_field.default, _tx.d(points), _tx.d(means), _tx.d(chol), _tx.d(weights),
-                        float(eps))
+    if stream is None and _tx.plain(points, means, chol, weights, out):
+        P = _tx.d(points)
+        O = out if out is not None else _tx.new((_lead(P),), P)
+        _tx.run("fusekit.gaussian_field_forward", _tx.ops().gaussian_field_forward_out,
+                (P, _tx.d(means), _tx.d(chol), _tx.d(weights), float(eps), O), (out,))
+        return O
     with Invocation("fusekit.gaussian_field_forward", stream) as inv:
         P = inv.input(points, "points")
         M = inv.input(means, "means")
@@ -141,11 +151,14 @@ def gaussian_field_backward(
     workspace=None, stream=None
 ):
     """Given ``dout = dL/dout [B]``: ``(dpoints, dmeans, dchol, dweights)``, fused."""
-    if out is None and workspace is None and stream is None and _tx.plain(points, means, chol, weights, dout):
-        want = sum(1 << i for i, n in enumerate(needs) if n)
-        grads = _tx.call(_tx.ops().gaussian_field_backward.default, _tx.d(points), _tx.d(means), _tx.d(chol),
-                         _tx.d(weights), _tx.d(dout), float(eps), want)
-        return tuple(t if want >> i & 1 else None for i, t in enumerate(grads))
+    if stream is None and _tx.plain(points, means, chol, weights, dout, workspace, *(out or ())):
+        P, M = _tx.d(points), _tx.d(means)
+        b, n = _lead(P), _lead(M)
+        specs = (("dpoints", (b, 3)), ("dmeans", (n, 3)), ("dchol", (n, 3, 3)), ("dweights", (n,)))
+        outs, given = _tx.outputs("fusekit.gaussian_field_backward", specs, needs, out, P)
+        _tx.run("fusekit.gaussian_field_backward", _tx.ops().gaussian_field_backward_out,
+                (P, M, _tx.d(chol), _tx.d(weights), float(eps), _tx.d(dout), *outs, workspace), given)
+        return tuple(outs)
     with Invocation("fusekit.gaussian_field_backward", stream) as inv:
         P = inv.input(points, "points")
         M = inv.input(means, "means")

@@ -82,8 +82,12 @@ def _wanted(where: str, want, names) -> tuple:
 
 def christoffel_forward(v, U, W, c: float = DEFAULT_C, flags: int = 0, *, out=None, stream=None):
     """``gamma = clamp((v U)**2 W^T, -c, c)``, ``[B, D]`` (``out`` may be ``v``)."""
-    if flags == 0 and out is None and stream is None and _tx.plain(v, U, W):
-        return _tx.call(_tx.ops().christoffel.default, _tx.d(v), _tx.d(U), _tx.d(W), float(c))
+    if stream is None and _tx.plain(v, U, W, out):
+        V = _tx.d(v)
+        O = out if out is not None else _tx.new(V.shape, V)
+        _tx.run("fusekit.christoffel_forward", _tx.ops().christoffel_forward_out,
+                (V, _tx.d(U), _tx.d(W), float(c), int(flags), O), (out,))
+        return O
     with Invocation("fusekit.christoffel_forward", stream) as inv:
         V = inv.input(v, "v")
         Uh = inv.input(U, "U")
@@ -101,11 +105,12 @@ def christoffel_backward(
     a gradient not in ``want``. ``out``: optional 3-tuple of output arrays."""
     where = "fusekit.christoffel_backward"
     wanted = _wanted(where, want, ("v", "U", "W"))
-    if flags == 0 and out is None and stream is None and _tx.plain(v, U, W, g):
-        bits = sum(1 << i for i, w in enumerate(wanted) if w)
-        grads = _tx.call(_tx.ops().christoffel_backward.default, _tx.d(v), _tx.d(U), _tx.d(W), _tx.d(g), float(c),
-                         bits)
-        return tuple(t if w else None for t, w in zip(grads, wanted))
+    if stream is None and _tx.plain(v, U, W, g, *(out or ())):
+        V, Ut, Wt = _tx.d(v), _tx.d(U), _tx.d(W)
+        specs = (("dv", tuple(V.shape)), ("dU", tuple(Ut.shape)), ("dW", tuple(Wt.shape)))
+        outs, given = _tx.outputs(where, specs, wanted, out, V)
+        _tx.run(where, _tx.ops().christoffel_backward_out, (V, Ut, Wt, _tx.d(g), float(c), int(flags), *outs), given)
+        return tuple(outs)
     with Invocation(where, stream) as inv:
         V = inv.input(v, "v")
         Uh = inv.input(U, "U")
@@ -128,12 +133,21 @@ def leapfrog_forward(
     ``[steps, 2, B, D]`` to write (``traj[t][0] = x``, ``traj[t][1] = v`` after step
     t; pass it to :func:`leapfrog_backward`). ``out``: optional ``(x_out, v_out)``
     (``x_out`` may be ``x0`` and ``v_out`` ``v0``)."""
-    if (flags == 0 and out is None and stream is None and (traj is False or traj is True or traj is None)
-            and _tx.plain(x0, v0, U, W, f, mu)):
-        keep = traj is True
-        x, v, t = _tx.call(_tx.ops().leapfrog.default, _tx.d(x0), _tx.d(v0), _tx.d(U), _tx.d(W), _tx.d(f), _tx.d(mu),
-                           float(dt), int(steps), float(c), keep)
-        return (x, v, t) if keep else (x, v)
+    traj_given = traj is not None and not isinstance(traj, bool)
+    if stream is None and _tx.plain(x0, v0, U, W, f, mu, *(out or ()), traj if traj_given else None):
+        where = "fusekit.leapfrog_forward"
+        X, V = _tx.d(x0), _tx.d(v0)
+        outs = list(out) if out is not None else [None, None]
+        if len(outs) != 2:
+            raise ValueError(f"{where}: out must hold 2 entries (x_out, v_out)")
+        xo = outs[0] if outs[0] is not None else _tx.new(X.shape, X)
+        vo = outs[1] if outs[1] is not None else _tx.new(V.shape, V)
+        b, d = _dims(V, 2)
+        T = traj if traj_given else (_tx.new((int(steps), 2, b, d), V) if traj is True else None)
+        _tx.run(where, _tx.ops().leapfrog_forward_out,
+                (X, V, _tx.d(f), _tx.d(U), _tx.d(W), _tx.d(mu), float(dt), int(steps), float(c), int(flags), xo, vo, T),
+                (outs[0], outs[1], traj if traj_given else None))
+        return (xo, vo, T) if T is not None else (xo, vo)
     with Invocation("fusekit.leapfrog_forward", stream) as inv:
         X = inv.input(x0, "x0")
         V = inv.input(v0, "v0")
@@ -172,11 +186,15 @@ def leapfrog_backward(
     are recomputed). ``out``: optional 5-tuple of output arrays."""
     where = "fusekit.leapfrog_backward"
     wanted = _wanted(where, want, ("x0", "v0", "f", "U", "W"))
-    if flags == 0 and out is None and stream is None and _tx.plain(v0, U, W, f, mu, traj, gx, gv):
-        bits = sum(1 << i for i, w in enumerate(wanted) if w)
-        grads = _tx.call(_tx.ops().leapfrog_backward.default, _tx.d(v0), _tx.d(U), _tx.d(W), _tx.d(f), _tx.d(mu),
-                         _tx.d(traj), _tx.d(gx), _tx.d(gv), float(dt), int(steps), float(c), bits)
-        return tuple(t if w else None for t, w in zip(grads, wanted))
+    if stream is None and _tx.plain(v0, U, W, f, mu, traj, gx, gv, *(out or ())):
+        V, Ut, Wt = _tx.d(v0), _tx.d(U), _tx.d(W)
+        bd = tuple(V.shape)
+        specs = (("dx0", bd), ("dv0", bd), ("df", bd), ("dU", tuple(Ut.shape)), ("dW", tuple(Wt.shape)))
+        outs, given = _tx.outputs(where, specs, wanted, out, V)
+        _tx.run(where, _tx.ops().leapfrog_backward_out,
+                (V, _tx.d(f), Ut, Wt, _tx.d(mu), float(dt), int(steps), float(c), int(flags), _tx.d(traj), _tx.d(gx),
+                 _tx.d(gv), *outs), given)
+        return tuple(outs)
     with Invocation(where, stream) as inv:
         V = inv.input(v0, "v0")
         fh = _opt(inv, f, "f")

@@ -139,6 +139,13 @@ def linear_forward(x, w, b=None, *, act="relu", y=None, aux=None, want_aux=False
     """``y = act(x w^T + b)``. With ``want_aux=True`` (gelu) or ``aux`` given, also
     the pre-activation for the backward: returns ``(y, aux)``; else ``y``."""
     a = _act(act)
+    if stream is None and _tx.plain(x, w, b, y, aux):
+        X, Wt = _tx.d(x), _tx.d(w)
+        yshape = tuple(X.shape[:-1]) + (Wt.shape[0] if Wt.dim() == 2 else 0,)
+        Y = y if y is not None else _tx.new(yshape, X)
+        A = aux if aux is not None else (_tx.new(yshape, X) if want_aux else None)
+        _tx.run("fusekit.linear_forward", _tx.ops().linear_forward_out, (X, Wt, _tx.d(b), a, Y, A), (y, aux))
+        return (Y, A) if A is not None else Y
     with Invocation("fusekit.linear_forward", stream) as inv:
         X = inv.input(x, "x")
         W = inv.input(w, "w")
@@ -161,6 +168,15 @@ def linear_backward(dy, x, w, *, act="relu", saved=None, dx=True, dw=True, db=Tr
     of ``dx``, ``dw``, ``db`` is ``True`` (allocate), an array to write, or
     ``False``/``None`` (not wanted: None is returned in its place). ``saved``: y for
     relu, aux for gelu, unused for none."""
+    given = tuple(o for o in (dx, dw, db) if o is not None and not isinstance(o, bool))
+    if stream is None and _tx.plain(dy, x, w, saved, *given):
+        DY, X, Wt = _tx.d(dy), _tx.d(x), _tx.d(w)
+        shapes = (tuple(X.shape), tuple(Wt.shape), (Wt.shape[0],) if Wt.dim() == 2 else (0,))
+        outs = [None if o is None or o is False else (_tx.new(sh, DY) if o is True else o)
+                for o, sh in zip((dx, dw, db), shapes)]
+        _tx.run("fusekit.linear_backward", _tx.ops().linear_backward_out,
+                (DY, X, Wt, _act(act), _tx.d(saved), *outs), given)
+        return tuple(outs)
     with Invocation("fusekit.linear_backward", stream) as inv:
         DY = inv.input(dy, "dy")
         X = inv.input(x, "x")

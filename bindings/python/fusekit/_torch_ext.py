@@ -196,15 +196,6 @@ def enable_route() -> bool:
     return True
 
 
-def plain_ok(*ts) -> bool:
-    """Whether tensors can take the compiled route as they are: no lazily
-    conjugated or negated views (the ctypes path resolves those)."""
-    for t in ts:
-        if t.is_complex() and (t.is_conj() or t.is_neg()):
-            return False
-    return True
-
-
 def check_out(where: str, out) -> None:
     """The ctypes path's rules for a torch ``out``."""
     if out.requires_grad:

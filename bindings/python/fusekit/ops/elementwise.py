@@ -16,7 +16,7 @@ float64, complex64, complex128); ``out`` must not partially overlap an input;
 from __future__ import annotations
 
 from .. import _torch_ext as _tx
-from .._core import DType, Invocation, _torch
+from .._core import DType, Invocation
 from .._lib import lib, scalar
 
 _route = _tx.route
@@ -43,37 +43,12 @@ __all__ = [
 ]
 
 
-def _torch_route(*ts) -> bool:
-    """Whether this call takes the compiled torch route: every array a torch tensor,
-    no explicit stream, and the extension loaded (decided on the first torch call)."""
-    t = _route.tensor
-    if t is None:
-        torch = _torch()
-        if _route.tried or torch is None or not isinstance(ts[0], torch.Tensor) or not _tx.enable_route():
-            return False
-        t = _route.tensor
-    for x in ts:
-        if not isinstance(x, t):
-            return False
-    return _tx.plain_ok(*ts)
-
-
-def _d(t):
-    """Plain functions record no autograd: detach inputs that require grad."""
-    return t.detach() if t.requires_grad else t
-
-
 def _routed(where, fn, fn_out, out, *args):
-    """Runs the compiled op (functional, or into ``out``) with fusekit's errors."""
-    try:
-        if out is None:
-            return fn(*args)
-        _tx.check_out(where, out)
-        fn_out(*args, out)
-        _route.increment_version(out)
-        return out
-    except RuntimeError as e:
-        raise _tx.translate(e) from None
+    """Runs the compiled op: functional, or into the caller's ``out``."""
+    if out is None:
+        return _tx.call(fn, *args)
+    _tx.run(where, fn_out, (*args, out), (out,))
+    return out
 
 
 def _binary(entry: str, where: str, a, b, out, stream):
@@ -84,8 +59,8 @@ def _binary(entry: str, where: str, a, b, out, stream):
             return _route.binary(a, b, _tx.BINARY[entry])
         except RuntimeError as e:
             raise _tx.translate(e) from None
-    if stream is None and _torch_route(a, b) and (out is None or _torch_route(out)):
-        return _routed(where, _route.binary, _route.binary_out, out, _d(a), _d(b), _tx.BINARY[entry])
+    if stream is None and _tx.plain(a, b, out):
+        return _routed(where, _route.binary, _route.binary_out, out, _tx.d(a), _tx.d(b), _tx.BINARY[entry])
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         B = inv.input(b, "b")
@@ -101,8 +76,8 @@ def _unary(entry: str, where: str, a, out, stream, out_dtype=None):
             return _route.unary(a, _tx.UNARY[entry])
         except RuntimeError as e:
             raise _tx.translate(e) from None
-    if stream is None and _torch_route(a) and (out is None or _torch_route(out)):
-        return _routed(where, _route.unary, _route.unary_out, out, _d(a), _tx.UNARY[entry])
+    if stream is None and _tx.plain(a, out):
+        return _routed(where, _route.unary, _route.unary_out, out, _tx.d(a), _tx.UNARY[entry])
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         dt = out_dtype(A.dtype) if out_dtype else A.dtype
@@ -136,8 +111,8 @@ def axpby(alpha, a, beta, b, *, out=None, stream=None):
     where = "fusekit.axpby"
     sa = scalar(alpha, where, "alpha")
     sb = scalar(beta, where, "beta")
-    if stream is None and _torch_route(a, b) and (out is None or _torch_route(out)):
-        return _routed(where, _route.axpby, _route.axpby_out, out, _d(a), _d(b), sa.re, sa.im, sb.re, sb.im)
+    if stream is None and _tx.plain(a, b, out):
+        return _routed(where, _route.axpby, _route.axpby_out, out, _tx.d(a), _tx.d(b), sa.re, sa.im, sb.re, sb.im)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         B = inv.input(b, "b")
@@ -148,8 +123,8 @@ def axpby(alpha, a, beta, b, *, out=None, stream=None):
 
 def _scalar_op(entry: str, where: str, a, s, out, stream):
     sc = scalar(s, where, "s")
-    if stream is None and _torch_route(a) and (out is None or _torch_route(out)):
-        return _routed(where, _route.scalar, _route.scalar_out, out, _d(a), sc.re, sc.im, _tx.SCALAR[entry])
+    if stream is None and _tx.plain(a, out):
+        return _routed(where, _route.scalar, _route.scalar_out, out, _tx.d(a), sc.re, sc.im, _tx.SCALAR[entry])
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         O = inv.output(out, "out", A.shape, A.dtype)

@@ -71,6 +71,7 @@ from fusekit.torch_geodesic import christoffel, leapfrog  # noqa: E402
 sys.path.insert(0, str(ROOT / "benches"))
 from bench_gaussian import field_torch  # noqa: E402  (the eager formulas the other benches use)
 from bench_geodesic import chr_ref, lf_ref  # noqa: E402
+from host_overhead import host_us as _host_us  # noqa: E402
 
 fk_linear = fusekit.torch_ops.linear
 EPS = 1e-6  # the Gaussian field's eps (the wrapper's default)
@@ -102,23 +103,9 @@ def rel_err(out, ref):
 
 
 # ---------------------------------------------------------------- timing
-def host_us(fn, n=300, sync_every=50, medians=3):
-    """Min over `medians` of the median perf_counter time of one call of `fn`."""
-    best = math.inf
-    for _ in range(medians):
-        for _ in range(min(20, n)):
-            fn()
-        sync()
-        ts = []
-        for i in range(n):
-            t0 = time.perf_counter_ns()
-            fn()
-            ts.append(time.perf_counter_ns() - t0)
-            if i % sync_every == sync_every - 1:
-                sync()
-        sync()
-        best = min(best, statistics.median(ts) / 1e3)
-    return best
+def host_us(fn, n=300, medians=3):
+    """Min over `medians` of benches/host_overhead.py's median host time of one call."""
+    return min(_host_us(fn, sync, n) for _ in range(medians))
 
 
 def time_steps(step, n, repeats):

@@ -35,7 +35,10 @@ except ImportError:
     torch = None
 
 
-def host_us(fn, sync, n=300):
+def host_us(fn, sync, n=300, sync_every=50):
+    """The median perf_counter time (us) of one call of `fn` over `n` calls, after 20
+    warm-up calls, with `sync()` every `sync_every` calls (the benches' one timing
+    loop of host time: bench_torch_path.py and torch_host_breakdown.py use it too)."""
     for _ in range(20):
         fn()
     sync()
@@ -44,7 +47,7 @@ def host_us(fn, sync, n=300):
         t0 = time.perf_counter_ns()
         fn()
         ts.append(time.perf_counter_ns() - t0)
-        if i % 50 == 49:
+        if i % sync_every == sync_every - 1:
             sync()
     sync()
     return statistics.median(ts) / 1e3

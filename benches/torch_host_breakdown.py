@@ -10,24 +10,16 @@ medians of many calls, synchronising every 100 calls.
 
     python3 benches/torch_host_breakdown.py
 """
-import ctypes, time, statistics
+import ctypes, pathlib, sys
 import torch, torch.nn.functional as F
 import fusekit, fusekit.torch_ops as to
 from fusekit import _lib
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from host_overhead import host_us as _host_us  # the benches' timing loop
 print("torch", torch.__version__, torch.cuda.get_device_name())
 dev = "cuda"
 def host_us(fn, n=3000):
-    for _ in range(100): fn()
-    torch.cuda.synchronize()
-    best = []
-    for rep in range(3):
-        ts = []
-        for i in range(n):
-            t0 = time.perf_counter_ns(); fn(); ts.append(time.perf_counter_ns() - t0)
-            if i % 100 == 99: torch.cuda.synchronize()
-        torch.cuda.synchronize()
-        best.append(statistics.median(ts) / 1e3)
-    return min(best)
+    return min(_host_us(fn, torch.cuda.synchronize, n, sync_every=100) for _ in range(3))
 rows = []
 def row(name, fn, n=3000): rows.append((name, host_us(fn, n)))
 a = torch.randn(256, device=dev); b = torch.randn(256, device=dev); o = torch.empty_like(a)

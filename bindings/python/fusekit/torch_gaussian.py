@@ -27,7 +27,6 @@ Double backward is not supported (the backward ops have no autograd formula).
 import torch
 from torch import Tensor
 
-from . import _torch_ext
 from .ops import gaussian as _g
 from .torch_ops import eager_call, register
 
@@ -120,15 +119,9 @@ _maha = eager_call(register("mahalanobis", fake=_maha_fake, backward=_maha_backw
 
 def gaussian_field(points: Tensor, means: Tensor, chol: Tensor, weights: Tensor, eps: float = _g.DEFAULT_EPS) -> Tensor:
     """Differentiable fused Gaussian field ``[B]`` (``torch.ops.fusekit.gaussian_field``)."""
-    try:
-        return _field(points, means, chol, weights, float(eps))
-    except RuntimeError as e:
-        raise _torch_ext.translate(e) from None
+    return _field(points, means, chol, weights, float(eps))
 
 
 def mahalanobis(points: Tensor, means: Tensor, chol: Tensor, eps: float = _g.DEFAULT_EPS) -> Tensor:
     """Differentiable squared Mahalanobis distances ``[B,N]`` (``torch.ops.fusekit.mahalanobis``)."""
-    try:
-        return _maha(points, means, chol, float(eps))
-    except RuntimeError as e:
-        raise _torch_ext.translate(e) from None
+    return _maha(points, means, chol, float(eps))

@@ -38,7 +38,6 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _torch_ext
 from .ops import geodesic as _g
 from .torch_ops import eager_call, register
 
@@ -138,10 +137,7 @@ _lf = eager_call(register("leapfrog", fake=_lf_fake, backward=_lf_backward, setu
 
 def christoffel(v: Tensor, U: Tensor, W: Tensor, c: float = _g.DEFAULT_C) -> Tensor:
     """Differentiable clamped Christoffel term ``[B,D]`` (``torch.ops.fusekit.christoffel``)."""
-    try:
-        return _chr(v, U, W, float(c))
-    except RuntimeError as e:
-        raise _torch_ext.translate(e) from None
+    return _chr(v, U, W, float(c))
 
 
 def _keep_traj(save_traj: Optional[bool], return_traj: bool, differentiable) -> bool:
@@ -168,8 +164,5 @@ def leapfrog(
     and one of ``x0, v0, U, W, f`` requiring grad; so inference (``torch.no_grad()``,
     or no input requiring grad) writes no trajectory. ``return_traj`` implies it."""
     keep = _keep_traj(save_traj, return_traj, (x0, v0, U, W, f))
-    try:
-        x, v, traj = _lf(x0, v0, U, W, f, mu, float(dt), int(steps), float(c), keep)
-    except RuntimeError as e:
-        raise _torch_ext.translate(e) from None
+    x, v, traj = _lf(x0, v0, U, W, f, mu, float(dt), int(steps), float(c), keep)
     return (x, v, traj) if return_traj else (x, v)

@@ -100,6 +100,8 @@ def eager_call(op, backward: Callable, setup_context: Callable, grad_args: tuple
     - Under ``torch.compile``: the registered op itself, so the graph holds the
       custom op and its registered autograd.
 
+    Eager, the library's errors come out as fusekit.Error subclasses.
+
     ``materialize=False`` (ops with several outputs whose backward takes None for an
     unused one, e.g. the trajectory): no zero gradients are made for unused outputs."""
 
@@ -126,13 +128,16 @@ def eager_call(op, backward: Callable, setup_context: Callable, grad_args: tuple
     def call(*args):
         if _is_compiling():
             return op(*args)
-        if grad_enabled():
-            for i in grad_args:
-                t = args[i]
-                if t is not None and t.requires_grad:
-                    return apply(*args)
-        with _below_autograd():
-            return op(*args)
+        try:
+            if grad_enabled():
+                for i in grad_args:
+                    t = args[i]
+                    if t is not None and t.requires_grad:
+                        return apply(*args)
+            with _below_autograd():
+                return op(*args)
+        except RuntimeError as e:  # the library's errors as fusekit.Error subclasses
+            raise _torch_ext.translate(e) from None
 
     return call
 

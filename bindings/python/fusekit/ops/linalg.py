@@ -248,8 +248,6 @@ def register_torch_ops(register):
     ``linear(x, w, b=None, act="relu")``."""
     import torch
 
-    from .. import _torch_ext
-
     def _linear_fake(x, w, b, act):
         torch._check(x.dtype in (torch.float16, torch.bfloat16, torch.float32),
                      lambda: f"fusekit::linear takes float16, bfloat16 or float32, not {x.dtype}")
@@ -293,10 +291,7 @@ def register_torch_ops(register):
         """``act(x w^T + b)`` through ``torch.ops.fusekit.linear`` (differentiable;
         float16, bfloat16, float32)."""
         a = acts.get(act) if isinstance(act, str) else None
-        try:
-            y, _ = fwd(x, w, b, _act(act) if a is None else a)
-        except RuntimeError as e:
-            raise _torch_ext.translate(e) from None
+        y, _ = fwd(x, w, b, _act(act) if a is None else a)
         return y
 
     return linear

@@ -438,196 +438,6 @@ Tensor axpby(Tensor a, Tensor b, double alpha, double beta) { return axpby_c(a, 
 Tensor scalar_mul(Tensor a, double s) { return scalar(a, s, 0.0, 1); }
 Tensor relu(Tensor a) { return unary(a, 9); }
 
-// ---------------------------------------------------------------- fused linear layer
-
-constexpr int64_t kActGelu = FK_ACT_GELU;
-constexpr int64_t kActNone = FK_ACT_NONE;
-
-std::tuple<Tensor, Tensor> linear(Tensor x, Tensor w, OptTensor b, int64_t act) {
-    contig_all(x, w, b);
-    Call c("fusekit.linear", x);
-    auto xs = x.sizes();
-    std::vector<int64_t> ys(xs.begin(), xs.end());
-    if (ys.empty() || w.dim() != 2) bad(FK_ERROR_SHAPE_MISMATCH, "fusekit.linear: x must be [..., k] and w [n, k]");
-    ys.back() = w.size(0);
-    int32_t dt = dtype_of(x);
-    Tensor y = new_tensor(ys, dt, x);
-    Tensor aux = act == kActGelu ? new_tensor(ys, dt, x) : empty0(x);
-    Buf X = c.in(x, "x"), W = c.in(w, "w"), B = c.in(b, "b"), Y = c.out(y, "y");
-    Buf A = act == kActGelu ? c.out(aux, "aux") : Buf();
-    check(api().fk_linear_forward(X.get(), W.get(), B.get(), static_cast<fk_activation>(act), Y.get(), A.get(),
-                                  c.stream),
-          c.where);
-    return {y, aux};
-}
-
-// want: bit 0 dx, bit 1 dw, bit 2 db (a gradient not wanted comes back empty).
-std::tuple<Tensor, Tensor, Tensor> linear_backward(Tensor dy, Tensor x, Tensor w, Tensor saved, int64_t act,
-                                                   int64_t want) {
-    contig_all(dy, x, w, saved);
-    Call c("fusekit.linear_backward", dy);
-    Tensor dx = want & 1 ? new_like(x) : empty0(x);
-    Tensor dw = want & 2 ? new_like(w) : empty0(w);
-    Tensor db = want & 4 ? new_tensor({w.size(0)}, dtype_of(dy), dy) : empty0(dy);
-    Buf DY = c.in(dy, "dy"), X = c.in(x, "x"), W = c.in(w, "w");
-    Buf S = act != kActNone ? c.in(saved, "saved") : Buf();
-    Buf DX = want & 1 ? c.out(dx, "dx") : Buf();
-    Buf DW = want & 2 ? c.out(dw, "dw") : Buf();
-    Buf DB = want & 4 ? c.out(db, "db") : Buf();
-    check(api().fk_linear_backward(DY.get(), X.get(), W.get(), static_cast<fk_activation>(act), S.get(), DX.get(),
-                                   DW.get(), DB.get(), c.stream),
-          c.where);
-    return {dx, dw, db};
-}
-
-// ---------------------------------------------------------------- Gaussian field
-
-// The backwards' workspace, from torch's allocator (0 bytes on the CPU: none).
-Tensor gaussian_workspace(const Call& c, const Tensor& points, const Tensor& means) {
-    size_t bytes = 0;
-    fk_dtype fd = fk_dtype_of(dtype_of(points), c.where, "points");
-    check(api().fk_gaussian_backward_workspace_size(c.ctx, fd, points.dim() > 0 ? points.size(0) : 0,
-                                                    means.dim() > 0 ? means.size(0) : 0, &bytes),
-          c.where);
-    return new_tensor({static_cast<int64_t>((bytes + 3) / 4)}, codes().f32, points);
-}
-
-Tensor gaussian_field(Tensor points, Tensor means, Tensor chol, Tensor weights, double eps) {
-    contig_all(points, means, chol, weights);
-    Call c("fusekit.gaussian_field", points);
-    Tensor out = new_tensor({points.dim() > 0 ? points.size(0) : 0}, dtype_of(points), points);
-    Buf P = c.in(points, "points"), M = c.in(means, "means"), L = c.in(chol, "chol"), W = c.in(weights, "weights");
-    Buf O = c.out(out, "out");
-    check(api().fk_gaussian_field_forward(P.get(), M.get(), L.get(), W.get(), eps, O.get(), c.stream), c.where);
-    return out;
-}
-
-// want: bits 0..3 dpoints, dmeans, dchol, dweights.
-std::tuple<Tensor, Tensor, Tensor, Tensor> gaussian_field_backward(Tensor points, Tensor means, Tensor chol,
-                                                                   Tensor weights, Tensor dout, double eps,
-                                                                   int64_t want) {
-    contig_all(points, means, chol, weights, dout);
-    Call c("fusekit.gaussian_field_backward", points);
-    Tensor dp = want & 1 ? new_like(points) : empty0(points);
-    Tensor dm = want & 2 ? new_like(means) : empty0(means);
-    Tensor dc = want & 4 ? new_like(chol) : empty0(chol);
-    Tensor dw = want & 8 ? new_like(weights) : empty0(weights);
-    Tensor ws = want & 15 ? gaussian_workspace(c, points, means) : empty0(points);
-    Buf P = c.in(points, "points"), M = c.in(means, "means"), L = c.in(chol, "chol"), W = c.in(weights, "weights");
-    Buf D = c.in(dout, "dout");
-    Buf DP = want & 1 ? c.out(dp, "dpoints") : Buf();
-    Buf DM = want & 2 ? c.out(dm, "dmeans") : Buf();
-    Buf DC = want & 4 ? c.out(dc, "dchol") : Buf();
-    Buf DW = want & 8 ? c.out(dw, "dweights") : Buf();
-    Buf WS = ws.numel() > 0 ? c.out(ws, "workspace") : Buf();
-    check(api().fk_gaussian_field_backward(P.get(), M.get(), L.get(), W.get(), eps, D.get(), DP.get(), DM.get(),
-                                           DC.get(), DW.get(), WS.get(), c.stream),
-          c.where);
-    return {dp, dm, dc, dw};
-}
-
-Tensor mahalanobis(Tensor points, Tensor means, Tensor chol, double eps) {
-    contig_all(points, means, chol);
-    Call c("fusekit.mahalanobis", points);
-    Tensor out = new_tensor({points.dim() > 0 ? points.size(0) : 0, means.dim() > 0 ? means.size(0) : 0},
-                       dtype_of(points), points);
-    Buf P = c.in(points, "points"), M = c.in(means, "means"), L = c.in(chol, "chol"), O = c.out(out, "out");
-    check(api().fk_mahalanobis_forward(P.get(), M.get(), L.get(), eps, O.get(), c.stream), c.where);
-    return out;
-}
-
-// want: bits 0..2 dpoints, dmeans, dchol.
-std::tuple<Tensor, Tensor, Tensor> mahalanobis_backward(Tensor points, Tensor means, Tensor chol, Tensor g,
-                                                        double eps, int64_t want) {
-    contig_all(points, means, chol, g);
-    Call c("fusekit.mahalanobis_backward", points);
-    Tensor dp = want & 1 ? new_like(points) : empty0(points);
-    Tensor dm = want & 2 ? new_like(means) : empty0(means);
-    Tensor dc = want & 4 ? new_like(chol) : empty0(chol);
-    Tensor ws = want & 7 ? gaussian_workspace(c, points, means) : empty0(points);
-    Buf P = c.in(points, "points"), M = c.in(means, "means"), L = c.in(chol, "chol"), G = c.in(g, "g");
-    Buf DP = want & 1 ? c.out(dp, "dpoints") : Buf();
-    Buf DM = want & 2 ? c.out(dm, "dmeans") : Buf();
-    Buf DC = want & 4 ? c.out(dc, "dchol") : Buf();
-    Buf WS = ws.numel() > 0 ? c.out(ws, "workspace") : Buf();
-    check(api().fk_mahalanobis_backward(P.get(), M.get(), L.get(), eps, G.get(), DP.get(), DM.get(), DC.get(),
-                                        WS.get(), c.stream),
-          c.where);
-    return {dp, dm, dc};
-}
-
-// ---------------------------------------------------------------- geodesic flow
-
-Tensor christoffel(Tensor v, Tensor U, Tensor W, double cl) {
-    contig_all(v, U, W);
-    Call c("fusekit.christoffel", v);
-    Tensor gamma = new_like(v);
-    Buf V = c.in(v, "v"), Uh = c.in(U, "U"), Wh = c.in(W, "W"), G = c.out(gamma, "gamma");
-    check(api().fk_christoffel_forward(V.get(), Uh.get(), Wh.get(), cl, 0, G.get(), c.stream), c.where);
-    return gamma;
-}
-
-// want: bits 0..2 dv, dU, dW.
-std::tuple<Tensor, Tensor, Tensor> christoffel_backward(Tensor v, Tensor U, Tensor W, Tensor g, double cl,
-                                                        int64_t want) {
-    contig_all(v, U, W, g);
-    Call c("fusekit.christoffel_backward", v);
-    Tensor dv = want & 1 ? new_like(v) : empty0(v);
-    Tensor dU = want & 2 ? new_like(U) : empty0(U);
-    Tensor dW = want & 4 ? new_like(W) : empty0(W);
-    Buf V = c.in(v, "v"), Uh = c.in(U, "U"), Wh = c.in(W, "W"), G = c.in(g, "g");
-    Buf DV = want & 1 ? c.out(dv, "dv") : Buf();
-    Buf DU = want & 2 ? c.out(dU, "dU") : Buf();
-    Buf DW = want & 4 ? c.out(dW, "dW") : Buf();
-    check(api().fk_christoffel_backward(V.get(), Uh.get(), Wh.get(), G.get(), cl, 0, DV.get(), DU.get(), DW.get(),
-                                        c.stream),
-          c.where);
-    return {dv, dU, dW};
-}
-
-std::tuple<Tensor, Tensor, Tensor> leapfrog(Tensor x0, Tensor v0, Tensor U, Tensor W, OptTensor f, OptTensor mu,
-                                            double dt, int64_t steps, double cl, bool keep_traj) {
-    contig_all(x0, v0, U, W, f, mu);
-    Call c("fusekit.leapfrog", v0);
-    Tensor x = new_like(x0), v = new_like(v0);
-    int64_t b = v0.dim() > 0 ? v0.size(0) : 0, d = v0.dim() > 1 ? v0.size(1) : 0;
-    Tensor traj = new_tensor({keep_traj ? steps : 0, 2, b, d}, dtype_of(v0), v0);
-    Buf X0 = c.in(x0, "x0"), V0 = c.in(v0, "v0"), F = c.in(f, "f"), Uh = c.in(U, "U"), Wh = c.in(W, "W");
-    Buf MU = c.in(mu, "mu"), X = c.out(x, "x_out"), V = c.out(v, "v_out");
-    Buf T = keep_traj ? c.out(traj, "traj") : Buf();
-    check(api().fk_leapfrog_forward(X0.get(), V0.get(), F.get(), Uh.get(), Wh.get(), MU.get(), dt, steps, cl, 0,
-                                    X.get(), V.get(), T.get(), c.stream),
-          c.where);
-    return {x, v, traj};
-}
-
-// want: bits 0..4 dx0, dv0, df, dU, dW.
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> leapfrog_backward(Tensor v0, Tensor U, Tensor W, OptTensor f,
-                                                                     OptTensor mu, OptTensor traj, OptTensor gx,
-                                                                     OptTensor gv, double dt, int64_t steps,
-                                                                     double cl, int64_t want) {
-    contig_all(v0, U, W, f, mu, traj, gx, gv);
-    Call c("fusekit.leapfrog_backward", v0);
-    Tensor dx0 = want & 1 ? new_like(v0) : empty0(v0);
-    Tensor dv0 = want & 2 ? new_like(v0) : empty0(v0);
-    Tensor df = want & 4 ? new_like(v0) : empty0(v0);
-    Tensor dU = want & 8 ? new_like(U) : empty0(U);
-    Tensor dW = want & 16 ? new_like(W) : empty0(W);
-    Buf V0 = c.in(v0, "v0"), F = c.in(f, "f"), Uh = c.in(U, "U"), Wh = c.in(W, "W"), MU = c.in(mu, "mu");
-    Buf T = c.in(traj, "traj"), GX = c.in(gx, "gx"), GV = c.in(gv, "gv");
-    Buf DX0 = want & 1 ? c.out(dx0, "dx0") : Buf();
-    Buf DV0 = want & 2 ? c.out(dv0, "dv0") : Buf();
-    Buf DF = want & 4 ? c.out(df, "df") : Buf();
-    Buf DU = want & 8 ? c.out(dU, "dU") : Buf();
-    Buf DW = want & 16 ? c.out(dW, "dW") : Buf();
-    check(api().fk_leapfrog_backward(V0.get(), F.get(), Uh.get(), Wh.get(), MU.get(), dt, steps, cl, 0, T.get(),
-                                     GX.get(), GV.get(), DX0.get(), DV0.get(), DF.get(), DU.get(), DW.get(),
-                                     c.stream),
-          c.where);
-    return {dx0, dv0, df, dU, dW};
-}
-
-
 // ---------------------------------------------------------------- linear algebra and optimizer math
 // The plain functions' compiled route (fusekit.gemm, kron, matrix_power, ...): the
 // Python functions shape and allocate the outputs; these run the entry point on
@@ -781,6 +591,16 @@ void gaussian_field_forward_out(Tensor points, Tensor means, Tensor chol, Tensor
     check(api().fk_gaussian_field_forward(P.get(), M.get(), L.get(), W.get(), eps, O.get(), k.stream), k.where);
 }
 
+// The Gaussian backwards' workspace, from torch's allocator (0 bytes on the CPU: none).
+Tensor gaussian_workspace(const Call& c, const Tensor& points, const Tensor& means) {
+    size_t bytes = 0;
+    fk_dtype fd = fk_dtype_of(dtype_of(points), c.where, "points");
+    check(api().fk_gaussian_backward_workspace_size(c.ctx, fd, points.dim() > 0 ? points.size(0) : 0,
+                                                    means.dim() > 0 ? means.size(0) : 0, &bytes),
+          c.where);
+    return new_tensor({static_cast<int64_t>((bytes + 3) / 4)}, codes().f32, points);
+}
+
 // workspace: the caller's, or (None) one from torch's allocator of the size the
 // library asks for (none on the CPU).
 Buf workspace_of(const Call& k, const OptTensor& given, const Tensor& points, const Tensor& means, Tensor& keep) {
@@ -816,6 +636,120 @@ void gaussian_field_backward_out(Tensor points, Tensor means, Tensor chol, Tenso
     check(api().fk_gaussian_field_backward(P.get(), M.get(), L.get(), W.get(), eps, D.get(), DP.get(), DM.get(),
                                            DC.get(), DW.get(), WS.get(), k.stream),
           k.where);
+}
+
+
+// ---------------------------------------------------------------- the differentiable ops' kernels
+// What torch.ops.fusekit.linear, gaussian_field, christoffel, ... run (autograd in
+// Python): the inputs made contiguous, the outputs allocated, then the entry point
+// through its 1:1 op above. A gradient not wanted (`want` bit clear) comes back as
+// an empty tensor and is passed to the entry point as not wanted.
+
+constexpr int64_t kActGelu = FK_ACT_GELU;
+constexpr int64_t kActNone = FK_ACT_NONE;
+
+Tensor wanted_or_empty(bool want, const Tensor& like) { return want ? new_like(like) : empty0(like); }
+OptTensor arg_if(bool want, const Tensor& t) { return want ? OptTensor(t) : std::nullopt; }
+
+std::tuple<Tensor, Tensor> linear(Tensor x, Tensor w, OptTensor b, int64_t act) {
+    contig_all(x, w, b);
+    auto xs = x.sizes();
+    std::vector<int64_t> ys(xs.begin(), xs.end());
+    if (ys.empty() || w.dim() != 2) bad(FK_ERROR_SHAPE_MISMATCH, "fusekit.linear: x must be [..., k] and w [n, k]");
+    ys.back() = w.size(0);
+    int32_t dt = dtype_of(x);
+    Tensor y = new_tensor(ys, dt, x);
+    Tensor aux = act == kActGelu ? new_tensor(ys, dt, x) : empty0(x);
+    linear_forward_out(x, w, b, act, y, arg_if(act == kActGelu, aux));
+    return {y, aux};
+}
+
+// want: bit 0 dx, bit 1 dw, bit 2 db.
+std::tuple<Tensor, Tensor, Tensor> linear_backward(Tensor dy, Tensor x, Tensor w, Tensor saved, int64_t act,
+                                                   int64_t want) {
+    contig_all(dy, x, w, saved);
+    Tensor dx = wanted_or_empty(want & 1, x), dw = wanted_or_empty(want & 2, w);
+    Tensor db = want & 4 ? new_tensor({w.size(0)}, dtype_of(dy), dy) : empty0(dy);
+    linear_backward_out(dy, x, w, act, arg_if(act != kActNone, saved), arg_if(want & 1, dx), arg_if(want & 2, dw),
+                        arg_if(want & 4, db));
+    return {dx, dw, db};
+}
+
+Tensor gaussian_field(Tensor points, Tensor means, Tensor chol, Tensor weights, double eps) {
+    contig_all(points, means, chol, weights);
+    Tensor out = new_tensor({points.dim() > 0 ? points.size(0) : 0}, dtype_of(points), points);
+    gaussian_field_forward_out(points, means, chol, weights, eps, out);
+    return out;
+}
+
+// want: bits 0..3 dpoints, dmeans, dchol, dweights.
+std::tuple<Tensor, Tensor, Tensor, Tensor> gaussian_field_backward(Tensor points, Tensor means, Tensor chol,
+                                                                   Tensor weights, Tensor dout, double eps,
+                                                                   int64_t want) {
+    contig_all(points, means, chol, weights, dout);
+    Tensor dp = wanted_or_empty(want & 1, points), dm = wanted_or_empty(want & 2, means);
+    Tensor dc = wanted_or_empty(want & 4, chol), dw = wanted_or_empty(want & 8, weights);
+    gaussian_field_backward_out(points, means, chol, weights, eps, dout, arg_if(want & 1, dp), arg_if(want & 2, dm),
+                                arg_if(want & 4, dc), arg_if(want & 8, dw), std::nullopt);
+    return {dp, dm, dc, dw};
+}
+
+Tensor mahalanobis(Tensor points, Tensor means, Tensor chol, double eps) {
+    contig_all(points, means, chol);
+    Tensor out = new_tensor({points.dim() > 0 ? points.size(0) : 0, means.dim() > 0 ? means.size(0) : 0},
+                            dtype_of(points), points);
+    mahalanobis_forward_out(points, means, chol, eps, out);
+    return out;
+}
+
+// want: bits 0..2 dpoints, dmeans, dchol.
+std::tuple<Tensor, Tensor, Tensor> mahalanobis_backward(Tensor points, Tensor means, Tensor chol, Tensor g,
+                                                        double eps, int64_t want) {
+    contig_all(points, means, chol, g);
+    Tensor dp = wanted_or_empty(want & 1, points), dm = wanted_or_empty(want & 2, means);
+    Tensor dc = wanted_or_empty(want & 4, chol);
+    mahalanobis_backward_out(points, means, chol, eps, g, arg_if(want & 1, dp), arg_if(want & 2, dm),
+                             arg_if(want & 4, dc), std::nullopt);
+    return {dp, dm, dc};
+}
+
+Tensor christoffel(Tensor v, Tensor U, Tensor W, double cl) {
+    contig_all(v, U, W);
+    Tensor gamma = new_like(v);
+    christoffel_forward_out(v, U, W, cl, 0, gamma);
+    return gamma;
+}
+
+// want: bits 0..2 dv, dU, dW.
+std::tuple<Tensor, Tensor, Tensor> christoffel_backward(Tensor v, Tensor U, Tensor W, Tensor g, double cl,
+                                                        int64_t want) {
+    contig_all(v, U, W, g);
+    Tensor dv = wanted_or_empty(want & 1, v), dU = wanted_or_empty(want & 2, U), dW = wanted_or_empty(want & 4, W);
+    christoffel_backward_out(v, U, W, g, cl, 0, arg_if(want & 1, dv), arg_if(want & 2, dU), arg_if(want & 4, dW));
+    return {dv, dU, dW};
+}
+
+std::tuple<Tensor, Tensor, Tensor> leapfrog(Tensor x0, Tensor v0, Tensor U, Tensor W, OptTensor f, OptTensor mu,
+                                            double dt, int64_t steps, double cl, bool keep_traj) {
+    contig_all(x0, v0, U, W, f, mu);
+    Tensor x = new_like(x0), v = new_like(v0);
+    int64_t b = v0.dim() > 0 ? v0.size(0) : 0, d = v0.dim() > 1 ? v0.size(1) : 0;
+    Tensor traj = new_tensor({keep_traj ? steps : 0, 2, b, d}, dtype_of(v0), v0);
+    leapfrog_forward_out(x0, v0, f, U, W, mu, dt, steps, cl, 0, x, v, arg_if(keep_traj, traj));
+    return {x, v, traj};
+}
+
+// want: bits 0..4 dx0, dv0, df, dU, dW.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> leapfrog_backward(Tensor v0, Tensor U, Tensor W, OptTensor f,
+                                                                     OptTensor mu, OptTensor traj, OptTensor gx,
+                                                                     OptTensor gv, double dt, int64_t steps,
+                                                                     double cl, int64_t want) {
+    contig_all(v0, U, W, f, mu, traj, gx, gv);
+    Tensor dx0 = wanted_or_empty(want & 1, v0), dv0 = wanted_or_empty(want & 2, v0);
+    Tensor df = wanted_or_empty(want & 4, v0), dU = wanted_or_empty(want & 8, U), dW = wanted_or_empty(want & 16, W);
+    leapfrog_backward_out(v0, f, U, W, mu, dt, steps, cl, 0, traj, gx, gv, arg_if(want & 1, dx0),
+                          arg_if(want & 2, dv0), arg_if(want & 4, df), arg_if(want & 8, dU), arg_if(want & 16, dW));
+    return {dx0, dv0, df, dU, dW};
 }
 
 }  // namespace

@@ -17,7 +17,10 @@ fn main() {
 
     // OUT_DIR is <profile folder>/build/fusekit-<hash>/out
     #[cfg(unix)]
-    if let Some(profile) = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR")).ancestors().nth(3) {
+    if let Some(profile) = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"))
+        .ancestors()
+        .nth(3)
+    {
         let link = profile.join(&soname);
         if std::fs::symlink_metadata(&link).is_err() {
             let _ = std::os::unix::fs::symlink("libfusekit.so", &link);

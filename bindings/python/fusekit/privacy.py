@@ -1,0 +1,341 @@
+"""DP-SGD with ghost clipping for models whose trainable layers are linear
+(docs/privacy.md).
+
+::
+
+    import fusekit.privacy
+    dp = fusekit.privacy.DPSGD(model, optimizer, max_grad_norm=1.0, noise_multiplier=1.1)
+    for x, y in batches:
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)   # mean over the batch
+        dp.step(loss)                         # instead of loss.backward(); optimizer.step()
+
+Every trainable layer must be ``torch.nn.Linear`` or ``fusekit.nn.FusedLinear``;
+any other module holding a trainable parameter is refused when :class:`DPSGD` is
+made, by name. Forward hooks record each layer's input ``a`` and output; the
+backward of :meth:`DPSGD.backward` asks autograd for the gradients of the layer
+outputs only (``g``, so no weight gradient is computed by autograd), takes every
+sample's gradient norm from ``a`` and ``g`` (ghost norms: fusekit's
+:func:`fusekit.per_sample_grad_norms` for the weights, ``|sum_t g_t|^2`` for the
+biases), clips each sample's whole gradient to ``max_grad_norm`` (flat clipping),
+and writes ``p.grad = (sum_i min(1, C/|G_i|) G_i + N(0, (sigma C)^2)) / B`` with
+one GEMM per weight. Per-sample gradients are never materialised.
+
+This module imports torch only when a :class:`DPSGD` is made (``import fusekit``
+and ``import fusekit.privacy`` work without torch). Privacy accounting is not
+included.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+__all__ = ["DPSGD", "SUPPORTED_LAYERS"]
+
+#: Names of the layer classes whose parameters DP-SGD handles.
+SUPPORTED_LAYERS = ("Linear", "FusedLinear")
+
+_WHERE = "fusekit.privacy"
+_FUSED_ACTS = ("none", "relu", "gelu", "gelu_tanh")
+
+
+def _fused_linear_class():
+    """``fusekit.nn.FusedLinear`` when that module exists and imports, else None."""
+    try:
+        from .nn import FusedLinear
+    except ImportError:
+        return None
+    return FusedLinear
+
+
+def _positive(value, name: str, allow_zero: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{_WHERE}: {name} must be a real number, got {type(value).__name__}")
+    v = float(value)
+    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{_WHERE}: {name} must be finite and {bound}, got {value!r}")
+    return v
+
+
+def _activation(module) -> str:
+    act = getattr(module, "activation", "none")
+    return "none" if act is None else str(act)
+
+
+class DPSGD:
+    """Differentially private SGD (Abadi et al. 2016) for ``model`` with ghost
+    clipping: per-sample gradients clipped to ``max_grad_norm`` in their total L2
+    norm over all trainable parameters, summed, Gaussian noise of standard
+    deviation ``noise_multiplier * max_grad_norm`` added to the sum, divided by the
+    batch size.
+
+    Args:
+        model: the ``torch.nn.Module``; every module holding a parameter with
+            ``requires_grad`` must be ``nn.Linear`` or ``fusekit.nn.FusedLinear``
+            (ValueError naming the first other one). Frozen parameters are ignored.
+        optimizer: the optimizer :meth:`step` calls after writing the private
+            gradients (None: use :meth:`backward` and step it yourself).
+        max_grad_norm: the clipping norm ``C`` (finite, > 0).
+        noise_multiplier: ``sigma`` (finite, >= 0; 0 gives the clipped mean, no noise).
+        expected_batch_size: the divisor of the noisy sum (with Poisson sampling,
+            the expected batch size ``q N``); None divides by each batch's size.
+        loss_reduction: ``"mean"`` (the loss is a mean over the batch's samples,
+            as ``F.cross_entropy``'s default) or ``"sum"``.
+        generator: a ``torch.Generator`` on the parameters' device for the noise;
+            ``seed``: make one with this seed. Neither: torch's default generator.
+
+    After :meth:`backward`: ``per_sample_norms`` ``[B]`` (the norms before
+    clipping) and ``clip_factors`` ``[B]`` (``min(1, C / norm)``) of that batch.
+
+    The layers' forward hooks record inputs and outputs while autograd is enabled
+    and the output requires grad; :meth:`backward` consumes the records (a forward
+    with grad enabled and no :meth:`backward` after it is kept until the next
+    one: run evaluation under ``torch.no_grad()``). A layer called several times
+    in one forward is handled exactly (its calls are one sequence per sample).
+    Inputs are batch-first: ``[B, in]``, ``[B, T, in]`` or ``[B, ..., in]``.
+    """
+
+    def __init__(self, model, optimizer=None, *, max_grad_norm, noise_multiplier, expected_batch_size=None,
+                 loss_reduction="mean", generator=None, seed=None):
+        import torch
+
+        self.max_grad_norm = _positive(max_grad_norm, "max_grad_norm", allow_zero=False)
+        self.noise_multiplier = _positive(noise_multiplier, "noise_multiplier", allow_zero=True)
+        if expected_batch_size is not None:
+            if isinstance(expected_batch_size, bool) or not isinstance(expected_batch_size, numbers.Real) \
+                    or not expected_batch_size > 0:
+                raise ValueError(f"{_WHERE}: expected_batch_size must be a number > 0 or None, "
+                                 f"got {expected_batch_size!r}")
+            expected_batch_size = float(expected_batch_size)
+        self.expected_batch_size = expected_batch_size
+        if loss_reduction not in ("mean", "sum"):
+            raise ValueError(f"{_WHERE}: loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        self.loss_reduction = loss_reduction
+        if generator is not None and seed is not None:
+            raise ValueError(f"{_WHERE}: give generator or seed, not both")
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"{_WHERE}: model must be a torch.nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.optimizer = optimizer
+
+        fused = _fused_linear_class()
+        self._layers = []  # (name, module, activation or None for nn.Linear)
+        for name, module in model.named_modules():
+            own = [p for p in module.parameters(recurse=False) if p.requires_grad]
+            if not own:
+                continue
+            label = name or "<model>"
+            if fused is not None and isinstance(module, fused):
+                act = _activation(module)
+                if act not in _FUSED_ACTS:
+                    raise ValueError(f"{_WHERE}: layer {label!r} (FusedLinear) has activation {act!r}; "
+                                     f"supported: {', '.join(_FUSED_ACTS)}")
+            elif isinstance(module, torch.nn.Linear):
+                act = None
+            else:
+                raise ValueError(f"{_WHERE}: layer {label!r} ({type(module).__name__}) has trainable parameters "
+                                 f"and is not supported; supported: {', '.join(SUPPORTED_LAYERS)}")
+            extra = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad
+                     and n not in ("weight", "bias")]
+            if extra:
+                raise ValueError(f"{_WHERE}: layer {label!r} ({type(module).__name__}) has trainable parameters "
+                                 f"{extra} besides weight and bias; not supported")
+            self._layers.append((label, module, act))
+        if not self._layers:
+            raise ValueError(f"{_WHERE}: the model has no trainable parameters")
+        self.params = [p for _, m, _ in self._layers for p in (m.weight, m.bias) if p is not None and p.requires_grad]
+        if generator is None and seed is not None:
+            generator = torch.Generator(device=self.params[0].device)
+            generator.manual_seed(int(seed))
+        self.generator = generator
+
+        self._records = []  # (layer index, input, output) per call
+        self._index = {id(m): i for i, (_, m, _) in enumerate(self._layers)}
+        self._handles = [m.register_forward_hook(self._hook) for _, m, _ in self._layers]
+        self.per_sample_norms = None
+        self.clip_factors = None
+
+    # -- hooks ---------------------------------------------------------------
+
+    def _hook(self, module, inputs, output):
+        import torch
+
+        if self._handles is None or not torch.is_grad_enabled() or not output.requires_grad:
+            return
+        self._records.append((self._index[id(module)], inputs[0].detach(), output))
+
+    def remove(self) -> None:
+        """Removes the forward hooks and drops any recorded forward (the model is
+        then the plain model again)."""
+        for h in self._handles or ():
+            h.remove()
+        self._handles = None
+        self._records = []
+
+    def clear(self) -> None:
+        """Drops the recorded forward passes (e.g. after a forward whose loss is not
+        to be stepped)."""
+        self._records = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+    # -- the private gradient -------------------------------------------------
+
+    def backward(self, loss) -> None:
+        """Writes the private gradient into ``p.grad`` of every trainable parameter
+        (replacing what was there) from the recorded forward passes that led to
+        ``loss`` (a scalar). Use it instead of ``loss.backward()``."""
+        import torch
+
+        if self._handles is None:
+            raise RuntimeError(f"{_WHERE}: this DPSGD was removed")
+        records, self._records = self._records, []
+        if not records:
+            raise RuntimeError(f"{_WHERE}: no forward pass recorded: run the model with autograd enabled "
+                               f"before backward()/step(), and call it instead of loss.backward()")
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ValueError(f"{_WHERE}: loss must be a scalar tensor (reduce it with loss_reduction="
+                             f"{self.loss_reduction!r})")
+        grads = torch.autograd.grad(loss, [r[2] for r in records], allow_unused=True)
+
+        # one (a, g) per layer: [B, in] / [B, out] for a single 2-D call, else [B, T, .]
+        calls = [[] for _ in self._layers]
+        batch = None
+        for (i, a, y), gy in zip(records, grads):
+            if gy is None:
+                continue
+            label, module, act = self._layers[i]
+            if a.dim() < 2:
+                raise ValueError(f"{_WHERE}: layer {label!r} got an input of shape {tuple(a.shape)}; "
+                                 f"DP-SGD needs a batch dimension first ([B, ..., in])")
+            if batch is None:
+                batch = a.shape[0]
+            elif a.shape[0] != batch:
+                raise ValueError(f"{_WHERE}: layer {label!r} got a batch of {a.shape[0]} samples, another layer "
+                                 f"{batch}: the recorded forward passes do not belong to one batch (run evaluation "
+                                 f"under torch.no_grad(), or clear())")
+            calls[i].append((a, self._pre_activation_grad(module, act, a, y, gy)))
+        if batch is None:
+            raise RuntimeError(f"{_WHERE}: the loss does not depend on any recorded layer output")
+
+        layers = []
+        for i, cs in enumerate(calls):
+            if not cs:
+                continue
+            if len(cs) == 1 and cs[0][0].dim() == 2:
+                a, g = cs[0]
+            else:
+                a = torch.cat([c[0].reshape(batch, -1, c[0].shape[-1]) for c in cs], dim=1)
+                g = torch.cat([c[1].reshape(batch, -1, c[1].shape[-1]) for c in cs], dim=1)
+            layers.append((self._layers[i][1], a, g))
+
+        # per-sample squared norms of the whole gradient (of sum-reduced losses)
+        scale = float(batch) if self.loss_reduction == "mean" else 1.0
+        acc = torch.float64 if any(g.dtype == torch.float64 for _, _, g in layers) else torch.float32
+        sq = torch.zeros(batch, dtype=acc, device=layers[0][2].device)
+        for module, a, g in layers:
+            if module.weight.requires_grad:
+                sq.add_(_weight_sq_norms(a, g))
+            if module.bias is not None and module.bias.requires_grad:
+                gb = g if g.dim() == 2 else g.sum(1)
+                sq.add_(torch.linalg.vector_norm(gb, dim=1, dtype=acc).square_())
+        norms = sq.sqrt_().mul_(scale)
+        c = self.max_grad_norm
+        denom = self.expected_batch_size if self.expected_batch_size is not None else float(batch)
+        # min(1, C / |G_i|) = C / max(|G_i|, C); the loss scale and 1/B ride along on g
+        factors = norms.clamp_min(c).reciprocal_().mul_(c)
+        weights = factors * (scale / denom)
+        self.per_sample_norms, self.clip_factors = norms, factors
+
+        std = self.noise_multiplier * c / denom
+        done = set()
+        for module, a, g in layers:
+            gs = g * weights.to(g.dtype).reshape((batch,) + (1,) * (g.dim() - 1))
+            gs = gs.reshape(-1, gs.shape[-1])
+            if module.weight.requires_grad:
+                buf = self._grad_buffer(module.weight, std)
+                g2, a2 = gs.t().to(buf.dtype), a.reshape(-1, a.shape[-1]).to(buf.dtype)
+                if std:
+                    buf.addmm_(g2, a2)
+                else:
+                    torch.mm(g2, a2, out=buf)
+                done.add(id(module.weight))
+            if module.bias is not None and module.bias.requires_grad:
+                buf = self._grad_buffer(module.bias, std)
+                if std:
+                    buf.add_(gs.sum(0).to(buf.dtype))
+                else:
+                    buf.copy_(gs.sum(0))
+                done.add(id(module.bias))
+        for p in self.params:  # layers the loss does not reach: zero per-sample gradients, noise only
+            if id(p) not in done:
+                buf = self._grad_buffer(p, std)
+                if not std:
+                    buf.zero_()
+
+    def _grad_buffer(self, p, std):
+        """``p.grad`` (allocated when missing or unfit), filled with N(0, std^2)
+        when ``std > 0``, else left to be overwritten."""
+        import torch
+
+        grad = p.grad
+        if grad is None or grad.shape != p.shape or grad.dtype != p.dtype or grad.device != p.device \
+                or not grad.is_contiguous():
+            grad = torch.empty_like(p, memory_format=torch.contiguous_format)
+            p.grad = grad
+        else:
+            grad = grad.detach()
+        if std:
+            grad.normal_(0.0, std, generator=self.generator)
+        return grad
+
+    @staticmethod
+    def _pre_activation_grad(module, act, a, y, gy):
+        """The gradient of the loss with respect to the layer's pre-activation
+        ``z = a W^T + b`` (``gy`` for nn.Linear and activation "none")."""
+        import torch
+
+        if act is None or act == "none":
+            return gy
+        if act == "relu":
+            return gy * (y > 0).to(gy.dtype)
+        with torch.no_grad():  # gelu: the pre-activation is recomputed (one GEMM)
+            z = torch.nn.functional.linear(a, module.weight, module.bias).to(gy.dtype)
+        if act == "gelu":  # erf form: Phi(z) + z phi(z)
+            cdf = 0.5 * (1.0 + torch.erf(z * (1.0 / math.sqrt(2.0))))
+            pdf = torch.exp(-0.5 * z * z) * (1.0 / math.sqrt(2.0 * math.pi))
+            return gy * (cdf + z * pdf)
+        k = math.sqrt(2.0 / math.pi)  # gelu_tanh: 0.5 (1 + t) + 0.5 z (1 - t^2) k (1 + 3 0.044715 z^2)
+        t = torch.tanh(k * (z + 0.044715 * z * z * z))
+        return gy * (0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * z * z))
+
+    def step(self, loss=None):
+        """:meth:`backward` (when ``loss`` is given), then ``optimizer.step()``."""
+        if self.optimizer is None:
+            raise RuntimeError(f"{_WHERE}: no optimizer was given; call backward(loss) and step your optimizer")
+        if loss is not None:
+            self.backward(loss)
+        return self.optimizer.step()
+
+    def __repr__(self) -> str:
+        return (f"DPSGD(layers={[n for n, _, _ in self._layers]}, max_grad_norm={self.max_grad_norm}, "
+                f"noise_multiplier={self.noise_multiplier}, expected_batch_size={self.expected_batch_size}, "
+                f"loss_reduction={self.loss_reduction!r})")
+
+
+def _weight_sq_norms(a, g):
+    """``|g_i^T a_i|_F^2`` ``[B]`` (float64 for float64 inputs, else float32) through fusekit's per-sample norm op:
+    ``|a_i|^2 |g_i|^2`` for ``[B, in]``/``[B, out]``, the Gram form
+    ``<a_i a_i^T, g_i g_i^T>`` for sequences ``[B, T, .]``."""
+    import torch
+
+    from .ops.optim import per_sample_grad_norms
+
+    dt = g.dtype if g.dtype in (torch.float32, torch.float64) else torch.float32
+    return per_sample_grad_norms(a.to(dt).contiguous(), g.to(dt).contiguous())

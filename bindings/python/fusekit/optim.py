@@ -1,0 +1,473 @@
+"""Optimizers built on fusekit's optimizer math (docs/optim.md, "The Shampoo optimizer").
+
+- :class:`Shampoo`: a ``torch.optim.Optimizer``. Statistics through
+  :func:`fusekit.shampoo_stats`, inverse 4th roots through
+  :func:`fusekit.matrix_power` (a float64 retry when the float32 root fails or is
+  ill-conditioned), preconditioning through :func:`fusekit.shampoo_precondition`;
+  blocking of large dimensions; SGD or Adam norm grafting as Meta's
+  DistributedShampoo does it; under ``torch.distributed`` the roots are split
+  across ranks and shared with fusekit's collectives.
+- :func:`init_distributed`: a fusekit communicator over the ranks of
+  ``torch.distributed`` (the NCCL unique id goes through torch.distributed's store).
+- :func:`assign_roots`: which rank computes which root.
+
+``import fusekit.optim`` does not import torch; touching :class:`Shampoo` does.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+__all__ = ["Shampoo", "FusekitComm", "init_distributed", "assign_roots", "block_ranges"]
+
+_GRAFTING = ("adam", "sgd", None)
+_STORE_KEY = "fusekit.optim.comm_uid"
+_comm_counter = [0]
+
+
+def _bad(name: str, msg: str):
+    """An InvalidArgumentError naming the argument (a ValueError too)."""
+    from ._lib import InvalidArgumentError
+
+    return InvalidArgumentError(f"fusekit.optim.Shampoo: {name} {msg}")
+
+
+def block_ranges(size: int, block: int) -> list:
+    """``[(start, stop), ...]`` covering ``range(size)`` in pieces of at most ``block``
+    (the last one may be shorter)."""
+    return [(s, min(s + block, size)) for s in range(0, size, block)]
+
+
+def assign_roots(costs, world_size: int) -> list:
+    """Owner rank of each root job: the largest cost first to the least loaded rank
+    (ties: the lower job index, then the lower rank). Deterministic, so every rank
+    computes the same assignment from the same list."""
+    loads = [0.0] * world_size
+    owner = [0] * len(costs)
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        r = min(range(world_size), key=lambda r: (loads[r], r))
+        owner[i] = r
+        loads[r] += costs[i]
+    return owner
+
+
+class FusekitComm:
+    """The collective :class:`Shampoo` needs, over a :class:`fusekit.Comm`:
+    ``all_gather(send, recv)`` of 1-D torch tensors on the communicator's device
+    (on torch's current stream). Any object with ``rank``, ``size`` and this
+    ``all_gather`` can stand in for it (the tests use one made of threads)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank = comm.rank
+        self.size = comm.size
+
+    def all_gather(self, send, recv):
+        from .runtime import all_gather
+
+        all_gather(send, recv, comm=self.comm)
+
+
+def init_distributed(device=None) -> FusekitComm:
+    """A fusekit communicator over all ranks of torch.distributed's default group
+    (one process per GPU, as torchrun starts them), for ``Shampoo(distributed=...)``.
+
+    Rank 0 makes the NCCL unique id (:func:`fusekit.comm_unique_id`) and puts it in
+    torch.distributed's key-value store; every rank reads it and creates its own
+    rank of the communicator (:func:`fusekit.comm_init_rank`) on ``device`` (default
+    ``cuda:<torch.cuda.current_device()>``). Collective: every rank must call it."""
+    import torch
+    import torch.distributed as dist
+
+    from ._core import default_context
+    from .runtime import Comm, comm_unique_id
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise _bad("distributed", "needs torch.distributed initialised (dist.init_process_group) first")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise _bad("device", f"must be a CUDA device for a communicator of {world} ranks, got {device}")
+    store = dist.distributed_c10d._get_default_store()
+    _comm_counter[0] += 1
+    key = f"{_STORE_KEY}.{_comm_counter[0]}"
+    if rank == 0:
+        store.set(key, comm_unique_id())
+    uid = bytes(store.get(key))
+    ctx = default_context(f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}")
+    return FusekitComm(Comm.init_rank(ctx, world, uid, rank))
+
+
+def _check_args(lr, betas, epsilon, precondition_frequency, start_preconditioning_step, max_preconditioner_dim,
+                grafting, grafting_beta2, grafting_epsilon, weight_decay):
+    def real(name, v, lo=None, lo_open=False, hi=None, hi_open=False):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise _bad(name, f"must be a finite real number, got {v!r}")
+        if lo is not None and (v < lo or (lo_open and v == lo)):
+            raise _bad(name, f"= {v} must be {'>' if lo_open else '>='} {lo}")
+        if hi is not None and (v > hi or (hi_open and v == hi)):
+            raise _bad(name, f"= {v} must be {'<' if hi_open else '<='} {hi}")
+
+    def integer(name, v, lo):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise _bad(name, f"must be an int, got {v!r}")
+        if v < lo:
+            raise _bad(name, f"= {v} must be >= {lo}")
+
+    real("lr", lr, 0.0)
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise _bad("betas", f"must be a pair (beta1, beta2), got {betas!r}")
+    real("betas[0]", betas[0], 0.0, False, 1.0, True)
+    real("betas[1]", betas[1], 0.0, True, 1.0, False)
+    real("epsilon", epsilon, 0.0)
+    integer("precondition_frequency", precondition_frequency, 1)
+    integer("start_preconditioning_step", start_preconditioning_step, 1)
+    integer("max_preconditioner_dim", max_preconditioner_dim, 1)
+    if grafting not in _GRAFTING:
+        raise _bad("grafting", f"= {grafting!r}; choose 'adam', 'sgd' or None")
+    real("grafting_beta2", grafting_beta2, 0.0, True, 1.0, False)
+    real("grafting_epsilon", grafting_epsilon, 0.0, True)
+    real("weight_decay", weight_decay, 0.0)
+
+
+def _make_shampoo():
+    import torch
+
+    from ._lib import Error as FusekitError
+    from .ops import optim as _fo  # its functions looked up at each call (tests replace matrix_power)
+
+    class Shampoo(torch.optim.Optimizer):
+        r"""Shampoo with grafting, blocking and distributed roots (docs/optim.md).
+
+        Per parameter of two or more dimensions (viewed as ``[shape[0], rest]``),
+        split into blocks of at most ``max_preconditioner_dim`` x
+        ``max_preconditioner_dim``, each block ``G`` keeps
+        ``L = beta2 L + (1 - beta2) G G^T`` and ``R = beta2 R + (1 - beta2) G^T G``
+        (plain sums when ``beta2 = 1``) and the roots
+        ``(L / c2 + epsilon I)^(-1/4)``, ``(R / c2 + epsilon I)^(-1/4)``
+        (``c2 = 1 - beta2^t``; 1 when ``beta2 = 1`` or ``bias_correction=False``),
+        recomputed at step ``start_preconditioning_step`` and then every
+        ``precondition_frequency`` steps. Steps count from 1.
+
+        A step, as DistributedShampoo orders it:
+
+        1. ``G <- G + weight_decay W`` unless ``decoupled_weight_decay``;
+        2. statistics updated with ``G``; Adam grafting's ``V <- b V + (1 - b) G^2``;
+        3. roots recomputed when due;
+        4. ``G_bar``: ``G``, or with ``beta1 > 0`` the moving average
+           ``M <- beta1 M + (1 - beta1) G`` divided by ``1 - beta1^t``;
+        5. the grafted direction ``P_g``: ``G_bar`` (``"sgd"``) or
+           ``G_bar / (sqrt(V / (1 - b^t)) + grafting_epsilon)`` (``"adam"``);
+           before ``start_preconditioning_step``, for parameters of fewer than
+           two dimensions, and (as ``"sgd"``) without grafting, ``P = P_g``;
+        6. otherwise per block ``P_s = L_root G_bar R_root`` and, with grafting,
+           ``P = P_s |P_g| / (|P_s| + 1e-16)`` (Frobenius norms of the block);
+        7. ``P <- P + weight_decay W`` if ``decoupled_weight_decay``;
+        8. ``W <- W - lr P``.
+
+        Roots: ``fusekit.matrix_power(method="auto")`` in the parameter's dtype on
+        the batch of all matrices of one size. A float32 batch is recomputed in
+        float64 (eigendecomposition) when the float32 call raises, returns a
+        non-finite value, or fell back to the eigendecomposition with a condition
+        estimate ``max |A + eps I|_F / lambda_min`` above ``max_condition_f32``. When
+        the float64 attempt fails as well, the previous root is kept (a warning).
+
+        Args:
+            params: parameters or parameter groups.
+            lr: learning rate (>= 0).
+            betas: ``(beta1, beta2)``: ``0 <= beta1 < 1`` (0: no moving average of
+                the gradient), ``0 < beta2 <= 1``.
+            epsilon: added to the diagonal before the roots (>= 0).
+            precondition_frequency, start_preconditioning_step: ints >= 1.
+            max_preconditioner_dim: largest side of a block (int >= 1).
+            grafting: ``"adam"``, ``"sgd"`` or None.
+            grafting_beta2, grafting_epsilon: Adam grafting's ``b`` and epsilon.
+            weight_decay: >= 0; ``decoupled_weight_decay`` (default True, AdamW
+                style) or L2 added to the gradient.
+            bias_correction: the ``1 - beta^t`` divisions above (default True).
+            allow_tf32: TF32 tensor cores for float32 roots and preconditioning on
+                CUDA (about 1e-3 relative error in the roots).
+            max_condition_f32: the float64 retry's condition threshold (see above;
+                0 sends every float32 root to float64).
+            distributed: None (every root on this process), True (a communicator
+                over torch.distributed's default group from :func:`init_distributed`)
+                or a communicator (:class:`FusekitComm` or any object with ``rank``,
+                ``size``, ``all_gather``). Every rank must hold the same parameters
+                and gradients (after DDP's all-reduce); each computes its share of
+                the roots and the roots are all-gathered.
+        """
+
+        def __init__(self, params, lr=1e-3, betas=(0.9, 1.0), epsilon=1e-12, precondition_frequency=1,
+                     start_preconditioning_step=1, max_preconditioner_dim=1024, grafting="adam",
+                     grafting_beta2=0.999, grafting_epsilon=1e-8, weight_decay=0.0, decoupled_weight_decay=True,
+                     bias_correction=True, *, allow_tf32=False, max_condition_f32=1e6, distributed=None):
+            if isinstance(grafting, str):
+                grafting = grafting.lower()
+            if isinstance(betas, (tuple, list)):
+                betas = tuple(betas)
+            _check_args(lr, betas, epsilon, precondition_frequency, start_preconditioning_step,
+                        max_preconditioner_dim, grafting, grafting_beta2, grafting_epsilon, weight_decay)
+            if isinstance(max_condition_f32, bool) or not isinstance(max_condition_f32, (int, float)) \
+                    or not max_condition_f32 >= 0:
+                raise _bad("max_condition_f32", f"must be a real number >= 0, got {max_condition_f32!r}")
+            defaults = dict(lr=lr, betas=betas, epsilon=epsilon, precondition_frequency=precondition_frequency,
+                            start_preconditioning_step=start_preconditioning_step,
+                            max_preconditioner_dim=max_preconditioner_dim, grafting=grafting,
+                            grafting_beta2=grafting_beta2, grafting_epsilon=grafting_epsilon,
+                            weight_decay=weight_decay, decoupled_weight_decay=bool(decoupled_weight_decay),
+                            bias_correction=bool(bias_correction))
+            super().__init__(params, defaults)
+            for g in self.param_groups:
+                self._check_group(g)
+            self.allow_tf32 = bool(allow_tf32)
+            self.max_condition_f32 = float(max_condition_f32)
+            if distributed is True:
+                distributed = init_distributed()
+            elif distributed is False:
+                distributed = None
+            if distributed is not None and not all(hasattr(distributed, a) for a in ("rank", "size", "all_gather")):
+                raise _bad("distributed", f"must be None, True or a communicator (rank, size, all_gather), "
+                                          f"got {type(distributed).__name__}")
+            self.comm = distributed
+            #: roots this process computed / retried in float64 / kept after a failure (counters).
+            self.root_stats = {"computed": 0, "float64_retries": 0, "kept": 0}
+
+        def _check_group(self, g):
+            _check_args(g["lr"], g["betas"], g["epsilon"], g["precondition_frequency"],
+                        g["start_preconditioning_step"], g["max_preconditioner_dim"], g["grafting"],
+                        g["grafting_beta2"], g["grafting_epsilon"], g["weight_decay"])
+            for p in g["params"]:
+                if p.dtype not in (torch.float32, torch.float64):
+                    raise _bad("params", f"must be float32 or float64, got a {p.dtype} parameter")
+
+        def add_param_group(self, param_group):
+            super().add_param_group(param_group)
+            if hasattr(self, "comm"):  # after __init__: groups added later are checked here
+                self._check_group(self.param_groups[-1])
+
+        # -- state -------------------------------------------------------------------
+        @staticmethod
+        def _blocks(p, group):
+            """Row and column ranges of a parameter's blocks (None: not Shampoo)."""
+            if p.dim() < 2:
+                return None
+            m = p.shape[0]
+            n = p.numel() // m if m else 0
+            if m == 0 or n == 0:
+                return None
+            b = group["max_preconditioner_dim"]
+            return [(r, c) for r in block_ranges(m, b) for c in block_ranges(n, b)]
+
+        def _init_state(self, p, group):
+            st = self.state[p]
+            st["step"] = torch.tensor(0, dtype=torch.int64)
+            if group["betas"][0] > 0:
+                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if group["grafting"] == "adam":
+                st["graft_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            blocks = self._blocks(p, group)
+            if blocks is not None:
+                kw = dict(dtype=p.dtype, device=p.device)
+                st["L"] = [torch.zeros(r[1] - r[0], r[1] - r[0], **kw) for r, _ in blocks]
+                st["R"] = [torch.zeros(c[1] - c[0], c[1] - c[0], **kw) for _, c in blocks]
+                st["L_root"] = [torch.eye(r[1] - r[0], **kw) for r, _ in blocks]
+                st["R_root"] = [torch.eye(c[1] - c[0], **kw) for _, c in blocks]
+            return st
+
+        # -- roots -------------------------------------------------------------------
+        def _root_batch(self, mats, scales, eps):
+            """Inverse 4th roots of ``mats[i] * scales[i] + eps I`` (one size, dtype,
+            device): a list of results, None where both attempts failed."""
+            S = torch.stack(mats)
+            S.mul_(torch.tensor(scales, dtype=S.dtype, device=S.device).view(-1, 1, 1))
+            out = None
+            if S.dtype == torch.float32:
+                try:
+                    X, rep = _fo.matrix_power(S, -0.25, eps, method="auto", allow_tf32=self.allow_tf32,
+                                          return_report=True)
+                    ok = bool(torch.isfinite(X).all())
+                    if ok and rep.method == "eigh":
+                        top = float(torch.linalg.matrix_norm(S).max()) + eps
+                        lo = rep.min_eigenvalue
+                        ok = lo > 0 and top / lo <= self.max_condition_f32
+                    out = X if ok else None
+                except FusekitError:
+                    out = None
+                if out is None:
+                    self.root_stats["float64_retries"] += len(mats)
+                    S = S.double()
+            if out is None:
+                try:
+                    X = _fo.matrix_power(S, -0.25, eps, method="eigh")
+                    if bool(torch.isfinite(X).all()):
+                        out = X.to(mats[0].dtype)
+                except FusekitError as e:
+                    warnings.warn(f"fusekit.optim.Shampoo: a root failed in {S.dtype} ({e}); keeping the "
+                                  "previous roots of this batch", RuntimeWarning, stacklevel=4)
+            self.root_stats["computed"] += len(mats)
+            if out is None:
+                self.root_stats["kept"] += len(mats)
+                return [None] * len(mats)
+            return list(out.unbind(0))
+
+        def _compute_roots(self, jobs):
+            """``jobs``: (stat, scale, eps, root) to recompute, in an order every rank
+            shares. Each rank computes its share (:func:`assign_roots`) and the
+            results are all-gathered."""
+            if not jobs:
+                return
+            comm = self.comm
+            world = comm.size if comm is not None else 1
+            owner = assign_roots([float(j[0].shape[0]) ** 3 for j in jobs], world) if world > 1 else [0] * len(jobs)
+            me = comm.rank if world > 1 else 0
+            mine = [i for i in range(len(jobs)) if owner[i] == me]
+            groups = {}
+            for i in mine:
+                stat, scale, eps, root = jobs[i]
+                groups.setdefault((stat.shape[0], stat.dtype, stat.device, eps), []).append(i)
+            results = {}
+            for (_, _, _, eps), idx in groups.items():
+                outs = self._root_batch([jobs[i][0] for i in idx], [jobs[i][1] for i in idx], eps)
+                for i, x in zip(idx, outs):
+                    results[i] = x if x is not None else jobs[i][3]  # a failed root keeps the old one
+            if world == 1:
+                dst = [jobs[i][3] for i in mine if results[i] is not jobs[i][3]]
+                src = [results[i] for i in mine if results[i] is not jobs[i][3]]
+                if dst:
+                    torch._foreach_copy_(dst, src)
+                return
+            # one flat shard per rank (the largest share's size), all-gathered
+            sizes = [0] * world
+            offset = [0] * len(jobs)
+            for i, j in enumerate(jobs):
+                offset[i] = sizes[owner[i]]
+                sizes[owner[i]] += j[3].numel()
+            shard = max(sizes)
+            ref = jobs[0][3]
+            for j in jobs:
+                if j[3].dtype != ref.dtype or j[3].device != ref.device:
+                    raise _bad("params", "must share one dtype and device when the roots are distributed")
+            send = torch.zeros(shard, dtype=ref.dtype, device=ref.device)
+            for i in mine:
+                n = jobs[i][3].numel()
+                send[offset[i]:offset[i] + n].copy_(results[i].reshape(-1))
+            recv = torch.empty(world * shard, dtype=ref.dtype, device=ref.device)
+            comm.all_gather(send, recv)
+            dst, src = [], []
+            for i, j in enumerate(jobs):
+                n = j[3].numel()
+                base = owner[i] * shard + offset[i]
+                dst.append(j[3])
+                src.append(recv[base:base + n].view_as(j[3]))
+            torch._foreach_copy_(dst, src)
+
+        # -- the step ----------------------------------------------------------------
+        @torch.no_grad()
+        def step(self, closure=None):
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+            work = []  # (p, group, state, t, G_bar, P_graft, blocks, precondition?)
+            jobs = []
+            for group in self.param_groups:
+                beta1, beta2 = group["betas"]
+                wd, graft = group["weight_decay"], group["grafting"]
+                start, freq = group["start_preconditioning_step"], group["precondition_frequency"]
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    if p.grad.is_sparse:
+                        raise _bad("params", "have a sparse gradient; Shampoo needs dense gradients")
+                    st = self.state[p]
+                    if not st:
+                        st = self._init_state(p, group)
+                    st["step"] += 1
+                    t = int(st["step"])
+                    g = p.grad.detach()
+                    if wd != 0 and not group["decoupled_weight_decay"]:
+                        g = g.add(p, alpha=wd)
+                    blocks = self._blocks(p, group)
+                    if blocks is not None:
+                        g2 = g.reshape(p.shape[0], -1).contiguous()
+                        one = len(blocks) == 1
+                        if beta2 == 1.0:
+                            a, b = 1.0, 1.0
+                        else:
+                            a, b = 1.0 - beta2, beta2
+                        for k, (r, c) in enumerate(blocks):
+                            gb = g2 if one else g2[r[0]:r[1], c[0]:c[1]].contiguous()
+                            _fo.shampoo_stats(gb, st["L"][k], st["R"][k], alpha=a, beta=b)
+                        if (t % freq == 0 and t > start) or t == start:
+                            c2 = 1.0 - beta2 ** t if (beta2 < 1.0 and group["bias_correction"]) else 1.0
+                            for k in range(len(blocks)):
+                                jobs.append((st["L"][k], 1.0 / c2, group["epsilon"], st["L_root"][k]))
+                                jobs.append((st["R"][k], 1.0 / c2, group["epsilon"], st["R_root"][k]))
+                    if graft == "adam":
+                        gb2 = group["grafting_beta2"]
+                        st["graft_sq"].mul_(gb2).addcmul_(g, g, value=1.0 - gb2)
+                    if beta1 > 0:
+                        st["exp_avg"].lerp_(g, 1.0 - beta1)
+                        gbar = st["exp_avg"]
+                        if group["bias_correction"]:
+                            gbar = gbar / (1.0 - beta1 ** t)
+                    else:
+                        gbar = g
+                    if graft == "adam":
+                        c = 1.0 - group["grafting_beta2"] ** t if group["bias_correction"] else 1.0
+                        den = (st["graft_sq"] / c).sqrt_().add_(group["grafting_epsilon"])
+                        pg = gbar / den
+                    else:
+                        pg = gbar
+                    use_shampoo = blocks is not None and t >= start
+                    work.append((p, group, gbar, pg, blocks if use_shampoo else None, st))
+            self._compute_roots(jobs)
+            for p, group, gbar, pg, blocks, st in work:
+                if blocks is None:
+                    d = pg
+                else:
+                    d = self._shampoo_direction(p, group, gbar, pg, blocks, st)
+                if group["weight_decay"] != 0 and group["decoupled_weight_decay"]:
+                    d = d.add(p, alpha=group["weight_decay"])
+                p.add_(d, alpha=-group["lr"])
+            return loss
+
+        def _shampoo_direction(self, p, group, gbar, pg, blocks, st):
+            m = p.shape[0]
+            g2 = gbar.reshape(m, -1).contiguous()
+            one = len(blocks) == 1
+            dirs = []
+            for k, (r, c) in enumerate(blocks):
+                gb = g2 if one else g2[r[0]:r[1], c[0]:c[1]].contiguous()
+                dirs.append(_fo.shampoo_precondition(gb, st["L_root"][k], st["R_root"][k], allow_tf32=self.allow_tf32))
+            if group["grafting"] is not None:
+                pg2 = pg.reshape(m, -1)
+                gparts = [pg2] if one else [pg2[r[0]:r[1], c[0]:c[1]] for r, c in blocks]
+                gn = torch._foreach_norm(gparts)
+                sn = torch._foreach_norm(dirs)
+                torch._foreach_add_(sn, 1e-16)
+                torch._foreach_div_(gn, sn)
+                torch._foreach_mul_(dirs, gn)
+            if one:
+                return dirs[0].view(p.shape)
+            d = torch.empty((m, g2.shape[1]), dtype=p.dtype, device=p.device)
+            for (r, c), x in zip(blocks, dirs):
+                d[r[0]:r[1], c[0]:c[1]].copy_(x)
+            return d.view(p.shape)
+
+    Shampoo.__module__ = __name__
+    return Shampoo
+
+
+_classes = {}
+
+
+def __getattr__(name):
+    if name == "Shampoo":
+        if "Shampoo" not in _classes:
+            _classes["Shampoo"] = _make_shampoo()
+        return _classes["Shampoo"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

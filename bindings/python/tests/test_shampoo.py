@@ -1,0 +1,423 @@
+"""fusekit.optim.Shampoo against a float64 reference written here in plain torch
+(eigh roots), its state_dict round trip, the float64 retry, the distributed root
+split (threads standing in for ranks) and its argument errors. CUDA variants skip
+without a GPU; the torchrun test on two GPUs is tests/dist/shampoo_torchrun.py."""
+
+import copy
+import io
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fusekit  # noqa: E402
+import fusekit.optim as fo  # noqa: E402
+from fusekit.optim import Shampoo, assign_roots, block_ranges  # noqa: E402
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+
+# ---------------------------------------------------------------------------
+# The reference: DistributedShampoo's step order, float64, eigh roots
+# ---------------------------------------------------------------------------
+
+
+def ref_root(a, eps):
+    s = a + eps * torch.eye(a.shape[0], dtype=a.dtype, device=a.device)
+    w, q = torch.linalg.eigh(s)
+    lo = w.min()
+    if lo < eps:
+        w = w + (eps - lo)
+    return (q * w.pow(-0.25)) @ q.T
+
+
+class RefShampoo:
+    def __init__(self, params, lr, betas, epsilon, precondition_frequency, start_preconditioning_step,
+                 max_preconditioner_dim, grafting, grafting_beta2=0.999, grafting_epsilon=1e-8, weight_decay=0.0,
+                 decoupled_weight_decay=True, bias_correction=True):
+        self.params = list(params)
+        self.h = dict(lr=lr, b1=betas[0], b2=betas[1], eps=epsilon, freq=precondition_frequency,
+                      start=start_preconditioning_step, bs=max_preconditioner_dim, graft=grafting, gb2=grafting_beta2,
+                      geps=grafting_epsilon, wd=weight_decay, dec=decoupled_weight_decay, bc=bias_correction)
+        self.t = 0
+        self.st = [dict() for _ in self.params]
+
+    def blocks(self, p):
+        if p.dim() < 2:
+            return None
+        m, n = p.shape[0], p.numel() // p.shape[0]
+        b = self.h["bs"]
+        return [(slice(i, min(i + b, m)), slice(j, min(j + b, n))) for i in range(0, m, b) for j in range(0, n, b)]
+
+    @torch.no_grad()
+    def step(self):
+        h = self.h
+        self.t += 1
+        t = self.t
+        for p, st in zip(self.params, self.st):
+            g = p.grad.clone()
+            if h["wd"] and not h["dec"]:
+                g += h["wd"] * p
+            blocks = self.blocks(p)
+            if not st:
+                st["m"] = torch.zeros_like(p)
+                st["v"] = torch.zeros_like(p)
+                if blocks:
+                    g2 = g.reshape(p.shape[0], -1)
+                    st["L"] = [torch.zeros(g2[r, c].shape[0], g2[r, c].shape[0], dtype=p.dtype) for r, c in blocks]
+                    st["R"] = [torch.zeros(g2[r, c].shape[1], g2[r, c].shape[1], dtype=p.dtype) for r, c in blocks]
+                    st["Li"] = [torch.eye(x.shape[0], dtype=p.dtype) for x in st["L"]]
+                    st["Ri"] = [torch.eye(x.shape[0], dtype=p.dtype) for x in st["R"]]
+            if blocks:
+                g2 = g.reshape(p.shape[0], -1)
+                a = 1.0 if h["b2"] == 1 else 1 - h["b2"]
+                b = 1.0 if h["b2"] == 1 else h["b2"]
+                for k, (r, c) in enumerate(blocks):
+                    gb = g2[r, c]
+                    st["L"][k] = b * st["L"][k] + a * gb @ gb.T
+                    st["R"][k] = b * st["R"][k] + a * gb.T @ gb
+                if (t % h["freq"] == 0 and t > h["start"]) or t == h["start"]:
+                    c2 = 1 - h["b2"] ** t if (h["b2"] < 1 and h["bc"]) else 1.0
+                    for k in range(len(blocks)):
+                        st["Li"][k] = ref_root(st["L"][k] / c2, h["eps"])
+                        st["Ri"][k] = ref_root(st["R"][k] / c2, h["eps"])
+            if h["graft"] == "adam":
+                st["v"] = h["gb2"] * st["v"] + (1 - h["gb2"]) * g * g
+            if h["b1"] > 0:
+                st["m"] = h["b1"] * st["m"] + (1 - h["b1"]) * g
+                gbar = st["m"] / (1 - h["b1"] ** t) if h["bc"] else st["m"]
+            else:
+                gbar = g
+            if h["graft"] == "adam":
+                c = 1 - h["gb2"] ** t if h["bc"] else 1.0
+                pg = gbar / ((st["v"] / c).sqrt() + h["geps"])
+            else:
+                pg = gbar
+            if blocks is None or t < h["start"]:
+                d = pg
+            else:
+                gb2, pg2 = gbar.reshape(p.shape[0], -1), pg.reshape(p.shape[0], -1)
+                d2 = torch.empty_like(gb2)
+                for k, (r, c) in enumerate(blocks):
+                    x = st["Li"][k] @ gb2[r, c] @ st["Ri"][k]
+                    if h["graft"] is not None:
+                        x = x * (pg2[r, c].norm() / (x.norm() + 1e-16))
+                    d2[r, c] = x
+                d = d2.reshape(p.shape)
+            if h["wd"] and h["dec"]:
+                d = d + h["wd"] * p
+            p -= h["lr"] * d
+
+
+# ---------------------------------------------------------------------------
+# A small model: two linear layers (one blocked), biases (1-D) and a 3-D tensor
+# ---------------------------------------------------------------------------
+
+
+def make_params(dtype, device, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(30, 20), (30,), (5, 30), (5,), (3, 2, 5)]
+    return [(0.3 * torch.randn(s, generator=gen, dtype=torch.float64)).to(dtype=dtype, device=device)
+            .requires_grad_() for s in shapes]
+
+
+def data(device, dtype, n=64, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 20, generator=gen, dtype=torch.float64)
+    y = torch.randn(n, 5, generator=gen, dtype=torch.float64)
+    return x.to(device=device, dtype=dtype), y.to(device=device, dtype=dtype)
+
+
+def loss_fn(ps, x, y):
+    w1, b1, w2, b2, c = ps
+    h = torch.tanh(x @ w1.T + b1)
+    o = h @ w2.T + b2 + (x[:, :10].reshape(-1, 2, 5) * c.sum(0)).sum(1)
+    return ((o - y) ** 2).mean()
+
+
+def train(opt, ps, steps, device, dtype, seed=1):
+    losses = []
+    for i in range(steps):
+        x, y = data(device, dtype, seed=seed + i)
+        for p in ps:
+            p.grad = None
+        loss = loss_fn(ps, x, y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+CASES = {
+    "adam_blocked": dict(lr=0.05, betas=(0.9, 1.0), epsilon=1e-4, precondition_frequency=1,
+                         start_preconditioning_step=1, max_preconditioner_dim=16, grafting="adam"),
+    "sgd_ema_start_freq_wd": dict(lr=0.05, betas=(0.0, 0.95), epsilon=1e-4, precondition_frequency=2,
+                                  start_preconditioning_step=3, max_preconditioner_dim=12, grafting="sgd",
+                                  weight_decay=0.01),
+    "no_grafting_l2": dict(lr=0.01, betas=(0.5, 0.99), epsilon=1e-3, precondition_frequency=3,
+                           start_preconditioning_step=2, max_preconditioner_dim=64, grafting=None,
+                           weight_decay=0.02, decoupled_weight_decay=False),
+    "adam_no_bias_correction": dict(lr=0.02, betas=(0.9, 0.99), epsilon=1e-4, precondition_frequency=2,
+                                    start_preconditioning_step=4, max_preconditioner_dim=7, grafting="adam",
+                                    bias_correction=False, grafting_beta2=0.9, grafting_epsilon=1e-6),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_against_float64_reference(case, device):
+    """float64 parameters: fusekit's statistics, roots and preconditioning against
+    the reference, 8 steps. Differences are rounding only (measured 5e-15 relative on
+    the CPU), so 1e-10 relative leaves room for the GPU's eigensolvers."""
+    kw = CASES[case]
+    ps = make_params(torch.float64, device)
+    ref_ps = [p.detach().cpu().clone().requires_grad_() for p in ps]
+    opt = Shampoo(ps, **kw)
+    ref = RefShampoo(ref_ps, **kw)
+    train(opt, ps, 8, device, torch.float64)
+    train(ref, ref_ps, 8, "cpu", torch.float64)
+    for p, q, p0 in zip(ps, ref_ps, make_params(torch.float64, "cpu")):
+        assert not torch.equal(p.detach().cpu(), p0.detach())  # it moved
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-10, atol=1e-12)
+    assert opt.root_stats["computed"] > 0 and opt.root_stats["float64_retries"] == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float32_against_float64_reference(device):
+    """float32 parameters (float32 statistics and roots) against the float64
+    reference over 6 steps: float32 rounding (6e-8) grows through the roots and six
+    updates to 5e-7 of the largest entry (measured on the CPU); 2e-5 leaves room for
+    the GPU's float32 eigensolvers."""
+    kw = CASES["adam_blocked"]
+    ps = make_params(torch.float32, device)
+    ref_ps = [p.detach().cpu().double().clone().requires_grad_() for p in ps]
+    opt = Shampoo(ps, **kw)
+    ref = RefShampoo(ref_ps, **kw)
+    train(opt, ps, 6, device, torch.float32)
+    train(ref, ref_ps, 6, "cpu", torch.float64)
+    for p, q in zip(ps, ref_ps):
+        torch.testing.assert_close(p.detach().cpu().double(), q.detach(), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float64_retry(device):
+    """max_condition_f32=0 sends every float32 root to float64 (counted); a float32
+    root that raises is retried too; when float64 fails as well the previous root is
+    kept, with a warning."""
+    kw = CASES["adam_blocked"]
+    ps = make_params(torch.float32, device)
+    opt = Shampoo(ps, max_condition_f32=0, **kw)
+    train(opt, ps, 2, device, torch.float32)
+    st = opt.root_stats
+    assert st["computed"] > 0 and st["float64_retries"] == st["computed"] and st["kept"] == 0
+    # the retried roots are the float64 reference's roots, rounded to float32
+    w1 = ps[0]
+    L0 = opt.state[w1]["L"][0].double()
+    torch.testing.assert_close(opt.state[w1]["L_root"][0].double(), ref_root(L0, kw["epsilon"]), rtol=1e-5, atol=1e-6)
+
+
+def test_float64_retry_after_an_error_and_kept_root(monkeypatch):
+    kw = CASES["adam_blocked"]
+    real = fusekit.ops.optim.matrix_power
+    calls = []
+
+    def f32_fails(a, *args, **kwargs):
+        calls.append(a.dtype)
+        if a.dtype == torch.float32:
+            raise fusekit.NotConvergedError("matrix_power: injected failure")
+        return real(a, *args, **kwargs)
+
+    monkeypatch.setattr(fusekit.ops.optim, "matrix_power", f32_fails)
+    ps = make_params(torch.float32, "cpu")
+    opt = Shampoo(ps, **kw)
+    train(opt, ps, 1, "cpu", torch.float32)
+    assert torch.float32 in calls and torch.float64 in calls
+    assert opt.root_stats["float64_retries"] == opt.root_stats["computed"] > 0
+    assert not torch.equal(opt.state[ps[0]]["L_root"][0], torch.eye(16))
+
+    def all_fail(a, *args, **kwargs):
+        raise fusekit.NotConvergedError("matrix_power: injected failure")
+
+    monkeypatch.setattr(fusekit.ops.optim, "matrix_power", all_fail)
+    before = [r.clone() for r in opt.state[ps[0]]["L_root"]]
+    with pytest.warns(RuntimeWarning, match="keeping the previous roots"):
+        train(opt, ps, 1, "cpu", torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(before, opt.state[ps[0]]["L_root"]))
+    assert opt.root_stats["kept"] > 0
+
+
+def test_blocking_and_one_dimensional_params():
+    """The 30x20 weight with max_preconditioner_dim=16 has blocks 16+14 by 16+4;
+    biases get no statistics (grafted method); a 3-D tensor is viewed as 3 x 10."""
+    assert block_ranges(30, 16) == [(0, 16), (16, 30)]
+    assert block_ranges(16, 16) == [(0, 16)]
+    ps = make_params(torch.float64, "cpu")
+    opt = Shampoo(ps, lr=0.1, max_preconditioner_dim=16)
+    train(opt, ps, 1, "cpu", torch.float64)
+    st = opt.state[ps[0]]
+    assert [tuple(x.shape) for x in st["L"]] == [(16, 16), (16, 16), (14, 14), (14, 14)]
+    assert [tuple(x.shape) for x in st["R"]] == [(16, 16), (4, 4), (16, 16), (4, 4)]
+    assert "L" not in opt.state[ps[1]] and "graft_sq" in opt.state[ps[1]]
+    assert [tuple(x.shape) for x in opt.state[ps[4]]["L"]] == [(3, 3)]
+    assert [tuple(x.shape) for x in opt.state[ps[4]]["R"]] == [(10, 10)]
+    # the statistics are the sums of the blocks' G G^T (beta2 = 1)
+    x, y = data("cpu", torch.float64, seed=1)
+    q = [p.detach().clone().requires_grad_() for p in make_params(torch.float64, "cpu")]
+    loss_fn(q, x, y).backward()
+    g = q[0].grad
+    torch.testing.assert_close(st["L"][1], g[:16, 16:] @ g[:16, 16:].T, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(st["R"][3], g[16:, 16:].T @ g[16:, 16:], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_state_dict_round_trip_continues_bit_identically(device):
+    kw = dict(CASES["sgd_ema_start_freq_wd"], grafting="adam", betas=(0.9, 0.95))
+    ps = make_params(torch.float32, device)
+    opt = Shampoo(ps, **kw)
+    train(opt, ps, 4, device, torch.float32)
+    buf = io.BytesIO()
+    torch.save({"params": [p.detach() for p in ps], "opt": opt.state_dict()}, buf)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)
+    ps2 = [p.clone().requires_grad_() for p in saved["params"]]
+    opt2 = Shampoo(ps2, **kw)
+    opt2.load_state_dict(saved["opt"])
+    st2 = opt2.state[ps2[0]]
+    assert int(st2["step"]) == 4 and isinstance(st2["L_root"][0], torch.Tensor)
+    assert st2["L_root"][0].device.type == device
+    train(opt, ps, 5, device, torch.float32, seed=10)  # steps 5..9: roots at 5, 6, 8
+    train(opt2, ps2, 5, device, torch.float32, seed=10)
+    for a, b in zip(ps, ps2):
+        assert torch.equal(a.detach(), b.detach())
+
+
+# ---------------------------------------------------------------------------
+# Distributed roots: threads as ranks, a comm with the all_gather Shampoo uses
+# ---------------------------------------------------------------------------
+
+
+class ThreadComm:
+    """Ranks of one process (threads): all_gather through shared slots."""
+
+    def __init__(self, rank, shared):
+        self.rank, self.size, self.shared = rank, shared["size"], shared
+        self.calls = 0
+
+    def all_gather(self, send, recv):
+        sh = self.shared
+        sh["slots"][self.rank] = send.clone()
+        sh["barrier"].wait()
+        torch.cat(sh["slots"], out=recv)
+        sh["barrier"].wait()
+        self.calls += 1
+
+
+def test_assign_roots_balances_cost():
+    costs = [8.0, 1.0, 1.0, 8.0, 27.0, 1.0]
+    owner = assign_roots(costs, 2)
+    loads = [sum(c for c, o in zip(costs, owner) if o == r) for r in range(2)]
+    assert owner[4] == 0 and max(loads) == 27.0 and sorted(loads) == [19.0, 27.0]
+    assert assign_roots(costs, 1) == [0] * 6
+    assert assign_roots([], 3) == []
+    assert sorted(set(assign_roots([1.0] * 7, 3))) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_distributed_split_matches_one_process(world):
+    """Each rank computes its share of the roots (the counters add up to the
+    single-process count) and after the all-gather every rank's parameters equal
+    the single-process run's bit for bit (same CPU code, roots only moved)."""
+    kw = dict(CASES["adam_blocked"], precondition_frequency=2)
+    ps = make_params(torch.float32, "cpu")
+    single = Shampoo(ps, **kw)
+    train(single, ps, 5, "cpu", torch.float32)
+
+    shared = {"size": world, "slots": [None] * world, "barrier": threading.Barrier(world)}
+    results, errors = [None] * world, []
+
+    def rank_main(r):
+        try:
+            q = make_params(torch.float32, "cpu")
+            comm = ThreadComm(r, shared)
+            opt = Shampoo(q, distributed=comm, **kw)
+            train(opt, q, 5, "cpu", torch.float32)
+            results[r] = (q, opt, comm)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+            shared["barrier"].abort()
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    counts = [res[1].root_stats["computed"] for res in results]
+    assert sum(counts) == single.root_stats["computed"] and all(c > 0 for c in counts)
+    assert all(res[2].calls == 3 for res in results)  # root steps 1, 2, 4
+    for q, _, _ in results:
+        for a, b in zip(ps, q):
+            assert torch.equal(a.detach(), b.detach())
+
+
+# ---------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------
+
+BAD = [
+    (dict(lr=-1.0), "lr"),
+    (dict(lr=float("nan")), "lr"),
+    (dict(betas=(1.0, 0.9)), r"betas\[0\]"),
+    (dict(betas=(0.9, 0.0)), r"betas\[1\]"),
+    (dict(betas=0.9), "betas"),
+    (dict(epsilon=-1e-3), "epsilon"),
+    (dict(precondition_frequency=0), "precondition_frequency"),
+    (dict(precondition_frequency=1.5), "precondition_frequency"),
+    (dict(start_preconditioning_step=0), "start_preconditioning_step"),
+    (dict(max_preconditioner_dim=0), "max_preconditioner_dim"),
+    (dict(grafting="adagrad"), "grafting"),
+    (dict(grafting_beta2=1.5), "grafting_beta2"),
+    (dict(grafting_epsilon=0.0), "grafting_epsilon"),
+    (dict(weight_decay=-0.1), "weight_decay"),
+    (dict(max_condition_f32=-1.0), "max_condition_f32"),
+    (dict(distributed="nccl"), "distributed"),
+]
+
+
+@pytest.mark.parametrize("kw,name", BAD, ids=[b[1].replace("\\", "") + str(i) for i, b in enumerate(BAD)])
+def test_bad_arguments_name_the_argument(kw, name):
+    ps = make_params(torch.float32, "cpu")
+    with pytest.raises(fusekit.InvalidArgumentError, match=f"fusekit.optim.Shampoo: {name} "):
+        Shampoo(ps, **kw)
+
+
+def test_bad_params_and_groups():
+    with pytest.raises(fusekit.InvalidArgumentError, match="params must be float32 or float64, got a torch.float16"):
+        Shampoo([torch.zeros(3, 3, dtype=torch.float16, requires_grad=True)])
+    opt = Shampoo(make_params(torch.float32, "cpu"))
+    with pytest.raises(fusekit.InvalidArgumentError, match="Shampoo: lr = -2.0 must be >= 0"):
+        opt.add_param_group({"params": [torch.zeros(2, 2, requires_grad=True)], "lr": -2.0})
+    with pytest.raises(fusekit.InvalidArgumentError, match="distributed needs torch.distributed initialised"):
+        fo.init_distributed()
+
+
+def test_optim_module_imports_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None; import fusekit.optim as o; "
+            "print(o.block_ranges(5, 2), o.assign_roots([1.0, 2.0], 2))")
+    env = dict(__import__("os").environ, PYTHONPATH=str(fo.__file__).rsplit("/fusekit/", 1)[0])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[(0, 2), (2, 4), (4, 5)] [1, 0]"
+
+
+def test_deepcopy_of_optimizer_state_is_independent():
+    ps = make_params(torch.float64, "cpu")
+    opt = Shampoo(ps, lr=0.1, max_preconditioner_dim=16)
+    train(opt, ps, 2, "cpu", torch.float64)
+    sd = copy.deepcopy(opt.state_dict())
+    train(opt, ps, 1, "cpu", torch.float64)
+    assert int(sd["state"][0]["step"]) == 2 and int(opt.state[ps[0]]["step"]) == 3

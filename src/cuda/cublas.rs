@@ -540,12 +540,30 @@ fn bs_type(d: DType) -> bs::cudaDataType {
     }
 }
 
-/// Scalars as cuBLAS reads them for the compute type (host pointer mode).
+/// `cuComplex` as CUDA declares it (`float2`, 8-byte aligned).
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct CuComplex([f32; 2]);
+
+/// `cuDoubleComplex` as CUDA declares it (`double2`, 16-byte aligned). cuBLAS
+/// reads a complex128 `alpha`/`beta` with aligned 16-byte loads (`movdqa`): a
+/// `[f64; 2]` (8-byte aligned) at an address 8 mod 16 made cuBLAS 13.0 fault
+/// inside `cublasLtZZZMatmul` (the complex128 crash; docs/linalg.md).
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct CuDoubleComplex([f64; 2]);
+
+// The layouts of CUDA's `float2` / `double2` (vector_types.h).
+const _: () = assert!(size_of::<CuComplex>() == 8 && align_of::<CuComplex>() == 8);
+const _: () = assert!(size_of::<CuDoubleComplex>() == 16 && align_of::<CuDoubleComplex>() == 16);
+
+/// Scalars as cuBLAS reads them for the compute type (host pointer mode), each
+/// with the size and alignment of the CUDA type it stands for.
 enum HostScalar {
     F32(f32),
     F64(f64),
-    C32([f32; 2]),
-    C64([f64; 2]),
+    C32(CuComplex),
+    C64(CuDoubleComplex),
 }
 
 impl HostScalar {
@@ -553,16 +571,16 @@ impl HostScalar {
         match d {
             DType::F16 | DType::BF16 | DType::F32 => HostScalar::F32(re as f32),
             DType::F64 => HostScalar::F64(re),
-            DType::C64 => HostScalar::C32([re as f32, im as f32]),
-            DType::C128 => HostScalar::C64([re, im]),
+            DType::C64 => HostScalar::C32(CuComplex([re as f32, im as f32])),
+            DType::C128 => HostScalar::C64(CuDoubleComplex([re, im])),
         }
     }
     fn ptr(&self) -> *const c_void {
         match self {
             HostScalar::F32(v) => v as *const f32 as *const c_void,
             HostScalar::F64(v) => v as *const f64 as *const c_void,
-            HostScalar::C32(v) => v.as_ptr() as *const c_void,
-            HostScalar::C64(v) => v.as_ptr() as *const c_void,
+            HostScalar::C32(v) => v as *const CuComplex as *const c_void,
+            HostScalar::C64(v) => v as *const CuDoubleComplex as *const c_void,
         }
     }
 }

@@ -342,10 +342,11 @@ impl Comm {
         f: F,
     ) -> Result<()> {
         let n = nccl::nccl()?;
-        self.ctx.cuda_dev().bind()?;
+        let dev = self.ctx.cuda_dev();
+        dev.bind()?;
         let comm = self.raw as ncclComm_t;
         n.check(f(n, comm), what, comm)?;
-        if crate::cuda::launch::debug_sync() && !in_group() {
+        if dev.debug_sync && !in_group() {
             stream.synchronize()?;
         }
         Ok(())

@@ -44,6 +44,14 @@ pub struct fk_context {
     pub(crate) inner: Arc<Context>,
 }
 
+impl fk_context {
+    /// The context behind the handle, for Rust callers: tests set per-context
+    /// switches through it (e.g. `CudaDevice::set_linalg_fallback`).
+    pub fn context(&self) -> &Context {
+        &self.inner
+    }
+}
+
 /// Opaque handle to a stream (see `fk_stream_create`, `fk_stream_wrap`).
 #[cfg_attr(all(), repr(C))]
 pub struct fk_stream {

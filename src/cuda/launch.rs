@@ -18,17 +18,6 @@ pub fn grid_for(dev: &CudaDevice, items: i64) -> u32 {
     needed.min(full).max(1) as u32
 }
 
-/// `FK_DEBUG_SYNC=1`: every launch synchronises its stream and reports a kernel
-/// fault at the call that caused it (slow; for debugging).
-pub(crate) fn debug_sync() -> bool {
-    static FLAG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FLAG.get_or_init(|| {
-        std::env::var("FK_DEBUG_SYNC")
-            .map(|v| !v.is_empty() && v != "0")
-            .unwrap_or(false)
-    })
-}
-
 /// Launches `module::function` on `stream` with `params` (pointers to each argument).
 #[allow(clippy::too_many_arguments)]
 pub fn launch(
@@ -109,7 +98,7 @@ pub fn launch_ex(
     }
     .cuda(&format!("launching {module}::{function}"))?;
     // (Not while the stream is being captured: a synchronisation would break it.)
-    if debug_sync() && !super::is_capturing(stream) {
+    if dev.debug_sync && !super::is_capturing(stream) {
         dev.stream_synchronize(stream).map_err(|mut e| {
             e.message = format!(
                 "kernel {module}::{function} faulted (FK_DEBUG_SYNC): {}",

@@ -3,8 +3,6 @@
 //! column sums, Kronecker product), plus the chunked GEMM's tile pipeline.
 
 use std::ffi::c_void;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::sys as ds;
 
@@ -35,22 +33,6 @@ fn source() -> String {
         ));
     }
     s + include_str!("../../kernels/linalg.cu")
-}
-
-static FORCE_FALLBACK: AtomicBool = AtomicBool::new(false);
-
-/// Forces the fused linear layer onto its fallback path (a plain GEMM plus the
-/// epilogue kernel) instead of cuBLASLt's fused epilogues; for tests. Also set by
-/// the environment variable `FK_LINALG_FALLBACK=1`.
-pub fn set_force_fallback(on: bool) {
-    FORCE_FALLBACK.store(on, Ordering::SeqCst);
-}
-
-fn force_fallback() -> bool {
-    static ENV: OnceLock<bool> = OnceLock::new();
-    *ENV.get_or_init(|| {
-        std::env::var("FK_LINALG_FALLBACK").is_ok_and(|v| !v.is_empty() && v != "0")
-    }) || FORCE_FALLBACK.load(Ordering::SeqCst)
 }
 
 fn slot_of(dev: &CudaDevice, stream: &Stream) -> Result<std::sync::Arc<std::sync::Mutex<Slot>>> {
@@ -341,7 +323,7 @@ pub fn linear_forward(dev: &CudaDevice, p: &LinearPlan, stream: &Stream) -> Resu
         (Activation::Gelu, true, true) => Epilogue::GeluAuxBias,
     };
     // Column-major: y^T [n, m] = W [n, k] (stored as W^T [k, n], transposed) x^T [k, m].
-    if p.k > 0 && !force_fallback() {
+    if p.k > 0 && !dev.linalg_fallback() {
         let call = LtCall {
             dtype: p.dtype,
             trans_a: true,

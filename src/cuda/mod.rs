@@ -18,6 +18,7 @@ pub mod optim;
 pub mod runtime;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{result, sys};
@@ -167,6 +168,18 @@ pub struct CudaDevice {
     /// confirmed, as `[start, end)` address ranges, most recent first (at most
     /// `CHECKED_RANGES`): a pointer into one of them needs no driver query.
     checked: Mutex<Vec<(u64, u64)>>,
+    /// Diagnosis switches of this context, read from the environment when it is
+    /// created (never a process-global flag, so tests set them on their own context).
+    /// `FK_DEBUG_SYNC=1`: every launch synchronises its stream and reports a kernel
+    /// fault at the call that caused it (slow; for debugging).
+    pub(crate) debug_sync: bool,
+    /// `FK_LINALG_FALLBACK=1`, or `set_linalg_fallback`: see there.
+    linalg_fallback: AtomicBool,
+}
+
+/// An environment switch: set, not empty and not `"0"`.
+fn env_switch(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 /// How many allocation ranges `check_pointer` remembers per device. A framework's
@@ -239,9 +252,24 @@ impl CudaDevice {
             blas: Default::default(),
             solver: Default::default(),
             checked: Mutex::new(Vec::new()),
+            debug_sync: env_switch("FK_DEBUG_SYNC"),
+            linalg_fallback: AtomicBool::new(env_switch("FK_LINALG_FALLBACK")),
         };
         dev.bind()?;
         Ok(dev)
+    }
+
+    /// Sends this context's fused linear layer down its fallback path (a plain GEMM
+    /// plus fusekit's epilogue kernel) instead of cuBLASLt's fused epilogues; for
+    /// tests. Other contexts are unaffected; a context starts with
+    /// `FK_LINALG_FALLBACK` as it was when the context was created.
+    pub fn set_linalg_fallback(&self, on: bool) {
+        self.linalg_fallback.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the fused linear layer takes its fallback path (`set_linalg_fallback`).
+    pub fn linalg_fallback(&self) -> bool {
+        self.linalg_fallback.load(Ordering::Relaxed)
     }
 
     /// Makes the primary context current on the calling thread.

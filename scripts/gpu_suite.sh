@@ -62,6 +62,10 @@ sel c_tests && step c_tests 300 env FK_TEST_DEVICE=cuda bash tests/c/run.sh
 sel python && step python 900 python3 -m pytest -q -x bindings/python/tests tests/test_bindings_complete.py
 sel torch_extension && [ -d bindings/cpp/torch_extension ] && \
   step torch_extension 900 python3 -m pytest -q bindings/cpp/torch_extension
+# fusekit.nn alone (the "python" step runs it too): CUDA values, graph capture, reduce-overhead
+want nn && step nn 900 python3 -m pytest -q bindings/python/tests/test_nn.py
+sel example_gaussian_field && step example_gaussian_field 300 python3 examples/gaussian_field_fit.py --device cuda \
+  --gaussians 4096 --points 65536 --steps 500 --out "$OUT/gaussian_field_fit.png"
 if sel sanitizer; then
   export FK_SANITIZE=1   # tests shrink their sizes under the sanitizer
   step memcheck 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_elementwise" --test-threads=1

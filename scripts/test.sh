@@ -26,7 +26,7 @@ fi
 # shellcheck disable=SC1091
 source "$VENV/bin/activate"
 python -m pip install -q --upgrade pip >/dev/null
-python -m pip install -q numpy pytest cffi "nvidia-cuda-nvrtc==13.0.88" "nvidia-cuda-runtime==13.0.96"
+python -m pip install -q numpy pytest cffi matplotlib "nvidia-cuda-nvrtc==13.0.88" "nvidia-cuda-runtime==13.0.96"
 # torch (the version on the GPU machine; it runs on the CPU here): the torch
 # bindings' tests (custom ops, autograd, gradcheck, torch.compile) run instead of
 # being skipped
@@ -67,4 +67,9 @@ echo "==> Python host time per call (CPU backend; a smoke run of benches/host_ov
 FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python benches/host_overhead.py
 echo "==> the torch path's benchmark (CPU smoke run of benches/bench_torch_path.py)"
 FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python benches/bench_torch_path.py --smoke --no-compile
+echo "==> examples/gaussian_field_fit.py (fusekit.nn.GaussianField + Adam; CPU smoke run, writes its PNG)"
+rm -f "$ROOT/target/gaussian_field_fit.png"
+FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python examples/gaussian_field_fit.py --smoke \
+  --out "$ROOT/target/gaussian_field_fit.png"
+test -s "$ROOT/target/gaussian_field_fit.png"
 FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python -m pytest -q bindings/python/tests tests/*.py

@@ -39,7 +39,9 @@ from .ops import geodesic as _geodesic
 from .torch_gaussian import gaussian_field
 from .torch_geodesic import christoffel, leapfrog
 
-__all__ = ["ACTIVATIONS", "FusedLinear", "GaussianField", "LowRankChristoffel", "LeapfrogIntegrator"]
+__all__ = [
+    "ACTIVATIONS", "DEFAULT_FRICTION", "FusedLinear", "GaussianField", "LowRankChristoffel", "LeapfrogIntegrator",
+]
 
 #: The activations of :class:`FusedLinear`, named as torch names them: ``"gelu"`` is
 #: the exact (erf) GELU of ``F.gelu(x)``, ``"gelu_tanh"`` the tanh approximation of

@@ -66,6 +66,11 @@ sel torch_extension && [ -d bindings/cpp/torch_extension ] && \
 want nn && step nn 900 python3 -m pytest -q bindings/python/tests/test_nn.py
 sel example_gaussian_field && step example_gaussian_field 300 python3 examples/gaussian_field_fit.py --device cuda \
   --gaussians 4096 --points 65536 --steps 500 --out "$OUT/gaussian_field_fit.png"
+sel example_mlp_shampoo && step example_mlp_shampoo 300 python3 examples/mlp_shampoo.py --device cuda \
+  --steps 300 --out "$OUT/mlp_shampoo.png"
+# distributed fusekit.optim.Shampoo under torchrun (two processes, fusekit NCCL) against one GPU
+sel shampoo_torchrun && [ "$NGPU" -ge 2 ] && step shampoo_torchrun 600 \
+  python3 -m torch.distributed.run --standalone --nproc_per_node=2 tests/dist/shampoo_torchrun.py
 if sel sanitizer; then
   export FK_SANITIZE=1   # tests shrink their sizes under the sanitizer
   step memcheck 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_elementwise" --test-threads=1
@@ -88,6 +93,9 @@ fi
 { sel bench || sel bench_torch; } && step bench_torch 900 python3 benches/bench_torch.py --json "$OUT/bench_torch.json"
 { sel bench || sel bench_linalg; } && step bench_linalg 900 python3 benches/bench_linalg.py --json "$OUT/bench_linalg.json"
 { sel bench || sel bench_optim; } && step bench_optim 900 python3 benches/bench_optim.py --json "$OUT/bench_optim.json"
+{ sel bench || sel bench_shampoo; } && step bench_shampoo 900 python3 benches/bench_shampoo.py --json "$OUT/bench_shampoo.json"
+{ sel bench || sel bench_shampoo_dist; } && [ "$NGPU" -ge 2 ] && step bench_shampoo_dist 600 \
+  python3 -m torch.distributed.run --standalone --nproc_per_node=2 benches/bench_shampoo.py --dist --json "$OUT/bench_shampoo_dist.json"
 { sel bench || sel peak_ffma; } && command -v nvcc >/dev/null && step peak_ffma 120 bash -c "nvcc -O3 -arch=sm_90 benches/peak_ffma.cu -o '$OUT/peak_ffma' && '$OUT/peak_ffma'"
 { sel bench || sel host_overhead; } && step host_overhead 300 python3 benches/host_overhead.py --json "$OUT/host_overhead.json"
 { sel bench || sel torch_host_breakdown; } && step torch_host_breakdown 300 python3 benches/torch_host_breakdown.py

@@ -72,4 +72,11 @@ rm -f "$ROOT/target/gaussian_field_fit.png"
 FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python examples/gaussian_field_fit.py --smoke \
   --out "$ROOT/target/gaussian_field_fit.png"
 test -s "$ROOT/target/gaussian_field_fit.png"
+echo "==> examples/mlp_shampoo.py (FusedLinear MLP + fusekit.optim.Shampoo; CPU run, writes its PNG)"
+rm -f "$ROOT/target/mlp_shampoo.png"
+FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python examples/mlp_shampoo.py --steps 60 \
+  --out "$ROOT/target/mlp_shampoo.png"
+test -s "$ROOT/target/mlp_shampoo.png"
+echo "==> benches/bench_shampoo.py --smoke (CPU, small sizes)"
+FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python benches/bench_shampoo.py --smoke
 FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python -m pytest -q bindings/python/tests tests/*.py

@@ -91,14 +91,23 @@ def init_distributed(device=None) -> FusekitComm:
     device = torch.device(device)
     if device.type != "cuda":
         raise _bad("device", f"must be a CUDA device for a communicator of {world} ranks, got {device}")
+    uid = _share_from_rank0(comm_unique_id)
+    ctx = default_context(f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}")
+    return FusekitComm(Comm.init_rank(ctx, world, uid, rank))
+
+
+def _share_from_rank0(make) -> bytes:
+    """``make()`` (bytes) run on rank 0 of torch.distributed's default group, read by
+    every rank from the group's key-value store (a new key per call; every rank must
+    call it the same number of times)."""
+    import torch.distributed as dist
+
     store = dist.distributed_c10d._get_default_store()
     _comm_counter[0] += 1
     key = f"{_STORE_KEY}.{_comm_counter[0]}"
-    if rank == 0:
-        store.set(key, comm_unique_id())
-    uid = bytes(store.get(key))
-    ctx = default_context(f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}")
-    return FusekitComm(Comm.init_rank(ctx, world, uid, rank))
+    if dist.get_rank() == 0:
+        store.set(key, make())
+    return bytes(store.get(key))
 
 
 def _check_args(lr, betas, epsilon, precondition_frequency, start_preconditioning_step, max_preconditioner_dim,

@@ -421,3 +421,38 @@ def test_deepcopy_of_optimizer_state_is_independent():
     sd = copy.deepcopy(opt.state_dict())
     train(opt, ps, 1, "cpu", torch.float64)
     assert int(sd["state"][0]["step"]) == 2 and int(opt.state[ps[0]]["step"]) == 3
+
+
+def _uid_worker(rank, world, init_file, out_dir):
+    import os
+
+    import torch.distributed as dist
+
+    import fusekit.optim as fo
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    made = []
+
+    def make():
+        made.append(1)
+        return os.urandom(fusekit.COMM_ID_BYTES)
+
+    a = fo._share_from_rank0(make)
+    b = fo._share_from_rank0(make)
+    with open(os.path.join(out_dir, f"{rank}.bin"), "wb") as f:
+        f.write(bytes([len(made)]) + a + b)
+    dist.destroy_process_group()
+
+
+def test_unique_id_exchange_through_the_store(tmp_path):
+    """The NCCL unique id's path (init_distributed): rank 0 makes the bytes, every
+    process of a real two-process gloo group reads the same bytes from the store;
+    a second call uses a new key."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_uid_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (tmp_path / "0.bin").read_bytes(), (tmp_path / "1.bin").read_bytes()
+    n = fusekit.COMM_ID_BYTES
+    assert r0[0] == 2 and r1[0] == 0  # only rank 0 made ids
+    assert len(r0) == 1 + 2 * n and r0[1:] == r1[1:]
+    assert r0[1:1 + n] != r0[1 + n:]

@@ -7,8 +7,10 @@
    same algorithm that takes each root with ``torch.linalg.eigh`` (goal <= 0.1x).
 2. ``train``: a training step (forward, backward, optimizer step) of the same MLP,
    roots every 20 steps, against the same step with ``torch.optim.Adam(fused=True)``
-   (goal <= 1.3x); GPU time (CUDA events over windows of 20 steps, so each window
-   holds one root computation) and host time (the Python call of a step).
+   (goal <= 1.3x), fusekit with float32 and with TF32 roots and preconditioning;
+   GPU time (CUDA events over windows of 20 steps, so each window holds one root
+   computation) and host time (the Python call of a step). The forward and
+   backward are torch's float32 GEMMs in both.
 3. ``--dist`` under torchrun: the distributed step (roots split across the ranks)
    against the same optimizer on one GPU (goal: faster).
 
@@ -170,13 +172,14 @@ def bench_train(args, dev, timer, width, layers, windows, freq=20):
     torch.manual_seed(0)
     base_model = mlp(width, layers, dev)
     res = {}
-    for name in ("torch.optim.Adam(fused=True)" if dev.type == "cuda" else "torch.optim.Adam", "fusekit Shampoo"):
+    adam = "torch.optim.Adam(fused=True)" if dev.type == "cuda" else "torch.optim.Adam"
+    for name in (adam, "fusekit Shampoo", "fusekit Shampoo, TF32"):
         model = mlp(width, layers, dev)
         model.load_state_dict(base_model.state_dict())
         if "Adam" in name:
             opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=dev.type == "cuda")
         else:
-            opt = fo.Shampoo(model.parameters(), precondition_frequency=freq, **HP)
+            opt = fo.Shampoo(model.parameters(), precondition_frequency=freq, allow_tf32="TF32" in name, **HP)
         host = []
 
         def one():
@@ -196,10 +199,10 @@ def bench_train(args, dev, timer, width, layers, windows, freq=20):
         hs = statistics.median(host)
         stats = getattr(opt, "root_stats", None)
         row(f"train step (fwd+bwd+step), batch {args.batch}, roots/{freq}: {name}", ms, "ms",
-            f"GPU; optimizer host {hs:.3f} ms" + (f"; roots {stats}" if stats else ""))
+            f"{'GPU' if timer.cuda else 'wall'}; optimizer host {hs:.3f} ms" + (f"; roots {stats}" if stats else ""))
         row(f"train step host time of opt.step(): {name}", hs, "ms")
-    names = list(res)
-    row(f"train step ratio Shampoo / {names[0]} (goal <= 1.3)", res[names[1]] / res[names[0]], "x")
+    for name in ("fusekit Shampoo", "fusekit Shampoo, TF32"):
+        row(f"train step ratio {name} / {adam} (goal <= 1.3)", res[name] / res[adam], "x")
     return res
 
 

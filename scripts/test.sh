@@ -79,4 +79,11 @@ FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python examples/mlp_shampoo.p
 test -s "$ROOT/target/mlp_shampoo.png"
 echo "==> benches/bench_shampoo.py --smoke (CPU, small sizes)"
 FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python benches/bench_shampoo.py --smoke
+echo "==> examples/dp_sgd_classifier.py (fusekit.privacy.DPSGD vs SGD; CPU run, writes its PNG)"
+rm -f "$ROOT/target/dp_sgd_classifier.png"
+FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python examples/dp_sgd_classifier.py --steps 60 \
+  --out "$ROOT/target/dp_sgd_classifier.png"
+test -s "$ROOT/target/dp_sgd_classifier.png"
+echo "==> benches/bench_dpsgd.py --smoke (CPU, small sizes; the Opacus row only where opacus is installed)"
+FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python benches/bench_dpsgd.py --smoke
 FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python -m pytest -q bindings/python/tests tests/*.py

@@ -71,6 +71,10 @@ sel example_mlp_shampoo && step example_mlp_shampoo 300 python3 examples/mlp_sha
 # distributed fusekit.optim.Shampoo under torchrun (two processes, fusekit NCCL) against one GPU
 sel shampoo_torchrun && [ "$NGPU" -ge 2 ] && step shampoo_torchrun 600 \
   python3 -m torch.distributed.run --standalone --nproc_per_node=2 tests/dist/shampoo_torchrun.py
+# fusekit.privacy alone (the "python" step runs it too): the CUDA variants against torch.func per-sample gradients
+want privacy && step privacy 600 python3 -m pytest -q bindings/python/tests/test_privacy.py
+sel example_dp_sgd && step example_dp_sgd 300 python3 examples/dp_sgd_classifier.py --device cuda --fused \
+  --steps 300 --out "$OUT/dp_sgd_classifier.png"
 if sel sanitizer; then
   export FK_SANITIZE=1   # tests shrink their sizes under the sanitizer
   step memcheck 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_elementwise" --test-threads=1
@@ -93,6 +97,12 @@ fi
 { sel bench || sel bench_torch; } && step bench_torch 900 python3 benches/bench_torch.py --json "$OUT/bench_torch.json"
 { sel bench || sel bench_linalg; } && step bench_linalg 900 python3 benches/bench_linalg.py --json "$OUT/bench_linalg.json"
 { sel bench || sel bench_optim; } && step bench_optim 900 python3 benches/bench_optim.py --json "$OUT/bench_optim.json"
+# DP-SGD step: non-private vs fusekit.privacy vs Opacus 1.6 ghost clipping; Opacus from the wheel carried in .whl/
+# (pip download --no-deps --only-binary=:all: -d .whl "opacus==1.6.*"; this machine reaches no registry)
+{ sel bench || sel bench_dpsgd; } && step bench_dpsgd 900 bash -c 'w=$(ls .whl/opacus-1.6*.whl 2>/dev/null | head -1)
+  if [ -n "$w" ] && python3 -m pip install -q --no-deps --no-index --target "$1/opacus-site" "$w"; then
+    export PYTHONPATH=$1/opacus-site:$PYTHONPATH; fi
+  python3 benches/bench_dpsgd.py --json "$1/bench_dpsgd.json"' _ "$OUT"
 { sel bench || sel bench_shampoo; } && step bench_shampoo 900 python3 benches/bench_shampoo.py --json "$OUT/bench_shampoo.json"
 { sel bench || sel bench_shampoo_dist; } && [ "$NGPU" -ge 2 ] && step bench_shampoo_dist 600 \
   python3 -m torch.distributed.run --standalone --nproc_per_node=2 benches/bench_shampoo.py --dist --json "$OUT/bench_shampoo_dist.json"
@@ -107,7 +117,7 @@ want huge && step chunked_huge 900 env FK_TEST_HUGE=1 "$B/bin/gpu_linalg" chunke
 
 echo
 echo "---- benchmark rows"
-grep -E "^(device|add|mul|axpby|host|driver|device-to-device|cuda: pooled|overlap|all-reduce|torch.distributed|fusekit busbw|relu|gelu|gemm|chunked|kron|field_|mahalanobis_|christoffel|leapfrog|float64 check|inverse|per-sample|ghost|DP clipped|Shampoo|torch.add|fusekit.add|  fusekit.ops|  torch.ops|  PyTorch eager|torch_path)" "$LOG" | grep -v "^===" | head -140
+grep -E "^(device|add|mul|axpby|host|driver|device-to-device|cuda: pooled|overlap|all-reduce|torch.distributed|fusekit busbw|relu|gelu|gemm|chunked|kron|field_|mahalanobis_|christoffel|leapfrog|float64 check|inverse|per-sample|ghost|DP clipped|DP-SGD|  check: fusekit vs Opacus|Shampoo|torch.add|fusekit.add|  fusekit.ops|  torch.ops|  PyTorch eager|torch_path)" "$LOG" | grep -v "^===" | head -140
 echo
 echo "---- GPU suite summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
 printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"

@@ -1,0 +1,338 @@
+"""fusekit.privacy.DPSGD (docs/privacy.md): the clipped sums against per-sample
+gradients materialised by torch.func (vmap of grad) in float64, the noise's
+statistics, the errors, and the CUDA variants (skipped without a GPU)."""
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fusekit.privacy as privacy  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.func import functional_call, grad, vmap  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                  reason="no CUDA device"))]
+
+
+def reference_grads(model, loss_fn, x, y, max_grad_norm, divisor=None):
+    """The DP-SGD clipped mean from per-sample gradients materialised with
+    torch.func: ``sum_i min(1, C/|G_i|) G_i / B``; returns (grads by name, norms)."""
+    params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
+    frozen = {k: v.detach() for k, v in model.named_parameters() if not v.requires_grad}
+
+    def sample_loss(p, xi, yi):
+        out = functional_call(model, {**p, **frozen}, (xi.unsqueeze(0),))
+        return loss_fn(out, yi.unsqueeze(0), "sum")
+
+    per_sample = vmap(grad(sample_loss), in_dims=(None, 0, 0))(params, x, y)
+    b = x.shape[0]
+    sq = sum(g.reshape(b, -1).square().sum(1) for g in per_sample.values())
+    norms = sq.sqrt()
+    factors = torch.clamp(max_grad_norm / norms, max=1.0)
+    div = b if divisor is None else divisor
+    out = {k: (g * factors.reshape((b,) + (1,) * (g.dim() - 1))).sum(0) / div for k, g in per_sample.items()}
+    return out, norms
+
+
+def xent(out, y, reduction):
+    """Cross-entropy per sample summed over its positions; "mean" averages the
+    samples (1/B sum_i loss_i, the loss DPSGD's loss_reduction="mean" expects)."""
+    if out.dim() == 2:
+        return F.cross_entropy(out, y, reduction=reduction)
+    total = F.cross_entropy(out.transpose(1, -1), y, reduction="sum")
+    return total / out.shape[0] if reduction == "mean" else total
+
+
+def mlp(d_in=6, width=9, classes=4, dtype=torch.float64, device="cpu"):
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(d_in, width), nn.Tanh(), nn.Linear(width, width), nn.ReLU(),
+                         nn.Linear(width, classes)).to(dtype=dtype, device=device)
+
+
+def check_against_reference(model, x, y, c, loss_reduction="mean", expected_batch_size=None, loss_fn=xent,
+                            tol=1e-12):
+    dp = privacy.DPSGD(model, None, max_grad_norm=c, noise_multiplier=0.0, loss_reduction=loss_reduction,
+                       expected_batch_size=expected_batch_size)
+    loss = loss_fn(model(x), y, loss_reduction)
+    dp.backward(loss)
+    ref, norms = reference_grads(model, loss_fn, x, y, c, expected_batch_size)
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            assert p.grad is None, name
+            continue
+        scale = ref[name].abs().max().item()
+        assert scale > 0, name
+        err = (p.grad - ref[name]).abs().max().item()
+        assert err <= tol * max(scale, 1.0), f"{name}: max error {err:.3e} (scale {scale:.3e})"
+    torch.testing.assert_close(dp.per_sample_norms, norms, rtol=1e-10, atol=0)
+    torch.testing.assert_close(dp.clip_factors, torch.clamp(c / norms, max=1.0), rtol=1e-10, atol=0)
+    dp.remove()
+    return norms
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("loss_reduction", ["mean", "sum"])
+def test_clipped_sum_matches_per_sample_gradients(device, loss_reduction):
+    model = mlp(device=device)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(16, 6, generator=g, dtype=torch.float64).to(device)
+    x[3] *= 30.0  # one sample far above any clip norm
+    y = torch.randint(0, 4, (16,), generator=g).to(device)
+    _, norms = reference_grads(model, xent, x, y, 1.0)
+    c = norms.median().item()  # half the samples clipped, half not
+    got = check_against_reference(model, x, y, c, loss_reduction)
+    assert (got < c).sum() >= 4 and (got > c).sum() >= 4
+    # a clip norm above every sample: the plain mean gradient
+    model.zero_grad(set_to_none=True)
+    check_against_reference(model, x, y, 10.0 * norms.max().item(), loss_reduction)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sequences_shared_layers_and_frozen_parameters(device):
+    """[B, T, in] inputs (the Gram form), [B, T1, T2, in], a layer called twice in one
+    forward (its calls are one sequence), a layer without bias and a frozen bias."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Linear(5, 8, bias=False)
+            self.shared = nn.Linear(8, 8)
+            self.head = nn.Linear(8, 3)
+            self.head.bias.requires_grad_(False)
+
+        def forward(self, x):  # x [B, T, 5]
+            h = torch.tanh(self.embed(x))
+            h = torch.tanh(self.shared(h))
+            h = torch.tanh(self.shared(h.unsqueeze(2).expand(-1, -1, 2, -1) * 0.5).mean(2))
+            return self.head(h)
+
+    torch.manual_seed(2)
+    model = Net().to(dtype=torch.float64, device=device)
+    x = torch.randn(7, 4, 5, dtype=torch.float64, device=device)
+    x[0] *= 20.0
+    y = torch.randint(0, 3, (7, 4), device=device)
+    _, norms = reference_grads(model, xent, x, y, 1.0)
+    c = norms.median().item()
+    got = check_against_reference(model, x, y, c)
+    assert (got < c).sum() >= 2 and (got > c).sum() >= 2
+
+
+def test_expected_batch_size_and_optimizer_step():
+    model = mlp()
+    x = torch.randn(10, 6, dtype=torch.float64)
+    y = torch.randint(0, 4, (10,))
+    check_against_reference(model, x, y, 0.3, expected_batch_size=12.5)
+
+    ref, _ = reference_grads(model, xent, x, y, 0.3)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    with privacy.DPSGD(model, opt, max_grad_norm=0.3, noise_multiplier=0.0) as dp:
+        dp.step(xent(model(x), y, "mean"))
+    for (name, p), b in zip(model.named_parameters(), before):
+        torch.testing.assert_close(p.detach(), b - 0.5 * ref[name], rtol=0, atol=1e-12)
+
+
+def test_layer_the_loss_does_not_reach_gets_noise_only():
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"used": nn.Linear(4, 3), "unused": nn.Linear(4, 2)}).double()
+    x = torch.randn(5, 4, dtype=torch.float64)
+    dp = privacy.DPSGD(model, None, max_grad_norm=1.0, noise_multiplier=0.0)
+    dp.backward(model["used"](x).square().mean() + 0.0 * model["unused"](x).sum())
+    assert torch.count_nonzero(model["used"].weight.grad) > 0
+    assert torch.count_nonzero(model["unused"].weight.grad) == 0  # a zero per-sample gradient
+    dp.backward(model["used"](x).square().mean())  # "unused" not called at all
+    assert torch.count_nonzero(model["unused"].weight.grad) == 0
+    assert model["unused"].bias.grad.shape == (2,)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_noise_statistics(device):
+    """grad(noisy) - grad(noise_multiplier=0) over many draws: mean 0 and standard
+    deviation sigma*C/B within a tolerance that a wrong scale cannot meet (the
+    estimate's relative error is ~0.3%; sqrt(B), B or a missing C are off by >= 40%),
+    Gaussian mass within one sigma, a seed reproduces its draws."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).to(device)
+    x = torch.randn(32, 64, device=device)
+    y = torch.randint(0, 8, (32,), device=device)
+    sigma, c, expected_b = 1.3, 0.7, 40.0
+
+    def grads(noise, seed=None, generator=None):
+        dp = privacy.DPSGD(model, None, max_grad_norm=c, noise_multiplier=noise, seed=seed, generator=generator,
+                           expected_batch_size=expected_b)
+        dp.backward(F.cross_entropy(model(x), y))
+        dp.remove()
+        return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double()
+
+    clean = grads(0.0)
+    gen = torch.Generator(device=device).manual_seed(11)
+    draws = torch.stack([grads(sigma, generator=gen) - clean for _ in range(20)])  # 20 x 4680
+    std = sigma * c / expected_b
+    n = draws.numel()
+    assert abs(draws.mean().item()) < 5 * std / math.sqrt(n)
+    assert abs(draws.std().item() / std - 1.0) < 0.02
+    assert abs((draws.abs() < std).double().mean().item() - 0.6827) < 0.01
+    # independent draws across steps; one seed gives one sequence
+    corr = torch.corrcoef(draws[:2])[0, 1].item()
+    assert abs(corr) < 5 / math.sqrt(draws.shape[1])
+    a, b = grads(sigma, seed=5), grads(sigma, seed=5)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, grads(sigma, seed=6))
+
+
+def test_unsupported_layers_are_named():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(1, 2, 3)
+            self.fc = nn.Linear(8, 2)
+
+    with pytest.raises(ValueError) as e:
+        privacy.DPSGD(Net(), None, max_grad_norm=1.0, noise_multiplier=1.0)
+    assert str(e.value) == ("fusekit.privacy: layer 'conv1' (Conv2d) has trainable parameters and is not "
+                            "supported; supported: Linear, FusedLinear")
+
+    nested = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.LayerNorm(4), nn.Linear(4, 2)))
+    with pytest.raises(ValueError, match=r"layer '1\.0' \(LayerNorm\) has trainable parameters"):
+        privacy.DPSGD(nested, None, max_grad_norm=1.0, noise_multiplier=1.0)
+    nested[1][0].requires_grad_(False)  # frozen: allowed
+    privacy.DPSGD(nested, None, max_grad_norm=1.0, noise_multiplier=1.0).remove()
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+            self.scale = nn.Parameter(torch.ones(3))
+
+    with pytest.raises(ValueError, match=r"layer '<model>' \(Scaled\) has trainable parameters"):
+        privacy.DPSGD(Scaled(), None, max_grad_norm=1.0, noise_multiplier=1.0)
+
+    lin = nn.Linear(3, 3)
+    lin.extra = nn.Parameter(torch.ones(1))
+    with pytest.raises(ValueError, match=r"layer '<model>' \(Linear\) has trainable parameters \['extra'\] "
+                                         r"besides weight and bias"):
+        privacy.DPSGD(lin, None, max_grad_norm=1.0, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="fusekit.privacy: the model has no trainable parameters"):
+        privacy.DPSGD(nn.Linear(2, 2).requires_grad_(False), None, max_grad_norm=1.0, noise_multiplier=1.0)
+
+
+@pytest.mark.parametrize("kwargs, exc, message", [
+    ({"max_grad_norm": 0.0}, ValueError, "max_grad_norm must be finite and > 0, got 0.0"),
+    ({"max_grad_norm": -1}, ValueError, "max_grad_norm must be finite and > 0, got -1"),
+    ({"max_grad_norm": float("inf")}, ValueError, "max_grad_norm must be finite and > 0, got inf"),
+    ({"max_grad_norm": "1"}, TypeError, "max_grad_norm must be a real number, got str"),
+    ({"noise_multiplier": -0.5}, ValueError, "noise_multiplier must be finite and >= 0, got -0.5"),
+    ({"noise_multiplier": float("nan")}, ValueError, "noise_multiplier must be finite and >= 0, got nan"),
+    ({"noise_multiplier": None}, TypeError, "noise_multiplier must be a real number, got NoneType"),
+    ({"expected_batch_size": 0}, ValueError, "expected_batch_size must be a number > 0 or None, got 0"),
+    ({"loss_reduction": "none"}, ValueError, "loss_reduction must be 'mean' or 'sum', got 'none'"),
+    ({"seed": 1, "generator": torch.Generator()}, ValueError, "give generator or seed, not both"),
+])
+def test_bad_arguments(kwargs, exc, message):
+    args = {"max_grad_norm": 1.0, "noise_multiplier": 1.0, **kwargs}
+    with pytest.raises(exc) as e:
+        privacy.DPSGD(nn.Linear(2, 2), None, **args)
+    assert str(e.value) == "fusekit.privacy: " + message
+    with pytest.raises(TypeError, match="fusekit.privacy: model must be a torch.nn.Module, got list"):
+        privacy.DPSGD([], None, max_grad_norm=1.0, noise_multiplier=1.0)
+
+
+def test_bad_usage():
+    model = nn.Linear(3, 2)
+    dp = privacy.DPSGD(model, None, max_grad_norm=1.0, noise_multiplier=0.0)
+    x = torch.randn(4, 3)
+    with torch.no_grad():
+        model(x)  # not recorded
+    with pytest.raises(RuntimeError, match="fusekit.privacy: no forward pass recorded"):
+        dp.backward(torch.zeros((), requires_grad=True))
+    with pytest.raises(ValueError, match="fusekit.privacy: loss must be a scalar tensor"):
+        dp.backward(model(x))
+    with pytest.raises(RuntimeError, match="fusekit.privacy: no optimizer was given"):
+        dp.step()
+    model(x)  # recorded, not in the loss: ignored
+    dp.backward(model(x).sum())
+    with pytest.raises(ValueError, match="layer '<model>' got a batch of 5 samples, another layer 4"):
+        dp.backward(model(x).sum() + model(torch.randn(5, 3)).sum())
+    with pytest.raises(ValueError, match=r"layer '<model>' got an input of shape \(3,\); DP-SGD needs a batch"):
+        dp.backward(model(torch.randn(3)).sum())
+    model(x)
+    dp.clear()
+    with pytest.raises(RuntimeError, match="no forward pass recorded"):
+        dp.backward(torch.zeros((), requires_grad=True))
+    dp.remove()
+    model(x).sum().backward()  # the plain model again: nothing recorded, plain gradients
+    with pytest.raises(RuntimeError, match="fusekit.privacy: this DPSGD was removed"):
+        dp.backward(model(x).sum())
+
+
+def _fused_linear():
+    try:
+        from fusekit.nn import FusedLinear
+    except ImportError as e:
+        pytest.skip(f"fusekit.nn.FusedLinear not available: {e}")
+    return FusedLinear
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh", "none"])
+def test_fused_linear(device, act):
+    """FusedLinear (float32 only: the fused layer has no float64 kernel) against the
+    same model built from nn.Linear and torch's activation, per-sample gradients
+    materialised in float64."""
+    fused_cls = _fused_linear()
+    torch.manual_seed(4)
+    fused = nn.Sequential(fused_cls(6, 16, activation=act, device=device), nn.Linear(16, 3, device=device))
+    torch_act = {"relu": nn.ReLU(), "gelu": nn.GELU(), "gelu_tanh": nn.GELU("tanh"), "none": nn.Identity()}[act]
+    plain = nn.Sequential(nn.Linear(6, 16), torch_act, nn.Linear(16, 3)).to(device)
+    with torch.no_grad():
+        for i, j in ((0, 0), (1, 2)):
+            plain[j].weight.copy_(fused[i].weight)
+            plain[j].bias.copy_(fused[i].bias)
+    x = torch.randn(12, 6, device=device)
+    x[2] *= 25.0
+    y = torch.randint(0, 3, (12,), device=device)
+    plain.double()
+    _, norms = reference_grads(plain, xent, x.double(), y, 1.0)
+    c = norms.median().item()
+    ref, _ = reference_grads(plain, xent, x.double(), y, c)
+    dp = privacy.DPSGD(fused, None, max_grad_norm=c, noise_multiplier=0.0)
+    dp.backward(xent(fused(x), y, "mean"))
+    for name, p in fused.named_parameters():
+        name = name.replace("1.", "2.", 1) if name.startswith("1.") else name
+        torch.testing.assert_close(p.grad.double(), ref[name], rtol=2e-4, atol=2e-5 * ref[name].abs().max().item())
+    torch.testing.assert_close(dp.per_sample_norms.double(), norms, rtol=2e-4, atol=0)
+
+
+def test_import_without_torch():
+    code = ("import sys; sys.modules['torch'] = None; import fusekit, fusekit.privacy; "
+            "print(fusekit.privacy.SUPPORTED_LAYERS)")
+    env = {**os.environ, "PYTHONPATH": str(Path(privacy.__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "Linear" in out.stdout
+
+
+def test_empty_batch_gives_noise_only():
+    """A Poisson-sampled batch can be empty: the clipped sum is zero, the gradient
+    is the noise over the expected batch size."""
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    empty_x, empty_y = torch.randn(0, 4), torch.zeros(0, dtype=torch.long)
+    with privacy.DPSGD(model, None, max_grad_norm=1.0, noise_multiplier=0.0, expected_batch_size=4,
+                       loss_reduction="sum") as dp:
+        dp.backward(F.cross_entropy(model(empty_x), empty_y, reduction="sum"))
+        assert all(torch.count_nonzero(p.grad) == 0 for p in model.parameters())
+        assert dp.per_sample_norms.shape == (0,)
+    with privacy.DPSGD(model, None, max_grad_norm=1.0, noise_multiplier=2.0, expected_batch_size=4, seed=0,
+                       loss_reduction="sum") as dp:
+        dp.backward(F.cross_entropy(model(empty_x), empty_y, reduction="sum"))
+        gen = torch.Generator().manual_seed(0)
+        for p in model.parameters():  # drawn in parameter order from the seeded generator
+            torch.testing.assert_close(p.grad, torch.randn(p.shape, generator=gen) * (2.0 * 1.0 / 4), rtol=0,
+                                       atol=1e-7)

@@ -181,8 +181,9 @@ def _make_shampoo():
         the batch of all matrices of one size. A float32 batch is recomputed in
         float64 (eigendecomposition) when the float32 call raises, returns a
         non-finite value, or fell back to the eigendecomposition with a condition
-        estimate ``max |A + eps I|_F / lambda_min`` above ``max_condition_f32``. When
-        the float64 attempt fails as well, the previous root is kept (a warning).
+        estimate ``max |A + eps I|_F / lambda_min`` above ``max_condition_f32``
+        (``max_condition_f32=0``: every float32 root straight in float64). When the
+        float64 attempt fails as well, the previous root is kept (a warning).
 
         Args:
             params: parameters or parameter groups.
@@ -200,13 +201,13 @@ def _make_shampoo():
             allow_tf32: TF32 tensor cores for float32 roots and preconditioning on
                 CUDA (about 1e-3 relative error in the roots).
             max_condition_f32: the float64 retry's condition threshold (see above;
-                0 sends every float32 root to float64).
+                0 computes every float32 root in float64).
             distributed: None (every root on this process), True (a communicator
                 over torch.distributed's default group from :func:`init_distributed`)
                 or a communicator (:class:`FusekitComm` or any object with ``rank``,
                 ``size``, ``all_gather``). Every rank must hold the same parameters
-                and gradients (after DDP's all-reduce); each computes its share of
-                the roots and the roots are all-gathered.
+                and gradients (after DDP's all-reduce), all of one dtype and device;
+                each computes its share of the roots and the roots are all-gathered.
         """
 
         def __init__(self, params, lr=1e-3, betas=(0.9, 1.0), epsilon=1e-12, precondition_frequency=1,
@@ -293,11 +294,11 @@ def _make_shampoo():
             S = torch.stack(mats)
             S.mul_(torch.tensor(scales, dtype=S.dtype, device=S.device).view(-1, 1, 1))
             out = None
-            if S.dtype == torch.float32:
+            if S.dtype == torch.float32 and self.max_condition_f32 > 0:
                 try:
                     X, rep = _fo.matrix_power(S, -0.25, eps, method="auto", allow_tf32=self.allow_tf32,
-                                          return_report=True)
-                    ok = bool(torch.isfinite(X).all())
+                                              return_report=True)
+                    ok = rep.converged and bool(torch.isfinite(X).all())
                     if ok and rep.method == "eigh":
                         top = float(torch.linalg.matrix_norm(S).max()) + eps
                         lo = rep.min_eigenvalue
@@ -305,19 +306,21 @@ def _make_shampoo():
                     out = X if ok else None
                 except FusekitError:
                     out = None
-                if out is None:
-                    self.root_stats["float64_retries"] += len(mats)
-                    S = S.double()
+            if out is None and S.dtype == torch.float32:
+                self.root_stats["float64_retries"] += len(mats)
+                S = S.double()
             if out is None:
+                why = "a non-finite result"
                 try:
                     X = _fo.matrix_power(S, -0.25, eps, method="eigh")
                     if bool(torch.isfinite(X).all()):
                         out = X.to(mats[0].dtype)
                 except FusekitError as e:
-                    warnings.warn(f"fusekit.optim.Shampoo: a root failed in {S.dtype} ({e}); keeping the "
-                                  "previous roots of this batch", RuntimeWarning, stacklevel=4)
+                    why = str(e)
             self.root_stats["computed"] += len(mats)
             if out is None:
+                warnings.warn(f"fusekit.optim.Shampoo: {len(mats)} root(s) of side {S.shape[-1]} failed in "
+                              f"{S.dtype} ({why}); keeping their previous roots", RuntimeWarning, stacklevel=4)
                 self.root_stats["kept"] += len(mats)
                 return [None] * len(mats)
             return list(out.unbind(0))
@@ -330,6 +333,9 @@ def _make_shampoo():
                 return
             comm = self.comm
             world = comm.size if comm is not None else 1
+            ref = jobs[0][3]
+            if world > 1 and any(j[3].dtype != ref.dtype or j[3].device != ref.device for j in jobs):
+                raise _bad("params", "must share one dtype and device when the roots are distributed")
             owner = assign_roots([float(j[0].shape[0]) ** 3 for j in jobs], world) if world > 1 else [0] * len(jobs)
             me = comm.rank if world > 1 else 0
             mine = [i for i in range(len(jobs)) if owner[i] == me]
@@ -355,10 +361,6 @@ def _make_shampoo():
                 offset[i] = sizes[owner[i]]
                 sizes[owner[i]] += j[3].numel()
             shard = max(sizes)
-            ref = jobs[0][3]
-            for j in jobs:
-                if j[3].dtype != ref.dtype or j[3].device != ref.device:
-                    raise _bad("params", "must share one dtype and device when the roots are distributed")
             send = torch.zeros(shard, dtype=ref.dtype, device=ref.device)
             for i in mine:
                 n = jobs[i][3].numel()

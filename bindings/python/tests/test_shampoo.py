@@ -241,10 +241,23 @@ def test_float64_retry_after_an_error_and_kept_root(monkeypatch):
 
     monkeypatch.setattr(fusekit.ops.optim, "matrix_power", all_fail)
     before = [r.clone() for r in opt.state[ps[0]]["L_root"]]
-    with pytest.warns(RuntimeWarning, match="keeping the previous roots"):
+    with pytest.warns(RuntimeWarning, match=r"failed in torch.float64 \(matrix_power: injected failure.*keeping "
+                                            r"their previous roots"):
         train(opt, ps, 1, "cpu", torch.float32)
     assert all(torch.equal(a, b) for a, b in zip(before, opt.state[ps[0]]["L_root"]))
-    assert opt.root_stats["kept"] > 0
+    kept = opt.root_stats["kept"]
+    assert kept > 0
+
+    def nan_roots(a, *args, return_report=False, **kwargs):
+        out, rep = real(a, *args, return_report=True, **kwargs)
+        out.fill_(float("nan"))
+        return (out, rep) if return_report else out
+
+    monkeypatch.setattr(fusekit.ops.optim, "matrix_power", nan_roots)
+    with pytest.warns(RuntimeWarning, match="failed in torch.float64 \\(a non-finite result\\)"):
+        train(opt, ps, 1, "cpu", torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(before, opt.state[ps[0]]["L_root"]))
+    assert opt.root_stats["kept"] > kept
 
 
 def test_blocking_and_one_dimensional_params():
@@ -359,6 +372,23 @@ def test_distributed_split_matches_one_process(world):
     for q, _, _ in results:
         for a, b in zip(ps, q):
             assert torch.equal(a.detach(), b.detach())
+
+
+def test_distributed_needs_one_dtype_and_device():
+    class OneOfTwo:
+        rank, size = 0, 2
+
+        def all_gather(self, send, recv):
+            raise AssertionError("not reached")
+
+    ps = make_params(torch.float32, "cpu")
+    q = torch.zeros(4, 4, dtype=torch.float64, requires_grad=True)
+    opt = Shampoo(ps + [q], distributed=OneOfTwo())
+    x, y = data("cpu", torch.float32)
+    loss_fn(ps, x, y).backward()
+    q.grad = torch.ones_like(q)
+    with pytest.raises(fusekit.InvalidArgumentError, match="params must share one dtype and device when the roots"):
+        opt.step()
 
 
 # ---------------------------------------------------------------------------

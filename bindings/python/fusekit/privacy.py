@@ -156,6 +156,7 @@ class DPSGD:
         self._handles = [m.register_forward_hook(self._hook) for _, m, _ in self._layers]
         self.per_sample_norms = None
         self.clip_factors = None
+        self._flat, self._views = [], None  # the gradient buffers (see _noise)
 
     # -- hooks ---------------------------------------------------------------
 
@@ -189,8 +190,10 @@ class DPSGD:
 
     def backward(self, loss) -> None:
         """Writes the private gradient into ``p.grad`` of every trainable parameter
-        (replacing what was there) from the recorded forward passes that led to
-        ``loss`` (a scalar). Use it instead of ``loss.backward()``."""
+        from the recorded forward passes that led to ``loss`` (a scalar). Use it
+        instead of ``loss.backward()``. ``p.grad`` is replaced, not accumulated: it
+        becomes a view of a buffer this object keeps and overwrites at each call
+        (clone it to keep it)."""
         import torch
 
         if self._handles is None:
@@ -238,62 +241,66 @@ class DPSGD:
         # per-sample squared norms of the whole gradient (of sum-reduced losses)
         scale = float(batch) if self.loss_reduction == "mean" else 1.0
         acc = torch.float64 if any(g.dtype == torch.float64 for _, _, g in layers) else torch.float32
-        sq = torch.zeros(batch, dtype=acc, device=layers[0][2].device)
+        parts, bias_grads = [], []
         for module, a, g in layers:
             if module.weight.requires_grad:
-                sq.add_(_weight_sq_norms(a, g))
+                parts.append(_weight_sq_norms(a, g).to(acc))
+            gb = None
             if module.bias is not None and module.bias.requires_grad:
-                gb = g if g.dim() == 2 else g.sum(1)
-                sq.add_(torch.linalg.vector_norm(gb, dim=1, dtype=acc).square_())
-        norms = sq.sqrt_().mul_(scale)
+                gb = g if g.dim() == 2 else g.sum(1)  # sample i's bias gradient: sum_t g_it
+                gf = gb.to(acc)
+                parts.append(torch.linalg.vecdot(gf, gf))
+            bias_grads.append(gb)
+        sq = parts[0] if len(parts) == 1 else torch.stack(parts).sum(0)
+        norms = sq.sqrt().mul_(scale)
         c = self.max_grad_norm
         denom = self.expected_batch_size if self.expected_batch_size is not None else float(batch)
-        # min(1, C / |G_i|) = C / max(|G_i|, C); the loss scale and 1/B ride along on g
-        factors = norms.clamp_min(c).reciprocal_().mul_(c)
-        weights = factors * (scale / denom)
+        factors = norms.clamp_min(c).reciprocal_().mul_(c)  # min(1, C / |G_i|) = C / max(|G_i|, C)
+        weights = factors * (scale / denom)  # the loss scale and 1/D ride along
         self.per_sample_norms, self.clip_factors = norms, factors
 
-        std = self.noise_multiplier * c / denom
-        done = set()
-        for module, a, g in layers:
-            gs = g * weights.to(g.dtype).reshape((batch,) + (1,) * (g.dim() - 1))
-            gs = gs.reshape(-1, gs.shape[-1])
+        grads = self._noise(self.noise_multiplier * c / denom)
+        for (module, a, g), gb in zip(layers, bias_grads):
             if module.weight.requires_grad:
-                buf = self._grad_buffer(module.weight, std)
-                g2, a2 = gs.t().to(buf.dtype), a.reshape(-1, a.shape[-1]).to(buf.dtype)
-                if std:
-                    buf.addmm_(g2, a2)
-                else:
-                    torch.mm(g2, a2, out=buf)
-                done.add(id(module.weight))
-            if module.bias is not None and module.bias.requires_grad:
-                buf = self._grad_buffer(module.bias, std)
-                if std:
-                    buf.add_(gs.sum(0).to(buf.dtype))
-                else:
-                    buf.copy_(gs.sum(0))
-                done.add(id(module.bias))
-        for p in self.params:  # layers the loss does not reach: zero per-sample gradients, noise only
-            if id(p) not in done:
-                buf = self._grad_buffer(p, std)
-                if not std:
-                    buf.zero_()
+                buf = grads[id(module.weight)]
+                gs = g * weights.to(g.dtype).reshape((batch,) + (1,) * (g.dim() - 1))
+                buf.addmm_(gs.reshape(-1, gs.shape[-1]).t().to(buf.dtype), a.reshape(-1, a.shape[-1]).to(buf.dtype))
+            if gb is not None:
+                buf = grads[id(module.bias)]
+                buf.addmv_(gb.t().to(buf.dtype), weights.to(buf.dtype))
 
-    def _grad_buffer(self, p, std):
-        """``p.grad`` (allocated when missing or unfit), filled with N(0, std^2)
-        when ``std > 0``, else left to be overwritten."""
+    def _noise(self, std):
+        """Sets every trainable parameter's ``p.grad`` to its view of one flat buffer
+        per (device, dtype), kept across steps, and fills the buffers with
+        N(0, std^2) (zeros for ``std = 0``): one random-number call per buffer.
+        Returns {id(p): p.grad}."""
         import torch
 
-        grad = p.grad
-        if grad is None or grad.shape != p.shape or grad.dtype != p.dtype or grad.device != p.device \
-                or not grad.is_contiguous():
-            grad = torch.empty_like(p, memory_format=torch.contiguous_format)
-            p.grad = grad
-        else:
-            grad = grad.detach()
-        if std:
-            grad.normal_(0.0, std, generator=self.generator)
-        return grad
+        views = self._views
+        if views is None or any(views[id(p)].device != p.device or views[id(p)].dtype != p.dtype
+                                for p in self.params):
+            groups = {}
+            for p in self.params:
+                groups.setdefault((p.device, p.dtype), []).append(p)
+            self._flat, views = [], {}
+            for (device, dtype), ps in groups.items():
+                flat = torch.empty(sum(p.numel() for p in ps), device=device, dtype=dtype)
+                self._flat.append(flat)
+                offset = 0
+                for p in ps:
+                    views[id(p)] = flat[offset:offset + p.numel()].view(p.shape)
+                    offset += p.numel()
+            self._views = views
+        for flat in self._flat:
+            if std:
+                flat.normal_(0.0, std, generator=self.generator)
+            else:
+                flat.zero_()
+        for p in self.params:
+            v = views[id(p)]
+            if p.grad is not v:
+                p.grad = v
+        return views
 
     @staticmethod
     def _pre_activation_grad(module, act, a, y, gy):

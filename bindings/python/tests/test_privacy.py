@@ -332,7 +332,37 @@ def test_empty_batch_gives_noise_only():
     with privacy.DPSGD(model, None, max_grad_norm=1.0, noise_multiplier=2.0, expected_batch_size=4, seed=0,
                        loss_reduction="sum") as dp:
         dp.backward(F.cross_entropy(model(empty_x), empty_y, reduction="sum"))
-        gen = torch.Generator().manual_seed(0)
-        for p in model.parameters():  # drawn in parameter order from the seeded generator
-            torch.testing.assert_close(p.grad, torch.randn(p.shape, generator=gen) * (2.0 * 1.0 / 4), rtol=0,
-                                       atol=1e-7)
+        noise = torch.randn(sum(p.numel() for p in model.parameters()), generator=torch.Generator().manual_seed(0))
+        flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])  # one draw, in parameter order
+        torch.testing.assert_close(flat, noise * (2.0 * 1.0 / 4), rtol=0, atol=1e-7)
+
+
+def test_gradient_buffers_across_steps_and_a_dtype_change():
+    """p.grad is a view of DPSGD's buffer, rewritten each step (also after the
+    optimizer set it to None or zeroed it); converting the model rebuilds it."""
+    model = mlp(dtype=torch.float32)
+    plain = mlp(dtype=torch.float64)  # the reference's copy, without hooks
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    dp = privacy.DPSGD(model, opt, max_grad_norm=0.5, noise_multiplier=0.0)
+    x = torch.randn(8, 6, dtype=torch.float64)
+    y = torch.randint(0, 4, (8,))
+    views = None
+    for set_to_none in (True, False, True):
+        plain.load_state_dict(model.state_dict())
+        ref, _ = reference_grads(plain, xent, x, y, 0.5)
+        opt.zero_grad(set_to_none=set_to_none)
+        dp.step(xent(model(x.float()), y, "mean"))
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(p.grad.double(), ref[name], rtol=1e-5, atol=1e-7)
+        if views is not None:
+            assert all(p.grad is v for p, v in zip(model.parameters(), views))
+        views = [p.grad for p in model.parameters()]
+    model.double()
+    plain.load_state_dict(model.state_dict())
+    ref, _ = reference_grads(plain, xent, x, y, 0.5)
+    opt.zero_grad(set_to_none=False)
+    dp.backward(xent(model(x), y, "mean"))
+    for name, p in model.named_parameters():
+        assert p.grad.dtype == torch.float64
+        torch.testing.assert_close(p.grad, ref[name], rtol=1e-10, atol=1e-14)
+    dp.remove()

@@ -33,7 +33,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bindings", "python"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "bindings", "python"))
+sys.path.insert(0, HERE)
+import bench_linalg  # noqa: E402  (its CUDA-event median)
 import fusekit.privacy  # noqa: E402
 
 try:
@@ -64,9 +67,6 @@ def median_ms(fn, device, samples, warmup, inner):
     for _ in range(warmup):
         fn()
     if device.type == "cuda":
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import bench_linalg
-
         return bench_linalg.median_ms(fn, samples=samples, inner=inner, warmup=0)
     times = []
     for _ in range(samples):

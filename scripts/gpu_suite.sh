@@ -59,6 +59,9 @@ for t in gpu_capture gpu_elementwise gpu_geodesic gpu_gaussian gpu_linalg gpu_op
   [ -x "$B/bin/$t" ] && sel "$t" && step "$t" 600 "$B/bin/$t" --test-threads=1 --nocapture
 done
 sel c_tests && step c_tests 300 env FK_TEST_DEVICE=cuda bash tests/c/run.sh
+# the complex128 crash's root cause in plain C (docs/linalg.md): aligned scalars pass,
+# a cuDoubleComplex alpha/beta at 8 mod 16 faults in cuBLAS
+sel c128_alignment && step c128_alignment 300 bash -c 'nvcc -O1 -o /tmp/c128_scalar_alignment tests/c/c128_scalar_alignment.cu -lcublas && /tmp/c128_scalar_alignment'
 sel python && step python 900 python3 -m pytest -q -x bindings/python/tests tests/test_bindings_complete.py
 sel torch_extension && [ -d bindings/cpp/torch_extension ] && \
   step torch_extension 900 python3 -m pytest -q bindings/cpp/torch_extension

@@ -6,8 +6,8 @@
 //!
 //! Covered: GEMM for every dtype and op pair on odd and aligned sizes, batches and
 //! broadcasts, padded leading dimensions, beta = 0 over NaN, TF32 (tolerance 1e-3);
-//! complex128 through fusekit's own kernel (with `FK_CUDA_C128_GEMM=1`, through
-//! cuBLAS case by case for scripts/diag_c128.sh); the fused linear layer forward (cuBLASLt epilogues and the
+//! complex128 through cuBLAS's ZGEMM, including the sequence that used to crash
+//! (docs/linalg.md); the fused linear layer forward (cuBLASLt epilogues and the
 //! forced fallback) and backward per dtype and activation; the Kronecker product
 //! (every store width, outputs aligned to 16 bytes, to the element or to a complex
 //! component, odd widths, batches, strided inputs); the chunked GEMM with pinned host
@@ -128,23 +128,12 @@ fn gemm_oracle_c64() {
     gemm_sweep(FK_DTYPE_C64);
 }
 
-fn c128_opt_in() -> bool {
-    std::env::var("FK_CUDA_C128_GEMM").as_deref() == Ok("1")
-}
-
-/// complex128 stays off cuBLAS's ZGEMM (it crashed the process in testing): small
-/// products run fusekit's tiled kernel, large ones four f64 GEMMs on split planes.
-/// Every op pair, odd sizes across several tiles, batches, broadcasts, padded rows,
-/// beta = 0 over NaN, k = 0, against the CPU oracle.
+/// complex128 through cuBLAS (`cublasGemmStridedBatchedEx`, CUDA_C_64F): every op
+/// pair, odd sizes, batches, broadcasts, padded rows, beta = 0 over NaN, k = 0, and
+/// products large enough for cuBLAS's tensor-core kernels, against the CPU oracle.
 #[test]
 fn gemm_oracle_c128() {
-    if c128_opt_in() {
-        println!("SKIPPED: FK_CUDA_C128_GEMM=1 sends complex128 to cuBLAS (diagnosis)");
-        return;
-    }
     gemm_sweep(FK_DTYPE_C128);
-    // the four-real-GEMM route (m*n*k >= 2^18) with conjugates, batches, a broadcast
-    // operand, padded rows, beta = 0 over NaN, also under the sanitizer
     let Some(g) = gpu() else { return };
     let cpu = Ctx::cpu();
     let mut rng = Rng::new(1128);
@@ -162,49 +151,26 @@ fn gemm_oracle_c128() {
     }
 }
 
-/// Diagnosis of the complex128 crash (scripts/diag_c128.sh), only with
-/// `FK_CUDA_C128_GEMM=1` (complex128 through cuBLAS): the complex128 sweep (the
-/// cases of every other dtype, and first a 5x4x3 product), each announced before it runs
-/// so that a crash names its case; `FK_C128_FROM=i` starts at case i (to go on
-/// after a crash). Prints the cuBLAS libraries the process mapped.
+/// The sequence that crashed the process (SIGSEGV in cublasLtZZZMatmul) while
+/// fusekit passed complex128 alpha / beta as an 8-byte aligned `[f64; 2]`: a 5x4x3
+/// product, then 1x1x1 products and the rest of the complex128 sweep, each with
+/// complex alpha and beta. cuBLAS loads these scalars with 16-byte aligned loads
+/// (tests/c/c128_scalar_alignment.cu reproduces the fault in C).
 #[test]
-fn gemm_c128_opt_in_cases() {
-    if !c128_opt_in() {
-        println!("SKIPPED: set FK_CUDA_C128_GEMM=1 (diagnosis of the complex128 crash)");
-        return;
-    }
+fn gemm_c128_sequence_that_crashed() {
     let Some(g) = gpu() else { return };
     let cpu = Ctx::cpu();
     let mut rng = Rng::new(128);
     let mut cases = vec![GemmCase::new(FK_DTYPE_C128, FK_OP_N, FK_OP_N, 5, 4, 3)];
     cases.extend(gemm_cases(FK_DTYPE_C128));
-    let from: usize = std::env::var("FK_C128_FROM")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    use std::io::Write;
-    for (i, c) in cases.iter().enumerate() {
-        if i < from {
-            let _ = c.data(&mut rng);
-            continue;
-        }
-        print!("c128 case {i}/{}: {} ... ", cases.len(), c.describe());
-        std::io::stdout().flush().unwrap();
+    let unit = |c: &GemmCase| (c.m, c.n, c.k) == (1, 1, 1);
+    assert!(
+        cases.iter().skip(1).any(unit),
+        "the sequence must contain a 1x1x1 product after others"
+    );
+    for c in &cases {
         gemm_vs_cpu(&g, &cpu, c, &mut rng, tol_of(FK_DTYPE_C128), null());
-        println!("ok");
-        if i == from {
-            let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-            let mut libs: Vec<&str> = maps
-                .lines()
-                .filter_map(|l| l.split_whitespace().nth(5))
-                .filter(|p| p.contains("cublas"))
-                .collect();
-            libs.sort();
-            libs.dedup();
-            println!("cuBLAS libraries mapped: {libs:?}");
-        }
     }
-    println!("c128 cases: all {} from {from} ok", cases.len());
 }
 
 #[test]

@@ -97,9 +97,7 @@ fn activation(v: fk_activation) -> Result<Activation> {
 ///   every matrix of `c`'s batch; otherwise the batches must match.
 /// - dtypes: f16, bf16 (f32 accumulation), f32, f64, complex64, complex128; `a`,
 ///   `b`, `c` share one. `alpha`, `beta`: `im` must be 0 for real dtypes.
-///   On CUDA complex128 stays off cuBLAS's ZGEMM (it crashed the process in
-///   testing; docs/linalg.md): four f64 GEMMs on split planes (workspace from the
-///   context's pool) or, for small products, fusekit's own kernel.
+///   On CUDA every dtype runs in cuBLAS (complex128 in its ZGEMM).
 /// - `flags`: 0 or `FK_GEMM_ALLOW_TF32`.
 /// - Layout, aliasing, streams and statuses: see the module rules; `k = 0` gives
 ///   `C = beta C`.

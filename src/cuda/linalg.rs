@@ -70,229 +70,7 @@ fn linear_kernel(d: DType, names: [&'static str; 3]) -> &'static str {
 pub fn gemm(dev: &CudaDevice, p: &GemmPlan, stream: &Stream) -> Result<()> {
     let slot = slot_of(dev, stream)?;
     let g = slot.lock().unwrap_or_else(|e| e.into_inner());
-    gemm_on(dev, &g, p, true)
-}
-
-/// One GEMM on the slot's stream: cuBLAS, except complex128, which stays off
-/// cuBLAS's ZGEMM (it crashed the process in testing, docs/linalg.md;
-/// `FK_CUDA_C128_GEMM=1` sends it there, for diagnosis): large products as four f64
-/// GEMMs on split planes when `planar` allows the workspace (`zgemm_planar`), else
-/// fusekit's tiled kernel (`zgemm`).
-fn gemm_on(dev: &CudaDevice, slot: &Slot, p: &GemmPlan, planar: bool) -> Result<()> {
-    if p.dtype != DType::C128 || crate::ops::linalg::c128_cublas() {
-        return cublas::gemm_ex(slot, p);
-    }
-    if planar && p.m * p.n * p.k >= ZGEMM_PLANAR_MIN && zgemm_planar(dev, slot, p)? {
-        return Ok(());
-    }
-    zgemm(dev, p, slot.stream)
-}
-
-/// `m*n*k` from which complex128 takes the four-GEMM route (below it the launches
-/// and the plane copies cost more than the tiled kernel's slower arithmetic).
-const ZGEMM_PLANAR_MIN: i64 = 1 << 18;
-
-#[repr(C)]
-struct ZSplitArgs {
-    rows: i64,
-    cols: i64,
-    nb: i64,
-    ld: i64,
-    bs: i64,
-    src: u64,
-    re: u64,
-    im: u64,
-    conj: i32,
-}
-
-#[repr(C)]
-struct ZCombineArgs {
-    m: i64,
-    n: i64,
-    batch: i64,
-    ldc: i64,
-    sc: i64,
-    c: u64,
-    pr: u64,
-    pi: u64,
-    alpha_re: f64,
-    alpha_im: f64,
-    beta_re: f64,
-    beta_im: f64,
-    beta_zero: i32,
-}
-
-/// complex128 `C = alpha op(A) op(B) + beta C` as real f64 GEMMs through cuBLAS
-/// (FP64 tensor cores): `op(A)`, `op(B)` split into real and imaginary planes
-/// (conjugation negates the imaginary plane), `Pr = Ar Br - Ai Bi`,
-/// `Pi = Ar Bi + Ai Br`, then `C = alpha P + beta C`. Returns `false` (nothing
-/// queued) when the workspace, `16 (|A| + |B| + |C|)` bytes, cannot be allocated.
-fn zgemm_planar(dev: &CudaDevice, slot: &Slot, p: &GemmPlan) -> Result<bool> {
-    let stream = slot.stream;
-    let count = |m: &Mat| if m.batch_stride == 0 { 1 } else { p.batch };
-    let (na, nb) = (count(&p.a), count(&p.b));
-    let sz_a = p.a.rows * p.a.cols;
-    let sz_b = p.b.rows * p.b.cols;
-    let sz_c = p.m * p.n;
-    let elems = 2 * (na * sz_a + nb * sz_b + p.batch * sz_c);
-    let ws = match super::Workspace::new(dev, elems as usize * 8, stream) {
-        Ok(w) => w,
-        Err(e) if e.status == FK_ERROR_OUT_OF_MEMORY => return Ok(false),
-        Err(e) => return Err(e),
-    };
-    let at = |off: i64| ws.ptr + off as u64 * 8;
-    let (ar, ai) = (at(0), at(na * sz_a));
-    let (br, bi) = (at(2 * na * sz_a), at(2 * na * sz_a + nb * sz_b));
-    let (pr, pi) = (
-        at(2 * (na * sz_a + nb * sz_b)),
-        at(2 * (na * sz_a + nb * sz_b) + p.batch * sz_c),
-    );
-    for (m, n, op, re, im) in [(&p.a, na, p.op_a, ar, ai), (&p.b, nb, p.op_b, br, bi)] {
-        let mut args = ZSplitArgs {
-            rows: m.rows,
-            cols: m.cols,
-            nb: n,
-            ld: m.ld,
-            bs: m.batch_stride,
-            src: m.ptr as u64,
-            re,
-            im,
-            conj: (op == Trans::C) as i32,
-        };
-        launch(
-            dev,
-            MODULE,
-            "zsplit_c128",
-            (grid_for(dev, n * m.rows * m.cols), 1, 1),
-            (BLOCK, 1, 1),
-            0,
-            stream,
-            &mut [&mut args as *mut ZSplitArgs as *mut c_void],
-        )?;
-    }
-    // conjugation is in the planes now: the real GEMMs transpose or not
-    let real_op = |t: Trans| if t == Trans::N { Trans::N } else { Trans::T };
-    let plane = |ptr: u64, m: &Mat, n: i64| {
-        let bs = if n > 1 { m.rows * m.cols } else { 0 };
-        dense(ptr as usize, m.rows, m.cols, bs)
-    };
-    let out = |ptr: u64| dense(ptr as usize, p.m, p.n, sz_c);
-    for (x, y, dst, alpha, beta) in [
-        (ar, br, pr, 1.0, 0.0),
-        (ai, bi, pr, -1.0, 1.0),
-        (ar, bi, pi, 1.0, 0.0),
-        (ai, br, pi, 1.0, 1.0),
-    ] {
-        cublas::gemm_ex(
-            slot,
-            &GemmPlan::new(
-                DType::F64,
-                real_op(p.op_a),
-                plane(x, &p.a, na),
-                real_op(p.op_b),
-                plane(y, &p.b, nb),
-                out(dst),
-                alpha,
-                beta,
-                p.batch,
-                false,
-            ),
-        )?;
-    }
-    let mut args = ZCombineArgs {
-        m: p.m,
-        n: p.n,
-        batch: p.batch,
-        ldc: p.c.ld,
-        sc: p.c.batch_stride,
-        c: p.c.ptr as u64,
-        pr,
-        pi,
-        alpha_re: p.alpha.re,
-        alpha_im: p.alpha.im,
-        beta_re: p.beta.re,
-        beta_im: p.beta.im,
-        beta_zero: (p.beta.re == 0.0 && p.beta.im == 0.0) as i32,
-    };
-    launch(
-        dev,
-        MODULE,
-        "zcombine_c128",
-        (grid_for(dev, p.batch * sz_c), 1, 1),
-        (BLOCK, 1, 1),
-        0,
-        stream,
-        &mut [&mut args as *mut ZCombineArgs as *mut c_void],
-    )?;
-    Ok(true)
-}
-
-#[repr(C)]
-struct ZgemmArgs {
-    m: i64,
-    n: i64,
-    k: i64,
-    batch: i64,
-    a: u64,
-    b: u64,
-    c: u64,
-    lda: i64,
-    ldb: i64,
-    ldc: i64,
-    sa: i64,
-    sb: i64,
-    sc: i64,
-    alpha_re: f64,
-    alpha_im: f64,
-    beta_re: f64,
-    beta_im: f64,
-    op_a: i32,
-    op_b: i32,
-    beta_zero: i32,
-}
-
-fn zgemm(dev: &CudaDevice, p: &GemmPlan, stream: usize) -> Result<()> {
-    const ZT: i64 = 16;
-    let mut args = ZgemmArgs {
-        m: p.m,
-        n: p.n,
-        k: p.k,
-        batch: p.batch,
-        a: p.a.ptr as u64,
-        b: p.b.ptr as u64,
-        c: p.c.ptr as u64,
-        lda: p.a.ld,
-        ldb: p.b.ld,
-        ldc: p.c.ld,
-        sa: p.a.batch_stride,
-        sb: p.b.batch_stride,
-        sc: p.c.batch_stride,
-        alpha_re: p.alpha.re,
-        alpha_im: p.alpha.im,
-        beta_re: p.beta.re,
-        beta_im: p.beta.im,
-        op_a: p.op_a as i32, // the discriminants are the kernel's codes
-        op_b: p.op_b as i32,
-        beta_zero: (p.beta.re == 0.0 && p.beta.im == 0.0) as i32,
-    };
-    let gx = (p.n + ZT - 1) / ZT;
-    let gy = ((p.m + ZT - 1) / ZT).min(65535);
-    crate::ensure!(
-        gx <= u32::MAX as i64,
-        crate::error::FK_ERROR_UNSUPPORTED,
-        "complex128 GEMM with n = {} is too wide for one launch",
-        p.n
-    );
-    launch(
-        dev,
-        MODULE,
-        "zgemm_c128",
-        (gx as u32, gy as u32, p.batch.min(65535) as u32),
-        (ZT as u32, ZT as u32, 1),
-        0,
-        stream,
-        &mut [&mut args as *mut ZgemmArgs as *mut c_void],
-    )
+    cublas::gemm_ex(&g, p)
 }
 
 /// Mirrors `struct EpiArgs`.
@@ -1054,7 +832,6 @@ trait Queue {
 }
 
 struct CudaQueue<'a> {
-    dev: &'a CudaDevice,
     slot: &'a Slot,
     up: usize,
     down: usize,
@@ -1087,8 +864,7 @@ impl Queue for CudaQueue<'_> {
         copy2d(to_device, host, host_pitch, dev, dev_pitch, width, rows, s)
     }
     fn gemm(&mut self, p: &GemmPlan) -> Result<()> {
-        // no planar workspace here: the chunked GEMM's device memory stays in budget
-        gemm_on(self.dev, self.slot, p, false)
+        cublas::gemm_ex(self.slot, p)
     }
     fn record(&mut self, ev: usize, lane: Lane) -> Result<()> {
         record(self.ev[ev], self.stream(lane))
@@ -1407,7 +1183,6 @@ pub fn gemm_chunked(dev: &CudaDevice, p: &GemmPlan, budget: u64, stream: &Stream
     let ev = Events::new(pipeline_events(t.depth))?;
     st.base = dev.alloc_async(st.total, stream.raw)?;
     let mut q = CudaQueue {
-        dev,
         slot: &g,
         up,
         down,

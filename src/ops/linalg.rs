@@ -408,16 +408,6 @@ pub fn gemm_chunked(
     }
 }
 
-/// Whether complex128 GEMMs on CUDA go to cuBLAS (`FK_CUDA_C128_GEMM=1`, for
-/// diagnosis only: `scripts/diag_c128.sh`) instead of fusekit's own kernel. With
-/// cuBLAS 13.0 on the H100, `cublasGemmStridedBatchedEx` (CUDA_C_64F) crashed the
-/// process (SIGSEGV) on 1 x 1 x 1 products after others in the same process, while
-/// the same calls in a fresh process passed (docs/linalg.md).
-pub(crate) fn c128_cublas() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FK_CUDA_C128_GEMM").as_deref() == Ok("1"))
-}
-
 // ------------------------------------------------------------------ fused linear
 
 /// What the backends execute for `y = act(x W^T + b)`: `x [m, k]`, `W [n, k]`,

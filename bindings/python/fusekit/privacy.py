@@ -248,8 +248,7 @@ class DPSGD:
             gb = None
             if module.bias is not None and module.bias.requires_grad:
                 gb = g if g.dim() == 2 else g.sum(1)  # sample i's bias gradient: sum_t g_it
-                gf = gb.to(acc)
-                parts.append(torch.linalg.vecdot(gf, gf))
+                parts.append(torch.linalg.vector_norm(gb, dim=1, dtype=acc).square_())  # one read of gb
             bias_grads.append(gb)
         sq = parts[0] if len(parts) == 1 else torch.stack(parts).sum(0)
         norms = sq.sqrt().mul_(scale)

@@ -2,13 +2,25 @@
 //!
 //! Images are compiled for the device's exact architecture (`sm_XY`), never PTX: PTX
 //! from an NVRTC newer than the driver would fail to load. Compiled images are
-//! cached on disk (key: SHA-256 over the source, the options, the NVRTC version and
-//! the architecture; written to a temporary file and renamed, so readers never see
-//! a partial image) and in memory per context (`CudaDevice`).
+//! cached on disk (key: SHA-256 over the source, the options with the CUDA include
+//! folder's location left out, the NVRTC version and the architecture; written to a
+//! temporary file and renamed, so readers never see a partial image) and in memory
+//! per context (`CudaDevice`).
+//!
+//! Prebuilt images: a read-only folder `fusekit-kernels` next to the loaded library
+//! (the Python wheel ships one with every module for sm_80 and sm_90) holds images
+//! named exactly as the disk cache names them, plus a file `nvrtc-version` (e.g.
+//! `13.0`, the NVRTC that made them, which enters the key). It is searched first,
+//! before the disk cache and without loading NVRTC; an architecture or a source it
+//! lacks compiles at run time as usual. Made by `store_prebuilt` (the kernel compile
+//! test, tests/kernels_compile.rs, with `FK_PREBUILT_OUT`).
 //!
 //! Environment:
 //! - `FK_CACHE_DIR`: cache directory (default `$XDG_CACHE_HOME/fusekit` or
-//!   `~/.cache/fusekit`); `FK_CACHE_DISABLE=1` switches the disk cache off.
+//!   `~/.cache/fusekit`); `FK_CACHE_DISABLE=1` switches the disk cache and the
+//!   prebuilt images off (every module compiles in each process).
+//! - `FK_PREBUILT_DIR`: a prebuilt-images folder to search instead of the one next
+//!   to the library.
 //! - `FK_CUDA_INCLUDE`: folder holding `cuda_fp16.h`; otherwise `CUDA_HOME`,
 //!   `CUDA_PATH`, `/usr/local/cuda`, and the `nvidia-cuda-runtime` wheel are searched.
 //! - `FK_NVRTC_PATH`: full path of `libnvrtc.so.13`; otherwise the same places.
@@ -227,11 +239,14 @@ pub fn options(arch: &str, include: &Path) -> Vec<String> {
     ]
 }
 
-fn cache_dir() -> Option<PathBuf> {
-    if std::env::var("FK_CACHE_DISABLE")
+fn cache_disabled() -> bool {
+    std::env::var("FK_CACHE_DISABLE")
         .map(|v| !v.is_empty() && v != "0")
         .unwrap_or(false)
-    {
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    if cache_disabled() {
         return None;
     }
     if let Some(d) = std::env::var_os("FK_CACHE_DIR") {
@@ -296,19 +311,141 @@ pub fn compile(name: &str, source: &str, arch: &str) -> Result<Vec<u8>> {
     res
 }
 
-/// `compile` behind the on-disk cache.
+/// The file name of `name`'s image for `arch` in the disk cache and in a prebuilt
+/// folder: `<name>-<arch>-<key>.cubin`, the key a SHA-256 over the expanded source,
+/// the options (the include folder's location left out, so that images made on
+/// another machine match), the NVRTC version and the architecture.
+pub fn cache_file_name(name: &str, source: &str, arch: &str, nvrtc: (i32, i32)) -> String {
+    let mut h = Sha256::new();
+    h.update(expand_source(source).as_bytes());
+    h.update(
+        options(arch, Path::new("<cuda-include>"))
+            .join("\u{1}")
+            .as_bytes(),
+    );
+    h.update(format!("nvrtc {}.{} {arch}", nvrtc.0, nvrtc.1).as_bytes());
+    let key: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    format!("{name}-{arch}-{}.cubin", &key[..32])
+}
+
+/// The file of a prebuilt folder naming the NVRTC version that made its images.
+pub const PREBUILT_VERSION_FILE: &str = "nvrtc-version";
+/// The prebuilt folder's name next to the library.
+pub const PREBUILT_DIR_NAME: &str = "fusekit-kernels";
+
+/// The folder of the loaded fusekit library (found through `dladdr`).
+fn library_dir() -> Option<PathBuf> {
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr reads the address of one of our own functions and fills `info`.
+    let ok = unsafe { libc::dladdr(library_dir as *const libc::c_void, &mut info) };
+    if ok == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
+    let file = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+    let path = PathBuf::from(std::ffi::OsStr::new(
+        std::str::from_utf8(file.to_bytes()).ok()?,
+    ));
+    std::fs::canonicalize(&path)
+        .unwrap_or(path)
+        .parent()
+        .map(Path::to_path_buf)
+}
+
+/// The prebuilt folder searched: `FK_PREBUILT_DIR`, else `fusekit-kernels` next to the
+/// library; with its NVRTC version. `None` when there is none (read once).
+fn prebuilt_dir() -> Option<&'static (PathBuf, (i32, i32))> {
+    static DIR: OnceLock<Option<(PathBuf, (i32, i32))>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = match std::env::var_os("FK_PREBUILT_DIR") {
+            Some(d) => PathBuf::from(d),
+            None => library_dir()?.join(PREBUILT_DIR_NAME),
+        };
+        let version =
+            parse_nvrtc_version(&std::fs::read_to_string(dir.join(PREBUILT_VERSION_FILE)).ok()?)?;
+        Some((dir, version))
+    })
+    .as_ref()
+}
+
+fn parse_nvrtc_version(text: &str) -> Option<(i32, i32)> {
+    let (a, b) = text.trim().split_once('.')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+/// `name`'s image for `arch` from the prebuilt folder `dir` made by NVRTC `version`,
+/// if it has one (a CUBIN: an ELF file).
+pub fn prebuilt_image(
+    dir: &Path,
+    version: (i32, i32),
+    name: &str,
+    source: &str,
+    arch: &str,
+) -> Option<Vec<u8>> {
+    let image = std::fs::read(dir.join(cache_file_name(name, source, arch, version))).ok()?;
+    image.starts_with(b"\x7fELF").then_some(image)
+}
+
+/// Writes `image` (`name` compiled for `arch` by the loaded NVRTC) into the prebuilt
+/// folder `dir`, with the folder's `nvrtc-version` file.
+pub fn store_prebuilt(
+    dir: &Path,
+    name: &str,
+    source: &str,
+    arch: &str,
+    image: &[u8],
+) -> Result<()> {
+    let version = nvrtc_version()?;
+    let io = |e: std::io::Error| {
+        Error::new(
+            crate::error::FK_ERROR_IO,
+            format!(
+                "writing the prebuilt image of {name} for {arch} into {}: {e}",
+                dir.display()
+            ),
+        )
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let stamp = format!("{}.{}\n", version.0, version.1);
+    let file = dir.join(PREBUILT_VERSION_FILE);
+    match std::fs::read_to_string(&file) {
+        Ok(old) if old != stamp => {
+            return Err(Error::new(
+                crate::error::FK_ERROR_INVALID_ARGUMENT,
+                format!(
+                    "{} holds images of NVRTC {}, not of the loaded NVRTC {}.{}",
+                    dir.display(),
+                    old.trim(),
+                    version.0,
+                    version.1
+                ),
+            ));
+        }
+        Ok(_) => {}
+        Err(_) => std::fs::write(&file, stamp).map_err(io)?,
+    }
+    std::fs::write(
+        dir.join(cache_file_name(name, source, arch, version)),
+        image,
+    )
+    .map_err(io)
+}
+
+/// `compile` behind the prebuilt images and the on-disk cache.
 pub fn compile_cached(name: &str, source: &str, arch: &str) -> Result<Vec<u8>> {
+    if cache_disabled() {
+        return compile(name, source, arch);
+    }
+    if let Some((dir, version)) = prebuilt_dir() {
+        if let Some(image) = prebuilt_image(dir, *version, name, source, arch) {
+            return Ok(image);
+        }
+    }
     let Some(dir) = cache_dir() else {
         return compile(name, source, arch);
     };
-    let include = cuda_include_dir()?;
-    let (maj, min) = nvrtc_version()?;
-    let mut h = Sha256::new();
-    h.update(expand_source(source).as_bytes());
-    h.update(options(arch, &include).join("\u{1}").as_bytes());
-    h.update(format!("nvrtc {maj}.{min} {arch}").as_bytes());
-    let key: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    let path = dir.join(format!("{name}-{arch}-{}.cubin", &key[..32]));
+    let file = cache_file_name(name, source, arch, nvrtc_version()?);
+    let path = dir.join(&file);
     if let Ok(image) = std::fs::read(&path) {
         if !image.is_empty() {
             return Ok(image);
@@ -317,13 +454,78 @@ pub fn compile_cached(name: &str, source: &str, arch: &str) -> Result<Vec<u8>> {
     let image = compile(name, source, arch)?;
     // Cache failures are not errors: the image is compiled and usable.
     let _ = std::fs::create_dir_all(&dir).and_then(|_| {
-        let tmp = dir.join(format!(
-            ".{name}-{}-{}.tmp",
-            std::process::id(),
-            key.get(..8).unwrap_or("")
-        ));
+        let tmp = dir.join(format!(".{file}.{}.tmp", std::process::id()));
         std::fs::write(&tmp, &image)?;
         std::fs::rename(&tmp, &path)
     });
     Ok(image)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("fk-prebuilt-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn cache_file_name_covers_source_arch_and_nvrtc_version() {
+        let a = cache_file_name("m", "__global__ void k() {}", "sm_90", (13, 0));
+        assert!(a.starts_with("m-sm_90-") && a.ends_with(".cubin"), "{a}");
+        assert_eq!(a.len(), "m-sm_90-".len() + 32 + ".cubin".len());
+        assert_eq!(
+            a,
+            cache_file_name("m", "__global__ void k() {}", "sm_90", (13, 0))
+        );
+        assert_ne!(
+            a,
+            cache_file_name("m", "__global__ void k(){}", "sm_90", (13, 0))
+        );
+        assert_ne!(
+            a,
+            cache_file_name("m", "__global__ void k() {}", "sm_90", (13, 1))
+        );
+        let other_arch = cache_file_name("m", "__global__ void k() {}", "sm_80", (13, 0));
+        assert!(other_arch.starts_with("m-sm_80-"));
+        assert_ne!(a[8..], other_arch[8..]);
+    }
+
+    #[test]
+    fn prebuilt_image_is_found_by_key_and_version_only() {
+        let d = scratch("lookup");
+        let src = "__global__ void k() {}";
+        let elf = b"\x7fELF fake cubin".to_vec();
+        std::fs::write(d.join(cache_file_name("m", src, "sm_90", (13, 0))), &elf).unwrap();
+        assert_eq!(prebuilt_image(&d, (13, 0), "m", src, "sm_90"), Some(elf));
+        // another architecture, NVRTC version, or source: not there (compiles at run time)
+        assert_eq!(prebuilt_image(&d, (13, 0), "m", src, "sm_100"), None);
+        assert_eq!(prebuilt_image(&d, (13, 1), "m", src, "sm_90"), None);
+        assert_eq!(
+            prebuilt_image(&d, (13, 0), "m", "// changed", "sm_90"),
+            None
+        );
+        // a file that is not a CUBIN is ignored
+        std::fs::write(d.join(cache_file_name("n", src, "sm_90", (13, 0))), b"junk").unwrap();
+        assert_eq!(prebuilt_image(&d, (13, 0), "n", src, "sm_90"), None);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn nvrtc_version_file_parses() {
+        assert_eq!(parse_nvrtc_version("13.0\n"), Some((13, 0)));
+        assert_eq!(parse_nvrtc_version(" 12.9 "), Some((12, 9)));
+        assert_eq!(parse_nvrtc_version("13"), None);
+        assert_eq!(parse_nvrtc_version("x.y"), None);
+    }
+
+    #[test]
+    fn library_dir_is_the_folder_of_this_binary() {
+        let dir = library_dir().expect("dladdr found no file for this code");
+        let exe = std::env::current_exe().unwrap();
+        assert_eq!(dir, std::fs::canonicalize(exe).unwrap().parent().unwrap());
+    }
 }

@@ -77,7 +77,9 @@ class DPSGD:
             (ValueError naming the first other one). Frozen parameters are ignored.
         optimizer: the optimizer :meth:`step` calls after writing the private
             gradients (None: use :meth:`backward` and step it yourself).
-        max_grad_norm: the clipping norm ``C`` (finite, > 0).
+        max_grad_norm: the clipping norm ``C`` (finite, > 0). With
+            ``clipping="per_layer"`` also a sequence, one norm per trainable
+            parameter in :attr:`params` order.
         noise_multiplier: ``sigma`` (finite, >= 0; 0 gives the clipped mean, no noise).
         expected_batch_size: the divisor of the noisy sum (with Poisson sampling,
             the expected batch size ``q N``); None divides by each batch's size.
@@ -85,9 +87,14 @@ class DPSGD:
             as ``F.cross_entropy``'s default) or ``"sum"``.
         generator: a ``torch.Generator`` on the parameters' device for the noise;
             ``seed``: make one with this seed. Neither: torch's default generator.
+        clipping: ``"flat"`` (each sample's whole gradient clipped to ``C``) or
+            ``"per_layer"`` (each parameter tensor's per-sample gradient clipped to
+            its own ``C_p``, weights through fusekit's fused clipped-sum op; the noise
+            is then ``sigma * sqrt(sum_p C_p^2)``, as Opacus's per-layer clipping).
 
-    After :meth:`backward`: ``per_sample_norms`` ``[B]`` (the norms before
-    clipping) and ``clip_factors`` ``[B]`` (``min(1, C / norm)``) of that batch.
+    After :meth:`backward`: ``per_sample_norms`` ``[B]`` (the norms of the whole
+    per-sample gradients before clipping) and, for flat clipping, ``clip_factors``
+    ``[B]`` (``min(1, C / norm)``) of that batch.
 
     The layers' forward hooks record inputs and outputs while autograd is enabled
     and the output requires grad; :meth:`backward` consumes the records (a forward
@@ -98,9 +105,17 @@ class DPSGD:
     """
 
     def __init__(self, model, optimizer=None, *, max_grad_norm, noise_multiplier, expected_batch_size=None,
-                 loss_reduction="mean", generator=None, seed=None):
+                 loss_reduction="mean", generator=None, seed=None, clipping="flat"):
         import torch
 
+        if clipping not in ("flat", "per_layer"):
+            raise ValueError(f"{_WHERE}: clipping must be 'flat' or 'per_layer', got {clipping!r}")
+        self.clipping = clipping
+        per_param_norms = None
+        if clipping == "per_layer" and isinstance(max_grad_norm, (list, tuple)):
+            per_param_norms = [_positive(c, f"max_grad_norm[{i}]", allow_zero=False)
+                               for i, c in enumerate(max_grad_norm)]
+            max_grad_norm = math.sqrt(sum(c * c for c in per_param_norms))
         self.max_grad_norm = _positive(max_grad_norm, "max_grad_norm", allow_zero=False)
         self.noise_multiplier = _positive(noise_multiplier, "noise_multiplier", allow_zero=True)
         if expected_batch_size is not None:
@@ -145,7 +160,18 @@ class DPSGD:
             self._layers.append((label, module, act))
         if not self._layers:
             raise ValueError(f"{_WHERE}: the model has no trainable parameters")
+        #: The trainable parameters, in the order of ``max_grad_norm`` for per-layer clipping.
         self.params = [p for _, m, _ in self._layers for p in (m.weight, m.bias) if p is not None and p.requires_grad]
+        if clipping == "per_layer":
+            if per_param_norms is None:
+                per_param_norms = [self.max_grad_norm] * len(self.params)
+                self.max_grad_norm = self.max_grad_norm * math.sqrt(len(self.params))
+            elif len(per_param_norms) != len(self.params):
+                raise ValueError(f"{_WHERE}: max_grad_norm has {len(per_param_norms)} norms for "
+                                 f"{len(self.params)} trainable parameters")
+            #: per-layer clipping: each parameter's clip norm ``C_p``; ``max_grad_norm``
+            #: is then ``sqrt(sum_p C_p^2)``, the sensitivity the noise is scaled to.
+            self.clip_norms = {id(p): c for p, c in zip(self.params, per_param_norms)}
         if generator is None and seed is not None:
             generator = torch.Generator(device=self.params[0].device)
             generator.manual_seed(int(seed))
@@ -241,6 +267,14 @@ class DPSGD:
         # per-sample squared norms of the whole gradient (of sum-reduced losses)
         scale = float(batch) if self.loss_reduction == "mean" else 1.0
         acc = torch.float64 if any(g.dtype == torch.float64 for _, _, g in layers) else torch.float32
+        denom = self.expected_batch_size if self.expected_batch_size is not None else float(batch)
+        if batch == 0:  # an empty (Poisson-sampled) batch: noise only
+            self._noise(self.noise_multiplier * self.max_grad_norm / denom)
+            self.per_sample_norms = torch.zeros(0, dtype=acc, device=layers[0][2].device)
+            self.clip_factors = None if self.clipping == "per_layer" else self.per_sample_norms
+            return
+        if self.clipping == "per_layer":
+            return self._per_layer(layers, batch, scale, denom, acc)
         parts, bias_grads = [], []
         for module, a, g in layers:
             if module.weight.requires_grad:
@@ -253,7 +287,6 @@ class DPSGD:
         sq = parts[0] if len(parts) == 1 else torch.stack(parts).sum(0)
         norms = sq.sqrt().mul_(scale)
         c = self.max_grad_norm
-        denom = self.expected_batch_size if self.expected_batch_size is not None else float(batch)
         factors = norms.clamp_min(c).reciprocal_().mul_(c)  # min(1, C / |G_i|) = C / max(|G_i|, C)
         weights = factors * (scale / denom)  # the loss scale and 1/D ride along
         self.per_sample_norms, self.clip_factors = norms, factors
@@ -267,6 +300,36 @@ class DPSGD:
             if gb is not None:
                 buf = grads[id(module.bias)]
                 buf.addmv_(gb.t().to(buf.dtype), weights.to(buf.dtype))
+
+    def _per_layer(self, layers, batch, scale, denom, acc):
+        """Per-layer clipping: each weight through fusekit's ``dp_clipped_grad_sum``
+        (norms and scaled rows in one kernel, then one GEMM), each bias by its own
+        norm; noise scaled to ``sqrt(sum_p C_p^2)``."""
+        import torch
+
+        from .ops.optim import dp_clipped_grad_sum
+
+        grads = self._noise(self.noise_multiplier * self.max_grad_norm / denom)
+        k = scale / denom
+        sq = torch.zeros(batch, dtype=acc, device=layers[0][2].device)
+        for module, a, g in layers:
+            if module.weight.requires_grad:
+                buf = grads[id(module.weight)]
+                dt = _norm_dtype(g)
+                # sample i's gradient is scale * g_i^T a_i: clip g_i^T a_i at C_p / scale
+                clipped, sqn = dp_clipped_grad_sum(a.to(dt).contiguous(), g.to(dt).contiguous(),
+                                                   self.clip_norms[id(module.weight)] / scale, sq_norms=True)
+                buf.add_(clipped.to(buf.dtype), alpha=k)
+                sq.add_(sqn.to(acc), alpha=scale * scale)
+            if module.bias is not None and module.bias.requires_grad:
+                buf = grads[id(module.bias)]
+                gb = g if g.dim() == 2 else g.sum(1)
+                nb = torch.linalg.vector_norm(gb, dim=1, dtype=acc).mul_(scale)
+                cb = self.clip_norms[id(module.bias)]
+                fb = nb.clamp_min(cb).reciprocal_().mul_(cb * k)
+                buf.addmv_(gb.t().to(buf.dtype), fb.to(buf.dtype))
+                sq.add_(nb.square())
+        self.per_sample_norms, self.clip_factors = sq.sqrt_(), None
 
     def _noise(self, std):
         """Sets every trainable parameter's ``p.grad`` to its view of one flat buffer
@@ -332,7 +395,7 @@ class DPSGD:
     def __repr__(self) -> str:
         return (f"DPSGD(layers={[n for n, _, _ in self._layers]}, max_grad_norm={self.max_grad_norm}, "
                 f"noise_multiplier={self.noise_multiplier}, expected_batch_size={self.expected_batch_size}, "
-                f"loss_reduction={self.loss_reduction!r})")
+                f"loss_reduction={self.loss_reduction!r}, clipping={self.clipping!r})")
 
 
 def _weight_sq_norms(a, g):
@@ -343,5 +406,13 @@ def _weight_sq_norms(a, g):
 
     from .ops.optim import per_sample_grad_norms
 
-    dt = g.dtype if g.dtype in (torch.float32, torch.float64) else torch.float32
+    dt = _norm_dtype(g)
     return per_sample_grad_norms(a.to(dt).contiguous(), g.to(dt).contiguous())
+
+
+def _norm_dtype(g):
+    """The dtype fusekit's per-sample ops run in for output gradients ``g``: theirs
+    for float32/float64, float32 otherwise."""
+    import torch
+
+    return g.dtype if g.dtype in (torch.float32, torch.float64) else torch.float32

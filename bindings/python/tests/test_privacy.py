@@ -21,9 +21,10 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
                                                                   reason="no CUDA device"))]
 
 
-def reference_grads(model, loss_fn, x, y, max_grad_norm, divisor=None):
+def reference_grads(model, loss_fn, x, y, max_grad_norm, divisor=None, per_layer=False):
     """The DP-SGD clipped mean from per-sample gradients materialised with
-    torch.func: ``sum_i min(1, C/|G_i|) G_i / B``; returns (grads by name, norms)."""
+    torch.func: ``sum_i min(1, C/|G_i|) G_i / B`` (per_layer: each parameter's
+    ``G_i^p`` clipped to ``max_grad_norm[name]``); returns (grads by name, norms)."""
     params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
     frozen = {k: v.detach() for k, v in model.named_parameters() if not v.requires_grad}
 
@@ -35,9 +36,14 @@ def reference_grads(model, loss_fn, x, y, max_grad_norm, divisor=None):
     b = x.shape[0]
     sq = sum(g.reshape(b, -1).square().sum(1) for g in per_sample.values())
     norms = sq.sqrt()
-    factors = torch.clamp(max_grad_norm / norms, max=1.0)
     div = b if divisor is None else divisor
-    out = {k: (g * factors.reshape((b,) + (1,) * (g.dim() - 1))).sum(0) / div for k, g in per_sample.items()}
+    out = {}
+    for k, g in per_sample.items():
+        if per_layer:
+            factors = torch.clamp(max_grad_norm[k] / g.reshape(b, -1).norm(dim=1), max=1.0)
+        else:
+            factors = torch.clamp(max_grad_norm / norms, max=1.0)
+        out[k] = (g * factors.reshape((b,) + (1,) * (g.dim() - 1))).sum(0) / div
     return out, norms
 
 
@@ -366,3 +372,66 @@ def test_gradient_buffers_across_steps_and_a_dtype_change():
         assert p.grad.dtype == torch.float64
         torch.testing.assert_close(p.grad, ref[name], rtol=1e-10, atol=1e-14)
     dp.remove()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sequence", [False, True])
+def test_per_layer_clipping(device, sequence):
+    """clipping="per_layer": each parameter's per-sample gradient clipped to its own
+    norm (weights through fusekit's dp_clipped_grad_sum), against torch.func; norms
+    given per parameter, with some samples clipped and some not in every parameter."""
+    model = mlp(device=device)
+    g = torch.Generator().manual_seed(8)
+    shape = (12, 3, 6) if sequence else (12, 6)
+    x = torch.randn(*shape, generator=g, dtype=torch.float64).to(device)
+    x[5] *= 30.0
+    y = torch.randint(0, 4, shape[:-1], generator=g).to(device)
+    names = [n for n, _ in model.named_parameters()]
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def sample_loss(p, xi, yi):
+        return xent(functional_call(model, p, (xi.unsqueeze(0),)), yi.unsqueeze(0), "sum")
+
+    per_sample = vmap(grad(sample_loss), in_dims=(None, 0, 0))(params, x, y)
+    clip = {k: v.reshape(12, -1).norm(dim=1).median().item() for k, v in per_sample.items()}
+    ref, norms = reference_grads(model, xent, x, y, clip, per_layer=True)
+    dp = privacy.DPSGD(model, None, max_grad_norm=[clip[n] for n in names], noise_multiplier=0.0,
+                       clipping="per_layer")
+    dp.backward(xent(model(x), y, "mean"))
+    for name, p in model.named_parameters():
+        scale = ref[name].abs().max().item()
+        assert (p.grad - ref[name]).abs().max().item() <= 1e-12 * max(scale, 1.0), name
+    torch.testing.assert_close(dp.per_sample_norms, norms, rtol=1e-10, atol=0)
+    assert dp.clip_factors is None
+    assert dp.max_grad_norm == pytest.approx(math.sqrt(sum(c * c for c in clip.values())))
+    dp.remove()
+
+
+def test_per_layer_noise_and_arguments():
+    """Per-layer noise: sigma * sqrt(sum_p C_p^2) / B (one C for 4 parameters: 2 C);
+    a list of norms of the wrong length or for flat clipping, a bad clipping name."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    x = torch.randn(16, 64)
+    y = torch.randint(0, 8, (16,))
+    sigma, c = 0.8, 0.5
+
+    def grads(noise, seed=None):
+        with privacy.DPSGD(model, None, max_grad_norm=c, noise_multiplier=noise, clipping="per_layer",
+                           seed=seed) as dp:
+            dp.backward(F.cross_entropy(model(x), y))
+            assert dp.max_grad_norm == pytest.approx(2 * c)
+        return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double()
+
+    clean = grads(0.0)
+    draws = torch.stack([grads(sigma, seed=s) - clean for s in range(10)])
+    assert abs(draws.std().item() / (sigma * 2 * c / 16) - 1.0) < 0.03
+
+    with pytest.raises(ValueError, match=r"^fusekit.privacy: max_grad_norm has 3 norms for 4 trainable parameters$"):
+        privacy.DPSGD(model, None, max_grad_norm=[1.0, 1.0, 1.0], noise_multiplier=1.0, clipping="per_layer")
+    with pytest.raises(ValueError, match=r"^fusekit.privacy: max_grad_norm\[1\] must be finite and > 0, got 0$"):
+        privacy.DPSGD(model, None, max_grad_norm=[1.0, 0, 1.0, 1.0], noise_multiplier=1.0, clipping="per_layer")
+    with pytest.raises(TypeError, match=r"^fusekit.privacy: max_grad_norm must be a real number, got list$"):
+        privacy.DPSGD(model, None, max_grad_norm=[1.0] * 4, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match=r"^fusekit.privacy: clipping must be 'flat' or 'per_layer', got 'layer'$"):
+        privacy.DPSGD(model, None, max_grad_norm=1.0, noise_multiplier=1.0, clipping="layer")

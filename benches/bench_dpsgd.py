@@ -8,7 +8,9 @@ batch and clipping,
   weight gradient, Gaussian noise); goal <= 1.25x the non-private step;
 - Opacus 1.6's ghost clipping (``PrivacyEngine.make_private(...,
   grad_sample_mode="ghost")``: its DPLossFastGradientClipping runs two backward
-  passes); goal: fusekit faster. Skipped, with a note, when opacus is not importable
+  passes); goal: fusekit faster;
+- for information, fusekit with per-layer clipping (``clipping="per_layer"``: the
+  fused ``dp_clipped_grad_sum`` op per weight). Skipped, with a note, when opacus is not importable
   (the GPU machine reaches no registry: put the wheel on PYTHONPATH, see
   scripts/gpu_suite.sh step bench_dpsgd).
 
@@ -88,9 +90,9 @@ def non_private(model, x, y):
     return step
 
 
-def fusekit_dp(model, x, y, c, sigma, seed=0):
+def fusekit_dp(model, x, y, c, sigma, seed=0, clipping="flat"):
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    dp = fusekit.privacy.DPSGD(model, opt, max_grad_norm=c, noise_multiplier=sigma, seed=seed)
+    dp = fusekit.privacy.DPSGD(model, opt, max_grad_norm=c, noise_multiplier=sigma, seed=seed, clipping=clipping)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -163,6 +165,11 @@ def bench(device, batch, width, depth, samples, warmup, inner, c, sigma):
 
     rows["non_private"] = median_ms(non_private(copy.deepcopy(base), x, y), device, samples, warmup, inner)
     rows["fusekit"] = median_ms(fusekit_dp(copy.deepcopy(base), x, y, c, sigma)[0], device, samples, warmup, inner)
+    # per-layer clipping (fusekit's fused clipped-sum op per weight), each parameter at c / sqrt(#parameters)
+    n_params = len(list(base.parameters()))
+    rows["fusekit_per_layer"] = median_ms(
+        fusekit_dp(copy.deepcopy(base), x, y, c / n_params ** 0.5, sigma, clipping="per_layer")[0], device, samples,
+        warmup, inner)
     if PrivacyEngine is not None:
         rows["opacus_ghost"] = median_ms(opacus_dp(copy.deepcopy(base), x, y, c, sigma)[0], device, samples,
                                          warmup, inner)
@@ -172,6 +179,9 @@ def bench(device, batch, width, depth, samples, warmup, inner, c, sigma):
     ok = "meets" if f_ms <= 1.25 * np_ms else "misses"
     print(f"DP-SGD step {cfg}: fusekit ghost {f_ms:.3f} ms = {f_ms / np_ms:.2f}x non-private "
           f"({ok} goal <= 1.25x)")
+    p_ms = rows["fusekit_per_layer"]
+    print(f"DP-SGD step {cfg}: fusekit per-layer clipping {p_ms:.3f} ms = {p_ms / np_ms:.2f}x non-private "
+          f"(dp_clipped_grad_sum per weight)")
     if "opacus_ghost" in rows:
         o_ms = rows["opacus_ghost"]
         ok = "meets" if f_ms < o_ms else "misses"

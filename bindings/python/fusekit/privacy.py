@@ -20,6 +20,8 @@ sample's gradient norm from ``a`` and ``g`` (ghost norms: fusekit's
 biases), clips each sample's whole gradient to ``max_grad_norm`` (flat clipping),
 and writes ``p.grad = (sum_i min(1, C/|G_i|) G_i + N(0, (sigma C)^2)) / B`` with
 one GEMM per weight. Per-sample gradients are never materialised.
+``clipping="per_layer"`` clips each parameter to its own norm instead (weights
+through fusekit's fused :func:`fusekit.dp_clipped_grad_sum`).
 
 This module imports torch only when a :class:`DPSGD` is made (``import fusekit``
 and ``import fusekit.privacy`` work without torch). Privacy accounting is not
@@ -179,19 +181,20 @@ class DPSGD:
 
         self._records = []  # (layer index, input, output) per call
         self._index = {id(m): i for i, (_, m, _) in enumerate(self._layers)}
-        self._handles = [m.register_forward_hook(self._hook) for _, m, _ in self._layers]
+        self._handles = [m.register_forward_hook(self._hook, with_kwargs=True) for _, m, _ in self._layers]
         self.per_sample_norms = None
         self.clip_factors = None
         self._flat, self._views = [], None  # the gradient buffers (see _noise)
 
     # -- hooks ---------------------------------------------------------------
 
-    def _hook(self, module, inputs, output):
+    def _hook(self, module, args, kwargs, output):
         import torch
 
         if self._handles is None or not torch.is_grad_enabled() or not output.requires_grad:
             return
-        self._records.append((self._index[id(module)], inputs[0].detach(), output))
+        a = args[0] if args else next(iter(kwargs.values()))  # forward(input) / forward(x), either way
+        self._records.append((self._index[id(module)], a.detach(), output))
 
     def remove(self) -> None:
         """Removes the forward hooks and drops any recorded forward (the model is

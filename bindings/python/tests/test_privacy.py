@@ -268,6 +268,8 @@ def test_bad_usage():
         dp.backward(model(x).sum() + model(torch.randn(5, 3)).sum())
     with pytest.raises(ValueError, match=r"layer '<model>' got an input of shape \(3,\); DP-SGD needs a batch"):
         dp.backward(model(torch.randn(3)).sum())
+    dp.backward(model(input=x).sum())  # called by keyword: recorded too
+    assert model.weight.grad is not None and torch.count_nonzero(model.weight.grad) > 0
     model(x)
     dp.clear()
     with pytest.raises(RuntimeError, match="no forward pass recorded"):

@@ -281,7 +281,7 @@ class DPSGD:
         parts, bias_grads = [], []
         for module, a, g in layers:
             if module.weight.requires_grad:
-                parts.append(_weight_sq_norms(a, g).to(acc))
+                parts.append(_as(_weight_sq_norms(a, g), acc))
             gb = None
             if module.bias is not None and module.bias.requires_grad:
                 gb = g if g.dim() == 2 else g.sum(1)  # sample i's bias gradient: sum_t g_it
@@ -298,11 +298,11 @@ class DPSGD:
         for (module, a, g), gb in zip(layers, bias_grads):
             if module.weight.requires_grad:
                 buf = grads[id(module.weight)]
-                gs = g * weights.to(g.dtype).reshape((batch,) + (1,) * (g.dim() - 1))
-                buf.addmm_(gs.reshape(-1, gs.shape[-1]).t().to(buf.dtype), a.reshape(-1, a.shape[-1]).to(buf.dtype))
+                gs = g * _as(weights, g.dtype).reshape((batch,) + (1,) * (g.dim() - 1))
+                buf.addmm_(_as(gs.reshape(-1, gs.shape[-1]).t(), buf.dtype), _as(a.reshape(-1, a.shape[-1]), buf.dtype))
             if gb is not None:
                 buf = grads[id(module.bias)]
-                buf.addmv_(gb.t().to(buf.dtype), weights.to(buf.dtype))
+                buf.addmv_(_as(gb.t(), buf.dtype), _as(weights, buf.dtype))
 
     def _per_layer(self, layers, batch, scale, denom, acc):
         """Per-layer clipping: each weight through fusekit's ``dp_clipped_grad_sum``
@@ -320,17 +320,17 @@ class DPSGD:
                 buf = grads[id(module.weight)]
                 dt = _norm_dtype(g)
                 # sample i's gradient is scale * g_i^T a_i: clip g_i^T a_i at C_p / scale
-                clipped, sqn = dp_clipped_grad_sum(a.to(dt).contiguous(), g.to(dt).contiguous(),
+                clipped, sqn = dp_clipped_grad_sum(_as(a, dt).contiguous(), _as(g, dt).contiguous(),
                                                    self.clip_norms[id(module.weight)] / scale, sq_norms=True)
-                buf.add_(clipped.to(buf.dtype), alpha=k)
-                sq.add_(sqn.to(acc), alpha=scale * scale)
+                buf.add_(_as(clipped, buf.dtype), alpha=k)
+                sq.add_(_as(sqn, acc), alpha=scale * scale)
             if module.bias is not None and module.bias.requires_grad:
                 buf = grads[id(module.bias)]
                 gb = g if g.dim() == 2 else g.sum(1)
                 nb = torch.linalg.vector_norm(gb, dim=1, dtype=acc).mul_(scale)
                 cb = self.clip_norms[id(module.bias)]
                 fb = nb.clamp_min(cb).reciprocal_().mul_(cb * k)
-                buf.addmv_(gb.t().to(buf.dtype), fb.to(buf.dtype))
+                buf.addmv_(_as(gb.t(), buf.dtype), _as(fb, buf.dtype))
                 sq.add_(nb.square())
         self.per_sample_norms, self.clip_factors = sq.sqrt_(), None
 
@@ -410,7 +410,12 @@ def _weight_sq_norms(a, g):
     from .ops.optim import per_sample_grad_norms
 
     dt = _norm_dtype(g)
-    return per_sample_grad_norms(a.to(dt).contiguous(), g.to(dt).contiguous())
+    return per_sample_grad_norms(_as(a, dt).contiguous(), _as(g, dt).contiguous())
+
+
+def _as(t, dtype):
+    """``t`` in ``dtype`` (itself when it already is: no conversion call on the hot path)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def _norm_dtype(g):

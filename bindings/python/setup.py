@@ -15,21 +15,86 @@ torch you use, without build isolation::
     pip install --no-build-isolation ./bindings/python
     python bindings/python/setup.py build_ext --inplace     # in a source tree
 
+The version is Cargo.toml's ([package] version), the one source: read here and
+written to ``fusekit/_version.py`` (``fusekit.__version__``); a tree without
+Cargo.toml (an sdist) keeps the ``_version.py`` it has.
+
+A wheel with the library inside is made by ``scripts/build_wheel.sh`` (it stages
+the package with ``libfusekit.so`` and the prebuilt kernels, builds here and
+tags the wheel ``py3-none-manylinux_*``: nothing in it depends on the Python ABI);
+docs/packaging.md.
+
 Environment:
     FUSEKIT_REQUIRE_TORCH_EXT=1   fail the build when the extension cannot be built
                                   (torch missing, compiler error); CI sets it
     FUSEKIT_NO_TORCH_EXT=1        do not build it
+    FUSEKIT_REPO=DIR              the fusekit repository (Cargo.toml, include/fusekit.h);
+                                  default: two folders up from this file
+    FUSEKIT_STRIP=1               link the extension without debug information
 """
 
 import os
 import pathlib
+import re
 import sys
 
 from setuptools import setup
 
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1
+    from wheel.bdist_wheel import bdist_wheel
+
 HERE = pathlib.Path(__file__).resolve().parent
+REPO = pathlib.Path(os.environ.get("FUSEKIT_REPO") or HERE.parent.parent)
 # fusekit.h: the repository's generated C header
-INCLUDE = HERE.parent.parent / "include"
+INCLUDE = REPO / "include"
+VERSION_FILE = HERE / "fusekit" / "_version.py"
+
+
+def cargo_version(cargo_toml: pathlib.Path) -> str:
+    """[package] version of Cargo.toml."""
+    section = None
+    for line in cargo_toml.read_text().splitlines():
+        m = re.match(r"\s*\[([^\]]+)\]", line)
+        if m:
+            section = m.group(1).strip()
+        elif section == "package":
+            m = re.match(r'\s*version\s*=\s*"([^"]+)"', line)
+            if m:
+                return m.group(1)
+    raise SystemExit(f"fusekit: no [package] version in {cargo_toml}")
+
+
+def version() -> str:
+    """Cargo.toml's version, written to fusekit/_version.py; without Cargo.toml
+    (an sdist), the version _version.py holds."""
+    cargo_toml = REPO / "Cargo.toml"
+    if cargo_toml.is_file():
+        v = cargo_version(cargo_toml)
+        text = f'# Written by setup.py from Cargo.toml\'s version; do not edit.\n__version__ = "{v}"\n'
+        if not VERSION_FILE.is_file() or VERSION_FILE.read_text() != text:
+            VERSION_FILE.write_text(text)
+        return v
+    if VERSION_FILE.is_file():
+        m = re.search(r'__version__ = "([^"]+)"', VERSION_FILE.read_text())
+        if m:
+            return m.group(1)
+    raise SystemExit(f"fusekit: neither {cargo_toml} nor {VERSION_FILE} gives the version")
+
+
+class BdistWheel(bdist_wheel):
+    """A wheel holding native code (libfusekit.so, the torch ops) that uses no
+    Python C API: tagged py3-none-<platform> (auditwheel then makes the platform
+    manylinux_*), so one wheel serves every Python 3."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.root_is_pure = not any((HERE / "fusekit").glob("*.so")) and not ext_modules
+
+    def get_tag(self):
+        _, _, plat = super().get_tag()
+        return ("py3", "none", plat) if not self.root_is_pure else ("py3", "none", "any")
 TORCH_TARGET_VERSION = "0x020a000000000000"  # torch 2.10: the oldest torch the binary serves
 
 
@@ -59,6 +124,7 @@ def torch_extension():
         include_dirs=[str(INCLUDE)],
         extra_compile_args=["-O2", "-std=c++17", "-fvisibility=hidden",
                             f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}"],
+        extra_link_args=["-Wl,--strip-debug"] if os.environ.get("FUSEKIT_STRIP") == "1" else [],
         libraries=["dl"],
         py_limited_api=True,
     )
@@ -66,4 +132,4 @@ def torch_extension():
 
 
 ext_modules, cmdclass = torch_extension()
-setup(ext_modules=ext_modules, cmdclass=cmdclass)
+setup(version=version(), ext_modules=ext_modules, cmdclass={**cmdclass, "bdist_wheel": BdistWheel})

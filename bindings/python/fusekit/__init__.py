@@ -76,7 +76,16 @@ float64 = DType.float64
 complex64 = DType.complex64
 complex128 = DType.complex128
 
-__version__ = "0.1.0"
+try:  # written by setup.py from Cargo.toml's version (the one source)
+    from ._version import __version__
+except ImportError:  # a source tree where setup.py has not run: read Cargo.toml
+    import re as _re
+    from pathlib import Path as _Path
+
+    _cargo = _Path(__file__).resolve().parents[3] / "Cargo.toml"
+    _m = _re.search(r'^version\s*=\s*"([^"]+)"', _cargo.read_text() if _cargo.is_file() else "", _re.M)
+    __version__ = _m.group(1) if _m else "0+unknown"
+    del _re, _Path, _cargo, _m
 
 __all__ = [
     "Buffer",

@@ -4,6 +4,11 @@ The tests import the package from this source tree (bindings/python), so they
 test the code next to them whether or not it is pip-installed. The library is
 found as the package finds it ($FUSEKIT_LIBRARY, then target/release, then
 target/debug of the repository).
+
+With FUSEKIT_TEST_INSTALLED=1 they test the installed package instead (CI installs
+the wheel into a fresh environment, scripts/test.sh): the source tree is not put on
+sys.path, and a fusekit imported from the repository is an error. PKG_ROOT is then
+the folder holding the installed package (site-packages).
 """
 
 import os
@@ -13,13 +18,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-PKG_ROOT = Path(__file__).resolve().parents[1]
-REPO_ROOT = PKG_ROOT.parents[1]
-for p in (PKG_ROOT, Path(__file__).resolve().parent):
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parents[2]
+INSTALLED = os.environ.get("FUSEKIT_TEST_INSTALLED") == "1"
+for p in (TESTS_DIR,) if INSTALLED else (TESTS_DIR.parent, TESTS_DIR):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
 import fusekit  # noqa: E402
+
+PKG_ROOT = Path(fusekit.__file__).resolve().parents[1]
+if INSTALLED and REPO_ROOT in Path(fusekit.__file__).resolve().parents:
+    raise RuntimeError(f"FUSEKIT_TEST_INSTALLED=1 but fusekit was imported from the repository: {fusekit.__file__}")
 
 @pytest.fixture
 def rng():
@@ -36,4 +46,8 @@ def pytest_report_header(config):
         path = fusekit.library_path()
     except Exception as e:  # noqa: BLE001
         path = f"not loadable: {e}"
-    return [f"fusekit library: {path}", f"FUSEKIT_LIBRARY={os.environ.get('FUSEKIT_LIBRARY', '')}"]
+    return [
+        f"fusekit {fusekit.__version__} ({'installed' if INSTALLED else 'source tree'}): {fusekit.__file__}",
+        f"fusekit library: {path}",
+        f"FUSEKIT_LIBRARY={os.environ.get('FUSEKIT_LIBRARY', '')}",
+    ]

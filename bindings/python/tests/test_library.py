@@ -79,7 +79,7 @@ def _built_library() -> Path:
 
 def test_library_next_to_the_package_is_found(tmp_path):
     pkg = tmp_path / "fusekit"
-    shutil.copytree(PKG_ROOT / "fusekit", pkg, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copytree(PKG_ROOT / "fusekit", pkg, ignore=shutil.ignore_patterns("__pycache__", "*.so", "fusekit-kernels"))
     os.symlink(_built_library(), pkg / _lib.LIBRARY_FILE)
     code = "import fusekit; print(fusekit.library_path())"
     env = {k: v for k, v in os.environ.items() if k not in ("FUSEKIT_LIBRARY", "CARGO_TARGET_DIR")}
@@ -94,7 +94,8 @@ def test_repository_build_output_is_found():
     debug = REPO_ROOT / "target" / "debug" / _lib.LIBRARY_FILE
     if not release.exists() and not debug.exists():
         pytest.skip("no build output in the repository")
-    cdll, path = _lib.load_library(env=env, package_dir=PKG_ROOT / "fusekit")
+    # the source tree's package folder (an installed package holds its own library)
+    cdll, path = _lib.load_library(env=env, package_dir=REPO_ROOT / "bindings" / "python" / "fusekit")
     assert path == str(release if release.exists() else debug)
 
 

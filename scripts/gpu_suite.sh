@@ -33,7 +33,7 @@ step() { # step NAME TIMEOUT CMD...
   cat "$steplog" >>"$LOG"
   local dt=$((SECONDS - t0))
   local tail_line
-  tail_line=$(grep -E "test result:|passed|failed|ERROR SUMMARY|SKIPPED|warmup|FFMA peak" "$steplog" | tail -1 | cut -c1-70)
+  tail_line=$(grep -E "test result:|passed|failed|ERROR SUMMARY|SKIPPED|warmup|FFMA peak|wheel_cold_start" "$steplog" | tail -1 | cut -c1-70)
   rm -f "$steplog"
   if [ $rc -eq 0 ]; then SUMMARY+=("$(printf '%-28s %-6s %5ss  %s' "$name" PASS "$dt" "$tail_line")")
   else SUMMARY+=("$(printf '%-28s %-6s %5ss  rc=%s %s' "$name" FAIL "$dt" "$rc" "$tail_line")"); FAILED=1; fi
@@ -65,6 +65,12 @@ sel c128_alignment && step c128_alignment 300 bash -c 'nvcc -O1 -o /tmp/c128_sca
 sel python && step python 900 python3 -m pytest -q -x bindings/python/tests tests/test_bindings_complete.py
 sel torch_extension && [ -d bindings/cpp/torch_extension ] && \
   step torch_extension 900 python3 -m pytest -q bindings/cpp/torch_extension
+# the wheel (dist/fusekit-*.whl from scripts/build_wheel.sh, carried), only when named:
+# installed with its [cuda] wheels (repacked from this machine's python) into a fresh
+# environment; the GPU Python tests against it; the first op call of a fresh process
+want wheel_install && step wheel_install 600 bash scripts/wheel_gpu.sh install
+want wheel_python && step wheel_python 900 bash scripts/wheel_gpu.sh python
+want wheel_cold_start && step wheel_cold_start 300 bash scripts/wheel_gpu.sh cold_start
 # fusekit.nn alone (the "python" step runs it too): CUDA values, graph capture, reduce-overhead
 want nn && step nn 900 python3 -m pytest -q bindings/python/tests/test_nn.py
 sel example_gaussian_field && step example_gaussian_field 300 python3 examples/gaussian_field_fit.py --device cuda \

@@ -15,6 +15,11 @@ out: compiled ``__pycache__`` files, the installer's own records (INSTALLER,
 REQUESTED, direct_url.json) and files outside site-packages (console scripts); an
 installed file whose content no longer matches its RECORD hash is an error (the
 repacked wheel would not be the installed one). Prints ``name==version`` per wheel.
+
+``--deps`` adds every installed distribution the named ones require (their
+Requires-Dist, with extras and environment markers evaluated here), so that pip
+can resolve them with ``--no-index``; ``--store`` writes the zips uncompressed
+(fast for gigabytes of libraries that are installed once and deleted).
 """
 
 from __future__ import annotations
@@ -52,7 +57,45 @@ def wheel_tags(wheel_file_text: str) -> str:
     return "-".join(".".join(dict.fromkeys(p[i] for p in parts)) for i in range(3))
 
 
-def repack(name: str, out_dir: Path) -> tuple[str, str, Path]:
+def _requirement_class():
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pip vendors packaging
+        from pip._vendor.packaging.requirements import Requirement
+    return Requirement
+
+
+def canonical_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def with_dependencies(names: list[str]) -> list[str]:
+    """``names`` and every installed distribution they require, transitively (a
+    requirement's extras select the dependencies under those extras)."""
+    Requirement = _requirement_class()
+    seen: dict[str, set[str]] = {}
+    order: list[str] = []
+    queue = [(n, set()) for n in names]
+    while queue:
+        name, extras = queue.pop(0)
+        key = canonical_name(name)
+        if key in seen and extras <= seen[key]:
+            continue
+        if key not in seen:
+            order.append(name)
+        seen[key] = seen.get(key, set()) | extras
+        try:
+            requires = md.distribution(name).requires or []
+        except md.PackageNotFoundError:
+            continue  # reported by repack
+        for text in requires:
+            r = Requirement(text)
+            if r.marker is None or any(r.marker.evaluate({"extra": e}) for e in seen[key] | {""}):
+                queue.append((r.name, set(r.extras)))
+    return order
+
+
+def repack(name: str, out_dir: Path, store: bool = False) -> tuple[str, str, Path]:
     """Writes the wheel of installed distribution ``name`` into ``out_dir``;
     returns (name, version, wheel path)."""
     try:
@@ -97,7 +140,7 @@ def repack(name: str, out_dir: Path) -> tuple[str, str, Path]:
     writer.writerow([f"{dist_info}/RECORD", "", ""])
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = wheel_path.with_suffix(".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED if store else zipfile.ZIP_DEFLATED) as z:
         # dist-info last, as wheel builders write it
         for rel, data in sorted(entries, key=lambda e: (e[0].startswith(dist_info + "/"), e[0])):
             z.writestr(rel, data)
@@ -110,11 +153,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="+", help="installed distributions (as pip names them)")
     ap.add_argument("-o", "--out", required=True, type=Path, help="folder for the .whl files")
+    ap.add_argument("--deps", action="store_true", help="also every installed distribution they require")
+    ap.add_argument("--store", action="store_true", help="no compression")
     args = ap.parse_args(argv)
     failed = False
-    for name in args.names:
+    for name in with_dependencies(args.names) if args.deps else args.names:
         try:
-            n, v, p = repack(name, args.out)
+            n, v, p = repack(name, args.out, store=args.store)
             print(f"{n}=={v}  {p.name}  ({p.stat().st_size / 2**20:.1f} MiB)")
         except RepackError as e:
             print(f"repack_installed_wheels: {e}", file=sys.stderr)

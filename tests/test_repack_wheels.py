@@ -112,3 +112,18 @@ def test_wheel_tags_compress_like_wheel_names():
     assert repack.wheel_tags(WHEEL) == "py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64"
     with pytest.raises(repack.RepackError, match="malformed tags"):
         repack.wheel_tags("Tag: py3-none\n")
+
+
+def fake_dist(site: Path, name: str, requires: list[str]) -> None:
+    di = site / f"{name.replace('-', '_')}-1.0.dist-info"
+    di.mkdir(parents=True)
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    (di / "METADATA").write_text(meta)
+    (di / "RECORD").write_text("")
+
+
+def test_dependencies_follow_requested_extras_and_markers(site):
+    fake_dist(site, "fk-top", ["fk-mid[x]>=1", "fk-only-with-y; extra == 'y'", "fk-never; python_version < '3'"])
+    fake_dist(site, "fk-mid", ["fk-leaf; extra == 'x'", "fk-other; extra == 'z'"])
+    fake_dist(site, "fk-leaf", ["fk-mid"])  # a cycle ends
+    assert repack.with_dependencies(["fk-top"]) == ["fk-top", "fk-mid", "fk-leaf"]

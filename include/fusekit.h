@@ -278,9 +278,18 @@ typedef int32_t fk_reduce_op;
 
 /**
  * GELU, tanh approximation, as cuBLASLt's epilogue computes it:
- * `0.5 z (1 + tanh(0.7978845608 (z + 0.044715 z^3)))`.
+ * `0.5 z (1 + tanh(0.7978845608 (z + 0.044715 z^3)))` (torch's
+ * `gelu(approximate="tanh")`). Value 2 was formerly named `FK_ACT_GELU`; that name
+ * was removed (not kept as an alias) because it did not say which GELU it meant.
  */
-#define FK_ACT_GELU 2
+#define FK_ACT_GELU_TANH 2
+
+/**
+ * GELU, exact: `0.5 z (1 + erf(z / sqrt(2)))` (torch's default `gelu`). On CUDA
+ * the product runs through cuBLASLt's `BIAS` epilogue and a fusekit kernel
+ * applies the activation (cuBLASLt has only the tanh GELU).
+ */
+#define FK_ACT_GELU_ERF 3
 
 /**
  * Newton for inverse roots (`power = -1/p`) of matrices larger than 32 on CUDA
@@ -1295,9 +1304,10 @@ fk_status fk_gemm_chunked(fk_op op_a,
 /**
  * Bytes of the `aux` buffer `fk_linear_forward` fills for the backward, for an
  * output of `m` rows (the leading dimensions of `x` multiplied) and `n` features:
- * `m * n * sizeof(dtype)` for `FK_ACT_GELU` (aux holds the pre-activation
- * `z = x W^T + b`, shaped and typed like `y`), 0 for `FK_ACT_RELU` (the backward
- * reads the output `y` itself: `relu'(z) = [y > 0]`) and for `FK_ACT_NONE`.
+ * `m * n * sizeof(dtype)` for `FK_ACT_GELU_TANH` and `FK_ACT_GELU_ERF` (aux holds
+ * the pre-activation `z = x W^T + b`, shaped and typed like `y`), 0 for
+ * `FK_ACT_RELU` (the backward reads the output `y` itself: `relu'(z) = [y > 0]`)
+ * and for `FK_ACT_NONE`.
  *
  * Statuses: `FK_ERROR_NULL_POINTER` (`bytes` NULL), `FK_ERROR_INVALID_ARGUMENT`
  * (unknown `act` or `dtype`, negative sizes), `FK_ERROR_UNSUPPORTED_DTYPE` (not
@@ -1312,12 +1322,15 @@ fk_status fk_linear_aux_size(fk_activation act,
 /**
  * Fused linear layer `y = act(x W^T + b)` in one cuBLASLt call (epilogues
  * `BIAS`, `RELU_BIAS`, `GELU_BIAS`, `GELU_AUX_BIAS`; a GEMM plus an epilogue
- * kernel where cuBLASLt declines the layout).
+ * kernel where cuBLASLt declines the layout). `FK_ACT_GELU_ERF`, which cuBLASLt
+ * lacks, is the `BIAS` epilogue (writing `z` to `aux` when given) followed by
+ * fusekit's activation kernel.
  *
  * - `x`: `[..., k]` (leading dimensions flattened into `m` rows); `w`: `[n, k]`;
  *   `b`: `[n]`, optional (NULL = no bias); `y`: `[..., n]` (x's leading shape).
- * - `act`: `FK_ACT_NONE`, `FK_ACT_RELU`, `FK_ACT_GELU` (tanh approximation).
- * - `aux`: optional, GELU only (must be NULL otherwise): receives the
+ * - `act`: `FK_ACT_NONE`, `FK_ACT_RELU`, `FK_ACT_GELU_TANH` (tanh approximation),
+ *   `FK_ACT_GELU_ERF` (exact).
+ * - `aux`: optional, GELUs only (must be NULL otherwise): receives the
  *   pre-activation `z`, shaped and typed like `y` (`fk_linear_aux_size` bytes), for
  *   `fk_linear_backward`. Leave it NULL for inference.
  * - dtypes: f16, bf16, f32 (f32 accumulation, bias added and activation applied in
@@ -1340,7 +1353,7 @@ fk_status fk_linear_forward(const fk_buffer *x,
  *
  * - `dy`: `[..., n]`; `x`: `[..., k]`; `w`: `[n, k]`, as in the forward.
  * - `saved`: what the forward left for the backward: for `FK_ACT_RELU` the
- *   forward's output `y`; for `FK_ACT_GELU` the pre-activation the forward wrote
+ *   forward's output `y`; for the GELUs the pre-activation the forward wrote
  *   to `aux`; ignored for `FK_ACT_NONE` (may be NULL). Shaped and typed like `dy`.
  * - `dx` (`x`'s shape), `dw` (`w`'s shape), `db` (`[n]`): each optional (NULL = not
  *   wanted), overwritten (not accumulated); all NULL is a no-op.
@@ -1349,7 +1362,7 @@ fk_status fk_linear_forward(const fk_buffer *x,
  * - On CUDA `dz` lives in a per-stream scratch buffer of the context (grown as
  *   needed, `m * n` elements); `dx` and `dw` are cuBLAS products.
  * - Statuses: see the module rules; `FK_ERROR_NULL_POINTER` also when `saved` is
- *   NULL for relu or gelu.
+ *   NULL for relu or a GELU.
  * - CUDA graphs: capturable from the first call on any stream; under capture `dz`
  *   is a stream-ordered allocation of the call (graph alloc/free nodes), not the
  *   cached scratch (docs/abi.md, "CUDA graphs").

@@ -2,48 +2,62 @@
 //
 // The products themselves run in cuBLAS / cuBLASLt; these are the pieces around
 // them:
-//   linear_epilogue_<t>  y = act(y + b) in place (and aux = y + b): the fallback for
-//                        configurations cuBLASLt's fused epilogues decline
+//   linear_epilogue_<t>  y = act(z + b) (and aux = z + b), z the GEMM's output (y
+//                        itself, or aux): the fallback for configurations
+//                        cuBLASLt's fused epilogues decline, and the exact GELU
+//                        after cuBLASLt's BIAS epilogue (cuBLASLt has only tanh)
 //   linear_dz_<t>        dz = dy * act'(saved) and per-split column sums of dz
 //   colsum_finish_<t>    db = sum of the column partials
 //   kron_<t>_w<W>        batched Kronecker product, W-element (16-byte) stores
 // Activation codes (FK_LA_ACT_*) come from the prelude fusekit prepends from the Rust
-// enum in src/ops/linalg.rs. GELU is the tanh approximation (cuBLASLt's formula);
-// src/cpu/linalg.rs computes the same in f32.
+// enum in src/ops/linalg.rs. GELU_TANH is the tanh approximation (cuBLASLt's
+// formula), GELU_ERF the exact 0.5 z (1 + erf(z / sqrt 2)); src/cpu/linalg.rs
+// computes the same.
 #include "common.cuh"
 
 #define GELU_C 0.7978845608028654f
 #define GELU_A 0.044715f
+#define INV_SQRT2 0.7071067811865476f
+#define INV_SQRT_2PI 0.3989422804014327f
 
-__device__ __forceinline__ float gelu_f(float z) {
+__device__ __forceinline__ float gelu_tanh_f(float z) {
     float u = GELU_C * (z + GELU_A * z * z * z);
     return 0.5f * z * (1.0f + tanhf(u));
 }
-__device__ __forceinline__ float gelu_grad_f(float z) {
+__device__ __forceinline__ float gelu_tanh_grad_f(float z) {
     float u = GELU_C * (z + GELU_A * z * z * z);
     float t = tanhf(u);
     return 0.5f * (1.0f + t) + 0.5f * z * (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_A * z * z);
 }
+__device__ __forceinline__ float gelu_erf_f(float z) { return 0.5f * z * (1.0f + erff(z * INV_SQRT2)); }
+// Phi(z) + z phi(z)
+__device__ __forceinline__ float gelu_erf_grad_f(float z) {
+    return 0.5f * (1.0f + erff(z * INV_SQRT2)) + z * INV_SQRT_2PI * expf(-0.5f * z * z);
+}
 __device__ __forceinline__ float act_f(int act, float z) {
     if (act == FK_LA_ACT_RELU) return z > 0.0f ? z : (z == z ? 0.0f : z);
-    if (act == FK_LA_ACT_GELU) return gelu_f(z);
+    if (act == FK_LA_ACT_GELU_TANH) return gelu_tanh_f(z);
+    if (act == FK_LA_ACT_GELU_ERF) return gelu_erf_f(z);
     return z;
 }
 
 // ---------------------------------------------------------------- epilogue fallback
+// src: the GEMM's output (y itself: in place; or aux, already holding z when bias
+// is 0 and aux is 0 here).
 struct EpiArgs {
     i64 m, n;
-    u64 y, bias, aux;
+    u64 src, y, bias, aux;
     int act;
 };
 
 template <typename T> __device__ void linear_epilogue(const EpiArgs& a) {
+    const T* src = reinterpret_cast<const T*>(a.src);
     T* y = reinterpret_cast<T*>(a.y);
     const T* b = reinterpret_cast<const T*>(a.bias);
     T* aux = reinterpret_cast<T*>(a.aux);
     i64 total = a.m * a.n;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
-        float z = to_compute(y[i]);
+        float z = to_compute(src[i]);
         if (b) z += to_compute(b[i % a.n]);
         if (aux) aux[i] = from_compute<T>(z);
         y[i] = from_compute<T>(act_f(a.act, z));
@@ -76,8 +90,10 @@ template <typename T> __device__ void linear_dz(const DzArgs& a) {
             float g = to_compute(dy[i]);
             if (a.act == FK_LA_ACT_RELU) {
                 g = to_compute(sv[i]) > 0.0f ? g : 0.0f;
-            } else if (a.act == FK_LA_ACT_GELU) {
-                g *= gelu_grad_f(to_compute(sv[i]));
+            } else if (a.act == FK_LA_ACT_GELU_TANH) {
+                g *= gelu_tanh_grad_f(to_compute(sv[i]));
+            } else if (a.act == FK_LA_ACT_GELU_ERF) {
+                g *= gelu_erf_grad_f(to_compute(sv[i]));
             }
             if (dz) dz[i] = from_compute<T>(g);
             acc += g;

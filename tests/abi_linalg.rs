@@ -316,7 +316,7 @@ fn linear_forward_every_act_dtype_and_bias() {
                     let d = c.data(&mut rng);
                     let out = c.forward(&ctx, &d, null());
                     assert_close(&out.y, &c.y_ref(&d), tol_linear(dtype), &c.describe());
-                    if act == FK_ACT_GELU {
+                    if has_aux(act) {
                         let z: Vec<Cx> = c.z_ref(&d).into_iter().map(re).collect();
                         assert_close(
                             out.aux.as_ref().unwrap(),
@@ -350,14 +350,16 @@ fn linear_backward_matches_the_f64_reference() {
                 let fwd = c.forward(&ctx, &d, null());
                 let saved = match act {
                     FK_ACT_RELU => Some(fwd.y.clone()),
-                    FK_ACT_GELU => fwd.aux.clone(),
+                    FK_ACT_GELU_TANH | FK_ACT_GELU_ERF => fwd.aux.clone(),
                     _ => None,
                 };
                 let g = c.backward(&ctx, &d, saved.as_deref(), null());
                 // the reference's z: what the library saved (rounded to dtype) for
-                // gelu; exact for relu's mask away from ties
+                // the GELUs; exact for relu's mask away from ties
                 let z: Vec<f64> = match act {
-                    FK_ACT_GELU => saved.unwrap().iter().map(|v| v.re).collect(),
+                    FK_ACT_GELU_TANH | FK_ACT_GELU_ERF => {
+                        saved.unwrap().iter().map(|v| v.re).collect()
+                    }
                     FK_ACT_RELU => {
                         // relu'(z) = [y > 0]: rebuild from the library's y
                         fwd.y
@@ -397,15 +399,36 @@ fn activation_derivatives_match_finite_differences_in_f64() {
         }
         z += 0.0371;
     }
-    // and the library's GELU (the CPU's f32 formula) against the f64 one
+    // the independent f64 erf against tabulated values (Abramowitz & Stegun 7.1)
+    for (x, want) in [
+        (0.1, 0.112_462_916_018_284_9),
+        (0.5, 0.520_499_877_813_046_5),
+        (1.0, 0.842_700_792_949_714_9),
+        (2.0, 0.995_322_265_018_952_7),
+        (3.5, 0.999_999_256_901_627_7),
+    ] {
+        assert!((erf_ref(x) - want).abs() < 1e-14, "erf_ref({x})");
+        assert!((erf_ref(-x) + want).abs() < 1e-14, "erf_ref(-{x})");
+    }
+    // and the library's GELUs (the CPU's f32 formulas) against the f64 ones
+    use fusekit::cpu::linalg as cl;
     let mut z = -8.0f32;
     while z <= 8.0 {
-        let lib = fusekit::cpu::linalg::gelu(z) as f64;
-        let lg = fusekit::cpu::linalg::gelu_grad(z) as f64;
-        assert!((lib - gelu(z as f64)).abs() < 1e-6, "gelu({z})");
-        assert!((lg - gelu_grad(z as f64)).abs() < 1e-6, "gelu'({z})");
+        let zd = z as f64;
+        for (name, lib, want) in [
+            ("gelu_tanh", cl::gelu_tanh(z), gelu_tanh(zd)),
+            ("gelu_tanh'", cl::gelu_tanh_grad(z), gelu_tanh_grad(zd)),
+            ("gelu_erf", cl::gelu_erf(z), gelu_erf(zd)),
+            ("gelu_erf'", cl::gelu_erf_grad(z), gelu_erf_grad(zd)),
+        ] {
+            assert!((lib as f64 - want).abs() < 1e-6, "{name}({z})");
+        }
         z += 0.0173;
     }
+    // the two GELUs differ (by up to 4.7e-4 near z = 2.7), far above the tests'
+    // f32 tolerances, so neither could pass for the other
+    let gap = (gelu_tanh(2.7) - gelu_erf(2.7)).abs();
+    assert!(gap > 4e-4, "gelu_tanh(2.7) - gelu_erf(2.7) = {gap}");
 }
 
 /// The library's own backward (f32) against central differences of the library's
@@ -415,7 +438,7 @@ fn activation_derivatives_match_finite_differences_in_f64() {
 fn linear_gradients_match_finite_differences_of_the_forward() {
     let ctx = Ctx::cpu();
     let mut rng = Rng::new(22);
-    for act in [FK_ACT_NONE, FK_ACT_GELU] {
+    for act in [FK_ACT_NONE, FK_ACT_GELU_TANH, FK_ACT_GELU_ERF] {
         let c = LinearCase {
             dtype: FK_DTYPE_F32,
             act,
@@ -520,7 +543,7 @@ fn linear_backward_optional_outputs_and_empty_batches() {
             x0.raw(),
             w.raw(),
             null(),
-            FK_ACT_GELU,
+            FK_ACT_GELU_ERF,
             y0.raw(),
             null_mut(),
             null(),
@@ -551,16 +574,18 @@ fn linear_backward_optional_outputs_and_empty_batches() {
 #[test]
 fn linear_aux_size_query() {
     let mut bytes = 7usize;
-    ok(unsafe { fk_linear_aux_size(FK_ACT_GELU, FK_DTYPE_BF16, 3, 5, &mut bytes) });
-    assert_eq!(bytes, 30);
-    ok(unsafe { fk_linear_aux_size(FK_ACT_GELU, FK_DTYPE_F32, 3, 5, &mut bytes) });
-    assert_eq!(bytes, 60);
+    for act in [FK_ACT_GELU_TANH, FK_ACT_GELU_ERF] {
+        ok(unsafe { fk_linear_aux_size(act, FK_DTYPE_BF16, 3, 5, &mut bytes) });
+        assert_eq!(bytes, 30);
+        ok(unsafe { fk_linear_aux_size(act, FK_DTYPE_F32, 3, 5, &mut bytes) });
+        assert_eq!(bytes, 60);
+    }
     for act in [FK_ACT_NONE, FK_ACT_RELU] {
         ok(unsafe { fk_linear_aux_size(act, FK_DTYPE_F16, 3, 5, &mut bytes) });
         assert_eq!(bytes, 0);
     }
     expect_status(
-        unsafe { fk_linear_aux_size(FK_ACT_GELU, FK_DTYPE_F64, 3, 5, &mut bytes) },
+        unsafe { fk_linear_aux_size(FK_ACT_GELU_ERF, FK_DTYPE_F64, 3, 5, &mut bytes) },
         FK_ERROR_UNSUPPORTED_DTYPE,
         &["fk_linear_aux_size", "f64"],
     );
@@ -570,17 +595,17 @@ fn linear_aux_size_query() {
         &["act = 5"],
     );
     expect_status(
-        unsafe { fk_linear_aux_size(FK_ACT_GELU, 99, 3, 5, &mut bytes) },
+        unsafe { fk_linear_aux_size(FK_ACT_GELU_ERF, 99, 3, 5, &mut bytes) },
         FK_ERROR_INVALID_ARGUMENT,
         &["dtype = 99"],
     );
     expect_status(
-        unsafe { fk_linear_aux_size(FK_ACT_GELU, FK_DTYPE_F32, -1, 5, &mut bytes) },
+        unsafe { fk_linear_aux_size(FK_ACT_GELU_ERF, FK_DTYPE_F32, -1, 5, &mut bytes) },
         FK_ERROR_INVALID_ARGUMENT,
         &["m = -1"],
     );
     expect_status(
-        unsafe { fk_linear_aux_size(FK_ACT_GELU, FK_DTYPE_F32, 3, 5, null_mut()) },
+        unsafe { fk_linear_aux_size(FK_ACT_GELU_ERF, FK_DTYPE_F32, 3, 5, null_mut()) },
         FK_ERROR_NULL_POINTER,
         &["bytes is NULL"],
     );
@@ -606,14 +631,24 @@ fn linear_bad_inputs_name_the_argument() {
         x.raw(),
         w.raw(),
         b.raw(),
-        FK_ACT_GELU,
+        FK_ACT_GELU_ERF,
         y.raw(),
         aux.raw(),
     ));
     expect_status(
-        fwd(x.raw(), w.raw(), b.raw(), 3, y.raw(), null_mut()),
+        fwd(x.raw(), w.raw(), b.raw(), 4, y.raw(), null_mut()),
         FK_ERROR_INVALID_ARGUMENT,
-        &["fk_linear_forward", "act = 3"],
+        &[
+            "fk_linear_forward",
+            "act = 4 is not a valid fk_activation",
+            "FK_ACT_GELU_TANH=2",
+            "FK_ACT_GELU_ERF=3",
+        ],
+    );
+    expect_status(
+        fwd(x.raw(), w.raw(), b.raw(), -1, y.raw(), null_mut()),
+        FK_ERROR_INVALID_ARGUMENT,
+        &["fk_linear_forward", "act = -1"],
     );
     expect_status(
         fwd(null(), w.raw(), b.raw(), FK_ACT_NONE, y.raw(), null_mut()),
@@ -645,7 +680,14 @@ fn linear_bad_inputs_name_the_argument() {
     );
     let aux2 = Buf::new(&ctx, f, &[5, 4]);
     expect_status(
-        fwd(x.raw(), w.raw(), b.raw(), FK_ACT_GELU, y.raw(), aux2.raw()),
+        fwd(
+            x.raw(),
+            w.raw(),
+            b.raw(),
+            FK_ACT_GELU_ERF,
+            y.raw(),
+            aux2.raw(),
+        ),
         FK_ERROR_SHAPE_MISMATCH,
         &["aux has shape [5, 4]"],
     );
@@ -705,12 +747,24 @@ fn linear_bad_inputs_name_the_argument() {
                db: *mut fk_buffer| unsafe {
         fk_linear_backward(dy.raw(), x.raw(), w.raw(), act, saved, dx, dw, db, null())
     };
-    ok(bwd(FK_ACT_GELU, aux.raw(), dx.raw(), dw.raw(), b.raw()));
+    ok(bwd(
+        FK_ACT_GELU_TANH,
+        aux.raw(),
+        dx.raw(),
+        dw.raw(),
+        b.raw(),
+    ));
+    ok(bwd(FK_ACT_GELU_ERF, aux.raw(), dx.raw(), dw.raw(), b.raw()));
     ok(bwd(FK_ACT_NONE, null(), dx.raw(), dw.raw(), b.raw()));
     expect_status(
-        bwd(FK_ACT_GELU, null(), dx.raw(), dw.raw(), b.raw()),
+        bwd(FK_ACT_GELU_ERF, null(), dx.raw(), dw.raw(), b.raw()),
         FK_ERROR_NULL_POINTER,
-        &["fk_linear_backward", "saved is NULL", "pre-activation"],
+        &[
+            "fk_linear_backward",
+            "saved is NULL",
+            "FK_ACT_GELU_ERF",
+            "pre-activation",
+        ],
     );
     expect_status(
         bwd(FK_ACT_RELU, null(), dx.raw(), dw.raw(), b.raw()),
@@ -740,7 +794,7 @@ fn linear_bad_inputs_name_the_argument() {
     expect_status(
         bwd(9, null(), dx.raw(), null_mut(), null_mut()),
         FK_ERROR_INVALID_ARGUMENT,
-        &["act = 9"],
+        &["fk_linear_backward", "act = 9 is not a valid fk_activation"],
     );
     // dx aliasing dw
     let both = Buf::new(&ctx, f, &[15]);

@@ -297,7 +297,7 @@ fn capture_elementwise_first_use() {
 
 fn linear_spec(act: fk_activation, name: &'static str) -> Spec {
     let (m, k, n) = (48i64, 40i64, 24i64);
-    let gelu = act == FK_ACT_GELU;
+    let gelu = act == FK_ACT_GELU_TANH || act == FK_ACT_GELU_ERF;
     let mut outputs = vec![
         (vec![m, n], None), // y
         (vec![m, k], None), // dx
@@ -343,9 +343,17 @@ fn capture_linear_relu_first_use() {
 }
 
 #[test]
-fn capture_linear_gelu_first_use() {
+fn capture_linear_gelu_tanh_first_use() {
     run(
-        |_| linear_spec(FK_ACT_GELU, "fk_linear_forward + backward (gelu)"),
+        |_| linear_spec(FK_ACT_GELU_TANH, "fk_linear_forward + backward (gelu_tanh)"),
+        3,
+    );
+}
+
+#[test]
+fn capture_linear_gelu_erf_first_use() {
+    run(
+        |_| linear_spec(FK_ACT_GELU_ERF, "fk_linear_forward + backward (gelu_erf)"),
         3,
     );
 }

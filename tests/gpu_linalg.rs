@@ -8,7 +8,8 @@
 //! broadcasts, padded leading dimensions, beta = 0 over NaN, TF32 (tolerance 1e-3);
 //! complex128 through cuBLAS's ZGEMM, including the sequence that used to crash
 //! (docs/linalg.md); the fused linear layer forward (cuBLASLt epilogues and the
-//! forced fallback) and backward per dtype and activation; the Kronecker product
+//! forced fallback) and backward per dtype and activation, the exact GELU also on
+//! random odd shapes with and without aux; the Kronecker product
 //! (every store width, outputs aligned to 16 bytes, to the element or to a complex
 //! component, odd widths, batches, strided inputs); the chunked GEMM with pinned host
 //! operands under small budgets (many tiles, rings of 2 and 3 buffers, both copy
@@ -204,7 +205,7 @@ fn gemm_tf32_within_1e3_and_on_a_borrowed_stream() {
 fn linear_tol(dtype: fk_dtype, act: fk_activation) -> f64 {
     match (dtype, act) {
         // cuBLASLt's GELU epilogue may evaluate tanh differently from tanhf
-        (FK_DTYPE_F32, FK_ACT_GELU) => 1e-4,
+        (FK_DTYPE_F32, FK_ACT_GELU_TANH) => 1e-4,
         (FK_DTYPE_F32, _) => 1e-5,
         _ => 1e-2,
     }
@@ -272,7 +273,7 @@ fn linear_sweep(dtype: fk_dtype, fallback: bool) {
         // backward: both backends from the same saved tensor (the CPU's)
         let saved = match c.act {
             FK_ACT_RELU => Some(want.y.clone()),
-            FK_ACT_GELU => want.aux.clone(),
+            FK_ACT_GELU_TANH | FK_ACT_GELU_ERF => want.aux.clone(),
             _ => None,
         };
         let gw = c.backward(&cpu, &d, saved.as_deref(), null());
@@ -282,6 +283,63 @@ fn linear_sweep(dtype: fk_dtype, fallback: bool) {
         assert_close(&gg.dw, &gw.dw, btol, &format!("{what}: dw"));
         assert_close(&gg.db, &gw.db, btol, &format!("{what}: db"));
     }
+}
+
+/// The exact GELU (cuBLASLt's `BIAS` epilogue, then fusekit's kernel; and the
+/// forced fallback) on random odd shapes, with and without bias and aux: y against
+/// the CPU and the f64 reference, aux against the CPU, y without aux the same as y
+/// with it, and the backward against the CPU from the same saved pre-activation.
+#[test]
+fn linear_gelu_erf_random_odd_shapes() {
+    let Some(g) = gpu() else { return };
+    let cpu = Ctx::cpu();
+    let mut rng = Rng::new(260);
+    let dev = unsafe { &*g.raw() }.context().cuda_dev();
+    let cap = if sanitizing() { 40 } else { 300 };
+    for fallback in [false, true] {
+        dev.set_linalg_fallback(fallback);
+        for dtype in LINEAR_DTYPES {
+            for round in 0..6 {
+                let mut odd = || 2 * rng.below(cap / 2) as i64 + 1;
+                let lead = if round % 2 == 0 {
+                    vec![odd()]
+                } else {
+                    vec![3, odd()]
+                };
+                let c = LinearCase {
+                    dtype,
+                    act: FK_ACT_GELU_ERF,
+                    lead,
+                    k: odd(),
+                    n: odd(),
+                    bias: round % 3 != 2,
+                };
+                let d = c.data(&mut rng);
+                let what = format!("CUDA vs CPU (fallback {fallback}): {}", c.describe());
+                let tol = linear_tol(dtype, c.act);
+                let want = c.forward(&cpu, &d, null());
+                let got = c.forward(&g, &d, null());
+                assert_close(&got.y, &want.y, tol, &what);
+                assert_close(&got.y, &c.y_ref(&d), tol, &format!("{what}: vs f64"));
+                assert_close(
+                    got.aux.as_ref().unwrap(),
+                    want.aux.as_ref().unwrap(),
+                    tol,
+                    &format!("{what}: aux"),
+                );
+                // inference (no aux): z goes through y itself
+                let lone = c.forward_aux(&g, &d, null(), false);
+                assert_close(&lone.y, &got.y, tol, &format!("{what}: y without aux"));
+                let gw = c.backward(&cpu, &d, want.aux.as_deref(), null());
+                let gg = c.backward(&g, &d, want.aux.as_deref(), null());
+                let btol = if dtype == FK_DTYPE_F32 { 1e-5 } else { 1e-2 };
+                assert_close(&gg.dx, &gw.dx, btol, &format!("{what}: dx"));
+                assert_close(&gg.dw, &gw.dw, btol, &format!("{what}: dw"));
+                assert_close(&gg.db, &gw.db, btol, &format!("{what}: db"));
+            }
+        }
+    }
+    dev.set_linalg_fallback(false);
 }
 
 #[test]

@@ -751,8 +751,14 @@ inline void reduce_scatter(const Comm& comm, const Buffer& send, const Buffer& r
 
 /// Operation on a GEMM operand.
 enum class Op : fk_op { N = FK_OP_N, T = FK_OP_T, C = FK_OP_C };
-/// Activation of the fused linear layer.
-enum class Act : fk_activation { None = FK_ACT_NONE, Relu = FK_ACT_RELU, Gelu = FK_ACT_GELU };
+/// Activation of the fused linear layer: GeluErf is the exact GELU (torch's default
+/// `gelu`), GeluTanh the tanh approximation (`gelu(approximate="tanh")`).
+enum class Act : fk_activation {
+    None = FK_ACT_NONE,
+    Relu = FK_ACT_RELU,
+    GeluTanh = FK_ACT_GELU_TANH,
+    GeluErf = FK_ACT_GELU_ERF
+};
 
 namespace detail {
 inline fk_buffer* opt(const Buffer* b) noexcept { return b ? b->get() : nullptr; }
@@ -774,21 +780,21 @@ inline void gemm_chunked(const Buffer& a, const Buffer& b, Buffer& c, std::uint6
                           beta.get(), c.get(), device_budget_bytes, flags, stream.get()));
 }
 
-/// Bytes of the aux buffer linear_forward fills (GELU: the pre-activation; else 0).
+/// Bytes of the aux buffer linear_forward fills (GELUs: the pre-activation; else 0).
 inline std::size_t linear_aux_size(Act act, fk_dtype dtype, std::int64_t m, std::int64_t n) {
     std::size_t bytes = 0;
     check(fk_linear_aux_size(static_cast<fk_activation>(act), dtype, m, n, &bytes));
     return bytes;
 }
 
-/// y = act(x w^T + b): x [..., k], w [n, k], b [n] (nullptr: none), aux (GELU only) or nullptr.
+/// y = act(x w^T + b): x [..., k], w [n, k], b [n] (nullptr: none), aux (GELUs only) or nullptr.
 inline void linear_forward(const Buffer& x, const Buffer& w, const Buffer* b, Act act, Buffer& y,
                            Buffer* aux = nullptr, StreamRef stream = {}) {
     check(fk_linear_forward(x.get(), w.get(), detail::opt(b), static_cast<fk_activation>(act), y.get(),
                             detail::opt(aux), stream.get()));
 }
 
-/// Backward of linear_forward: `saved` is y (relu), aux (gelu) or nullptr (none);
+/// Backward of linear_forward: `saved` is y (relu), aux (GELUs) or nullptr (none);
 /// dx, dw, db each optional (nullptr).
 inline void linear_backward(const Buffer& dy, const Buffer& x, const Buffer& w, Act act, const Buffer* saved,
                             Buffer* dx, Buffer* dw, Buffer* db, StreamRef stream = {}) {

@@ -111,7 +111,8 @@ const FK_OP_T = 1
 const FK_OP_C = 2
 const FK_ACT_NONE = 0
 const FK_ACT_RELU = 1
-const FK_ACT_GELU = 2
+const FK_ACT_GELU_TANH = 2   # GELU, tanh approximation (torch's gelu(approximate="tanh"))
+const FK_ACT_GELU_ERF = 3    # GELU, exact: 0.5 z (1 + erf(z / sqrt 2)) (torch's default gelu)
 const FK_GEMM_ALLOW_TF32 = 1
 
 const FK_GAUSSIAN_DEFAULT_EPS = 1e-6
@@ -856,21 +857,21 @@ function gemm_chunked!(c::Buffer, a::Buffer, b::Buffer, budget::Integer; op_a::I
     return c
 end
 
-"""Bytes of the aux buffer `linear_forward!` fills for `act` (the pre-activation for GELU, else 0)."""
+"""Bytes of the aux buffer `linear_forward!` fills for `act` (the pre-activation for the GELUs, else 0)."""
 function linear_aux_size(act::Integer, ::Type{T}, m::Integer, n::Integer) where {T}
     r = Ref{Csize_t}(0)
     check(fk_linear_aux_size(Int32(act), dtype_of(T), Int64(m), Int64(n), r))
     return Int(r[])
 end
 
-"""`y = act(x w^T + b)` (x `[..., k]`, w `[n, k]`, b `[n]` or nothing; aux: GELU pre-activation or nothing)."""
+"""`y = act(x w^T + b)` (x `[..., k]`, w `[n, k]`, b `[n]` or nothing; aux: the GELUs' pre-activation or nothing)."""
 function linear_forward!(y::Buffer, x::Buffer, w::Buffer, b::Union{Buffer,Nothing}, act::Integer;
                          aux::Union{Buffer,Nothing} = nothing, stream::Union{Stream,Nothing} = nothing)
     check(fk_linear_forward(x, w, _bptr(b), Int32(act), y, _bptr(aux), _sptr(stream)))
     return y
 end
 
-"""Backward of `linear_forward!` (`saved`: y for relu, aux for gelu; each gradient optional)."""
+"""Backward of `linear_forward!` (`saved`: y for relu, aux for the GELUs; each gradient optional)."""
 function linear_backward!(dy::Buffer, x::Buffer, w::Buffer, act::Integer, saved::Union{Buffer,Nothing};
                           dx::Union{Buffer,Nothing} = nothing, dw::Union{Buffer,Nothing} = nothing,
                           db::Union{Buffer,Nothing} = nothing, stream::Union{Stream,Nothing} = nothing)

@@ -9,8 +9,8 @@
 //!   column-strided views) return `FK_ERROR_UNSUPPORTED`; pass the transpose through
 //!   `op_*` instead, or make the view contiguous with `fk_copy`.
 //! - Enum arguments are validated: `op_*` in `FK_OP_N`, `FK_OP_T`, `FK_OP_C`;
-//!   `act` in `FK_ACT_NONE`, `FK_ACT_RELU`, `FK_ACT_GELU`; unknown values and unknown
-//!   flag bits are `FK_ERROR_INVALID_ARGUMENT`.
+//!   `act` in `FK_ACT_NONE`, `FK_ACT_RELU`, `FK_ACT_GELU_TANH`, `FK_ACT_GELU_ERF`;
+//!   unknown values and unknown flag bits are `FK_ERROR_INVALID_ARGUMENT`.
 //! - Outputs must not overlap inputs (`FK_ERROR_ALIASING`), must not be read-only
 //!   DLPack imports nor self-overlapping (`FK_ERROR_INVALID_ARGUMENT`).
 //! - Real dtypes accumulate in f32 (f16, bf16, f32) or f64; f32 uses TF32 tensor
@@ -57,8 +57,14 @@ pub const FK_ACT_NONE: fk_activation = 0;
 /// `y = max(z, 0)` (NaN propagates).
 pub const FK_ACT_RELU: fk_activation = 1;
 /// GELU, tanh approximation, as cuBLASLt's epilogue computes it:
-/// `0.5 z (1 + tanh(0.7978845608 (z + 0.044715 z^3)))`.
-pub const FK_ACT_GELU: fk_activation = 2;
+/// `0.5 z (1 + tanh(0.7978845608 (z + 0.044715 z^3)))` (torch's
+/// `gelu(approximate="tanh")`). Value 2 was formerly named `FK_ACT_GELU`; that name
+/// was removed (not kept as an alias) because it did not say which GELU it meant.
+pub const FK_ACT_GELU_TANH: fk_activation = 2;
+/// GELU, exact: `0.5 z (1 + erf(z / sqrt(2)))` (torch's default `gelu`). On CUDA
+/// the product runs through cuBLASLt's `BIAS` epilogue and a fusekit kernel
+/// applies the activation (cuBLASLt has only the tanh GELU).
+pub const FK_ACT_GELU_ERF: fk_activation = 3;
 
 /// `fk_gemm` flag: f32 and complex64 products may use TF32 tensor cores (inputs
 /// rounded to a 10-bit mantissa, f32 accumulation; relative error ~1e-3). Ignored
@@ -81,10 +87,11 @@ fn activation(v: fk_activation) -> Result<Activation> {
     Ok(match v {
         FK_ACT_NONE => Activation::None,
         FK_ACT_RELU => Activation::Relu,
-        FK_ACT_GELU => Activation::Gelu,
+        FK_ACT_GELU_TANH => Activation::GeluTanh,
+        FK_ACT_GELU_ERF => Activation::GeluErf,
         _ => crate::bail!(
             FK_ERROR_INVALID_ARGUMENT,
-            "act = {v} is not a valid fk_activation (FK_ACT_NONE=0, FK_ACT_RELU=1, FK_ACT_GELU=2)"
+            "act = {v} is not a valid fk_activation (FK_ACT_NONE=0, FK_ACT_RELU=1, FK_ACT_GELU_TANH=2, FK_ACT_GELU_ERF=3)"
         ),
     })
 }
@@ -192,9 +199,10 @@ pub unsafe extern "C" fn fk_gemm_chunked(
 
 /// Bytes of the `aux` buffer `fk_linear_forward` fills for the backward, for an
 /// output of `m` rows (the leading dimensions of `x` multiplied) and `n` features:
-/// `m * n * sizeof(dtype)` for `FK_ACT_GELU` (aux holds the pre-activation
-/// `z = x W^T + b`, shaped and typed like `y`), 0 for `FK_ACT_RELU` (the backward
-/// reads the output `y` itself: `relu'(z) = [y > 0]`) and for `FK_ACT_NONE`.
+/// `m * n * sizeof(dtype)` for `FK_ACT_GELU_TANH` and `FK_ACT_GELU_ERF` (aux holds
+/// the pre-activation `z = x W^T + b`, shaped and typed like `y`), 0 for
+/// `FK_ACT_RELU` (the backward reads the output `y` itself: `relu'(z) = [y > 0]`)
+/// and for `FK_ACT_NONE`.
 ///
 /// Statuses: `FK_ERROR_NULL_POINTER` (`bytes` NULL), `FK_ERROR_INVALID_ARGUMENT`
 /// (unknown `act` or `dtype`, negative sizes), `FK_ERROR_UNSUPPORTED_DTYPE` (not
@@ -217,12 +225,15 @@ pub unsafe extern "C" fn fk_linear_aux_size(
 
 /// Fused linear layer `y = act(x W^T + b)` in one cuBLASLt call (epilogues
 /// `BIAS`, `RELU_BIAS`, `GELU_BIAS`, `GELU_AUX_BIAS`; a GEMM plus an epilogue
-/// kernel where cuBLASLt declines the layout).
+/// kernel where cuBLASLt declines the layout). `FK_ACT_GELU_ERF`, which cuBLASLt
+/// lacks, is the `BIAS` epilogue (writing `z` to `aux` when given) followed by
+/// fusekit's activation kernel.
 ///
 /// - `x`: `[..., k]` (leading dimensions flattened into `m` rows); `w`: `[n, k]`;
 ///   `b`: `[n]`, optional (NULL = no bias); `y`: `[..., n]` (x's leading shape).
-/// - `act`: `FK_ACT_NONE`, `FK_ACT_RELU`, `FK_ACT_GELU` (tanh approximation).
-/// - `aux`: optional, GELU only (must be NULL otherwise): receives the
+/// - `act`: `FK_ACT_NONE`, `FK_ACT_RELU`, `FK_ACT_GELU_TANH` (tanh approximation),
+///   `FK_ACT_GELU_ERF` (exact).
+/// - `aux`: optional, GELUs only (must be NULL otherwise): receives the
 ///   pre-activation `z`, shaped and typed like `y` (`fk_linear_aux_size` bytes), for
 ///   `fk_linear_backward`. Leave it NULL for inference.
 /// - dtypes: f16, bf16, f32 (f32 accumulation, bias added and activation applied in
@@ -259,7 +270,7 @@ pub unsafe extern "C" fn fk_linear_forward(
 ///
 /// - `dy`: `[..., n]`; `x`: `[..., k]`; `w`: `[n, k]`, as in the forward.
 /// - `saved`: what the forward left for the backward: for `FK_ACT_RELU` the
-///   forward's output `y`; for `FK_ACT_GELU` the pre-activation the forward wrote
+///   forward's output `y`; for the GELUs the pre-activation the forward wrote
 ///   to `aux`; ignored for `FK_ACT_NONE` (may be NULL). Shaped and typed like `dy`.
 /// - `dx` (`x`'s shape), `dw` (`w`'s shape), `db` (`[n]`): each optional (NULL = not
 ///   wanted), overwritten (not accumulated); all NULL is a no-op.
@@ -268,7 +279,7 @@ pub unsafe extern "C" fn fk_linear_forward(
 /// - On CUDA `dz` lives in a per-stream scratch buffer of the context (grown as
 ///   needed, `m * n` elements); `dx` and `dw` are cuBLAS products.
 /// - Statuses: see the module rules; `FK_ERROR_NULL_POINTER` also when `saved` is
-///   NULL for relu or gelu.
+///   NULL for relu or a GELU.
 /// - CUDA graphs: capturable from the first call on any stream; under capture `dz`
 ///   is a stream-ordered allocation of the call (graph alloc/free nodes), not the
 ///   cached scratch (docs/abi.md, "CUDA graphs").

@@ -387,17 +387,33 @@ pub fn gemm(p: &GemmPlan) -> Result<()> {
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 const GELU_A: f32 = 0.044715;
 
-/// GELU, tanh approximation (cuBLASLt's epilogue formula).
-pub fn gelu(z: f32) -> f32 {
+/// GELU, tanh approximation (cuBLASLt's epilogue formula), in f32 as the kernels.
+pub fn gelu_tanh(z: f32) -> f32 {
     let u = SQRT_2_OVER_PI * (z + GELU_A * z * z * z);
     0.5 * z * (1.0 + u.tanh())
 }
 
-/// d gelu / dz of the tanh approximation.
-pub fn gelu_grad(z: f32) -> f32 {
+/// d gelu_tanh / dz.
+pub fn gelu_tanh_grad(z: f32) -> f32 {
     let u = SQRT_2_OVER_PI * (z + GELU_A * z * z * z);
     let t = u.tanh();
     0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_A * z * z)
+}
+
+/// GELU, exact: `z Phi(z) = 0.5 z (1 + erf(z / sqrt(2)))`, evaluated in f64 and
+/// rounded once.
+pub fn gelu_erf(z: f32) -> f32 {
+    let z = z as f64;
+    (0.5 * z * (1.0 + libm::erf(z * std::f64::consts::FRAC_1_SQRT_2))) as f32
+}
+
+/// d gelu_erf / dz = `Phi(z) + z phi(z)`, in f64 and rounded once.
+pub fn gelu_erf_grad(z: f32) -> f32 {
+    let z = z as f64;
+    let cdf = 0.5 * (1.0 + libm::erf(z * std::f64::consts::FRAC_1_SQRT_2));
+    // 1 / sqrt(2 pi)
+    let pdf = 0.398_942_280_401_432_7 * (-0.5 * z * z).exp();
+    (cdf + z * pdf) as f32
 }
 
 fn act_fwd(act: Activation, z: f32) -> f32 {
@@ -411,7 +427,8 @@ fn act_fwd(act: Activation, z: f32) -> f32 {
                 0.0
             }
         }
-        Activation::Gelu => gelu(z),
+        Activation::GeluTanh => gelu_tanh(z),
+        Activation::GeluErf => gelu_erf(z),
     }
 }
 
@@ -540,11 +557,16 @@ pub fn linear_backward(p: &LinearBwdPlan) -> Result<()> {
                 }
             });
         }
-        Activation::Gelu => {
+        Activation::GeluTanh | Activation::GeluErf => {
+            let grad = if p.act == Activation::GeluTanh {
+                gelu_tanh_grad
+            } else {
+                gelu_erf_grad
+            };
             let z = load_f32(p.dtype, p.saved, m * n);
             super::for_chunks_mut(&mut dz, 4096, |ci, c| {
                 for (d, &z) in c.iter_mut().zip(&z[ci * 4096..]) {
-                    *d *= gelu_grad(z);
+                    *d *= grad(z);
                 }
             });
         }

@@ -50,9 +50,11 @@ impl Trans {
 pub enum Activation {
     None = 0,
     Relu = 1,
-    /// tanh approximation: `0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))`, the
-    /// formula of cuBLASLt's GELU epilogue.
-    Gelu = 2,
+    /// GELU, tanh approximation: `0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))`,
+    /// the formula of cuBLASLt's GELU epilogue (torch's `gelu(approximate="tanh")`).
+    GeluTanh = 2,
+    /// GELU, exact: `0.5 z (1 + erf(z / sqrt(2)))` (torch's default `gelu`).
+    GeluErf = 3,
 }
 
 impl Activation {
@@ -60,13 +62,14 @@ impl Activation {
         match self {
             Activation::None => "FK_ACT_NONE",
             Activation::Relu => "FK_ACT_RELU",
-            Activation::Gelu => "FK_ACT_GELU",
+            Activation::GeluTanh => "FK_ACT_GELU_TANH",
+            Activation::GeluErf => "FK_ACT_GELU_ERF",
         }
     }
     /// Whether the forward can keep an aux tensor for the backward (the
-    /// pre-activation, GELU only: ReLU's backward reads the output `y`).
+    /// pre-activation, the GELUs only: ReLU's backward reads the output `y`).
     pub fn has_aux(self) -> bool {
-        self == Activation::Gelu
+        matches!(self, Activation::GeluTanh | Activation::GeluErf)
     }
 }
 

@@ -12,7 +12,7 @@ use crate::common::*;
 pub use fusekit::abi::linalg::*;
 
 pub const OPS: [fk_op; 3] = [FK_OP_N, FK_OP_T, FK_OP_C];
-pub const ACTS: [fk_activation; 3] = [FK_ACT_NONE, FK_ACT_RELU, FK_ACT_GELU];
+pub const ACTS: [fk_activation; 4] = [FK_ACT_NONE, FK_ACT_RELU, FK_ACT_GELU_TANH, FK_ACT_GELU_ERF];
 pub const LINEAR_DTYPES: [fk_dtype; 3] = [FK_DTYPE_F16, FK_DTYPE_BF16, FK_DTYPE_F32];
 
 pub fn op_name(op: fk_op) -> &'static str {
@@ -20,7 +20,7 @@ pub fn op_name(op: fk_op) -> &'static str {
 }
 
 pub fn act_name(a: fk_activation) -> &'static str {
-    ["none", "relu", "gelu"][a as usize]
+    ["none", "relu", "gelu_tanh", "gelu_erf"][a as usize]
 }
 
 /// `conj(z)` for `op = C`, `z` otherwise.
@@ -279,21 +279,51 @@ impl GemmCase {
 pub const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 
 /// GELU (tanh approximation), f64.
-pub fn gelu(z: f64) -> f64 {
+pub fn gelu_tanh(z: f64) -> f64 {
     0.5 * z * (1.0 + (SQRT_2_OVER_PI * (z + 0.044715 * z * z * z)).tanh())
 }
 
 /// Its derivative, f64, from the formula (checked against finite differences).
-pub fn gelu_grad(z: f64) -> f64 {
+pub fn gelu_tanh_grad(z: f64) -> f64 {
     let u = SQRT_2_OVER_PI * (z + 0.044715 * z * z * z);
     let t = u.tanh();
     0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * z * z)
 }
 
+/// `erf(x)` in f64, written here independently of the library (which uses the
+/// `libm` crate): the series `2/sqrt(pi) exp(-x^2) sum_j 2^j x^(2j+1) / (1 3 5 ...
+/// (2j+1))`, whose terms are all positive (no cancellation: relative error ~1e-15),
+/// and +-1 from |x| = 6 (1 - erf(6) = 2e-17).
+pub fn erf_ref(x: f64) -> f64 {
+    let a = x.abs();
+    if a >= 6.0 {
+        return 1f64.copysign(x);
+    }
+    let (mut term, mut sum, mut j) = (a, a, 0.0);
+    while term > 1e-17 * sum {
+        j += 1.0;
+        term *= 2.0 * a * a / (2.0 * j + 1.0);
+        sum += term;
+    }
+    (1.128_379_167_095_512_6 * (-a * a).exp() * sum).copysign(x)
+}
+
+/// GELU, exact: `0.5 z (1 + erf(z / sqrt 2))`, f64.
+pub fn gelu_erf(z: f64) -> f64 {
+    0.5 * z * (1.0 + erf_ref(z * std::f64::consts::FRAC_1_SQRT_2))
+}
+
+/// Its derivative `Phi(z) + z phi(z)`, f64 (checked against finite differences).
+pub fn gelu_erf_grad(z: f64) -> f64 {
+    0.5 * (1.0 + erf_ref(z * std::f64::consts::FRAC_1_SQRT_2))
+        + z * (-0.5 * z * z).exp() / (2.0 * std::f64::consts::PI).sqrt()
+}
+
 pub fn act_ref(act: fk_activation, z: f64) -> f64 {
     match act {
         FK_ACT_RELU => z.max(0.0),
-        FK_ACT_GELU => gelu(z),
+        FK_ACT_GELU_TANH => gelu_tanh(z),
+        FK_ACT_GELU_ERF => gelu_erf(z),
         _ => z,
     }
 }
@@ -307,9 +337,15 @@ pub fn act_grad_ref(act: fk_activation, z: f64) -> f64 {
                 0.0
             }
         }
-        FK_ACT_GELU => gelu_grad(z),
+        FK_ACT_GELU_TANH => gelu_tanh_grad(z),
+        FK_ACT_GELU_ERF => gelu_erf_grad(z),
         _ => 1.0,
     }
+}
+
+/// Whether the forward of `act` keeps the pre-activation in `aux` (the GELUs).
+pub fn has_aux(act: fk_activation) -> bool {
+    act == FK_ACT_GELU_TANH || act == FK_ACT_GELU_ERF
 }
 
 /// One fused-linear case: `x [lead..., k]`, `w [n, k]`, `b [n]`.
@@ -402,16 +438,25 @@ impl LinearCase {
             .map(|z| re(act_ref(self.act, z)))
             .collect()
     }
-    /// Runs the forward on `ctx` (with aux for gelu), outputs poisoned first.
+    /// Runs the forward on `ctx` (with aux for the GELUs), outputs poisoned first.
     pub fn forward(&self, ctx: &Ctx, d: &LinearData, stream: *const fk_stream) -> LinearOut {
+        self.forward_aux(ctx, d, stream, has_aux(self.act))
+    }
+    /// The forward, with aux (the pre-activation) kept or not (`keep_aux`: GELUs only).
+    pub fn forward_aux(
+        &self,
+        ctx: &Ctx,
+        d: &LinearData,
+        stream: *const fk_stream,
+        keep_aux: bool,
+    ) -> LinearOut {
         let dt = self.dtype;
         let x = Buf::from_vals(ctx, dt, &self.x_shape(), &d.x);
         let w = Buf::from_vals(ctx, dt, &[self.n, self.k], &d.w);
         let b = self.bias.then(|| Buf::from_vals(ctx, dt, &[self.n], &d.b));
         let ys = self.y_shape();
         let y = Placed::poisoned(ctx, dt, &View::contiguous(&ys));
-        let aux =
-            (self.act == FK_ACT_GELU).then(|| Placed::poisoned(ctx, dt, &View::contiguous(&ys)));
+        let aux = keep_aux.then(|| Placed::poisoned(ctx, dt, &View::contiguous(&ys)));
         let s = unsafe {
             fk_linear_forward(
                 x.raw(),
@@ -438,7 +483,7 @@ impl LinearCase {
             aux: aux.map(|a| a.read_checked()),
         }
     }
-    /// Runs the backward on `ctx`, `saved` (y for relu, z for gelu) as given.
+    /// Runs the backward on `ctx`, `saved` (y for relu, z for the GELUs) as given.
     pub fn backward(
         &self,
         ctx: &Ctx,

@@ -459,9 +459,27 @@ int main(int argc, char** argv) {
             auto y = fusekit::Buffer::owned<float>(ctx, {2, 2});
             fusekit::linear_forward(ma, w, &bias, fusekit::Act::Relu, y);
             check(y.to_vector<float>() == std::vector<float>{0, 0, 0, 2}, "linear_forward relu");
-            check(fusekit::linear_aux_size(fusekit::Act::Gelu, FK_DTYPE_F32, 2, 2) == 16 &&
+            check(fusekit::linear_aux_size(fusekit::Act::GeluErf, FK_DTYPE_F32, 2, 2) == 16 &&
+                      fusekit::linear_aux_size(fusekit::Act::GeluTanh, FK_DTYPE_F32, 2, 2) == 16 &&
                       fusekit::linear_aux_size(fusekit::Act::Relu, FK_DTYPE_F32, 2, 2) == 0,
                   "linear_aux_size");
+            {
+                // z = {-1.5, -1, -1.5, 2}: the exact GELU in double, and the tanh one apart from it
+                auto ye = fusekit::Buffer::owned<float>(ctx, {2, 2});
+                auto yt = fusekit::Buffer::owned<float>(ctx, {2, 2});
+                auto aux = fusekit::Buffer::owned<float>(ctx, {2, 2});
+                fusekit::linear_forward(ma, w, &bias, fusekit::Act::GeluErf, ye, &aux);
+                fusekit::linear_forward(ma, w, &bias, fusekit::Act::GeluTanh, yt);
+                const double z[4] = {-1.5, -1, -1.5, 2};
+                auto e = ye.to_vector<float>(), t = yt.to_vector<float>(), a = aux.to_vector<float>();
+                bool good = true;
+                for (int i = 0; i < 4; ++i) {
+                    double want = 0.5 * z[i] * (1.0 + std::erf(z[i] / std::sqrt(2.0)));
+                    double tanh_ = 0.5 * z[i] * (1.0 + std::tanh(0.7978845608028654 * (z[i] + 0.044715 * z[i] * z[i] * z[i])));
+                    good = good && std::fabs(e[i] - want) < 1e-6 && std::fabs(t[i] - tanh_) < 1e-6 && a[i] == z[i];
+                }
+                check(good && std::fabs(e[1] - t[1]) > 1e-5, "linear_forward GeluErf / GeluTanh");
+            }
             auto dy = fusekit::Buffer::owned<float>(ctx, {2, 2});
             dy.copy_from_host(std::vector<float>{1, 1, 1, 1});
             auto db = fusekit::Buffer::owned<float>(ctx, {2});

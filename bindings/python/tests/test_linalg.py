@@ -3,6 +3,8 @@ layer, the Kronecker product, errors. The torch custom op and GEMM on torch CUDA
 tensors are in test_linalg_torch.py (a separate module, so that these run without
 torch)."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -58,30 +60,42 @@ def test_kron_numpy(rng):
         np.testing.assert_allclose(got[i], np.kron(a3[i], b3[i]), rtol=1e-14)
 
 
+_ERF = np.vectorize(math.erf)
+
+
 def _gelu(z):
+    """The exact GELU in float64 (torch's default ``gelu``)."""
+    return 0.5 * z * (1 + _ERF(z / math.sqrt(2)))
+
+
+def _gelu_tanh(z):
     return 0.5 * z * (1 + np.tanh(0.7978845608028654 * (z + 0.044715 * z**3)))
 
 
-@pytest.mark.parametrize("act", ["none", "relu", "gelu"])
+_GELUS = {"gelu": _gelu, "gelu_tanh": _gelu_tanh}
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "gelu", "gelu_tanh"])
 def test_linear_numpy(rng, act):
     x, w, b = _rand(rng, (2, 3, 8), np.float32), _rand(rng, (5, 8), np.float32), _rand(rng, (5,), np.float32)
     z = x.astype(np.float64) @ w.T.astype(np.float64) + b
-    want = {"none": z, "relu": np.maximum(z, 0), "gelu": _gelu(z)}[act]
-    if act == "gelu":
+    gelu = _GELUS.get(act)
+    want = {"none": z, "relu": np.maximum(z, 0)}[act] if gelu is None else gelu(z)
+    if gelu is not None:
         y, aux = fusekit.linear_forward(x, w, b, act=act, want_aux=True)
         np.testing.assert_allclose(aux, z, rtol=1e-5, atol=1e-5)
     else:
         y = fusekit.linear_forward(x, w, b, act=act)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
-    assert fusekit.linear_aux_size(act, "float32", 6, 5) == (120 if act == "gelu" else 0)
+    assert fusekit.linear_aux_size(act, "float32", 6, 5) == (120 if gelu is not None else 0)
     dy = _rand(rng, y.shape, np.float32)
-    saved = {"none": None, "relu": y, "gelu": aux if act == "gelu" else None}[act]
+    saved = {"none": None, "relu": y}[act] if gelu is None else aux
     dx, dw, db = fusekit.linear_backward(dy, x, w, act=act, saved=saved)
-    grad = {"none": np.ones_like(z), "relu": (z > 0).astype(np.float64),
-            "gelu": None}[act]
-    if act == "gelu":
+    if gelu is not None:
         h = 1e-6
-        grad = (_gelu(z + h) - _gelu(z - h)) / (2 * h)
+        grad = (gelu(z + h) - gelu(z - h)) / (2 * h)
+    else:
+        grad = {"none": np.ones_like(z), "relu": (z > 0).astype(np.float64)}[act]
     dz = dy.astype(np.float64) * grad
     np.testing.assert_allclose(dx, dz @ w.astype(np.float64), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dw, dz.reshape(-1, 5).T @ x.reshape(-1, 8).astype(np.float64), rtol=1e-4, atol=1e-4)
@@ -91,6 +105,18 @@ def test_linear_numpy(rng, act):
     np.testing.assert_allclose(only_db[2], db, rtol=1e-6)
 
 
+def test_linear_gelu_names_are_torchs():
+    # "gelu" is the exact (erf) GELU, "gelu_tanh" the approximation; they differ by
+    # ~1e-4 around |z| = 2, far above float32 rounding, so neither passes for the other
+    z = np.array([[-3.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 2.7, 4.0]], np.float32)
+    eye = np.eye(1, dtype=np.float32)
+    for act, other in (("gelu", "gelu_tanh"), ("gelu_tanh", "gelu")):
+        y = fusekit.linear_forward(z.T, eye, act=act)[:, 0]
+        np.testing.assert_allclose(y, _GELUS[act](z[0].astype(np.float64)), rtol=1e-6, atol=1e-7)
+        assert np.abs(y - _GELUS[other](z[0].astype(np.float64))).max() > 5e-5
+    assert fusekit.ops.linalg.LINEAR_ACTIVATIONS == {"none": 0, "relu": 1, "gelu": 3, "gelu_tanh": 2}
+
+
 def test_linear_errors(rng):
     x = _rand(rng, (4, 3), np.float64)
     w = _rand(rng, (2, 3), np.float64)
@@ -98,3 +124,5 @@ def test_linear_errors(rng):
         fusekit.linear_forward(x, w)
     with pytest.raises(fusekit.InvalidArgumentError, match="act = -1"):
         fusekit.linear_forward(x.astype(np.float32), w.astype(np.float32), act="swish")
+    with pytest.raises(fusekit.InvalidArgumentError, match="act = 4 is not a valid fk_activation"):
+        fusekit.linear_forward(x.astype(np.float32), w.astype(np.float32), act=4)

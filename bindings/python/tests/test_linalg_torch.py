@@ -21,10 +21,11 @@ def _tinputs(dtype=torch.float32, seed=0, bias=True):
 
 def _torch_ref(x, w, b, act):
     z = torch.nn.functional.linear(x, w, b)
-    return {"none": z, "relu": torch.relu(z), "gelu": torch.nn.functional.gelu(z, approximate="tanh")}[act]
+    F = torch.nn.functional
+    return {"none": z, "relu": torch.relu(z), "gelu": F.gelu(z), "gelu_tanh": F.gelu(z, approximate="tanh")}[act]
 
 
-@pytest.mark.parametrize("act", ["none", "relu", "gelu"])
+@pytest.mark.parametrize("act", ["none", "relu", "gelu", "gelu_tanh"])
 @pytest.mark.parametrize("bias", [True, False])
 def test_torch_linear_matches_torch_autograd_in_f64(act, bias):
     import fusekit.torch_ops as fto
@@ -43,7 +44,7 @@ def test_torch_linear_matches_torch_autograd_in_f64(act, bias):
 
 
 @pytest.mark.filterwarnings("ignore:Input #.* is not a double precision")
-@pytest.mark.parametrize("act", ["none", "gelu"])
+@pytest.mark.parametrize("act", ["none", "gelu", "gelu_tanh"])
 def test_torch_linear_gradcheck_f32(act):
     # The fused linear layer has no float64 kernel: gradcheck in float32 with
     # step and tolerances for float32 finite differences (relu is checked against
@@ -59,8 +60,9 @@ def test_torch_linear_opcheck_and_compile():
     import fusekit.torch_ops as fto
 
     x, w, b = _tinputs(seed=3)
-    torch.library.opcheck(torch.ops.fusekit.linear.default, (x, w, b, 2),
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    for code in (2, 3):  # gelu_tanh, gelu (erf)
+        torch.library.opcheck(torch.ops.fusekit.linear.default, (x, w, b, code),
+                              test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
     f = torch.compile(lambda x, w, b: fto.linear(x, w, b, "gelu"), fullgraph=True, backend="eager")
     y = f(x, w, b)
     torch.testing.assert_close(y, fto.linear(x, w, b, "gelu"))

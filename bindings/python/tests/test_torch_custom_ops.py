@@ -125,7 +125,7 @@ def test_wrappers_and_registered_ops_agree():
 
     ops = torch.ops.fusekit
     x, w, b = _inputs((5, 7), (4, 7), (4,), dtype=torch.float32, seed=3)
-    for act, code in (("relu", 1), ("gelu", 2), ("none", 0)):
+    for act, code in (("relu", 1), ("gelu_tanh", 2), ("gelu", 3), ("none", 0)):
         cases = [(lambda x, w, b, act=act: fto.linear(x, w, b, act), lambda x, w, b, c=code: ops.linear(x, w, b, c)[0],
                   (x, w, b))]
         for wrapped, registered, args in cases:

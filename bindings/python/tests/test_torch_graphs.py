@@ -16,7 +16,7 @@
   initial parameters, and no cudagraph skipped.
 
 Families: elementwise (``fusekit.add`` on torch tensors, ``torch.ops.fusekit.axpby``,
-``relu``, ``scalar_mul``), the fused linear layer (relu, gelu), the Gaussian field
+``relu``, ``scalar_mul``), the fused linear layer (relu, gelu, gelu_tanh), the Gaussian field
 (``gaussian_field``, ``mahalanobis``), the geodesic flow (``christoffel``,
 ``leapfrog`` with and without a kept trajectory) and the optimizer math on torch
 tensors (``matrix_power`` with the capture-safe Newton mode ``tol=0``,
@@ -193,7 +193,7 @@ def fn(s):
 def ref(s):
     x, w, b, gy = s
     h = F.linear(x, w, b)
-    y = torch.relu(h) if ACT == "relu" else F.gelu(h, approximate="tanh")
+    y = torch.relu(h) if ACT == "relu" else F.gelu(h, approximate="tanh" if ACT == "gelu_tanh" else "none")
     return [y, *torch.autograd.grad(y, (x, w, b), gy)]
 graph_test(make, fn, ref, 2e-3, name="linear " + ACT)
 ''',
@@ -305,6 +305,7 @@ graph_test(make, fn, ref, 1e-5, name="shampoo_stats")
 ''',
 }
 CASES["linear_gelu"] = CASES["linear_relu"].replace('ACT = "relu"', 'ACT = "gelu"', 1)
+CASES["linear_gelu_tanh"] = CASES["linear_relu"].replace('ACT = "relu"', 'ACT = "gelu_tanh"', 1)
 CASES["leapfrog_nokeep"] = CASES["leapfrog_keep"].replace("SAVE = True", "SAVE = False", 1)
 CASES["mahalanobis"] = (
     CASES["gaussian_field"]

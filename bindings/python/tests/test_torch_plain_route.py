@@ -106,9 +106,9 @@ def test_linear_plain_functions(dtype):
     w = rng.standard_normal((4, 5)).astype(dtype)
     b = rng.standard_normal(4).astype(dtype)
     tx, tw, tb = _t((x, w, b))
-    for act in ("none", "relu", "gelu"):
-        _same(fusekit.linear_forward(tx, tw, tb, act=act, want_aux=act == "gelu"),
-              fusekit.linear_forward(x, w, b, act=act, want_aux=act == "gelu"))
+    for act in ("none", "relu", "gelu", "gelu_tanh"):
+        _same(fusekit.linear_forward(tx, tw, tb, act=act, want_aux=act.startswith("gelu")),
+              fusekit.linear_forward(x, w, b, act=act, want_aux=act.startswith("gelu")))
     y = torch.empty(6, 4)
     assert fusekit.linear_forward(tx, tw, tb, act="relu", y=y) is y
     dy = rng.standard_normal((6, 4)).astype(dtype)

@@ -645,8 +645,9 @@ void gaussian_field_backward_out(Tensor points, Tensor means, Tensor chol, Tenso
 // through its 1:1 op above. A gradient not wanted (`want` bit clear) comes back as
 // an empty tensor and is passed to the entry point as not wanted.
 
-constexpr int64_t kActGelu = FK_ACT_GELU;
 constexpr int64_t kActNone = FK_ACT_NONE;
+// The activations whose forward keeps the pre-activation (aux) for the backward.
+bool keeps_aux(int64_t act) { return act == FK_ACT_GELU_TANH || act == FK_ACT_GELU_ERF; }
 
 Tensor wanted_or_empty(bool want, const Tensor& like) { return want ? new_like(like) : empty0(like); }
 OptTensor arg_if(bool want, const Tensor& t) { return want ? OptTensor(t) : std::nullopt; }
@@ -659,8 +660,8 @@ std::tuple<Tensor, Tensor> linear(Tensor x, Tensor w, OptTensor b, int64_t act) 
     ys.back() = w.size(0);
     int32_t dt = dtype_of(x);
     Tensor y = new_tensor(ys, dt, x);
-    Tensor aux = act == kActGelu ? new_tensor(ys, dt, x) : empty0(x);
-    linear_forward_out(x, w, b, act, y, arg_if(act == kActGelu, aux));
+    Tensor aux = keeps_aux(act) ? new_tensor(ys, dt, x) : empty0(x);
+    linear_forward_out(x, w, b, act, y, arg_if(keeps_aux(act), aux));
     return {y, aux};
 }
 

@@ -10,9 +10,11 @@ column stride (contiguous, or a row stride >= cols); transposes go through
 - :func:`gemm`: ``c = alpha op(a) op(b) + beta c``; every dtype (half types
   accumulate in f32; ``allow_tf32=True`` lets f32/complex64 use TF32).
 - :func:`linear_forward` / :func:`linear_backward`: ``y = act(x w^T + b)`` and its
-  gradients (float16, bfloat16, float32); ``act`` in ``"none"``, ``"relu"``,
-  ``"gelu"`` (tanh approximation). The backward needs ``saved``: the output ``y``
-  for relu, the pre-activation ``aux`` the forward returns for gelu.
+  gradients (float16, bfloat16, float32); ``act`` named as torch names it:
+  ``"none"``, ``"relu"``, ``"gelu"`` (exact, erf: ``torch.nn.functional.gelu(z)``),
+  ``"gelu_tanh"`` (``gelu(z, approximate="tanh")``, cuBLASLt's epilogue). The
+  backward needs ``saved``: the output ``y`` for relu, the pre-activation ``aux``
+  the forward returns for the GELUs.
 - :func:`gemm_chunked`: the product in tiles under a device-memory budget, with
   operands in pinned host memory streamed to the GPU.
 - :func:`kron`: batched Kronecker product.
@@ -35,11 +37,15 @@ from .._lib import lib, scalar
 __all__ = ["gemm", "gemm_chunked", "linear_aux_size", "linear_forward", "linear_backward", "kron"]
 
 FK_OP_N, FK_OP_T, FK_OP_C = 0, 1, 2
-FK_ACT_NONE, FK_ACT_RELU, FK_ACT_GELU = 0, 1, 2
+FK_ACT_NONE, FK_ACT_RELU, FK_ACT_GELU_TANH, FK_ACT_GELU_ERF = 0, 1, 2, 3
 FK_GEMM_ALLOW_TF32 = 1
 
 _OPS = {"N": FK_OP_N, "T": FK_OP_T, "C": FK_OP_C, "n": FK_OP_N, "t": FK_OP_T, "c": FK_OP_C}
-_ACTS = {"none": FK_ACT_NONE, None: FK_ACT_NONE, "relu": FK_ACT_RELU, "gelu": FK_ACT_GELU}
+#: ``act`` names, as torch names the activations ("gelu" is the exact erf form).
+LINEAR_ACTIVATIONS = {"none": FK_ACT_NONE, "relu": FK_ACT_RELU, "gelu": FK_ACT_GELU_ERF,
+               "gelu_tanh": FK_ACT_GELU_TANH}
+_ACTS = {**LINEAR_ACTIVATIONS, None: FK_ACT_NONE}
+_HAS_AUX = (FK_ACT_GELU_TANH, FK_ACT_GELU_ERF)
 
 
 def _op(v):
@@ -128,7 +134,7 @@ def gemm_chunked(a, b, c, *, device_budget_bytes, op_a="N", op_b="N", alpha=1.0,
 
 
 def linear_aux_size(act, dtype, m: int, n: int) -> int:
-    """Bytes of the aux tensor ``linear_forward`` returns for ``act`` (the GELU
+    """Bytes of the aux tensor ``linear_forward`` returns for ``act`` (the GELUs'
     pre-activation, shaped like y; 0 for relu and none)."""
     out = ctypes.c_size_t()
     lib().fk_linear_aux_size(_act(act), int(as_dtype(dtype, "fusekit.linear_aux_size")), int(m), int(n), ctypes.byref(out))
@@ -136,7 +142,7 @@ def linear_aux_size(act, dtype, m: int, n: int) -> int:
 
 
 def linear_forward(x, w, b=None, *, act="relu", y=None, aux=None, want_aux=False, stream=None):
-    """``y = act(x w^T + b)``. With ``want_aux=True`` (gelu) or ``aux`` given, also
+    """``y = act(x w^T + b)``. With ``want_aux=True`` (a GELU) or ``aux`` given, also
     the pre-activation for the backward: returns ``(y, aux)``; else ``y``."""
     a = _act(act)
     if stream is None and _tx.plain(x, w, b, y, aux):
@@ -167,7 +173,7 @@ def linear_backward(dy, x, w, *, act="relu", saved=None, dx=True, dw=True, db=Tr
     """Gradients of ``linear_forward`` given ``dy``: returns ``(dx, dw, db)``. Each
     of ``dx``, ``dw``, ``db`` is ``True`` (allocate), an array to write, or
     ``False``/``None`` (not wanted: None is returned in its place). ``saved``: y for
-    relu, aux for gelu, unused for none."""
+    relu, aux for the GELUs, unused for none."""
     given = tuple(o for o in (dx, dw, db) if o is not None and not isinstance(o, bool))
     if stream is None and _tx.plain(dy, x, w, saved, *given):
         DY, X, Wt = _tx.d(dy), _tx.d(x), _tx.d(w)
@@ -242,7 +248,7 @@ ENTRY_POINTS = {
 
 def register_torch_ops(register):
     """Gives the compiled ops ``fusekit::linear`` (forward, returns ``(y, aux)``; aux
-    is the GELU pre-activation, empty otherwise) and ``fusekit::linear_backward``
+    is the GELUs' pre-activation, empty otherwise) and ``fusekit::linear_backward``
     (``want`` bits: dx, dw, db; a gradient not wanted comes back empty) their fake
     implementations and autograd; returns the user-facing
     ``linear(x, w, b=None, act="relu")``."""
@@ -255,7 +261,7 @@ def register_torch_ops(register):
                      lambda: f"fusekit::linear: w {tuple(w.shape)} does not match x {tuple(x.shape)}")
         shape = tuple(x.shape[:-1]) + (w.shape[0],)
         y = x.new_empty(shape)
-        aux = x.new_empty(shape) if act == FK_ACT_GELU else x.new_empty((0,))
+        aux = x.new_empty(shape) if act in _HAS_AUX else x.new_empty((0,))
         return y, aux
 
     def _linear_bwd_fake(dy, x, w, saved, act, want=7):
@@ -285,7 +291,7 @@ def register_torch_ops(register):
     from ..torch_ops import eager_call
 
     fwd = eager_call(fwd_op, _backward, _setup, (0, 1, 2), materialize=False)
-    acts = {name: _act(name) for name in ("none", "relu", "gelu")}
+    acts = LINEAR_ACTIVATIONS
 
     def linear(x, w, b=None, act="relu"):
         """``act(x w^T + b)`` through ``torch.ops.fusekit.linear`` (differentiable;

@@ -32,7 +32,7 @@ FP64_PEAK = 67e12  # H100 SXM FP64 tensor-core peak (datasheet; not measured her
 # ---------------------------------------------------------------- the library
 FK_DEVICE_CUDA = 2
 FK_OP_N, FK_OP_T, FK_OP_C = 0, 1, 2
-FK_ACT_NONE, FK_ACT_RELU, FK_ACT_GELU = 0, 1, 2
+FK_ACT_NONE, FK_ACT_RELU, FK_ACT_GELU_TANH, FK_ACT_GELU_ERF = 0, 1, 2, 3
 DTYPES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4,
           torch.complex64: 5, torch.complex128: 6}
 
@@ -281,24 +281,29 @@ def bench_linear(fk, m, k, n, act, goal, inner):
     w = rand((n, k), dt, 1 / math.sqrt(k))
     b = rand((n,), dt)
     y = torch.full((m, n), float("nan"), dtype=dt, device="cuda")
-    aux = torch.empty_like(y) if act == FK_ACT_GELU else None
+    aux = torch.empty_like(y) if act in (FK_ACT_GELU_TANH, FK_ACT_GELU_ERF) else None
     fk.linear(x, w, b, act, y, aux)
     torch.cuda.synchronize()
     z = F.linear(x.float(), w.float(), b.float())
-    ref = torch.relu(z) if act == FK_ACT_RELU else F.gelu(z, approximate="tanh")
+    # torch's names: "gelu" is the exact (erf) GELU, "gelu_tanh" the approximation
+    name, approx = {FK_ACT_RELU: ("relu", None), FK_ACT_GELU_TANH: ("gelu_tanh", "tanh"),
+                    FK_ACT_GELU_ERF: ("gelu", "none")}[act]
+    ref = torch.relu(z) if act == FK_ACT_RELU else F.gelu(z, approximate=approx)
     err = rel_err(y, ref)
-    name = "relu" if act == FK_ACT_RELU else "gelu"
+    addmm = None  # torch._addmm_activation has relu and the tanh GELU (cuBLASLt's epilogues) only
     if act == FK_ACT_RELU:
         eager = lambda: torch.relu(F.linear(x, w, b))  # noqa: E731
         addmm = lambda: torch._addmm_activation(b, x, w.t(), use_gelu=False)  # noqa: E731
     else:
-        eager = lambda: F.gelu(F.linear(x, w, b), approximate="tanh")  # noqa: E731
-        addmm = lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True)  # noqa: E731
+        eager = lambda: F.gelu(F.linear(x, w, b), approximate=approx)  # noqa: E731
+        if act == FK_ACT_GELU_TANH:
+            addmm = lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True)  # noqa: E731
     compiled = maybe_compile(eager)
     ms = median_ms(lambda: fk.linear(x, w, b, act, y, aux), inner=inner)
-    contenders = dict(eager=timed(eager, inner=inner), compile=timed(compiled, inner=inner),
-                      addmm_activation=timed(addmm, inner=inner),
-                      matmul_only=timed(lambda: torch.matmul(x, w.t()), inner=inner))
+    contenders = dict(eager=timed(eager, inner=inner), compile=timed(compiled, inner=inner))
+    if addmm is not None:
+        contenders["addmm_activation"] = timed(addmm, inner=inner)
+    contenders["matmul_only"] = timed(lambda: torch.matmul(x, w.t()), inner=inner)
     row(f"{name}(linear) bf16 M={m} K={k} N={n}" + (" +aux" if aux is not None else ""), ms,
         2 * m * n * k / BF16_PEAK * 1e3, contenders, err, 1e-2, goal)
 
@@ -450,7 +455,8 @@ def main():
         return 1 if FAILURES[0] else 0
     bench_linear(fk, 2048 if q else 16384, 4096, 4096, FK_ACT_RELU, None if q else 0.74, 3)
     bench_linear(fk, 4096 if q else 32768, 768, 768, FK_ACT_RELU, None if q else 0.08, 20)
-    bench_linear(fk, 2048 if q else 16384, 4096, 4096, FK_ACT_GELU, None, 3)
+    bench_linear(fk, 2048 if q else 16384, 4096, 4096, FK_ACT_GELU_TANH, None, 3)
+    bench_linear(fk, 2048 if q else 16384, 4096, 4096, FK_ACT_GELU_ERF, None, 3)
     bench_linear_backward(fk, 2048 if q else 16384, 4096, 4096, 3)
     bench_linear_backward(fk, 4096 if q else 32768, 768, 768, 10)
     bench_gemm(fk, 2048 if q else 8192, 2)

@@ -71,6 +71,13 @@ sel torch_extension && [ -d bindings/cpp/torch_extension ] && \
 want wheel_install && step wheel_install 600 bash scripts/wheel_gpu.sh install
 want wheel_python && step wheel_python 900 bash scripts/wheel_gpu.sh python
 want wheel_cold_start && step wheel_cold_start 300 bash scripts/wheel_gpu.sh cold_start
+# the fused linear layer's activations alone, both GELUs included (gpu_linalg, gpu_capture
+# and python run these too): CUDA vs the CPU oracle and f64 (cuBLASLt and fallback paths),
+# graph capture, the torch ops against F.gelu / F.gelu(approximate="tanh")
+want gelu && step gelu 900 bash -c '"$0/bin/gpu_linalg" linear --test-threads=1 --nocapture &&
+  "$0/bin/gpu_capture" capture_linear --test-threads=1 --nocapture &&
+  python3 -m pytest -q bindings/python/tests/test_linalg.py bindings/python/tests/test_linalg_torch.py \
+    bindings/python/tests/test_torch_graphs.py -k "linear or gelu"' "$B"
 # fusekit.nn alone (the "python" step runs it too): CUDA values, graph capture, reduce-overhead
 want nn && step nn 900 python3 -m pytest -q bindings/python/tests/test_nn.py
 sel example_gaussian_field && step example_gaussian_field 300 python3 examples/gaussian_field_fit.py --device cuda \

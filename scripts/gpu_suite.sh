@@ -55,7 +55,7 @@ fi
 echo "GPUs: $NGPU; NCCL: ${FK_NCCL_PATH:-(fusekit search)}" | tee -a "$LOG"
 
 sel warmup && step warmup 600 python3 -c "import fusekit, time; t=time.time(); c=fusekit.Context('cuda'); c.warmup(); print('warmup', round(time.time()-t,1), 's')"
-for t in gpu_capture gpu_elementwise gpu_geodesic gpu_gaussian gpu_linalg gpu_optim gpu_runtime abi_core abi_elementwise abi_geodesic abi_gaussian abi_linalg abi_optim abi_runtime multigpu_runtime nccl_missing; do
+for t in gpu_capture gpu_elementwise gpu_geodesic gpu_gaussian gpu_linalg gpu_optim gpu_runtime abi_core abi_elementwise abi_geodesic abi_gaussian abi_linalg abi_optim abi_runtime multigpu_runtime nccl_missing stress; do
   [ -x "$B/bin/$t" ] && sel "$t" && step "$t" 600 "$B/bin/$t" --test-threads=1 --nocapture
 done
 sel c_tests && step c_tests 300 env FK_TEST_DEVICE=cuda bash tests/c/run.sh
@@ -107,6 +107,11 @@ if sel sanitizer; then
     step memcheck_c 300 compute-sanitizer --tool memcheck --error-exitcode 9 target/c-tests/test_fusekit cuda
   unset FK_SANITIZE
 fi
+# the concurrency stress (tests/stress.rs: 8 threads on one context, streams destroyed
+# with work queued, a context destroyed from another thread, events across threads) on
+# CUDA only, under memcheck with its leak check
+{ sel sanitizer || sel stress_sanitizer; } && step stress_sanitizer 900 env FK_SANITIZE=1 FK_TEST_DEVICE=cuda \
+  compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/stress" --test-threads=1 --nocapture
 { sel bench || sel bench_rust; } && step bench_rust 300 "$B/bin/bench_elementwise" --json "$OUT/bench_rust.json"
 { sel bench || sel bench_runtime; } && step bench_runtime 600 "$B/bin/bench_runtime" --json "$OUT/bench_runtime.json"
 { sel bench || sel allreduce_torch; } && [ "$NGPU" -ge 2 ] && step allreduce_torch 600 python3 benches/allreduce_torch.py --gpus "$NGPU" --json "$OUT/allreduce_torch.json" --fusekit-json "$OUT/bench_runtime.json"

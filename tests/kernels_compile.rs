@@ -3,6 +3,10 @@
 //! Needs libnvrtc.so.13 and the CUDA headers (the `nvidia-cuda-nvrtc==13.0.88` and
 //! `nvidia-cuda-runtime==13.0.96` wheels suffice; see scripts/test.sh). Without
 //! them the test reports the skip, and fails if `FK_REQUIRE_NVRTC=1` (as in CI).
+//!
+//! `FK_PREBUILT_OUT=DIR` also writes every image into DIR, keyed as the kernel cache
+//! keys them (`fusekit::cuda::nvrtc::store_prebuilt`): the prebuilt kernels that
+//! scripts/build_wheel.sh puts into the wheel.
 
 #[test]
 fn every_kernel_module_compiles_for_sm80_and_sm90() {
@@ -28,6 +32,7 @@ fn every_kernel_module_compiles_for_sm80_and_sm90() {
         only.split(',')
             .any(|m| !m.is_empty() && (name == m || name.starts_with(&format!("{m}_"))))
     };
+    let prebuilt_out = std::env::var_os("FK_PREBUILT_OUT").map(std::path::PathBuf::from);
     let mut compiled = 0;
     for (name, source) in fusekit::cuda::modules() {
         if !only.is_empty() && !selected(name) {
@@ -40,6 +45,10 @@ fn every_kernel_module_compiles_for_sm80_and_sm90() {
                 .unwrap_or_else(|e| panic!("{name} for {arch}: {}", e.message));
             // A CUBIN is an ELF file.
             assert_eq!(&image[..4], b"\x7fELF", "{name} for {arch} is not a CUBIN");
+            if let Some(dir) = &prebuilt_out {
+                fusekit::cuda::nvrtc::store_prebuilt(dir, name, &source(), arch, &image)
+                    .unwrap_or_else(|e| panic!("{}", e.message));
+            }
             eprintln!(
                 "{name} {arch}: {} bytes in {:.1}s (NVRTC {maj}.{min})",
                 image.len(),

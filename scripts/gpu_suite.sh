@@ -62,6 +62,11 @@ sel c_tests && step c_tests 300 env FK_TEST_DEVICE=cuda bash tests/c/run.sh
 # the complex128 crash's root cause in plain C (docs/linalg.md): aligned scalars pass,
 # a cuDoubleComplex alpha/beta at 8 mod 16 faults in cuBLAS
 sel c128_alignment && step c128_alignment 300 bash -c 'nvcc -O1 -o /tmp/c128_scalar_alignment tests/c/c128_scalar_alignment.cu -lcublas && /tmp/c128_scalar_alignment'
+# one cuBLAS per process: FK_CUBLAS_PATH names the nvidia-cublas wheel while the
+# toolkit's cuBLAS is on the loader path; only the wheel's pair may be mapped
+CUBLAS_WHEEL=$(python3 -c 'import glob, site; c = [f for d in site.getsitepackages() for f in glob.glob(d + "/nvidia/cu13/lib/libcublas.so.13")]; print(c[0] if c else "")' 2>/dev/null)
+sel cublas_wheel_pair && [ -n "$CUBLAS_WHEEL" ] && step cublas_wheel_pair 300 env FK_CUBLAS_PATH="$CUBLAS_WHEEL" \
+  FK_EXPECT_CUBLAS_DIR="$(dirname "$CUBLAS_WHEEL")" "$B/bin/gpu_linalg" one_cublas_pair_per_process gemm_c128_sequence_that_crashed --test-threads=1 --nocapture
 sel python && step python 900 python3 -m pytest -q -x bindings/python/tests tests/test_bindings_complete.py
 sel torch_extension && [ -d bindings/cpp/torch_extension ] && \
   step torch_extension 900 python3 -m pytest -q bindings/cpp/torch_extension

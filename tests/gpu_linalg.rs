@@ -1083,3 +1083,52 @@ fn cuda_graph_capture_of_linalg_ops() {
     drop(s);
     unsafe { cu::stream::destroy(raw) }.expect("cuStreamDestroy");
 }
+
+// ------------------------------------------------------------------ one cuBLAS
+
+/// The cuBLAS / cuBLASLt files mapped into this process (canonical paths).
+fn mapped(prefix: &str) -> Vec<std::path::PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut v: Vec<std::path::PathBuf> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .map(std::path::PathBuf::from)
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// fusekit maps exactly one cuBLAS / cuBLASLt pair, of one install and one version,
+/// after GEMMs (cuBLAS, which calls into cuBLASLt for complex128). With
+/// `FK_EXPECT_CUBLAS_DIR` (the GPU suite's `cublas_wheel_pair` step, which sets
+/// `FK_CUBLAS_PATH` to the nvidia-cublas wheel while the toolkit's cuBLAS is on the
+/// loader path) the pair must come from that folder.
+#[test]
+fn one_cublas_pair_per_process() {
+    let Some(g) = gpu() else { return };
+    let cpu = Ctx::cpu();
+    let mut rng = Rng::new(4242);
+    for dtype in [FK_DTYPE_F32, FK_DTYPE_C128] {
+        let c = GemmCase::new(dtype, FK_OP_N, FK_OP_T, 33, 17, 9);
+        gemm_vs_cpu(&g, &cpu, &c, &mut rng, tol_of(dtype), null());
+    }
+    let (blas, lt, version) = fusekit::cuda::cublas::loaded_pair().expect("cuBLAS loaded");
+    println!(
+        "cuBLAS {version}: {} and {}",
+        blas.display(),
+        lt.display()
+    );
+    assert_eq!(mapped("libcublas.so"), vec![blas.clone()], "cuBLAS files mapped");
+    assert_eq!(mapped("libcublasLt.so"), vec![lt.clone()], "cuBLASLt files mapped");
+    assert_eq!(blas.parent(), lt.parent(), "one install");
+    if let Some(dir) = std::env::var_os("FK_EXPECT_CUBLAS_DIR") {
+        let dir = std::path::PathBuf::from(dir).canonicalize().unwrap();
+        assert_eq!(blas.parent(), Some(dir.as_path()), "FK_CUBLAS_PATH's folder");
+    }
+}

@@ -1,12 +1,10 @@
 //! cuBLAS and cuBLASLt: run-time loading, handles cached per (context, stream), the
 //! workspace, and the calls the linear-algebra launchers make.
 //!
-//! Loading: `libcublasLt.so.13` then `libcublas.so.13` are opened by full path
-//! (`FK_CUBLASLT_PATH` / `FK_CUBLAS_PATH`, then the CUDA roots and the
-//! `nvidia-cublas` wheel's `nvidia/cu13/lib`, as for NVRTC), then cudarc's own
-//! by-name load finds them. Both are probed with `is_culib_present()` before the
-//! first call, so a missing library is `FK_ERROR_LIBRARY_NOT_FOUND` with an install
-//! hint, never cudarc's panic.
+//! Loading: one cuBLAS / cuBLASLt pair per process, and every function called
+//! through its table (`cublas_api`: the choice of the pair, and why not cudarc's
+//! by-name loading); a missing library is `FK_ERROR_LIBRARY_NOT_FOUND` with an
+//! install hint. `preload` opens other CUDA libraries (cuSOLVER) by full path.
 //!
 //! Handles: one cuBLAS and one cuBLASLt handle per context, created on first use
 //! (with the thread's capture mode relaxed, so also during a stream capture), behind
@@ -32,17 +30,17 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::sys as bs;
 use cudarc::cublaslt::sys as lt;
 use cudarc::driver::{result as dr, sys as ds};
 
 use super::CudaDevice;
+use super::cublas_api::api;
 use crate::dtype::DType;
 use crate::error::{
-    CudaContext as _, Error, FK_ERROR_CUDA, FK_ERROR_LIBRARY_NOT_FOUND, FK_ERROR_OUT_OF_MEMORY,
-    FK_ERROR_UNSUPPORTED, Result,
+    CudaContext as _, Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result,
 };
 use crate::ops::linalg::{GemmPlan, Trans};
 
@@ -79,32 +77,16 @@ pub(crate) fn preload(env: &str, lib: &str, wheel: &str) -> Vec<String> {
     candidates.iter().map(|c| c.display().to_string()).collect()
 }
 
-/// Loads cuBLASLt and cuBLAS once per process.
+/// Loads the process's cuBLAS / cuBLASLt pair once (`cublas_api`).
 pub fn load() -> Result<()> {
-    static STATE: OnceLock<std::result::Result<(), Error>> = OnceLock::new();
-    STATE
-        .get_or_init(|| {
-            let tried_lt = preload("FK_CUBLASLT_PATH", "libcublasLt.so", "cublas");
-            let tried = preload("FK_CUBLAS_PATH", "libcublas.so", "cublas");
-            // SAFETY: only probe whether the libraries can be opened.
-            let (has_lt, has_blas) = unsafe { (lt::is_culib_present(), bs::is_culib_present()) };
-            if has_lt && has_blas {
-                return Ok(());
-            }
-            let (name, env, tried) = if !has_lt {
-                ("libcublasLt.so.13", "FK_CUBLASLT_PATH", tried_lt)
-            } else {
-                ("libcublas.so.13", "FK_CUBLAS_PATH", tried)
-            };
-            Err(Error::new(
-                FK_ERROR_LIBRARY_NOT_FOUND,
-                format!(
-                    "{name} (cuBLAS, needed by the linear-algebra ops on CUDA) could not be loaded; install the CUDA toolkit, or `pip install \"nvidia-cublas>=13,<14\"` into the active virtual environment, or set {env}. Looked in the loader path and: {}",
-                    tried.join(", ")
-                ),
-            ))
-        })
-        .clone()
+    api().map(|_| ())
+}
+
+/// The files and version (`major * 10000 + minor * 100 + patch`) of the cuBLAS /
+/// cuBLASLt pair fusekit loaded, loading it if needed.
+pub fn loaded_pair() -> Result<(PathBuf, PathBuf, usize)> {
+    let a = api()?;
+    Ok((a.files.0.clone(), a.files.1.clone(), a.version))
 }
 
 fn name_of(s: bs::cublasStatus_t) -> String {
@@ -250,12 +232,12 @@ impl BlasCache {
         let _relaxed = super::RelaxedCapture::new();
         let mut blas: bs::cublasHandle_t = std::ptr::null_mut();
         // SAFETY: writes a new handle; the context is current.
-        check("cublasCreate", unsafe { bs::cublasCreate_v2(&mut blas) })?;
+        check("cublasCreate", unsafe { (api()?.create)(&mut blas) })?;
         let mut lth: lt::cublasLtHandle_t = std::ptr::null_mut();
         // SAFETY: as above.
-        if let Err(e) = check_lt("cublasLtCreate", unsafe { lt::cublasLtCreate(&mut lth) }) {
+        if let Err(e) = check_lt("cublasLtCreate", unsafe { (api()?.lt_create)(&mut lth) }) {
             // SAFETY: created above.
-            unsafe { bs::cublasDestroy_v2(blas) };
+            unsafe { (api()?.destroy)(blas) };
             return Err(e);
         }
         let made = Arc::new(Handles(Mutex::new(HandleState {
@@ -357,14 +339,16 @@ impl BlasCache {
                 return;
             }
             let mut st = h.0.lock().unwrap_or_else(|e| e.into_inner());
+            // The handles exist, so the library loaded.
+            let Ok(a) = api() else { return };
             // SAFETY: created in `handles`, destroyed once (the slots are gone).
             unsafe {
                 if !st.blas.is_null() {
-                    bs::cublasDestroy_v2(st.blas);
+                    (a.destroy)(st.blas);
                     st.blas = std::ptr::null_mut();
                 }
                 if !st.lt.is_null() {
-                    lt::cublasLtDestroy(st.lt);
+                    (a.lt_destroy)(st.lt);
                     st.lt = std::ptr::null_mut();
                 }
             }
@@ -409,15 +393,11 @@ impl Slot {
             unsafe {
                 check(
                     "cublasSetStream",
-                    bs::cublasSetStream_v2(st.blas, self.stream as bs::cudaStream_t),
+                    (api()?.set_stream)(st.blas, self.stream as bs::cudaStream_t),
                 )?;
                 check(
                     "cublasSetWorkspace",
-                    bs::cublasSetWorkspace_v2(
-                        st.blas,
-                        self.workspace as *mut c_void,
-                        WORKSPACE_BYTES,
-                    ),
+                    (api()?.set_workspace)(st.blas, self.workspace as *mut c_void, WORKSPACE_BYTES),
                 )?;
             }
             st.bound_stream = self.stream;
@@ -605,7 +585,7 @@ pub fn gemm_ex(slot: &Slot, p: &GemmPlan) -> Result<()> {
     // operands), the handle is bound to the slot's stream, the scalars outlive the
     // call (host pointer mode reads them before returning).
     let s = unsafe {
-        bs::cublasGemmStridedBatchedEx(
+        (api()?.gemm_strided_batched_ex)(
             h.blas(),
             bs_op(p.op_b),
             bs_op(p.op_a),
@@ -696,18 +676,20 @@ struct Descs {
 
 impl Drop for Descs {
     fn drop(&mut self) {
+        // Descriptors exist, so the library loaded.
+        let Ok(a) = api() else { return };
         // SAFETY: created in lt_matmul, destroyed once (null ones skipped).
         unsafe {
             if !self.op.is_null() {
-                lt::cublasLtMatmulDescDestroy(self.op);
+                (a.desc_destroy)(self.op);
             }
             for l in self.layouts {
                 if !l.is_null() {
-                    lt::cublasLtMatrixLayoutDestroy(l);
+                    (a.layout_destroy)(l);
                 }
             }
             if !self.pref.is_null() {
-                lt::cublasLtMatmulPreferenceDestroy(self.pref);
+                (a.pref_destroy)(self.pref);
             }
         }
     }
@@ -720,7 +702,7 @@ unsafe fn set_desc<T>(
 ) -> Result<()> {
     // SAFETY: v is a value of the attribute's type.
     check_lt("cublasLtMatmulDescSetAttribute", unsafe {
-        lt::cublasLtMatmulDescSetAttribute(d, a, v as *const T as *const c_void, size_of::<T>())
+        (api()?.desc_set_attribute)(d, a, v as *const T as *const c_void, size_of::<T>())
     })
 }
 
@@ -731,12 +713,7 @@ unsafe fn set_pref<T>(
 ) -> Result<()> {
     // SAFETY: v is a value of the attribute's type.
     check_lt("cublasLtMatmulPreferenceSetAttribute", unsafe {
-        lt::cublasLtMatmulPreferenceSetAttribute(
-            d,
-            a,
-            v as *const T as *const c_void,
-            size_of::<T>(),
-        )
+        (api()?.pref_set_attribute)(d, a, v as *const T as *const c_void, size_of::<T>())
     })
 }
 
@@ -787,7 +764,7 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
     unsafe {
         check_lt(
             "cublasLtMatmulDescCreate",
-            lt::cublasLtMatmulDescCreate(
+            (api()?.desc_create)(
                 &mut descs.op,
                 lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 lt::cudaDataType_t::CUDA_R_32F,
@@ -813,7 +790,7 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
         for (l, (r, cols, ld)) in descs.layouts.iter_mut().zip(dims) {
             check_lt(
                 "cublasLtMatrixLayoutCreate",
-                lt::cublasLtMatrixLayoutCreate(l, t, r, cols, ld),
+                (api()?.layout_create)(l, t, r, cols, ld),
             )?;
         }
         let algo = match cached {
@@ -821,7 +798,7 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
             _ => {
                 check_lt(
                     "cublasLtMatmulPreferenceCreate",
-                    lt::cublasLtMatmulPreferenceCreate(&mut descs.pref),
+                    (api()?.pref_create)(&mut descs.pref),
                 )?;
                 let ws = WORKSPACE_BYTES as u64;
                 set_pref(descs.pref, P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws)?;
@@ -848,7 +825,7 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
                 )?;
                 let mut res: lt::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
                 let mut count = 0i32;
-                let s = lt::cublasLtMatmulAlgoGetHeuristic(
+                let s = (api()?.algo_get_heuristic)(
                     h.lt(),
                     descs.op,
                     descs.layouts[0],
@@ -879,7 +856,7 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
             }
         };
         let (one, zero) = (1.0f32, 0.0f32);
-        let s = lt::cublasLtMatmul(
+        let s = (api()?.matmul)(
             h.lt(),
             descs.op,
             &one as *const f32 as *const c_void,

@@ -6,6 +6,7 @@
 //! libcuda can be loaded, so a missing driver is a status, never cudarc's panic.
 
 pub mod cublas;
+mod cublas_api;
 pub mod cusolver;
 pub mod elementwise;
 pub mod gaussian;

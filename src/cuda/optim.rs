@@ -473,7 +473,7 @@ fn rank_k(
     let s = unsafe {
         if dtype == DType::F32 {
             let (al, be) = (alpha as f32, beta as f32);
-            bs::cublasSsyrk_v2(
+            (super::cublas_api::api()?.ssyrk)(
                 h.blas(),
                 lower,
                 trans,
@@ -487,7 +487,7 @@ fn rank_k(
                 ni.max(1),
             )
         } else {
-            bs::cublasDsyrk_v2(
+            (super::cublas_api::api()?.dsyrk)(
                 h.blas(),
                 lower,
                 trans,

@@ -26,6 +26,12 @@
 #include <stdint.h>
 
 /**
+ * The fusekit version of this header: Cargo.toml's version, the one `fk_version_string()`
+ * reports as "fusekit <version>".
+ */
+#define FK_VERSION "0.1.0"
+
+/**
  * ABI version of this header: `major * 1000 + minor`. A library accepts callers
  * with the same major version and a minor version no newer than its own.
  */

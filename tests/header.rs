@@ -6,7 +6,15 @@ use std::path::PathBuf;
 #[test]
 fn header_is_fresh() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let config = cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml");
+    let mut config =
+        cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml");
+    // FK_VERSION: Cargo.toml's version, the one source (a version bump makes this
+    // test fail until the header is regenerated).
+    config.after_includes = Some(format!(
+        "\n/**\n * The fusekit version of this header: Cargo.toml's version, the one \
+         `fk_version_string()`\n * reports as \"fusekit <version>\".\n */\n#define FK_VERSION \"{}\"",
+        env!("CARGO_PKG_VERSION")
+    ));
     let mut generated = Vec::new();
     cbindgen::Builder::new()
         .with_crate(&root)

@@ -17,13 +17,15 @@ pub fn numel(shape: &[i64]) -> i64 {
     shape.iter().product()
 }
 
-/// Row-major contiguous strides for `shape`.
+/// Row-major contiguous strides for `shape`. They saturate at `i64::MAX`: the
+/// product of the non-zero dims may exceed i64 when a dim is 0 (an empty tensor,
+/// whose strides address nothing).
 pub fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
     let mut s = vec![0i64; shape.len()];
     let mut acc = 1i64;
     for i in (0..shape.len()).rev() {
         s[i] = acc;
-        acc *= shape[i].max(1);
+        acc = acc.saturating_mul(shape[i].max(1));
     }
     s
 }

@@ -1,0 +1,43 @@
+//! Findings of the C-ABI fuzz targets (fuzz/, docs/fuzzing.md), each reproduced
+//! through the `extern "C"` functions as a C caller would make the call.
+
+mod common;
+
+use std::ptr::null;
+
+use common::*;
+
+/// fuzz/handles: an empty buffer whose non-zero dims multiply past i64 overflowed
+/// while its contiguous strides were computed (a panic in debug builds, wrapped
+/// strides in release). The strides now saturate at i64::MAX.
+#[test]
+fn empty_shape_with_huge_dims_gets_saturated_strides() {
+    let ctx = Ctx::cpu();
+    let shape = [0i64, 1 << 62, 8];
+    for wrap in [false, true] {
+        let mut out = std::ptr::null_mut();
+        let s = unsafe {
+            if wrap {
+                fk_buffer_wrap(
+                    ctx.raw(),
+                    std::ptr::null_mut(),
+                    FK_DTYPE_F32,
+                    3,
+                    shape.as_ptr(),
+                    null(),
+                    &mut out,
+                )
+            } else {
+                fk_buffer_create(ctx.raw(), FK_DTYPE_F32, 3, shape.as_ptr(), null(), &mut out)
+            }
+        };
+        ok(s);
+        let mut strides = [0i64; 3];
+        ok(unsafe { fk_buffer_strides(out, strides.as_mut_ptr()) });
+        assert_eq!(strides, [i64::MAX, 8, 1]);
+        let mut numel = -1;
+        ok(unsafe { fk_buffer_numel(out, &mut numel) });
+        assert_eq!(numel, 0);
+        ok(unsafe { fk_buffer_destroy(out) });
+    }
+}

@@ -799,7 +799,8 @@ fk_status fk_buffer_numel(const fk_buffer *buf,
                           int64_t *out);
 
 /**
- * Size of the elements in bytes (numel times element size). Returns
+ * Size of the elements in bytes (numel times element size; `SIZE_MAX` when that
+ * does not fit, e.g. a zero-stride view of 2^62 complex128). Returns
  * `FK_ERROR_NULL_POINTER`.
  */
 fk_status fk_buffer_nbytes(const fk_buffer *buf,

@@ -244,8 +244,10 @@ impl Buffer {
     pub fn numel(&self) -> i64 {
         layout::numel(&self.shape)
     }
+    /// `numel` times the element size, saturating at `usize::MAX`: a view with zero
+    /// strides may have more elements than bytes fit in `usize`.
     pub fn nbytes(&self) -> usize {
-        self.numel() as usize * self.dtype.size()
+        (self.numel() as usize).saturating_mul(self.dtype.size())
     }
     pub fn is_contiguous(&self) -> bool {
         layout::is_contiguous(&self.shape, &self.strides)

@@ -41,3 +41,30 @@ fn empty_shape_with_huge_dims_gets_saturated_strides() {
         ok(unsafe { fk_buffer_destroy(out) });
     }
 }
+
+/// fuzz/dlpack: fk_buffer_nbytes of a zero-stride view with more elements than
+/// bytes fit in size_t overflowed (a panic in debug builds; in release 2^62
+/// complex128 elements gave 0 bytes). It now saturates at SIZE_MAX.
+#[test]
+fn nbytes_of_a_huge_broadcast_view_saturates() {
+    let ctx = Ctx::cpu();
+    let mut host = [0f64; 2];
+    let shape = [1i64 << 62];
+    let strides = [0i64];
+    let mut out = std::ptr::null_mut();
+    ok(unsafe {
+        fk_buffer_wrap(
+            ctx.raw(),
+            host.as_mut_ptr().cast(),
+            FK_DTYPE_C128,
+            1,
+            shape.as_ptr(),
+            strides.as_ptr(),
+            &mut out,
+        )
+    });
+    let mut nbytes = 0usize;
+    ok(unsafe { fk_buffer_nbytes(out, &mut nbytes) });
+    assert_eq!(nbytes, usize::MAX);
+    ok(unsafe { fk_buffer_destroy(out) });
+}

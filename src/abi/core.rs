@@ -644,7 +644,8 @@ pub unsafe extern "C" fn fk_buffer_numel(buf: *const fk_buffer, out: *mut i64) -
     })
 }
 
-/// Size of the elements in bytes (numel times element size). Returns
+/// Size of the elements in bytes (numel times element size; `SIZE_MAX` when that
+/// does not fit, e.g. a zero-stride view of 2^62 complex128). Returns
 /// `FK_ERROR_NULL_POINTER`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_buffer_nbytes(buf: *const fk_buffer, out: *mut usize) -> fk_status {

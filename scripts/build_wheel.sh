@@ -55,10 +55,11 @@ echo "==> staging the package"
 PKG=$STAGE/src
 mkdir -p "$PKG"
 cp bindings/python/setup.py bindings/python/pyproject.toml bindings/python/README.md "$PKG/"
-# the package's files as git has them plus any new file (not ignored): no build
-# outputs, caches or in-place extensions of this tree
-(cd bindings/python && git ls-files --cached --others --exclude-standard -- fusekit) |
-  while read -r f; do [ -f "bindings/python/$f" ] && install -D -m 644 "bindings/python/$f" "$PKG/$f"; done
+# the package's source files: no caches, in-place extensions or generated _version.py
+# of this tree (setup.py writes the version anew)
+(cd bindings/python && find fusekit -type f ! -path '*/__pycache__/*' ! -name '*.so' ! -name '*.pyc' \
+  ! -name _version.py ! -path 'fusekit/fusekit-kernels/*') |
+  while read -r f; do install -D -m 644 "bindings/python/$f" "$PKG/$f"; done
 install -m 755 target/release/libfusekit.so "$PKG/fusekit/libfusekit.so"
 strip --strip-debug "$PKG/fusekit/libfusekit.so"
 if [ -n "$KERNELS" ]; then

@@ -32,13 +32,13 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-PKG_ROOT = Path(__file__).resolve().parents[1]
+from conftest import PKG_ROOT  # noqa: E402  (the folder holding the fusekit under test)
+
 DRY = os.environ.get("FK_GRAPH_TEST_DRY") == "1"
 HAS_CUDA = torch.cuda.is_available()
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="CUDA graph capture needs a CUDA device")

@@ -74,7 +74,7 @@ EOF
     "$VENV/bin/python" "$(ls "$W"/pip/pip-*.whl)/pip" install -q --no-index "$(ls "$W"/pip/pip-*.whl)"
   fi
   in_venv python -m pip install -q --no-index --find-links "$W/wheels" "$wheel[cuda,nccl,torch]" pytest cffi
-  in_venv python -m pip list 2>/dev/null | grep -i -E '^(fusekit|torch|nvidia-cu(da-nvrtc|da-runtime|blas|solver)|nvidia-nccl)' | sed 's/^/  /'
+  in_venv python -m pip list 2>/dev/null | grep -i -E '^(fusekit|torch|nvidia-cu(da-nvrtc|da-runtime|blas|solver)|nvidia-nccl)' | sed 's/^/  /' || true
   echo "--- the CUDA libraries come from the fresh environment"
   in_venv python - "$VENV" <<'EOF'
 import sys, numpy as np, fusekit as fk

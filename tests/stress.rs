@@ -4,7 +4,8 @@
 //! - `mixed_ops_8_threads_one_context`: 8 threads share one context; each has its
 //!   own stream and two streams are shared by all of them. Every iteration runs one
 //!   op of a family (elementwise, Gaussian, geodesic, linear algebra, optimiser
-//!   kernels) or a runtime sequence (allocation, asynchronous host copies, a
+//!   kernels; among them ops with per-stream or stream-ordered scratch on CUDA,
+//!   which threads sharing a stream share) or a runtime sequence (allocation, asynchronous host copies, a
 //!   buffer copy to a shared stream ordered by an event) on random data, and checks
 //!   the result against an f64 reference computed by the test. Each output is
 //!   first overwritten with NaN (or the in/out operand's initial value) by a copy
@@ -203,9 +204,13 @@ enum Kind {
     GradNorms,
     /// `fk_shampoo_stats` `L = beta L + alpha G G^T`.
     Shampoo,
+    /// `fk_linear_backward` (relu), `dw` only: `dz` in the stream's scratch on CUDA.
+    LinearBackward,
+    /// `fk_dp_clipped_grad_sum`: scaled gradients in stream-ordered scratch on CUDA.
+    DpClip,
 }
 
-const KINDS: [Kind; 7] = [
+const KINDS: [Kind; 9] = [
     Kind::Elementwise,
     Kind::Gaussian,
     Kind::Geodesic,
@@ -213,6 +218,8 @@ const KINDS: [Kind; 7] = [
     Kind::Linear,
     Kind::GradNorms,
     Kind::Shampoo,
+    Kind::LinearBackward,
+    Kind::DpClip,
 ];
 
 impl Job {
@@ -389,6 +396,67 @@ impl Job {
                 let ins = vec![up(d, &[m as i64, n as i64], &g)];
                 (d, ins, vec![m as i64, m as i64], Some(l0), want, [al, be])
             }
+            Kind::LinearBackward => {
+                let d = FK_DTYPE_F32;
+                let (m, n, k) = (dims(rng, 1, 24), dims(rng, 1, 24), dims(rng, 1, 32));
+                let dy = draw(rng, d, m * n, 0.1, 1.0);
+                let x = draw(rng, d, m * k, 0.1, 1.0);
+                let w = draw(rng, d, n * k, 0.1, 1.0);
+                // the forward's relu output: only y > 0 matters; at least one is
+                let mut y: Vec<f64> = (0..m * n)
+                    .map(|_| {
+                        if rng.below(2) == 0 {
+                            0.0
+                        } else {
+                            rng.uniform(0.1, 1.0)
+                        }
+                    })
+                    .collect();
+                y[0] = 0.5;
+                let mut want = vec![0.0; n * k];
+                for j in 0..n {
+                    for l in 0..k {
+                        want[j * k + l] = (0..m)
+                            .filter(|&i| y[i * n + j] > 0.0)
+                            .map(|i| dy[i * n + j] * x[i * k + l])
+                            .sum();
+                    }
+                }
+                let y = y.iter().map(|&v| quantize(d, re(v)).re).collect::<Vec<_>>();
+                let ins = vec![
+                    up(d, &[m as i64, n as i64], &dy),
+                    up(d, &[m as i64, k as i64], &x),
+                    up(d, &[n as i64, k as i64], &w),
+                    up(d, &[m as i64, n as i64], &y),
+                ];
+                (d, ins, vec![n as i64, k as i64], None, want, [0.0; 2])
+            }
+            Kind::DpClip => {
+                let d = FK_DTYPE_F64;
+                let (b, fi, fo) = (dims(rng, 1, 16), dims(rng, 1, 24), dims(rng, 1, 24));
+                let a = draw(rng, d, b * fi, 0.1, 1.0);
+                let g = draw(rng, d, b * fo, 0.1, 1.0);
+                let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+                // |G_b| = |g_b| |a_b|; the bound clips the larger half or so
+                let norms: Vec<f64> = (0..b)
+                    .map(|i| norm(&a[i * fi..(i + 1) * fi]) * norm(&g[i * fo..(i + 1) * fo]))
+                    .collect();
+                let c = 0.5 * norms.iter().cloned().fold(0.0, f64::max);
+                let mut want = vec![0.0; fo * fi];
+                for (bi, nb) in norms.iter().enumerate() {
+                    let f = (c / nb).min(1.0);
+                    for o in 0..fo {
+                        for i in 0..fi {
+                            want[o * fi + i] += f * g[bi * fo + o] * a[bi * fi + i];
+                        }
+                    }
+                }
+                let ins = vec![
+                    up(d, &[b as i64, fi as i64], &a),
+                    up(d, &[b as i64, fo as i64], &g),
+                ];
+                (d, ins, vec![fo as i64, fi as i64], None, want, [c, 0.0])
+            }
         };
         let n_out = out_shape.iter().product::<i64>() as usize;
         let init = init.unwrap_or_else(|| vec![f64::NAN; n_out]);
@@ -441,6 +509,18 @@ impl Job {
                 Kind::Linear => fk_linear_forward(i(0), i(1), i(2), FK_ACT_RELU, o, null_mut(), s),
                 Kind::GradNorms => fk_per_sample_grad_norms(i(0), i(1), o, s),
                 Kind::Shampoo => fk_shampoo_stats(i(0), s0, s1, o, null_mut(), s),
+                Kind::LinearBackward => fk_linear_backward(
+                    i(0),
+                    i(1),
+                    i(2),
+                    FK_ACT_RELU,
+                    i(3),
+                    null_mut(),
+                    o,
+                    null_mut(),
+                    s,
+                ),
+                Kind::DpClip => fk_dp_clipped_grad_sum(i(0), i(1), s0, o, null_mut(), 0, s),
             }
         };
         check(st, &format!("{what}: {:?}", self.kind));
@@ -510,7 +590,7 @@ fn mixed_ops_8_threads_one_context() {
         let shared_h: Vec<H<fk_stream>> = shared.iter().map(|s| H(s.0)).collect();
         let ctx_h = H(ctx.0);
         let n_iter = iters(3000);
-        let counts: Vec<[usize; 8]> = std::thread::scope(|sc| {
+        let counts: Vec<[usize; KINDS.len() + 1]> = std::thread::scope(|sc| {
             let hs: Vec<_> = (0..THREADS)
                 .map(|t| {
                     let shared_h = &shared_h;
@@ -523,7 +603,7 @@ fn mixed_ops_8_threads_one_context() {
                             .map(|&k| Job::new(&ctx, k, &mut rng, own.0))
                             .collect();
                         let ev = Event::new(&ctx);
-                        let mut done = [0usize; 8];
+                        let mut done = [0usize; KINDS.len() + 1];
                         for it in 0..n_iter {
                             // a quarter of the work on a stream every thread uses
                             let sh = shared_h[(t + it) % SHARED_STREAMS].0;

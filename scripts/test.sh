@@ -42,7 +42,8 @@ echo "==> cargo test --release (Rust, CPU backend + NVRTC kernel compile + NCCL 
 # the kernel compile test also keeps its images (sm_80, sm_90): the wheel's prebuilt kernels
 KERNELS_OUT=$ROOT/target/prebuilt-kernels
 rm -rf "$KERNELS_OUT"
-FK_REQUIRE_NVRTC=1 FK_REQUIRE_NCCL=1 FK_PREBUILT_OUT=$KERNELS_OUT cargo test --release -- --test-threads=2
+# the default parallel runner: no test flips a process-global switch
+FK_REQUIRE_NVRTC=1 FK_REQUIRE_NCCL=1 FK_PREBUILT_OUT=$KERNELS_OUT cargo test --release
 
 echo "==> CUDA kernel sources run on the CPU (emulated threads, barriers, shuffles)"
 bash tests/cuda_emu/run.sh

@@ -22,7 +22,8 @@
 //! - `FK_PREBUILT_DIR`: a prebuilt-images folder to search instead of the one next
 //!   to the library.
 //! - `FK_CUDA_INCLUDE`: folder holding `cuda_fp16.h`; otherwise `CUDA_HOME`,
-//!   `CUDA_PATH`, `/usr/local/cuda`, and the `nvidia-cuda-runtime` wheel are searched.
+//!   `CUDA_PATH`, the active environment's `nvidia-cuda-runtime` wheel,
+//!   `/usr/local/cuda` and other environments' wheels are searched (`cuda_roots`).
 //! - `FK_NVRTC_PATH`: full path of `libnvrtc.so.13`; otherwise the same places.
 
 use std::ffi::CString;
@@ -36,7 +37,10 @@ use crate::error::{Error, FK_ERROR_KERNEL_COMPILE, FK_ERROR_LIBRARY_NOT_FOUND, R
 
 const NVRTC_SONAME: &str = "libnvrtc.so.13";
 
-/// Roots that may hold a CUDA installation or the `nvidia/cu13` wheel folder.
+/// Roots that may hold a CUDA installation or the `nvidia/cu13` wheel folder, in
+/// order: `CUDA_HOME`, `CUDA_PATH`, the wheels of the active environment
+/// (`$VIRTUAL_ENV`, `$CONDA_PREFIX`: e.g. those `pip install fusekit[cuda]` put there
+/// at the tested versions), `/usr/local/cuda`, then the other environments' wheels.
 pub(crate) fn cuda_roots() -> Vec<PathBuf> {
     let mut roots = Vec::new();
     for var in ["CUDA_HOME", "CUDA_PATH"] {
@@ -44,8 +48,17 @@ pub(crate) fn cuda_roots() -> Vec<PathBuf> {
             roots.push(PathBuf::from(v));
         }
     }
+    let active: Vec<PathBuf> = ["VIRTUAL_ENV", "CONDA_PREFIX"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .map(PathBuf::from)
+        .collect();
+    let (mine, others): (Vec<PathBuf>, Vec<PathBuf>) = nvidia_wheel_dirs()
+        .into_iter()
+        .partition(|d| active.iter().any(|a| d.starts_with(a)));
+    roots.extend(mine.into_iter().map(|d| d.join("cu13")));
     roots.push(PathBuf::from("/usr/local/cuda"));
-    roots.extend(nvidia_wheel_dirs().into_iter().map(|d| d.join("cu13")));
+    roots.extend(others.into_iter().map(|d| d.join("cu13")));
     roots
 }
 
@@ -520,6 +533,32 @@ mod tests {
         assert_eq!(parse_nvrtc_version(" 12.9 "), Some((12, 9)));
         assert_eq!(parse_nvrtc_version("13"), None);
         assert_eq!(parse_nvrtc_version("x.y"), None);
+    }
+
+    #[test]
+    fn active_environment_wheels_come_before_usr_local_cuda() {
+        // the environment variables are read, not changed: compare with what is set
+        let roots = cuda_roots();
+        let usr = roots
+            .iter()
+            .position(|r| r == Path::new("/usr/local/cuda"))
+            .unwrap();
+        for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
+            if let Some(prefix) = std::env::var_os(var) {
+                for (i, r) in roots.iter().enumerate() {
+                    if r.starts_with(&prefix) {
+                        assert!(i < usr, "{} after /usr/local/cuda", r.display());
+                    }
+                }
+            }
+        }
+        for r in &roots[usr + 1..] {
+            assert!(
+                r.ends_with("nvidia/cu13"),
+                "{} after /usr/local/cuda",
+                r.display()
+            );
+        }
     }
 
     #[test]

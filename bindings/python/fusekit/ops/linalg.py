@@ -43,7 +43,7 @@ FK_GEMM_ALLOW_TF32 = 1
 _OPS = {"N": FK_OP_N, "T": FK_OP_T, "C": FK_OP_C, "n": FK_OP_N, "t": FK_OP_T, "c": FK_OP_C}
 #: ``act`` names, as torch names the activations ("gelu" is the exact erf form).
 LINEAR_ACTIVATIONS = {"none": FK_ACT_NONE, "relu": FK_ACT_RELU, "gelu": FK_ACT_GELU_ERF,
-               "gelu_tanh": FK_ACT_GELU_TANH}
+                      "gelu_tanh": FK_ACT_GELU_TANH}
 _ACTS = {**LINEAR_ACTIVATIONS, None: FK_ACT_NONE}
 _HAS_AUX = (FK_ACT_GELU_TANH, FK_ACT_GELU_ERF)
 

@@ -1119,16 +1119,24 @@ fn one_cublas_pair_per_process() {
         gemm_vs_cpu(&g, &cpu, &c, &mut rng, tol_of(dtype), null());
     }
     let (blas, lt, version) = fusekit::cuda::cublas::loaded_pair().expect("cuBLAS loaded");
-    println!(
-        "cuBLAS {version}: {} and {}",
-        blas.display(),
-        lt.display()
+    println!("cuBLAS {version}: {} and {}", blas.display(), lt.display());
+    assert_eq!(
+        mapped("libcublas.so"),
+        vec![blas.clone()],
+        "cuBLAS files mapped"
     );
-    assert_eq!(mapped("libcublas.so"), vec![blas.clone()], "cuBLAS files mapped");
-    assert_eq!(mapped("libcublasLt.so"), vec![lt.clone()], "cuBLASLt files mapped");
+    assert_eq!(
+        mapped("libcublasLt.so"),
+        vec![lt.clone()],
+        "cuBLASLt files mapped"
+    );
     assert_eq!(blas.parent(), lt.parent(), "one install");
     if let Some(dir) = std::env::var_os("FK_EXPECT_CUBLAS_DIR") {
         let dir = std::path::PathBuf::from(dir).canonicalize().unwrap();
-        assert_eq!(blas.parent(), Some(dir.as_path()), "FK_CUBLAS_PATH's folder");
+        assert_eq!(
+            blas.parent(),
+            Some(dir.as_path()),
+            "FK_CUBLAS_PATH's folder"
+        );
     }
 }

@@ -4,11 +4,13 @@
 //! specials, the rayon-parallel path, and every bad-input status with its message.
 
 mod common;
+mod elementwise_table;
 
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 
 use common::*;
+use elementwise_table::*;
 
 #[test]
 fn every_op_every_dtype_matches_the_f64_reference() {

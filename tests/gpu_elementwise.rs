@@ -12,6 +12,7 @@
 //! captured from fusekit ops, warm-up, DLPack on CUDA, empty and ndim-0 buffers.
 
 mod common;
+mod elementwise_table;
 
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
@@ -19,6 +20,7 @@ use std::time::Instant;
 
 use common::*;
 use cudarc::driver::{result as cu, sys};
+use elementwise_table::*;
 
 /// Runs `op` on placed operands of one context; the output is freshly poisoned.
 fn run_placed(

@@ -5,7 +5,8 @@
 #               machine's python (scripts/repack_installed_wheels.py), install
 #               dist/fusekit-*.whl[cuda,nccl,torch] from them into a fresh virtual
 #               environment (pip --no-index: fails when a [cuda] pin is not what is
-#               installed here), with no CUDA toolkit variables; check that NVRTC,
+#               installed here), with no CUDA toolkit variables; check (compiling every
+#               module, no cache) that NVRTC,
 #               cuBLAS, cuBLASLt and cuSOLVER load from that environment.
 #   python      the Python tests against the package installed by `install`.
 #   cold_start  a fresh process with an empty FK_CACHE_DIR in that environment: the
@@ -75,13 +76,13 @@ EOF
   fi
   in_venv python -m pip install -q --no-index --find-links "$W/wheels" "$wheel[cuda,nccl,torch]" pytest cffi
   in_venv python -m pip list 2>/dev/null | grep -i -E '^(fusekit|torch|nvidia-cu(da-nvrtc|da-runtime|blas|solver)|nvidia-nccl)' | sed 's/^/  /' || true
-  echo "--- the CUDA libraries come from the fresh environment"
-  in_venv python - "$VENV" <<'EOF'
+  echo "--- the CUDA libraries come from the fresh environment (every module compiled with its NVRTC)"
+  in_venv env FK_CACHE_DISABLE=1 python - "$VENV" <<'EOF'
 import sys, numpy as np, fusekit as fk
 venv = sys.argv[1]
 ctx = fk.Context("cuda")
 a = fk.Buffer.empty(ctx, (64, 64), "float32"); a.copy_from(np.eye(64))
-fk.add(a, a, out=a)                                   # NVRTC (or a prebuilt image)
+fk.add(a, a, out=a)                                   # NVRTC (FK_CACHE_DISABLE=1: no prebuilt image)
 fk.ops.linalg.gemm(a, a, op_b="N")                    # cuBLAS / cuBLASLt
 fk.matrix_power(a, -0.5, 1e-6, method="eigh")         # cuSOLVER
 ctx.warmup()
@@ -90,7 +91,9 @@ loaded = sorted({l.split()[-1] for l in maps.splitlines() if any(k in l for k in
 for p in loaded:
     print("  loaded", p)
 outside = [p for p in loaded if not p.startswith(venv)]
-assert loaded and not outside, f"CUDA libraries loaded from outside {venv}: {outside}"
+assert not outside, f"CUDA libraries loaded from outside {venv}: {outside}"
+for lib in ("libnvrtc.so", "libcublas.so", "libcublasLt.so", "libcusolver.so"):
+    assert any(p.rsplit("/", 1)[-1].startswith(lib) for p in loaded), f"{lib} was not loaded"
 print("  fusekit", fk.__version__, "from", fk.__file__, "library", fk.library_path())
 EOF
 }

@@ -10,194 +10,18 @@
 //! - The trajectory: layout `[T, 2, B, D]`, and the backward with and without it.
 //! - Bad inputs: each asserts the status and that the message names the argument.
 //!
-//! Helpers are local to this file (RAII handles, f64 <-> f32/f64 bytes, an RNG).
+//! Handles, buffers of reals, the RNG and the comparison come from `tests/common`.
 
 #![allow(non_snake_case)]
 
-use std::ffi::CStr;
+mod common;
+
 use std::ptr::{null, null_mut};
 
-use fusekit::abi::core::*;
+use common::*;
 use fusekit::abi::geodesic::*;
-use fusekit::abi::{fk_buffer, fk_context};
-use fusekit::context::FK_DEVICE_CPU;
-use fusekit::dtype::{FK_DTYPE_F16, FK_DTYPE_F32, FK_DTYPE_F64, fk_dtype};
-use fusekit::error::*;
 
-// ------------------------------------------------------------------ helpers
-
-fn last_error() -> String {
-    unsafe { CStr::from_ptr(fk_last_error_message()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn status_name(s: fk_status) -> String {
-    unsafe { CStr::from_ptr(fk_status_string(s)) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-#[track_caller]
-fn ok(s: fk_status) {
-    assert!(
-        s == FK_OK,
-        "expected FK_OK, got {}: {}",
-        status_name(s),
-        last_error()
-    );
-}
-
-#[track_caller]
-fn expect(s: fk_status, want: fk_status, needles: &[&str]) {
-    let msg = last_error();
-    assert!(
-        s == want,
-        "expected {}, got {}; message {msg:?}",
-        status_name(want),
-        status_name(s)
-    );
-    for n in needles {
-        assert!(msg.contains(n), "message {msg:?} lacks {n:?}");
-    }
-}
-
-struct Ctx(*mut fk_context);
-impl Ctx {
-    fn cpu() -> Ctx {
-        let mut p = null_mut();
-        ok(unsafe { fk_context_create(FK_ABI_VERSION, FK_DEVICE_CPU, 0, &mut p) });
-        Ctx(p)
-    }
-}
-impl Drop for Ctx {
-    fn drop(&mut self) {
-        unsafe { fk_context_destroy(self.0) };
-    }
-}
-
-struct Buf {
-    h: *mut fk_buffer,
-    dtype: fk_dtype,
-    n: usize,
-}
-impl Buf {
-    fn new(ctx: &Ctx, dtype: fk_dtype, shape: &[i64]) -> Buf {
-        let mut h = null_mut();
-        ok(unsafe {
-            fk_buffer_create(
-                ctx.0,
-                dtype,
-                shape.len() as i32,
-                shape.as_ptr(),
-                null(),
-                &mut h,
-            )
-        });
-        let n = shape.iter().product::<i64>() as usize;
-        let b = Buf { h, dtype, n };
-        if dtype == FK_DTYPE_F32 || dtype == FK_DTYPE_F64 {
-            b.write(&vec![f64::NAN; n]); // poisoned: an unwritten output fails
-        }
-        b
-    }
-    fn from(ctx: &Ctx, dtype: fk_dtype, shape: &[i64], vals: &[f64]) -> Buf {
-        let b = Buf::new(ctx, dtype, shape);
-        assert_eq!(vals.len(), b.n);
-        b.write(vals);
-        b
-    }
-    fn write(&self, vals: &[f64]) {
-        let bytes = encode(self.dtype, vals);
-        ok(unsafe {
-            fk_buffer_copy_from_host(self.h, bytes.as_ptr() as *const _, bytes.len(), null())
-        });
-    }
-    fn read(&self) -> Vec<f64> {
-        let size = if self.dtype == FK_DTYPE_F32 { 4 } else { 8 };
-        let mut bytes = vec![0u8; self.n * size];
-        ok(unsafe {
-            fk_buffer_copy_to_host(self.h, bytes.as_mut_ptr() as *mut _, bytes.len(), null())
-        });
-        decode(self.dtype, &bytes)
-    }
-}
-impl Drop for Buf {
-    fn drop(&mut self) {
-        unsafe { fk_buffer_destroy(self.h) };
-    }
-}
-
-fn encode(dtype: fk_dtype, vals: &[f64]) -> Vec<u8> {
-    if dtype == FK_DTYPE_F32 {
-        vals.iter()
-            .flat_map(|&x| (x as f32).to_le_bytes())
-            .collect()
-    } else {
-        vals.iter().flat_map(|&x| x.to_le_bytes()).collect()
-    }
-}
-
-fn decode(dtype: fk_dtype, bytes: &[u8]) -> Vec<f64> {
-    if dtype == FK_DTYPE_F32 {
-        bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
-            .collect()
-    } else {
-        bytes
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    }
-}
-
-/// Rounds through the dtype (inputs of an f32 run as the library sees them).
-fn q(dtype: fk_dtype, v: &[f64]) -> Vec<f64> {
-    decode(dtype, &encode(dtype, v))
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-        z ^ (z >> 31)
-    }
-    fn uni(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * ((self.next() >> 11) as f64 / (1u64 << 53) as f64)
-    }
-    fn vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
-        (0..n).map(|_| self.uni(lo, hi)).collect()
-    }
-}
-
-fn rel_err(out: &[f64], want: &[f64]) -> f64 {
-    assert_eq!(out.len(), want.len());
-    assert!(
-        out.iter().all(|x| x.is_finite()),
-        "non-finite output: {out:?}"
-    );
-    let num: f64 = out.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
-    let den: f64 = want.iter().map(|b| b * b).sum();
-    if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    }
-}
-
-#[track_caller]
-fn close(out: &[f64], want: &[f64], tol: f64, what: &str) {
-    let e = rel_err(out, want);
-    assert!(
-        e <= tol,
-        "{what}: relative error {e:.3e} > {tol:.1e}\n out  {out:?}\n want {want:?}"
-    );
-}
-
+/// This file's forward tolerances (tighter than `common::tol` for f64).
 fn tol(dtype: fk_dtype) -> f64 {
     if dtype == FK_DTYPE_F32 { 2e-5 } else { 1e-12 }
 }
@@ -235,12 +59,12 @@ impl Prob {
             b,
             d,
             r,
-            x: rng.vec(b * d, -1.0, 1.0),
-            v: rng.vec(b * d, -1.0, 1.0),
-            f: with_f.then(|| rng.vec(b * d, -0.5, 0.5)),
-            u: rng.vec(d * r, -0.7, 0.7),
-            w: rng.vec(d * r, -0.7, 0.7),
-            mu: with_mu.then(|| rng.vec(d, 0.0, 0.5)),
+            x: rng.uniform_vec(b * d, -1.0, 1.0),
+            v: rng.uniform_vec(b * d, -1.0, 1.0),
+            f: with_f.then(|| rng.uniform_vec(b * d, -0.5, 0.5)),
+            u: rng.uniform_vec(d * r, -0.7, 0.7),
+            w: rng.uniform_vec(d * r, -0.7, 0.7),
+            mu: with_mu.then(|| rng.uniform_vec(d, 0.0, 0.5)),
             c: f64::INFINITY,
             dt: 0.1,
             t,
@@ -248,12 +72,12 @@ impl Prob {
     }
     fn rounded(&self, dtype: fk_dtype) -> Prob {
         let mut p = self.clone();
-        p.x = q(dtype, &p.x);
-        p.v = q(dtype, &p.v);
-        p.f = p.f.map(|f| q(dtype, &f));
-        p.u = q(dtype, &p.u);
-        p.w = q(dtype, &p.w);
-        p.mu = p.mu.map(|m| q(dtype, &m));
+        p.x = quantize_reals(dtype, &p.x);
+        p.v = quantize_reals(dtype, &p.v);
+        p.f = p.f.map(|f| quantize_reals(dtype, &f));
+        p.u = quantize_reals(dtype, &p.u);
+        p.w = quantize_reals(dtype, &p.w);
+        p.mu = p.mu.map(|m| quantize_reals(dtype, &m));
         p
     }
 }
@@ -471,64 +295,77 @@ struct Inputs {
 fn upload(ctx: &Ctx, dt: fk_dtype, p: &Prob) -> Inputs {
     let (b, d, r) = (p.b as i64, p.d as i64, p.r as i64);
     Inputs {
-        x: Buf::from(ctx, dt, &[b, d], &p.x),
-        v: Buf::from(ctx, dt, &[b, d], &p.v),
-        f: p.f.as_ref().map(|f| Buf::from(ctx, dt, &[b, d], f)),
-        u: Buf::from(ctx, dt, &[d, r], &p.u),
-        w: Buf::from(ctx, dt, &[d, r], &p.w),
-        mu: p.mu.as_ref().map(|m| Buf::from(ctx, dt, &[d], m)),
+        x: Buf::from_reals(ctx, dt, &[b, d], &p.x),
+        v: Buf::from_reals(ctx, dt, &[b, d], &p.v),
+        f: p.f.as_ref().map(|f| Buf::from_reals(ctx, dt, &[b, d], f)),
+        u: Buf::from_reals(ctx, dt, &[d, r], &p.u),
+        w: Buf::from_reals(ctx, dt, &[d, r], &p.w),
+        mu: p.mu.as_ref().map(|m| Buf::from_reals(ctx, dt, &[d], m)),
     }
 }
 
 fn h(b: &Option<Buf>) -> *mut fk_buffer {
-    b.as_ref().map_or(null_mut(), |b| b.h)
+    b.as_ref().map_or(null_mut(), |b| b.raw())
 }
 
 fn christoffel(ctx: &Ctx, dt: fk_dtype, p: &Prob) -> Vec<f64> {
     let i = upload(ctx, dt, p);
-    let out = Buf::new(ctx, dt, &[p.b as i64, p.d as i64]);
-    ok(unsafe { fk_christoffel_forward(i.v.h, i.u.h, i.w.h, p.c, 0, out.h, null()) });
-    out.read()
+    let out = Buf::poisoned(ctx, dt, &[p.b as i64, p.d as i64]);
+    ok(unsafe {
+        fk_christoffel_forward(i.v.raw(), i.u.raw(), i.w.raw(), p.c, 0, out.raw(), null())
+    });
+    out.read_reals()
 }
 
 fn christoffel_bwd(ctx: &Ctx, dt: fk_dtype, p: &Prob, g: &[f64]) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let i = upload(ctx, dt, p);
     let (b, d, r) = (p.b as i64, p.d as i64, p.r as i64);
-    let gb = Buf::from(ctx, dt, &[b, d], g);
-    let dv = Buf::new(ctx, dt, &[b, d]);
-    let du = Buf::new(ctx, dt, &[d, r]);
-    let dw = Buf::new(ctx, dt, &[d, r]);
+    let gb = Buf::from_reals(ctx, dt, &[b, d], g);
+    let dv = Buf::poisoned(ctx, dt, &[b, d]);
+    let du = Buf::poisoned(ctx, dt, &[d, r]);
+    let dw = Buf::poisoned(ctx, dt, &[d, r]);
     ok(unsafe {
-        fk_christoffel_backward(i.v.h, i.u.h, i.w.h, gb.h, p.c, 0, dv.h, du.h, dw.h, null())
+        fk_christoffel_backward(
+            i.v.raw(),
+            i.u.raw(),
+            i.w.raw(),
+            gb.raw(),
+            p.c,
+            0,
+            dv.raw(),
+            du.raw(),
+            dw.raw(),
+            null(),
+        )
     });
-    (dv.read(), du.read(), dw.read())
+    (dv.read_reals(), du.read_reals(), dw.read_reals())
 }
 
 fn leapfrog(ctx: &Ctx, dt: fk_dtype, p: &Prob) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let i = upload(ctx, dt, p);
     let (b, d) = (p.b as i64, p.d as i64);
-    let xo = Buf::new(ctx, dt, &[b, d]);
-    let vo = Buf::new(ctx, dt, &[b, d]);
-    let tr = Buf::new(ctx, dt, &[p.t as i64, 2, b, d]);
+    let xo = Buf::poisoned(ctx, dt, &[b, d]);
+    let vo = Buf::poisoned(ctx, dt, &[b, d]);
+    let tr = Buf::poisoned(ctx, dt, &[p.t as i64, 2, b, d]);
     ok(unsafe {
         fk_leapfrog_forward(
-            i.x.h,
-            i.v.h,
+            i.x.raw(),
+            i.v.raw(),
             h(&i.f),
-            i.u.h,
-            i.w.h,
+            i.u.raw(),
+            i.w.raw(),
             h(&i.mu),
             p.dt,
             p.t as i64,
             p.c,
             0,
-            xo.h,
-            vo.h,
-            tr.h,
+            xo.raw(),
+            vo.raw(),
+            tr.raw(),
             null(),
         )
     });
-    (xo.read(), vo.read(), tr.read())
+    (xo.read_reals(), vo.read_reals(), tr.read_reals())
 }
 
 /// `(dx0, dv0, df, dU, dW)`; with the trajectory when `use_traj`.
@@ -543,61 +380,61 @@ fn leapfrog_bwd(
     let i = upload(ctx, dt, p);
     let (b, d, r) = (p.b as i64, p.d as i64, p.r as i64);
     let tr = use_traj.then(|| {
-        let xo = Buf::new(ctx, dt, &[b, d]);
-        let vo = Buf::new(ctx, dt, &[b, d]);
-        let tr = Buf::new(ctx, dt, &[p.t as i64, 2, b, d]);
+        let xo = Buf::poisoned(ctx, dt, &[b, d]);
+        let vo = Buf::poisoned(ctx, dt, &[b, d]);
+        let tr = Buf::poisoned(ctx, dt, &[p.t as i64, 2, b, d]);
         ok(unsafe {
             fk_leapfrog_forward(
-                i.x.h,
-                i.v.h,
+                i.x.raw(),
+                i.v.raw(),
                 h(&i.f),
-                i.u.h,
-                i.w.h,
+                i.u.raw(),
+                i.w.raw(),
                 h(&i.mu),
                 p.dt,
                 p.t as i64,
                 p.c,
                 0,
-                xo.h,
-                vo.h,
-                tr.h,
+                xo.raw(),
+                vo.raw(),
+                tr.raw(),
                 null(),
             )
         });
         tr
     });
-    let gxb = Buf::from(ctx, dt, &[b, d], gx);
-    let gvb = Buf::from(ctx, dt, &[b, d], gv);
+    let gxb = Buf::from_reals(ctx, dt, &[b, d], gx);
+    let gvb = Buf::from_reals(ctx, dt, &[b, d], gv);
     let outs = [
-        Buf::new(ctx, dt, &[b, d]),
-        Buf::new(ctx, dt, &[b, d]),
-        Buf::new(ctx, dt, &[b, d]),
-        Buf::new(ctx, dt, &[d, r]),
-        Buf::new(ctx, dt, &[d, r]),
+        Buf::poisoned(ctx, dt, &[b, d]),
+        Buf::poisoned(ctx, dt, &[b, d]),
+        Buf::poisoned(ctx, dt, &[b, d]),
+        Buf::poisoned(ctx, dt, &[d, r]),
+        Buf::poisoned(ctx, dt, &[d, r]),
     ];
     ok(unsafe {
         fk_leapfrog_backward(
-            i.v.h,
+            i.v.raw(),
             h(&i.f),
-            i.u.h,
-            i.w.h,
+            i.u.raw(),
+            i.w.raw(),
             h(&i.mu),
             p.dt,
             p.t as i64,
             p.c,
             0,
             h(&tr),
-            gxb.h,
-            gvb.h,
-            outs[0].h,
-            outs[1].h,
-            outs[2].h,
-            outs[3].h,
-            outs[4].h,
+            gxb.raw(),
+            gvb.raw(),
+            outs[0].raw(),
+            outs[1].raw(),
+            outs[2].raw(),
+            outs[3].raw(),
+            outs[4].raw(),
             null(),
         )
     });
-    outs.map(|o| o.read())
+    outs.map(|o| o.read_reals())
 }
 
 fn dot(a: &[f64], b: &[f64]) -> f64 {
@@ -626,7 +463,7 @@ fn fd(p: &Prob, field: fn(&mut Prob) -> &mut Vec<f64>, loss: &dyn Fn(&Prob) -> f
 #[test]
 fn christoffel_forward_matches_reference() {
     let ctx = Ctx::cpu();
-    let mut rng = Rng(1);
+    let mut rng = Rng::from_state(1);
     for &(b, d, r) in &[
         (1, 1, 1),
         (3, 5, 2),
@@ -641,7 +478,7 @@ fn christoffel_forward_matches_reference() {
                 p.c = c;
                 let want = ref_gamma(&p, &p.v, &mut ClampStats::default());
                 let got = christoffel(&ctx, dt, &p);
-                close(
+                assert_close_reals(
                     &got,
                     &want,
                     tol(dt),
@@ -655,19 +492,21 @@ fn christoffel_forward_matches_reference() {
 #[test]
 fn christoffel_forward_in_place() {
     let ctx = Ctx::cpu();
-    let mut rng = Rng(2);
+    let mut rng = Rng::from_state(2);
     let mut p = Prob::random(&mut rng, 6, 9, 3, 1, false, false);
     p.c = 0.2;
     let i = upload(&ctx, FK_DTYPE_F64, &p);
-    ok(unsafe { fk_christoffel_forward(i.v.h, i.u.h, i.w.h, p.c, 0, i.v.h, null()) });
+    ok(unsafe {
+        fk_christoffel_forward(i.v.raw(), i.u.raw(), i.w.raw(), p.c, 0, i.v.raw(), null())
+    });
     let want = ref_gamma(&p, &p.v, &mut ClampStats::default());
-    close(&i.v.read(), &want, 1e-14, "in-place gamma");
+    assert_close_reals(&i.v.read_reals(), &want, 1e-14, "in-place gamma");
 }
 
 #[test]
 fn leapfrog_forward_matches_reference() {
     let ctx = Ctx::cpu();
-    let mut rng = Rng(3);
+    let mut rng = Rng::from_state(3);
     for &(b, d, r, t) in &[(1, 1, 1, 1), (3, 5, 2, 4), (9, 17, 5, 3), (4, 40, 33, 2)] {
         for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
             for (with_f, with_mu, c) in [
@@ -681,9 +520,9 @@ fn leapfrog_forward_matches_reference() {
                 let (x, v, traj) = ref_leapfrog(&p, &mut ClampStats::default());
                 let (gx, gv, gtraj) = leapfrog(&ctx, dt, &p);
                 let what = format!("b={b} d={d} r={r} T={t} f={with_f} mu={with_mu} c={c}");
-                close(&gx, &x, tol(dt), &format!("x_T {what}"));
-                close(&gv, &v, tol(dt), &format!("v_T {what}"));
-                close(&gtraj, &traj, tol(dt), &format!("traj {what}"));
+                assert_close_reals(&gx, &x, tol(dt), &format!("x_T {what}"));
+                assert_close_reals(&gv, &v, tol(dt), &format!("v_T {what}"));
+                assert_close_reals(&gtraj, &traj, tol(dt), &format!("traj {what}"));
                 // the last trajectory entry is the final state
                 let n = b * d;
                 assert_eq!(&gtraj[(2 * t - 2) * n..(2 * t - 1) * n], &gx[..]);
@@ -696,31 +535,31 @@ fn leapfrog_forward_matches_reference() {
 #[test]
 fn leapfrog_in_place_and_without_trajectory() {
     let ctx = Ctx::cpu();
-    let mut rng = Rng(4);
+    let mut rng = Rng::from_state(4);
     let mut p = Prob::random(&mut rng, 5, 6, 3, 3, true, true);
     p.c = 0.3;
     let (x, v, _) = ref_leapfrog(&p, &mut ClampStats::default());
     let i = upload(&ctx, FK_DTYPE_F64, &p);
     ok(unsafe {
         fk_leapfrog_forward(
-            i.x.h,
-            i.v.h,
+            i.x.raw(),
+            i.v.raw(),
             h(&i.f),
-            i.u.h,
-            i.w.h,
+            i.u.raw(),
+            i.w.raw(),
             h(&i.mu),
             p.dt,
             3,
             p.c,
             0,
-            i.x.h,
-            i.v.h,
+            i.x.raw(),
+            i.v.raw(),
             null_mut(),
             null(),
         )
     });
-    close(&i.x.read(), &x, 1e-13, "x in place");
-    close(&i.v.read(), &v, 1e-13, "v in place");
+    assert_close_reals(&i.x.read_reals(), &x, 1e-13, "x in place");
+    assert_close_reals(&i.v.read_reals(), &v, 1e-13, "v in place");
 }
 
 // ------------------------------------------------------------------ backwards
@@ -728,30 +567,30 @@ fn leapfrog_in_place_and_without_trajectory() {
 #[test]
 fn christoffel_backward_matches_formulas_and_finite_differences() {
     let ctx = Ctx::cpu();
-    let mut rng = Rng(5);
+    let mut rng = Rng::from_state(5);
     for &(b, d, r) in &[(1, 1, 1), (3, 5, 2), (6, 9, 4), (5, 12, 35)] {
         let mut p = Prob::random(&mut rng, b, d, r, 0, false, false);
         pick_c(&mut p, 1e-4);
-        let g = rng.vec(b * d, -1.0, 1.0);
+        let g = rng.uniform_vec(b * d, -1.0, 1.0);
         let (dv, du, dw) = christoffel_bwd(&ctx, FK_DTYPE_F64, &p, &g);
         let (rv, ru, rw) = ref_christoffel_backward(&p, &g);
-        close(&dv, &rv, 1e-13, "dv formula");
-        close(&du, &ru, 1e-13, "dU formula");
-        close(&dw, &rw, 1e-13, "dW formula");
+        assert_close_reals(&dv, &rv, 1e-13, "dv formula");
+        assert_close_reals(&du, &ru, 1e-13, "dU formula");
+        assert_close_reals(&dw, &rw, 1e-13, "dW formula");
         let loss = |q: &Prob| dot(&christoffel(&ctx, FK_DTYPE_F64, q), &g);
-        close(
+        assert_close_reals(
             &dv,
             &fd(&p, |q| &mut q.v, &loss),
             1e-6,
             "dv vs finite differences",
         );
-        close(
+        assert_close_reals(
             &du,
             &fd(&p, |q| &mut q.u, &loss),
             1e-6,
             "dU vs finite differences",
         );
-        close(
+        assert_close_reals(
             &dw,
             &fd(&p, |q| &mut q.w, &loss),
             1e-6,
@@ -759,19 +598,19 @@ fn christoffel_backward_matches_formulas_and_finite_differences() {
         );
         // f32 against the f64 formulas on the rounded inputs
         let p32 = p.rounded(FK_DTYPE_F32);
-        let g32 = q(FK_DTYPE_F32, &g);
+        let g32 = quantize_reals(FK_DTYPE_F32, &g);
         let (dv, du, dw) = christoffel_bwd(&ctx, FK_DTYPE_F32, &p32, &g32);
         let (rv, ru, rw) = ref_christoffel_backward(&p32, &g32);
-        close(&dv, &rv, 2e-5, "dv f32");
-        close(&du, &ru, 2e-5, "dU f32");
-        close(&dw, &rw, 2e-5, "dW f32");
+        assert_close_reals(&dv, &rv, 2e-5, "dv f32");
+        assert_close_reals(&du, &ru, 2e-5, "dU f32");
+        assert_close_reals(&dw, &rw, 2e-5, "dW f32");
     }
 }
 
 #[test]
 fn leapfrog_backward_matches_finite_differences() {
     let ctx = Ctx::cpu();
-    let mut rng = Rng(6);
+    let mut rng = Rng::from_state(6);
     for &(b, d, r, t, with_f, with_mu) in &[
         (1, 1, 1, 1, false, false),
         (2, 4, 3, 3, true, true),
@@ -781,8 +620,8 @@ fn leapfrog_backward_matches_finite_differences() {
         let mut p = Prob::random(&mut rng, b, d, r, t, with_f, with_mu);
         p.f.get_or_insert_with(|| vec![0.0; b * d]); // FD needs f; zeros = the NULL semantics
         pick_c(&mut p, 2e-4);
-        let gx = rng.vec(b * d, -1.0, 1.0);
-        let gv = rng.vec(b * d, -1.0, 1.0);
+        let gx = rng.uniform_vec(b * d, -1.0, 1.0);
+        let gv = rng.uniform_vec(b * d, -1.0, 1.0);
         let loss = |q: &Prob| {
             let (x, v, _) = leapfrog(&ctx, FK_DTYPE_F64, q);
             dot(&x, &gx) + dot(&v, &gv)
@@ -799,7 +638,7 @@ fn leapfrog_backward_matches_finite_differences() {
         for use_traj in [true, false] {
             let got = leapfrog_bwd(&ctx, FK_DTYPE_F64, &p, &gx, &gv, use_traj);
             for k in 0..5 {
-                close(
+                assert_close_reals(
                     &got[k],
                     &want[k],
                     2e-6,
@@ -809,11 +648,14 @@ fn leapfrog_backward_matches_finite_differences() {
         }
         // f32 against the f64 gradients of the rounded problem
         let p32 = p.rounded(FK_DTYPE_F32);
-        let (gx32, gv32) = (q(FK_DTYPE_F32, &gx), q(FK_DTYPE_F32, &gv));
+        let (gx32, gv32) = (
+            quantize_reals(FK_DTYPE_F32, &gx),
+            quantize_reals(FK_DTYPE_F32, &gv),
+        );
         let want64 = leapfrog_bwd(&ctx, FK_DTYPE_F64, &p32, &gx32, &gv32, false);
         let got32 = leapfrog_bwd(&ctx, FK_DTYPE_F32, &p32, &gx32, &gv32, true);
         for k in 0..5 {
-            close(
+            assert_close_reals(
                 &got32[k],
                 &want64[k],
                 2e-5,
@@ -826,23 +668,23 @@ fn leapfrog_backward_matches_finite_differences() {
 #[test]
 fn leapfrog_backward_optional_arguments() {
     let ctx = Ctx::cpu();
-    let mut rng = Rng(7);
+    let mut rng = Rng::from_state(7);
     let mut p = Prob::random(&mut rng, 3, 5, 2, 2, false, false);
     p.c = 0.2;
     let (b, d, r) = (3i64, 5i64, 2i64);
-    let gv = rng.vec(15, -1.0, 1.0);
+    let gv = rng.uniform_vec(15, -1.0, 1.0);
     let full = leapfrog_bwd(&ctx, FK_DTYPE_F64, &p, &vec![0.0; 15], &gv, false);
     let i = upload(&ctx, FK_DTYPE_F64, &p);
-    let gvb = Buf::from(&ctx, FK_DTYPE_F64, &[b, d], &gv);
+    let gvb = Buf::from_reals(&ctx, FK_DTYPE_F64, &[b, d], &gv);
     // gx NULL (= zero), only dU and dx0 wanted
-    let du = Buf::new(&ctx, FK_DTYPE_F64, &[d, r]);
-    let dx = Buf::new(&ctx, FK_DTYPE_F64, &[b, d]);
+    let du = Buf::poisoned(&ctx, FK_DTYPE_F64, &[d, r]);
+    let dx = Buf::poisoned(&ctx, FK_DTYPE_F64, &[b, d]);
     ok(unsafe {
         fk_leapfrog_backward(
-            i.v.h,
+            i.v.raw(),
             null(),
-            i.u.h,
-            i.w.h,
+            i.u.raw(),
+            i.w.raw(),
             null(),
             p.dt,
             2,
@@ -850,24 +692,24 @@ fn leapfrog_backward_optional_arguments() {
             0,
             null(),
             null(),
-            gvb.h,
-            dx.h,
+            gvb.raw(),
+            dx.raw(),
             null_mut(),
             null_mut(),
-            du.h,
+            du.raw(),
             null_mut(),
             null(),
         )
     });
-    assert_eq!(dx.read(), vec![0.0; 15]);
-    close(&du.read(), &full[3], 1e-15, "dU alone");
+    assert_eq!(dx.read_reals(), vec![0.0; 15]);
+    assert_close_reals(&du.read_reals(), &full[3], 1e-15, "dU alone");
     // every output NULL is a no-op
     ok(unsafe {
         fk_leapfrog_backward(
-            i.v.h,
+            i.v.raw(),
             null(),
-            i.u.h,
-            i.w.h,
+            i.u.raw(),
+            i.w.raw(),
             null(),
             p.dt,
             2,
@@ -885,14 +727,14 @@ fn leapfrog_backward_optional_arguments() {
         )
     });
     // B = 0: dU and dW are zero
-    let v0 = Buf::new(&ctx, FK_DTYPE_F64, &[0, d]);
-    let dw = Buf::new(&ctx, FK_DTYPE_F64, &[d, r]);
+    let v0 = Buf::poisoned(&ctx, FK_DTYPE_F64, &[0, d]);
+    let dw = Buf::poisoned(&ctx, FK_DTYPE_F64, &[d, r]);
     ok(unsafe {
         fk_leapfrog_backward(
-            v0.h,
+            v0.raw(),
             null(),
-            i.u.h,
-            i.w.h,
+            i.u.raw(),
+            i.w.raw(),
             null(),
             p.dt,
             2,
@@ -904,39 +746,39 @@ fn leapfrog_backward_optional_arguments() {
             null_mut(),
             null_mut(),
             null_mut(),
-            du.h,
-            dw.h,
+            du.raw(),
+            dw.raw(),
             null(),
         )
     });
-    assert_eq!(du.read(), vec![0.0; 10]);
-    assert_eq!(dw.read(), vec![0.0; 10]);
-    let g = Buf::new(&ctx, FK_DTYPE_F64, &[0, d]);
-    du.write(&[f64::NAN; 10]);
+    assert_eq!(du.read_reals(), vec![0.0; 10]);
+    assert_eq!(dw.read_reals(), vec![0.0; 10]);
+    let g = Buf::poisoned(&ctx, FK_DTYPE_F64, &[0, d]);
+    du.write_reals(&[f64::NAN; 10]);
     ok(unsafe {
         fk_christoffel_backward(
-            v0.h,
-            i.u.h,
-            i.w.h,
-            g.h,
+            v0.raw(),
+            i.u.raw(),
+            i.w.raw(),
+            g.raw(),
             1.0,
             0,
             null_mut(),
-            du.h,
+            du.raw(),
             null_mut(),
             null(),
         )
     });
-    assert_eq!(du.read(), vec![0.0; 10]);
+    assert_eq!(du.read_reals(), vec![0.0; 10]);
 }
 
 #[test]
 fn backwards_are_bit_reproducible() {
     let ctx = Ctx::cpu();
-    let mut rng = Rng(8);
+    let mut rng = Rng::from_state(8);
     let mut p = Prob::random(&mut rng, 300, 24, 6, 2, true, true);
     p.c = 0.3;
-    let g = rng.vec(300 * 24, -1.0, 1.0);
+    let g = rng.uniform_vec(300 * 24, -1.0, 1.0);
     for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
         let a = christoffel_bwd(&ctx, dt, &p, &g);
         let b = christoffel_bwd(&ctx, dt, &p, &g);
@@ -1046,9 +888,11 @@ fn nan_propagates_through_the_clamp() {
     let ctx = Ctx::cpu();
     let p = boundary_problem(&[f64::NAN, 1.0], 5.0);
     let i = upload(&ctx, FK_DTYPE_F64, &p);
-    let out = Buf::new(&ctx, FK_DTYPE_F64, &[1, 2]);
-    ok(unsafe { fk_christoffel_forward(i.v.h, i.u.h, i.w.h, 5.0, 0, out.h, null()) });
-    let g = out.read();
+    let out = Buf::poisoned(&ctx, FK_DTYPE_F64, &[1, 2]);
+    ok(unsafe {
+        fk_christoffel_forward(i.v.raw(), i.u.raw(), i.w.raw(), 5.0, 0, out.raw(), null())
+    });
+    let g = out.read_reals();
     assert!(g[0].is_nan() && g[1] == 1.0, "{g:?}");
 }
 
@@ -1060,7 +904,7 @@ struct Bad {
 
 impl Bad {
     fn b(&self, dt: fk_dtype, shape: &[i64]) -> Buf {
-        Buf::new(&self.ctx, dt, shape)
+        Buf::poisoned(&self.ctx, dt, shape)
     }
 }
 
@@ -1073,67 +917,77 @@ fn christoffel_rejects_bad_inputs() {
     let w = t.b(f32_, &[256, 16]);
     let out = t.b(f32_, &[4, 256]);
     let fwd = |v: &Buf, u: &Buf, w: &Buf, c: f64, o: &Buf| unsafe {
-        fk_christoffel_forward(v.h, u.h, w.h, c, 0, o.h, null())
+        fk_christoffel_forward(v.raw(), u.raw(), w.raw(), c, 0, o.raw(), null())
     };
     ok(fwd(&v, &u, &w, 5.0, &out));
     let u_bad = t.b(f32_, &[512, 16]);
-    expect(
+    expect_status(
         fwd(&v, &u_bad, &w, 5.0, &out),
         FK_ERROR_SHAPE_MISMATCH,
         &["fk_christoffel_forward: U has shape [512, 16] but v has 256 columns"],
     );
     let w_bad = t.b(f32_, &[256, 8]);
-    expect(
+    expect_status(
         fwd(&v, &u, &w_bad, 5.0, &out),
         FK_ERROR_SHAPE_MISMATCH,
         &["W has shape [256, 8]", "U has shape [256, 16]"],
     );
     let out_bad = t.b(f32_, &[4, 255]);
-    expect(
+    expect_status(
         fwd(&v, &u, &w, 5.0, &out_bad),
         FK_ERROR_SHAPE_MISMATCH,
         &["gamma has shape [4, 255]"],
     );
     let v3 = t.b(f32_, &[2, 2, 256]);
-    expect(
+    expect_status(
         fwd(&v3, &u, &w, 5.0, &out),
         FK_ERROR_SHAPE_MISMATCH,
         &["v must be a [B, D] matrix"],
     );
     let v16 = t.b(FK_DTYPE_F16, &[4, 256]);
-    expect(
+    expect_status(
         fwd(&v16, &u, &w, 5.0, &out),
         FK_ERROR_UNSUPPORTED_DTYPE,
         &["v has dtype f16", "f32 and f64"],
     );
     let u64_ = t.b(FK_DTYPE_F64, &[256, 16]);
-    expect(
+    expect_status(
         fwd(&v, &u64_, &w, 5.0, &out),
         FK_ERROR_DTYPE_MISMATCH,
         &["U has dtype f64 but v has dtype f32"],
     );
-    expect(
+    expect_status(
         fwd(&v, &u, &w, -1.0, &out),
         FK_ERROR_INVALID_ARGUMENT,
         &["c = -1"],
     );
-    expect(
+    expect_status(
         fwd(&v, &u, &w, f64::NAN, &out),
         FK_ERROR_INVALID_ARGUMENT,
         &["c = NaN"],
     );
-    expect(
-        unsafe { fk_christoffel_forward(v.h, u.h, w.h, 5.0, 0xe, out.h, null()) },
+    expect_status(
+        unsafe { fk_christoffel_forward(v.raw(), u.raw(), w.raw(), 5.0, 0xe, out.raw(), null()) },
         FK_ERROR_INVALID_ARGUMENT,
         &["flags = 0xe", "FK_GEO_ALLOW_TF32X3 = 4"],
     );
-    ok(unsafe { fk_christoffel_forward(v.h, u.h, w.h, 5.0, FK_GEO_ALLOW_TF32, out.h, null()) });
+    ok(unsafe {
+        fk_christoffel_forward(
+            v.raw(),
+            u.raw(),
+            w.raw(),
+            5.0,
+            FK_GEO_ALLOW_TF32,
+            out.raw(),
+            null(),
+        )
+    });
     for (k, name) in ["v", "U", "W", "gamma"].iter().enumerate() {
-        let p = |i: usize, b: &Buf| if i == k { null_mut() } else { b.h };
+        let p = |i: usize, b: &Buf| if i == k { null_mut() } else { b.raw() };
         let s = unsafe {
             fk_christoffel_forward(p(0, &v), p(1, &u), p(2, &w), 5.0, 0, p(3, &out), null())
         };
-        expect(
+        expect_status(
             s,
             FK_ERROR_NULL_POINTER,
             &["fk_christoffel_forward", &format!("{name} is NULL")],
@@ -1143,15 +997,11 @@ fn christoffel_rejects_bad_inputs() {
     let big = t.b(f32_, &[4, 256]);
     let mut alias = null_mut();
     let mut data = null_mut();
-    ok(unsafe { fk_buffer_data(big.h, &mut data) });
+    ok(unsafe { fk_buffer_data(big.raw(), &mut data) });
     let shape = [256i64, 16];
     ok(unsafe { fk_buffer_wrap(t.ctx.0, data, f32_, 2, shape.as_ptr(), null(), &mut alias) });
-    let alias = Buf {
-        h: alias,
-        dtype: f32_,
-        n: 4096,
-    };
-    expect(
+    let alias = Buf(alias);
+    expect_status(
         fwd(&v, &alias, &w, 5.0, &big),
         FK_ERROR_ALIASING,
         &["gamma overlaps the input U"],
@@ -1171,13 +1021,9 @@ fn christoffel_rejects_bad_inputs() {
             &mut strided,
         )
     });
-    let strided = Buf {
-        h: strided,
-        dtype: f32_,
-        n: 512,
-    };
+    let strided = Buf(strided);
     let o2 = t.b(f32_, &[2, 256]);
-    expect(
+    expect_status(
         fwd(&strided, &u, &w, 5.0, &o2),
         FK_ERROR_UNSUPPORTED,
         &["v must be contiguous"],
@@ -1187,46 +1033,57 @@ fn christoffel_rejects_bad_inputs() {
     let dv = t.b(f32_, &[4, 256]);
     let du = t.b(f32_, &[256, 16]);
     let bwd = |g: &Buf, dv: *mut fk_buffer, du: *mut fk_buffer, dw: *mut fk_buffer| unsafe {
-        fk_christoffel_backward(v.h, u.h, w.h, g.h, 5.0, 0, dv, du, dw, null())
+        fk_christoffel_backward(
+            v.raw(),
+            u.raw(),
+            w.raw(),
+            g.raw(),
+            5.0,
+            0,
+            dv,
+            du,
+            dw,
+            null(),
+        )
     };
-    ok(bwd(&g, dv.h, du.h, null_mut()));
+    ok(bwd(&g, dv.raw(), du.raw(), null_mut()));
     let g_bad = t.b(f32_, &[3, 256]);
-    expect(
-        bwd(&g_bad, dv.h, du.h, null_mut()),
+    expect_status(
+        bwd(&g_bad, dv.raw(), du.raw(), null_mut()),
         FK_ERROR_SHAPE_MISMATCH,
         &["fk_christoffel_backward", "g has shape [3, 256]"],
     );
     let dw_bad = t.b(f32_, &[256, 15]);
-    expect(
-        bwd(&g, dv.h, du.h, dw_bad.h),
+    expect_status(
+        bwd(&g, dv.raw(), du.raw(), dw_bad.raw()),
         FK_ERROR_SHAPE_MISMATCH,
         &["dW has shape [256, 15]"],
     );
-    expect(
-        bwd(&g, dv.h, dv.h, null_mut()),
+    expect_status(
+        bwd(&g, dv.raw(), dv.raw(), null_mut()),
         FK_ERROR_SHAPE_MISMATCH,
         &["dU has shape [4, 256]"],
     );
-    expect(
-        bwd(&g, g.h, null_mut(), null_mut()),
+    expect_status(
+        bwd(&g, g.raw(), null_mut(), null_mut()),
         FK_ERROR_ALIASING,
         &["dv overlaps the input g"],
     );
     let s = unsafe {
         fk_christoffel_backward(
-            v.h,
-            u.h,
-            w.h,
+            v.raw(),
+            u.raw(),
+            w.raw(),
             null(),
             5.0,
             0,
-            dv.h,
+            dv.raw(),
             null_mut(),
             null_mut(),
             null(),
         )
     };
-    expect(s, FK_ERROR_NULL_POINTER, &["g is NULL"]);
+    expect_status(s, FK_ERROR_NULL_POINTER, &["g is NULL"]);
 }
 
 #[test]
@@ -1239,7 +1096,7 @@ fn leapfrog_rejects_bad_inputs() {
     let u = t.b(d64, &[d, r]);
     let w = t.b(d64, &[d, r]);
     for z in [&x, &v, &u, &w] {
-        z.write(&vec![0.1; z.n]);
+        z.write_reals(&vec![0.1; z.numel() as usize]);
     }
     let xo = t.b(d64, &[b, d]);
     let vo = t.b(d64, &[b, d]);
@@ -1253,156 +1110,241 @@ fn leapfrog_rejects_bad_inputs() {
                 steps: i64,
                 xo: *mut fk_buffer,
                 tr: *mut fk_buffer| unsafe {
-        fk_leapfrog_forward(x, v, f, u, w.h, mu, dt, steps, 5.0, 0, xo, vo.h, tr, null())
+        fk_leapfrog_forward(
+            x,
+            v,
+            f,
+            u,
+            w.raw(),
+            mu,
+            dt,
+            steps,
+            5.0,
+            0,
+            xo,
+            vo.raw(),
+            tr,
+            null(),
+        )
     };
-    ok(call(x.h, v.h, null(), u.h, null(), 0.1, steps, xo.h, tr.h));
-    expect(
-        call(x.h, v.h, null(), u.h, null(), 0.1, 0, xo.h, tr.h),
+    ok(call(
+        x.raw(),
+        v.raw(),
+        null(),
+        u.raw(),
+        null(),
+        0.1,
+        steps,
+        xo.raw(),
+        tr.raw(),
+    ));
+    expect_status(
+        call(
+            x.raw(),
+            v.raw(),
+            null(),
+            u.raw(),
+            null(),
+            0.1,
+            0,
+            xo.raw(),
+            tr.raw(),
+        ),
         FK_ERROR_INVALID_ARGUMENT,
         &["fk_leapfrog_forward", "steps (T) = 0"],
     );
-    expect(
-        call(x.h, v.h, null(), u.h, null(), 0.1, -3, xo.h, null_mut()),
+    expect_status(
+        call(
+            x.raw(),
+            v.raw(),
+            null(),
+            u.raw(),
+            null(),
+            0.1,
+            -3,
+            xo.raw(),
+            null_mut(),
+        ),
         FK_ERROR_INVALID_ARGUMENT,
         &["steps (T) = -3"],
     );
-    expect(
-        call(x.h, v.h, null(), u.h, null(), f64::NAN, steps, xo.h, tr.h),
+    expect_status(
+        call(
+            x.raw(),
+            v.raw(),
+            null(),
+            u.raw(),
+            null(),
+            f64::NAN,
+            steps,
+            xo.raw(),
+            tr.raw(),
+        ),
         FK_ERROR_INVALID_ARGUMENT,
         &["dt = NaN must be finite"],
     );
-    expect(
+    expect_status(
         call(
-            x.h,
-            v.h,
+            x.raw(),
+            v.raw(),
             null(),
-            u.h,
+            u.raw(),
             null(),
             f64::INFINITY,
             steps,
-            xo.h,
-            tr.h,
+            xo.raw(),
+            tr.raw(),
         ),
         FK_ERROR_INVALID_ARGUMENT,
         &["dt = inf must be finite"],
     );
     let tr_bad = t.b(d64, &[steps, 2, b, d + 1]);
-    expect(
-        call(x.h, v.h, null(), u.h, null(), 0.1, steps, xo.h, tr_bad.h),
+    expect_status(
+        call(
+            x.raw(),
+            v.raw(),
+            null(),
+            u.raw(),
+            null(),
+            0.1,
+            steps,
+            xo.raw(),
+            tr_bad.raw(),
+        ),
         FK_ERROR_SHAPE_MISMATCH,
         &["traj has shape [4, 2, 3, 9] but must be [T, 2, B, D] = [4, 2, 3, 8]"],
     );
     let tr_short = t.b(d64, &[steps - 1, 2, b, d]);
-    expect(
-        call(x.h, v.h, null(), u.h, null(), 0.1, steps, xo.h, tr_short.h),
+    expect_status(
+        call(
+            x.raw(),
+            v.raw(),
+            null(),
+            u.raw(),
+            null(),
+            0.1,
+            steps,
+            xo.raw(),
+            tr_short.raw(),
+        ),
         FK_ERROR_SHAPE_MISMATCH,
         &["traj has shape [3, 2, 3, 8]"],
     );
     let mu_bad = t.b(d64, &[d + 1]);
-    expect(
+    expect_status(
         call(
-            x.h,
-            v.h,
+            x.raw(),
+            v.raw(),
             null(),
-            u.h,
-            mu_bad.h,
+            u.raw(),
+            mu_bad.raw(),
             0.1,
             steps,
-            xo.h,
+            xo.raw(),
             null_mut(),
         ),
         FK_ERROR_SHAPE_MISMATCH,
         &["mu has shape [9] but must be [D] = [8]"],
     );
     let f_bad = t.b(d64, &[b + 1, d]);
-    expect(
-        call(x.h, v.h, f_bad.h, u.h, null(), 0.1, steps, xo.h, null_mut()),
+    expect_status(
+        call(
+            x.raw(),
+            v.raw(),
+            f_bad.raw(),
+            u.raw(),
+            null(),
+            0.1,
+            steps,
+            xo.raw(),
+            null_mut(),
+        ),
         FK_ERROR_SHAPE_MISMATCH,
         &["f has shape [4, 8] but v0 has shape [3, 8]"],
     );
     let u_bad = t.b(d64, &[d + 2, r]);
-    expect(
+    expect_status(
         call(
-            x.h,
-            v.h,
+            x.raw(),
+            v.raw(),
             null(),
-            u_bad.h,
+            u_bad.raw(),
             null(),
             0.1,
             steps,
-            xo.h,
+            xo.raw(),
             null_mut(),
         ),
         FK_ERROR_SHAPE_MISMATCH,
         &["U has shape [10, 2] but v0 has 8 columns"],
     );
     let x32 = t.b(FK_DTYPE_F32, &[b, d]);
-    expect(
+    expect_status(
         call(
-            x32.h,
-            v.h,
+            x32.raw(),
+            v.raw(),
             null(),
-            u.h,
+            u.raw(),
             null(),
             0.1,
             steps,
-            xo.h,
+            xo.raw(),
             null_mut(),
         ),
         FK_ERROR_DTYPE_MISMATCH,
         &["x0 has dtype f32 but v0 has dtype f64"],
     );
-    expect(
+    expect_status(
         call(
             null(),
-            v.h,
+            v.raw(),
             null(),
-            u.h,
+            u.raw(),
             null(),
             0.1,
             steps,
-            xo.h,
+            xo.raw(),
             null_mut(),
         ),
         FK_ERROR_NULL_POINTER,
         &["x0 is NULL"],
     );
-    expect(
+    expect_status(
         call(
-            x.h,
+            x.raw(),
             null(),
             null(),
-            u.h,
+            u.raw(),
             null(),
             0.1,
             steps,
-            xo.h,
+            xo.raw(),
             null_mut(),
         ),
         FK_ERROR_NULL_POINTER,
         &["v0 is NULL"],
     );
-    expect(
+    expect_status(
         call(
-            x.h,
-            v.h,
+            x.raw(),
+            v.raw(),
             null(),
             null(),
             null(),
             0.1,
             steps,
-            xo.h,
+            xo.raw(),
             null_mut(),
         ),
         FK_ERROR_NULL_POINTER,
         &["U is NULL"],
     );
-    expect(
+    expect_status(
         call(
-            x.h,
-            v.h,
+            x.raw(),
+            v.raw(),
             null(),
-            u.h,
+            u.raw(),
             null(),
             0.1,
             steps,
@@ -1413,26 +1355,36 @@ fn leapfrog_rejects_bad_inputs() {
         &["x_out is NULL"],
     );
     // x_out = v0: not the allowed in-place form
-    expect(
-        call(x.h, v.h, null(), u.h, null(), 0.1, steps, v.h, null_mut()),
+    expect_status(
+        call(
+            x.raw(),
+            v.raw(),
+            null(),
+            u.raw(),
+            null(),
+            0.1,
+            steps,
+            v.raw(),
+            null_mut(),
+        ),
         FK_ERROR_ALIASING,
         &["x_out overlaps the input v0"],
     );
     // x_out = x0: allowed
     ok(call(
-        x.h,
-        v.h,
+        x.raw(),
+        v.raw(),
         null(),
-        u.h,
+        u.raw(),
         null(),
         0.1,
         steps,
-        x.h,
+        x.raw(),
         null_mut(),
     ));
     // backward
     let gv = t.b(d64, &[b, d]);
-    gv.write(&vec![1.0; 24]);
+    gv.write_reals(&vec![1.0; 24]);
     let dv = t.b(d64, &[b, d]);
     let bwd = |dt: f64,
                steps: i64,
@@ -1440,10 +1392,10 @@ fn leapfrog_rejects_bad_inputs() {
                dv: *mut fk_buffer,
                du: *mut fk_buffer| unsafe {
         fk_leapfrog_backward(
-            v.h,
+            v.raw(),
             null(),
-            u.h,
-            w.h,
+            u.raw(),
+            w.raw(),
             null(),
             dt,
             steps,
@@ -1451,7 +1403,7 @@ fn leapfrog_rejects_bad_inputs() {
             0,
             tr,
             null(),
-            gv.h,
+            gv.raw(),
             null_mut(),
             dv,
             null_mut(),
@@ -1460,30 +1412,30 @@ fn leapfrog_rejects_bad_inputs() {
             null(),
         )
     };
-    ok(bwd(0.1, steps, tr.h, dv.h, null_mut()));
-    expect(
-        bwd(0.1, 0, null(), dv.h, null_mut()),
+    ok(bwd(0.1, steps, tr.raw(), dv.raw(), null_mut()));
+    expect_status(
+        bwd(0.1, 0, null(), dv.raw(), null_mut()),
         FK_ERROR_INVALID_ARGUMENT,
         &["fk_leapfrog_backward", "steps (T) = 0"],
     );
-    expect(
-        bwd(f64::NEG_INFINITY, steps, null(), dv.h, null_mut()),
+    expect_status(
+        bwd(f64::NEG_INFINITY, steps, null(), dv.raw(), null_mut()),
         FK_ERROR_INVALID_ARGUMENT,
         &["dt = -inf"],
     );
-    expect(
-        bwd(0.1, steps + 1, tr.h, dv.h, null_mut()),
+    expect_status(
+        bwd(0.1, steps + 1, tr.raw(), dv.raw(), null_mut()),
         FK_ERROR_SHAPE_MISMATCH,
         &["traj has shape [4, 2, 3, 8] but must be [T, 2, B, D] = [5, 2, 3, 8]"],
     );
     let du_bad = t.b(d64, &[d, r + 1]);
-    expect(
-        bwd(0.1, steps, null(), dv.h, du_bad.h),
+    expect_status(
+        bwd(0.1, steps, null(), dv.raw(), du_bad.raw()),
         FK_ERROR_SHAPE_MISMATCH,
         &["dU has shape [8, 3] but U has shape [8, 2]"],
     );
-    expect(
-        bwd(0.1, steps, null(), gv.h, null_mut()),
+    expect_status(
+        bwd(0.1, steps, null(), gv.raw(), null_mut()),
         FK_ERROR_ALIASING,
         &["dv0 overlaps the input gv"],
     );
@@ -1491,8 +1443,8 @@ fn leapfrog_rejects_bad_inputs() {
         fk_leapfrog_backward(
             null(),
             null(),
-            u.h,
-            w.h,
+            u.raw(),
+            w.raw(),
             null(),
             0.1,
             steps,
@@ -1502,19 +1454,19 @@ fn leapfrog_rejects_bad_inputs() {
             null(),
             null(),
             null_mut(),
-            dv.h,
+            dv.raw(),
             null_mut(),
             null_mut(),
             null_mut(),
             null(),
         )
     };
-    expect(s, FK_ERROR_NULL_POINTER, &["v0 is NULL"]);
+    expect_status(s, FK_ERROR_NULL_POINTER, &["v0 is NULL"]);
     let s = unsafe {
         fk_leapfrog_backward(
-            v.h,
+            v.raw(),
             null(),
-            u.h,
+            u.raw(),
             null(),
             null(),
             0.1,
@@ -1525,20 +1477,20 @@ fn leapfrog_rejects_bad_inputs() {
             null(),
             null(),
             null_mut(),
-            dv.h,
+            dv.raw(),
             null_mut(),
             null_mut(),
             null_mut(),
             null(),
         )
     };
-    expect(s, FK_ERROR_NULL_POINTER, &["W is NULL"]);
+    expect_status(s, FK_ERROR_NULL_POINTER, &["W is NULL"]);
 }
 
 #[test]
 fn flags_are_accepted_and_change_nothing_on_the_cpu() {
     let ctx = Ctx::cpu();
-    let mut rng = Rng(9);
+    let mut rng = Rng::from_state(9);
     let mut p = Prob::random(&mut rng, 5, 12, 3, 2, true, true);
     p.c = 0.2;
     let i = upload(&ctx, FK_DTYPE_F32, &p);
@@ -1552,29 +1504,31 @@ fn flags_are_accepted_and_change_nothing_on_the_cpu() {
         FK_GEO_ALLOW_TF32X3,
         FK_GEO_ALLOW_TF32X3 | FK_GEO_ALLOW_TF32 | FK_GEO_FORCE_GENERIC,
     ] {
-        let g = Buf::new(&ctx, FK_DTYPE_F32, &[b, d]);
-        ok(unsafe { fk_christoffel_forward(i.v.h, i.u.h, i.w.h, p.c, flags, g.h, null()) });
-        let xo = Buf::new(&ctx, FK_DTYPE_F32, &[b, d]);
-        let vo = Buf::new(&ctx, FK_DTYPE_F32, &[b, d]);
+        let g = Buf::poisoned(&ctx, FK_DTYPE_F32, &[b, d]);
+        ok(unsafe {
+            fk_christoffel_forward(i.v.raw(), i.u.raw(), i.w.raw(), p.c, flags, g.raw(), null())
+        });
+        let xo = Buf::poisoned(&ctx, FK_DTYPE_F32, &[b, d]);
+        let vo = Buf::poisoned(&ctx, FK_DTYPE_F32, &[b, d]);
         ok(unsafe {
             fk_leapfrog_forward(
-                i.x.h,
-                i.v.h,
+                i.x.raw(),
+                i.v.raw(),
                 h(&i.f),
-                i.u.h,
-                i.w.h,
+                i.u.raw(),
+                i.w.raw(),
                 h(&i.mu),
                 p.dt,
                 2,
                 p.c,
                 flags,
-                xo.h,
-                vo.h,
+                xo.raw(),
+                vo.raw(),
                 null_mut(),
                 null(),
             )
         });
-        outs.push((g.read(), xo.read(), vo.read()));
+        outs.push((g.read_reals(), xo.read_reals(), vo.read_reals()));
     }
     assert!(outs.iter().all(|o| *o == outs[0]));
 }

@@ -22,183 +22,12 @@
 
 #![allow(non_snake_case)]
 
-use std::ffi::CStr;
+mod common;
+
 use std::ptr::{null, null_mut};
 
-use fusekit::abi::core::*;
+use common::*;
 use fusekit::abi::geodesic::*;
-use fusekit::abi::{fk_buffer, fk_context, fk_stream};
-use fusekit::context::{FK_DEVICE_CPU, FK_DEVICE_CUDA, fk_device_kind};
-use fusekit::dtype::{FK_DTYPE_F32, FK_DTYPE_F64, fk_dtype};
-use fusekit::error::*;
-
-fn last_error() -> String {
-    unsafe { CStr::from_ptr(fk_last_error_message()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn status_name(s: fk_status) -> String {
-    unsafe { CStr::from_ptr(fk_status_string(s)) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-#[track_caller]
-fn ok(s: fk_status) {
-    assert!(
-        s == FK_OK,
-        "expected FK_OK, got {}: {}",
-        status_name(s),
-        last_error()
-    );
-}
-
-struct Ctx(*mut fk_context);
-impl Ctx {
-    fn new(kind: fk_device_kind) -> Ctx {
-        let mut p = null_mut();
-        ok(unsafe { fk_context_create(FK_ABI_VERSION, kind, 0, &mut p) });
-        Ctx(p)
-    }
-}
-impl Drop for Ctx {
-    fn drop(&mut self) {
-        unsafe { fk_context_destroy(self.0) };
-    }
-}
-
-/// The CUDA context, or `None` after printing the skip.
-fn gpu() -> Option<Ctx> {
-    let mut n = 0;
-    ok(unsafe { fk_device_count(&mut n) });
-    if n == 0 {
-        if std::env::var("FK_REQUIRE_GPU").as_deref() == Ok("1") {
-            panic!("FK_REQUIRE_GPU=1 but fk_device_count reports no CUDA device");
-        }
-        println!("SKIPPED: no CUDA device");
-        return None;
-    }
-    Some(Ctx::new(FK_DEVICE_CUDA))
-}
-
-fn sanitizing() -> bool {
-    std::env::var("FK_SANITIZE").is_ok_and(|v| !v.is_empty() && v != "0")
-}
-
-struct Buf {
-    h: *mut fk_buffer,
-    dtype: fk_dtype,
-    n: usize,
-}
-impl Buf {
-    /// A new buffer, poisoned with NaN.
-    fn new(ctx: &Ctx, dtype: fk_dtype, shape: &[i64]) -> Buf {
-        let mut h = null_mut();
-        ok(unsafe {
-            fk_buffer_create(
-                ctx.0,
-                dtype,
-                shape.len() as i32,
-                shape.as_ptr(),
-                null(),
-                &mut h,
-            )
-        });
-        let n = shape.iter().product::<i64>() as usize;
-        let b = Buf { h, dtype, n };
-        b.write(&vec![f64::NAN; n]);
-        b
-    }
-    fn from(ctx: &Ctx, dtype: fk_dtype, shape: &[i64], vals: &[f64]) -> Buf {
-        let b = Buf::new(ctx, dtype, shape);
-        assert_eq!(vals.len(), b.n);
-        b.write(vals);
-        b
-    }
-    fn write(&self, vals: &[f64]) {
-        let bytes = encode(self.dtype, vals);
-        ok(unsafe {
-            fk_buffer_copy_from_host(self.h, bytes.as_ptr() as *const _, bytes.len(), null())
-        });
-    }
-    fn read(&self) -> Vec<f64> {
-        let mut bytes = vec![0u8; self.n * esize(self.dtype)];
-        ok(unsafe {
-            fk_buffer_copy_to_host(self.h, bytes.as_mut_ptr() as *mut _, bytes.len(), null())
-        });
-        decode(self.dtype, &bytes)
-    }
-}
-impl Drop for Buf {
-    fn drop(&mut self) {
-        unsafe { fk_buffer_destroy(self.h) };
-    }
-}
-
-fn esize(d: fk_dtype) -> usize {
-    if d == FK_DTYPE_F32 { 4 } else { 8 }
-}
-
-fn encode(dtype: fk_dtype, vals: &[f64]) -> Vec<u8> {
-    if dtype == FK_DTYPE_F32 {
-        vals.iter()
-            .flat_map(|&x| (x as f32).to_le_bytes())
-            .collect()
-    } else {
-        vals.iter().flat_map(|&x| x.to_le_bytes()).collect()
-    }
-}
-
-fn decode(dtype: fk_dtype, bytes: &[u8]) -> Vec<f64> {
-    if dtype == FK_DTYPE_F32 {
-        bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
-            .collect()
-    } else {
-        bytes
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    }
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-        z ^ (z >> 31)
-    }
-    fn uni(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * ((self.next() >> 11) as f64 / (1u64 << 53) as f64)
-    }
-    fn vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
-        (0..n).map(|_| self.uni(lo, hi)).collect()
-    }
-}
-
-#[track_caller]
-fn close(out: &[f64], want: &[f64], tol: f64, what: &str) {
-    assert_eq!(out.len(), want.len(), "{what}: length");
-    if let Some(k) = out.iter().position(|x| !x.is_finite()) {
-        panic!(
-            "{what}: non-finite output {} at {k} (reference {})",
-            out[k], want[k]
-        );
-    }
-    let num: f64 = out.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
-    let den: f64 = want.iter().map(|b| b * b).sum();
-    let e = if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    };
-    assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:.1e}");
-}
 
 fn tol_fwd(d: fk_dtype) -> f64 {
     if d == FK_DTYPE_F32 { 2e-5 } else { 1e-11 }
@@ -239,15 +68,15 @@ impl Prob {
             d,
             r,
             t,
-            x: rng.vec(b * d, -1.0, 1.0),
-            v: rng.vec(b * d, -1.5, 1.5),
-            f: opt.then(|| rng.vec(b * d, -0.5, 0.5)),
-            u: rng.vec(d * r, -2.0 * su, 2.0 * su),
-            w: rng.vec(d * r, -2.0 * sw, 2.0 * sw),
-            mu: opt.then(|| rng.vec(d, 0.0, 0.5)),
-            g: rng.vec(b * d, -1.0, 1.0),
-            gx: opt.then(|| rng.vec(b * d, -1.0, 1.0)),
-            gv: Some(rng.vec(b * d, -1.0, 1.0)),
+            x: rng.uniform_vec(b * d, -1.0, 1.0),
+            v: rng.uniform_vec(b * d, -1.5, 1.5),
+            f: opt.then(|| rng.uniform_vec(b * d, -0.5, 0.5)),
+            u: rng.uniform_vec(d * r, -2.0 * su, 2.0 * su),
+            w: rng.uniform_vec(d * r, -2.0 * sw, 2.0 * sw),
+            mu: opt.then(|| rng.uniform_vec(d, 0.0, 0.5)),
+            g: rng.uniform_vec(b * d, -1.0, 1.0),
+            gx: opt.then(|| rng.uniform_vec(b * d, -1.0, 1.0)),
+            gv: Some(rng.uniform_vec(b * d, -1.0, 1.0)),
             c,
             dt: 0.1,
         }
@@ -268,19 +97,19 @@ struct On {
 }
 
 fn h(b: &Option<Buf>) -> *mut fk_buffer {
-    b.as_ref().map_or(null_mut(), |b| b.h)
+    b.as_ref().map_or(null_mut(), |b| b.raw())
 }
 
 fn upload(ctx: &Ctx, dt: fk_dtype, p: &Prob) -> On {
     let (b, d, r) = (p.b as i64, p.d as i64, p.r as i64);
-    let bd = |v: &Vec<f64>| Buf::from(ctx, dt, &[b, d], v);
+    let bd = |v: &Vec<f64>| Buf::from_reals(ctx, dt, &[b, d], v);
     On {
         x: bd(&p.x),
         v: bd(&p.v),
         f: p.f.as_ref().map(bd),
-        u: Buf::from(ctx, dt, &[d, r], &p.u),
-        w: Buf::from(ctx, dt, &[d, r], &p.w),
-        mu: p.mu.as_ref().map(|m| Buf::from(ctx, dt, &[d], m)),
+        u: Buf::from_reals(ctx, dt, &[d, r], &p.u),
+        w: Buf::from_reals(ctx, dt, &[d, r], &p.w),
+        mu: p.mu.as_ref().map(|m| Buf::from_reals(ctx, dt, &[d], m)),
         g: bd(&p.g),
         gx: p.gx.as_ref().map(bd),
         gv: p.gv.as_ref().map(bd),
@@ -306,53 +135,72 @@ fn run_all(ctx: &Ctx, dt: fk_dtype, p: &Prob, flags: u32, stream: *const fk_stre
             ok(unsafe { fk_stream_synchronize(stream) });
         }
     };
-    let gamma = Buf::new(ctx, dt, &[b, d]);
-    ok(unsafe { fk_christoffel_forward(i.v.h, i.u.h, i.w.h, p.c, flags, gamma.h, stream) });
+    let gamma = Buf::poisoned(ctx, dt, &[b, d]);
+    ok(unsafe {
+        fk_christoffel_forward(
+            i.v.raw(),
+            i.u.raw(),
+            i.w.raw(),
+            p.c,
+            flags,
+            gamma.raw(),
+            stream,
+        )
+    });
     let chr = [
-        Buf::new(ctx, dt, &[b, d]),
-        Buf::new(ctx, dt, &[d, r]),
-        Buf::new(ctx, dt, &[d, r]),
+        Buf::poisoned(ctx, dt, &[b, d]),
+        Buf::poisoned(ctx, dt, &[d, r]),
+        Buf::poisoned(ctx, dt, &[d, r]),
     ];
     ok(unsafe {
         fk_christoffel_backward(
-            i.v.h, i.u.h, i.w.h, i.g.h, p.c, flags, chr[0].h, chr[1].h, chr[2].h, stream,
+            i.v.raw(),
+            i.u.raw(),
+            i.w.raw(),
+            i.g.raw(),
+            p.c,
+            flags,
+            chr[0].raw(),
+            chr[1].raw(),
+            chr[2].raw(),
+            stream,
         )
     });
-    let xo = Buf::new(ctx, dt, &[b, d]);
-    let vo = Buf::new(ctx, dt, &[b, d]);
-    let tr = Buf::new(ctx, dt, &[t, 2, b, d]);
+    let xo = Buf::poisoned(ctx, dt, &[b, d]);
+    let vo = Buf::poisoned(ctx, dt, &[b, d]);
+    let tr = Buf::poisoned(ctx, dt, &[t, 2, b, d]);
     ok(unsafe {
         fk_leapfrog_forward(
-            i.x.h,
-            i.v.h,
+            i.x.raw(),
+            i.v.raw(),
             h(&i.f),
-            i.u.h,
-            i.w.h,
+            i.u.raw(),
+            i.w.raw(),
             h(&i.mu),
             p.dt,
             t,
             p.c,
             flags,
-            xo.h,
-            vo.h,
-            tr.h,
+            xo.raw(),
+            vo.raw(),
+            tr.raw(),
             stream,
         )
     });
     let bwd = |traj: *const fk_buffer| {
         let o = [
-            Buf::new(ctx, dt, &[b, d]),
-            Buf::new(ctx, dt, &[b, d]),
-            Buf::new(ctx, dt, &[b, d]),
-            Buf::new(ctx, dt, &[d, r]),
-            Buf::new(ctx, dt, &[d, r]),
+            Buf::poisoned(ctx, dt, &[b, d]),
+            Buf::poisoned(ctx, dt, &[b, d]),
+            Buf::poisoned(ctx, dt, &[b, d]),
+            Buf::poisoned(ctx, dt, &[d, r]),
+            Buf::poisoned(ctx, dt, &[d, r]),
         ];
         ok(unsafe {
             fk_leapfrog_backward(
-                i.v.h,
+                i.v.raw(),
                 h(&i.f),
-                i.u.h,
-                i.w.h,
+                i.u.raw(),
+                i.w.raw(),
                 h(&i.mu),
                 p.dt,
                 t,
@@ -361,26 +209,26 @@ fn run_all(ctx: &Ctx, dt: fk_dtype, p: &Prob, flags: u32, stream: *const fk_stre
                 traj,
                 h(&i.gx),
                 h(&i.gv),
-                o[0].h,
-                o[1].h,
-                o[2].h,
-                o[3].h,
-                o[4].h,
+                o[0].raw(),
+                o[1].raw(),
+                o[2].raw(),
+                o[3].raw(),
+                o[4].raw(),
                 stream,
             )
         });
         sync();
-        o.map(|o| o.read())
+        o.map(|o| o.read_reals())
     };
-    let lf = bwd(tr.h);
+    let lf = bwd(tr.raw());
     let lf_notraj = bwd(null());
     sync();
     Outs {
-        gamma: gamma.read(),
-        chr: chr.map(|o| o.read()),
-        x: xo.read(),
-        v: vo.read(),
-        traj: tr.read(),
+        gamma: gamma.read_reals(),
+        chr: chr.map(|o| o.read_reals()),
+        x: xo.read_reals(),
+        v: vo.read_reals(),
+        traj: tr.read_reals(),
         lf,
         lf_notraj,
     }
@@ -410,9 +258,9 @@ fn guard_boundary(p: &mut Prob, rel: f64) {
 
 fn compare(dt: fk_dtype, got: &Outs, want: &Outs, what: &str) {
     let (tf, tb) = (tol_fwd(dt), tol_bwd(dt));
-    close(&got.gamma, &want.gamma, tf, &format!("gamma {what}"));
+    assert_close_reals(&got.gamma, &want.gamma, tf, &format!("gamma {what}"));
     for (k, n) in ["dv", "dU", "dW"].iter().enumerate() {
-        close(
+        assert_close_reals(
             &got.chr[k],
             &want.chr[k],
             tb,
@@ -421,13 +269,13 @@ fn compare(dt: fk_dtype, got: &Outs, want: &Outs, what: &str) {
     }
     close_lf(got, want, tf, what);
     for (k, n) in ["dx0", "dv0", "df", "dU", "dW"].iter().enumerate() {
-        close(
+        assert_close_reals(
             &got.lf[k],
             &want.lf[k],
             tb,
             &format!("leapfrog {n} (traj) {what}"),
         );
-        close(
+        assert_close_reals(
             &got.lf_notraj[k],
             &want.lf[k],
             tb,
@@ -471,8 +319,8 @@ fn shapes() -> Vec<(usize, usize, usize, usize)> {
 #[test]
 fn cuda_matches_cpu_fast_and_generic() {
     let Some(gpu) = gpu() else { return };
-    let cpu = Ctx::new(FK_DEVICE_CPU);
-    let mut rng = Rng(11);
+    let cpu = Ctx::cpu();
+    let mut rng = Rng::from_state(11);
     for (b, d, r, t) in shapes() {
         for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
             for (opt, c) in [(true, 0.6), (false, f64::INFINITY)] {
@@ -497,7 +345,7 @@ fn cuda_matches_cpu_fast_and_generic() {
 #[test]
 fn cuda_zero_rows_zero_gradients() {
     let Some(gpu) = gpu() else { return };
-    let mut rng = Rng(12);
+    let mut rng = Rng::from_state(12);
     let p = Prob::new(&mut rng, 0, 24, 5, 2, true, 0.5);
     for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
         for flags in [0, FK_GEO_FORCE_GENERIC] {
@@ -516,7 +364,7 @@ fn cuda_owned_stream_and_reproducible_gradients() {
     let Some(gpu) = gpu() else { return };
     let mut s = null_mut();
     ok(unsafe { fk_stream_create(gpu.0, &mut s) });
-    let mut rng = Rng(13);
+    let mut rng = Rng::from_state(13);
     let (b, d, r) = if sanitizing() {
         (40, 64, 8)
     } else {
@@ -544,8 +392,8 @@ fn cuda_owned_stream_and_reproducible_gradients() {
 #[test]
 fn cuda_misaligned_rows_and_in_place() {
     let Some(gpu) = gpu() else { return };
-    let cpu = Ctx::new(FK_DEVICE_CPU);
-    let mut rng = Rng(14);
+    let cpu = Ctx::cpu();
+    let mut rng = Rng::from_state(14);
     // R = 12: the fast kernels; R = 40: the cuBLAS route; D = 300, R = 24: the leapfrog
     // forward's register kernel's fallback (lf_fwd_rs needs 16-byte rows)
     for (b, d, r) in [(37usize, 64usize, 12usize), (37, 64, 40), (37, 300, 24)] {
@@ -553,18 +401,18 @@ fn cuda_misaligned_rows_and_in_place() {
         for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
             let want = run_all(&cpu, dt, &p, 0, null());
             // v one element into a larger buffer: rows no longer 16-byte aligned
-            let big = Buf::new(&gpu, dt, &[(b * d + 1) as i64]);
+            let big = Buf::poisoned(&gpu, dt, &[(b * d + 1) as i64]);
             let mut vals = vec![0.0; b * d + 1];
             vals[1..].copy_from_slice(&p.v);
-            big.write(&vals);
+            big.write_reals(&vals);
             let mut base = null_mut();
-            ok(unsafe { fk_buffer_data(big.h, &mut base) });
+            ok(unsafe { fk_buffer_data(big.raw(), &mut base) });
             let shape = [b as i64, d as i64];
             let mut vh = null_mut();
             ok(unsafe {
                 fk_buffer_wrap(
                     gpu.0,
-                    (base as *mut u8).add(esize(dt)) as *mut _,
+                    (base as *mut u8).add(dsize(dt)) as *mut _,
                     dt,
                     2,
                     shape.as_ptr(),
@@ -572,40 +420,50 @@ fn cuda_misaligned_rows_and_in_place() {
                     &mut vh,
                 )
             });
-            let v = Buf {
-                h: vh,
-                dtype: dt,
-                n: b * d,
-            };
+            let v = Buf(vh);
             let i = upload(&gpu, dt, &p);
-            let out = Buf::new(&gpu, dt, &[b as i64, d as i64]);
-            ok(unsafe { fk_christoffel_forward(v.h, i.u.h, i.w.h, p.c, 0, out.h, null()) });
-            close(&out.read(), &want.gamma, tol_fwd(dt), "gamma, misaligned v");
+            let out = Buf::poisoned(&gpu, dt, &[b as i64, d as i64]);
+            ok(unsafe {
+                fk_christoffel_forward(v.raw(), i.u.raw(), i.w.raw(), p.c, 0, out.raw(), null())
+            });
+            assert_close_reals(
+                &out.read_reals(),
+                &want.gamma,
+                tol_fwd(dt),
+                "gamma, misaligned v",
+            );
             // in place: gamma over v
-            ok(unsafe { fk_christoffel_forward(i.v.h, i.u.h, i.w.h, p.c, 0, i.v.h, null()) });
-            close(&i.v.read(), &want.gamma, tol_fwd(dt), "gamma in place");
+            ok(unsafe {
+                fk_christoffel_forward(i.v.raw(), i.u.raw(), i.w.raw(), p.c, 0, i.v.raw(), null())
+            });
+            assert_close_reals(
+                &i.v.read_reals(),
+                &want.gamma,
+                tol_fwd(dt),
+                "gamma in place",
+            );
             // leapfrog in place: x_out = x0, v_out = v0
             let i = upload(&gpu, dt, &p);
             ok(unsafe {
                 fk_leapfrog_forward(
-                    i.x.h,
-                    i.v.h,
+                    i.x.raw(),
+                    i.v.raw(),
                     null(),
-                    i.u.h,
-                    i.w.h,
+                    i.u.raw(),
+                    i.w.raw(),
                     null(),
                     p.dt,
                     1,
                     p.c,
                     0,
-                    i.x.h,
-                    i.v.h,
+                    i.x.raw(),
+                    i.v.raw(),
                     null_mut(),
                     null(),
                 )
             });
-            close(&i.x.read(), &want.x, tol_fwd(dt), "x in place");
-            close(&i.v.read(), &want.v, tol_fwd(dt), "v in place");
+            assert_close_reals(&i.x.read_reals(), &want.x, tol_fwd(dt), "x in place");
+            assert_close_reals(&i.v.read_reals(), &want.v, tol_fwd(dt), "v in place");
         }
     }
 }
@@ -613,8 +471,8 @@ fn cuda_misaligned_rows_and_in_place() {
 #[test]
 fn cuda_backward_optional_outputs() {
     let Some(gpu) = gpu() else { return };
-    let cpu = Ctx::new(FK_DEVICE_CPU);
-    let mut rng = Rng(15);
+    let cpu = Ctx::cpu();
+    let mut rng = Rng::from_state(15);
     let mut p = Prob::new(&mut rng, 50, 96, 8, 3, true, 0.6);
     guard_boundary(&mut p, 1e-4);
     let dt = FK_DTYPE_F64;
@@ -625,14 +483,14 @@ fn cuda_backward_optional_outputs() {
         // each output alone
         for k in 0..3 {
             let shape = if k == 0 { [b, d] } else { [d, r] };
-            let o = Buf::new(&gpu, dt, &shape);
-            let ptr = |j: usize| if j == k { o.h } else { null_mut() };
+            let o = Buf::poisoned(&gpu, dt, &shape);
+            let ptr = |j: usize| if j == k { o.raw() } else { null_mut() };
             ok(unsafe {
                 fk_christoffel_backward(
-                    i.v.h,
-                    i.u.h,
-                    i.w.h,
-                    i.g.h,
+                    i.v.raw(),
+                    i.u.raw(),
+                    i.w.raw(),
+                    i.g.raw(),
                     p.c,
                     flags,
                     ptr(0),
@@ -641,8 +499,8 @@ fn cuda_backward_optional_outputs() {
                     null(),
                 )
             });
-            close(
-                &o.read(),
+            assert_close_reals(
+                &o.read_reals(),
                 &want.chr[k],
                 1e-11,
                 &format!("christoffel output {k} alone"),
@@ -650,14 +508,14 @@ fn cuda_backward_optional_outputs() {
         }
         for k in 0..5 {
             let shape = if k < 3 { [b, d] } else { [d, r] };
-            let o = Buf::new(&gpu, dt, &shape);
-            let ptr = |j: usize| if j == k { o.h } else { null_mut() };
+            let o = Buf::poisoned(&gpu, dt, &shape);
+            let ptr = |j: usize| if j == k { o.raw() } else { null_mut() };
             ok(unsafe {
                 fk_leapfrog_backward(
-                    i.v.h,
+                    i.v.raw(),
                     h(&i.f),
-                    i.u.h,
-                    i.w.h,
+                    i.u.raw(),
+                    i.w.raw(),
                     h(&i.mu),
                     p.dt,
                     3,
@@ -674,8 +532,8 @@ fn cuda_backward_optional_outputs() {
                     null(),
                 )
             });
-            close(
-                &o.read(),
+            assert_close_reals(
+                &o.read_reals(),
                 &want.lf[k],
                 1e-11,
                 &format!("leapfrog output {k} alone"),
@@ -707,22 +565,22 @@ fn tc_shapes() -> Vec<(usize, usize, usize, usize)> {
 
 /// x_T, v_T and the trajectory of `got` against `want` within `tol`.
 fn close_lf(got: &Outs, want: &Outs, tol: f64, what: &str) {
-    close(&got.x, &want.x, tol, &format!("x_T {what}"));
-    close(&got.v, &want.v, tol, &format!("v_T {what}"));
-    close(&got.traj, &want.traj, tol, &format!("traj {what}"));
+    assert_close_reals(&got.x, &want.x, tol, &format!("x_T {what}"));
+    assert_close_reals(&got.v, &want.v, tol, &format!("v_T {what}"));
+    assert_close_reals(&got.traj, &want.traj, tol, &format!("traj {what}"));
 }
 
 #[test]
 fn cuda_tf32_forwards() {
     let Some(gpu) = gpu() else { return };
-    let cpu = Ctx::new(FK_DEVICE_CPU);
-    let mut rng = Rng(16);
+    let cpu = Ctx::cpu();
+    let mut rng = Rng::from_state(16);
     for (b, d, r, t) in tc_shapes() {
         let p = Prob::new(&mut rng, b, d, r, t, true, 0.6);
         let want = run_all(&cpu, FK_DTYPE_F32, &p, 0, null());
         let got = run_all(&gpu, FK_DTYPE_F32, &p, FK_GEO_ALLOW_TF32, null());
         let what = format!("TF32 B={b} D={d} R={r} T={t}");
-        close(&got.gamma, &want.gamma, 5e-3, &format!("gamma {what}"));
+        assert_close_reals(&got.gamma, &want.gamma, 5e-3, &format!("gamma {what}"));
         close_lf(&got, &want, 5e-3, &what);
         // the backwards ignore the flag (bit-identical to strict runs); f64 too
         let strict = run_all(&gpu, FK_DTYPE_F32, &p, 0, null());
@@ -754,8 +612,8 @@ fn cuda_tf32_forwards() {
 #[test]
 fn cuda_tf32x3_leapfrog() {
     let Some(gpu) = gpu() else { return };
-    let cpu = Ctx::new(FK_DEVICE_CPU);
-    let mut rng = Rng(18);
+    let cpu = Ctx::cpu();
+    let mut rng = Rng::from_state(18);
     for (b, d, r, t) in tc_shapes() {
         let p = Prob::new(&mut rng, b, d, r, t, true, 0.6);
         let what = format!("3xTF32 B={b} D={d} R={r} T={t}");
@@ -805,8 +663,8 @@ fn cuda_tf32x3_leapfrog() {
 #[test]
 fn cuda_leapfrog_backward_route_options() {
     let Some(gpu) = gpu() else { return };
-    let cpu = Ctx::new(FK_DEVICE_CPU);
-    let mut rng = Rng(17);
+    let cpu = Ctx::cpu();
+    let mut rng = Rng::from_state(17);
     let (shapes, flag_sets, outputs): (&[(usize, usize, usize, usize)], &[u32], &[u32]) =
         if sanitizing() {
             // memcheck: the route only, every pointer combination once
@@ -834,28 +692,28 @@ fn cuda_leapfrog_backward_route_options() {
                 let want = run_all(&cpu, dt, &p, 0, null());
                 let i = upload(&gpu, dt, &p);
                 let (bb, dd, rr) = (b as i64, d as i64, r as i64);
-                let traj = Buf::from(&gpu, dt, &[t as i64, 2, bb, dd], &want.traj);
+                let traj = Buf::from_reals(&gpu, dt, &[t as i64, 2, bb, dd], &want.traj);
                 for &flags in flag_sets {
                     for with_traj in [true, false] {
                         let run = |set: u32| {
                             let o: Vec<Option<Buf>> = (0..5)
                                 .map(|k| {
                                     let shape = if k < 3 { [bb, dd] } else { [dd, rr] };
-                                    (set & (1 << k) != 0).then(|| Buf::new(&gpu, dt, &shape))
+                                    (set & (1 << k) != 0).then(|| Buf::poisoned(&gpu, dt, &shape))
                                 })
                                 .collect();
                             ok(unsafe {
                                 fk_leapfrog_backward(
-                                    i.v.h,
+                                    i.v.raw(),
                                     h(&i.f),
-                                    i.u.h,
-                                    i.w.h,
+                                    i.u.raw(),
+                                    i.w.raw(),
                                     h(&i.mu),
                                     p.dt,
                                     t as i64,
                                     p.c,
                                     flags,
-                                    if with_traj { traj.h } else { null_mut() },
+                                    if with_traj { traj.raw() } else { null_mut() },
                                     h(&i.gx),
                                     h(&i.gv),
                                     h(&o[0]),
@@ -867,13 +725,13 @@ fn cuda_leapfrog_backward_route_options() {
                                 )
                             });
                             o.iter()
-                                .map(|o| o.as_ref().map(Buf::read))
+                                .map(|o| o.as_ref().map(Buf::read_reals))
                                 .collect::<Vec<_>>()
                         };
                         for &set in outputs {
                             for (k, got) in run(set).iter().enumerate() {
                                 if let Some(got) = got {
-                                    close(
+                                    assert_close_reals(
                                         got,
                                         &want.lf[k],
                                         tol_bwd(dt),

@@ -560,6 +560,11 @@ impl Rng {
     pub fn new(seed: u64) -> Rng {
         Rng(seed ^ 0x5851_f42d_4c95_7f2d)
     }
+    /// The generator at `state` itself, with no seed mixing (the geodesic tests'
+    /// problems are drawn from these states).
+    pub fn from_state(state: u64) -> Rng {
+        Rng(state)
+    }
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
@@ -581,6 +586,10 @@ impl Rng {
     pub fn signed(&mut self, lo: f64, hi: f64) -> f64 {
         let m = self.uniform(lo, hi);
         if self.next_u64() & 1 == 0 { m } else { -m }
+    }
+    /// `n` values uniform in [lo, hi).
+    pub fn uniform_vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+        (0..n).map(|_| self.uniform(lo, hi)).collect()
     }
 }
 
@@ -651,6 +660,63 @@ pub fn assert_close(out: &[Cx], reference: &[Cx], tol: f64, what: &str) {
         out.get(bad),
         reference.get(bad)
     );
+}
+
+/// `assert_close` for real values: every output element must be finite, and
+/// `||out - want|| / ||want||` (the absolute `||out - want||` when `want` is all
+/// zeros) at most `tol`.
+#[track_caller]
+pub fn assert_close_reals(out: &[f64], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(out.len(), want.len(), "{what}: length");
+    if let Some(k) = out.iter().position(|x| !x.is_finite()) {
+        panic!(
+            "{what}: non-finite output {} at {k} (reference {})",
+            out[k], want[k]
+        );
+    }
+    let num: f64 = out.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
+    let den: f64 = want.iter().map(|b| b * b).sum();
+    let e = if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    };
+    assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:.1e}");
+}
+
+// ------------------------------------------------------------------ real values
+
+/// Rounds reals to what `dtype` holds (the inputs the library really sees).
+pub fn quantize_reals(dtype: fk_dtype, v: &[f64]) -> Vec<f64> {
+    v.iter().map(|&x| quantize(dtype, re(x)).re).collect()
+}
+
+impl Buf {
+    /// A new buffer holding the reals `vals` (one per element).
+    pub fn from_reals(ctx: &Ctx, dtype: fk_dtype, shape: &[i64], vals: &[f64]) -> Buf {
+        assert_eq!(
+            vals.len() as i64,
+            numel(shape),
+            "values for shape {shape:?}"
+        );
+        let b = Buf::new(ctx, dtype, shape);
+        b.write_reals(vals);
+        b
+    }
+    /// Writes the reals `vals` (one per element).
+    pub fn write_reals(&self, vals: &[f64]) {
+        let v: Vec<Cx> = vals.iter().map(|&x| re(x)).collect();
+        self.write(&v);
+    }
+    /// A new buffer filled with NaN: a poisoned output, so that an element an op
+    /// leaves unwritten fails the comparison.
+    pub fn poisoned(ctx: &Ctx, dtype: fk_dtype, shape: &[i64]) -> Buf {
+        Buf::from_reals(ctx, dtype, shape, &vec![f64::NAN; numel(shape) as usize])
+    }
+    /// The elements' real parts.
+    pub fn read_reals(&self) -> Vec<f64> {
+        self.read().iter().map(|c| c.re).collect()
+    }
 }
 
 // ------------------------------------------------------------------ strided views

@@ -199,18 +199,16 @@ pub fn ref_field_bwd(p: &Problem, dout: &[f64]) -> Grads {
 
 /// A buffer of `dtype` holding `vals`.
 pub fn fbuf(ctx: &Ctx, dtype: fk_dtype, shape: &[i64], vals: &[f64]) -> Buf {
-    let v: Vec<Cx> = vals.iter().map(|&x| re(x)).collect();
-    Buf::from_vals(ctx, dtype, shape, &v)
+    Buf::from_reals(ctx, dtype, shape, vals)
 }
 
 /// A buffer of `dtype` filled with NaN (a poisoned output).
 pub fn poisoned(ctx: &Ctx, dtype: fk_dtype, shape: &[i64]) -> Buf {
-    let n: i64 = shape.iter().product();
-    fbuf(ctx, dtype, shape, &vec![f64::NAN; n as usize])
+    Buf::poisoned(ctx, dtype, shape)
 }
 
 pub fn read(b: &Buf) -> Vec<f64> {
-    b.read().iter().map(|c| c.re).collect()
+    b.read_reals()
 }
 
 /// The inputs of a problem on a context.

@@ -304,10 +304,6 @@ fn upload(ctx: &Ctx, dt: fk_dtype, p: &Prob) -> Inputs {
     }
 }
 
-fn h(b: &Option<Buf>) -> *mut fk_buffer {
-    b.as_ref().map_or(null_mut(), |b| b.raw())
-}
-
 fn christoffel(ctx: &Ctx, dt: fk_dtype, p: &Prob) -> Vec<f64> {
     let i = upload(ctx, dt, p);
     let out = Buf::poisoned(ctx, dt, &[p.b as i64, p.d as i64]);
@@ -351,10 +347,10 @@ fn leapfrog(ctx: &Ctx, dt: fk_dtype, p: &Prob) -> (Vec<f64>, Vec<f64>, Vec<f64>)
         fk_leapfrog_forward(
             i.x.raw(),
             i.v.raw(),
-            h(&i.f),
+            raw_or_null(&i.f),
             i.u.raw(),
             i.w.raw(),
-            h(&i.mu),
+            raw_or_null(&i.mu),
             p.dt,
             p.t as i64,
             p.c,
@@ -387,10 +383,10 @@ fn leapfrog_bwd(
             fk_leapfrog_forward(
                 i.x.raw(),
                 i.v.raw(),
-                h(&i.f),
+                raw_or_null(&i.f),
                 i.u.raw(),
                 i.w.raw(),
-                h(&i.mu),
+                raw_or_null(&i.mu),
                 p.dt,
                 p.t as i64,
                 p.c,
@@ -415,15 +411,15 @@ fn leapfrog_bwd(
     ok(unsafe {
         fk_leapfrog_backward(
             i.v.raw(),
-            h(&i.f),
+            raw_or_null(&i.f),
             i.u.raw(),
             i.w.raw(),
-            h(&i.mu),
+            raw_or_null(&i.mu),
             p.dt,
             p.t as i64,
             p.c,
             0,
-            h(&tr),
+            raw_or_null(&tr),
             gxb.raw(),
             gvb.raw(),
             outs[0].raw(),
@@ -544,10 +540,10 @@ fn leapfrog_in_place_and_without_trajectory() {
         fk_leapfrog_forward(
             i.x.raw(),
             i.v.raw(),
-            h(&i.f),
+            raw_or_null(&i.f),
             i.u.raw(),
             i.w.raw(),
-            h(&i.mu),
+            raw_or_null(&i.mu),
             p.dt,
             3,
             p.c,
@@ -1514,10 +1510,10 @@ fn flags_are_accepted_and_change_nothing_on_the_cpu() {
             fk_leapfrog_forward(
                 i.x.raw(),
                 i.v.raw(),
-                h(&i.f),
+                raw_or_null(&i.f),
                 i.u.raw(),
                 i.w.raw(),
-                h(&i.mu),
+                raw_or_null(&i.mu),
                 p.dt,
                 2,
                 p.c,

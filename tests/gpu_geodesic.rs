@@ -96,10 +96,6 @@ struct On {
     gv: Option<Buf>,
 }
 
-fn h(b: &Option<Buf>) -> *mut fk_buffer {
-    b.as_ref().map_or(null_mut(), |b| b.raw())
-}
-
 fn upload(ctx: &Ctx, dt: fk_dtype, p: &Prob) -> On {
     let (b, d, r) = (p.b as i64, p.d as i64, p.r as i64);
     let bd = |v: &Vec<f64>| Buf::from_reals(ctx, dt, &[b, d], v);
@@ -173,10 +169,10 @@ fn run_all(ctx: &Ctx, dt: fk_dtype, p: &Prob, flags: u32, stream: *const fk_stre
         fk_leapfrog_forward(
             i.x.raw(),
             i.v.raw(),
-            h(&i.f),
+            raw_or_null(&i.f),
             i.u.raw(),
             i.w.raw(),
-            h(&i.mu),
+            raw_or_null(&i.mu),
             p.dt,
             t,
             p.c,
@@ -198,17 +194,17 @@ fn run_all(ctx: &Ctx, dt: fk_dtype, p: &Prob, flags: u32, stream: *const fk_stre
         ok(unsafe {
             fk_leapfrog_backward(
                 i.v.raw(),
-                h(&i.f),
+                raw_or_null(&i.f),
                 i.u.raw(),
                 i.w.raw(),
-                h(&i.mu),
+                raw_or_null(&i.mu),
                 p.dt,
                 t,
                 p.c,
                 flags,
                 traj,
-                h(&i.gx),
-                h(&i.gv),
+                raw_or_null(&i.gx),
+                raw_or_null(&i.gv),
                 o[0].raw(),
                 o[1].raw(),
                 o[2].raw(),
@@ -513,17 +509,17 @@ fn cuda_backward_optional_outputs() {
             ok(unsafe {
                 fk_leapfrog_backward(
                     i.v.raw(),
-                    h(&i.f),
+                    raw_or_null(&i.f),
                     i.u.raw(),
                     i.w.raw(),
-                    h(&i.mu),
+                    raw_or_null(&i.mu),
                     p.dt,
                     3,
                     p.c,
                     flags,
                     null(),
-                    h(&i.gx),
-                    h(&i.gv),
+                    raw_or_null(&i.gx),
+                    raw_or_null(&i.gv),
                     ptr(0),
                     ptr(1),
                     ptr(2),
@@ -705,22 +701,22 @@ fn cuda_leapfrog_backward_route_options() {
                             ok(unsafe {
                                 fk_leapfrog_backward(
                                     i.v.raw(),
-                                    h(&i.f),
+                                    raw_or_null(&i.f),
                                     i.u.raw(),
                                     i.w.raw(),
-                                    h(&i.mu),
+                                    raw_or_null(&i.mu),
                                     p.dt,
                                     t as i64,
                                     p.c,
                                     flags,
                                     if with_traj { traj.raw() } else { null_mut() },
-                                    h(&i.gx),
-                                    h(&i.gv),
-                                    h(&o[0]),
-                                    h(&o[1]),
-                                    h(&o[2]),
-                                    h(&o[3]),
-                                    h(&o[4]),
+                                    raw_or_null(&i.gx),
+                                    raw_or_null(&i.gv),
+                                    raw_or_null(&o[0]),
+                                    raw_or_null(&o[1]),
+                                    raw_or_null(&o[2]),
+                                    raw_or_null(&o[3]),
+                                    raw_or_null(&o[4]),
                                     null(),
                                 )
                             });

@@ -332,6 +332,11 @@ impl Buf {
     }
 }
 
+/// An optional buffer argument: its handle, or NULL for `None`.
+pub fn raw_or_null(b: &Option<Buf>) -> *mut fk_buffer {
+    b.as_ref().map_or(null_mut(), |b| b.raw())
+}
+
 impl Drop for Buf {
     fn drop(&mut self) {
         let s = unsafe { fk_buffer_destroy(self.0) };

@@ -5,7 +5,7 @@
 
 #![allow(dead_code)]
 
-use std::ptr::{null, null_mut};
+use std::ptr::null;
 
 use crate::common::*;
 pub use fusekit::abi::gaussian::*;
@@ -247,10 +247,6 @@ pub fn workspace(ctx: &Ctx, dtype: fk_dtype, b: i64, n: i64) -> Option<Buf> {
         return None;
     }
     Some(Buf::new(ctx, FK_DTYPE_F32, &[bytes.div_ceil(4) as i64]))
-}
-
-fn raw_or_null(b: &Option<Buf>) -> *mut fk_buffer {
-    b.as_ref().map_or(null_mut(), |b| b.raw())
 }
 
 pub fn run_maha_fwd(ctx: &Ctx, x: &Inputs, stream: *const fk_stream) -> Vec<f64> {

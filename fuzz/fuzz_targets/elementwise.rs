@@ -299,6 +299,19 @@ fuzz_target!(|data: &[u8]| {
         if uses_alpha && !(fits(alpha.re) && (!binary || fits(beta.re))) {
             continue; // scalars outside the dtype's range: only the crash oracle
         }
+        // Scalars enter the arithmetic in the compute precision: f32 for f16, bf16
+        // and f32 (docs/ops.md, "Precision"), f64 for f64.
+        let compute = |v: f64| if vo.dtype == 4 { v } else { v as f32 as f64 };
+        let (alpha, beta) = (
+            fk_scalar {
+                re: compute(alpha.re),
+                im: 0.0,
+            },
+            fk_scalar {
+                re: compute(beta.re),
+                im: 0.0,
+            },
+        );
         let got = values(&vo, &vo.shape);
         for (i, &g) in got.iter().enumerate() {
             let x = ins[0].1[i];

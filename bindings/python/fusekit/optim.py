@@ -22,6 +22,15 @@ import warnings
 __all__ = ["Shampoo", "FusekitComm", "init_distributed", "assign_roots", "block_ranges"]
 
 _GRAFTING = ("adam", "sgd", None)
+_ROOT_METHODS = ("auto", "newton", "checked")
+#: Fixed Newton iterations of the fast root path (docs/optim.md, "Root policy").
+NEWTON_ITERATIONS_F32 = 20
+NEWTON_ITERATIONS_TF32 = 12
+#: The fast path accepts a root X of S = A + eps I when the largest eigenvalue of
+#: X^2 S X^2 (1 for the exact root, below 1 in directions Newton has not finished)
+#: is at most 1 + ROOT_ACCEPT_TOL: no direction is amplified more than 2.4% beyond
+#: the exact root.
+ROOT_ACCEPT_TOL = 0.1
 _STORE_KEY = "fusekit.optim.comm_uid"
 _comm_counter = [0]
 
@@ -177,13 +186,29 @@ def _make_shampoo():
         7. ``P <- P + weight_decay W`` if ``decoupled_weight_decay``;
         8. ``W <- W - lr P``.
 
-        Roots: ``fusekit.matrix_power(method="auto")`` in the parameter's dtype on
-        the batch of all matrices of one size. A float32 batch is recomputed in
-        float64 (eigendecomposition) when the float32 call raises, returns a
-        non-finite value, or fell back to the eigendecomposition with a condition
-        estimate ``max |A + eps I|_F / lambda_min`` above ``max_condition_f32``
-        (``max_condition_f32=0``: every float32 root straight in float64). When the
-        float64 attempt fails as well, the previous root is kept (a warning).
+        Roots (docs/optim.md, "Root policy"), batched over all matrices of one size:
+
+        - float32 on CUDA (or ``root_method="newton"``): the fast path. Newton with
+          a fixed ``newton_iterations`` (default 20, with TF32 12) and ``tol=0``,
+          nothing read on the host; an acceptance check on the device (the largest
+          eigenvalue of ``X^2 (A + eps I) X^2``, 1 for the exact root, at most
+          ``1 + ROOT_ACCEPT_TOL``, by power iteration) picks, per matrix, the new
+          root or the previous one. The flags are read at the start of the next
+          step (a wait for work queued one step before) and each rejected root is
+          recomputed then in float64 from the same statistics. Directions of
+          ``A + eps I`` too small for the iterations to finish (eigenvalues below
+          about ``|A + eps I|_F 2.4^-K``) are preconditioned less than exactly: a
+          damping that the check accepts.
+        - otherwise (the CPU, float64, ``root_method="checked"``):
+          ``fusekit.matrix_power(method="auto")`` with its report, read at once; a
+          float32 batch is recomputed in float64 (eigendecomposition) when the
+          call raises, returns a non-finite value, or fell back to the
+          eigendecomposition with a condition estimate
+          ``max |A + eps I|_F / lambda_min`` above ``max_condition_f32``.
+
+        ``max_condition_f32=0`` sends every float32 root straight to float64. When
+        the float64 attempt fails as well, the previous root is kept (a warning).
+        Under ``distributed`` the flags are read at once (before the all-gather).
 
         Args:
             params: parameters or parameter groups.
@@ -202,6 +227,11 @@ def _make_shampoo():
                 CUDA (about 1e-3 relative error in the roots).
             max_condition_f32: the float64 retry's condition threshold (see above;
                 0 computes every float32 root in float64).
+            root_method: ``"auto"`` (the fast path for float32 on CUDA),
+                ``"newton"`` (the fast path for float32 everywhere) or
+                ``"checked"`` (never the fast path).
+            newton_iterations: the fast path's iterations (None: 20, or 12 with
+                ``allow_tf32``; an int in [1, 100]).
             distributed: None (every root on this process), True (a communicator
                 over torch.distributed's default group from :func:`init_distributed`)
                 or a communicator (:class:`FusekitComm` or any object with ``rank``,
@@ -213,7 +243,8 @@ def _make_shampoo():
         def __init__(self, params, lr=1e-3, betas=(0.9, 1.0), epsilon=1e-12, precondition_frequency=1,
                      start_preconditioning_step=1, max_preconditioner_dim=1024, grafting="adam",
                      grafting_beta2=0.999, grafting_epsilon=1e-8, weight_decay=0.0, decoupled_weight_decay=True,
-                     bias_correction=True, *, allow_tf32=False, max_condition_f32=1e6, distributed=None):
+                     bias_correction=True, *, allow_tf32=False, max_condition_f32=1e6, root_method="auto",
+                     newton_iterations=None, distributed=None):
             if isinstance(grafting, str):
                 grafting = grafting.lower()
             if isinstance(betas, (tuple, list)):
@@ -232,8 +263,17 @@ def _make_shampoo():
             super().__init__(params, defaults)
             for g in self.param_groups:
                 self._check_group(g)
+            if root_method not in _ROOT_METHODS:
+                raise _bad("root_method", f"= {root_method!r}; choose 'auto', 'newton' or 'checked'")
+            if newton_iterations is not None and (isinstance(newton_iterations, bool)
+                                                  or not isinstance(newton_iterations, int)
+                                                  or not 1 <= newton_iterations <= 100):
+                raise _bad("newton_iterations", f"must be None or an int in [1, 100], got {newton_iterations!r}")
             self.allow_tf32 = bool(allow_tf32)
             self.max_condition_f32 = float(max_condition_f32)
+            self.root_method = root_method
+            self.newton_iterations = newton_iterations
+            self._pending = []  # fast-path acceptance flags not read yet (see _settle)
             if distributed is True:
                 distributed = init_distributed()
             elif distributed is False:
@@ -287,13 +327,112 @@ def _make_shampoo():
                 st["R_root"] = [torch.eye(c[1] - c[0], **kw) for _, c in blocks]
             return st
 
+        def load_state_dict(self, state_dict):
+            self._pending = []  # flags of roots that the loaded state replaces
+            super().load_state_dict(state_dict)
+
         # -- roots -------------------------------------------------------------------
-        def _root_batch(self, mats, scales, eps):
-            """Inverse 4th roots of ``mats[i] * scales[i] + eps I`` (one size, dtype,
-            device): a list of results, None where both attempts failed."""
+        def _fast_path(self, dtype, device):
+            """Whether float32 roots take the fixed-iteration Newton path (root_method)."""
+            if dtype != torch.float32 or self.max_condition_f32 <= 0 or self.root_method == "checked":
+                return False
+            return self.root_method == "newton" or device.type == "cuda"
+
+        def _iterations(self):
+            if self.newton_iterations is not None:
+                return self.newton_iterations
+            return NEWTON_ITERATIONS_TF32 if self.allow_tf32 else NEWTON_ITERATIONS_F32
+
+        def _probe(self, n, dtype, device):
+            """Fixed unit vectors ``[n, k]`` for :meth:`_accept` (one per size, dtype, device)."""
+            key = (n, dtype, device)
+            v = self._probes.get(key) if hasattr(self, "_probes") else None
+            if v is None:
+                gen = torch.Generator().manual_seed(n)
+                v = torch.randn(n, min(4, n), generator=gen, dtype=torch.float64)
+                v = (v / v.norm(dim=0, keepdim=True)).to(dtype=dtype, device=device)
+                self.__dict__.setdefault("_probes", {})[key] = v
+            return v
+
+        def _accept(self, S, X, eps):
+            """On the device, no host read: ``[batch]`` bools, True where the largest
+            eigenvalue of ``Y = X^2 (S + eps I) X^2`` (similar to ``X^4 (S + eps I)``:
+            1 for the exact root, in [0, 1) where Newton is unfinished, above 1 where a
+            direction is over-amplified or the iteration diverged) is at most
+            ``1 + ROOT_ACCEPT_TOL``, estimated by two power steps on four fixed probe
+            vectors (a non-finite X gives NaN: rejected)."""
+            v = self._probe(S.shape[-1], S.dtype, S.device).expand(S.shape[0], -1, -1)
+
+            def y(v):
+                u = torch.bmm(X, torch.bmm(X, v))
+                u = torch.baddbmm(u, S, u, beta=eps)
+                return torch.bmm(X, torch.bmm(X, u))
+
+            for _ in range(2):
+                v = y(v)
+                v = v / v.norm(dim=1, keepdim=True)
+            q = (v * y(v)).sum(dim=1).amax(dim=1)
+            return q <= 1.0 + ROOT_ACCEPT_TOL
+
+        def _exact_roots(self, S, eps, dtype, retry):
+            """Roots of the scaled stack ``S`` by float64 (or S's float64) eigh: a list,
+            None where it failed (a warning; the previous root is kept)."""
+            if retry:
+                self.root_stats["float64_retries"] += S.shape[0]
+            S = S.double()
+            why = "a non-finite result"
+            try:
+                X = _fo.matrix_power(S, -0.25, eps, method="eigh")
+                if bool(torch.isfinite(X).all()):
+                    return list(X.to(dtype).unbind(0))
+            except FusekitError as e:
+                why = str(e)
+            warnings.warn(f"fusekit.optim.Shampoo: {S.shape[0]} root(s) of side {S.shape[-1]} failed in "
+                          f"{S.dtype} ({why}); keeping their previous roots", RuntimeWarning, stacklevel=5)
+            self.root_stats["kept"] += S.shape[0]
+            return [None] * S.shape[0]
+
+        @staticmethod
+        def _scaled(mats, scales):
             S = torch.stack(mats)
-            S.mul_(torch.tensor(scales, dtype=S.dtype, device=S.device).view(-1, 1, 1))
-            out = None
+            if any(c != 1.0 for c in scales):
+                S.mul_(torch.tensor(scales, dtype=S.dtype).to(S.device, non_blocking=True).view(-1, 1, 1))
+            return S
+
+        def _root_batch(self, jobs, lazy):
+            """Inverse 4th roots of ``stat * scale + eps I`` for ``jobs`` (stat, scale,
+            eps, root) of one size, dtype, device and eps: a list of results, None where
+            every attempt failed. On the fast path a rejected root is replaced by the
+            previous one on the device; with ``lazy`` the acceptance flags are read at
+            the next step (:meth:`_settle`), else now."""
+            mats, eps, olds = [j[0] for j in jobs], jobs[0][2], [j[3] for j in jobs]
+            S = self._scaled(mats, [j[1] for j in jobs])
+            self.root_stats["computed"] += len(jobs)
+            if self._fast_path(S.dtype, S.device):
+                try:
+                    X = _fo.matrix_power(S, -0.25, eps, method="newton", max_iter=self._iterations(), tol=0.0,
+                                         allow_tf32=self.allow_tf32)
+                except FusekitError:
+                    return self._exact_roots(S, eps, S.dtype, retry=True)
+                ok = self._accept(S, X, eps)
+                X = torch.where(ok.view(-1, 1, 1), X, torch.stack(olds))
+                if lazy:
+                    if S.is_cuda:
+                        flags = torch.empty(ok.shape, dtype=torch.bool, pin_memory=True)
+                        flags.copy_(ok, non_blocking=True)
+                        ev = torch.cuda.Event()
+                        ev.record()
+                    else:
+                        flags, ev = ok, None
+                    self._pending.append((flags, ev, list(jobs)))
+                    return list(X.unbind(0))
+                out = list(X.unbind(0))
+                bad = [i for i, f in enumerate(ok.tolist()) if not f]
+                if bad:
+                    redo = self._exact_roots(S[bad], eps, S.dtype, retry=True)
+                    for i, x in zip(bad, redo):
+                        out[i] = x
+                return out
             if S.dtype == torch.float32 and self.max_condition_f32 > 0:
                 try:
                     X, rep = _fo.matrix_power(S, -0.25, eps, method="auto", allow_tf32=self.allow_tf32,
@@ -303,27 +442,29 @@ def _make_shampoo():
                         top = float(torch.linalg.matrix_norm(S).max()) + eps
                         lo = rep.min_eigenvalue
                         ok = lo > 0 and top / lo <= self.max_condition_f32
-                    out = X if ok else None
+                    if ok:
+                        return list(X.unbind(0))
                 except FusekitError:
-                    out = None
-            if out is None and S.dtype == torch.float32:
-                self.root_stats["float64_retries"] += len(mats)
-                S = S.double()
-            if out is None:
-                why = "a non-finite result"
-                try:
-                    X = _fo.matrix_power(S, -0.25, eps, method="eigh")
-                    if bool(torch.isfinite(X).all()):
-                        out = X.to(mats[0].dtype)
-                except FusekitError as e:
-                    why = str(e)
-            self.root_stats["computed"] += len(mats)
-            if out is None:
-                warnings.warn(f"fusekit.optim.Shampoo: {len(mats)} root(s) of side {S.shape[-1]} failed in "
-                              f"{S.dtype} ({why}); keeping their previous roots", RuntimeWarning, stacklevel=4)
-                self.root_stats["kept"] += len(mats)
-                return [None] * len(mats)
-            return list(out.unbind(0))
+                    pass
+            return self._exact_roots(S, eps, S.dtype, retry=S.dtype == torch.float32)
+
+        def _settle(self):
+            """Reads the fast path's acceptance flags of the last root computation (at
+            most one wait per step, for work queued a step ago) and recomputes each
+            rejected root in float64 from its statistics, which are still those the
+            root was computed from (this runs before the step updates them)."""
+            pending, self._pending = self._pending, []
+            for flags, ev, jobs in pending:
+                if ev is not None:
+                    ev.synchronize()
+                bad = [j for j, f in zip(jobs, flags.tolist()) if not f]
+                if not bad:
+                    continue
+                S = self._scaled([j[0] for j in bad], [j[1] for j in bad])
+                redo = self._exact_roots(S, bad[0][2], S.dtype, retry=True)
+                dst = [j[3] for j, x in zip(bad, redo) if x is not None]
+                if dst:
+                    torch._foreach_copy_(dst, [x for x in redo if x is not None])
 
         def _compute_roots(self, jobs):
             """``jobs``: (stat, scale, eps, root) to recompute, in an order every rank
@@ -344,8 +485,8 @@ def _make_shampoo():
                 stat, scale, eps, root = jobs[i]
                 groups.setdefault((stat.shape[0], stat.dtype, stat.device, eps), []).append(i)
             results = {}
-            for (_, _, _, eps), idx in groups.items():
-                outs = self._root_batch([jobs[i][0] for i in idx], [jobs[i][1] for i in idx], eps)
+            for idx in groups.values():
+                outs = self._root_batch([jobs[i] for i in idx], lazy=world == 1)
                 for i, x in zip(idx, outs):
                     results[i] = x if x is not None else jobs[i][3]  # a failed root keeps the old one
             if world == 1:
@@ -382,6 +523,8 @@ def _make_shampoo():
             if closure is not None:
                 with torch.enable_grad():
                     loss = closure()
+            if getattr(self, "_pending", None):
+                self._settle()
             work = []  # (p, group, state, t, G_bar, P_graft, blocks, precondition?)
             jobs = []
             for group in self.param_groups:

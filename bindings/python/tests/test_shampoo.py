@@ -260,6 +260,135 @@ def test_float64_retry_after_an_error_and_kept_root(monkeypatch):
     assert opt.root_stats["kept"] > kept
 
 
+# ---------------------------------------------------------------------------
+# The fast root path: fixed Newton iterations, acceptance on the device, lazy retry
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("iterations", [None, 12])
+def test_fast_path_against_float64_reference(device, iterations):
+    """root_method="newton" (the CUDA default for float32) against the float64 eigh
+    reference, 6 steps: the statistics here (condition numbers 1e2 to 1e3) converge
+    well inside 12 iterations, so the result is the float32 one (measured 1.9e-6 of
+    the largest entry on the CPU, as with the eigendecomposition); roots within 1e-5."""
+    kw = CASES["adam_blocked"]
+    ps = make_params(torch.float32, device)
+    ref_ps = [p.detach().cpu().double().clone().requires_grad_() for p in ps]
+    opt = Shampoo(ps, root_method="newton", newton_iterations=iterations, **kw)
+    ref = RefShampoo(ref_ps, **kw)
+    train(opt, ps, 6, device, torch.float32)
+    train(ref, ref_ps, 6, "cpu", torch.float64)
+    opt._settle()
+    for p, q in zip(ps, ref_ps):
+        torch.testing.assert_close(p.detach().cpu().double(), q.detach(), rtol=2e-5, atol=2e-6)
+    st = opt.state[ps[0]]
+    for L, X in zip(st["L"], st["L_root"]):
+        torch.testing.assert_close(X.cpu().double(), ref_root(L.cpu().double(), kw["epsilon"]), rtol=1e-5, atol=1e-5)
+    assert opt.root_stats == {"computed": 84, "float64_retries": 0, "kept": 0}
+
+
+def gaussian_product_stats(n, batch, seed):
+    """``S = G G^T`` for ``G = A B / batch`` (A ``[n, batch]``, B ``[batch, n]``
+    Gaussian, as benches/bench_shampoo.py's step): condition numbers ~1e6 with
+    eps = 1e-6 at n = 256, 1e6 at n = 1024, ``|S|_F / eps ~ 1e7``."""
+    gen = torch.Generator().manual_seed(seed)
+    G = torch.randn(n, batch, generator=gen, dtype=torch.float64) @ torch.randn(batch, n, generator=gen,
+                                                                                  dtype=torch.float64) / batch
+    return G, G @ G.T
+
+
+def fast_root_errors(G, S, eps, iterations, allow_tf32, device):
+    """(accepted?, relative Frobenius error of X G, relative 2-norm error of X) of the
+    fast path's root against the float64 eigh root."""
+    opt = Shampoo([torch.zeros(2, 2, requires_grad=True, device=device)], root_method="newton",
+                  newton_iterations=iterations, allow_tf32=allow_tf32)
+    Sf = S.float().to(device)
+    X = fusekit.matrix_power(Sf, -0.25, eps, method="newton", max_iter=iterations, tol=0.0, allow_tf32=allow_tf32)
+    ok = bool(opt._accept(Sf[None], X[None], eps)[0])
+    Xe = ref_root(S, eps)
+    X = X.cpu().double()
+    pe = float(torch.linalg.matrix_norm((X - Xe) @ G) / torch.linalg.matrix_norm(Xe @ G))
+    xe = float(torch.linalg.matrix_norm(X - Xe, 2) / torch.linalg.matrix_norm(Xe, 2))
+    return ok, pe, xe
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fast_path_on_ill_conditioned_statistics(seed):
+    """Statistics like the bench's (condition ~1e6, eps = 1e-6), n = 256, CPU float32:
+    20 iterations converge (X G within 1e-4 of float64; measured 1e-5, X itself 2e-3
+    in the 2-norm); 12 iterations are accepted with the smallest directions not yet
+    finished (X's 2-norm error 0.6: they are damped), which moves the preconditioned
+    gradient X G by at most 1e-2 (measured 2.8e-3)."""
+    G, S = gaussian_product_stats(256, 1024, seed)
+    ok, pe, xe = fast_root_errors(G, S, 1e-6, 20, False, "cpu")
+    assert ok and pe < 1e-4 and xe < 1e-2
+    ok, pe, xe = fast_root_errors(G, S, 1e-6, 12, False, "cpu")
+    assert ok and pe < 1e-2 and xe > 0.1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.parametrize("allow_tf32,iterations,bound", [(False, 20, 1e-4), (True, 12, 2e-2)])
+def test_fast_path_bench_statistics_cuda(allow_tf32, iterations, bound):
+    """The bench's statistics at n = 1024 on CUDA: strict float32 with 20 iterations
+    and TF32 with 12 (the defaults) are accepted, X G within ``bound`` of float64
+    (TF32: 6.6e-3 in a CPU emulation of TF32 rounding; TF32 Newton diverges from
+    iteration ~15 on these matrices, which is why its default is 12)."""
+    G, S = gaussian_product_stats(1024, 4096, 0)
+    ok, pe, _ = fast_root_errors(G, S, 1e-6, iterations, allow_tf32, "cuda")
+    assert ok and pe < bound, (ok, pe)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_accept_check(device):
+    """The acceptance check: the exact root and an unfinished one (0.9 x) pass; an
+    over-amplified (1.05 x: 1.2 in the 4th power) and a non-finite root fail."""
+    G, S = gaussian_product_stats(64, 256, 3)
+    eps = 1e-3
+    X = ref_root(S, eps)
+    opt = Shampoo([torch.zeros(2, 2, requires_grad=True, device=device)], root_method="newton")
+    Xs = torch.stack([X, 0.9 * X, 1.05 * X, X.clone().fill_(float("nan")), X.clone().fill_(float("inf"))])
+    Ss = S.expand(5, -1, -1).contiguous()
+    for dt in (torch.float32, torch.float64):
+        ok = opt._accept(Ss.to(device, dt), Xs.to(device, dt), eps)
+        assert ok.device.type == device and ok.tolist() == [True, True, False, False, False]
+
+
+def test_fast_path_rejects_keeps_then_retries_in_float64(monkeypatch):
+    """A rejected fast-path root leaves the previous root in place (on the device, no
+    host read) and is recomputed in float64 from the same statistics at the start of
+    the next step; a failing Newton call is retried at once."""
+    kw = CASES["adam_blocked"]
+    real = fusekit.ops.optim.matrix_power
+
+    def overshoot(a, *args, **kwargs):
+        out = real(a, *args, **kwargs)
+        return out * 2 if a.dtype == torch.float32 else out
+
+    monkeypatch.setattr(fusekit.ops.optim, "matrix_power", overshoot)
+    ps = make_params(torch.float32, "cpu")
+    opt = Shampoo(ps, root_method="newton", **kw)
+    train(opt, ps, 1, "cpu", torch.float32)
+    st = opt.state[ps[0]]
+    assert all(torch.equal(r, torch.eye(r.shape[0])) for r in st["L_root"])  # previous (identity) kept
+    assert opt.root_stats == {"computed": 14, "float64_retries": 0, "kept": 0}
+    opt._settle()
+    assert opt.root_stats == {"computed": 14, "float64_retries": 14, "kept": 0}
+    for L, X in zip(st["L"], st["L_root"]):
+        torch.testing.assert_close(X.double(), ref_root(L.double(), kw["epsilon"]), rtol=1e-5, atol=1e-6)
+    train(opt, ps, 1, "cpu", torch.float32)  # settles nothing new, queues 14 more rejections
+    assert opt.root_stats["float64_retries"] == 14 and sum(len(j) for _, _, j in opt._pending) == 14
+
+    def raises(a, *args, **kwargs):
+        if a.dtype == torch.float32:
+            raise fusekit.NotConvergedError("matrix_power: injected failure")
+        return real(a, *args, **kwargs)
+
+    monkeypatch.setattr(fusekit.ops.optim, "matrix_power", raises)
+    train(opt, ps, 1, "cpu", torch.float32)  # settles the 14 above, then 14 immediate retries
+    assert opt.root_stats == {"computed": 42, "float64_retries": 42, "kept": 0} and not opt._pending
+
+
 def test_blocking_and_one_dimensional_params():
     """The 30x20 weight with max_preconditioner_dim=16 has blocks 16+14 by 16+4;
     biases get no statistics (grafted method); a 3-D tensor is viewed as 3 x 10."""
@@ -412,7 +541,22 @@ BAD = [
     (dict(weight_decay=-0.1), "weight_decay"),
     (dict(max_condition_f32=-1.0), "max_condition_f32"),
     (dict(distributed="nccl"), "distributed"),
+    (dict(root_method="eigh"), "root_method"),
+    (dict(newton_iterations=0), "newton_iterations"),
 ]
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(root_method="eigh"), "root_method = 'eigh'; choose 'auto', 'newton' or 'checked'"),
+    (dict(newton_iterations=0), "newton_iterations must be None or an int in [1, 100], got 0"),
+    (dict(newton_iterations=101), "newton_iterations must be None or an int in [1, 100], got 101"),
+    (dict(newton_iterations=True), "newton_iterations must be None or an int in [1, 100], got True"),
+    (dict(newton_iterations=12.0), "newton_iterations must be None or an int in [1, 100], got 12.0"),
+])
+def test_root_policy_arguments(kw, msg):
+    with pytest.raises(fusekit.InvalidArgumentError) as e:
+        Shampoo(make_params(torch.float32, "cpu"), **kw)
+    assert str(e.value) == f"fusekit.optim.Shampoo: {msg} [FK_ERROR_INVALID_ARGUMENT]"
 
 
 @pytest.mark.parametrize("kw,name", BAD, ids=[b[1].replace("\\", "") + str(i) for i, b in enumerate(BAD)])

@@ -115,6 +115,26 @@ class TorchShampoo:
             p.add_(d, alpha=-self.lr)
 
 
+def phases(opt, run, steps):
+    """Per-phase times of ``steps`` optimizer steps made by ``run()``, averaged per
+    step: GPU (CUDA events at the end of each phase; on the CPU none) and host
+    (perf_counter), from the optimizer's ``profile`` marks (fusekit.optim.Shampoo)."""
+    opt.profile = []
+    run()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    log, opt.profile = opt.profile, None
+    gpu, host = {}, {}
+    for prev, cur in zip(log, log[1:]):
+        if cur[0] == "start":
+            continue
+        host[cur[0]] = host.get(cur[0], 0.0) + (cur[2] - prev[2]) * 1e3 / steps
+        if cur[1] is not None and prev[1] is not None:
+            gpu[cur[0]] = gpu.get(cur[0], 0.0) + prev[1].elapsed_time(cur[1]) / steps
+    fmt = lambda d: ", ".join(f"{k} {v:.3f}" for k, v in d.items())  # noqa: E731
+    return (f"GPU ms/step: {fmt(gpu)}; " if gpu else "") + f"host ms/step: {fmt(host)}"
+
+
 def mlp(width, layers, device):
     mods = []
     for k in range(layers):
@@ -153,13 +173,19 @@ def bench_step(args, dev, timer, width, layers, reps):
         with torch.no_grad():
             saved = [p.detach().clone() for p in model.parameters()]
         ms = timer(opt.step, reps if "plain" not in name else max(3, reps // 3))
+        stats = dict(getattr(opt, "root_stats", None) or {})
+        prof = ""
+        if "plain" not in name:
+            def run():
+                for _ in range(5):
+                    opt.step()
+            prof = "; phases (5 steps): " + phases(opt, run, 5)
         with torch.no_grad():
             for p, s in zip(model.parameters(), saved):
                 p.copy_(s)
         res[name] = ms
-        stats = getattr(opt, "root_stats", None)
         row(f"step, roots every step, {layers}x{width}x{width}: {name}", ms, "ms",
-            f"roots {stats}" if stats else "")
+            (f"roots {stats}" if stats else "") + prof)
     base = res["plain PyTorch (eigh per root)"]
     for name in ("fusekit", "fusekit, TF32"):
         row(f"step ratio {name} / plain PyTorch (goal <= 0.1)", res[name] / base, "x")
@@ -197,9 +223,11 @@ def bench_train(args, dev, timer, width, layers, windows, freq=20):
         ms = timer(window, windows, warmup=2, per=freq)
         res[name] = ms
         hs = statistics.median(host)
-        stats = getattr(opt, "root_stats", None)
+        stats = dict(getattr(opt, "root_stats", None) or {})
+        prof = ("; optimizer phases (one window): " + phases(opt, window, freq)) if stats else ""
         row(f"train step (fwd+bwd+step), batch {args.batch}, roots/{freq}: {name}", ms, "ms",
-            f"{'GPU' if timer.cuda else 'wall'}; optimizer host {hs:.3f} ms" + (f"; roots {stats}" if stats else ""))
+            f"{'GPU' if timer.cuda else 'wall'}; optimizer host {hs:.3f} ms" + (f"; roots {stats}" if stats else "")
+            + prof)
         row(f"train step host time of opt.step(): {name}", hs, "ms")
     for name in ("fusekit Shampoo", "fusekit Shampoo, TF32"):
         row(f"train step ratio {name} / {adam} (goal <= 1.3)", res[name] / res[adam], "x")

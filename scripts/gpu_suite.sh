@@ -85,6 +85,9 @@ want gelu && step gelu 900 bash -c '"$0/bin/gpu_linalg" linear --test-threads=1 
     bindings/python/tests/test_torch_graphs.py -k "linear or gelu"' "$B"
 # fusekit.nn alone (the "python" step runs it too): CUDA values, graph capture, reduce-overhead
 want nn && step nn 900 python3 -m pytest -q bindings/python/tests/test_nn.py
+# fusekit.optim.Shampoo alone (the "python" step runs it too): the fast root path on CUDA
+# (the bench's ill-conditioned statistics, strict and TF32) and the CUDA variants against float64
+want shampoo && step shampoo 600 python3 -m pytest -q bindings/python/tests/test_shampoo.py
 sel example_gaussian_field && step example_gaussian_field 300 python3 examples/gaussian_field_fit.py --device cuda \
   --gaussians 4096 --points 65536 --steps 500 --out "$OUT/gaussian_field_fit.png"
 sel example_mlp_shampoo && step example_mlp_shampoo 300 python3 examples/mlp_shampoo.py --device cuda \

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import math
+import time
 import warnings
 
 __all__ = ["Shampoo", "FusekitComm", "init_distributed", "assign_roots", "block_ranges"]
@@ -517,20 +518,38 @@ def _make_shampoo():
             torch._foreach_copy_(dst, src)
 
         # -- the step ----------------------------------------------------------------
+        def _mark(self, name):
+            """With ``self.profile`` set to a list: appends ``(phase, CUDA event or None,
+            perf_counter)`` at the end of each phase of a step (benches/bench_shampoo.py)."""
+            log = self.__dict__.get("profile")
+            if log is None:
+                return
+            ev = None
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record()
+            log.append((name, ev, time.perf_counter()))
+
+        def _block_plan(self, p, group):
+            """``_blocks`` cached per (shape, max_preconditioner_dim)."""
+            cache = self.__dict__.setdefault("_block_cache", {})
+            key = (tuple(p.shape), group["max_preconditioner_dim"])
+            if key not in cache:
+                cache[key] = self._blocks(p, group)
+            return cache[key]
+
         @torch.no_grad()
         def step(self, closure=None):
             loss = None
             if closure is not None:
                 with torch.enable_grad():
                     loss = closure()
+            self._mark("start")
             if getattr(self, "_pending", None):
                 self._settle()
-            work = []  # (p, group, state, t, G_bar, P_graft, blocks, precondition?)
-            jobs = []
+            plans, jobs = [], []
             for group in self.param_groups:
-                beta1, beta2 = group["betas"]
-                wd, graft = group["weight_decay"], group["grafting"]
-                start, freq = group["start_preconditioning_step"], group["precondition_frequency"]
+                ps, sts, gs, ts = [], [], [], []
                 for p in group["params"]:
                     if p.grad is None:
                         continue
@@ -540,77 +559,114 @@ def _make_shampoo():
                     if not st:
                         st = self._init_state(p, group)
                     st["step"] += 1
-                    t = int(st["step"])
-                    g = p.grad.detach()
-                    if wd != 0 and not group["decoupled_weight_decay"]:
-                        g = g.add(p, alpha=wd)
-                    blocks = self._blocks(p, group)
-                    if blocks is not None:
-                        g2 = g.reshape(p.shape[0], -1).contiguous()
-                        one = len(blocks) == 1
-                        if beta2 == 1.0:
-                            a, b = 1.0, 1.0
-                        else:
-                            a, b = 1.0 - beta2, beta2
-                        for k, (r, c) in enumerate(blocks):
-                            gb = g2 if one else g2[r[0]:r[1], c[0]:c[1]].contiguous()
-                            _fo.shampoo_stats(gb, st["L"][k], st["R"][k], alpha=a, beta=b)
-                        if (t % freq == 0 and t > start) or t == start:
-                            c2 = 1.0 - beta2 ** t if (beta2 < 1.0 and group["bias_correction"]) else 1.0
-                            for k in range(len(blocks)):
-                                jobs.append((st["L"][k], 1.0 / c2, group["epsilon"], st["L_root"][k]))
-                                jobs.append((st["R"][k], 1.0 / c2, group["epsilon"], st["R_root"][k]))
-                    if graft == "adam":
-                        gb2 = group["grafting_beta2"]
-                        st["graft_sq"].mul_(gb2).addcmul_(g, g, value=1.0 - gb2)
-                    if beta1 > 0:
-                        st["exp_avg"].lerp_(g, 1.0 - beta1)
-                        gbar = st["exp_avg"]
-                        if group["bias_correction"]:
-                            gbar = gbar / (1.0 - beta1 ** t)
-                    else:
-                        gbar = g
-                    if graft == "adam":
-                        c = 1.0 - group["grafting_beta2"] ** t if group["bias_correction"] else 1.0
-                        den = (st["graft_sq"] / c).sqrt_().add_(group["grafting_epsilon"])
-                        pg = gbar / den
-                    else:
-                        pg = gbar
-                    use_shampoo = blocks is not None and t >= start
-                    work.append((p, group, gbar, pg, blocks if use_shampoo else None, st))
+                    ps.append(p)
+                    sts.append(st)
+                    gs.append(p.grad.detach())
+                    ts.append(int(st["step"]))
+                if not ps:
+                    continue
+                if group["weight_decay"] != 0 and not group["decoupled_weight_decay"]:
+                    gs = torch._foreach_add(gs, ps, alpha=group["weight_decay"])
+                self._statistics(group, ps, sts, gs, ts, jobs)
+                plans.append((group, ps, sts, gs, ts))
+            self._mark("settle+stats")
             self._compute_roots(jobs)
-            for p, group, gbar, pg, blocks, st in work:
-                if blocks is None:
-                    d = pg
-                else:
-                    d = self._shampoo_direction(p, group, gbar, pg, blocks, st)
+            self._mark("roots")
+            for group, ps, sts, gs, ts in plans:
+                gbars, pgs = self._grafted(group, sts, gs, ts)
+                self._mark("grafting")
+                ds = self._directions(group, ps, sts, gbars, pgs, ts)
                 if group["weight_decay"] != 0 and group["decoupled_weight_decay"]:
-                    d = d.add(p, alpha=group["weight_decay"])
-                p.add_(d, alpha=-group["lr"])
+                    ds = torch._foreach_add(ds, ps, alpha=group["weight_decay"])
+                torch._foreach_add_(ps, ds, alpha=-group["lr"])
+                self._mark("precondition+update")
             return loss
 
-        def _shampoo_direction(self, p, group, gbar, pg, blocks, st):
-            m = p.shape[0]
-            g2 = gbar.reshape(m, -1).contiguous()
-            one = len(blocks) == 1
-            dirs = []
-            for k, (r, c) in enumerate(blocks):
-                gb = g2 if one else g2[r[0]:r[1], c[0]:c[1]].contiguous()
-                dirs.append(_fo.shampoo_precondition(gb, st["L_root"][k], st["R_root"][k], allow_tf32=self.allow_tf32))
-            if group["grafting"] is not None:
+        def _statistics(self, group, ps, sts, gs, ts, jobs):
+            """L and R of every block updated; the roots due appended to ``jobs``."""
+            beta2 = group["betas"][1]
+            a, b = (1.0, 1.0) if beta2 == 1.0 else (1.0 - beta2, beta2)
+            start, freq = group["start_preconditioning_step"], group["precondition_frequency"]
+            for p, st, g, t in zip(ps, sts, gs, ts):
+                blocks = self._block_plan(p, group)
+                if blocks is None:
+                    continue
+                g2 = g.reshape(p.shape[0], -1)
+                one = len(blocks) == 1
+                if one:
+                    g2 = g2.contiguous()
+                for k, (r, c) in enumerate(blocks):
+                    gb = g2 if one else g2[r[0]:r[1], c[0]:c[1]].contiguous()
+                    _fo.shampoo_stats(gb, st["L"][k], st["R"][k], alpha=a, beta=b)
+                if (t % freq == 0 and t > start) or t == start:
+                    c2 = 1.0 - beta2 ** t if (beta2 < 1.0 and group["bias_correction"]) else 1.0
+                    for k in range(len(blocks)):
+                        jobs.append((st["L"][k], 1.0 / c2, group["epsilon"], st["L_root"][k]))
+                        jobs.append((st["R"][k], 1.0 / c2, group["epsilon"], st["R_root"][k]))
+
+        @staticmethod
+        def _grafted(group, sts, gs, ts):
+            """``(G_bar, P_g)`` of every parameter (steps 2, 4, 5), each operation once
+            over the group's parameters (``torch._foreach_*``)."""
+            beta1 = group["betas"][0]
+            bc, graft = group["bias_correction"], group["grafting"]
+            if graft == "adam":
+                gb2 = group["grafting_beta2"]
+                sq = [st["graft_sq"] for st in sts]
+                torch._foreach_mul_(sq, gb2)
+                torch._foreach_addcmul_(sq, gs, gs, value=1.0 - gb2)
+            if beta1 > 0:
+                ms = [st["exp_avg"] for st in sts]
+                torch._foreach_lerp_(ms, gs, 1.0 - beta1)
+                gbars = torch._foreach_div(ms, [1.0 - beta1 ** t for t in ts]) if bc else ms
+            else:
+                gbars = gs
+            if graft != "adam":
+                return gbars, gbars
+            den = torch._foreach_div(sq, [1.0 - gb2 ** t if bc else 1.0 for t in ts])
+            torch._foreach_sqrt_(den)
+            torch._foreach_add_(den, group["grafting_epsilon"])
+            return gbars, torch._foreach_div(gbars, den)
+
+        def _directions(self, group, ps, sts, gbars, pgs, ts):
+            """The update direction of every parameter (step 6): ``P_g``, or per block
+            ``L_root G_bar R_root`` with the grafted norm (norms of all blocks at once)."""
+            start, graft = group["start_preconditioning_step"], group["grafting"]
+            ds = list(pgs)
+            dirs, gparts, owners = [], [], []
+            for i, (p, st, gbar, pg, t) in enumerate(zip(ps, sts, gbars, pgs, ts)):
+                blocks = self._block_plan(p, group)
+                if blocks is None or t < start:
+                    continue
+                m = p.shape[0]
+                g2 = gbar.reshape(m, -1)
                 pg2 = pg.reshape(m, -1)
-                gparts = [pg2] if one else [pg2[r[0]:r[1], c[0]:c[1]] for r, c in blocks]
+                one = len(blocks) == 1
+                for k, (r, c) in enumerate(blocks):
+                    gb = g2.contiguous() if one else g2[r[0]:r[1], c[0]:c[1]].contiguous()
+                    dirs.append(_fo.shampoo_precondition(gb, st["L_root"][k], st["R_root"][k],
+                                                         allow_tf32=self.allow_tf32))
+                    gparts.append(pg2 if one else pg2[r[0]:r[1], c[0]:c[1]])
+                    owners.append((i, r, c, one))
+            if not dirs:
+                return ds
+            if graft is not None:
                 gn = torch._foreach_norm(gparts)
                 sn = torch._foreach_norm(dirs)
                 torch._foreach_add_(sn, 1e-16)
                 torch._foreach_div_(gn, sn)
                 torch._foreach_mul_(dirs, gn)
-            if one:
-                return dirs[0].view(p.shape)
-            d = torch.empty((m, g2.shape[1]), dtype=p.dtype, device=p.device)
-            for (r, c), x in zip(blocks, dirs):
-                d[r[0]:r[1], c[0]:c[1]].copy_(x)
-            return d.view(p.shape)
+            full = {}
+            for x, (i, r, c, one) in zip(dirs, owners):
+                p = ps[i]
+                if one:
+                    ds[i] = x.view(p.shape)
+                    continue
+                if i not in full:
+                    full[i] = torch.empty((p.shape[0], p.numel() // p.shape[0]), dtype=p.dtype, device=p.device)
+                    ds[i] = full[i].view(p.shape)
+                full[i][r[0]:r[1], c[0]:c[1]].copy_(x)
+            return ds
 
     Shampoo.__module__ = __name__
     return Shampoo

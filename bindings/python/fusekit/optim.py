@@ -396,8 +396,11 @@ def _make_shampoo():
         @staticmethod
         def _scaled(mats, scales):
             S = torch.stack(mats)
-            if any(c != 1.0 for c in scales):
-                S.mul_(torch.tensor(scales, dtype=S.dtype).to(S.device, non_blocking=True).view(-1, 1, 1))
+            if len(set(scales)) == 1:  # one step count and beta2: a host scalar, no copy
+                if scales[0] != 1.0:
+                    S.mul_(scales[0])
+            else:
+                S.mul_(torch.tensor(scales, dtype=S.dtype).to(S.device).view(-1, 1, 1))
             return S
 
         def _root_batch(self, jobs, lazy):

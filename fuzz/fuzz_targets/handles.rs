@@ -213,7 +213,9 @@ fuzz_target!(|data: &[u8]| {
                     } else {
                         nbytes
                     };
-                    let mut host = vec![0u8; nbytes.max(bytes.min(1 << 20))];
+                    // Exactly the buffer's size: a call that reads or writes `bytes` when it
+                    // differs from nbytes overflows this allocation (ASan).
+                    let mut host = vec![0u8; nbytes];
                     let src_v = view(buf);
                     fill(&mut host, src_v.dtype, &mut b);
                     let s = if b.bool() {

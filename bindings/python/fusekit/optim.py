@@ -20,7 +20,7 @@ import math
 import time
 import warnings
 
-__all__ = ["Shampoo", "FusekitComm", "init_distributed", "assign_roots", "block_ranges"]
+__all__ = ["Shampoo", "FusekitComm", "init_distributed", "assign_roots", "block_ranges", "newton_iterations_for"]
 
 _GRAFTING = ("adam", "sgd", None)
 _ROOT_METHODS = ("auto", "newton", "checked")
@@ -120,6 +120,18 @@ def _share_from_rank0(make) -> bytes:
     return bytes(store.get(key))
 
 
+def newton_iterations_for(ratio: float):
+    """Newton iterations that finish every direction of ``A + eps I`` given
+    ``ratio >= |A + eps I|_F / eps`` (None when unknown: not finite). The smallest
+    eigenvalue of Newton's ``M`` starts at ``2.5 eps / |A + eps I|_F`` or above and
+    grows 2.44-fold per iteration; from 0.3 about 4 quadratic iterations reach float32
+    precision (20 in all for the bench's ratio 1.2e7, as measured); 2 more for
+    statistics that grew since (a factor of 6)."""
+    if not (isinstance(ratio, float) and math.isfinite(ratio)):
+        return None
+    return max(4, math.ceil(math.log(max(0.12 * ratio, 1.0)) / math.log(2.44)) + 6)
+
+
 def _check_args(lr, betas, epsilon, precondition_frequency, start_preconditioning_step, max_preconditioner_dim,
                 grafting, grafting_beta2, grafting_epsilon, weight_decay):
     def real(name, v, lo=None, lo_open=False, hi=None, hi_open=False):
@@ -190,7 +202,7 @@ def _make_shampoo():
         Roots (docs/optim.md, "Root policy"), batched over all matrices of one size:
 
         - float32 on CUDA (or ``root_method="newton"``): the fast path. Newton with
-          a fixed ``newton_iterations`` (default 20, with TF32 12) and ``tol=0``,
+          a fixed number of iterations (``newton_iterations``) and ``tol=0``,
           nothing read on the host; an acceptance check on the device (the largest
           eigenvalue of ``X^2 (A + eps I) X^2``, 1 for the exact root, at most
           ``1 + ROOT_ACCEPT_TOL``, by power iteration) picks, per matrix, the new
@@ -231,8 +243,10 @@ def _make_shampoo():
             root_method: ``"auto"`` (the fast path for float32 on CUDA),
                 ``"newton"`` (the fast path for float32 everywhere) or
                 ``"checked"`` (never the fast path).
-            newton_iterations: the fast path's iterations (None: 20, or 12 with
-                ``allow_tf32``; an int in [1, 100]).
+            newton_iterations: the fast path's iterations, an int in [1, 100]; None
+                (default): at most 20, or 12 with ``allow_tf32``, fewer where the
+                statistics' last ``|A + eps I|_F / eps`` needed fewer
+                (:func:`newton_iterations_for`).
             distributed: None (every root on this process), True (a communicator
                 over torch.distributed's default group from :func:`init_distributed`)
                 or a communicator (:class:`FusekitComm` or any object with ``rank``,
@@ -275,6 +289,7 @@ def _make_shampoo():
             self.root_method = root_method
             self.newton_iterations = newton_iterations
             self._pending = []  # fast-path acceptance flags not read yet (see _settle)
+            self._hints = {}  # id(root) -> Newton iterations its statistics needed last time
             if distributed is True:
                 distributed = init_distributed()
             elif distributed is False:
@@ -330,6 +345,7 @@ def _make_shampoo():
 
         def load_state_dict(self, state_dict):
             self._pending = []  # flags of roots that the loaded state replaces
+            self._hints = {}
             super().load_state_dict(state_dict)
 
         # -- roots -------------------------------------------------------------------
@@ -413,25 +429,34 @@ def _make_shampoo():
             S = self._scaled(mats, [j[1] for j in jobs])
             self.root_stats["computed"] += len(jobs)
             if self._fast_path(S.dtype, S.device):
+                iters = self._iterations()
+                known = self.__dict__.setdefault("_hints", {})
+                hints = [known.get(id(j[3])) for j in jobs] if self.newton_iterations is None else [None]
+                if None not in hints:
+                    iters = min(iters, max(hints))
                 try:
-                    X = _fo.matrix_power(S, -0.25, eps, method="newton", max_iter=self._iterations(), tol=0.0,
+                    X = _fo.matrix_power(S, -0.25, eps, method="newton", max_iter=iters, tol=0.0,
                                          allow_tf32=self.allow_tf32)
                 except FusekitError:
                     return self._exact_roots(S, eps, S.dtype, retry=True)
                 ok = self._accept(S, X, eps)
                 X = torch.where(ok.view(-1, 1, 1), X, torch.stack(olds))
+                # |S + eps I|_F / eps (bounded above), for the next computation's iterations
+                ratio = (torch.linalg.matrix_norm(S) + eps * S.shape[-1] ** 0.5) / eps if eps > 0 else \
+                    torch.full_like(ok, math.inf, dtype=S.dtype)
+                info = torch.stack([ok.to(S.dtype), ratio])
                 if lazy:
                     if S.is_cuda:
-                        flags = torch.empty(ok.shape, dtype=torch.bool, pin_memory=True)
-                        flags.copy_(ok, non_blocking=True)
+                        host = torch.empty(info.shape, dtype=info.dtype, pin_memory=True)
+                        host.copy_(info, non_blocking=True)
                         ev = torch.cuda.Event()
                         ev.record()
                     else:
-                        flags, ev = ok, None
-                    self._pending.append((flags, ev, list(jobs)))
+                        host, ev = info, None
+                    self._pending.append((host, ev, list(jobs)))
                     return list(X.unbind(0))
                 out = list(X.unbind(0))
-                bad = [i for i, f in enumerate(ok.tolist()) if not f]
+                bad = [i for i, f in enumerate(self._learn(jobs, info)) if not f]
                 if bad:
                     redo = self._exact_roots(S[bad], eps, S.dtype, retry=True)
                     for i, x in zip(bad, redo):
@@ -452,16 +477,25 @@ def _make_shampoo():
                     pass
             return self._exact_roots(S, eps, S.dtype, retry=S.dtype == torch.float32)
 
+        def _learn(self, jobs, info):
+            """Acceptance flags from ``info`` (``[2, batch]``: flags, ``|S + eps I|_F / eps``
+            bounds, read on the host here), remembering each root's iteration hint."""
+            flags, ratios = info.tolist()
+            known = self.__dict__.setdefault("_hints", {})
+            for j, r in zip(jobs, ratios):
+                known[id(j[3])] = newton_iterations_for(r)
+            return [f == 1.0 for f in flags]
+
         def _settle(self):
             """Reads the fast path's acceptance flags of the last root computation (at
             most one wait per step, for work queued a step ago) and recomputes each
             rejected root in float64 from its statistics, which are still those the
             root was computed from (this runs before the step updates them)."""
             pending, self._pending = self._pending, []
-            for flags, ev, jobs in pending:
+            for info, ev, jobs in pending:
                 if ev is not None:
                     ev.synchronize()
-                bad = [j for j, f in zip(jobs, flags.tolist()) if not f]
+                bad = [j for j, f in zip(jobs, self._learn(jobs, info)) if not f]
                 if not bad:
                     continue
                 S = self._scaled([j[0] for j in bad], [j[1] for j in bad])

@@ -354,6 +354,40 @@ def test_accept_check(device):
         assert ok.device.type == device and ok.tolist() == [True, True, False, False, False]
 
 
+def test_newton_iterations_from_the_last_statistics(monkeypatch):
+    """The iteration count follows ``|A + eps I|_F / eps`` read with the last flags:
+    20 + 2 for the bench's 1.2e7 (capped by the default), 8 for 30, none known for
+    eps = 0; the first computation and an explicit ``newton_iterations`` use the cap."""
+    assert fo.newton_iterations_for(1.2e7) == 22
+    assert fo.newton_iterations_for(30.0) == 8
+    assert fo.newton_iterations_for(0.5) == 6
+    assert fo.newton_iterations_for(float("inf")) is None and fo.newton_iterations_for(float("nan")) is None
+    real = fusekit.ops.optim.matrix_power
+    iters = []
+
+    def record(a, *args, max_iter=100, **kwargs):
+        iters.append(max_iter)
+        return real(a, *args, max_iter=max_iter, **kwargs)
+
+    monkeypatch.setattr(fusekit.ops.optim, "matrix_power", record)
+    kw = dict(CASES["adam_blocked"], epsilon=1e-2)
+    ps = make_params(torch.float32, "cpu")
+    opt = Shampoo(ps, root_method="newton", **kw)
+    train(opt, ps, 3, "cpu", torch.float32)
+    n_batches = len(iters) // 3
+    assert iters[:n_batches] == [20] * n_batches  # nothing known yet: the cap
+    assert all(4 <= k < 20 for k in iters[n_batches:]), iters  # from the statistics' ratios
+    opt._settle()  # learns from step 3's roots, whose statistics (beta2 = 1: scale 1) are the current L
+    w1 = ps[0]
+    L = opt.state[w1]["L"][0].double()
+    ratio = (torch.linalg.matrix_norm(L) + 1e-2 * L.shape[0] ** 0.5) / 1e-2
+    assert opt._hints[id(opt.state[w1]["L_root"][0])] == fo.newton_iterations_for(float(ratio))
+    opt = Shampoo(make_params(torch.float32, "cpu"), root_method="newton", newton_iterations=9, **kw)
+    iters.clear()
+    train(opt, opt.param_groups[0]["params"], 3, "cpu", torch.float32)
+    assert set(iters) == {9}
+
+
 def test_fast_path_rejects_keeps_then_retries_in_float64(monkeypatch):
     """A rejected fast-path root leaves the previous root in place (on the device, no
     host read) and is recomputed in float64 from the same statistics at the start of

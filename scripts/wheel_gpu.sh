@@ -67,14 +67,14 @@ with zipfile.ZipFile(sys.argv[1]) as z:
 EOF
   echo "--- repacking the installed wheels (no index here)"
   "$PY" "$ROOT/scripts/repack_installed_wheels.py" --deps --store -o "$W/wheels" \
-    "${CUDA_WHEELS[@]}" torch numpy pytest cffi | sed 's/^/  /'
+    "${CUDA_WHEELS[@]}" torch numpy pytest | sed 's/^/  /'
   if ! "$PY" -m venv "$VENV"; then # no ensurepip here: pip from this python's own
     rm -rf "$VENV"
     "$PY" -m venv --without-pip "$VENV"
     "$PY" "$ROOT/scripts/repack_installed_wheels.py" -o "$W/pip" pip
     "$VENV/bin/python" "$(ls "$W"/pip/pip-*.whl)/pip" install -q --no-index "$(ls "$W"/pip/pip-*.whl)"
   fi
-  in_venv python -m pip install -q --no-index --find-links "$W/wheels" "$wheel[cuda,nccl,torch]" pytest cffi
+  in_venv python -m pip install -q --no-index --find-links "$W/wheels" "$wheel[cuda,nccl,torch]" pytest
   in_venv python -m pip list 2>/dev/null | grep -i -E '^(fusekit|torch|nvidia-cu(da-nvrtc|da-runtime|blas|solver)|nvidia-nccl)' | sed 's/^/  /' || true
   echo "--- the CUDA libraries come from the fresh environment (every module compiled with its NVRTC)"
   in_venv env FK_CACHE_DISABLE=1 python - "$VENV" <<'EOF'

@@ -298,8 +298,9 @@ def _make_shampoo():
                 raise _bad("distributed", f"must be None, True or a communicator (rank, size, all_gather), "
                                           f"got {type(distributed).__name__}")
             self.comm = distributed
-            #: roots this process computed / retried in float64 / kept after a failure (counters).
-            self.root_stats = {"computed": 0, "float64_retries": 0, "kept": 0}
+            #: roots this process computed / retried in float64 / kept after a failure / retried
+            #: in strict float32 after a rejected TF32 root (counters).
+            self.root_stats = {"computed": 0, "float64_retries": 0, "kept": 0, "strict_retries": 0}
 
         def _check_group(self, g):
             _check_args(g["lr"], g["betas"], g["epsilon"], g["precondition_frequency"],
@@ -458,8 +459,7 @@ def _make_shampoo():
                 out = list(X.unbind(0))
                 bad = [i for i, f in enumerate(self._learn(jobs, info)) if not f]
                 if bad:
-                    redo = self._exact_roots(S[bad], eps, S.dtype, retry=True)
-                    for i, x in zip(bad, redo):
+                    for i, x in zip(bad, self._redo(S[bad], eps)):
                         out[i] = x
                 return out
             if S.dtype == torch.float32 and self.max_condition_f32 > 0:
@@ -476,6 +476,23 @@ def _make_shampoo():
                 except FusekitError:
                     pass
             return self._exact_roots(S, eps, S.dtype, retry=S.dtype == torch.float32)
+
+        def _redo(self, S, eps):
+            """Roots the fast path rejected: after TF32, strict float32 Newton (20
+            iterations, its check read at once) first; what remains in float64."""
+            out = [None] * S.shape[0]
+            if self.allow_tf32 and S.dtype == torch.float32:
+                self.root_stats["strict_retries"] += S.shape[0]
+                try:
+                    X = _fo.matrix_power(S, -0.25, eps, method="newton", max_iter=NEWTON_ITERATIONS_F32, tol=0.0)
+                    out = [x if f else None for x, f in zip(X.unbind(0), self._accept(S, X, eps).tolist())]
+                except FusekitError:
+                    pass
+            bad = [i for i, x in enumerate(out) if x is None]
+            if bad:
+                for i, x in zip(bad, self._exact_roots(S[bad], eps, S.dtype, retry=True)):
+                    out[i] = x
+            return out
 
         def _learn(self, jobs, info):
             """Acceptance flags from ``info`` (``[2, batch]``: flags, ``|S + eps I|_F / eps``
@@ -499,7 +516,7 @@ def _make_shampoo():
                 if not bad:
                     continue
                 S = self._scaled([j[0] for j in bad], [j[1] for j in bad])
-                redo = self._exact_roots(S, bad[0][2], S.dtype, retry=True)
+                redo = self._redo(S, bad[0][2])
                 dst = [j[3] for j, x in zip(bad, redo) if x is not None]
                 if dst:
                     torch._foreach_copy_(dst, [x for x in redo if x is not None])

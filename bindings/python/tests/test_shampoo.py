@@ -285,7 +285,7 @@ def test_fast_path_against_float64_reference(device, iterations):
     st = opt.state[ps[0]]
     for L, X in zip(st["L"], st["L_root"]):
         torch.testing.assert_close(X.cpu().double(), ref_root(L.cpu().double(), kw["epsilon"]), rtol=1e-5, atol=1e-5)
-    assert opt.root_stats == {"computed": 84, "float64_retries": 0, "kept": 0}
+    assert opt.root_stats == {"computed": 84, "float64_retries": 0, "kept": 0, "strict_retries": 0}
 
 
 def gaussian_product_stats(n, batch, seed):
@@ -405,9 +405,9 @@ def test_fast_path_rejects_keeps_then_retries_in_float64(monkeypatch):
     train(opt, ps, 1, "cpu", torch.float32)
     st = opt.state[ps[0]]
     assert all(torch.equal(r, torch.eye(r.shape[0])) for r in st["L_root"])  # previous (identity) kept
-    assert opt.root_stats == {"computed": 14, "float64_retries": 0, "kept": 0}
+    assert opt.root_stats == {"computed": 14, "float64_retries": 0, "kept": 0, "strict_retries": 0}
     opt._settle()
-    assert opt.root_stats == {"computed": 14, "float64_retries": 14, "kept": 0}
+    assert opt.root_stats == {"computed": 14, "float64_retries": 14, "kept": 0, "strict_retries": 0}
     for L, X in zip(st["L"], st["L_root"]):
         torch.testing.assert_close(X.double(), ref_root(L.double(), kw["epsilon"]), rtol=1e-5, atol=1e-6)
     train(opt, ps, 1, "cpu", torch.float32)  # settles nothing new, queues 14 more rejections
@@ -420,7 +420,38 @@ def test_fast_path_rejects_keeps_then_retries_in_float64(monkeypatch):
 
     monkeypatch.setattr(fusekit.ops.optim, "matrix_power", raises)
     train(opt, ps, 1, "cpu", torch.float32)  # settles the 14 above, then 14 immediate retries
-    assert opt.root_stats == {"computed": 42, "float64_retries": 42, "kept": 0} and not opt._pending
+    assert opt.root_stats == {"computed": 42, "float64_retries": 42, "kept": 0, "strict_retries": 0} and not opt._pending
+
+
+def test_rejected_tf32_root_is_retried_in_strict_float32_first(monkeypatch):
+    """After a rejected TF32 root the strict float32 fast path comes first (its check
+    read at once); only what it fails goes to float64. (TF32 is ignored on the CPU:
+    the injected overshoot stands for a TF32 Newton run that diverged.)"""
+    kw = CASES["adam_blocked"]
+    real = fusekit.ops.optim.matrix_power
+
+    def tf32_overshoots(a, *args, allow_tf32=False, **kwargs):
+        out = real(a, *args, allow_tf32=allow_tf32, **kwargs)
+        return out * 2 if allow_tf32 else out
+
+    monkeypatch.setattr(fusekit.ops.optim, "matrix_power", tf32_overshoots)
+    ps = make_params(torch.float32, "cpu")
+    opt = Shampoo(ps, root_method="newton", allow_tf32=True, **kw)
+    train(opt, ps, 1, "cpu", torch.float32)
+    opt._settle()
+    assert opt.root_stats == {"computed": 14, "float64_retries": 0, "kept": 0, "strict_retries": 14}
+    st = opt.state[ps[0]]
+    for L, X in zip(st["L"], st["L_root"]):  # entries up to epsilon^(-1/4) = 10: 1e-5 of that
+        torch.testing.assert_close(X.double(), ref_root(L.double(), kw["epsilon"]), rtol=1e-5, atol=1e-4)
+
+    def strict_overshoots_too(a, *args, **kwargs):
+        out = real(a, *args, **kwargs)
+        return out * 2 if a.dtype == torch.float32 else out
+
+    monkeypatch.setattr(fusekit.ops.optim, "matrix_power", strict_overshoots_too)
+    train(opt, ps, 1, "cpu", torch.float32)
+    opt._settle()
+    assert opt.root_stats == {"computed": 28, "float64_retries": 14, "kept": 0, "strict_retries": 28}
 
 
 def test_blocking_and_one_dimensional_params():

@@ -420,7 +420,8 @@ def test_fast_path_rejects_keeps_then_retries_in_float64(monkeypatch):
 
     monkeypatch.setattr(fusekit.ops.optim, "matrix_power", raises)
     train(opt, ps, 1, "cpu", torch.float32)  # settles the 14 above, then 14 immediate retries
-    assert opt.root_stats == {"computed": 42, "float64_retries": 42, "kept": 0, "strict_retries": 0} and not opt._pending
+    assert opt.root_stats == {"computed": 42, "float64_retries": 42, "kept": 0, "strict_retries": 0}
+    assert not opt._pending
 
 
 def test_rejected_tf32_root_is_retried_in_strict_float32_first(monkeypatch):

@@ -15,7 +15,10 @@
    against the same optimizer on one GPU (goal: faster).
 
 Every time is a median over many runs after warm-up; the optimizers' root counters
-are printed so a float64 retry shows.
+are printed so a float64 (or, after TF32, strict float32) retry shows, and so are
+per-phase times of fusekit's steps (``Shampoo.profile``: CUDA events and host
+perf_counter at the end of settle+stats, roots, grafting, precondition+update;
+averaged per step over 5 steps, or over one 20-step window of the training step).
 
     python3 benches/bench_shampoo.py [--json PATH] [--batch 4096]
     python3 -m torch.distributed.run --nproc_per_node=2 benches/bench_shampoo.py --dist [--json PATH]

@@ -538,7 +538,10 @@ def _make_shampoo():
             groups = {}
             for i in mine:
                 stat, scale, eps, root = jobs[i]
-                groups.setdefault((stat.shape[0], stat.dtype, stat.device, eps), []).append(i)
+                # one batch per Newton iteration hint too: a root's iterations do not depend
+                # on which roots share its batch (so the distributed split changes nothing)
+                hint = self.__dict__.get("_hints", {}).get(id(root))
+                groups.setdefault((stat.shape[0], stat.dtype, stat.device, eps, hint), []).append(i)
             results = {}
             for idx in groups.values():
                 outs = self._root_batch([jobs[i] for i in idx], lazy=world == 1)

@@ -373,10 +373,12 @@ def test_newton_iterations_from_the_last_statistics(monkeypatch):
     kw = dict(CASES["adam_blocked"], epsilon=1e-2)
     ps = make_params(torch.float32, "cpu")
     opt = Shampoo(ps, root_method="newton", **kw)
-    train(opt, ps, 3, "cpu", torch.float32)
-    n_batches = len(iters) // 3
-    assert iters[:n_batches] == [20] * n_batches  # nothing known yet: the cap
-    assert all(4 <= k < 20 for k in iters[n_batches:]), iters  # from the statistics' ratios
+    train(opt, ps, 1, "cpu", torch.float32)
+    assert iters == [20] * 6  # nothing known yet: the cap, one batch per size (16, 14, 4, 5, 3, 10)
+    iters.clear()
+    train(opt, ps, 2, "cpu", torch.float32, seed=2)
+    # from the statistics' ratios, one batch per size and iteration count
+    assert iters and all(4 <= k < 20 for k in iters), iters
     opt._settle()  # learns from step 3's roots, whose statistics (beta2 = 1: scale 1) are the current L
     w1 = ps[0]
     L = opt.state[w1]["L"][0].double()

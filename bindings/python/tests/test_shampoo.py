@@ -533,12 +533,15 @@ def test_assign_roots_balances_cost():
     assert sorted(set(assign_roots([1.0] * 7, 3))) == [0, 1, 2]
 
 
+@pytest.mark.parametrize("root_method", ["auto", "newton"])
 @pytest.mark.parametrize("world", [2, 3])
-def test_distributed_split_matches_one_process(world):
+def test_distributed_split_matches_one_process(world, root_method):
     """Each rank computes its share of the roots (the counters add up to the
     single-process count) and after the all-gather every rank's parameters equal
-    the single-process run's bit for bit (same CPU code, roots only moved)."""
-    kw = dict(CASES["adam_blocked"], precondition_frequency=2)
+    the single-process run's bit for bit (same CPU code, roots only moved). With the
+    fast path too: flags read at once here, at the next step there, and the same
+    iteration hints (one batch per hint)."""
+    kw = dict(CASES["adam_blocked"], precondition_frequency=2, root_method=root_method)
     ps = make_params(torch.float32, "cpu")
     single = Shampoo(ps, **kw)
     train(single, ps, 5, "cpu", torch.float32)

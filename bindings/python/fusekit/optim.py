@@ -435,6 +435,10 @@ def _make_shampoo():
                 hints = [known.get(id(j[3])) for j in jobs] if self.newton_iterations is None else [None]
                 if None not in hints:
                     iters = min(iters, max(hints))
+                #: (side, batch, Newton iterations) of each fast-path batch, the latest last.
+                log = self.__dict__.setdefault("newton_log", [])
+                log.append((S.shape[-1], S.shape[0], iters))
+                del log[:-64]
                 try:
                     X = _fo.matrix_power(S, -0.25, eps, method="newton", max_iter=iters, tol=0.0,
                                          allow_tf32=self.allow_tf32)

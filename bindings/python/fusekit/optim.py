@@ -289,7 +289,6 @@ def _make_shampoo():
             self.root_method = root_method
             self.newton_iterations = newton_iterations
             self._pending = []  # fast-path acceptance flags not read yet (see _settle)
-            self._hints = {}  # id(root) -> Newton iterations its statistics needed last time
             if distributed is True:
                 distributed = init_distributed()
             elif distributed is False:
@@ -344,9 +343,13 @@ def _make_shampoo():
                 st["R_root"] = [torch.eye(c[1] - c[0], **kw) for _, c in blocks]
             return st
 
+        def state_dict(self):
+            if getattr(self, "_pending", None):
+                self._settle()  # the last roots' flags and iteration hints belong to the state
+            return super().state_dict()
+
         def load_state_dict(self, state_dict):
             self._pending = []  # flags of roots that the loaded state replaces
-            self._hints = {}
             super().load_state_dict(state_dict)
 
         # -- roots -------------------------------------------------------------------
@@ -431,8 +434,7 @@ def _make_shampoo():
             self.root_stats["computed"] += len(jobs)
             if self._fast_path(S.dtype, S.device):
                 iters = self._iterations()
-                known = self.__dict__.setdefault("_hints", {})
-                hints = [known.get(id(j[3])) for j in jobs] if self.newton_iterations is None else [None]
+                hints = [self._hint(j) for j in jobs] if self.newton_iterations is None else [None]
                 if None not in hints:
                     iters = min(iters, max(hints))
                 #: (side, batch, Newton iterations) of each fast-path batch, the latest last.
@@ -498,13 +500,19 @@ def _make_shampoo():
                     out[i] = x
             return out
 
+        @staticmethod
+        def _hint(job):
+            """The Newton iterations a job's root needed last time (None: not known)."""
+            hints, k = job[4]
+            return hints[k] or None
+
         def _learn(self, jobs, info):
             """Acceptance flags from ``info`` (``[2, batch]``: flags, ``|S + eps I|_F / eps``
             bounds, read on the host here), remembering each root's iteration hint."""
             flags, ratios = info.tolist()
-            known = self.__dict__.setdefault("_hints", {})
             for j, r in zip(jobs, ratios):
-                known[id(j[3])] = newton_iterations_for(r)
+                hints, k = j[4]
+                hints[k] = newton_iterations_for(r) or 0
             return [f == 1.0 for f in flags]
 
         def _settle(self):
@@ -541,10 +549,10 @@ def _make_shampoo():
             mine = [i for i in range(len(jobs)) if owner[i] == me]
             groups = {}
             for i in mine:
-                stat, scale, eps, root = jobs[i]
+                stat, scale, eps, root = jobs[i][:4]
                 # one batch per Newton iteration hint too: a root's iterations do not depend
                 # on which roots share its batch (so the distributed split changes nothing)
-                hint = self.__dict__.get("_hints", {}).get(id(root))
+                hint = self._hint(jobs[i])
                 groups.setdefault((stat.shape[0], stat.dtype, stat.device, eps, hint), []).append(i)
             results = {}
             for idx in groups.values():
@@ -661,9 +669,10 @@ def _make_shampoo():
                     _fo.shampoo_stats(gb, st["L"][k], st["R"][k], alpha=a, beta=b)
                 if (t % freq == 0 and t > start) or t == start:
                     c2 = 1.0 - beta2 ** t if (beta2 < 1.0 and group["bias_correction"]) else 1.0
+                    hints = st.setdefault("newton_hints", {"L": [0] * len(blocks), "R": [0] * len(blocks)})
                     for k in range(len(blocks)):
-                        jobs.append((st["L"][k], 1.0 / c2, group["epsilon"], st["L_root"][k]))
-                        jobs.append((st["R"][k], 1.0 / c2, group["epsilon"], st["R_root"][k]))
+                        jobs.append((st["L"][k], 1.0 / c2, group["epsilon"], st["L_root"][k], (hints["L"], k)))
+                        jobs.append((st["R"][k], 1.0 / c2, group["epsilon"], st["R_root"][k], (hints["R"], k)))
 
         @staticmethod
         def _grafted(group, sts, gs, ts):

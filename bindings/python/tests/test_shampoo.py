@@ -383,7 +383,7 @@ def test_newton_iterations_from_the_last_statistics(monkeypatch):
     w1 = ps[0]
     L = opt.state[w1]["L"][0].double()
     ratio = (torch.linalg.matrix_norm(L) + 1e-2 * L.shape[0] ** 0.5) / 1e-2
-    assert opt._hints[id(opt.state[w1]["L_root"][0])] == fo.newton_iterations_for(float(ratio))
+    assert opt.state[w1]["newton_hints"]["L"][0] == fo.newton_iterations_for(float(ratio))
     opt = Shampoo(make_params(torch.float32, "cpu"), root_method="newton", newton_iterations=9, **kw)
     iters.clear()
     train(opt, opt.param_groups[0]["params"], 3, "cpu", torch.float32)
@@ -481,8 +481,11 @@ def test_blocking_and_one_dimensional_params():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_state_dict_round_trip_continues_bit_identically(device):
-    kw = dict(CASES["sgd_ema_start_freq_wd"], grafting="adam", betas=(0.9, 0.95))
+@pytest.mark.parametrize("root_method", ["auto", "newton"])
+def test_state_dict_round_trip_continues_bit_identically(device, root_method):
+    """Also on the fast path (the CUDA default): state_dict() settles the last flags
+    and the Newton iteration hints travel in the state."""
+    kw = dict(CASES["sgd_ema_start_freq_wd"], grafting="adam", betas=(0.9, 0.95), root_method=root_method)
     ps = make_params(torch.float32, device)
     opt = Shampoo(ps, **kw)
     train(opt, ps, 4, device, torch.float32)

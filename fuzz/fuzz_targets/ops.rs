@@ -37,6 +37,7 @@ fn matrices(v: &View) -> Option<Vec<Vec<Vec<f64>>>> {
     if !(1..=4).contains(&v.dtype)
         || !(2..=3).contains(&v.shape.len())
         || numel.is_none_or(|n| n > 4096)
+        || v.shape.iter().any(|&d| d > 4096)
     {
         return None;
     }

@@ -4,7 +4,7 @@
 //! Loading: one cuBLAS / cuBLASLt pair per process, and every function called
 //! through its table (`cublas_api`: the choice of the pair, and why not cudarc's
 //! by-name loading); a missing library is `FK_ERROR_LIBRARY_NOT_FOUND` with an
-//! install hint. `preload` opens other CUDA libraries (cuSOLVER) by full path.
+//! install hint.
 //!
 //! Handles: one cuBLAS and one cuBLASLt handle per context, created on first use
 //! (with the thread's capture mode relaxed, so also during a stream capture), behind
@@ -37,7 +37,7 @@ use cudarc::cublaslt::sys as lt;
 use cudarc::driver::{result as dr, sys as ds};
 
 use super::CudaDevice;
-use super::cublas_api::api;
+use super::cublas_api::{api, blas as bsf, lt as ltf};
 use crate::dtype::DType;
 use crate::error::{
     CudaContext as _, Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result,
@@ -48,34 +48,6 @@ use crate::ops::linalg::{GemmPlan, Trans};
 pub(crate) const WORKSPACE_BYTES: usize = 32 << 20;
 
 // ------------------------------------------------------------------ loading
-
-/// Opens `lib` (e.g. `libcublas.so`) by full path: `env`, then `<root>/lib64`,
-/// `<root>/lib` of every CUDA root (toolkits, the CUDA 13 wheels' `nvidia/cu13`),
-/// then the CUDA 12 wheel layout (`nvidia/<wheel>/lib`); major version 13 first,
-/// then 12 (the same API for everything fusekit calls). Returns the places tried.
-pub(crate) fn preload(env: &str, lib: &str, wheel: &str) -> Vec<String> {
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Some(v) = std::env::var_os(env) {
-        candidates.push(PathBuf::from(v));
-    }
-    for major in ["13", "12"] {
-        let soname = format!("{lib}.{major}");
-        for r in super::nvrtc::cuda_roots() {
-            for sub in ["lib64", "lib"] {
-                candidates.push(r.join(sub).join(&soname));
-            }
-            if let Some(nv) = r.parent() {
-                candidates.push(nv.join(wheel).join("lib").join(&soname));
-            }
-        }
-    }
-    for c in &candidates {
-        if c.is_file() && super::nvrtc::dlopen_global(c) {
-            break;
-        }
-    }
-    candidates.iter().map(|c| c.display().to_string()).collect()
-}
 
 /// Loads the process's cuBLAS / cuBLASLt pair once (`cublas_api`).
 pub fn load() -> Result<()> {
@@ -232,12 +204,12 @@ impl BlasCache {
         let _relaxed = super::RelaxedCapture::new();
         let mut blas: bs::cublasHandle_t = std::ptr::null_mut();
         // SAFETY: writes a new handle; the context is current.
-        check("cublasCreate", unsafe { (api()?.create)(&mut blas) })?;
+        check("cublasCreate", unsafe { bsf::cublasCreate_v2(&mut blas) })?;
         let mut lth: lt::cublasLtHandle_t = std::ptr::null_mut();
         // SAFETY: as above.
-        if let Err(e) = check_lt("cublasLtCreate", unsafe { (api()?.lt_create)(&mut lth) }) {
+        if let Err(e) = check_lt("cublasLtCreate", unsafe { ltf::cublasLtCreate(&mut lth) }) {
             // SAFETY: created above.
-            unsafe { (api()?.destroy)(blas) };
+            unsafe { bsf::cublasDestroy_v2(blas) };
             return Err(e);
         }
         let made = Arc::new(Handles(Mutex::new(HandleState {
@@ -340,15 +312,17 @@ impl BlasCache {
             }
             let mut st = h.0.lock().unwrap_or_else(|e| e.into_inner());
             // The handles exist, so the library loaded.
-            let Ok(a) = api() else { return };
+            if api().is_err() {
+                return;
+            }
             // SAFETY: created in `handles`, destroyed once (the slots are gone).
             unsafe {
                 if !st.blas.is_null() {
-                    (a.destroy)(st.blas);
+                    bsf::cublasDestroy_v2(st.blas);
                     st.blas = std::ptr::null_mut();
                 }
                 if !st.lt.is_null() {
-                    (a.lt_destroy)(st.lt);
+                    ltf::cublasLtDestroy(st.lt);
                     st.lt = std::ptr::null_mut();
                 }
             }
@@ -393,11 +367,15 @@ impl Slot {
             unsafe {
                 check(
                     "cublasSetStream",
-                    (api()?.set_stream)(st.blas, self.stream as bs::cudaStream_t),
+                    bsf::cublasSetStream_v2(st.blas, self.stream as bs::cudaStream_t),
                 )?;
                 check(
                     "cublasSetWorkspace",
-                    (api()?.set_workspace)(st.blas, self.workspace as *mut c_void, WORKSPACE_BYTES),
+                    bsf::cublasSetWorkspace_v2(
+                        st.blas,
+                        self.workspace as *mut c_void,
+                        WORKSPACE_BYTES,
+                    ),
                 )?;
             }
             st.bound_stream = self.stream;
@@ -585,7 +563,7 @@ pub fn gemm_ex(slot: &Slot, p: &GemmPlan) -> Result<()> {
     // operands), the handle is bound to the slot's stream, the scalars outlive the
     // call (host pointer mode reads them before returning).
     let s = unsafe {
-        (api()?.gemm_strided_batched_ex)(
+        bsf::cublasGemmStridedBatchedEx(
             h.blas(),
             bs_op(p.op_b),
             bs_op(p.op_a),
@@ -677,19 +655,21 @@ struct Descs {
 impl Drop for Descs {
     fn drop(&mut self) {
         // Descriptors exist, so the library loaded.
-        let Ok(a) = api() else { return };
+        if api().is_err() {
+            return;
+        }
         // SAFETY: created in lt_matmul, destroyed once (null ones skipped).
         unsafe {
             if !self.op.is_null() {
-                (a.desc_destroy)(self.op);
+                ltf::cublasLtMatmulDescDestroy(self.op);
             }
             for l in self.layouts {
                 if !l.is_null() {
-                    (a.layout_destroy)(l);
+                    ltf::cublasLtMatrixLayoutDestroy(l);
                 }
             }
             if !self.pref.is_null() {
-                (a.pref_destroy)(self.pref);
+                ltf::cublasLtMatmulPreferenceDestroy(self.pref);
             }
         }
     }
@@ -702,7 +682,7 @@ unsafe fn set_desc<T>(
 ) -> Result<()> {
     // SAFETY: v is a value of the attribute's type.
     check_lt("cublasLtMatmulDescSetAttribute", unsafe {
-        (api()?.desc_set_attribute)(d, a, v as *const T as *const c_void, size_of::<T>())
+        ltf::cublasLtMatmulDescSetAttribute(d, a, v as *const T as *const c_void, size_of::<T>())
     })
 }
 
@@ -713,7 +693,12 @@ unsafe fn set_pref<T>(
 ) -> Result<()> {
     // SAFETY: v is a value of the attribute's type.
     check_lt("cublasLtMatmulPreferenceSetAttribute", unsafe {
-        (api()?.pref_set_attribute)(d, a, v as *const T as *const c_void, size_of::<T>())
+        ltf::cublasLtMatmulPreferenceSetAttribute(
+            d,
+            a,
+            v as *const T as *const c_void,
+            size_of::<T>(),
+        )
     })
 }
 
@@ -764,7 +749,7 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
     unsafe {
         check_lt(
             "cublasLtMatmulDescCreate",
-            (api()?.desc_create)(
+            ltf::cublasLtMatmulDescCreate(
                 &mut descs.op,
                 lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 lt::cudaDataType_t::CUDA_R_32F,
@@ -790,7 +775,7 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
         for (l, (r, cols, ld)) in descs.layouts.iter_mut().zip(dims) {
             check_lt(
                 "cublasLtMatrixLayoutCreate",
-                (api()?.layout_create)(l, t, r, cols, ld),
+                ltf::cublasLtMatrixLayoutCreate(l, t, r, cols, ld),
             )?;
         }
         let algo = match cached {
@@ -798,7 +783,7 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
             _ => {
                 check_lt(
                     "cublasLtMatmulPreferenceCreate",
-                    (api()?.pref_create)(&mut descs.pref),
+                    ltf::cublasLtMatmulPreferenceCreate(&mut descs.pref),
                 )?;
                 let ws = WORKSPACE_BYTES as u64;
                 set_pref(descs.pref, P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws)?;
@@ -825,7 +810,7 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
                 )?;
                 let mut res: lt::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
                 let mut count = 0i32;
-                let s = (api()?.algo_get_heuristic)(
+                let s = ltf::cublasLtMatmulAlgoGetHeuristic(
                     h.lt(),
                     descs.op,
                     descs.layouts[0],
@@ -856,7 +841,7 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
             }
         };
         let (one, zero) = (1.0f32, 0.0f32);
-        let s = (api()?.matmul)(
+        let s = ltf::cublasLtMatmul(
             h.lt(),
             descs.op,
             &one as *const f32 as *const c_void,

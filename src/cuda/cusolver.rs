@@ -1,9 +1,8 @@
 //! cuSOLVER (dense): run-time loading, one handle per (context, stream), and the
 //! batched symmetric eigendecomposition the matrix power uses.
 //!
-//! Loading follows cuBLAS (`cublas::preload`): `FK_CUSOLVER_PATH`, the CUDA roots
-//! and the `nvidia-cusolver` wheel, probed with `is_culib_present()` so a missing
-//! library is `FK_ERROR_LIBRARY_NOT_FOUND`, never cudarc's panic.
+//! Loading: one copy per process, beside cuBLAS where it can (`load`); every
+//! function is called through `api`, the table of the loaded library.
 //!
 //! Solvers, chosen by size: `syevjBatched` (Jacobi, one launch for the whole batch)
 //! for n <= 32, where it is fastest; `XsyevBatched` for larger batched matrices;
@@ -23,24 +22,126 @@ use crate::error::{
     Result,
 };
 
-/// Loads cuSOLVER once per process (it needs cuBLAS, loaded first).
+/// cuSOLVER's functions (cusolverDn.h), called through the library fusekit loaded
+/// (`dynlib`: one copy per process).
+mod api {
+    use std::ffi::{c_int, c_void};
+
+    use cudarc::cusolver::sys::*;
+
+    pub(super) static FNS: std::sync::OnceLock<Fns> = std::sync::OnceLock::new();
+
+    fn fns() -> &'static Fns {
+        FNS.get()
+            .expect("cuSOLVER is loaded before its functions are called")
+    }
+
+    crate::cuda::dynlib::dyn_lib! {
+        pub(super) struct Fns, loaded by fns;
+        fn cusolverDnCreate(handle: *mut cusolverDnHandle_t) -> cusolverStatus_t;
+        fn cusolverDnCreateParams(params: *mut cusolverDnParams_t) -> cusolverStatus_t;
+        fn cusolverDnCreateSyevjInfo(info: *mut syevjInfo_t) -> cusolverStatus_t;
+        fn cusolverDnDestroy(handle: cusolverDnHandle_t) -> cusolverStatus_t;
+        fn cusolverDnDestroyParams(params: cusolverDnParams_t) -> cusolverStatus_t;
+        fn cusolverDnDestroySyevjInfo(info: syevjInfo_t) -> cusolverStatus_t;
+        fn cusolverDnSetStream(handle: cusolverDnHandle_t, stream: cudaStream_t) -> cusolverStatus_t;
+        fn cusolverDnSsyevd(
+            handle: cusolverDnHandle_t, jobz: cusolverEigMode_t, uplo: cublasFillMode_t, n: c_int,
+            a: *mut f32, lda: c_int, w: *mut f32, work: *mut f32, lwork: c_int, info: *mut c_int,
+        ) -> cusolverStatus_t;
+        fn cusolverDnSsyevd_bufferSize(
+            handle: cusolverDnHandle_t, jobz: cusolverEigMode_t, uplo: cublasFillMode_t, n: c_int,
+            a: *const f32, lda: c_int, w: *const f32, lwork: *mut c_int,
+        ) -> cusolverStatus_t;
+        fn cusolverDnDsyevd(
+            handle: cusolverDnHandle_t, jobz: cusolverEigMode_t, uplo: cublasFillMode_t, n: c_int,
+            a: *mut f64, lda: c_int, w: *mut f64, work: *mut f64, lwork: c_int, info: *mut c_int,
+        ) -> cusolverStatus_t;
+        fn cusolverDnDsyevd_bufferSize(
+            handle: cusolverDnHandle_t, jobz: cusolverEigMode_t, uplo: cublasFillMode_t, n: c_int,
+            a: *const f64, lda: c_int, w: *const f64, lwork: *mut c_int,
+        ) -> cusolverStatus_t;
+        fn cusolverDnSsyevjBatched(
+            handle: cusolverDnHandle_t, jobz: cusolverEigMode_t, uplo: cublasFillMode_t, n: c_int,
+            a: *mut f32, lda: c_int, w: *mut f32, work: *mut f32, lwork: c_int, info: *mut c_int,
+            params: syevjInfo_t, batch: c_int,
+        ) -> cusolverStatus_t;
+        fn cusolverDnSsyevjBatched_bufferSize(
+            handle: cusolverDnHandle_t, jobz: cusolverEigMode_t, uplo: cublasFillMode_t, n: c_int,
+            a: *const f32, lda: c_int, w: *const f32, lwork: *mut c_int, params: syevjInfo_t, batch: c_int,
+        ) -> cusolverStatus_t;
+        fn cusolverDnDsyevjBatched(
+            handle: cusolverDnHandle_t, jobz: cusolverEigMode_t, uplo: cublasFillMode_t, n: c_int,
+            a: *mut f64, lda: c_int, w: *mut f64, work: *mut f64, lwork: c_int, info: *mut c_int,
+            params: syevjInfo_t, batch: c_int,
+        ) -> cusolverStatus_t;
+        fn cusolverDnDsyevjBatched_bufferSize(
+            handle: cusolverDnHandle_t, jobz: cusolverEigMode_t, uplo: cublasFillMode_t, n: c_int,
+            a: *const f64, lda: c_int, w: *const f64, lwork: *mut c_int, params: syevjInfo_t, batch: c_int,
+        ) -> cusolverStatus_t;
+        fn cusolverDnXsyevBatched(
+            handle: cusolverDnHandle_t, params: cusolverDnParams_t, jobz: cusolverEigMode_t,
+            uplo: cublasFillMode_t, n: i64, a_type: cudaDataType, a: *mut c_void, lda: i64,
+            w_type: cudaDataType, w: *mut c_void, compute: cudaDataType,
+            device_buf: *mut c_void, device_bytes: usize, host_buf: *mut c_void, host_bytes: usize,
+            info: *mut c_int, batch: i64,
+        ) -> cusolverStatus_t;
+        fn cusolverDnXsyevBatched_bufferSize(
+            handle: cusolverDnHandle_t, params: cusolverDnParams_t, jobz: cusolverEigMode_t,
+            uplo: cublasFillMode_t, n: i64, a_type: cudaDataType, a: *const c_void, lda: i64,
+            w_type: cudaDataType, w: *const c_void, compute: cudaDataType,
+            device_bytes: *mut usize, host_bytes: *mut usize, batch: i64,
+        ) -> cusolverStatus_t;
+    }
+}
+
+/// Loads cuSOLVER once per process (it needs cuBLAS, loaded first): a copy already
+/// in the process, `FK_CUSOLVER_PATH`, the folder cuBLAS came from (one install),
+/// the CUDA roots and the `nvidia-cusolver` wheel, then the loader path
+/// (`dynlib::find`); a missing library is `FK_ERROR_LIBRARY_NOT_FOUND`.
 pub fn load() -> Result<()> {
     static STATE: OnceLock<std::result::Result<(), Error>> = OnceLock::new();
     STATE
         .get_or_init(|| {
             super::cublas::load()?;
-            let tried = super::cublas::preload("FK_CUSOLVER_PATH", "libcusolver.so", "cusolver");
-            // SAFETY: only probes whether the library can be opened.
-            if unsafe { sv::is_culib_present() } {
-                return Ok(());
+            let sonames = ["libcusolver.so.12", "libcusolver.so.11"];
+            let mut paths = Vec::new();
+            if let Ok((blas, _, _)) = super::cublas::loaded_pair() {
+                if let Some(dir) = blas.parent() {
+                    paths.extend(sonames.iter().map(|n| dir.join(n)));
+                }
             }
-            Err(Error::new(
-                FK_ERROR_LIBRARY_NOT_FOUND,
-                format!(
-                    "libcusolver.so.12 (cuSOLVER, needed by fk_matrix_power's eigendecomposition on CUDA) could not be loaded; install the CUDA toolkit, or `pip install \"nvidia-cusolver>=12,<13\"` (CUDA 13) into the active virtual environment, or set FK_CUSOLVER_PATH. Looked in the loader path and: {}",
-                    tried.join(", ")
-                ),
-            ))
+            for r in super::nvrtc::cuda_roots() {
+                for n in sonames {
+                    for sub in ["lib64", "lib"] {
+                        paths.push(r.join(sub).join(n));
+                    }
+                    if let Some(nv) = r.parent() {
+                        paths.push(nv.join("cusolver").join("lib").join(n));
+                    }
+                }
+            }
+            let fail = |why: String| {
+                Error::new(
+                    FK_ERROR_LIBRARY_NOT_FOUND,
+                    format!(
+                        "libcusolver.so.12 (cuSOLVER, needed by fk_matrix_power's eigendecomposition on CUDA) could not be loaded; install the CUDA toolkit, or `pip install \"nvidia-cusolver>=12,<13\"` (CUDA 13) into the active virtual environment, or set FK_CUSOLVER_PATH: {why}"
+                    ),
+                )
+            };
+            let (h, _file) = super::dynlib::find(
+                &sonames,
+                "FK_CUSOLVER_PATH",
+                &paths,
+                c"cusolverDnCreate",
+                0,
+            )
+            .map_err(fail)?;
+            // SAFETY: a live handle of cuSOLVER.
+            let fns = unsafe { api::Fns::resolve(h) }
+                .map_err(|sym| fail(format!("the library found lacks `{sym}`")))?;
+            let _ = api::FNS.set(fns);
+            Ok(())
         })
         .clone()
 }
@@ -71,13 +172,13 @@ impl Handle {
         // SAFETY: created in SolverCache::handle, destroyed once.
         unsafe {
             if !self.syevj.is_null() {
-                sv::cusolverDnDestroySyevjInfo(self.syevj);
+                api::cusolverDnDestroySyevjInfo(self.syevj);
             }
             if !self.params.is_null() {
-                sv::cusolverDnDestroyParams(self.params);
+                api::cusolverDnDestroyParams(self.params);
             }
             if !self.raw.is_null() {
-                sv::cusolverDnDestroy(self.raw);
+                api::cusolverDnDestroy(self.raw);
             }
         }
         self.raw = std::ptr::null_mut();
@@ -107,23 +208,23 @@ impl SolverCache {
         };
         // SAFETY: out-parameters of fresh objects; the context is current.
         let made = unsafe {
-            check("cusolverDnCreate", sv::cusolverDnCreate(&mut h.raw))
+            check("cusolverDnCreate", api::cusolverDnCreate(&mut h.raw))
                 .and_then(|_| {
                     check(
                         "cusolverDnSetStream",
-                        sv::cusolverDnSetStream(h.raw, stream as sv::cudaStream_t),
+                        api::cusolverDnSetStream(h.raw, stream as sv::cudaStream_t),
                     )
                 })
                 .and_then(|_| {
                     check(
                         "cusolverDnCreateParams",
-                        sv::cusolverDnCreateParams(&mut h.params),
+                        api::cusolverDnCreateParams(&mut h.params),
                     )
                 })
                 .and_then(|_| {
                     check(
                         "cusolverDnCreateSyevjInfo",
-                        sv::cusolverDnCreateSyevjInfo(&mut h.syevj),
+                        api::cusolverDnCreateSyevjInfo(&mut h.syevj),
                     )
                 })
         };
@@ -195,7 +296,7 @@ pub fn syev_batched(
             if dtype == DType::F32 {
                 check(
                     "cusolverDnSsyevjBatched_bufferSize",
-                    sv::cusolverDnSsyevjBatched_bufferSize(
+                    api::cusolverDnSsyevjBatched_bufferSize(
                         h.raw,
                         vec,
                         lower,
@@ -211,7 +312,7 @@ pub fn syev_batched(
                 let work = Workspace::new(dev, (lwork as usize * 4).max(16), stream)?;
                 check(
                     "cusolverDnSsyevjBatched",
-                    sv::cusolverDnSsyevjBatched(
+                    api::cusolverDnSsyevjBatched(
                         h.raw,
                         vec,
                         lower,
@@ -229,7 +330,7 @@ pub fn syev_batched(
             } else {
                 check(
                     "cusolverDnDsyevjBatched_bufferSize",
-                    sv::cusolverDnDsyevjBatched_bufferSize(
+                    api::cusolverDnDsyevjBatched_bufferSize(
                         h.raw,
                         vec,
                         lower,
@@ -245,7 +346,7 @@ pub fn syev_batched(
                 let work = Workspace::new(dev, (lwork as usize * 8).max(16), stream)?;
                 check(
                     "cusolverDnDsyevjBatched",
-                    sv::cusolverDnDsyevjBatched(
+                    api::cusolverDnDsyevjBatched(
                         h.raw,
                         vec,
                         lower,
@@ -309,7 +410,7 @@ fn batched_ok(
     let (mut dbytes, mut hbytes) = (0usize, 0usize);
     // SAFETY: size query on valid handles.
     let s = unsafe {
-        sv::cusolverDnXsyevBatched_bufferSize(
+        api::cusolverDnXsyevBatched_bufferSize(
             h.raw,
             h.params,
             vec,
@@ -339,7 +440,7 @@ fn batched_ok(
     // SAFETY: workspaces of the queried sizes; the host workspace outlives the call
     // (cuSOLVER uses it synchronously before returning).
     let s = unsafe {
-        sv::cusolverDnXsyevBatched(
+        api::cusolverDnXsyevBatched(
             h.raw,
             h.params,
             vec,
@@ -390,7 +491,7 @@ fn syevd(
         if dtype == DType::F32 {
             check(
                 "cusolverDnSsyevd_bufferSize",
-                sv::cusolverDnSsyevd_bufferSize(
+                api::cusolverDnSsyevd_bufferSize(
                     h.raw,
                     vec,
                     lower,
@@ -404,7 +505,7 @@ fn syevd(
             let work = Workspace::new(dev, (lwork as usize * 4).max(16), stream)?;
             check(
                 "cusolverDnSsyevd",
-                sv::cusolverDnSsyevd(
+                api::cusolverDnSsyevd(
                     h.raw,
                     vec,
                     lower,
@@ -420,7 +521,7 @@ fn syevd(
         } else {
             check(
                 "cusolverDnDsyevd_bufferSize",
-                sv::cusolverDnDsyevd_bufferSize(
+                api::cusolverDnDsyevd_bufferSize(
                     h.raw,
                     vec,
                     lower,
@@ -434,7 +535,7 @@ fn syevd(
             let work = Workspace::new(dev, (lwork as usize * 8).max(16), stream)?;
             check(
                 "cusolverDnDsyevd",
-                sv::cusolverDnDsyevd(
+                api::cusolverDnDsyevd(
                     h.raw,
                     vec,
                     lower,

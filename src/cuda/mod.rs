@@ -8,6 +8,7 @@
 pub mod cublas;
 mod cublas_api;
 pub mod cusolver;
+pub(crate) mod dynlib;
 pub mod elementwise;
 pub mod gaussian;
 pub mod geodesic;

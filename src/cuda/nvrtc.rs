@@ -30,7 +30,7 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use cudarc::nvrtc::{result as nr, sys as ns};
+use cudarc::nvrtc::sys as ns;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, FK_ERROR_KERNEL_COMPILE, FK_ERROR_LIBRARY_NOT_FOUND, Result};
@@ -141,63 +141,82 @@ pub fn cuda_include_dir() -> Result<PathBuf> {
     .clone()
 }
 
-/// Loads libnvrtc once: `FK_NVRTC_PATH`, then the CUDA roots, then the system's
-/// loader path. A library loaded by full path satisfies cudarc's later load by
-/// soname.
+/// NVRTC's functions (nvrtc.h), called through the library fusekit loaded
+/// (`dynlib`: one copy per process).
+mod api {
+    use std::ffi::{c_char, c_int};
+
+    use cudarc::nvrtc::sys::*;
+
+    pub(super) static FNS: std::sync::OnceLock<Fns> = std::sync::OnceLock::new();
+
+    fn fns() -> &'static Fns {
+        FNS.get()
+            .expect("NVRTC is loaded before its functions are called")
+    }
+
+    crate::cuda::dynlib::dyn_lib! {
+        pub(super) struct Fns, loaded by fns;
+        fn nvrtcVersion(major: *mut c_int, minor: *mut c_int) -> nvrtcResult;
+        fn nvrtcCreateProgram(
+            prog: *mut nvrtcProgram, src: *const c_char, name: *const c_char, num_headers: c_int,
+            headers: *const *const c_char, include_names: *const *const c_char,
+        ) -> nvrtcResult;
+        fn nvrtcCompileProgram(prog: nvrtcProgram, num_options: c_int, options: *const *const c_char) -> nvrtcResult;
+        fn nvrtcGetProgramLogSize(prog: nvrtcProgram, size: *mut usize) -> nvrtcResult;
+        fn nvrtcGetProgramLog(prog: nvrtcProgram, log: *mut c_char) -> nvrtcResult;
+        fn nvrtcGetCUBINSize(prog: nvrtcProgram, size: *mut usize) -> nvrtcResult;
+        fn nvrtcGetCUBIN(prog: nvrtcProgram, cubin: *mut c_char) -> nvrtcResult;
+        fn nvrtcDestroyProgram(prog: *mut nvrtcProgram) -> nvrtcResult;
+    }
+}
+
+/// Loads libnvrtc once (`dynlib::find`): a copy already in the process,
+/// `FK_NVRTC_PATH`, the CUDA roots (the active environment's wheels, then the
+/// toolkits), then the system's loader path. NVRTC opens its builtins library by
+/// soname when it compiles, so the `libnvrtc-builtins` beside the chosen NVRTC is
+/// loaded too (outside the loader path, e.g. in a pip wheel, it would not be found).
 pub fn load_nvrtc() -> Result<()> {
     static STATE: OnceLock<std::result::Result<(), Error>> = OnceLock::new();
     STATE
         .get_or_init(|| {
-            let mut candidates: Vec<PathBuf> = Vec::new();
-            if let Some(v) = std::env::var_os("FK_NVRTC_PATH") {
-                candidates.push(PathBuf::from(v));
-            }
-            for r in cuda_roots() {
-                for lib in ["lib64", "lib"] {
-                    candidates.push(r.join(lib).join(NVRTC_SONAME));
-                }
-            }
-            for c in &candidates {
-                if c.is_file() && dlopen_global(c) {
-                    // NVRTC opens its builtins library by soname at compile time;
-                    // outside the loader path (e.g. a pip wheel) preload it too.
-                    if let Some(dir) = c.parent() {
-                        if let Ok(rd) = std::fs::read_dir(dir) {
-                            for e in rd.flatten() {
-                                let n = e.file_name().to_string_lossy().into_owned();
-                                if n.starts_with("libnvrtc-builtins.so.") {
-                                    dlopen_global(&e.path());
-                                }
-                            }
+            let paths: Vec<PathBuf> = cuda_roots()
+                .into_iter()
+                .flat_map(|r| ["lib64", "lib"].map(|l| r.join(l).join(NVRTC_SONAME)))
+                .collect();
+            let fail = |why: String| {
+                Error::new(
+                    FK_ERROR_LIBRARY_NOT_FOUND,
+                    format!(
+                        "{NVRTC_SONAME} (NVRTC, the CUDA run-time compiler) could not be loaded; install the CUDA toolkit, or `pip install nvidia-cuda-nvrtc==13.0.88`, or set FK_NVRTC_PATH: {why}"
+                    ),
+                )
+            };
+            let (h, file) = super::dynlib::find(
+                &[NVRTC_SONAME],
+                "FK_NVRTC_PATH",
+                &paths,
+                c"nvrtcVersion",
+                libc::RTLD_GLOBAL,
+            )
+            .map_err(fail)?;
+            if let Some(dir) = file.parent() {
+                if let Ok(rd) = std::fs::read_dir(dir) {
+                    for e in rd.flatten() {
+                        let n = e.file_name().to_string_lossy().into_owned();
+                        if n.starts_with("libnvrtc-builtins.so.") {
+                            let _ = super::dynlib::open(&e.path(), libc::RTLD_GLOBAL);
                         }
                     }
-                    break;
                 }
             }
-            // SAFETY: probes whether the library can be opened.
-            if unsafe { ns::is_culib_present() } {
-                return Ok(());
-            }
-            let tried: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
-            Err(Error::new(
-                FK_ERROR_LIBRARY_NOT_FOUND,
-                format!(
-                    "{NVRTC_SONAME} (NVRTC, the CUDA run-time compiler) could not be loaded; install the CUDA toolkit, or `pip install nvidia-cuda-nvrtc==13.0.88`, or set FK_NVRTC_PATH. Looked in the loader path and: {}",
-                    tried.join(", ")
-                ),
-            ))
+            // SAFETY: a live handle of NVRTC.
+            let fns = unsafe { api::Fns::resolve(h) }
+                .map_err(|sym| fail(format!("the library found lacks `{sym}`")))?;
+            let _ = api::FNS.set(fns);
+            Ok(())
         })
         .clone()
-}
-
-/// `dlopen(path, RTLD_NOW | RTLD_GLOBAL)`; the handle is kept for the process's life,
-/// and a later load by soname (cudarc's, NVRTC's own) finds this library.
-pub(crate) fn dlopen_global(path: &Path) -> bool {
-    let Ok(cs) = CString::new(path.as_os_str().as_encoded_bytes()) else {
-        return false;
-    };
-    // SAFETY: loads a shared library by path; never closed.
-    !unsafe { libc::dlopen(cs.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) }.is_null()
 }
 
 /// NVRTC's `(major, minor)` version.
@@ -205,7 +224,7 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
     load_nvrtc()?;
     let (mut a, mut b) = (0, 0);
     // SAFETY: writes two ints.
-    unsafe { ns::nvrtcVersion(&mut a, &mut b) }
+    unsafe { api::nvrtcVersion(&mut a, &mut b) }
         .result()
         .map_err(|e| {
             Error::new(
@@ -278,47 +297,69 @@ pub fn compile(name: &str, source: &str, arch: &str) -> Result<Vec<u8>> {
     let src = CString::new(expand_source(source)).unwrap_or_default();
     let cname = CString::new(format!("{name}.cu")).unwrap_or_default();
     let opts = options(arch, &include);
-    let err = |what: &str, e: nr::NvrtcError| {
+    let err = |what: &str, e: ns::nvrtcResult| {
         Error::new(
             FK_ERROR_KERNEL_COMPILE,
             format!("{what} for kernel module {name}: {e:?}"),
         )
     };
-    let prog = nr::create_program(&src, Some(&cname)).map_err(|e| err("nvrtcCreateProgram", e))?;
-    // SAFETY: prog is live until destroy_program below.
+    let ok = |what: &str, r: ns::nvrtcResult| {
+        if r == ns::nvrtcResult::NVRTC_SUCCESS {
+            Ok(())
+        } else {
+            Err(err(what, r))
+        }
+    };
+    let mut prog: ns::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: writes a new program; the strings are NUL-terminated and outlive it.
+    ok("nvrtcCreateProgram", unsafe {
+        api::nvrtcCreateProgram(
+            &mut prog,
+            src.as_ptr(),
+            cname.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    })?;
+    let copts: Vec<CString> = opts
+        .iter()
+        .map(|o| CString::new(o.as_str()).unwrap_or_default())
+        .collect();
+    let ptrs: Vec<*const std::ffi::c_char> = copts.iter().map(|c| c.as_ptr()).collect();
+    // SAFETY: prog is live until nvrtcDestroyProgram below; the options outlive it.
     let res = unsafe {
-        let compiled = nr::compile_program(prog, &opts);
-        let out = match compiled {
-            Ok(()) => {
-                let mut size = 0usize;
-                ns::nvrtcGetCUBINSize(prog, &mut size)
-                    .result()
-                    .map_err(|e| err("nvrtcGetCUBINSize", e))
-                    .and_then(|_| {
-                        let mut buf = vec![0u8; size];
-                        ns::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut _)
-                            .result()
-                            .map_err(|e| err("nvrtcGetCUBIN", e))
-                            .map(|_| buf)
-                    })
+        let compiled = api::nvrtcCompileProgram(prog, ptrs.len() as i32, ptrs.as_ptr());
+        let out = if compiled == ns::nvrtcResult::NVRTC_SUCCESS {
+            let mut size = 0usize;
+            ok("nvrtcGetCUBINSize", api::nvrtcGetCUBINSize(prog, &mut size)).and_then(|_| {
+                let mut buf = vec![0u8; size];
+                ok(
+                    "nvrtcGetCUBIN",
+                    api::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut _),
+                )
+                .map(|_| buf)
+            })
+        } else {
+            let mut size = 0usize;
+            let mut log = String::new();
+            if api::nvrtcGetProgramLogSize(prog, &mut size) == ns::nvrtcResult::NVRTC_SUCCESS {
+                let mut buf = vec![0u8; size.max(1)];
+                if api::nvrtcGetProgramLog(prog, buf.as_mut_ptr() as *mut _)
+                    == ns::nvrtcResult::NVRTC_SUCCESS
+                {
+                    let end = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
+                    log = String::from_utf8_lossy(&buf[..end]).into_owned();
+                }
             }
-            Err(e) => {
-                let log = nr::get_program_log(prog)
-                    .map(|l| {
-                        let bytes: Vec<u8> =
-                            l.iter().map(|&c| c as u8).take_while(|&c| c != 0).collect();
-                        String::from_utf8_lossy(&bytes).into_owned()
-                    })
-                    .unwrap_or_default();
-                Err(Error::new(
-                    FK_ERROR_KERNEL_COMPILE,
-                    format!(
-                        "NVRTC failed to compile kernel module {name} for {arch} ({e:?}):\n{log}"
-                    ),
-                ))
-            }
+            Err(Error::new(
+                FK_ERROR_KERNEL_COMPILE,
+                format!(
+                    "NVRTC failed to compile kernel module {name} for {arch} ({compiled:?}):\n{log}"
+                ),
+            ))
         };
-        let _ = nr::destroy_program(prog);
+        api::nvrtcDestroyProgram(&mut prog);
         out
     };
     res

@@ -473,7 +473,7 @@ fn rank_k(
     let s = unsafe {
         if dtype == DType::F32 {
             let (al, be) = (alpha as f32, beta as f32);
-            (super::cublas_api::api()?.ssyrk)(
+            super::cublas_api::blas::cublasSsyrk_v2(
                 h.blas(),
                 lower,
                 trans,
@@ -487,7 +487,7 @@ fn rank_k(
                 ni.max(1),
             )
         } else {
-            (super::cublas_api::api()?.dsyrk)(
+            super::cublas_api::blas::cublasDsyrk_v2(
                 h.blas(),
                 lower,
                 trans,

@@ -143,9 +143,12 @@ fn gemm(b: &mut Bytes, m: &mut Maker) {
                     scale += (x * y).abs();
                 }
                 let want = alpha.re * s + beta.re * c0;
+                // The product's terms overflow the dtype: inf/NaN in its arithmetic
+                // (e.g. 0 * inf with alpha = 0), finite in the f64 reference.
+                let raw = scale;
                 let scale = (alpha.re.abs() * scale + (beta.re * c0).abs()).max(1e-300);
                 let g = got[bi][i][j];
-                if !scale.is_finite() || !want.is_finite() {
+                if !scale.is_finite() || !want.is_finite() || raw > max_finite(vc.dtype) {
                     continue; // overflowing products: inf/NaN depend on the summation order
                 }
                 assert!(

@@ -116,7 +116,7 @@ def repack(name: str, out_dir: Path, store: bool = False) -> tuple[str, str, Pat
     canonical = re.sub(r"[-_.]+", "_", dist.metadata["Name"])
     wheel_path = out_dir / f"{canonical}-{version}-{tags}.whl"
 
-    entries: list[tuple[str, bytes]] = []
+    entries: list[tuple[str, bytes, int]] = []
     modified = []
     for f in files:
         rel = f.as_posix()
@@ -126,24 +126,31 @@ def repack(name: str, out_dir: Path, store: bool = False) -> tuple[str, str, Pat
             continue
         if f.parts[0] == dist_info and f.name in INSTALLER_FILES:
             continue
-        data = Path(f.locate()).read_bytes()
+        path = Path(f.locate())
+        data = path.read_bytes()
         if f.hash is not None and record_hash(data) != f"{f.hash.mode}={f.hash.value}":
             modified.append(rel)
-        entries.append((rel, data))
+        entries.append((rel, data, path.stat().st_mode))
     if modified:
         raise RepackError(f"{name}: installed files differ from its RECORD: {', '.join(modified[:10])}")
 
     record = io.StringIO()
     writer = csv.writer(record, lineterminator="\n")
-    for rel, data in entries:
+    for rel, data, _ in entries:
         writer.writerow([rel, record_hash(data), len(data)])
     writer.writerow([f"{dist_info}/RECORD", "", ""])
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = wheel_path.with_suffix(".tmp")
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED if store else zipfile.ZIP_DEFLATED) as z:
         # dist-info last, as wheel builders write it
-        for rel, data in sorted(entries, key=lambda e: (e[0].startswith(dist_info + "/"), e[0])):
-            z.writestr(rel, data)
+        # the files' permissions go along (pip restores the executable bit, e.g. of
+        # triton's ptxas, from a zip entry's Unix mode)
+        method = zipfile.ZIP_STORED if store else zipfile.ZIP_DEFLATED
+        for rel, data, mode in sorted(entries, key=lambda e: (e[0].startswith(dist_info + "/"), e[0])):
+            info = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = (0o100000 | (mode & 0o777)) << 16
+            info.compress_type = method
+            z.writestr(info, data)
         z.writestr(f"{dist_info}/RECORD", record.getvalue())
     tmp.replace(wheel_path)
     return dist.metadata["Name"], version, wheel_path

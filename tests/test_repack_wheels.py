@@ -28,7 +28,9 @@ FILES = {
     "fk_fake_pkg/__init__.py": b"VALUE = 42\n",
     "fk_fake_pkg/lib/libthing.so": bytes(range(256)) * 64,
     "fk_fake_pkg/include/thing.h": b"#define THING 1\n",
+    "fk_fake_pkg/bin/tool": b"#!/bin/sh\necho tool\n",
 }
+EXECUTABLE = "fk_fake_pkg/bin/tool"
 WHEEL = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-manylinux2014_x86_64\nTag: py3-none-manylinux_2_17_x86_64\n"
 
 
@@ -44,6 +46,8 @@ def install_fake(site: Path, wheel_text: str = WHEEL) -> None:
     for rel, data in files.items():
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
         (site / rel).write_bytes(data)
+        if rel == EXECUTABLE:
+            (site / rel).chmod(0o755)
         rows.append([rel, "" if "__pycache__" in rel else h(data), len(data)])
     rows.append(["../../../bin/fk-fake", h(b"#!python\n"), 9])  # a console script
     rows.append([f"{di}/RECORD", "", ""])
@@ -85,6 +89,9 @@ def test_repacked_wheel_installs_the_same_files(site, tmp_path):
     assert p.returncode == 0, p.stderr
     for rel, data in FILES.items():
         assert (target / rel).read_bytes() == data, rel
+    # the executable bit survives (triton's ptxas lost it once and torch.compile failed)
+    assert (target / EXECUTABLE).stat().st_mode & 0o111, "executable bit lost"
+    assert not (target / "fk_fake_pkg" / "include" / "thing.h").stat().st_mode & 0o111
 
 
 def test_a_file_changed_after_install_is_an_error(site, tmp_path):

@@ -221,7 +221,9 @@ def _make_shampoo():
 
         ``max_condition_f32=0`` sends every float32 root straight to float64. When
         the float64 attempt fails as well, the previous root is kept (a warning).
-        Under ``distributed`` the flags are read at once (before the all-gather).
+        Under ``distributed`` the owners' flags travel with the roots in the
+        all-gather and every rank reads all of them at its next step, retrying every
+        rejected root itself: the ranks compute what one process computes.
 
         Args:
             params: parameters or parameter groups.
@@ -423,12 +425,13 @@ def _make_shampoo():
                 S.mul_(torch.tensor(scales, dtype=S.dtype).to(S.device).view(-1, 1, 1))
             return S
 
-        def _root_batch(self, jobs, lazy):
+        def _root_batch(self, jobs):
             """Inverse 4th roots of ``stat * scale + eps I`` for ``jobs`` (stat, scale,
-            eps, root) of one size, dtype, device and eps: a list of results, None where
-            every attempt failed. On the fast path a rejected root is replaced by the
-            previous one on the device; with ``lazy`` the acceptance flags are read at
-            the next step (:meth:`_settle`), else now."""
+            eps, root) of one size, dtype, device and eps: a list of results (None where
+            every attempt failed) and the fast path's ``[2, batch]`` device tensor of
+            acceptance flags and ``|S + eps I|_F / eps`` bounds (None off the fast
+            path), for :meth:`_defer`. On the fast path a rejected root is replaced by
+            the previous one on the device."""
             mats, eps, olds = [j[0] for j in jobs], jobs[0][2], [j[3] for j in jobs]
             S = self._scaled(mats, [j[1] for j in jobs])
             self.root_stats["computed"] += len(jobs)
@@ -445,29 +448,13 @@ def _make_shampoo():
                     X = _fo.matrix_power(S, -0.25, eps, method="newton", max_iter=iters, tol=0.0,
                                          allow_tf32=self.allow_tf32)
                 except FusekitError:
-                    return self._exact_roots(S, eps, S.dtype, retry=True)
+                    return self._exact_roots(S, eps, S.dtype, retry=True), None
                 ok = self._accept(S, X, eps)
                 X = torch.where(ok.view(-1, 1, 1), X, torch.stack(olds))
                 # |S + eps I|_F / eps (bounded above), for the next computation's iterations
                 ratio = (torch.linalg.matrix_norm(S) + eps * S.shape[-1] ** 0.5) / eps if eps > 0 else \
                     torch.full_like(ok, math.inf, dtype=S.dtype)
-                info = torch.stack([ok.to(S.dtype), ratio])
-                if lazy:
-                    if S.is_cuda:
-                        host = torch.empty(info.shape, dtype=info.dtype, pin_memory=True)
-                        host.copy_(info, non_blocking=True)
-                        ev = torch.cuda.Event()
-                        ev.record()
-                    else:
-                        host, ev = info, None
-                    self._pending.append((host, ev, list(jobs)))
-                    return list(X.unbind(0))
-                out = list(X.unbind(0))
-                bad = [i for i, f in enumerate(self._learn(jobs, info)) if not f]
-                if bad:
-                    for i, x in zip(bad, self._redo(S[bad], eps)):
-                        out[i] = x
-                return out
+                return list(X.unbind(0)), torch.stack([ok.to(S.dtype), ratio])
             if S.dtype == torch.float32 and self.max_condition_f32 > 0:
                 try:
                     X, rep = _fo.matrix_power(S, -0.25, eps, method="auto", allow_tf32=self.allow_tf32,
@@ -478,10 +465,10 @@ def _make_shampoo():
                         lo = rep.min_eigenvalue
                         ok = lo > 0 and top / lo <= self.max_condition_f32
                     if ok:
-                        return list(X.unbind(0))
+                        return list(X.unbind(0)), None
                 except FusekitError:
                     pass
-            return self._exact_roots(S, eps, S.dtype, retry=S.dtype == torch.float32)
+            return self._exact_roots(S, eps, S.dtype, retry=S.dtype == torch.float32), None
 
         def _redo(self, S, eps):
             """Roots the fast path rejected: after TF32, strict float32 Newton (20
@@ -508,18 +495,37 @@ def _make_shampoo():
 
         def _learn(self, jobs, info):
             """Acceptance flags from ``info`` (``[2, batch]``: flags, ``|S + eps I|_F / eps``
-            bounds, read on the host here), remembering each root's iteration hint."""
+            bounds, read on the host here), remembering each root's iteration hint. A NaN
+            flag (distributed: a root its owner computed off the fast path, after a
+            failed Newton call) is accepted and leaves the hint as it was, as one
+            process does."""
             flags, ratios = info.tolist()
-            for j, r in zip(jobs, ratios):
-                hints, k = j[4]
-                hints[k] = newton_iterations_for(r) or 0
-            return [f == 1.0 for f in flags]
+            for j, f, r in zip(jobs, flags, ratios):
+                if f == f:
+                    hints, k = j[4]
+                    hints[k] = newton_iterations_for(r) or 0
+            return [f == 1.0 or f != f for f in flags]
+
+        def _defer(self, info, jobs):
+            """Queues ``info`` (see :meth:`_root_batch`) of ``jobs`` for :meth:`_settle`:
+            copied to the host without a wait, read at the next step."""
+            if info.is_cuda:
+                host = torch.empty(info.shape, dtype=info.dtype, pin_memory=True)
+                host.copy_(info, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record()
+            else:
+                host, ev = info, None
+            self._pending.append((host, ev, list(jobs)))
 
         def _settle(self):
             """Reads the fast path's acceptance flags of the last root computation (at
             most one wait per step, for work queued a step ago) and recomputes each
             rejected root in float64 from its statistics, which are still those the
-            root was computed from (this runs before the step updates them)."""
+            root was computed from (this runs before the step updates them).
+            Distributed, every rank holds every root's flags (gathered with the roots)
+            and redoes every rejected root in the batches one process would use, so
+            this needs no communication and the ranks stay equal."""
             pending, self._pending = self._pending, []
             for info, ev, jobs in pending:
                 if ev is not None:
@@ -536,7 +542,8 @@ def _make_shampoo():
         def _compute_roots(self, jobs):
             """``jobs``: (stat, scale, eps, root) to recompute, in an order every rank
             shares. Each rank computes its share (:func:`assign_roots`) and the
-            results are all-gathered."""
+            results are all-gathered, with the fast path's acceptance flags, so that
+            every rank settles every root as one process would (:meth:`_settle`)."""
             if not jobs:
                 return
             comm = self.comm
@@ -546,45 +553,59 @@ def _make_shampoo():
                 raise _bad("params", "must share one dtype and device when the roots are distributed")
             owner = assign_roots([float(j[0].shape[0]) ** 3 for j in jobs], world) if world > 1 else [0] * len(jobs)
             me = comm.rank if world > 1 else 0
-            mine = [i for i in range(len(jobs)) if owner[i] == me]
             groups = {}
-            for i in mine:
-                stat, scale, eps, root = jobs[i][:4]
+            for i, j in enumerate(jobs):
+                stat, eps = j[0], j[2]
                 # one batch per Newton iteration hint too: a root's iterations do not depend
                 # on which roots share its batch (so the distributed split changes nothing)
-                hint = self._hint(jobs[i])
-                groups.setdefault((stat.shape[0], stat.dtype, stat.device, eps, hint), []).append(i)
-            results = {}
+                groups.setdefault((stat.shape[0], stat.dtype, stat.device, eps, self._hint(j)), []).append(i)
+            results, infos = {}, {}
             for idx in groups.values():
-                outs = self._root_batch([jobs[i] for i in idx], lazy=world == 1)
-                for i, x in zip(idx, outs):
+                idx = [i for i in idx if owner[i] == me]
+                if not idx:
+                    continue
+                outs, info = self._root_batch([jobs[i] for i in idx])
+                for c, (i, x) in enumerate(zip(idx, outs)):
                     results[i] = x if x is not None else jobs[i][3]  # a failed root keeps the old one
+                    if info is not None:
+                        infos[i] = info[:, c]
+                if info is not None and world == 1:
+                    self._defer(info, [jobs[i] for i in idx])
             if world == 1:
-                dst = [jobs[i][3] for i in mine if results[i] is not jobs[i][3]]
-                src = [results[i] for i in mine if results[i] is not jobs[i][3]]
+                new = [i for i in results if results[i] is not jobs[i][3]]
+                dst, src = [jobs[i][3] for i in new], [results[i] for i in new]
                 if dst:
                     torch._foreach_copy_(dst, src)
                 return
-            # one flat shard per rank (the largest share's size), all-gathered
+            # one flat shard per rank (the largest share's size), all-gathered; on the fast
+            # path each root is followed by its (flag, bound), NaN where its owner computed
+            # it off the fast path (after a failed Newton call)
+            extra = 2 if self._fast_path(ref.dtype, ref.device) else 0
             sizes = [0] * world
             offset = [0] * len(jobs)
             for i, j in enumerate(jobs):
                 offset[i] = sizes[owner[i]]
-                sizes[owner[i]] += j[3].numel()
+                sizes[owner[i]] += j[3].numel() + extra
             shard = max(sizes)
-            send = torch.zeros(shard, dtype=ref.dtype, device=ref.device)
-            for i in mine:
+            send = torch.full((shard,), math.nan, dtype=ref.dtype, device=ref.device)
+            for i in results:
                 n = jobs[i][3].numel()
                 send[offset[i]:offset[i] + n].copy_(results[i].reshape(-1))
+                if extra and i in infos:
+                    send[offset[i] + n:offset[i] + n + 2].copy_(infos[i])
             recv = torch.empty(world * shard, dtype=ref.dtype, device=ref.device)
             comm.all_gather(send, recv)
-            dst, src = [], []
+            dst, src, info = [], [], {}
             for i, j in enumerate(jobs):
                 n = j[3].numel()
                 base = owner[i] * shard + offset[i]
                 dst.append(j[3])
                 src.append(recv[base:base + n].view_as(j[3]))
+                info[i] = recv[base + n:base + n + extra]
             torch._foreach_copy_(dst, src)
+            if extra:
+                for idx in groups.values():  # the batches of one process, in its order
+                    self._defer(torch.stack([info[i] for i in idx], dim=1), [jobs[i] for i in idx])
 
         # -- the step ----------------------------------------------------------------
         def _mark(self, name):

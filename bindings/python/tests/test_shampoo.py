@@ -536,19 +536,9 @@ def test_assign_roots_balances_cost():
     assert sorted(set(assign_roots([1.0] * 7, 3))) == [0, 1, 2]
 
 
-@pytest.mark.parametrize("root_method", ["auto", "newton"])
-@pytest.mark.parametrize("world", [2, 3])
-def test_distributed_split_matches_one_process(world, root_method):
-    """Each rank computes its share of the roots (the counters add up to the
-    single-process count) and after the all-gather every rank's parameters equal
-    the single-process run's bit for bit (same CPU code, roots only moved). With the
-    fast path too: flags read at once here, at the next step there, and the same
-    iteration hints (one batch per hint)."""
-    kw = dict(CASES["adam_blocked"], precondition_frequency=2, root_method=root_method)
-    ps = make_params(torch.float32, "cpu")
-    single = Shampoo(ps, **kw)
-    train(single, ps, 5, "cpu", torch.float32)
-
+def run_ranks(world, kw, steps):
+    """``steps`` of ``train`` with ``Shampoo(distributed=ThreadComm)`` on ``world``
+    threads; [(params, optimizer, comm)] per rank."""
     shared = {"size": world, "slots": [None] * world, "barrier": threading.Barrier(world)}
     results, errors = [None] * world, []
 
@@ -557,7 +547,7 @@ def test_distributed_split_matches_one_process(world, root_method):
             q = make_params(torch.float32, "cpu")
             comm = ThreadComm(r, shared)
             opt = Shampoo(q, distributed=comm, **kw)
-            train(opt, q, 5, "cpu", torch.float32)
+            train(opt, q, steps, "cpu", torch.float32)
             results[r] = (q, opt, comm)
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
@@ -569,12 +559,75 @@ def test_distributed_split_matches_one_process(world, root_method):
     for t in threads:
         t.join(120)
     assert not errors, errors
+    return results
+
+
+@pytest.mark.parametrize("root_method", ["auto", "newton"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_distributed_split_matches_one_process(world, root_method):
+    """Each rank computes its share of the roots (the counters add up to the
+    single-process count) and after the all-gather every rank's parameters equal
+    the single-process run's bit for bit (same CPU code, roots only moved). With the
+    fast path too: the same iteration hints (one batch per hint)."""
+    kw = dict(CASES["adam_blocked"], precondition_frequency=2, root_method=root_method)
+    ps = make_params(torch.float32, "cpu")
+    single = Shampoo(ps, **kw)
+    train(single, ps, 5, "cpu", torch.float32)
+    results = run_ranks(world, kw, 5)
     counts = [res[1].root_stats["computed"] for res in results]
     assert sum(counts) == single.root_stats["computed"] and all(c > 0 for c in counts)
     assert all(res[2].calls == 3 for res in results)  # root steps 1, 2, 4
     for q, _, _ in results:
         for a, b in zip(ps, q):
             assert torch.equal(a.detach(), b.detach())
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_distributed_fast_path_rejections_settle_as_one_process(world, monkeypatch):
+    """Issue 25: fast-path roots rejected by the acceptance check (an injected
+    overshoot for the side-16 blocks, whose roots the ranks share) keep the previous
+    root for one step and are redone in float64 at the next step, distributed as on
+    one process (the owners' flags travel with the roots; every rank redoes every
+    rejected root); a failed Newton call (side 10) is computed exactly at once on
+    both, its iteration hint unchanged. Parameters, roots and hints equal the
+    single-process run's bit for bit, before and after the last settle."""
+    kw = dict(CASES["adam_blocked"], precondition_frequency=2, root_method="newton")
+    real = fusekit.ops.optim.matrix_power
+
+    def faulty(a, *args, **kwargs):
+        if a.dtype == torch.float32 and kwargs.get("method") == "newton":
+            if a.shape[-1] == 10:
+                raise fusekit.NotConvergedError("matrix_power: injected failure")
+            if a.shape[-1] == 16:
+                return real(a, *args, **kwargs) * 2
+        return real(a, *args, **kwargs)
+
+    monkeypatch.setattr(fusekit.ops.optim, "matrix_power", faulty)
+    ps = make_params(torch.float32, "cpu")
+    single = Shampoo(ps, **kw)
+    train(single, ps, 4, "cpu", torch.float32)  # roots at steps 1, 2, 4: the last unsettled
+    results = run_ranks(world, kw, 4)
+    def side16(opt):
+        return sum(1 for _, _, jobs in opt._pending for j in jobs if j[0].shape[0] == 16)
+
+    # every rank holds the flags of all side-16 roots, its own and the others'
+    assert [side16(res[1]) for res in results] == [side16(single)] * world and side16(single) >= world
+    assert single.root_stats["float64_retries"] > 0
+    for q, opt, _ in results:
+        for a, b in zip(ps, q):
+            assert torch.equal(a.detach(), b.detach())
+    single._settle()
+    for q, opt, _ in results:
+        opt._settle()
+        # each rank retries every rejected root itself (plus the side-10 roots it owns)
+        assert opt.root_stats["float64_retries"] >= 9
+        for a, b in zip(ps, q):
+            sa, sb = single.state[a], opt.state[b]
+            assert sa.keys() == sb.keys()
+            for key in ("L_root", "R_root"):
+                for x, y in zip(sa.get(key, []), sb.get(key, [])):
+                    assert torch.equal(x, y)
+            assert sa.get("newton_hints") == sb.get("newton_hints")
 
 
 def test_distributed_needs_one_dtype_and_device():

@@ -340,6 +340,31 @@ def test_fast_path_bench_statistics_cuda(allow_tf32, iterations, bound):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("allow_tf32", [False, True])
+def test_fast_path_roots_do_not_depend_on_the_batch(device, allow_tf32):
+    """Issue 25: the distributed split gives each rank a subset of a size's roots,
+    so a root must come out of the fast path (fixed Newton iterations, tol = 0) and
+    its acceptance check bit for bit the same whatever else shares its batch (on
+    CUDA: whatever batch count cuBLAS's batched GEMMs see). Five statistics of side
+    48 and 96: the batch of five against each alone and against a batch of two."""
+    for n in (48, 96):
+        S = torch.stack([gaussian_product_stats(n, 2 * n, seed)[1] for seed in range(5)]).float().to(device)
+        eps = 1e-3
+
+        def roots(A):
+            X = fusekit.matrix_power(A, -0.25, eps, method="newton", max_iter=16, tol=0.0, allow_tf32=allow_tf32)
+            ok = Shampoo([torch.zeros(2, 2, requires_grad=True, device=device)])._accept(A, X, eps)
+            return X, ok
+
+        X, ok = roots(S)
+        for i in range(5):
+            Xi, oki = roots(S[i:i + 1].clone())
+            assert torch.equal(Xi[0], X[i]) and torch.equal(oki[0], ok[i]), (n, i)
+        X2, ok2 = roots(S[1:3].clone())
+        assert torch.equal(X2, X[1:3]) and torch.equal(ok2, ok[1:3]), n
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_accept_check(device):
     """The acceptance check: the exact root and an unfinished one (0.9 x) pass; an
     over-amplified (1.05 x: 1.2 in the 4th power) and a non-finite root fail."""

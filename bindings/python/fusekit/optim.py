@@ -300,7 +300,8 @@ def _make_shampoo():
                                           f"got {type(distributed).__name__}")
             self.comm = distributed
             #: roots this process computed / retried in float64 / kept after a failure / retried
-            #: in strict float32 after a rejected TF32 root (counters).
+            #: in strict float32 after a rejected TF32 root (counters; distributed, every rank
+            #: retries every rejected fast-path root, see _settle).
             self.root_stats = {"computed": 0, "float64_retries": 0, "kept": 0, "strict_retries": 0}
 
         def _check_group(self, g):

@@ -148,7 +148,10 @@ fn gemm(b: &mut Bytes, m: &mut Maker) {
                 let raw = scale;
                 let scale = (alpha.re.abs() * scale + (beta.re * c0).abs()).max(1e-300);
                 let g = got[bi][i][j];
-                if !scale.is_finite() || !want.is_finite() || raw > max_finite(vc.dtype) {
+                if !scale.is_finite()
+                    || !want.is_finite()
+                    || raw.max(want.abs()) > max_finite(vc.dtype)
+                {
                     continue; // overflowing products: inf/NaN depend on the summation order
                 }
                 assert!(

@@ -17,9 +17,12 @@ non-zero exit code:
 
 1. at the first root step (settled): the statistics equal one GPU's bit for bit;
    each distributed root is as accurate as the single-GPU root against a float64
-   eigh root (error at most twice the single-GPU root's plus 4 ulp of its scale),
-   and on the fast path equal to it bit for bit (the same Newton iterations per
-   root, one batch per size and iteration hint, whatever the split);
+   eigh root (error at most twice the single-GPU root's plus 4 ulp of its scale).
+   Not bit for bit, even on the fast path (the same Newton iterations per root,
+   one batch per size and iteration hint, whatever the split): cuBLAS picks its
+   batched-GEMM kernel by batch count, so a root computed in a batch of another
+   size differs at rounding level (measured on two H200s, 2026-11-26: 1.9e-6 of
+   the root's largest entry, the same on both paths);
 2. every rank computed some roots and the shares add up to the single-GPU count;
 3. all ranks end with the same parameters, bit for bit (fusekit all_reduce max and
    min of the parameter vector agree);
@@ -79,12 +82,12 @@ def train_step(ps, opt, x, y):
     return float(loss.detach())
 
 
-def check_roots(opt, ref, ps, ref_ps, kw, t, fast):
+def check_roots(opt, ref, ps, ref_ps, kw, t):
     """The roots of the first root step, settled (state_dict() reads the deferred
     flags and redoes rejected roots, as the next step would): the statistics must be
     bit for bit those of one GPU; each distributed root as accurate as the single-GPU
-    one against float64 eigh (|d - x| <= 2 |s - x| + 4 u max|x|), and on the fast
-    path equal bit for bit. Returns (failures, max |d - s| / max |s|)."""
+    one against float64 eigh (|d - x| <= 2 |s - x| + 4 u max|x|). Returns
+    (failures, max |d - s| / max |s|)."""
     opt.state_dict()
     ref.state_dict()
     c2 = 1.0 - kw["betas"][1] ** t
@@ -106,8 +109,6 @@ def check_roots(opt, ref, ps, ref_ps, kw, t, fast):
                 err_s = float((s.double() - x).abs().max())
                 diff = float((d - s).abs().max()) / float(s.abs().max())
                 worst = max(worst, diff)
-                if fast and not torch.equal(d, s):
-                    fails.append(f"root {name}: fast path not bit for bit (max |d - s| / max |s| = {diff:.3e})")
                 if not err_d <= 2 * err_s + 4 * u * float(x.abs().max()):
                     fails.append(f"root {name}: error {err_d:.3e} vs float64, single GPU's {err_s:.3e}")
     return fails, worst
@@ -127,7 +128,7 @@ def run(method, steps, comm, dev):
         losses.append(train_step(ps, opt, x, y))
         ref_losses.append(train_step(ref_ps, ref, x, y))
         if t == kw["start_preconditioning_step"]:
-            f, root_diff = check_roots(opt, ref, ps, ref_ps, kw, t, fast)
+            f, root_diff = check_roots(opt, ref, ps, ref_ps, kw, t)
             failures += f
     torch.cuda.synchronize()
 

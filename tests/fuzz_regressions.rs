@@ -68,3 +68,50 @@ fn nbytes_of_a_huge_broadcast_view_saturates() {
     assert_eq!(nbytes, usize::MAX);
     ok(unsafe { fk_buffer_destroy(out) });
 }
+
+/// fuzz/ops: fk_gemm with empty operand matrices (k = 0) whose batch stride is
+/// huge computed each matrix's address as `i * batch_stride * size` unchecked (a
+/// panic with overflow checks). The address of an empty matrix is never read; the
+/// product is C = beta C.
+#[test]
+fn gemm_of_empty_batched_operands_with_huge_batch_stride() {
+    let ctx = Ctx::cpu();
+    let mut host = [0f64; 4];
+    let (sa, ta) = ([2i64, 2, 0], [1i64 << 61, 1, 1]);
+    let (sb, tb) = ([2i64, 0, 2], [1i64 << 61, 2, 1]);
+    let mut a = std::ptr::null_mut();
+    let mut b = std::ptr::null_mut();
+    ok(unsafe {
+        fk_buffer_wrap(
+            ctx.raw(),
+            host.as_mut_ptr().cast(),
+            FK_DTYPE_C128,
+            3,
+            sa.as_ptr(),
+            ta.as_ptr(),
+            &mut a,
+        )
+    });
+    ok(unsafe {
+        fk_buffer_wrap(
+            ctx.raw(),
+            host.as_mut_ptr().cast(),
+            FK_DTYPE_C128,
+            3,
+            sb.as_ptr(),
+            tb.as_ptr(),
+            &mut b,
+        )
+    });
+    let c = Buf::new(&ctx, FK_DTYPE_C128, &[2, 2, 2]);
+    let ones = [1f64; 16];
+    ok(unsafe { fk_buffer_copy_from_host(c.raw(), ones.as_ptr().cast(), 128, null()) });
+    let one = fk_scalar { re: 1.0, im: 0.0 };
+    let half = fk_scalar { re: 0.5, im: 0.0 };
+    ok(unsafe { fusekit::abi::linalg::fk_gemm(0, 0, one, a, b, half, c.raw(), 0, null()) });
+    let mut back = [0f64; 16];
+    ok(unsafe { fk_buffer_copy_to_host(c.raw(), back.as_mut_ptr().cast(), 128, null()) });
+    assert_eq!(back, [0.5; 16]);
+    ok(unsafe { fk_buffer_destroy(a) });
+    ok(unsafe { fk_buffer_destroy(b) });
+}

@@ -85,9 +85,12 @@ pub struct Mat {
 }
 
 impl Mat {
-    /// Address of matrix `i` of the batch.
+    /// Address of matrix `i` of the batch. Wrapping: the batch stride of empty
+    /// matrices is unchecked and may be huge (their address is never dereferenced);
+    /// for matrices with elements the offset lies inside the caller's memory.
     pub fn at(&self, i: i64, elem: usize) -> usize {
-        (self.ptr as i64 + i * self.batch_stride * elem as i64) as usize
+        let off = i.wrapping_mul(self.batch_stride).wrapping_mul(elem as i64);
+        (self.ptr as i64).wrapping_add(off) as usize
     }
 }
 

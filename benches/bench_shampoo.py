@@ -178,7 +178,7 @@ def bench_step(args, dev, timer, width, layers, reps):
         ms = timer(opt.step, reps if "plain" not in name else max(3, reps // 3))
         stats = dict(getattr(opt, "root_stats", None) or {})
         if getattr(opt, "newton_log", None):
-            stats["last Newton batches (side, batch, iterations)"] = sorted(set(opt.newton_log[-8:]))
+            stats["last Newton batches (side, batch, iterations, precision)"] = sorted(set(opt.newton_log[-8:]))
         prof = ""
         if "plain" not in name:
             def run():
@@ -230,7 +230,7 @@ def bench_train(args, dev, timer, width, layers, windows, freq=20):
         hs = statistics.median(host)
         stats = dict(getattr(opt, "root_stats", None) or {})
         if getattr(opt, "newton_log", None):
-            stats["last Newton batches (side, batch, iterations)"] = sorted(set(opt.newton_log[-8:]))
+            stats["last Newton batches (side, batch, iterations, precision)"] = sorted(set(opt.newton_log[-8:]))
         prof = ("; optimizer phases (one window): " + phases(opt, window, freq)) if stats else ""
         row(f"train step (fwd+bwd+step), batch {args.batch}, roots/{freq}: {name}", ms, "ms",
             f"{'GPU' if timer.cuda else 'wall'}; optimizer host {hs:.3f} ms" + (f"; roots {stats}" if stats else "")

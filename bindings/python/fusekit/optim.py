@@ -32,6 +32,12 @@ NEWTON_ITERATIONS_TF32 = 12
 #: is at most 1 + ROOT_ACCEPT_TOL: no direction is amplified more than 2.4% beyond
 #: the exact root.
 ROOT_ACCEPT_TOL = 0.1
+#: With ``allow_tf32``, a fast-path root whose Newton iteration hint lies in this
+#: range (|A + eps I|_F / eps from about 7e2 to 3e6) runs in strict float32: there
+#: TF32 Newton finishes every direction and its rounding, amplified by the condition,
+#: overshoots the exact root by up to 80% in X^4 (A + eps I) (docs/optim.md, "TF32
+#: and the condition").
+TF32_STRICT_HINTS = (12, 21)
 _STORE_KEY = "fusekit.optim.comm_uid"
 _comm_counter = [0]
 
@@ -239,7 +245,8 @@ def _make_shampoo():
                 style) or L2 added to the gradient.
             bias_correction: the ``1 - beta^t`` divisions above (default True).
             allow_tf32: TF32 tensor cores for float32 roots and preconditioning on
-                CUDA (about 1e-3 relative error in the roots).
+                CUDA (about 1e-3 relative error in the roots); fast-path roots whose
+                iteration hint is in ``TF32_STRICT_HINTS`` stay strict float32.
             max_condition_f32: the float64 retry's condition threshold (see above;
                 0 computes every float32 root in float64).
             root_method: ``"auto"`` (the fast path for float32 on CUDA),
@@ -362,10 +369,18 @@ def _make_shampoo():
                 return False
             return self.root_method == "newton" or device.type == "cuda"
 
-        def _iterations(self):
+        def _iterations(self, tf32):
             if self.newton_iterations is not None:
                 return self.newton_iterations
-            return NEWTON_ITERATIONS_TF32 if self.allow_tf32 else NEWTON_ITERATIONS_F32
+            return NEWTON_ITERATIONS_TF32 if tf32 else NEWTON_ITERATIONS_F32
+
+        def _batch_tf32(self, jobs):
+            """Whether a fast-path batch runs on TF32: ``allow_tf32``, and the batch's
+            Newton iteration hint unknown or outside ``TF32_STRICT_HINTS``."""
+            if not self.allow_tf32:
+                return False
+            known = [self._hint(j) for j in jobs]
+            return None in known or not TF32_STRICT_HINTS[0] <= max(known) <= TF32_STRICT_HINTS[1]
 
         def _probe(self, n, dtype, device):
             """Fixed unit vectors ``[n, k]`` for :meth:`_accept` (one per size, dtype, device)."""
@@ -437,17 +452,19 @@ def _make_shampoo():
             S = self._scaled(mats, [j[1] for j in jobs])
             self.root_stats["computed"] += len(jobs)
             if self._fast_path(S.dtype, S.device):
-                iters = self._iterations()
+                tf32 = self._batch_tf32(jobs)
+                iters = self._iterations(tf32)
                 hints = [self._hint(j) for j in jobs] if self.newton_iterations is None else [None]
                 if None not in hints:
                     iters = min(iters, max(hints))
-                #: (side, batch, Newton iterations) of each fast-path batch, the latest last.
+                #: (side, batch, Newton iterations, "tf32" or "f32") of each fast-path
+                #: batch, the latest last.
                 log = self.__dict__.setdefault("newton_log", [])
-                log.append((S.shape[-1], S.shape[0], iters))
+                log.append((S.shape[-1], S.shape[0], iters, "tf32" if tf32 else "f32"))
                 del log[:-64]
                 try:
                     X = _fo.matrix_power(S, -0.25, eps, method="newton", max_iter=iters, tol=0.0,
-                                         allow_tf32=self.allow_tf32)
+                                         allow_tf32=tf32)
                 except FusekitError:
                     return self._exact_roots(S, eps, S.dtype, retry=True), None
                 ok = self._accept(S, X, eps)
@@ -471,11 +488,11 @@ def _make_shampoo():
                     pass
             return self._exact_roots(S, eps, S.dtype, retry=S.dtype == torch.float32), None
 
-        def _redo(self, S, eps):
-            """Roots the fast path rejected: after TF32, strict float32 Newton (20
-            iterations, its check read at once) first; what remains in float64."""
+        def _redo(self, S, eps, tf32):
+            """Roots the fast path rejected: after TF32 (``tf32``), strict float32 Newton
+            (20 iterations, its check read at once) first; what remains in float64."""
             out = [None] * S.shape[0]
-            if self.allow_tf32 and S.dtype == torch.float32:
+            if tf32 and S.dtype == torch.float32:
                 self.root_stats["strict_retries"] += S.shape[0]
                 try:
                     X = _fo.matrix_power(S, -0.25, eps, method="newton", max_iter=NEWTON_ITERATIONS_F32, tol=0.0)
@@ -531,11 +548,12 @@ def _make_shampoo():
             for info, ev, jobs in pending:
                 if ev is not None:
                     ev.synchronize()
+                tf32 = self._batch_tf32(jobs)  # as computed: before _learn updates the hints
                 bad = [j for j, f in zip(jobs, self._learn(jobs, info)) if not f]
                 if not bad:
                     continue
                 S = self._scaled([j[0] for j in bad], [j[1] for j in bad])
-                redo = self._redo(S, bad[0][2])
+                redo = self._redo(S, bad[0][2], tf32)
                 dst = [j[3] for j, x in zip(bad, redo) if x is not None]
                 if dst:
                     torch._foreach_copy_(dst, [x for x in redo if x is not None])

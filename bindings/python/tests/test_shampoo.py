@@ -463,6 +463,7 @@ def test_rejected_tf32_root_is_retried_in_strict_float32_first(monkeypatch):
         return out * 2 if allow_tf32 else out
 
     monkeypatch.setattr(fusekit.ops.optim, "matrix_power", tf32_overshoots)
+    monkeypatch.setattr(fo, "TF32_STRICT_HINTS", (101, 101))  # every batch on TF32 (no hint is 101)
     ps = make_params(torch.float32, "cpu")
     opt = Shampoo(ps, root_method="newton", allow_tf32=True, **kw)
     train(opt, ps, 1, "cpu", torch.float32)
@@ -480,6 +481,59 @@ def test_rejected_tf32_root_is_retried_in_strict_float32_first(monkeypatch):
     train(opt, ps, 1, "cpu", torch.float32)
     opt._settle()
     assert opt.root_stats == {"computed": 28, "float64_retries": 14, "kept": 0, "strict_retries": 28}
+
+
+def test_tf32_roots_route_to_strict_float32_by_iteration_hint(monkeypatch):
+    """With allow_tf32, a batch whose Newton iteration hint is in TF32_STRICT_HINTS
+    (|A + eps I|_F / eps from ~7e2 to ~3e6) runs strict float32 Newton with up to 20
+    iterations; an unknown hint (the first computation) and hints outside the range
+    run TF32 with up to 12; a rejected strict root goes to float64 directly, not to a
+    strict retry. The ratio is set by epsilon: |L|_F = 2 sqrt(n) t for G = I, L = t I."""
+    real = fusekit.ops.optim.matrix_power
+    calls, overshoot = [], set()
+
+    def record(a, power, eps, *args, allow_tf32=False, **kwargs):
+        if kwargs.get("method") == "newton":
+            calls.append((a.shape[-1], a.shape[0], kwargs["max_iter"], allow_tf32))
+        out = real(a, power, eps, *args, allow_tf32=allow_tf32, **kwargs)
+        return out * 2 if kwargs.get("method") == "newton" and a.shape[-1] in overshoot else out
+
+    monkeypatch.setattr(fusekit.ops.optim, "matrix_power", record)
+    sides = {4: 1.0, 6: 1e-3, 8: 1e-7}  # side: epsilon; ratios ~1.6e1, ~9.8e3, ~1.1e8 at step 1
+    ps = [torch.zeros(n, n, requires_grad=True) for n in sides]
+    opt = Shampoo([dict(params=[p], epsilon=e) for p, e in zip(ps, sides.values())], lr=0.0,
+                  root_method="newton", allow_tf32=True)
+    expect_hints = {}
+    for n, e in sides.items():
+        r = (2 * n ** 0.5 + e * n ** 0.5) / e  # step 1: L = G G^T = I, scale 1 (beta2 = 1)
+        expect_hints[n] = fo.newton_iterations_for(r)
+    assert expect_hints[4] < fo.TF32_STRICT_HINTS[0] <= expect_hints[6] <= fo.TF32_STRICT_HINTS[1] < expect_hints[8]
+
+    def step():
+        for p in ps:
+            p.grad = torch.eye(p.shape[0]) * 2 ** 0.5  # L = R = 2 I per step
+        opt.step()
+
+    step()
+    assert sorted(calls) == [(4, 2, 12, True), (6, 2, 12, True), (8, 2, 12, True)]
+    calls.clear()
+    step()
+    assert sorted(calls) == [(4, 2, min(12, expect_hints[4]), True), (6, 2, min(20, expect_hints[6]), False),
+                             (8, 2, 12, True)]
+    assert sorted(opt.newton_log[-3:]) == [(4, 2, min(12, expect_hints[4]), "tf32"),
+                                           (6, 2, min(20, expect_hints[6]), "f32"), (8, 2, 12, "tf32")]
+    assert opt.root_stats == {"computed": 12, "float64_retries": 0, "kept": 0, "strict_retries": 0}
+    overshoot.add(6)  # a rejected strict root: float64 at the next step, no strict retry
+    step()
+    opt._settle()
+    assert opt.root_stats == {"computed": 18, "float64_retries": 2, "kept": 0, "strict_retries": 0}
+    for M, X in zip(opt.state[ps[1]]["L"], opt.state[ps[1]]["L_root"]):
+        torch.testing.assert_close(X.double(), ref_root(M.double(), 1e-3), rtol=1e-5, atol=1e-5)
+    overshoot.clear()
+    overshoot.add(4)  # a rejected TF32 root still gets the strict retry first
+    step()
+    opt._settle()
+    assert opt.root_stats == {"computed": 24, "float64_retries": 4, "kept": 0, "strict_retries": 2}
 
 
 def test_blocking_and_one_dimensional_params():

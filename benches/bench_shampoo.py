@@ -17,7 +17,8 @@
 Every time is a median over many runs after warm-up; the optimizers' root counters
 are printed so a float64 (or, after TF32, strict float32) retry shows, and so are
 per-phase times of fusekit's steps (``Shampoo.profile``: CUDA events and host
-perf_counter at the end of settle+stats, roots, grafting, precondition+update;
+perf_counter at the end of flags wait (the host's wait for the last root step's
+acceptance flags), settle+stats, roots, grafting, precondition+update;
 averaged per step over 5 steps, or over one 20-step window of the training step).
 
     python3 benches/bench_shampoo.py [--json PATH] [--batch 4096]

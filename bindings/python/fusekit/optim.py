@@ -545,9 +545,11 @@ def _make_shampoo():
             and redoes every rejected root in the batches one process would use, so
             this needs no communication and the ranks stay equal."""
             pending, self._pending = self._pending, []
-            for info, ev, jobs in pending:
+            for _, ev, _ in pending:
                 if ev is not None:
                     ev.synchronize()
+            self._mark("flags wait")  # the wait for last step's roots, apart from host work
+            for info, ev, jobs in pending:
                 tf32 = self._batch_tf32(jobs)  # as computed: before _learn updates the hints
                 bad = [j for j, f in zip(jobs, self._learn(jobs, info)) if not f]
                 if not bad:
@@ -629,7 +631,9 @@ def _make_shampoo():
         # -- the step ----------------------------------------------------------------
         def _mark(self, name):
             """With ``self.profile`` set to a list: appends ``(phase, CUDA event or None,
-            perf_counter)`` at the end of each phase of a step (benches/bench_shampoo.py)."""
+            perf_counter)`` at the end of each phase of a step (benches/bench_shampoo.py).
+            "flags wait" ends the wait in :meth:`_settle` for the last root step's
+            flags (on the host: a synchronisation, not work)."""
             log = self.__dict__.get("profile")
             if log is None:
                 return

@@ -536,6 +536,19 @@ def test_tf32_roots_route_to_strict_float32_by_iteration_hint(monkeypatch):
     assert opt.root_stats == {"computed": 24, "float64_retries": 4, "kept": 0, "strict_retries": 2}
 
 
+def test_profile_marks_the_flags_wait_apart():
+    """Shampoo.profile: a step that reads last step's fast-path flags marks the wait
+    for them ("flags wait") before the statistics; the first step has none."""
+    ps = make_params(torch.float32, "cpu")
+    opt = Shampoo(ps, root_method="newton", **CASES["adam_blocked"])
+    opt.profile = []
+    train(opt, ps, 2, "cpu", torch.float32)
+    names = [m[0] for m in opt.profile]
+    phases = ["settle+stats", "roots", "grafting", "precondition+update"]
+    assert names == ["start"] + phases + ["start", "flags wait"] + phases
+    assert all(isinstance(m[2], float) for m in opt.profile)
+
+
 def test_blocking_and_one_dimensional_params():
     """The 30x20 weight with max_preconditioner_dim=16 has blocks 16+14 by 16+4;
     biases get no statistics (grafted method); a 3-D tensor is viewed as 3 x 10."""

@@ -193,6 +193,7 @@ impl Buffer {
         strides: Option<&[i64]>,
     ) -> Result<Buffer> {
         let strides = layout::validate(shape, strides, "shape/strides")?;
+        layout::check_addresses(shape, &strides, dtype.size(), data, "shape/strides")?;
         let n = layout::numel(shape);
         crate::ensure!(
             data != 0 || n == 0,

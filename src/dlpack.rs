@@ -155,6 +155,7 @@ pub unsafe fn import(ctx: &Arc<Context>, managed: *mut DLManagedTensorVersioned)
     };
     let strides = layout::validate(&shape, strides.as_deref(), "DLPack tensor")?;
     let data = (t.data as usize).wrapping_add(t.byte_offset as usize);
+    layout::check_addresses(&shape, &strides, dtype.size(), data, "DLPack tensor")?;
     let n = layout::numel(&shape);
     crate::ensure!(
         !t.data.is_null() || n == 0,

@@ -105,6 +105,43 @@ pub fn extent(shape: &[i64], strides: &[i64]) -> Option<(i64, i64)> {
     Some((lo, hi))
 }
 
+/// Checks that every byte address of a view at `base` (`elem` bytes per element),
+/// as `Buffer::byte_range` and the ops' overlap checks compute them, fits in an
+/// `i64`: a view like shape [2, 2] of f32 with strides [2^61, 2^61] passes
+/// `validate` (each stride times its dimension fits) but not this.
+pub fn check_addresses(
+    shape: &[i64],
+    strides: &[i64],
+    elem: usize,
+    base: usize,
+    what: &str,
+) -> Result<()> {
+    if shape.contains(&0) {
+        return Ok(());
+    }
+    let span = || -> Option<()> {
+        let (mut lo, mut hi) = (0i64, 0i64);
+        for (&d, &s) in shape.iter().zip(strides) {
+            let step = (d - 1).checked_mul(s)?;
+            if step < 0 {
+                lo = lo.checked_add(step)?;
+            } else {
+                hi = hi.checked_add(step)?;
+            }
+        }
+        let (elem, base) = (i64::try_from(elem).ok()?, i64::try_from(base).ok()?);
+        base.checked_add(lo.checked_mul(elem)?)?;
+        base.checked_add(hi.checked_add(1)?.checked_mul(elem)?)?;
+        Some(())
+    };
+    crate::ensure!(
+        span().is_some(),
+        FK_ERROR_INVALID_ARGUMENT,
+        "{what}: the view (shape {shape:?}, strides {strides:?}, {elem} bytes per element) spans addresses beyond 64 bits"
+    );
+    Ok(())
+}
+
 /// True when two distinct indices may address the same element (zero strides,
 /// or dimensions that interleave). Conservative: sorts dimensions by |stride| and
 /// requires each stride to exceed the extent of the smaller ones.

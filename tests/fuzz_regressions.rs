@@ -115,3 +115,53 @@ fn gemm_of_empty_batched_operands_with_huge_batch_stride() {
     ok(unsafe { fk_buffer_destroy(a) });
     ok(unsafe { fk_buffer_destroy(b) });
 }
+
+/// Found reading the code during the fuzzing work (docs/fuzzing.md): fk_buffer_wrap
+/// accepted views whose byte addresses overflow 64 bits (shape [2, 2] of f32 with
+/// strides [2^61, 2^61]; or a negative stride reaching below the i64 range), which
+/// `Buffer::byte_range` and the ops' overlap checks would then compute with
+/// overflowing arithmetic. Such a view is now refused when it is wrapped.
+#[test]
+fn wrap_refuses_a_view_whose_addresses_overflow() {
+    let ctx = Ctx::cpu();
+    let mut host = [0f32; 4];
+    for (shape, strides) in [
+        // each stride times its dimension fits (the earlier check), the bytes do not
+        (vec![2i64, 2], vec![1i64 << 61, 1i64 << 61]),
+        (vec![3i64], vec![-(1i64 << 61)]),
+        (vec![2i64], vec![i64::MAX / 2]),
+    ] {
+        let mut out = std::ptr::null_mut();
+        expect_status(
+            unsafe {
+                fk_buffer_wrap(
+                    ctx.raw(),
+                    host.as_mut_ptr().cast(),
+                    FK_DTYPE_F32,
+                    shape.len() as i32,
+                    shape.as_ptr(),
+                    strides.as_ptr(),
+                    &mut out,
+                )
+            },
+            FK_ERROR_INVALID_ARGUMENT,
+            &["fk_buffer_wrap", "spans addresses beyond 64 bits"],
+        );
+        assert!(out.is_null());
+    }
+    // a large but representable view is still accepted (it is only wrapped)
+    let (shape, strides) = ([2i64, 2], [1i64 << 40, 1]);
+    let mut out = std::ptr::null_mut();
+    ok(unsafe {
+        fk_buffer_wrap(
+            ctx.raw(),
+            host.as_mut_ptr().cast(),
+            FK_DTYPE_F32,
+            2,
+            shape.as_ptr(),
+            strides.as_ptr(),
+            &mut out,
+        )
+    });
+    ok(unsafe { fk_buffer_destroy(out) });
+}

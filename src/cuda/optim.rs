@@ -737,9 +737,12 @@ pub fn sample_norms(dev: &CudaDevice, p: &SamplePlan, out: usize, stream: &Strea
 
 /// The clipped sum: g scaled per sample into scratch (fused with the norms for one
 /// step), then one GEMM `out = gs^T a` over all `B*T` rows. The scaled g (and the
-/// norms when the caller wants none) live in the stream's grow-only cuBLAS scratch,
-/// so a steady-state call allocates nothing; while the stream is being captured
-/// they live in a stream-ordered allocation of the call (a graph allocation).
+/// norms when the caller wants none) live in a stream-ordered allocation of the
+/// call (the context's pool; a graph allocation under capture), not in the
+/// stream's shared cuBLAS scratch: that one is only safe while the slot's lock is
+/// held, and this call queues kernels and a GEMM (which takes the lock itself) in
+/// between, so two threads queuing on one stream overwrote each other's scaled g
+/// (tests/stress.rs found it under compute-sanitizer).
 pub fn dp_clipped_sum(
     dev: &CudaDevice,
     p: &SamplePlan,
@@ -756,13 +759,8 @@ pub fn dp_clipped_sum(
     } else {
         0
     };
-    // (Kept until the last use below is queued: under capture it is this call's
-    // own stream-ordered allocation, freed when dropped.)
-    let scratch = ops
-        .slot
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .scratch(dev, gs_bytes + sq_bytes)?;
+    // Freed (stream-ordered) when dropped, after the last use below is queued.
+    let scratch = ops.alloc(gs_bytes + sq_bytes)?;
     let gs = scratch.ptr as usize;
     if p.steps == 1 {
         fused_norms(dev, p, norms.unwrap_or(0), gs, max_norm, stream.raw)?;

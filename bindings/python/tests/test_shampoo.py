@@ -382,9 +382,21 @@ def test_tf32_overshoots_where_it_finishes_every_direction_cuda():
 def test_fast_path_roots_do_not_depend_on_the_batch(device, allow_tf32):
     """Issue 25: the distributed split gives each rank a subset of a size's roots,
     so a root must come out of the fast path (fixed Newton iterations, tol = 0) and
-    its acceptance check bit for bit the same whatever else shares its batch (on
-    CUDA: whatever batch count cuBLAS's batched GEMMs see). Five statistics of side
-    48 and 96: the batch of five against each alone and against a batch of two."""
+    its acceptance check the same whatever else shares its batch. On the CPU bit
+    for bit; on CUDA cuBLAS picks its batched-GEMM kernel by batch count, so the
+    roots agree to rounding (measured on the H100 and H200: about 2e-6 of the
+    root's scale in float32; the bounds below are 1e-5, and 1e-2 with TF32, whose
+    products carry 10-bit mantissas) and the acceptance flags agree. Five
+    statistics of side 48 and 96: the batch of five against each alone and
+    against a batch of two."""
+    exact = device == "cpu"
+    rtol = 1e-2 if allow_tf32 else 1e-5
+
+    def same(a, b):
+        if exact:
+            return torch.equal(a, b)
+        return float((a - b).abs().max()) <= rtol * float(b.abs().max())
+
     for n in (48, 96):
         S = torch.stack([gaussian_product_stats(n, 2 * n, seed)[1] for seed in range(5)]).float().to(device)
         eps = 1e-3
@@ -397,9 +409,10 @@ def test_fast_path_roots_do_not_depend_on_the_batch(device, allow_tf32):
         X, ok = roots(S)
         for i in range(5):
             Xi, oki = roots(S[i:i + 1].clone())
-            assert torch.equal(Xi[0], X[i]) and torch.equal(oki[0], ok[i]), (n, i)
+            d = float((Xi[0] - X[i]).abs().max()) / float(X[i].abs().max())
+            assert same(Xi[0], X[i]) and torch.equal(oki[0], ok[i]), (n, i, d)
         X2, ok2 = roots(S[1:3].clone())
-        assert torch.equal(X2, X[1:3]) and torch.equal(ok2, ok[1:3]), n
+        assert same(X2, X[1:3]) and torch.equal(ok2, ok[1:3]), n
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -72,7 +72,7 @@ site_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])';
 site_of python >"$(site_of "$WENV/bin/python")/fusekit-test-deps.pth"
 "$WENV/bin/python" -m pip install -q --no-index --no-deps --ignore-installed "$WHEEL"
 run_installed() { # the installed package, from outside the repository, without Rust
-  (cd "$WENV" && env -u FUSEKIT_LIBRARY -u FUSEKIT_TORCH_LIBRARY -u CARGO_TARGET_DIR \
+  (cd "$WENV" && env -u FUSEKIT_LIBRARY -u FUSEKIT_TORCH_LIBRARY -u CARGO_TARGET_DIR -u PYTHONPATH \
     PATH="$WENV/bin:/usr/local/bin:/usr/bin:/bin" FUSEKIT_TEST_INSTALLED=1 "$@")
 }
 run_installed python -c '
@@ -82,31 +82,33 @@ print("installed:", fusekit.__file__, fusekit.version_string(), fusekit.library_
 # the extension the benchmarks below use with the source tree
 FUSEKIT_TORCH_LIBRARY=$(run_installed python -c 'import fusekit._torch_ext as t; print(t.load())')
 export FUSEKIT_TORCH_LIBRARY
-echo "==> Python tests"
+# the benchmarks, examples and repository checks below run the source tree's package
+# (PYTHONPATH) on the library just built; the test suite runs the installed wheel
+src_py() { PYTHONPATH=$ROOT/bindings/python FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python "$@"; }
 echo "==> Python host time per call (CPU backend; a smoke run of benches/host_overhead.py)"
-FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python benches/host_overhead.py
+src_py benches/host_overhead.py
 echo "==> the torch path's benchmark (CPU smoke run of benches/bench_torch_path.py)"
-FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python benches/bench_torch_path.py --smoke --no-compile
+src_py benches/bench_torch_path.py --smoke --no-compile
 echo "==> examples/gaussian_field_fit.py (fusekit.nn.GaussianField + Adam; CPU smoke run, writes its PNG)"
 rm -f "$ROOT/target/gaussian_field_fit.png"
-FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python examples/gaussian_field_fit.py --smoke \
+src_py examples/gaussian_field_fit.py --smoke \
   --out "$ROOT/target/gaussian_field_fit.png"
 test -s "$ROOT/target/gaussian_field_fit.png"
 echo "==> examples/mlp_shampoo.py (FusedLinear MLP + fusekit.optim.Shampoo; CPU run, writes its PNG)"
 rm -f "$ROOT/target/mlp_shampoo.png"
-FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python examples/mlp_shampoo.py --steps 60 \
+src_py examples/mlp_shampoo.py --steps 60 \
   --out "$ROOT/target/mlp_shampoo.png"
 test -s "$ROOT/target/mlp_shampoo.png"
 echo "==> benches/bench_shampoo.py --smoke (CPU, small sizes)"
-FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python benches/bench_shampoo.py --smoke
+src_py benches/bench_shampoo.py --smoke
 echo "==> examples/dp_sgd_classifier.py (fusekit.privacy.DPSGD vs SGD; CPU run, writes its PNG)"
 rm -f "$ROOT/target/dp_sgd_classifier.png"
-FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python examples/dp_sgd_classifier.py --steps 60 \
+src_py examples/dp_sgd_classifier.py --steps 60 \
   --out "$ROOT/target/dp_sgd_classifier.png"
 test -s "$ROOT/target/dp_sgd_classifier.png"
 echo "==> benches/bench_dpsgd.py --smoke (CPU, small sizes; the Opacus row only where opacus is installed)"
-FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python benches/bench_dpsgd.py --smoke
+src_py benches/bench_dpsgd.py --smoke
 echo "==> Python tests against the installed wheel"
 run_installed python -m pytest -q -p no:cacheprovider "$ROOT/bindings/python/tests"
 echo "==> repository checks in Python (bindings completeness, Julia module, wheel repacking)"
-FUSEKIT_LIBRARY=$ROOT/target/release/libfusekit.so python -m pytest -q tests/*.py
+src_py -m pytest -q tests/*.py

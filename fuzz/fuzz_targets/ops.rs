@@ -125,6 +125,20 @@ fn gemm(b: &mut Bytes, m: &mut Maker) {
         return;
     }
     let got = matrices(&vc).unwrap();
+    // alpha and beta in the compute precision, as the GEMM applies them (f32 for
+    // f16 / bf16 / f32): a tiny f64 alpha is 0 there (a bf16 run found -0 where the
+    // unrounded reference gave -3.9e-29)
+    let compute = |v: f64| if vc.dtype == 4 { v } else { v as f32 as f64 };
+    let (alpha, beta) = (
+        fk_scalar {
+            re: compute(alpha.re),
+            im: 0.0,
+        },
+        fk_scalar {
+            re: compute(beta.re),
+            im: 0.0,
+        },
+    );
     for (bi, cmat) in cm.iter().enumerate() {
         let amat = &am[if am.len() == 1 { 0 } else { bi }];
         let bmat = &bm[if bm.len() == 1 { 0 } else { bi }];

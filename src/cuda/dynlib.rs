@@ -8,9 +8,9 @@
 //! GPU machine a wheel install ran NVRTC and cuSOLVER from `/usr/local/cuda` and
 //! from the wheel at once. fusekit therefore uses cudarc for the types only and
 //! calls every function of cuBLAS, cuBLASLt, cuSOLVER and NVRTC through a table
-//! made by `dyn_lib!` from the library it loaded itself (NCCL has its own table,
-//! `nccl.rs`). A test (`cublas_api`) checks that no cudarc `sys` function of these
-//! libraries is called directly.
+//! made by `dyn_lib!` from the library it loaded itself (NCCL has its own table and
+//! search in `nccl.rs`, on the helpers below). A test at the end of this file checks
+//! that no cudarc `sys` function of these libraries is called directly.
 //!
 //! `dyn_lib!` declares, from C signatures:
 //! - a table struct with one function pointer per function and `resolve(handle)`,

@@ -20,12 +20,13 @@
 //! Enum arguments and the result are passed as C `int` (never as Rust enums, so an
 //! unknown result value from a newer NCCL is not undefined behaviour).
 
-use std::ffi::{CStr, CString, c_char, c_int, c_void};
-use std::path::PathBuf;
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 pub use cudarc::nccl::sys::{ncclComm_t, ncclUniqueId};
 
+use super::dynlib::{already_loaded, dlerror, open};
 use crate::error::{
     Error, FK_ERROR_CUDA, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_LIBRARY_NOT_FOUND, Result,
 };
@@ -117,22 +118,13 @@ fn candidates() -> (Vec<PathBuf>, bool) {
     (c, false)
 }
 
-fn dlopen(name: &str, flags: c_int) -> *mut c_void {
-    let Ok(cs) = CString::new(name) else {
-        return std::ptr::null_mut();
-    };
-    // SAFETY: loads a shared library; the handle is kept for the process's life.
-    unsafe { libc::dlopen(cs.as_ptr(), flags) }
-}
-
 fn load() -> Result<Nccl> {
     let (cands, exclusive) = candidates();
     let mut tried: Vec<String> = Vec::new();
     let mut found: Option<(*mut c_void, String)> = None;
     if !exclusive {
         for name in [NCCL_SONAME, "libnccl.so"] {
-            let h = dlopen(name, libc::RTLD_NOW | libc::RTLD_NOLOAD);
-            if !h.is_null() {
+            if let Some(h) = already_loaded(name) {
                 found = Some((h, format!("{name} (already loaded)")));
                 break;
             }
@@ -142,8 +134,7 @@ fn load() -> Result<Nccl> {
         for c in &cands {
             let s = c.display().to_string();
             if c.is_file() {
-                let h = dlopen(&s, libc::RTLD_NOW | libc::RTLD_LOCAL);
-                if !h.is_null() {
+                if let Some(h) = open(c, libc::RTLD_LOCAL) {
                     found = Some((h, s));
                     break;
                 }
@@ -155,8 +146,7 @@ fn load() -> Result<Nccl> {
     }
     if found.is_none() && !exclusive {
         for name in [NCCL_SONAME, "libnccl.so"] {
-            let h = dlopen(name, libc::RTLD_NOW | libc::RTLD_LOCAL);
-            if !h.is_null() {
+            if let Some(h) = open(Path::new(name), libc::RTLD_LOCAL) {
                 found = Some((h, name.to_string()));
                 break;
             }
@@ -223,25 +213,16 @@ fn load() -> Result<Nccl> {
 /// `F` must be an `extern "C"` function pointer type matching the symbol.
 unsafe fn symbol<F: Copy>(h: *mut c_void, name: &str) -> Option<F> {
     const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<*mut c_void>()) };
-    let cs = CString::new(name).ok()?;
-    // SAFETY: h is a live library handle.
-    let p = unsafe { libc::dlsym(h, cs.as_ptr()) };
+    if name.contains('\0') {
+        return None;
+    }
+    // SAFETY: h is a live library handle; the name is NUL-terminated.
+    let p = unsafe { super::dynlib::symbol(h, &format!("{name}\0")) };
     if p.is_null() {
         return None;
     }
     // SAFETY: F is a function pointer of the symbol's signature (caller's contract).
     Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
-}
-
-fn dlerror() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated string.
-    let p = unsafe { libc::dlerror() };
-    if p.is_null() {
-        String::new()
-    } else {
-        // SAFETY: as above.
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-    }
 }
 
 impl Nccl {

@@ -11,6 +11,8 @@ pub mod optim;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+use crate::ops::Addr;
+
 /// Below this many elements a loop runs on the calling thread: handing it to the
 /// rayon pool wakes the pool's threads and waits for them, which costs more than
 /// the loop (tens of microseconds when they sleep; the torch ops on small CPU
@@ -46,6 +48,51 @@ pub(crate) fn for_chunks<T: Sync>(v: &[T], chunk: usize, f: impl Fn(usize, &[T])
             .enumerate()
             .for_each(|(i, c)| f(i, c));
     }
+}
+
+/// The `len` elements of `T` at the host address `addr`, read-only: the one way
+/// the CPU backend turns a plan's address into memory.
+///
+/// # Safety
+///
+/// When `len > 0` the caller guarantees, for the whole of the caller-chosen
+/// lifetime `'a` (keep it within the op call that validated the plan):
+/// - `addr` is `Some` and is a host address aligned for `T`;
+/// - the `len * size_of::<T>()` bytes from it lie in one live allocation and hold
+///   initialised values of `T` (what `ops` validates for an operand: dtype, shape,
+///   contiguity, device);
+/// - nothing writes to those bytes (no `host_slice_mut` over them, no other
+///   thread, no kernel).
+///
+/// When `len == 0` nothing is read and `addr` may be anything (an empty operand
+/// may have no memory).
+///
+/// Panics if `len > 0` and `addr` is `None` (a plan that says an absent operand
+/// holds elements: a bug in the caller, caught before any memory is touched).
+pub unsafe fn host_slice<'a, T>(addr: Option<Addr>, len: usize) -> &'a [T] {
+    if len == 0 {
+        return &[];
+    }
+    let a = addr.unwrap_or_else(|| panic!("host_slice: absent address for {len} elements"));
+    // SAFETY: the caller's contract above (non-null: an `Addr` is never 0).
+    unsafe { std::slice::from_raw_parts(a.as_usize() as *const T, len) }
+}
+
+/// The `len` elements of `T` at the host address `addr`, writable (an op output).
+///
+/// # Safety
+///
+/// As `host_slice`, and moreover no other reference (shared or mutable) to any of
+/// those bytes exists while the returned slice lives: `ops` validated that an
+/// output overlaps no input and no other output, and the caller takes at most one
+/// slice of each output at a time (disjoint pieces, e.g. one per thread, are fine).
+pub unsafe fn host_slice_mut<'a, T>(addr: Option<Addr>, len: usize) -> &'a mut [T] {
+    if len == 0 {
+        return &mut [];
+    }
+    let a = addr.unwrap_or_else(|| panic!("host_slice_mut: absent address for {len} elements"));
+    // SAFETY: the caller's contract above (non-null: an `Addr` is never 0).
+    unsafe { std::slice::from_raw_parts_mut(a.as_usize() as *mut T, len) }
 }
 
 /// A complex number with the same arithmetic as `kernels/common.cuh`.

@@ -1,8 +1,11 @@
 //! One module per op family: argument validation (shapes, dtypes, devices,
 //! aliasing), then dispatch to `cpu/` or `cuda/`.
 
+pub mod addr;
 pub mod elementwise;
 pub mod gaussian;
 pub mod geodesic;
 pub mod linalg;
 pub mod optim;
+
+pub use addr::Addr;

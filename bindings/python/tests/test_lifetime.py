@@ -142,13 +142,16 @@ def test_interpreter_exit_with_live_handles(tmp_path):
     assert "Exception ignored" not in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
-# --- the views that op calls make of numpy arrays (fusekit._core._temp_view) ----------
+# --- the views that op calls make of numpy arrays (fusekit._buffer._temp_view) ----------
 
 
 def _count_views(monkeypatch):
-    """Counts the borrowed views (fk_buffer_wrap calls) that Buffer._view makes."""
-    from fusekit import _core
+    """Counts the borrowed views (fk_buffer_wrap calls) that Buffer._view makes,
+    from an empty view table (a view that an earlier test left for memory that an
+    array here reuses would otherwise serve it, and no view would be made)."""
+    from fusekit import _buffer, _core
 
+    monkeypatch.setattr(_buffer, "_VIEWS", {})
     made = []
     real = _core.Buffer._view.__func__
 
@@ -161,7 +164,7 @@ def _count_views(monkeypatch):
 
 
 def test_op_call_views_are_shared_and_hold_no_array(monkeypatch):
-    from fusekit import _core
+    from fusekit import _buffer
 
     made = _count_views(monkeypatch)
     a = np.arange(1.0, 9.0)
@@ -175,7 +178,7 @@ def test_op_call_views_are_shared_and_hold_no_array(monkeypatch):
     fk.exp(a, out=o)
     np.testing.assert_array_equal(o, np.exp(a))
     assert len(made) == first  # the second call wrapped nothing
-    held = [b for b in _core._VIEWS.values() if b._shared]
+    held = [b for b in _buffer._VIEWS.values() if b._shared]
     assert held and all(b._owner is None and "borrowed" in repr(b) for b in held)
     del a
     gc.collect()
@@ -203,14 +206,14 @@ def test_op_call_views_keyed_by_everything_that_defines_them(monkeypatch):
 
 
 def test_op_call_views_bounded_and_reused_memory(monkeypatch):
-    from fusekit import _core
+    from fusekit import _buffer
 
-    monkeypatch.setattr(_core, "_VIEWS_MAX", 16)
-    arrays = [np.full(5, float(i)) for i in range(3 * _core._VIEWS_MAX)]
+    monkeypatch.setattr(_buffer, "_VIEWS_MAX", 16)
+    arrays = [np.full(5, float(i)) for i in range(3 * _buffer._VIEWS_MAX)]
     for i, x in enumerate(arrays):
         y = fk.add(x, x)
         np.testing.assert_array_equal(y, np.full(5, 2.0 * i))
-        assert len(_core._VIEWS) <= _core._VIEWS_MAX
+        assert len(_buffer._VIEWS) <= _buffer._VIEWS_MAX
     # memory freed and reused by new arrays with the same address and shape
     for i in range(50):
         x = np.full(7, float(i))
@@ -221,9 +224,9 @@ def test_op_call_views_bounded_and_reused_memory(monkeypatch):
 def test_op_call_views_under_threads(monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
-    from fusekit import _core
+    from fusekit import _buffer
 
-    monkeypatch.setattr(_core, "_VIEWS_MAX", 8)  # evictions while other calls run
+    monkeypatch.setattr(_buffer, "_VIEWS_MAX", 8)  # evictions while other calls run
 
     def work(k):
         rng = np.random.default_rng(k)
@@ -240,9 +243,9 @@ def test_op_call_views_under_threads(monkeypatch):
 def test_op_call_keeps_its_views_while_the_table_turns_over(monkeypatch):
     """A call with several outputs whose views leave the table before the C call
     (every insertion empties it here) still hands the library live handles."""
-    from fusekit import _core
+    from fusekit import _buffer
 
-    monkeypatch.setattr(_core, "_VIEWS_MAX", 1)
+    monkeypatch.setattr(_buffer, "_VIEWS_MAX", 1)
     rng = np.random.default_rng(3)
     v, g = rng.standard_normal((5, 6)), rng.standard_normal((5, 6))
     U, W = rng.standard_normal((6, 3)), rng.standard_normal((6, 3))
@@ -253,4 +256,4 @@ def test_op_call_keeps_its_views_while_the_table_turns_over(monkeypatch):
     np.testing.assert_allclose(dv, dp @ U.T, rtol=1e-12)
     np.testing.assert_allclose(dU, v.T @ dp, rtol=1e-12)
     np.testing.assert_allclose(dW, gp.T @ (p * p), rtol=1e-12)
-    assert len(_core._VIEWS) <= 1
+    assert len(_buffer._VIEWS) <= 1

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import fusekit
-from conftest import INSTALLED
+from conftest import INSTALLED, REPO_ROOT
 
 pytestmark = pytest.mark.skipif(not INSTALLED, reason="checks the installed wheel (FUSEKIT_TEST_INSTALLED=1)")
 
@@ -39,6 +39,13 @@ def elf_section_names(data: bytes) -> list[str]:
         name, _ = header(i)
         names.append(data[strtab + name: data.index(b"\0", strtab + name)].decode())
     return names
+
+
+def test_every_module_of_the_source_package_is_installed():
+    src = REPO_ROOT / "bindings" / "python" / "fusekit"
+    want = {p.relative_to(src).as_posix() for p in src.rglob("*.py") if "__pycache__" not in p.parts}
+    have = {p.relative_to(PKG).as_posix() for p in PKG.rglob("*.py")}
+    assert "_core.py" in want and not want - have, sorted(want - have)
 
 
 def test_library_has_no_debug_sections():

@@ -1,0 +1,226 @@
+"""One op call: :class:`Invocation` adapts the caller's arrays to buffers, allocates
+the output in the caller's kind of array (torch, Buffer or numpy), picks the stream
+and closes the temporary handles. An op function is then a few lines (see
+``fusekit/ops/elementwise.py``)."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ._buffer import Buffer, as_buffer
+from ._context import Context, _live_ctx
+from ._dtype import DType, _is_torch_tensor, _torch
+from ._lib import ERROR_INVALID_ARGUMENT, ERROR_SHAPE_MISMATCH, ERROR_UNSUPPORTED_DTYPE, raise_error
+from ._stream import Stream, _handle_of, resolve_stream
+
+
+KIND_NUMPY = "numpy"
+KIND_TORCH = "torch"
+KIND_BUFFER = "buffer"
+
+
+def array_kind(obj) -> str | None:
+    if isinstance(obj, Buffer):
+        return KIND_BUFFER
+    if isinstance(obj, np.ndarray):
+        return KIND_NUMPY
+    if _is_torch_tensor(obj):
+        return KIND_TORCH
+    if hasattr(obj, "__dlpack__"):
+        return KIND_BUFFER
+    return None
+
+
+class Invocation:
+    """One op call: adapts inputs, allocates or adapts the output, picks the stream,
+    and closes the temporary handles on exit.
+
+    ::
+
+        with Invocation("fusekit.add", stream) as inv:
+            A = inv.input(a, "a"); B = inv.input(b, "b")
+            O = inv.output(out, "out", inv.broadcast(A, B), A.dtype)
+            lib().fk_add(A.handle, B.handle, O.handle, inv.stream_handle)
+            return inv.result()
+
+    The result is the caller's kind of array: torch in -> torch out, else
+    Buffer in -> Buffer out, else numpy. With ``out=`` given, ``out`` itself is
+    returned.
+    """
+
+    def __init__(self, where: str, stream=None):
+        self.where = where
+        self._stream_arg = stream
+        self._stream: Stream | None = None
+        self._stream_resolved = False
+        self._temps: list[Buffer] = []
+        self._views: list[Buffer] = []  # shared views in use (kept, not closed: _temp_view)
+        self._kinds: list[str] = []
+        self._torch_ref = None  # first torch tensor seen (device and dtype for outputs)
+        self._buffers: dict[str, Buffer] = {}
+        self._torch_cuda: list = []
+        self.ctx: Context | None = None
+        self._result = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        temps, self._temps = self._temps, []
+        self._views = []
+        for b in temps:
+            b.close()
+
+    # -- streams
+    @property
+    def stream(self) -> Stream | None:
+        if not self._stream_resolved:
+            if self.ctx is None:
+                raise_error(ERROR_INVALID_ARGUMENT, self.where, "no array argument given")
+            self._stream = resolve_stream(self.ctx, self._stream_arg, self.where)
+            self._stream_resolved = True
+        return self._stream
+
+    @property
+    def stream_handle(self):
+        return _handle_of(self.stream)
+
+    # -- arguments
+    def input(self, obj, name: str) -> Buffer:
+        kind = array_kind(obj)
+        if kind is None and obj is not None and not isinstance(obj, (numbers.Number, np.generic)):
+            kind = KIND_NUMPY  # lists etc. go through numpy.asarray
+        if kind is not None:
+            self._kinds.append(kind)
+        if kind == KIND_TORCH and self._torch_ref is None:
+            self._torch_ref = obj
+        if kind == KIND_TORCH:
+            b = Buffer.from_torch(obj, name=name, where=self.where, _temp=True)
+        elif kind == KIND_NUMPY and isinstance(obj, np.ndarray):
+            b = Buffer.from_numpy(obj, name=name, where=self.where, _temp=True)
+        else:
+            stream = self._stream_arg
+            if kind == KIND_BUFFER and not isinstance(obj, Buffer) and self.ctx is not None and self.ctx.is_cuda:
+                stream = self.stream
+            b = as_buffer(obj, name=name, where=self.where, stream=stream)
+        if b._shared:
+            self._views.append(b)
+        elif b is not obj:
+            self._temps.append(b)
+        if kind == KIND_TORCH and obj.is_cuda:
+            self._torch_cuda.append(obj)
+        if self.ctx is None:
+            self.ctx = b.context
+        self._buffers[name] = b
+        return b
+
+    def broadcast(self, *bufs: Buffer, names: tuple[str, ...] | None = None) -> tuple[int, ...]:
+        """The NumPy broadcast shape of the buffers (ShapeMismatchError if none)."""
+        try:
+            return tuple(np.broadcast_shapes(*(b.shape for b in bufs)))
+        except ValueError:
+            if names is None:
+                names = tuple(n for b in bufs for n, bb in self._buffers.items() if bb is b)
+            desc = " and ".join(f"{n} has shape {tuple(b.shape)}" for n, b in zip(names, bufs))
+            raise_error(ERROR_SHAPE_MISMATCH, self.where, f"{desc}, which do not broadcast")
+
+    def result_kind(self) -> str:
+        if KIND_TORCH in self._kinds:
+            return KIND_TORCH
+        if KIND_BUFFER in self._kinds:
+            return KIND_BUFFER
+        return KIND_NUMPY
+
+    def output(self, out, name: str, shape, dtype: DType) -> Buffer:
+        """Adapts the caller's ``out`` (checked writable), or allocates one of
+        ``shape`` and ``dtype`` in the caller's kind of array on the inputs' device."""
+        where = self.where
+        if out is not None:
+            kind = array_kind(out)
+            if kind is None:
+                raise_error(
+                    ERROR_INVALID_ARGUMENT,
+                    where,
+                    f"{name} must be a numpy array, a torch tensor or a fusekit.Buffer, got {type(out).__name__}",
+                )
+            if kind == KIND_NUMPY and not out.flags.writeable:
+                raise_error(ERROR_INVALID_ARGUMENT, where, f"{name} is a read-only numpy array")
+            if kind == KIND_TORCH:
+                if out.requires_grad:
+                    raise_error(
+                        ERROR_INVALID_ARGUMENT,
+                        where,
+                        f"{name} requires grad; fusekit's functions do not record autograd "
+                        "(use the ops in fusekit.torch_ops, or pass out.detach())",
+                    )
+                if out.is_conj() or out.is_neg():
+                    raise_error(
+                        ERROR_INVALID_ARGUMENT,
+                        where,
+                        f"{name} is a lazily conjugated/negated view; call resolve_conj()/resolve_neg() first",
+                    )
+            if kind == KIND_BUFFER and isinstance(out, Buffer) and out.readonly:
+                raise_error(ERROR_INVALID_ARGUMENT, where, f"{name} is a read-only buffer")
+            b = self.input(out, name)
+            self._kinds.pop()  # out does not vote on the result kind
+            self._result = out
+            if kind == KIND_TORCH:
+                self._torch_out = out
+            self._out_buffer = b
+            return b
+        kind = self.result_kind()
+        if self.ctx is None:
+            raise_error(ERROR_INVALID_ARGUMENT, where, "no array argument given")
+        if kind == KIND_TORCH:
+            torch = _torch()
+            ref = self._torch_ref
+            t = torch.empty(tuple(shape), dtype=dtype.torch, device=ref.device)
+            b = Buffer.from_torch(t, name=name, where=where, _temp=True)
+            (self._views if b._shared else self._temps).append(b)
+            if t.is_cuda:
+                self._torch_cuda.append(t)
+            self._result = t
+        elif kind == KIND_BUFFER:
+            b = Buffer.empty(_live_ctx(self.ctx), shape, dtype, self.stream)
+            self._result = b
+        else:
+            nd = dtype.numpy
+            if nd is None:
+                raise_error(ERROR_UNSUPPORTED_DTYPE, where, f"numpy has no {dtype.name}")
+            arr = np.empty(tuple(shape), dtype=nd)
+            b = Buffer.from_numpy(arr, name=name, where=where, _temp=True)
+            (self._views if b._shared else self._temps).append(b)
+            self._result = arr
+        self._out_buffer = b
+        return b
+
+    def result(self):
+        """The output in the caller's kind; records stream use for torch CUDA tensors."""
+        out = self._result
+        if isinstance(out, Buffer):
+            out._last_stream = self.stream
+        t_out = getattr(self, "_torch_out", None)
+        torch = _torch()
+        if t_out is not None and torch is not None:
+            inc = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
+            if inc is not None:
+                inc(t_out)
+        arg = self._stream_arg
+        if self._torch_cuda and torch is not None and isinstance(arg, torch.cuda.Stream):
+            dev = self._torch_cuda[0].device
+            if arg.cuda_stream != torch.cuda.current_stream(dev).cuda_stream:
+                # Ran on a torch stream other than the current one: tell torch's
+                # caching allocator, so it does not reuse the memory too early.
+                # (Not done for fusekit-owned streams or raw handles: the allocator
+                # records an event on the stream when the tensor is freed, and such
+                # a stream may be destroyed by then. With those, keep the tensors
+                # alive until the stream has finished, as for any stream torch
+                # does not manage.)
+                for t in self._torch_cuda:
+                    t.record_stream(arg)
+        return out

@@ -47,7 +47,10 @@ class Invocation:
 
     The result is the caller's kind of array: torch in -> torch out, else
     Buffer in -> Buffer out, else numpy. With ``out=`` given, ``out`` itself is
-    returned.
+    returned. :meth:`result` hands back the last output; an op with several
+    outputs reads each one's array from :attr:`output_array` after its
+    :meth:`output` call, and an op writing an input in place names it with
+    :meth:`set_result`.
     """
 
     def __init__(self, where: str, stream=None):
@@ -198,6 +201,19 @@ class Invocation:
             self._result = arr
         self._out_buffer = b
         return b
+
+    @property
+    def output_array(self):
+        """The output that :meth:`output` adapted or allocated last, in the caller's
+        kind (``out`` itself when given); what :meth:`result` returns unless
+        :meth:`set_result` names another."""
+        return self._result
+
+    def set_result(self, obj) -> None:
+        """Makes ``obj`` what :meth:`result` returns: an output that :meth:`output`
+        does not make, such as an input written in place (a collective with
+        ``recv is send``)."""
+        self._result = obj
 
     def result(self):
         """The output in the caller's kind; records stream use for torch CUDA tensors."""

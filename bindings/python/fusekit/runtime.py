@@ -591,7 +591,7 @@ def _collective(where, comm, send, recv, out_shape, stream, call):
         S = inv.input(send, "send") if send is not None else None
         if recv is not None and recv is send:
             R = S  # in place: one handle for both
-            inv._result = recv
+            inv.set_result(recv)
         else:
             if recv is None and S is None:
                 raise_error(ERROR_INVALID_ARGUMENT, where, "recv is required when send is None")

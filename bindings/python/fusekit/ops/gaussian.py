@@ -54,7 +54,7 @@ def _outputs(inv: Invocation, dtype, specs, needs, out):
             continue
         b = inv.output(o, name, shape, dtype)
         handles.append(b.handle)
-        arrays.append(inv._result)
+        arrays.append(inv.output_array)
     return handles, arrays
 
 

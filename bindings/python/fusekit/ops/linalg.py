@@ -77,11 +77,6 @@ def _gemm_shape(sa, sb, oa, ob):
     return (m, n) if len(sa) < 3 and len(sb) < 3 else (max(ba, bb), m, n)
 
 
-def _take(inv):
-    """The caller-kind result of the output just adapted or allocated."""
-    return inv._result
-
-
 def gemm(a, b, *, op_a="N", op_b="N", alpha=1.0, beta=0.0, c=None, allow_tf32=False, stream=None):
     """``c = alpha op(a) op(b) + beta c``. Without ``c`` a new ``[m, n]`` (or
     ``[batch, m, n]``) result is allocated and ``beta`` must be 0."""
@@ -158,11 +153,11 @@ def linear_forward(x, w, b=None, *, act="relu", y=None, aux=None, want_aux=False
         Bb = inv.input(b, "b") if b is not None else None
         yshape = tuple(X.shape[:-1]) + (W.shape[0] if len(W.shape) == 2 else 0,)
         Y = inv.output(y, "y", yshape, X.dtype)
-        y_res = _take(inv)
+        y_res = inv.output_array
         A = None
         if aux is not None or want_aux:
             A = inv.output(aux, "aux", yshape, X.dtype)
-        a_res = _take(inv) if A is not None else None
+        a_res = inv.output_array if A is not None else None
         lib().fk_linear_forward(X.handle, W.handle, Bb.handle if Bb else None, a, Y.handle,
                                 A.handle if A else None, inv.stream_handle)
         inv.result()
@@ -195,7 +190,7 @@ def linear_backward(dy, x, w, *, act="relu", saved=None, dx=True, dw=True, db=Tr
                 outs.append((None, None))
                 continue
             O = inv.output(None if arg is True else arg, name, shape, DY.dtype)
-            outs.append((O, _take(inv)))
+            outs.append((O, inv.output_array))
         h = [o.handle if o is not None else None for o, _ in outs]
         lib().fk_linear_backward(DY.handle, X.handle, W.handle, _act(act), S.handle if S else None,
                                  h[0], h[1], h[2], inv.stream_handle)

@@ -2,6 +2,7 @@
 //! aliasing), then dispatch to `cpu/` or `cuda/`.
 
 pub mod addr;
+pub mod check;
 pub mod elementwise;
 pub mod gaussian;
 pub mod geodesic;

@@ -35,7 +35,7 @@
  * ABI version of this header: `major * 1000 + minor`. A library accepts callers
  * with the same major version and a minor version no newer than its own.
  */
-#define FK_ABI_VERSION 1001
+#define FK_ABI_VERSION 1002
 
 /**
  * Default `eps` added to the diagonal of every Cholesky factor (the source model's value).
@@ -1473,6 +1473,7 @@ fk_status fk_matrix_power(const fk_buffer *a,
  * - `alpha`, `beta`: finite.
  * - CUDA: cuBLAS SYRK per matrix (a strided batched GEMM when batch > 1), then the
  *   lower triangle is mirrored from the upper.
+ * - The same as `fk_shampoo_stats_ex` with `flags = 0`.
  *
  * Statuses: the common ones; `FK_ERROR_NULL_POINTER` (grad NULL, or l and r both
  * NULL), `FK_ERROR_ALIASING` (l or r overlaps grad, or each other).
@@ -1484,6 +1485,27 @@ fk_status fk_shampoo_stats(const fk_buffer *grad,
                            fk_buffer *l,
                            fk_buffer *r,
                            const fk_stream *stream);
+
+/**
+ * Shampoo statistics with flags (ABI 1.2): `fk_shampoo_stats` plus
+ *
+ * - `flags`: 0 or `FK_GEMM_ALLOW_TF32`. With TF32 (f32 on CUDA) the products run on
+ *   tensor cores as a GEMM (SYRK has no TF32 mode): each element of `grad` is
+ *   rounded to TF32 once and the products are summed in f32, so the update is the
+ *   statistic of the rounded gradient (symmetric positive semidefinite up to f32
+ *   summation), about 1e-3 relative error per element against the f32 one.
+ *
+ * Statuses: those of `fk_shampoo_stats`; `FK_ERROR_INVALID_ARGUMENT` for unknown
+ * flag bits.
+ * - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
+ */
+fk_status fk_shampoo_stats_ex(const fk_buffer *grad,
+                              double alpha,
+                              double beta,
+                              fk_buffer *l,
+                              fk_buffer *r,
+                              uint32_t flags,
+                              const fk_stream *stream);
 
 /**
  * Shampoo preconditioning: `out = L_root grad R_root`.

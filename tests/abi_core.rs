@@ -35,7 +35,7 @@ fn copy_message(cap: usize) -> (fk_status, Vec<u8>, usize) {
 #[test]
 fn versions() {
     assert_eq!(fk_abi_version(), FK_ABI_VERSION);
-    assert_eq!(FK_ABI_VERSION, 1001);
+    assert_eq!(FK_ABI_VERSION, 1002);
     let v = cstr(fk_version_string());
     assert_eq!(v, format!("fusekit {}", env!("CARGO_PKG_VERSION")));
     // Static: the same pointer every time.
@@ -44,13 +44,13 @@ fn versions() {
 
 #[test]
 fn abi_mismatch_is_refused() {
-    for bad in [0u32, 999, 1002, 1999, 2000, u32::MAX] {
+    for bad in [0u32, 999, 1003, 1999, 2000, u32::MAX] {
         let mut c = null_mut();
         let s = unsafe { fk_context_create(bad, FK_DEVICE_CPU, 0, &mut c) };
         expect_status(
             s,
             FK_ERROR_ABI_MISMATCH,
-            &["fk_context_create", &format!("ABI version {bad}"), "1001"],
+            &["fk_context_create", &format!("ABI version {bad}"), "1002"],
         );
         assert!(c.is_null());
     }

@@ -412,7 +412,12 @@ fn shampoo_stats_accumulate_and_decay() {
                 vec![batch as i64]
             };
             let sh = |a: usize, b: usize| [lead.clone(), vec![a as i64, b as i64]].concat();
-            for &(alpha, beta) in &[(1.0, 1.0), (0.1, 0.9), (2.0, 0.0)] {
+            // fk_shampoo_stats, then fk_shampoo_stats_ex without and with TF32 (which
+            // the CPU ignores): the same strict results
+            for (&(alpha, beta), flags) in [(1.0, 1.0), (0.1, 0.9), (2.0, 0.0)]
+                .iter()
+                .flat_map(|ab| [(ab, None), (ab, Some(0)), (ab, Some(FK_GEMM_ALLOW_TF32))])
+            {
                 let gb = Buf::from_vals(&ctx, dt, &sh(m, n), &reals(&g));
                 let lb = Buf::from_vals(&ctx, dt, &sh(m, m), &reals(&l0));
                 let rb = Buf::from_vals(&ctx, dt, &sh(n, n), &reals(&r0));
@@ -420,7 +425,20 @@ fn shampoo_stats_accumulate_and_decay() {
                     lb.write(&vec![re(f64::NAN); l0.len()]);
                     rb.write(&vec![re(f64::NAN); r0.len()]);
                 }
-                ok(unsafe { fk_shampoo_stats(gb.raw(), alpha, beta, lb.raw(), rb.raw(), null()) });
+                ok(unsafe {
+                    match flags {
+                        None => fk_shampoo_stats(gb.raw(), alpha, beta, lb.raw(), rb.raw(), null()),
+                        Some(f) => fk_shampoo_stats_ex(
+                            gb.raw(),
+                            alpha,
+                            beta,
+                            lb.raw(),
+                            rb.raw(),
+                            f,
+                            null(),
+                        ),
+                    }
+                });
                 let (lo, ro) = (re_of(&lb.read()), re_of(&rb.read()));
                 let mut wl = Vec::new();
                 let mut wr = Vec::new();
@@ -438,7 +456,7 @@ fn shampoo_stats_accumulate_and_decay() {
                     wr.extend(r);
                 }
                 let what = format!(
-                    "stats {} {batch}x{m}x{n} alpha={alpha} beta={beta}",
+                    "stats {} {batch}x{m}x{n} alpha={alpha} beta={beta} flags={flags:?}",
                     dname(dt)
                 );
                 close(&lo, &wl, tol_of(dt), &format!("{what} L"));
@@ -827,6 +845,16 @@ fn shampoo_and_per_sample_bad_inputs() {
         st(g.raw(), 1.0, f64::INFINITY, l.raw(), r.raw()),
         FK_ERROR_INVALID_ARGUMENT,
         &["beta"],
+    );
+    expect_status(
+        unsafe { fk_shampoo_stats_ex(g.raw(), 1.0, 1.0, l.raw(), r.raw(), 6, null()) },
+        FK_ERROR_INVALID_ARGUMENT,
+        &["fk_shampoo_stats_ex", "flags = 0x6", "unknown bits"],
+    );
+    expect_status(
+        unsafe { fk_shampoo_stats_ex(null_buf(), 1.0, 1.0, l.raw(), r.raw(), 0, null()) },
+        FK_ERROR_NULL_POINTER,
+        &["fk_shampoo_stats_ex", "grad"],
     );
     expect_status(
         st(g.raw(), 1.0, 1.0, r.raw(), null_buf()),

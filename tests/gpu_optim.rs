@@ -334,6 +334,75 @@ fn shampoo_stats_and_precondition_match_the_cpu() {
     }
 }
 
+/// `fk_shampoo_stats_ex` with `FK_GEMM_ALLOW_TF32` on f32: the GEMM on tensor cores.
+/// Close to the f64 statistic (TF32 rounds each gradient element once, ~1e-3
+/// relative), exactly symmetric, and different from the strict result (so the flag
+/// reaches cuBLAS).
+#[test]
+fn shampoo_stats_tf32_is_close_and_symmetric() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(26);
+    for &(batch, m, n) in &[(1usize, 37usize, 19usize), (1, 300, 129), (3, 64, 33)] {
+        let lead: Vec<i64> = if batch == 1 {
+            vec![]
+        } else {
+            vec![batch as i64]
+        };
+        let sh = |a: usize, b: usize| [lead.clone(), vec![a as i64, b as i64]].concat();
+        let gr: Vec<f64> = (0..batch * m * n).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let l0: Vec<f64> = (0..batch).flat_map(|_| spd(&mut rng, m)).collect();
+        let r0: Vec<f64> = (0..batch).flat_map(|_| spd(&mut rng, n)).collect();
+        let (alpha, beta) = (0.25, 0.75);
+        let run = |flags: u32| {
+            let gb = Buf::from_vals(&g, FK_DTYPE_F32, &sh(m, n), &reals(&gr));
+            let lb = Buf::from_vals(&g, FK_DTYPE_F32, &sh(m, m), &reals(&l0));
+            let rb = Buf::from_vals(&g, FK_DTYPE_F32, &sh(n, n), &reals(&r0));
+            ok(unsafe {
+                fk_shampoo_stats_ex(gb.raw(), alpha, beta, lb.raw(), rb.raw(), flags, null())
+            });
+            (re_of(&lb.read()), re_of(&rb.read()))
+        };
+        let (lt, rt) = run(FK_GEMM_ALLOW_TF32);
+        let (ls, rs) = run(0);
+        let what = format!("TF32 stats {batch}x{m}x{n}");
+        for (got, strict, k, trans) in [(&lt, &ls, m, false), (&rt, &rs, n, true)] {
+            // f64 reference and the size of the product term, per matrix
+            let (mut err, mut size, mut diff) = (0.0f64, 0.0f64, 0.0f64);
+            for b in 0..batch {
+                let x = &gr[b * m * n..(b + 1) * m * n];
+                for i in 0..k {
+                    for j in 0..k {
+                        let dot: f64 = if trans {
+                            (0..m).map(|t| x[t * n + i] * x[t * n + j]).sum()
+                        } else {
+                            (0..n).map(|t| x[i * n + t] * x[j * n + t]).sum()
+                        };
+                        let c0 = if trans { &r0 } else { &l0 }[b * k * k + i * k + j];
+                        let want = beta * c0 + alpha * dot;
+                        let idx = b * k * k + i * k + j;
+                        err = err.max((got[idx] - want).abs());
+                        size = size.max((alpha * dot).abs());
+                        diff = diff.max((got[idx] - strict[idx]).abs());
+                        assert_eq!(
+                            got[idx],
+                            got[b * k * k + j * k + i],
+                            "{what}: exactly symmetric"
+                        );
+                    }
+                }
+            }
+            assert!(
+                err <= 4e-3 * size,
+                "{what}: max error {err:e} vs product size {size:e}"
+            );
+            assert!(
+                diff > 1e-7 * size,
+                "{what}: TF32 equals the strict result ({diff:e}): the flag did not reach cuBLAS"
+            );
+        }
+    }
+}
+
 #[test]
 fn per_sample_paths_match_the_cpu() {
     let Some(g) = gpu() else { return };

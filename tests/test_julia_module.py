@@ -503,7 +503,7 @@ def test_header_parses(header_text):
     assert h.functions["fk_context_create"].params[3] == CType("fk_context", 2)
     assert {"fk_context", "fk_stream", "fk_buffer"} <= h.opaque
     assert [(str(t), n) for t, n in h.structs["fk_scalar"]] == [("double", "re"), ("double", "im")]
-    assert h.defines["FK_ABI_VERSION"] == 1001 and h.defines["FK_ERROR_NOT_CONVERGED"] == 18
+    assert h.defines["FK_ABI_VERSION"] == 1002 and h.defines["FK_ERROR_NOT_CONVERGED"] == 18
 
 
 def test_julia_module_has_ccalls(julia_text):

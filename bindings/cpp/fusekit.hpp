@@ -927,10 +927,11 @@ inline fk_matpow_report matrix_power(const Buffer& a, double power, double eps, 
 }
 
 /// Shampoo statistics in place: l = beta l + alpha grad grad^T, r = beta r + alpha
-/// grad^T grad; each of l, r optional (nullptr), not both.
+/// grad^T grad; each of l, r optional (nullptr), not both. `flags`: 0 or
+/// FK_GEMM_ALLOW_TF32 (f32 on CUDA: the statistics of the TF32-rounded gradient).
 inline void shampoo_stats(const Buffer& grad, double alpha, double beta, Buffer* l, Buffer* r,
-                          StreamRef stream = {}) {
-    check(fk_shampoo_stats(grad.get(), alpha, beta, detail::opt(l), detail::opt(r), stream.get()));
+                          std::uint32_t flags = 0, StreamRef stream = {}) {
+    check(fk_shampoo_stats_ex(grad.get(), alpha, beta, detail::opt(l), detail::opt(r), flags, stream.get()));
 }
 
 /// out = l_root grad r_root; each root optional (nullptr = the identity).

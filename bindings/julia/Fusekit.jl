@@ -64,7 +64,7 @@ is_available() = Libdl.dlopen(libfusekit; throw_error = false) !== nothing
 
 # ------------------------------------------------------------------ constants (fusekit.h)
 
-const FK_ABI_VERSION = 1001
+const FK_ABI_VERSION = 1002
 const FK_MAX_DIMS = 8
 
 const FK_DEVICE_AUTO = 0
@@ -393,6 +393,10 @@ fk_shampoo_stats(grad, alpha, beta, l, r, stream) =
     ccall((:fk_shampoo_stats, libfusekit), Int32,
           (Ptr{fk_buffer}, Cdouble, Cdouble, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
           grad, alpha, beta, l, r, stream)
+fk_shampoo_stats_ex(grad, alpha, beta, l, r, flags, stream) =
+    ccall((:fk_shampoo_stats_ex, libfusekit), Int32,
+          (Ptr{fk_buffer}, Cdouble, Cdouble, Ptr{fk_buffer}, Ptr{fk_buffer}, UInt32, Ptr{fk_stream}),
+          grad, alpha, beta, l, r, flags, stream)
 fk_shampoo_precondition(l_root, grad, r_root, out, flags, stream) =
     ccall((:fk_shampoo_precondition, libfusekit), Int32,
           (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, UInt32, Ptr{fk_stream}),
@@ -924,15 +928,15 @@ function matrix_power!(out::Buffer, a::Buffer, power::Real; eps::Real = 0, metho
 end
 
 """
-    shampoo_stats!(grad; l = nothing, r = nothing, alpha = 1, beta = 1, stream = nothing) -> (l, r)
+    shampoo_stats!(grad; l = nothing, r = nothing, alpha = 1, beta = 1, flags = 0, stream = nothing) -> (l, r)
 
 In place: `l = beta l + alpha grad grad^T` `[(batch,) m, m]` and
 `r = beta r + alpha grad^T grad` `[(batch,) n, n]` for `grad` `[(batch,) m, n]`
-(C shapes); each of `l`, `r` optional, not both.
+(C shapes); each of `l`, `r` optional, not both. `flags`: 0 or FK_GEMM_ALLOW_TF32.
 """
 function shampoo_stats!(grad::Buffer; l::Union{Buffer,Nothing} = nothing, r::Union{Buffer,Nothing} = nothing,
-                        alpha::Real = 1, beta::Real = 1, stream::Union{Stream,Nothing} = nothing)
-    check(fk_shampoo_stats(grad, Float64(alpha), Float64(beta), _bptr(l), _bptr(r), _sptr(stream)))
+                        alpha::Real = 1, beta::Real = 1, flags::Integer = 0, stream::Union{Stream,Nothing} = nothing)
+    check(fk_shampoo_stats_ex(grad, Float64(alpha), Float64(beta), _bptr(l), _bptr(r), UInt32(flags), _sptr(stream)))
     return (l, r)
 end
 

@@ -564,8 +564,8 @@ fn optim(b: &mut Bytes, m: &mut Maker) {
             let (l, r) = (opt(b, m, &sh(mm, mm)), opt(b, m, &sh(n, n)));
             let (alpha, beta) = (b.f64(), b.f64());
             check(
-                unsafe { fk_shampoo_stats(g, alpha, beta, l, r, stream) },
-                "fk_shampoo_stats",
+                unsafe { fk_shampoo_stats_ex(g, alpha, beta, l, r, flags, stream) },
+                "fk_shampoo_stats_ex",
             );
         }
         1 => {

@@ -18,7 +18,7 @@ use crate::stream::Stream;
 
 /// ABI version of this header: `major * 1000 + minor`. A library accepts callers
 /// with the same major version and a minor version no newer than its own.
-pub const FK_ABI_VERSION: u32 = 1001;
+pub const FK_ABI_VERSION: u32 = 1002;
 
 /// Returns the ABI version the library was built with (compare with `FK_ABI_VERSION`).
 #[unsafe(no_mangle)]

@@ -155,6 +155,7 @@ pub unsafe extern "C" fn fk_matrix_power(
 /// - `alpha`, `beta`: finite.
 /// - CUDA: cuBLAS SYRK per matrix (a strided batched GEMM when batch > 1), then the
 ///   lower triangle is mirrored from the upper.
+/// - The same as `fk_shampoo_stats_ex` with `flags = 0`.
 ///
 /// Statuses: the common ones; `FK_ERROR_NULL_POINTER` (grad NULL, or l and r both
 /// NULL), `FK_ERROR_ALIASING` (l or r overlaps grad, or each other).
@@ -169,11 +170,53 @@ pub unsafe extern "C" fn fk_shampoo_stats(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_shampoo_stats", || unsafe {
+        stats(grad, alpha, beta, l, r, 0, stream)
+    })
+}
+
+/// Shampoo statistics with flags (ABI 1.2): `fk_shampoo_stats` plus
+///
+/// - `flags`: 0 or `FK_GEMM_ALLOW_TF32`. With TF32 (f32 on CUDA) the products run on
+///   tensor cores as a GEMM (SYRK has no TF32 mode): each element of `grad` is
+///   rounded to TF32 once and the products are summed in f32, so the update is the
+///   statistic of the rounded gradient (symmetric positive semidefinite up to f32
+///   summation), about 1e-3 relative error per element against the f32 one.
+///
+/// Statuses: those of `fk_shampoo_stats`; `FK_ERROR_INVALID_ARGUMENT` for unknown
+/// flag bits.
+/// - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fk_shampoo_stats_ex(
+    grad: *const fk_buffer,
+    alpha: f64,
+    beta: f64,
+    l: *mut fk_buffer,
+    r: *mut fk_buffer,
+    flags: u32,
+    stream: *const fk_stream,
+) -> fk_status {
+    guard("fk_shampoo_stats_ex", || unsafe {
+        stats(grad, alpha, beta, l, r, flags, stream)
+    })
+}
+
+/// The body of `fk_shampoo_stats` and `fk_shampoo_stats_ex`.
+unsafe fn stats(
+    grad: *const fk_buffer,
+    alpha: f64,
+    beta: f64,
+    l: *mut fk_buffer,
+    r: *mut fk_buffer,
+    flags: u32,
+    stream: *const fk_stream,
+) -> crate::error::Result<()> {
+    // SAFETY: the caller's handles, checked by the helpers.
+    unsafe {
         let g = buffer_ref(grad, "grad")?;
         let (lb, rb) = (opt_buffer(l, "l")?, opt_buffer(r, "r")?);
         let s = stream_or_default(stream, &g.ctx)?;
-        op::shampoo_stats(g, alpha, beta, lb, rb, &s)
-    })
+        op::shampoo_stats(g, alpha, beta, lb, rb, flags, &s)
+    }
 }
 
 /// Shampoo preconditioning: `out = L_root grad R_root`.

@@ -432,11 +432,16 @@ fn rank_k(
     c: usize,
     alpha: f64,
     beta: f64,
+    tf32: bool,
     stream: usize,
 ) -> Result<()> {
     let k = if op == Trans::N { rows } else { cols };
     let inner = if op == Trans::N { cols } else { rows };
-    if batch > 1 {
+    // SYRK has no TF32 mode: with TF32 the product is a GEMM on tensor cores (twice
+    // SYRK's FLOPs at several times its rate); both operands are the same rounded
+    // `X`, so the upper triangle is the statistic of the rounded gradient.
+    let tf32 = tf32 && dtype == DType::F32;
+    if batch > 1 || tf32 {
         let xm = dense(x, rows, cols, rows * cols);
         let other = if op == Trans::N { Trans::T } else { Trans::N };
         cublas::gemm_ex(
@@ -451,7 +456,7 @@ fn rank_k(
                 alpha,
                 beta,
                 batch,
-                false,
+                tf32,
             ),
         )?;
         return mirror(dev, dtype, c, k, batch, stream);
@@ -532,6 +537,7 @@ pub fn shampoo_stats(dev: &CudaDevice, p: &StatsPlan, stream: &Stream) -> Result
             l,
             p.alpha,
             p.beta,
+            p.allow_tf32,
             stream.raw,
         )?;
     }
@@ -548,6 +554,7 @@ pub fn shampoo_stats(dev: &CudaDevice, p: &StatsPlan, stream: &Stream) -> Result
             r,
             p.alpha,
             p.beta,
+            p.allow_tf32,
             stream.raw,
         )?;
     }

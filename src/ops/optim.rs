@@ -536,6 +536,8 @@ pub struct StatsPlan {
     pub r: Option<usize>,
     pub alpha: f64,
     pub beta: f64,
+    /// TF32 products (f32 on CUDA; the CPU computes strictly).
+    pub allow_tf32: bool,
 }
 
 /// Validates and runs `shampoo_stats`.
@@ -545,6 +547,7 @@ pub fn shampoo_stats(
     beta: f64,
     l: Option<&Buffer>,
     r: Option<&Buffer>,
+    flags: u32,
     stream: &Stream,
 ) -> Result<()> {
     let device = grad.device();
@@ -559,6 +562,7 @@ pub fn shampoo_stats(
         crate::error::FK_ERROR_NULL_POINTER,
         "l and r are both NULL; pass at least one statistic to update"
     );
+    let allow_tf32 = gemm_flags(flags)?;
     real_dtype(grad, "grad")?;
     let (batch, m, n) = mat3(grad, "grad")?;
     contiguous(grad, "grad")?;
@@ -602,6 +606,7 @@ pub fn shampoo_stats(
         r: r.map(|b| b.data),
         alpha,
         beta,
+        allow_tf32,
     };
     if batch == 0 {
         return Ok(());

@@ -54,7 +54,7 @@ __all__ = [
 # ---------------------------------------------------------------------------
 
 #: ``FK_ABI_VERSION`` of the header these bindings were written against.
-ABI_VERSION = 1001
+ABI_VERSION = 1002
 #: ``FK_MAX_DIMS``.
 MAX_DIMS = 8
 #: ``FK_GEO_ALLOW_TF32``: geodesic ops may use TF32 tensor cores for f32 on CUDA.
@@ -524,6 +524,7 @@ PROTOTYPES: dict[str, tuple] = {
          stream_p],
     ),
     "fk_shampoo_stats": (fk_status, [buffer_p, c_double, c_double, buffer_p, buffer_p, stream_p]),
+    "fk_shampoo_stats_ex": (fk_status, [buffer_p, c_double, c_double, buffer_p, buffer_p, c_uint32, stream_p]),
     "fk_shampoo_precondition": (fk_status, [buffer_p, buffer_p, buffer_p, buffer_p, c_uint32, stream_p]),
     "fk_per_sample_grads": (fk_status, [buffer_p, buffer_p, buffer_p, c_uint32, stream_p]),
     "fk_per_sample_grad_norms": (fk_status, [buffer_p, buffer_p, buffer_p, stream_p]),

@@ -295,6 +295,11 @@ def test_shampoo_stats(rng, dtype, batch, m, n):
     l = l0.astype(dtype)
     assert fusekit.shampoo_stats(g.astype(dtype), l)[0] is l
     _close(l, l0 + g @ gt, dtype, what="L only")
+    # allow_tf32 (fk_shampoo_stats_ex): the CPU computes strictly, bit for bit the same
+    l1, l2 = l0.astype(dtype), l0.astype(dtype)
+    fusekit.shampoo_stats(g.astype(dtype), l1, alpha=0.5, beta=0.5)
+    fusekit.shampoo_stats(g.astype(dtype), l2, alpha=0.5, beta=0.5, allow_tf32=True)
+    np.testing.assert_array_equal(l1, l2)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -586,6 +591,12 @@ def test_cuda_shampoo(dtype):
     _close(L.cpu().numpy(), 0.9 * l0 + 0.1 * g @ gt, np.dtype(dtype))
     _close(R.cpu().numpy(), 0.9 * r0 + 0.1 * gt @ g, np.dtype(dtype))
     assert torch.equal(L, L.transpose(-1, -2)) and torch.equal(R, R.transpose(-1, -2))
+    # TF32 statistics (float32 only on the tensor cores): ~1e-3 of the product, symmetric
+    L2, R2 = _cuda(l0, dtype), _cuda(r0, dtype)
+    fusekit.shampoo_stats(G[0], L2[0], R2[0], 0.1, 0.9, allow_tf32=True)
+    want = 0.9 * l0[0] + 0.1 * g[0] @ gt[0]
+    assert np.abs(L2[0].cpu().numpy() - want).max() <= 4e-3 * np.abs(0.1 * g[0] @ gt[0]).max()
+    assert torch.equal(L2[0], L2[0].T) and torch.equal(R2[0], R2[0].T)
     out = fusekit.shampoo_precondition(G, L[0], R)  # l_root shared (batch 1), r_root batched
     assert out.is_cuda
     _close(out.cpu().numpy(), L[0].double().cpu().numpy() @ g @ R.double().cpu().numpy(), np.dtype(dtype))

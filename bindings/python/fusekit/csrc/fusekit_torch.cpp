@@ -62,7 +62,7 @@ namespace {
     X(fk_gaussian_field_forward) X(fk_gaussian_field_backward) X(fk_mahalanobis_forward) \
     X(fk_mahalanobis_backward) X(fk_gaussian_backward_workspace_size)                     \
     X(fk_christoffel_forward) X(fk_christoffel_backward) X(fk_leapfrog_forward)          \
-    X(fk_leapfrog_backward) X(fk_gemm) X(fk_kron) X(fk_matrix_power) X(fk_shampoo_stats)  \
+    X(fk_leapfrog_backward) X(fk_gemm) X(fk_kron) X(fk_matrix_power) X(fk_shampoo_stats) X(fk_shampoo_stats_ex)  \
     X(fk_shampoo_precondition) X(fk_per_sample_grads) X(fk_per_sample_grad_norms)         \
     X(fk_dp_clipped_grad_sum)
 
@@ -479,10 +479,11 @@ void matrix_power_out(Tensor a, double power, double eps, int64_t method, int64_
     check(s, k.where);
 }
 
-void shampoo_stats_(Tensor grad, OptTensor l, OptTensor r, double alpha, double beta) {
+void shampoo_stats_(Tensor grad, OptTensor l, OptTensor r, double alpha, double beta, int64_t flags) {
     Call k("fusekit.shampoo_stats", grad);
     Buf G = k.in(grad, "grad"), L = k.in(l, "l"), R = k.in(r, "r");
-    check(api().fk_shampoo_stats(G.get(), alpha, beta, L.get(), R.get(), k.stream), k.where);
+    check(api().fk_shampoo_stats_ex(G.get(), alpha, beta, L.get(), R.get(), static_cast<uint32_t>(flags), k.stream),
+          k.where);
 }
 
 void shampoo_precondition_out(Tensor grad, OptTensor l_root, OptTensor r_root, int64_t flags, Tensor out) {
@@ -827,7 +828,7 @@ STABLE_TORCH_LIBRARY(fusekit, m) {
     m.def("kron_out(Tensor a, Tensor b, Tensor(a!) out) -> ()");
     m.def("matrix_power_out(Tensor a, float power, float eps, int method, int max_iter, float tol, int flags, "
           "Tensor(a!) out, Tensor(b!) report) -> ()");
-    m.def("shampoo_stats_(Tensor grad, Tensor(a!)? l, Tensor(b!)? r, float alpha, float beta) -> ()");
+    m.def("shampoo_stats_(Tensor grad, Tensor(a!)? l, Tensor(b!)? r, float alpha, float beta, int flags) -> ()");
     m.def("shampoo_precondition_out(Tensor grad, Tensor? l_root, Tensor? r_root, int flags, Tensor(a!) out) -> ()");
     m.def("per_sample_grads_out(Tensor a, Tensor g, int flags, Tensor(a!) out) -> ()");
     m.def("per_sample_grad_norms_out(Tensor a, Tensor g, Tensor(a!) out) -> ()");

@@ -230,7 +230,7 @@ def _report_from(rep: fk_matpow_report, t) -> None:
     rep.residual, rep.min_eigenvalue = v[3], v[4]
 
 
-def shampoo_stats(grad, l=None, r=None, alpha=1.0, beta=1.0, *, stream=None):  # noqa: E741
+def shampoo_stats(grad, l=None, r=None, alpha=1.0, beta=1.0, *, allow_tf32=False, stream=None):  # noqa: E741
     """Shampoo statistics, in place: ``l = beta l + alpha grad grad^T`` and
     ``r = beta r + alpha grad^T grad`` (``alpha = beta = 1`` accumulates;
     ``beta = decay, alpha = 1 - decay`` is the exponential moving average).
@@ -238,18 +238,22 @@ def shampoo_stats(grad, l=None, r=None, alpha=1.0, beta=1.0, *, stream=None):  #
     ``grad`` ``[m, n]`` or ``[batch, m, n]``; ``l`` ``[(batch,) m, m]`` and ``r``
     ``[(batch,) n, n]``, each optional (None = not updated) but not both. Only
     their upper triangle is read (nothing with ``beta = 0``); both triangles are
-    written, exactly symmetric. Returns ``(l, r)`` (None where not given)."""
+    written, exactly symmetric. Returns ``(l, r)`` (None where not given).
+
+    ``allow_tf32``: float32 on CUDA, the products on TF32 tensor cores (each
+    element of ``grad`` rounded to TF32 once, sums in float32: the statistics of
+    the rounded gradient, about 1e-3 relative error per element)."""
     where = "fusekit.shampoo_stats"
     sa, sb = _real(alpha, where, "alpha"), _real(beta, where, "beta")
     if stream is None and _tx.plain(grad, l, r):
-        _tx.run(where, _tx.ops().shampoo_stats_, (_tx.d(grad), l, r, sa, sb), (l, r))
+        _tx.run(where, _tx.ops().shampoo_stats_, (_tx.d(grad), l, r, sa, sb, _flags(allow_tf32)), (l, r))
         return l, r
     with Invocation(where, stream) as inv:
         G = inv.input(grad, "grad")
         L = inv.output(l, "l", None, G.dtype) if l is not None else None
         R = inv.output(r, "r", None, G.dtype) if r is not None else None
-        lib().fk_shampoo_stats(G.handle, sa, sb, L.handle if L else None, R.handle if R else None,
-                               inv.stream_handle)
+        lib().fk_shampoo_stats_ex(G.handle, sa, sb, L.handle if L else None, R.handle if R else None,
+                                  _flags(allow_tf32), inv.stream_handle)
         _finish(inv, l, r)
         return l, r
 
@@ -366,6 +370,7 @@ def dp_clipped_grad_sum(a, g, max_norm, *, out=None, sq_norms=None, allow_tf32=F
 ENTRY_POINTS = {
     "fk_matrix_power": matrix_power,
     "fk_shampoo_stats": shampoo_stats,
+    "fk_shampoo_stats_ex": shampoo_stats,
     "fk_shampoo_precondition": shampoo_precondition,
     "fk_per_sample_grads": per_sample_grads,
     "fk_per_sample_grad_norms": per_sample_grad_norms,

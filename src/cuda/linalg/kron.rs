@@ -1,0 +1,187 @@
+//! The batched Kronecker product: the launch shape (`kron_config`) and the launch.
+
+use std::ffi::c_void;
+
+use super::MODULE;
+use crate::cuda::CudaDevice;
+use crate::cuda::launch::launch;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::ops::linalg::KronPlan;
+use crate::stream::Stream;
+
+/// Mirrors `struct KronArgs`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct KronArgs {
+    batch: i64,
+    m: i64,
+    n: i64,
+    p: i64,
+    q: i64,
+    sa0: i64,
+    sa1: i64,
+    sa2: i64,
+    sb0: i64,
+    sb1: i64,
+    sb2: i64,
+    a: u64,
+    b: u64,
+    out: u64,
+    cols: i64,
+    units: i64,
+    rows: i64,
+    s_blocks: i64,
+    i_chunks: i64,
+    tasks: i64,
+    bs: i32,
+    il: i32,
+    uniform: i32,
+    small: i32,
+}
+
+/// The kernel name for `dtype`, `w` elements per store, or the split stores.
+fn kron_name(d: DType, w: i64, split: bool) -> Option<&'static str> {
+    Some(match (d, w, split) {
+        (DType::F16, 8, false) => "kron_f16_w8",
+        (DType::F16, 4, false) => "kron_f16_w4",
+        (DType::F16, 2, false) => "kron_f16_w2",
+        (DType::F16, 1, false) => "kron_f16_w1",
+        (DType::BF16, 8, false) => "kron_bf16_w8",
+        (DType::BF16, 4, false) => "kron_bf16_w4",
+        (DType::BF16, 2, false) => "kron_bf16_w2",
+        (DType::BF16, 1, false) => "kron_bf16_w1",
+        (DType::F32, 4, false) => "kron_f32_w4",
+        (DType::F32, 2, false) => "kron_f32_w2",
+        (DType::F32, 1, false) => "kron_f32_w1",
+        (DType::F64, 2, false) => "kron_f64_w2",
+        (DType::F64, 1, false) => "kron_f64_w1",
+        (DType::C64, 2, false) => "kron_c64_w2",
+        (DType::C64, 1, false) => "kron_c64_w1",
+        (DType::C64, 1, true) => "kron_c64_split",
+        (DType::C128, 1, false) => "kron_c128_w1",
+        (DType::C128, 1, true) => "kron_c128_split",
+        _ => return None,
+    })
+}
+
+/// Threads per block of the Kronecker kernel.
+const KRON_THREADS: i64 = 256;
+
+/// A Kronecker launch: kernel, arguments, grid and block.
+#[derive(Debug)]
+struct KronLaunch {
+    name: &'static str,
+    args: KronArgs,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+}
+
+/// Chooses the store width and the launch shape (see `kernels/linalg.cu`):
+/// - `W`, elements per store: the widest power of two with `W * size <= 16` that
+///   divides the row length `n * q` and whose `W * size` bytes the output's address
+///   is aligned to (so every row starts aligned); complex output aligned only to
+///   its components gets the split kernel;
+/// - block `(bx, bs * il)`: `bx` threads over the row's units (up to 256), the rest
+///   over rows `s` of b (`bs`) and lanes over rows of a (`il`);
+/// - rows of a per lane and task: halved from all of them until the grid has about
+///   8 blocks per multiprocessor (or one row per lane).
+fn kron_config(p: &KronPlan, sm_count: i32) -> Result<KronLaunch> {
+    let es = p.dtype.size() as i64;
+    let comp = if p.dtype.is_complex() { es / 2 } else { es } as usize;
+    for (ptr, what) in [(p.a, "a"), (p.b, "b"), (p.out, "out")] {
+        crate::ensure!(
+            ptr % comp == 0,
+            crate::error::FK_ERROR_UNSUPPORTED,
+            "{what}'s data pointer {ptr:#x} is not aligned to {comp} bytes, the size of a {} {}",
+            p.dtype,
+            if p.dtype.is_complex() {
+                "component"
+            } else {
+                "element"
+            }
+        );
+    }
+    let cols = p.n * p.q;
+    let mut w = (16 / es).max(1);
+    while w > 1 && !(cols % w == 0 && p.out as i64 % (w * es) == 0) {
+        w /= 2;
+    }
+    let split = p.out as i64 % es != 0;
+    let name = kron_name(p.dtype, w, split).expect("a kernel for every dtype and width");
+    let units = cols / w;
+    let bx = (units.max(1) as u64)
+        .next_power_of_two()
+        .min(KRON_THREADS as u64) as i64;
+    let by = KRON_THREADS / bx;
+    let bs = p.p.clamp(1, by);
+    let il = (by / bs).max(1);
+    let s_blocks = (p.p + bs - 1) / bs;
+    let gx = (units + bx - 1) / bx;
+    crate::ensure!(
+        gx <= i32::MAX as i64,
+        crate::error::FK_ERROR_UNSUPPORTED,
+        "the output rows of {cols} elements are too long for one grid ({gx} blocks)"
+    );
+    let target = sm_count.max(1) as i64 * 8;
+    let mut rows = (p.m + il - 1) / il;
+    let shape = |rows: i64| {
+        let i_chunks = (p.m + rows * il - 1) / (rows * il);
+        (i_chunks, p.batch * i_chunks * s_blocks)
+    };
+    while rows > 1 && gx * shape(rows).1 < target {
+        rows = (rows + 1) / 2;
+    }
+    let (i_chunks, tasks) = shape(rows);
+    let small = cols <= u32::MAX as i64 && tasks <= u32::MAX as i64;
+    let args = KronArgs {
+        batch: p.batch,
+        m: p.m,
+        n: p.n,
+        p: p.p,
+        q: p.q,
+        sa0: p.sa[0],
+        sa1: p.sa[1],
+        sa2: p.sa[2],
+        sb0: p.sb[0],
+        sb1: p.sb[1],
+        sb2: p.sb[2],
+        a: p.a as u64,
+        b: p.b as u64,
+        out: p.out as u64,
+        cols,
+        units,
+        rows,
+        s_blocks,
+        i_chunks,
+        tasks,
+        bs: bs as i32,
+        il: il as i32,
+        uniform: (p.q % w == 0) as i32,
+        small: small as i32,
+    };
+    Ok(KronLaunch {
+        name,
+        args,
+        grid: (gx as u32, tasks.min(65535) as u32, 1),
+        block: (bx as u32, (bs * il) as u32, 1),
+    })
+}
+
+/// `out = kron(a, b)`, batched.
+pub fn kron(dev: &CudaDevice, p: &KronPlan, stream: &Stream) -> Result<()> {
+    let mut l = kron_config(p, dev.sm_count)?;
+    launch(
+        dev,
+        MODULE,
+        l.name,
+        l.grid,
+        l.block,
+        0,
+        stream.raw,
+        &mut [&mut l.args as *mut KronArgs as *mut c_void],
+    )
+}
+
+#[cfg(test)]
+mod tests;

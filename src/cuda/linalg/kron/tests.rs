@@ -1,0 +1,320 @@
+use super::*;
+use crate::cuda::linalg::source;
+use crate::dtype::ALL_DTYPES;
+
+fn dname(d: DType) -> &'static str {
+    match d {
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::C64 => "c64",
+        DType::C128 => "c128",
+    }
+}
+
+/// A plan with fake pointers at `*_mod` modulo 64 (only their alignment matters
+/// to the launcher) and strides from the named layouts.
+#[allow(clippy::too_many_arguments)]
+fn plan(
+    dtype: DType,
+    batch: i64,
+    (a_batched, m, n): (bool, i64, i64),
+    (b_batched, p, q): (bool, i64, i64),
+    (la, lb): (&str, &str),
+    (a_mod, b_mod, out_mod): (usize, usize, usize),
+) -> KronPlan {
+    let strides = |batched: bool, r: i64, c: i64, l: &str| -> [i64; 3] {
+        let s = match l {
+            "contiguous" => [r * c, c, 1],
+            "transposed" => [r * c, 1, r],
+            "reversed" => [-(r * c), -c, -1],
+            "every-other" => [2 * r * c, 2 * c, 2],
+            _ => unreachable!(),
+        };
+        [if batched { s[0] } else { 0 }, s[1], s[2]]
+    };
+    KronPlan {
+        dtype,
+        batch,
+        m,
+        n,
+        p,
+        q,
+        a: 0x10000 + a_mod,
+        sa: strides(a_batched, m, n, la),
+        b: 0x20000 + b_mod,
+        sb: strides(b_batched, p, q, lb),
+        out: 0x40000 + out_mod,
+    }
+}
+
+fn check_invariants(p: &KronPlan, l: &KronLaunch, what: &str) {
+    let a = &l.args;
+    let es = p.dtype.size() as i64;
+    let w = l
+        .name
+        .rsplit("_w")
+        .next()
+        .and_then(|x| x.parse::<i64>().ok());
+    let (w, split) = match w {
+        Some(w) => (w, false),
+        None => (1, true),
+    };
+    assert!(l.name.ends_with("split") == split, "{what}: {}", l.name);
+    assert!(w * es <= 16, "{what}");
+    assert_eq!(a.cols % w, 0, "{what}");
+    assert_eq!(a.units, a.cols / w, "{what}");
+    if split {
+        assert!(p.dtype.is_complex() && p.out as i64 % es != 0, "{what}");
+    } else {
+        assert_eq!(p.out as i64 % (w * es), 0, "{what}: {}", l.name);
+    }
+    let (bx, by) = (l.block.0 as i64, l.block.1 as i64);
+    assert!(
+        bx * by <= KRON_THREADS && bx >= 1 && by >= 1,
+        "{what}: {:?}",
+        l.block
+    );
+    assert_eq!(by, a.bs as i64 * a.il as i64, "{what}");
+    assert!(
+        l.grid.0 as i64 * bx >= a.units,
+        "{what}: every unit has a thread"
+    );
+    assert!(a.bs as i64 * a.s_blocks >= p.p, "{what}: every row of b");
+    assert!(
+        a.rows * a.il as i64 * a.i_chunks >= p.m,
+        "{what}: every row of a"
+    );
+    assert_eq!(a.tasks, p.batch * a.i_chunks * a.s_blocks, "{what}");
+    assert!(l.grid.1 >= 1 && l.grid.1 <= 65535, "{what}");
+    assert_eq!(a.uniform != 0, p.q % w == 0, "{what}");
+}
+
+#[test]
+fn kron_launch_shapes() {
+    // the benchmark rows: 16-byte stores, enough blocks for an H100 (132 SMs)
+    let p = plan(
+        DType::F32,
+        1,
+        (false, 64, 64),
+        (false, 64, 64),
+        ("contiguous", "contiguous"),
+        (0, 0, 0),
+    );
+    let l = kron_config(&p, 132).unwrap();
+    check_invariants(&p, &l, "64x64 (x) 64x64");
+    assert_eq!(l.name, "kron_f32_w4");
+    assert!(l.grid.0 as u64 * l.grid.1 as u64 >= 132 * 8, "{l:?}");
+    let p = plan(
+        DType::F32,
+        32,
+        (true, 16, 16),
+        (true, 16, 16),
+        ("contiguous", "contiguous"),
+        (0, 0, 0),
+    );
+    let l = kron_config(&p, 132).unwrap();
+    check_invariants(&p, &l, "32 x 16x16 (x) 16x16");
+    assert_eq!((l.name, l.block), ("kron_f32_w4", (64, 4, 1)));
+    // misaligned output rows: narrower stores; complex aligned to components: split
+    let p = plan(
+        DType::F16,
+        1,
+        (false, 3, 5),
+        (false, 2, 4),
+        ("contiguous", "contiguous"),
+        (0, 0, 4),
+    );
+    assert_eq!(kron_config(&p, 132).unwrap().name, "kron_f16_w2");
+    let p = plan(
+        DType::C128,
+        1,
+        (false, 3, 5),
+        (false, 2, 4),
+        ("contiguous", "contiguous"),
+        (0, 0, 8),
+    );
+    assert_eq!(kron_config(&p, 132).unwrap().name, "kron_c128_split");
+    // a pointer not aligned to its components is refused, not faulted on
+    let p = plan(
+        DType::F32,
+        1,
+        (false, 3, 5),
+        (false, 2, 4),
+        ("contiguous", "contiguous"),
+        (2, 0, 0),
+    );
+    let e = kron_config(&p, 132).unwrap_err();
+    assert!(e.message.contains("a's data pointer"), "{}", e.message);
+}
+
+/// The shapes, layouts and alignments the emulator runs (and whose launch
+/// invariants are checked here).
+fn emu_cases() -> Vec<(KronPlan, KronLaunch)> {
+    /// (batched, rows, cols) of an operand
+    type Side = (bool, i64, i64);
+    let shapes: &[(i64, Side, Side)] = &[
+        (1, (false, 2, 3), (false, 4, 5)),
+        (3, (true, 7, 5), (true, 4, 8)),
+        (2, (false, 5, 3), (true, 6, 16)),
+        (3, (true, 1, 2), (false, 3, 9)),
+        (1, (false, 33, 1), (false, 17, 1)),
+        (1, (false, 3, 3), (false, 5, 7)),
+        (2, (true, 4, 6), (true, 3, 5)),
+        (1, (false, 5, 9), (false, 4, 1)),
+        (1, (false, 3, 8), (false, 2, 3)),
+        (1, (false, 2, 3), (false, 300, 2)),
+        (1, (false, 2, 40), (false, 3, 50)),
+        (2, (true, 9, 4), (true, 11, 4)),
+        (4, (true, 16, 16), (true, 16, 16)),
+        // many rows of a per lane with several lanes (il > 1, rows > 1)
+        (1, (false, 600, 1), (false, 3, 2)),
+        (2, (true, 200, 2), (false, 2, 3)),
+    ];
+    let mut v = Vec::new();
+    for dtype in ALL_DTYPES {
+        let es = dtype.size();
+        let mut out_mods = vec![0, es, 8];
+        if dtype.is_complex() {
+            out_mods.push(es / 2);
+        }
+        out_mods.sort();
+        out_mods.dedup();
+        for &(batch, a, b) in shapes {
+            for layouts in [
+                ("contiguous", "contiguous"),
+                ("transposed", "reversed"),
+                ("every-other", "transposed"),
+            ] {
+                for &om in &out_mods {
+                    for sm in [1, 132] {
+                        let p = plan(dtype, batch, a, b, layouts, (es, 0, om));
+                        let l = kron_config(&p, sm).unwrap();
+                        check_invariants(&p, &l, &format!("{p:?}"));
+                        v.push((p, l));
+                    }
+                }
+            }
+        }
+    }
+    // the benchmark's shape, and more tasks than one grid holds (grid-stride in y)
+    for (batch, a, b) in [
+        (1, (false, 64, 64), (false, 64, 64)),
+        (70000, (true, 1, 1), (true, 1, 1)),
+    ] {
+        let p = plan(
+            DType::F32,
+            batch,
+            a,
+            b,
+            ("contiguous", "contiguous"),
+            (0, 0, 0),
+        );
+        let l = kron_config(&p, 132).unwrap();
+        check_invariants(&p, &l, &format!("{p:?}"));
+        v.push((p, l));
+    }
+    assert!(v.last().unwrap().1.args.tasks > 65535);
+    v
+}
+
+#[test]
+fn kron_launch_invariants() {
+    assert!(emu_cases().len() > 500);
+}
+
+/// kernels/linalg.cu's Kronecker kernels, compiled by the host C++ compiler
+/// against tests/cuda_emu (emulated threads), run with the launch this module
+/// chooses for every dtype, odd widths, batches, broadcasts, strided inputs and
+/// outputs aligned to 16 bytes, to the element, or (complex) to a component;
+/// compared bit for bit with the direct product. Skipped without g++
+/// (`CXX` overrides; `FK_KRON_EMU_DIR` keeps the build and the cases).
+#[test]
+fn kron_kernel_in_the_cpu_emulator() {
+    use std::process::Command;
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    if Command::new(&cxx).arg("--version").output().is_err() {
+        println!("SKIPPED: no C++ compiler ({cxx})");
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    // FK_KRON_EMU_DIR: build there and keep it (linalg.cu, cases.txt, kron_emu)
+    let keep = std::env::var_os("FK_KRON_EMU_DIR");
+    let dir = keep.clone().map_or_else(
+        || std::env::temp_dir().join(format!("fusekit-kron-emu-{}", std::process::id())),
+        std::path::PathBuf::from,
+    );
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("linalg.cu"), source()).unwrap();
+    std::fs::copy(
+        root.join("tests/cuda_emu/linalg_common.cuh"),
+        dir.join("common.cuh"),
+    )
+    .unwrap();
+    let exe = dir.join("kron_emu");
+    let out = Command::new(&cxx)
+        .args(["-std=c++20", "-O1", "-w"])
+        .arg(format!("-I{}", dir.display()))
+        .arg(format!("-I{}", root.join("tests/cuda_emu").display()))
+        .arg(root.join("tests/cuda_emu/kron_emu.cpp"))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "compiling the emulated kernels failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut lines = String::new();
+    for (p, l) in emu_cases() {
+        let a = &l.args;
+        lines.push_str(&format!(
+            "{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}\n",
+            l.name,
+            dname(p.dtype),
+            p.batch,
+            p.m,
+            p.n,
+            p.p,
+            p.q,
+            p.sa[0],
+            p.sa[1],
+            p.sa[2],
+            p.sb[0],
+            p.sb[1],
+            p.sb[2],
+            p.a % 64,
+            p.b % 64,
+            p.out % 64,
+            a.cols,
+            a.units,
+            a.rows,
+            a.s_blocks,
+            a.i_chunks,
+            a.tasks,
+            a.bs,
+            a.il,
+            a.uniform,
+            a.small,
+            l.grid.0,
+            l.grid.1,
+            l.block.0,
+            l.block.1
+        ));
+    }
+    let cases = dir.join("cases.txt");
+    std::fs::write(&cases, lines).unwrap();
+    let run = Command::new(&exe).arg(&cases).output().unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    if keep.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    assert!(
+        run.status.success(),
+        "emulated Kronecker kernels:\n{stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    println!("{}", stdout.lines().last().unwrap_or(""));
+}

@@ -1,0 +1,300 @@
+//! The fused linear layer: cuBLASLt with a fused epilogue, or cuBLAS then
+//! `linear_epilogue`; the backward's `linear_dz` and `colsum_finish`, then cuBLAS.
+
+use std::ffi::c_void;
+
+use super::{MODULE, slot_of};
+use crate::cuda::CudaDevice;
+use crate::cuda::cublas::{self, Epilogue, LtCall};
+use crate::cuda::launch::{BLOCK, grid_for, launch};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::ops::linalg::{Activation, GemmPlan, LinearBwdPlan, LinearPlan, Trans, dense};
+use crate::stream::Stream;
+
+fn half_name(d: DType) -> &'static str {
+    match d {
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        _ => "f32",
+    }
+}
+
+macro_rules! names3 {
+    ($p:literal) => {
+        [
+            concat!($p, "_f16"),
+            concat!($p, "_bf16"),
+            concat!($p, "_f32"),
+        ]
+    };
+}
+
+fn linear_kernel(d: DType, names: [&'static str; 3]) -> &'static str {
+    match half_name(d) {
+        "f16" => names[0],
+        "bf16" => names[1],
+        _ => names[2],
+    }
+}
+
+/// Mirrors `struct EpiArgs`.
+#[repr(C)]
+struct EpiArgs {
+    m: i64,
+    n: i64,
+    src: u64,
+    y: u64,
+    bias: u64,
+    aux: u64,
+    act: i32,
+}
+
+/// `linear_epilogue`: `y = act(src + b)`, `aux = src + b` (bias, aux optional).
+fn epilogue_kernel(
+    dev: &CudaDevice,
+    p: &LinearPlan,
+    mut a: EpiArgs,
+    stream: &Stream,
+) -> Result<()> {
+    let grid = grid_for(dev, p.m * p.n);
+    launch(
+        dev,
+        MODULE,
+        linear_kernel(p.dtype, names3!("linear_epilogue")),
+        (grid, 1, 1),
+        (BLOCK, 1, 1),
+        0,
+        stream.raw,
+        &mut [&mut a as *mut EpiArgs as *mut c_void],
+    )
+}
+
+/// `y = act(x W^T + b)`: one cuBLASLt call with a fused epilogue; where cuBLASLt
+/// declines, cuBLAS's GEMM then `linear_epilogue`. The exact GELU, which cuBLASLt
+/// lacks, is its `BIAS` epilogue writing `z` (to `aux` when kept, else to `y`),
+/// then `linear_epilogue` for `y = gelu_erf(z)`.
+pub fn linear_forward(dev: &CudaDevice, p: &LinearPlan, stream: &Stream) -> Result<()> {
+    let slot = slot_of(dev, stream)?;
+    let g = slot.lock().unwrap_or_else(|e| e.into_inner());
+    let has_bias = p.bias.is_some();
+    let erf = p.act == Activation::GeluErf;
+    let epilogue = match (p.act, has_bias, p.aux.is_some()) {
+        (Activation::None | Activation::GeluErf, false, _) => Epilogue::Default,
+        (Activation::None | Activation::GeluErf, true, _) => Epilogue::Bias,
+        (Activation::Relu, false, _) => Epilogue::Relu,
+        (Activation::Relu, true, _) => Epilogue::ReluBias,
+        (Activation::GeluTanh, false, false) => Epilogue::Gelu,
+        (Activation::GeluTanh, true, false) => Epilogue::GeluBias,
+        (Activation::GeluTanh, false, true) => Epilogue::GeluAux,
+        (Activation::GeluTanh, true, true) => Epilogue::GeluAuxBias,
+    };
+    // Column-major: y^T [n, m] = W [n, k] (stored as W^T [k, n], transposed) x^T [k, m].
+    if p.k > 0 && !dev.linalg_fallback() {
+        let d = if erf { p.aux.unwrap_or(p.y) } else { p.y };
+        let call = LtCall {
+            dtype: p.dtype,
+            trans_a: true,
+            trans_b: false,
+            m: p.n as u64,
+            n: p.m as u64,
+            k: p.k as u64,
+            a: p.w,
+            lda: p.k,
+            b: p.x,
+            ldb: p.k,
+            d,
+            ldd: p.n,
+            epilogue,
+            bias: p.bias.unwrap_or(0),
+            aux: if erf { 0 } else { p.aux.unwrap_or(0) },
+            aux_ld: p.n,
+        };
+        if cublas::lt_matmul(dev, &g, &call)? {
+            if !erf {
+                return Ok(());
+            }
+            let a = EpiArgs {
+                m: p.m,
+                n: p.n,
+                src: d as u64,
+                y: p.y as u64,
+                bias: 0,
+                aux: 0,
+                act: p.act as i32,
+            };
+            return epilogue_kernel(dev, p, a, stream);
+        }
+    }
+    // Fallback: z = x W^T into y, then bias, aux and activation in one pass.
+    cublas::gemm_ex(
+        &g,
+        &GemmPlan::new(
+            p.dtype,
+            Trans::N,
+            dense(p.x, p.m, p.k, 0),
+            Trans::T,
+            dense(p.w, p.n, p.k, 0),
+            dense(p.y, p.m, p.n, 0),
+            1.0,
+            0.0,
+            1,
+            false,
+        ),
+    )?;
+    if p.act == Activation::None && !has_bias && p.aux.is_none() {
+        return Ok(());
+    }
+    let a = EpiArgs {
+        m: p.m,
+        n: p.n,
+        src: p.y as u64,
+        y: p.y as u64,
+        bias: p.bias.unwrap_or(0) as u64,
+        aux: p.aux.unwrap_or(0) as u64,
+        act: p.act as i32,
+    };
+    epilogue_kernel(dev, p, a, stream)
+}
+
+/// Mirrors `struct DzArgs`.
+#[repr(C)]
+struct DzArgs {
+    m: i64,
+    n: i64,
+    rows_per_split: i64,
+    dy: u64,
+    saved: u64,
+    dz: u64,
+    partial: u64,
+    act: i32,
+}
+
+/// Mirrors `struct FinishArgs`.
+#[repr(C)]
+struct FinishArgs {
+    n: i64,
+    splits: i64,
+    partial: u64,
+    out: u64,
+}
+
+/// The backward: `linear_dz` (dz and column partials of db, one pass over dy),
+/// `colsum_finish` (db), then cuBLAS for `dx = dz W` and `dW = dz^T x`.
+pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> Result<()> {
+    let slot = slot_of(dev, stream)?;
+    let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
+    let es = p.dtype.size();
+    let need_dz = p.dx.is_some() || p.dw.is_some();
+    let write_dz = need_dz && p.act != Activation::None;
+    // column splits: about 8 blocks per multiprocessor, 8+ rows per block
+    let gx = (p.n as u64).div_ceil(32).max(1);
+    let target = dev.sm_count.max(1) as u64 * 8;
+    let splits = target
+        .div_ceil(gx)
+        .clamp(1, (p.m as u64).div_ceil(8).max(1))
+        .min(65535);
+    let rows_per_split = (p.m as u64).div_ceil(splits).max(1);
+    let splits = (p.m as u64).div_ceil(rows_per_split).max(1);
+    let dz_bytes = if write_dz {
+        (p.m as usize * p.n as usize * es).next_multiple_of(256)
+    } else {
+        0
+    };
+    let partial_bytes = if p.db.is_some() {
+        splits as usize * p.n as usize * 4
+    } else {
+        0
+    };
+    // Lives to the end of the call: under capture it is the call's own
+    // stream-ordered allocation, freed (on the stream) after the last GEMM.
+    let scratch_mem = if dz_bytes + partial_bytes > 0 {
+        Some(g.scratch(dev, dz_bytes + partial_bytes)?)
+    } else {
+        None
+    };
+    let scratch = scratch_mem.as_ref().map_or(0, |s| s.ptr);
+    let dz = if write_dz { scratch as usize } else { p.dy };
+    if write_dz || p.db.is_some() {
+        let mut a = DzArgs {
+            m: p.m,
+            n: p.n,
+            rows_per_split: rows_per_split as i64,
+            dy: p.dy as u64,
+            saved: p.saved as u64,
+            dz: if write_dz { dz as u64 } else { 0 },
+            partial: if p.db.is_some() {
+                scratch + dz_bytes as u64
+            } else {
+                0
+            },
+            act: p.act as i32,
+        };
+        launch(
+            dev,
+            MODULE,
+            linear_kernel(p.dtype, names3!("linear_dz")),
+            (gx as u32, splits as u32, 1),
+            (32, 8, 1),
+            0,
+            stream.raw,
+            &mut [&mut a as *mut DzArgs as *mut c_void],
+        )?;
+    }
+    if let Some(db) = p.db {
+        let mut a = FinishArgs {
+            n: p.n,
+            splits: splits as i64,
+            partial: scratch + dz_bytes as u64,
+            out: db as u64,
+        };
+        let grid = grid_for(dev, p.n);
+        launch(
+            dev,
+            MODULE,
+            linear_kernel(p.dtype, names3!("colsum_finish")),
+            (grid, 1, 1),
+            (BLOCK, 1, 1),
+            0,
+            stream.raw,
+            &mut [&mut a as *mut FinishArgs as *mut c_void],
+        )?;
+    }
+    if let Some(dx) = p.dx {
+        // dx [m, k] = dz [m, n] W [n, k]
+        cublas::gemm_ex(
+            &g,
+            &GemmPlan::new(
+                p.dtype,
+                Trans::N,
+                dense(dz, p.m, p.n, 0),
+                Trans::N,
+                dense(p.w, p.n, p.k, 0),
+                dense(dx, p.m, p.k, 0),
+                1.0,
+                0.0,
+                1,
+                false,
+            ),
+        )?;
+    }
+    if let Some(dw) = p.dw {
+        // dW [n, k] = dz^T [n, m] x [m, k]
+        cublas::gemm_ex(
+            &g,
+            &GemmPlan::new(
+                p.dtype,
+                Trans::T,
+                dense(dz, p.m, p.n, 0),
+                Trans::N,
+                dense(p.x, p.m, p.k, 0),
+                dense(dw, p.n, p.k, 0),
+                1.0,
+                0.0,
+                1,
+                false,
+            ),
+        )?;
+    }
+    Ok(())
+}

@@ -6,7 +6,8 @@
 //!
 //! `FK_PREBUILT_OUT=DIR` also writes every image into DIR, keyed as the kernel cache
 //! keys them (`fusekit::cuda::nvrtc::store_prebuilt`): the prebuilt kernels that
-//! scripts/build_wheel.sh puts into the wheel.
+//! scripts/build_wheel.sh puts into the wheel. `FK_KERNELS` picks modules and
+//! `FK_ARCHS` architectures (scripts/kernel_compare.sh compares two revisions' images).
 
 #[test]
 fn every_kernel_module_compiles_for_sm80_and_sm90() {
@@ -32,6 +33,10 @@ fn every_kernel_module_compiles_for_sm80_and_sm90() {
         only.split(',')
             .any(|m| !m.is_empty() && (name == m || name.starts_with(&format!("{m}_"))))
     };
+    // FK_ARCHS=sm_90 compiles for those architectures only (scripts/kernel_compare.sh)
+    let archs = std::env::var("FK_ARCHS").unwrap_or_else(|_| "sm_80,sm_90".into());
+    let archs: Vec<&str> = archs.split(',').filter(|a| !a.is_empty()).collect();
+    assert!(!archs.is_empty(), "FK_ARCHS names no architecture");
     let prebuilt_out = std::env::var_os("FK_PREBUILT_OUT").map(std::path::PathBuf::from);
     let mut compiled = 0;
     for (name, source) in fusekit::cuda::modules() {
@@ -39,7 +44,7 @@ fn every_kernel_module_compiles_for_sm80_and_sm90() {
             continue;
         }
         compiled += 1;
-        for arch in ["sm_80", "sm_90"] {
+        for &arch in &archs {
             let t = std::time::Instant::now();
             let image = fusekit::cuda::nvrtc::compile(name, &source(), arch)
                 .unwrap_or_else(|e| panic!("{name} for {arch}: {}", e.message));

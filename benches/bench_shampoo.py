@@ -27,6 +27,7 @@ averaged per step over 5 steps, or over one 20-step window of the training step)
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -34,6 +35,7 @@ import time
 
 import torch
 
+import fusekit
 import fusekit.optim as fo
 
 ROWS = []
@@ -242,6 +244,78 @@ def bench_train(args, dev, timer, width, layers, windows, freq=20):
     return res
 
 
+def y_eigs(S, X, eps):
+    """Eigenvalues of ``X^2 (S + eps I) X^2`` in float64: all 1 for the exact inverse
+    4th root, below 1 where a direction is damped (unfinished), above 1 where it is
+    over-amplified."""
+    S, X = S.double(), X.double()
+    X2 = X @ X
+    Y = X2 @ (S + eps * torch.eye(S.shape[-1], dtype=S.dtype, device=S.device)) @ X2
+    return torch.linalg.eigvalsh((Y + Y.transpose(-1, -2)) / 2)
+
+
+def bench_quality(args, dev, width, layers, steps, freq=20):
+    """What the TF32 policy costs in training: the same MLP and data as ``train``
+    trained ``steps`` steps from one initialisation with Adam (fused), Shampoo strict
+    float32 and Shampoo with ``allow_tf32`` (roots every ``freq`` steps); the loss at
+    the end and along the way, and at every root step the eigenvalues of
+    ``X^2 (S + eps I) X^2`` of every accepted root (float64). On the strict run's
+    statistics at every other root step, TF32 Newton with 8 to 12 iterations (the
+    study behind TF32_DAMPED_ITERATIONS)."""
+    gen = torch.Generator(device=dev).manual_seed(5)
+    x = torch.randn(args.batch, width, device=dev, generator=gen)
+    y = torch.randn(args.batch, width, device=dev, generator=gen)
+    torch.manual_seed(0)
+    base_model = mlp(width, layers, dev)
+    adam = "torch.optim.Adam(fused=True)" if dev.type == "cuda" else "torch.optim.Adam"
+    eps = HP["epsilon"]
+    study = {}
+    for name in (adam, "fusekit Shampoo", "fusekit Shampoo, TF32"):
+        model = mlp(width, layers, dev)
+        model.load_state_dict(base_model.state_dict())
+        if "Adam" in name:
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=dev.type == "cuda")
+        else:
+            opt = fo.Shampoo(model.parameters(), precondition_frequency=freq, allow_tf32="TF32" in name, **HP)
+        losses, ys = [], []
+        for t in range(1, steps + 1):
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+            if "Adam" in name or not (t % freq == 0 or t == 1):
+                continue
+            opt._settle()  # the accepted (or retried) roots of this step
+            c2 = 1.0 - HP["betas"][1] ** t
+            mats = [(M / c2, X) for p in model.parameters() if p.dim() == 2
+                    for M, X in ((opt.state[p]["L"][0], opt.state[p]["L_root"][0]),
+                                 (opt.state[p]["R"][0], opt.state[p]["R_root"][0]))]
+            S = torch.stack([m for m, _ in mats])
+            ev = y_eigs(S, torch.stack([x_ for _, x_ in mats]), eps)
+            ys.append((t, float(ev.max()), float(ev.min()), float(ev.median())))
+            if "TF32" not in name and (t // freq) % 2 == 1:
+                ratio = (torch.linalg.matrix_norm(S.double()) + eps * width ** 0.5) / eps
+                hints = sorted({fo.newton_iterations_for(float(r)) for r in ratio})
+                for k in range(8, 13):
+                    Xk = fusekit.matrix_power(S.float(), -0.25, eps, method="newton", max_iter=k, tol=0.0,
+                                              allow_tf32=True)
+                    e = y_eigs(S, Xk, eps)
+                    hi, lo = study.get(k, (0.0, math.inf, []))[:2]
+                    study[k] = (max(hi, float(e.max())), min(lo, float(e.min())),
+                                study.get(k, (0, 0, []))[2] + [(t, hints, round(float(e.max()), 4))])
+        marks = [losses[i] for i in (0, steps // 4, steps // 2, 3 * steps // 4)]
+        note = "loss at steps 1, 25%, 50%, 75%: " + ", ".join(f"{v:.4f}" for v in marks)
+        if ys:
+            note += (f"; roots at {len(ys)} root steps: eigenvalues of X^2 (S + eps I) X^2 in "
+                     f"[{min(v[2] for v in ys):.3f}, {max(v[1] for v in ys):.4f}], median of medians "
+                     f"{statistics.median(v[3] for v in ys):.3f}; {dict(opt.root_stats)}")
+        row(f"loss after {steps} steps (roots every {freq}), MSE: {name}", losses[-1], "", note)
+    for k, (hi, lo, per) in sorted(study.items()):
+        row(f"TF32 Newton, {k} iterations, on the strict run's statistics: max eigenvalue of X^2 S X^2", hi, "",
+            f"min {lo:.3f}; per root step (step, hints, max): {per}")
+
+
 def bench_dist(args, reps):
     import torch.distributed as dist
 
@@ -291,6 +365,7 @@ def main():
         timer = Timer(dev)
         bench_step(args, dev, timer, width=64, layers=4, reps=3)
         bench_train(args, dev, timer, width=64, layers=4, windows=2, freq=5)
+        bench_quality(args, dev, width=64, layers=4, steps=20, freq=5)
         device_name = "cpu (smoke)"
     else:
         if not torch.cuda.is_available():
@@ -301,6 +376,7 @@ def main():
         print(f"device {device_name}; batch {args.batch}", flush=True)
         bench_step(args, dev, timer, width=1024, layers=4, reps=20)
         bench_train(args, dev, timer, width=1024, layers=4, windows=10)
+        bench_quality(args, dev, width=1024, layers=4, steps=400)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=device_name, batch=args.batch, rows=ROWS), f, indent=1)

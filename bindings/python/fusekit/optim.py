@@ -32,12 +32,17 @@ NEWTON_ITERATIONS_TF32 = 12
 #: is at most 1 + ROOT_ACCEPT_TOL: no direction is amplified more than 2.4% beyond
 #: the exact root.
 ROOT_ACCEPT_TOL = 0.1
-#: With ``allow_tf32``, a fast-path root whose Newton iteration hint lies in this
-#: range (|A + eps I|_F / eps from about 7e2 to 3e6) runs in strict float32: there
-#: TF32 Newton finishes every direction and its rounding, amplified by the condition,
-#: overshoots the exact root by up to 80% in X^4 (A + eps I) (docs/optim.md, "TF32
-#: and the condition").
-TF32_STRICT_HINTS = (12, 21)
+#: With ``allow_tf32``, a fast-path root whose Newton iteration hint is above
+#: TF32_FINISH_HINT (|A + eps I|_F / eps above about 7e2) runs TF32_DAMPED_ITERATIONS
+#: TF32 iterations: finishing every direction of such statistics in TF32 lets the
+#: rounding of the root's largest entries (the smallest directions, where the root is
+#: large) overshoot the large directions by up to 80% in X^4 (A + eps I); stopping
+#: earlier leaves the smallest directions damped instead (docs/optim.md, "TF32 and
+#: the condition").
+TF32_FINISH_HINT = 11
+TF32_DAMPED_ITERATIONS = 8
+#: Adam grafting of float32 parameters in torch's fused Adam kernel (Shampoo._grafted_fused).
+FUSED_GRAFTING = True
 _STORE_KEY = "fusekit.optim.comm_uid"
 _comm_counter = [0]
 
@@ -244,9 +249,11 @@ def _make_shampoo():
             weight_decay: >= 0; ``decoupled_weight_decay`` (default True, AdamW
                 style) or L2 added to the gradient.
             bias_correction: the ``1 - beta^t`` divisions above (default True).
-            allow_tf32: TF32 tensor cores for float32 roots and preconditioning on
-                CUDA (about 1e-3 relative error in the roots); fast-path roots whose
-                iteration hint is in ``TF32_STRICT_HINTS`` stay strict float32.
+            allow_tf32: TF32 tensor cores for float32 statistics, roots and
+                preconditioning on CUDA (about 1e-3 relative error in the statistics
+                and roots); fast-path roots of statistics whose iteration hint is above
+                ``TF32_FINISH_HINT`` run ``TF32_DAMPED_ITERATIONS`` iterations, which
+                leaves their smallest directions damped.
             max_condition_f32: the float64 retry's condition threshold (see above;
                 0 computes every float32 root in float64).
             root_method: ``"auto"`` (the fast path for float32 on CUDA),
@@ -375,12 +382,8 @@ def _make_shampoo():
             return NEWTON_ITERATIONS_TF32 if tf32 else NEWTON_ITERATIONS_F32
 
         def _batch_tf32(self, jobs):
-            """Whether a fast-path batch runs on TF32: ``allow_tf32``, and the batch's
-            Newton iteration hint unknown or outside ``TF32_STRICT_HINTS``."""
-            if not self.allow_tf32:
-                return False
-            known = [self._hint(j) for j in jobs]
-            return None in known or not TF32_STRICT_HINTS[0] <= max(known) <= TF32_STRICT_HINTS[1]
+            """Whether a fast-path batch runs on TF32 (``allow_tf32``)."""
+            return self.allow_tf32
 
         def _probe(self, n, dtype, device):
             """Fixed unit vectors ``[n, k]`` for :meth:`_accept` (one per size, dtype, device)."""
@@ -457,6 +460,8 @@ def _make_shampoo():
                 hints = [self._hint(j) for j in jobs] if self.newton_iterations is None else [None]
                 if None not in hints:
                     iters = min(iters, max(hints))
+                    if tf32 and max(hints) > TF32_FINISH_HINT:
+                        iters = TF32_DAMPED_ITERATIONS
                 #: (side, batch, Newton iterations, "tf32" or "f32") of each fast-path
                 #: batch, the latest last.
                 log = self.__dict__.setdefault("newton_log", [])
@@ -710,7 +715,7 @@ def _make_shampoo():
                     g2 = g2.contiguous()
                 for k, (r, c) in enumerate(blocks):
                     gb = g2 if one else g2[r[0]:r[1], c[0]:c[1]].contiguous()
-                    _fo.shampoo_stats(gb, st["L"][k], st["R"][k], alpha=a, beta=b)
+                    _fo.shampoo_stats(gb, st["L"][k], st["R"][k], alpha=a, beta=b, allow_tf32=self.allow_tf32)
                 if (t % freq == 0 and t > start) or t == start:
                     c2 = 1.0 - beta2 ** t if (beta2 < 1.0 and group["bias_correction"]) else 1.0
                     hints = st.setdefault("newton_hints", {"L": [0] * len(blocks), "R": [0] * len(blocks)})
@@ -718,12 +723,15 @@ def _make_shampoo():
                         jobs.append((st["L"][k], 1.0 / c2, group["epsilon"], st["L_root"][k], (hints["L"], k)))
                         jobs.append((st["R"][k], 1.0 / c2, group["epsilon"], st["R_root"][k], (hints["R"], k)))
 
-        @staticmethod
-        def _grafted(group, sts, gs, ts):
+        def _grafted(self, group, sts, gs, ts):
             """``(G_bar, P_g)`` of every parameter (steps 2, 4, 5), each operation once
-            over the group's parameters (``torch._foreach_*``)."""
+            over the group's parameters (``torch._foreach_*``), or with Adam grafting of
+            float32 parameters one fused kernel (:meth:`_grafted_fused`)."""
             beta1 = group["betas"][0]
             bc, graft = group["bias_correction"], group["grafting"]
+            if graft == "adam" and bc and FUSED_GRAFTING and hasattr(torch, "_fused_adam_") \
+                    and all(g.dtype == torch.float32 for g in gs):
+                return self._grafted_fused(group, sts, gs, ts)
             if graft == "adam":
                 gb2 = group["grafting_beta2"]
                 sq = [st["graft_sq"] for st in sts]
@@ -741,6 +749,35 @@ def _make_shampoo():
             torch._foreach_sqrt_(den)
             torch._foreach_add_(den, group["grafting_epsilon"])
             return gbars, torch._foreach_div(gbars, den)
+
+        def _scratch(self, name, like):
+            """Tensors shaped like ``like``, kept between steps (not state)."""
+            cache = self.__dict__.setdefault("_scratch_cache", {})
+            key = (name, tuple((tuple(t.shape), t.dtype, t.device) for t in like))
+            if key not in cache:
+                cache[key] = [torch.empty_like(t) for t in like]
+            return cache[key]
+
+        def _grafted_fused(self, group, sts, gs, ts):
+            """Adam grafting in torch's fused Adam kernel (what ``torch.optim.Adam(fused=True)``
+            runs): on zeroed buffers with ``lr = -1`` it writes
+            ``P_g = M / (1 - beta1^t) / (sqrt(V / (1 - b^t)) + grafting_epsilon)`` and
+            updates ``M`` and ``V`` in place, one pass over the gradients instead of eight.
+            ``G_bar`` is then ``M`` without its bias correction: every use of it is
+            rescaled to ``|P_g|`` by the grafting, which makes its scale irrelevant."""
+            beta1, gb2 = group["betas"][0], group["grafting_beta2"]
+            sq = [st["graft_sq"] for st in sts]
+            ms = [st["exp_avg"] for st in sts] if beta1 > 0 else self._scratch("m", gs)
+            pgs = self._scratch("pg", gs)
+            torch._foreach_zero_(pgs)
+            steps = {}
+            for g, t in zip(gs, ts):
+                if (t, g.device) not in steps:
+                    steps[(t, g.device)] = torch.full((), float(t), dtype=torch.float32, device=g.device)
+            torch._fused_adam_(pgs, gs, ms, sq, [], [steps[(t, g.device)] for g, t in zip(gs, ts)], lr=-1.0,
+                               beta1=beta1, beta2=gb2, weight_decay=0.0, eps=group["grafting_epsilon"],
+                               amsgrad=False, maximize=False)
+            return (ms if beta1 > 0 else gs), pgs
 
         def _directions(self, group, ps, sts, gbars, pgs, ts):
             """The update direction of every parameter (step 6): ``P_g``, or per block

@@ -207,7 +207,7 @@ def matrix_power(a, power, eps=0.0, *, method="auto", max_iter=100, tol=None, al
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         O = inv.output(out, "out", _dims(A), A.dtype)
-        result = inv._result
+        result = inv.output_array
         t = _default_tol(A.dtype, allow_tf32) if tol is None else _real(tol, where, "tol")
         rep = fk_matpow_report()
         try:
@@ -354,12 +354,12 @@ def dp_clipped_grad_sum(a, g, max_norm, *, out=None, sq_norms=None, allow_tf32=F
         G = inv.input(g, "g")
         b, din, dout = _psg_dims(A, G)
         O = inv.output(out, "out", (dout, din), A.dtype)
-        out_res = inv._result
+        out_res = inv.output_array
         N = None
         norms_res = None
         if want_norms:
             N = inv.output(None if sq_norms is True else sq_norms, "sq_norms", (b,), A.dtype)
-            norms_res = inv._result
+            norms_res = inv.output_array
         lib().fk_dp_clipped_grad_sum(A.handle, G.handle, c, O.handle, N.handle if N else None,
                                      _flags(allow_tf32), inv.stream_handle)
         _finish(inv, out, None if sq_norms is True else sq_norms)

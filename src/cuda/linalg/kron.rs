@@ -4,7 +4,7 @@ use std::ffi::c_void;
 
 use super::MODULE;
 use crate::cuda::CudaDevice;
-use crate::cuda::launch::launch;
+use crate::cuda::launch::{Names, launch, per_dtype};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::linalg::KronPlan;
@@ -40,29 +40,42 @@ struct KronArgs {
     small: i32,
 }
 
-/// The kernel name for `dtype`, `w` elements per store, or the split stores.
-fn kron_name(d: DType, w: i64, split: bool) -> Option<&'static str> {
-    Some(match (d, w, split) {
-        (DType::F16, 8, false) => "kron_f16_w8",
-        (DType::F16, 4, false) => "kron_f16_w4",
-        (DType::F16, 2, false) => "kron_f16_w2",
-        (DType::F16, 1, false) => "kron_f16_w1",
-        (DType::BF16, 8, false) => "kron_bf16_w8",
-        (DType::BF16, 4, false) => "kron_bf16_w4",
-        (DType::BF16, 2, false) => "kron_bf16_w2",
-        (DType::BF16, 1, false) => "kron_bf16_w1",
-        (DType::F32, 4, false) => "kron_f32_w4",
-        (DType::F32, 2, false) => "kron_f32_w2",
-        (DType::F32, 1, false) => "kron_f32_w1",
-        (DType::F64, 2, false) => "kron_f64_w2",
-        (DType::F64, 1, false) => "kron_f64_w1",
-        (DType::C64, 2, false) => "kron_c64_w2",
-        (DType::C64, 1, false) => "kron_c64_w1",
-        (DType::C64, 1, true) => "kron_c64_split",
-        (DType::C128, 1, false) => "kron_c128_w1",
-        (DType::C128, 1, true) => "kron_c128_split",
-        _ => return None,
-    })
+/// `Names` of the Kronecker kernels of one kind of store: `kron_<t>_<store>`, the
+/// entry points `FK_KRON_KERNEL(t, W)` (store `w<W>`) and `FK_KRON_SPLIT(t)` (store
+/// `split`) of `kernels/linalg.cu`.
+macro_rules! kron_names {
+    ($store:literal: $($dt:ident),+) => {
+        Names {
+            base: "kron",
+            names: &[$((per_dtype!(@dtype $dt), concat!("kron_", stringify!($dt), "_", $store))),+],
+        }
+    };
+}
+
+/// The Kronecker kernels by `(W, split)`: `W` elements per store (`W * size <= 16`),
+/// or complex output aligned only to its components, stored as them (`split`).
+pub(super) const KRON: [((i64, bool), Names); 5] = [
+    ((8, false), kron_names!("w8": f16, bf16)),
+    ((4, false), kron_names!("w4": f16, bf16, f32)),
+    ((2, false), kron_names!("w2": f16, bf16, f32, f64, c64)),
+    (
+        (1, false),
+        kron_names!("w1": f16, bf16, f32, f64, c64, c128),
+    ),
+    ((1, true), kron_names!("split": c64, c128)),
+];
+
+/// The kernel for `d` with `w` elements per store, or the split stores; an error
+/// for a combination no kernel is built for.
+pub(super) fn kron_name(d: DType, w: i64, split: bool) -> Result<&'static str> {
+    match KRON.iter().find(|(store, _)| *store == (w, split)) {
+        Some((_, names)) => names.get(d),
+        None => crate::bail!(
+            crate::error::FK_ERROR_UNSUPPORTED,
+            "no Kronecker kernel for {w}-element{} stores",
+            if split { " split" } else { "" }
+        ),
+    }
 }
 
 /// Threads per block of the Kronecker kernel.
@@ -108,7 +121,7 @@ fn kron_config(p: &KronPlan, sm_count: i32) -> Result<KronLaunch> {
         w /= 2;
     }
     let split = p.out as i64 % es != 0;
-    let name = kron_name(p.dtype, w, split).expect("a kernel for every dtype and width");
+    let name = kron_name(p.dtype, w, split)?;
     let units = cols / w;
     let bx = (units.max(1) as u64)
         .next_power_of_two()

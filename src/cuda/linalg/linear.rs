@@ -6,37 +6,16 @@ use std::ffi::c_void;
 use super::{MODULE, slot_of};
 use crate::cuda::CudaDevice;
 use crate::cuda::cublas::{self, Epilogue, LtCall};
-use crate::cuda::launch::{BLOCK, grid_for, launch};
-use crate::dtype::DType;
+use crate::cuda::launch::{BLOCK, Names, grid_for, launch, per_dtype};
 use crate::error::Result;
 use crate::ops::linalg::{Activation, GemmPlan, LinearBwdPlan, LinearPlan, Trans, dense};
 use crate::stream::Stream;
 
-fn half_name(d: DType) -> &'static str {
-    match d {
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        _ => "f32",
-    }
-}
-
-macro_rules! names3 {
-    ($p:literal) => {
-        [
-            concat!($p, "_f16"),
-            concat!($p, "_bf16"),
-            concat!($p, "_f32"),
-        ]
-    };
-}
-
-fn linear_kernel(d: DType, names: [&'static str; 3]) -> &'static str {
-    match half_name(d) {
-        "f16" => names[0],
-        "bf16" => names[1],
-        _ => names[2],
-    }
-}
+/// The kernels of `FK_LINEAR_KERNELS` in `kernels/linalg.cu`, one per dtype the
+/// fused linear layer takes (`ops::linalg` admits no other).
+pub(super) const EPILOGUE: Names = per_dtype!("linear_epilogue": f16, bf16, f32);
+pub(super) const DZ: Names = per_dtype!("linear_dz": f16, bf16, f32);
+pub(super) const COLSUM_FINISH: Names = per_dtype!("colsum_finish": f16, bf16, f32);
 
 /// Mirrors `struct EpiArgs`.
 #[repr(C)]
@@ -61,7 +40,7 @@ fn epilogue_kernel(
     launch(
         dev,
         MODULE,
-        linear_kernel(p.dtype, names3!("linear_epilogue")),
+        EPILOGUE.get(p.dtype)?,
         (grid, 1, 1),
         (BLOCK, 1, 1),
         0,
@@ -233,7 +212,7 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
         launch(
             dev,
             MODULE,
-            linear_kernel(p.dtype, names3!("linear_dz")),
+            DZ.get(p.dtype)?,
             (gx as u32, splits as u32, 1),
             (32, 8, 1),
             0,
@@ -252,7 +231,7 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
         launch(
             dev,
             MODULE,
-            linear_kernel(p.dtype, names3!("colsum_finish")),
+            COLSUM_FINISH.get(p.dtype)?,
             (grid, 1, 1),
             (BLOCK, 1, 1),
             0,

@@ -51,3 +51,107 @@ pub fn gemm(dev: &CudaDevice, p: &GemmPlan, stream: &Stream) -> Result<()> {
     let g = slot.lock().unwrap_or_else(|e| e.into_inner());
     cublas::gemm_ex(&g, p)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::cuda::launch::{Names, kernel_suffix};
+    use crate::dtype::{ALL_DTYPES, DType};
+    use crate::error::{FK_ERROR_UNSUPPORTED, FK_ERROR_UNSUPPORTED_DTYPE};
+
+    /// The arguments of each `MACRO(...)` line of the source.
+    fn instances(src: &str, mac: &str) -> Vec<Vec<String>> {
+        src.lines()
+            .filter_map(|l| l.strip_prefix(&format!("{mac}(")))
+            .map(|rest| {
+                rest.trim_end_matches(')')
+                    .split(',')
+                    .map(|a| a.trim().to_string())
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Every name the launchers look up is an entry point of `kernels/linalg.cu`
+    /// and every entry point is looked up, each `{base}_{suffix}` (`kron_{suffix}_{store}`)
+    /// with the dtype's `kernel_suffix`.
+    #[test]
+    fn kernel_names_are_the_entry_points() {
+        let src = source();
+        for entry in [
+            "void linear_epilogue_##T(",
+            "void __launch_bounds__(256) linear_dz_##T(",
+            "void colsum_finish_##T(",
+            "kron_##T##_w##W(",
+            "kron_##T##_split(",
+        ] {
+            assert!(src.contains(entry), "{entry}");
+        }
+        let mut built = BTreeSet::new();
+        for a in instances(&src, "FK_LINEAR_KERNELS") {
+            for base in ["linear_epilogue", "linear_dz", "colsum_finish"] {
+                built.insert(format!("{base}_{}", a[0]));
+            }
+        }
+        for a in instances(&src, "FK_KRON_KERNEL") {
+            built.insert(format!("kron_{}_w{}", a[0], a[1]));
+        }
+        for a in instances(&src, "FK_KRON_SPLIT") {
+            built.insert(format!("kron_{}_split", a[0]));
+        }
+        let mut looked_up = BTreeSet::new();
+        let mut add = |names: &Names, name_of: &dyn Fn(DType) -> String| {
+            for &(d, name) in names.names {
+                assert_eq!(name, name_of(d));
+                looked_up.insert(name.to_string());
+            }
+        };
+        for names in [&linear::EPILOGUE, &linear::DZ, &linear::COLSUM_FINISH] {
+            add(names, &|d| format!("{}_{}", names.base, kernel_suffix(d)));
+        }
+        for ((w, split), names) in &kron::KRON {
+            let store = if *split {
+                "split".to_string()
+            } else {
+                format!("w{w}")
+            };
+            add(names, &|d| format!("kron_{}_{store}", kernel_suffix(d)));
+        }
+        assert_eq!(looked_up, built);
+        assert_eq!(built.len(), 3 * 3 + 18);
+    }
+
+    /// A dtype or store without a kernel is an error, never another dtype's kernel.
+    #[test]
+    fn no_kernel_is_an_error() {
+        for d in ALL_DTYPES {
+            let r = linear::EPILOGUE.get(d);
+            if matches!(d, DType::F16 | DType::BF16 | DType::F32) {
+                assert_eq!(r.unwrap(), format!("linear_epilogue_{}", kernel_suffix(d)));
+            } else {
+                let e = r.unwrap_err();
+                assert_eq!(e.status, FK_ERROR_UNSUPPORTED_DTYPE);
+                assert!(
+                    e.message
+                        .contains(&format!("no linear_epilogue_* kernel for dtype {d}")),
+                    "{}",
+                    e.message
+                );
+            }
+        }
+        let e = kron::kron_name(DType::F32, 8, false).unwrap_err();
+        assert_eq!(e.status, FK_ERROR_UNSUPPORTED_DTYPE);
+        assert!(e.message.contains("dtype f32"), "{}", e.message);
+        let e = kron::kron_name(DType::F32, 1, true).unwrap_err();
+        assert_eq!(e.status, FK_ERROR_UNSUPPORTED_DTYPE);
+        let e = kron::kron_name(DType::F32, 3, false).unwrap_err();
+        assert_eq!(e.status, FK_ERROR_UNSUPPORTED);
+        assert!(e.message.contains("3-element stores"), "{}", e.message);
+        assert_eq!(
+            kron::kron_name(DType::C128, 1, true).unwrap(),
+            "kron_c128_split"
+        );
+    }
+}

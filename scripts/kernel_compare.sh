@@ -71,31 +71,39 @@ images() {
   (cd "$src" && env "$@" FK_PREBUILT_OUT="$out" cargo test --release --test kernels_compile) >"$out.log" 2>&1
 }
 
+# BASE_REV's images are kept (per revision, families and architecture) and reused
+WT=$KC_DIR/base-${base:0:7}
+BASE_OUT=$KC_DIR/images-${base:0:12}-$ARCH-${FAMILIES//,/+}
+if [ -f "$BASE_OUT.done" ] && [ -d "$BASE_OUT" ]; then
+  echo "==> images of $BASE_REV (${base:0:12}): kept in $BASE_OUT"
+else
+  echo "==> images of $BASE_REV (${base:0:12}; worktree $WT)"
+  rm -f "$BASE_OUT.done"
+  if [ ! -e "$WT/.git" ]; then
+    git worktree add -q --detach "$WT" "$base"
+  else
+    git -C "$WT" checkout -q -f --detach "$base"
+  fi
+  cp tests/kernels_compile.rs "$WT/tests/kernels_compile.rs"
+  if ! images "$WT" "$BASE_OUT" CARGO_TARGET_DIR="$KC_DIR/target-base"; then
+    echo "    (the tree's tests/kernels_compile.rs failed there; $BASE_REV's own, every architecture)"
+    git -C "$WT" checkout -q -f -- tests/kernels_compile.rs
+    images "$WT" "$BASE_OUT" CARGO_TARGET_DIR="$KC_DIR/target-base" || {
+      tail -30 "$BASE_OUT.log" >&2
+      echo "kernel_compare.sh: $BASE_REV's kernels did not build or compile (log: $BASE_OUT.log)" >&2
+      exit 2
+    }
+  fi
+  git -C "$WT" checkout -q -f -- tests/kernels_compile.rs
+  touch "$BASE_OUT.done"
+fi
+
 echo "==> images of the working tree ($FAMILIES, $ARCH)"
 images "$ROOT" "$KC_DIR/tree" || {
   tail -30 "$KC_DIR/tree.log" >&2
   echo "kernel_compare.sh: the working tree's kernels did not build or compile (log: $KC_DIR/tree.log)" >&2
   exit 2
 }
-
-WT=$KC_DIR/base-${base:0:7}
-echo "==> images of $BASE_REV (${base:0:12}; worktree $WT)"
-if [ ! -e "$WT/.git" ]; then
-  git worktree add -q --detach "$WT" "$base"
-else
-  git -C "$WT" checkout -q -f --detach "$base"
-fi
-cp tests/kernels_compile.rs "$WT/tests/kernels_compile.rs"
-if ! images "$WT" "$KC_DIR/base" CARGO_TARGET_DIR="$KC_DIR/target-base"; then
-  echo "    (the tree's tests/kernels_compile.rs failed there; $BASE_REV's own, every architecture)"
-  git -C "$WT" checkout -q -f -- tests/kernels_compile.rs
-  images "$WT" "$KC_DIR/base" CARGO_TARGET_DIR="$KC_DIR/target-base" || {
-    tail -30 "$KC_DIR/base.log" >&2
-    echo "kernel_compare.sh: $BASE_REV's kernels did not build or compile (log: $KC_DIR/base.log)" >&2
-    exit 2
-  }
-fi
-git -C "$WT" checkout -q -f -- tests/kernels_compile.rs
 
 # cuobjdump -sass runs nvdisasm (found on PATH)
 CUOBJDUMP=$(command -v cuobjdump || true)
@@ -114,5 +122,5 @@ fi
 
 echo "==> comparison"
 rm -rf "$KC_DIR/diffs"
-"$PY" scripts/kernel_compare.py "$KC_DIR/base" "$KC_DIR/tree" --arch "$ARCH" --diffs "$KC_DIR/diffs" \
+"$PY" scripts/kernel_compare.py "$BASE_OUT" "$KC_DIR/tree" --arch "$ARCH" --diffs "$KC_DIR/diffs" \
   ${CUOBJDUMP:+--cuobjdump "$CUOBJDUMP"} ${RENAMES[@]+"${RENAMES[@]}"}

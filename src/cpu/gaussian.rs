@@ -9,9 +9,16 @@
 use rayon::prelude::*;
 
 pub use super::Real;
-use crate::dtype::DType;
+use super::{host_slice, host_slice_mut};
 use crate::error::Result;
+use crate::ops::Addr;
 use crate::ops::gaussian::{Grads, Inputs};
+
+// Safety of every `host_slice`/`host_slice_mut` below: `ops::gaussian` validated
+// each address as a contiguous host buffer of the call's dtype `T` and of the
+// length taken here (points [B,3], means [N,3], chol [N,3,3], weights [N], g
+// [B,N], dout [B], outputs as their shapes), and the outputs overlap no input and
+// no other output; each slice lives only within the op call.
 
 /// One Gaussian's factors: mean, weight, `1 / (L_ii + eps)` and the strictly
 /// lower part of L.
@@ -45,32 +52,15 @@ impl Factors {
     }
 }
 
-/// Reads `len` elements of `T` at `addr` (a validated, contiguous input).
-fn view<'a, T>(addr: usize, len: usize) -> &'a [T] {
-    if len == 0 {
-        return &[];
-    }
-    // SAFETY: `ops` validated that `addr` holds `len` elements of `T`.
-    unsafe { std::slice::from_raw_parts(addr as *const T, len) }
-}
-
-/// A mutable view of an output (validated: contiguous, no overlap with anything).
-fn view_mut<'a, T>(addr: usize, len: usize) -> &'a mut [T] {
-    if len == 0 {
-        return &mut [];
-    }
-    // SAFETY: as above; outputs overlap no input and no other output.
-    unsafe { std::slice::from_raw_parts_mut(addr as *mut T, len) }
-}
-
 fn factors<T: Real>(inp: &Inputs) -> Vec<Factors> {
     let n = inp.n as usize;
-    let means: &[T] = view(inp.means, n * 3);
-    let chol: &[T] = view(inp.chol, n * 9);
-    let weights: &[T] = if inp.weights != 0 {
-        view(inp.weights, n)
-    } else {
-        &[]
+    // SAFETY: see the top of the module (weights are None for the Mahalanobis ops).
+    let (means, chol, weights): (&[T], &[T], &[T]) = unsafe {
+        (
+            host_slice(inp.means, n * 3),
+            host_slice(inp.chol, n * 9),
+            host_slice(inp.weights, if inp.weights.is_some() { n } else { 0 }),
+        )
     };
     (0..n)
         .map(|i| {
@@ -104,11 +94,12 @@ fn sq(y: [f64; 3]) -> f64 {
 /// Points per parallel task of the forward ops.
 const ROWS: usize = 64;
 
-fn maha_fwd_t<T: Real>(inp: &Inputs, out: usize) {
+fn maha_fwd_t<T: Real>(inp: &Inputs, out: Option<Addr>) {
     let (b, n) = (inp.b as usize, inp.n as usize);
     let f = factors::<T>(inp);
-    let points: &[T] = view(inp.points, b * 3);
-    let out: &mut [T] = view_mut(out, b * n);
+    // SAFETY: see the top of the module.
+    let (points, out): (&[T], &mut [T]) =
+        unsafe { (host_slice(inp.points, b * 3), host_slice_mut(out, b * n)) };
     out.par_chunks_mut(n * ROWS)
         .enumerate()
         .for_each(|(c, rows)| {
@@ -121,19 +112,17 @@ fn maha_fwd_t<T: Real>(inp: &Inputs, out: usize) {
         });
 }
 
-pub fn mahalanobis_forward(inp: &Inputs, out: usize) -> Result<()> {
-    match inp.dtype {
-        DType::F64 => maha_fwd_t::<f64>(inp, out),
-        _ => maha_fwd_t::<f32>(inp, out),
-    }
+pub fn mahalanobis_forward(inp: &Inputs, out: Option<Addr>) -> Result<()> {
+    crate::with_real!(inp.dtype, T => maha_fwd_t::<T>(inp, out));
     Ok(())
 }
 
-fn field_fwd_t<T: Real>(inp: &Inputs, out: usize) {
+fn field_fwd_t<T: Real>(inp: &Inputs, out: Option<Addr>) {
     let b = inp.b as usize;
     let f = factors::<T>(inp);
-    let points: &[T] = view(inp.points, b * 3);
-    let out: &mut [T] = view_mut(out, b);
+    // SAFETY: see the top of the module.
+    let (points, out): (&[T], &mut [T]) =
+        unsafe { (host_slice(inp.points, b * 3), host_slice_mut(out, b)) };
     out.par_chunks_mut(ROWS).enumerate().for_each(|(c, o)| {
         for (r, o) in o.iter_mut().enumerate() {
             let p = point(points, c * ROWS + r);
@@ -143,11 +132,8 @@ fn field_fwd_t<T: Real>(inp: &Inputs, out: usize) {
     });
 }
 
-pub fn field_forward(inp: &Inputs, out: usize) -> Result<()> {
-    match inp.dtype {
-        DType::F64 => field_fwd_t::<f64>(inp, out),
-        _ => field_fwd_t::<f32>(inp, out),
-    }
+pub fn field_forward(inp: &Inputs, out: Option<Addr>) -> Result<()> {
+    crate::with_real!(inp.dtype, T => field_fwd_t::<T>(inp, out));
     Ok(())
 }
 
@@ -169,7 +155,8 @@ where
 {
     let (b, n) = (inp.b as usize, inp.n as usize);
     let f = factors::<T>(inp);
-    let points: &[T] = view(inp.points, b * 3);
+    // SAFETY: see the top of the module.
+    let points: &[T] = unsafe { host_slice(inp.points, b * 3) };
     let want_g = grads.per_gaussian();
     let nch = chunks(b);
     let per = b.div_ceil(nch).max(1);
@@ -212,8 +199,9 @@ where
             part
         })
         .collect();
-    if grads.dpoints != 0 {
-        let out: &mut [T] = view_mut(grads.dpoints, b * 3);
+    if grads.dpoints.is_some() {
+        // SAFETY: see the top of the module.
+        let out: &mut [T] = unsafe { host_slice_mut(grads.dpoints, b * 3) };
         for (o, v) in out.iter_mut().zip(&dp) {
             *o = T::from_f64(*v);
         }
@@ -227,16 +215,18 @@ where
             *t += v;
         }
     }
-    if grads.dmeans != 0 {
-        let out: &mut [T] = view_mut(grads.dmeans, n * 3);
+    if grads.dmeans.is_some() {
+        // SAFETY: see the top of the module.
+        let out: &mut [T] = unsafe { host_slice_mut(grads.dmeans, n * 3) };
         for i in 0..n {
             for c in 0..3 {
                 out[i * 3 + c] = T::from_f64(-total[i * K + c]);
             }
         }
     }
-    if grads.dchol != 0 {
-        let out: &mut [T] = view_mut(grads.dchol, n * 9);
+    if grads.dchol.is_some() {
+        // SAFETY: see the top of the module.
+        let out: &mut [T] = unsafe { host_slice_mut(grads.dchol, n * 9) };
         for i in 0..n {
             let t = &total[i * K..i * K + K];
             let l = [
@@ -249,30 +239,30 @@ where
             }
         }
     }
-    if grads.dweights != 0 {
-        let out: &mut [T] = view_mut(grads.dweights, n);
+    if grads.dweights.is_some() {
+        // SAFETY: see the top of the module.
+        let out: &mut [T] = unsafe { host_slice_mut(grads.dweights, n) };
         for i in 0..n {
             out[i] = T::from_f64(total[i * K + 9]);
         }
     }
 }
 
-fn maha_bwd_t<T: Real>(inp: &Inputs, g: usize, grads: &Grads) {
+fn maha_bwd_t<T: Real>(inp: &Inputs, g: Option<Addr>, grads: &Grads) {
     let n = inp.n as usize;
-    let gv: &[T] = view(g, inp.b as usize * n);
+    // SAFETY: see the top of the module.
+    let gv: &[T] = unsafe { host_slice(g, inp.b as usize * n) };
     backward_t::<T, _>(inp, grads, |b, i, _, _| (2.0 * gv[b * n + i].to_f64(), 0.0));
 }
 
-pub fn mahalanobis_backward(inp: &Inputs, g: usize, grads: &Grads) -> Result<()> {
-    match inp.dtype {
-        DType::F64 => maha_bwd_t::<f64>(inp, g, grads),
-        _ => maha_bwd_t::<f32>(inp, g, grads),
-    }
+pub fn mahalanobis_backward(inp: &Inputs, g: Option<Addr>, grads: &Grads) -> Result<()> {
+    crate::with_real!(inp.dtype, T => maha_bwd_t::<T>(inp, g, grads));
     Ok(())
 }
 
-fn field_bwd_t<T: Real>(inp: &Inputs, dout: usize, grads: &Grads) {
-    let dv: &[T] = view(dout, inp.b as usize);
+fn field_bwd_t<T: Real>(inp: &Inputs, dout: Option<Addr>, grads: &Grads) {
+    // SAFETY: see the top of the module.
+    let dv: &[T] = unsafe { host_slice(dout, inp.b as usize) };
     backward_t::<T, _>(inp, grads, |b, _, g, m| {
         // g_bn = dL/dm = dout_b w_n exp(-0.5 m) (-0.5); the solve needs 2 g.
         let de = dv[b].to_f64() * (-0.5 * m).exp();
@@ -280,10 +270,7 @@ fn field_bwd_t<T: Real>(inp: &Inputs, dout: usize, grads: &Grads) {
     });
 }
 
-pub fn field_backward(inp: &Inputs, dout: usize, grads: &Grads) -> Result<()> {
-    match inp.dtype {
-        DType::F64 => field_bwd_t::<f64>(inp, dout, grads),
-        _ => field_bwd_t::<f32>(inp, dout, grads),
-    }
+pub fn field_backward(inp: &Inputs, dout: Option<Addr>, grads: &Grads) -> Result<()> {
+    crate::with_real!(inp.dtype, T => field_bwd_t::<T>(inp, dout, grads));
     Ok(())
 }

@@ -7,7 +7,9 @@ use cudarc::driver::sys;
 use super::CudaDevice;
 use super::launch::launch;
 use crate::dtype::DType;
-use crate::error::{CudaContext as _, Result};
+use crate::error::{CudaContext as _, FK_ERROR_NULL_POINTER, Result};
+use crate::ops::Addr;
+use crate::ops::addr::raw;
 use crate::ops::gaussian::{Grads, Inputs};
 use crate::stream::Stream;
 
@@ -98,13 +100,16 @@ fn name(d: DType, f32_name: &'static str, f64_name: &'static str) -> &'static st
     if d == DType::F64 { f64_name } else { f32_name }
 }
 
-fn memset_zero(dev: &CudaDevice, ptr: usize, bytes: usize, stream: &Stream) -> Result<()> {
-    if ptr == 0 || bytes == 0 {
+fn memset_zero(dev: &CudaDevice, ptr: Option<Addr>, bytes: usize, stream: &Stream) -> Result<()> {
+    let Some(ptr) = ptr else {
+        return Ok(());
+    };
+    if bytes == 0 {
         return Ok(());
     }
     dev.bind()?;
     // SAFETY: `ptr` is a validated output of `bytes` bytes on this device.
-    unsafe { sys::cuMemsetD8Async(ptr as u64, 0, bytes, stream.raw as sys::CUstream) }
+    unsafe { sys::cuMemsetD8Async(ptr.get(), 0, bytes, stream.raw as sys::CUstream) }
         .result()
         .cuda("cuMemsetD8Async")
 }
@@ -125,7 +130,7 @@ struct MahaFwdArgs {
 pub fn mahalanobis_forward(
     dev: &CudaDevice,
     inp: &Inputs,
-    out: usize,
+    out: Option<Addr>,
     stream: &Stream,
 ) -> Result<()> {
     // Threads along N: enough for N (a warp at least), the rest along points.
@@ -133,10 +138,10 @@ pub fn mahalanobis_forward(
         .next_power_of_two()
         .max(32) as i64;
     let mut a = MahaFwdArgs {
-        points: inp.points as u64,
-        means: inp.means as u64,
-        chol: inp.chol as u64,
-        out: out as u64,
+        points: raw(inp.points),
+        means: raw(inp.means),
+        chol: raw(inp.chol),
+        out: raw(out),
         b: inp.b,
         n: inp.n,
         eps: inp.eps,
@@ -188,15 +193,20 @@ fn field_splits(b: i64) -> i64 {
     gs
 }
 
-pub fn field_forward(dev: &CudaDevice, inp: &Inputs, out: usize, stream: &Stream) -> Result<()> {
+pub fn field_forward(
+    dev: &CudaDevice,
+    inp: &Inputs,
+    out: Option<Addr>,
+    stream: &Stream,
+) -> Result<()> {
     let gs = field_splits(inp.b);
     let per_cta = (THREADS as i64 / gs) * FWD_PPT;
     let mut a = FieldFwdArgs {
-        points: inp.points as u64,
-        means: inp.means as u64,
-        chol: inp.chol as u64,
-        weights: inp.weights as u64,
-        out: out as u64,
+        points: raw(inp.points),
+        means: raw(inp.means),
+        chol: raw(inp.chol),
+        weights: raw(inp.weights),
+        out: raw(out),
         b: inp.b,
         n: inp.n,
         eps: inp.eps,
@@ -262,9 +272,9 @@ pub fn backward(
     dev: &CudaDevice,
     inp: &Inputs,
     field: bool,
-    g: usize,
+    g: Option<Addr>,
     grads: &Grads,
-    ws: usize,
+    ws: Option<Addr>,
     stream: &Stream,
 ) -> Result<()> {
     let (b, n, sz) = (inp.b, inp.n, inp.dtype.size());
@@ -278,18 +288,23 @@ pub fn backward(
     }
     let plan = BwdPlan::new(b, n);
     let (pp_elems, _) = plan.elems(b, n);
-    let base = (ws + WS_ALIGN - 1) / WS_ALIGN * WS_ALIGN;
-    let part_p = base as u64;
-    let part_g = (base + pp_elems as usize * sz) as u64;
+    let Some(ws) = ws else {
+        crate::bail!(
+            FK_ERROR_NULL_POINTER,
+            "the Gaussian backward needs a workspace for B = {b}, N = {n}"
+        );
+    };
+    let part_p = ws.align_up(WS_ALIGN as u64);
+    let part_g = part_p.byte_add(pp_elems as u64 * sz as u64);
     let scale = if field { field_scale() } else { 1.0 };
     let mut a = BwdArgs {
-        points: inp.points as u64,
-        means: inp.means as u64,
-        chol: inp.chol as u64,
-        weights: inp.weights as u64,
-        g: g as u64,
-        part_p,
-        part_g,
+        points: raw(inp.points),
+        means: raw(inp.means),
+        chol: raw(inp.chol),
+        weights: raw(inp.weights),
+        g: raw(g),
+        part_p: part_p.get(),
+        part_g: part_g.get(),
         b,
         n,
         n_pchunks: plan.n_pchunks,
@@ -298,7 +313,7 @@ pub fn backward(
         n_gtiles: plan.n_gtiles as i32,
         sg: plan.sg as i32,
         sp: plan.sp as i32,
-        want_p: (grads.dpoints != 0) as i32,
+        want_p: grads.dpoints.is_some() as i32,
         want_g: grads.per_gaussian() as i32,
         pad: 0,
     };
@@ -320,12 +335,12 @@ pub fn backward(
         &mut params,
     )?;
     let mut f = FinalizeArgs {
-        part_p,
-        part_g,
-        dpoints: grads.dpoints as u64,
-        dmeans: grads.dmeans as u64,
-        dchol: grads.dchol as u64,
-        dweights: grads.dweights as u64,
+        part_p: part_p.get(),
+        part_g: part_g.get(),
+        dpoints: raw(grads.dpoints),
+        dmeans: raw(grads.dmeans),
+        dchol: raw(grads.dchol),
+        dweights: raw(grads.dweights),
         b,
         n,
         inv_s: 1.0 / scale,

@@ -17,17 +17,19 @@
 //! backwards reduce over points and Gaussians deterministically through a
 //! caller-provided workspace (`backward_workspace_bytes`); see docs/gaussian.md.
 
-use crate::buffer::{Buffer, check_same_device};
+use crate::buffer::Buffer;
 use crate::context::{Context, Device};
 use crate::dtype::DType;
 use crate::error::{
-    FK_ERROR_ALIASING, FK_ERROR_BUFFER_TOO_SMALL, FK_ERROR_DTYPE_MISMATCH,
-    FK_ERROR_INVALID_ARGUMENT, FK_ERROR_NULL_POINTER, FK_ERROR_SHAPE_MISMATCH,
-    FK_ERROR_UNSUPPORTED, FK_ERROR_UNSUPPORTED_DTYPE, Result,
+    FK_ERROR_BUFFER_TOO_SMALL, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_NULL_POINTER,
+    FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
+use crate::ops::Addr;
+use crate::ops::check::{self, Named};
 use crate::stream::Stream;
 
-/// Validated inputs, as addresses the backends read.
+/// Validated inputs, as addresses the backends read (`None`: an empty buffer, or
+/// no weights for the Mahalanobis ops).
 #[derive(Debug, Clone, Copy)]
 pub struct Inputs {
     pub dtype: DType,
@@ -35,67 +37,41 @@ pub struct Inputs {
     pub b: i64,
     /// Number of Gaussians.
     pub n: i64,
-    pub points: usize,
-    pub means: usize,
-    pub chol: usize,
-    /// 0 for the Mahalanobis ops.
-    pub weights: usize,
+    pub points: Option<Addr>,
+    pub means: Option<Addr>,
+    pub chol: Option<Addr>,
+    pub weights: Option<Addr>,
     pub eps: f64,
 }
 
-/// Backward outputs; 0 = not wanted.
+/// Backward outputs; `None` = not wanted.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Grads {
-    pub dpoints: usize,
-    pub dmeans: usize,
-    pub dchol: usize,
-    pub dweights: usize,
+    pub dpoints: Option<Addr>,
+    pub dmeans: Option<Addr>,
+    pub dchol: Option<Addr>,
+    pub dweights: Option<Addr>,
 }
 
 impl Grads {
     pub fn any(&self) -> bool {
-        self.dpoints != 0 || self.dmeans != 0 || self.dchol != 0 || self.dweights != 0
+        self.dpoints.is_some() || self.per_gaussian()
     }
     /// Whether any per-Gaussian sum (over points) is wanted.
     pub fn per_gaussian(&self) -> bool {
-        self.dmeans != 0 || self.dchol != 0 || self.dweights != 0
+        self.dmeans.is_some() || self.dchol.is_some() || self.dweights.is_some()
     }
 }
 
-fn shape_str(s: &[i64]) -> String {
-    format!("{s:?}")
-}
+/// The element types of the Gaussian ops.
+const DTYPES: [DType; 2] = [DType::F32, DType::F64];
+const OPS: &str = "the Gaussian ops";
 
-fn check_dtype(buf: &Buffer, name: &str, dtype: DType) -> Result<()> {
-    crate::ensure!(
-        buf.dtype == dtype,
-        FK_ERROR_DTYPE_MISMATCH,
-        "{name} has dtype {} but points has dtype {dtype} (every buffer of the call must share it)",
-        buf.dtype
-    );
-    Ok(())
-}
-
-fn check_shape(buf: &Buffer, name: &str, want: &[i64], form: &str) -> Result<()> {
-    crate::ensure!(
-        buf.shape.as_slice() == want,
-        FK_ERROR_SHAPE_MISMATCH,
-        "{name} has shape {} but must be {form} = {}",
-        shape_str(&buf.shape),
-        shape_str(want)
-    );
-    Ok(())
-}
-
-fn check_contiguous(buf: &Buffer, name: &str) -> Result<()> {
-    crate::ensure!(
-        buf.is_contiguous(),
-        FK_ERROR_UNSUPPORTED,
-        "{name} (shape {:?}, strides {:?}) is not contiguous; the Gaussian ops need row-major contiguous buffers (copy it with fk_copy first)",
-        buf.shape,
-        buf.strides
-    );
-    Ok(())
+/// An input of the call's dtype (that of `points`), shape and contiguous.
+fn input(buf: &Buffer, name: &str, dtype: DType, want: &[i64], form: &str) -> Result<()> {
+    check::same_dtype(buf, name, dtype, "points")?;
+    check::shape(buf, name, want, form)?;
+    check::contiguous(buf, name)
 }
 
 /// Checks the shared inputs; returns them with `B` and `N`.
@@ -106,97 +82,57 @@ fn inputs(
     weights: Option<&Buffer>,
     eps: f64,
 ) -> Result<Inputs> {
-    let dtype = points.dtype;
-    crate::ensure!(
-        matches!(dtype, DType::F32 | DType::F64),
-        FK_ERROR_UNSUPPORTED_DTYPE,
-        "points has dtype {dtype}; the Gaussian ops take f32 or f64"
-    );
-    check_dtype(means, "means", dtype)?;
-    check_dtype(chol, "chol", dtype)?;
+    let dtype = check::dtype_in(points, "points", &DTYPES, OPS)?;
+    check::same_dtype(means, "means", dtype, "points")?;
+    check::same_dtype(chol, "chol", dtype, "points")?;
     if let Some(w) = weights {
-        check_dtype(w, "weights", dtype)?;
+        check::same_dtype(w, "weights", dtype, "points")?;
     }
-    crate::ensure!(
-        points.shape.len() == 2 && points.shape[1] == 3,
-        FK_ERROR_SHAPE_MISMATCH,
-        "points has shape {} but must be [B, 3]",
-        shape_str(&points.shape)
-    );
-    crate::ensure!(
-        means.shape.len() == 2 && means.shape[1] == 3,
-        FK_ERROR_SHAPE_MISMATCH,
-        "means has shape {} but must be [N, 3]",
-        shape_str(&means.shape)
-    );
-    let (b, n) = (points.shape[0], means.shape[0]);
-    check_shape(chol, "chol", &[n, 3, 3], "[N, 3, 3] (N from means)")?;
+    let b = check::shape_like(points, "points", &[None, Some(3)], "[B, 3]")?[0];
+    let n = check::shape_like(means, "means", &[None, Some(3)], "[N, 3]")?[0];
+    check::shape(chol, "chol", &[n, 3, 3], "[N, 3, 3] (N from means)")?;
     if let Some(w) = weights {
-        check_shape(w, "weights", &[n], "[N] (N from means)")?;
+        check::shape(w, "weights", &[n], "[N] (N from means)")?;
     }
-    check_contiguous(points, "points")?;
-    check_contiguous(means, "means")?;
-    check_contiguous(chol, "chol")?;
+    check::contiguous(points, "points")?;
+    check::contiguous(means, "means")?;
+    check::contiguous(chol, "chol")?;
     if let Some(w) = weights {
-        check_contiguous(w, "weights")?;
+        check::contiguous(w, "weights")?;
     }
-    crate::ensure!(
-        eps.is_finite() && eps >= 0.0,
-        FK_ERROR_INVALID_ARGUMENT,
-        "eps = {eps} must be finite and >= 0"
-    );
+    check::finite_nonneg(eps, "eps")?;
     Ok(Inputs {
         dtype,
         b,
         n,
-        points: points.data,
-        means: means.data,
-        chol: chol.data,
-        weights: weights.map_or(0, |w| w.data),
+        points: Addr::of(points),
+        means: Addr::of(means),
+        chol: Addr::of(chol),
+        weights: Addr::of_opt(weights),
         eps,
     })
 }
 
 /// Checks an output: dtype, shape, contiguity, writability, and no overlap with
 /// any input or earlier output.
-fn check_output(
+fn output(
     buf: &Buffer,
     name: &str,
     dtype: DType,
     want: &[i64],
     form: &str,
-    others: &[(&Buffer, &str)],
+    others: &[Named],
 ) -> Result<()> {
-    check_dtype(buf, name, dtype)?;
-    check_shape(buf, name, want, form)?;
-    check_contiguous(buf, name)?;
-    buf.check_writable(name)?;
-    for (o, oname) in others {
-        crate::ensure!(
-            !buf.overlaps(o),
-            FK_ERROR_ALIASING,
-            "{name} overlaps {oname}; outputs must not share memory with inputs or other outputs"
-        );
-    }
-    Ok(())
-}
-
-fn devices(device: Device, bufs: &[(Option<&Buffer>, &str)], stream: &Stream) -> Result<()> {
-    let present: Vec<(&Buffer, &str)> = bufs
-        .iter()
-        .filter_map(|(b, n)| b.map(|b| (b, *n)))
-        .collect();
-    check_same_device(device, &present)?;
-    stream.check_device(device)
+    check::dense_output(buf, name, (dtype, "points"), (want, form), others)
 }
 
 /// Bytes of workspace the backward ops need for `b` points and `n` Gaussians of
 /// `dtype` on `ctx` (0 on the CPU, and whenever `b` or `n` is 0).
 pub fn backward_workspace_bytes(ctx: &Context, dtype: DType, b: i64, n: i64) -> Result<usize> {
     crate::ensure!(
-        matches!(dtype, DType::F32 | DType::F64),
+        DTYPES.contains(&dtype),
         FK_ERROR_UNSUPPORTED_DTYPE,
-        "dtype is {dtype}; the Gaussian ops take f32 or f64"
+        "dtype is {dtype}; {OPS} take f32 or f64"
     );
     crate::ensure!(
         b >= 0 && n >= 0,
@@ -209,17 +145,17 @@ pub fn backward_workspace_bytes(ctx: &Context, dtype: DType, b: i64, n: i64) -> 
     })
 }
 
-/// Checks the workspace of a backward call; returns its address (0 when none is
-/// needed).
+/// Checks the workspace of a backward call; returns its address (`None` when none
+/// is needed).
 fn workspace_arg(
     ws: Option<&Buffer>,
     ctx: &Context,
     inp: &Inputs,
-    others: &[(&Buffer, &str)],
-) -> Result<usize> {
+    others: &[Named],
+) -> Result<Option<Addr>> {
     let need = backward_workspace_bytes(ctx, inp.dtype, inp.b, inp.n)?;
     if need == 0 {
-        return Ok(0);
+        return Ok(None);
     }
     let Some(ws) = ws else {
         crate::bail!(
@@ -231,7 +167,7 @@ fn workspace_arg(
             inp.dtype
         );
     };
-    check_contiguous(ws, "workspace")?;
+    check::contiguous(ws, "workspace")?;
     ws.check_writable("workspace")?;
     crate::ensure!(
         ws.nbytes() >= need,
@@ -239,14 +175,8 @@ fn workspace_arg(
         "workspace holds {} bytes but this call needs {need} (fk_gaussian_backward_workspace_size)",
         ws.nbytes()
     );
-    for (o, oname) in others {
-        crate::ensure!(
-            !ws.overlaps(o),
-            FK_ERROR_ALIASING,
-            "workspace overlaps {oname}"
-        );
-    }
-    Ok(ws.data)
+    check::disjoint(ws, "workspace", others)?;
+    Ok(Addr::of(ws))
 }
 
 /// `out[b,n] = |(L_n + eps I)^-1 (p_b - mu_n)|^2`.
@@ -259,7 +189,7 @@ pub fn mahalanobis_forward(
     stream: &Stream,
 ) -> Result<()> {
     let device = points.device();
-    devices(
+    check::devices(
         device,
         &[
             (Some(means), "means"),
@@ -269,7 +199,7 @@ pub fn mahalanobis_forward(
         stream,
     )?;
     let inp = inputs(points, means, chol, None, eps)?;
-    check_output(
+    output(
         out,
         "out",
         inp.dtype,
@@ -281,11 +211,11 @@ pub fn mahalanobis_forward(
         return Ok(());
     }
     match device {
-        Device::Cpu => crate::cpu::gaussian::mahalanobis_forward(&inp, out.data),
+        Device::Cpu => crate::cpu::gaussian::mahalanobis_forward(&inp, Addr::of(out)),
         Device::Cuda(_) => crate::cuda::gaussian::mahalanobis_forward(
             points.ctx.cuda_dev(),
             &inp,
-            out.data,
+            Addr::of(out),
             stream,
         ),
     }
@@ -306,7 +236,7 @@ pub fn mahalanobis_backward(
     stream: &Stream,
 ) -> Result<()> {
     let device = points.device();
-    devices(
+    check::devices(
         device,
         &[
             (Some(means), "means"),
@@ -320,15 +250,14 @@ pub fn mahalanobis_backward(
         stream,
     )?;
     let inp = inputs(points, means, chol, None, eps)?;
-    check_dtype(g, "g", inp.dtype)?;
-    check_shape(
+    input(
         g,
         "g",
+        inp.dtype,
         &[inp.b, inp.n],
         "[B, N] (B from points, N from means)",
     )?;
-    check_contiguous(g, "g")?;
-    let mut seen: Vec<(&Buffer, &str)> = vec![
+    let mut seen: Vec<Named> = vec![
         (points, "points"),
         (means, "means"),
         (chol, "chol"),
@@ -340,12 +269,12 @@ pub fn mahalanobis_backward(
     }
     let ws = workspace_arg(workspace, &points.ctx, &inp, &seen)?;
     match device {
-        Device::Cpu => crate::cpu::gaussian::mahalanobis_backward(&inp, g.data, &grads),
+        Device::Cpu => crate::cpu::gaussian::mahalanobis_backward(&inp, Addr::of(g), &grads),
         Device::Cuda(_) => crate::cuda::gaussian::backward(
             points.ctx.cuda_dev(),
             &inp,
             false,
-            g.data,
+            Addr::of(g),
             &grads,
             ws,
             stream,
@@ -360,29 +289,24 @@ fn backward_outputs<'a>(
     dmeans: Option<&'a Buffer>,
     dchol: Option<&'a Buffer>,
     dweights: Option<&'a Buffer>,
-    seen: &mut Vec<(&'a Buffer, &'static str)>,
+    seen: &mut Vec<Named<'a>>,
 ) -> Result<Grads> {
-    let (b, n, d) = (inp.b, inp.n, inp.dtype);
-    let mut grads = Grads::default();
-    let specs: [(Option<&'a Buffer>, &'static str, Vec<i64>, &str); 4] = [
-        (dpoints, "dpoints", vec![b, 3], "[B, 3] (B from points)"),
-        (dmeans, "dmeans", vec![n, 3], "[N, 3] (N from means)"),
-        (dchol, "dchol", vec![n, 3, 3], "[N, 3, 3] (N from means)"),
-        (dweights, "dweights", vec![n], "[N] (N from means)"),
-    ];
-    for (i, (buf, name, shape, form)) in specs.into_iter().enumerate() {
-        if let Some(buf) = buf {
-            check_output(buf, name, d, &shape, form, seen)?;
-            seen.push((buf, name));
-            match i {
-                0 => grads.dpoints = buf.data,
-                1 => grads.dmeans = buf.data,
-                2 => grads.dchol = buf.data,
-                _ => grads.dweights = buf.data,
-            }
-        }
-    }
-    Ok(grads)
+    let (b, n) = (inp.b, inp.n);
+    let mut grad = |buf: Option<&'a Buffer>, name: &'static str, want: &[i64], form: &str| {
+        let Some(buf) = buf else {
+            return Ok(None);
+        };
+        output(buf, name, inp.dtype, want, form, seen)?;
+        seen.push((buf, name));
+        Ok::<_, crate::error::Error>(Addr::of(buf))
+    };
+    // (in this order: an overlap names the later of the two)
+    Ok(Grads {
+        dpoints: grad(dpoints, "dpoints", &[b, 3], "[B, 3] (B from points)")?,
+        dmeans: grad(dmeans, "dmeans", &[n, 3], "[N, 3] (N from means)")?,
+        dchol: grad(dchol, "dchol", &[n, 3, 3], "[N, 3, 3] (N from means)")?,
+        dweights: grad(dweights, "dweights", &[n], "[N] (N from means)")?,
+    })
 }
 
 /// `out[b] = sum_n w_n exp(-0.5 m[b,n])`, fused.
@@ -396,7 +320,7 @@ pub fn field_forward(
     stream: &Stream,
 ) -> Result<()> {
     let device = points.device();
-    devices(
+    check::devices(
         device,
         &[
             (Some(means), "means"),
@@ -407,7 +331,7 @@ pub fn field_forward(
         stream,
     )?;
     let inp = inputs(points, means, chol, Some(weights), eps)?;
-    check_output(
+    output(
         out,
         "out",
         inp.dtype,
@@ -424,9 +348,9 @@ pub fn field_forward(
         return Ok(());
     }
     match device {
-        Device::Cpu => crate::cpu::gaussian::field_forward(&inp, out.data),
+        Device::Cpu => crate::cpu::gaussian::field_forward(&inp, Addr::of(out)),
         Device::Cuda(_) => {
-            crate::cuda::gaussian::field_forward(points.ctx.cuda_dev(), &inp, out.data, stream)
+            crate::cuda::gaussian::field_forward(points.ctx.cuda_dev(), &inp, Addr::of(out), stream)
         }
     }
 }
@@ -448,7 +372,7 @@ pub fn field_backward(
     stream: &Stream,
 ) -> Result<()> {
     let device = points.device();
-    devices(
+    check::devices(
         device,
         &[
             (Some(means), "means"),
@@ -464,10 +388,8 @@ pub fn field_backward(
         stream,
     )?;
     let inp = inputs(points, means, chol, Some(weights), eps)?;
-    check_dtype(dout, "dout", inp.dtype)?;
-    check_shape(dout, "dout", &[inp.b], "[B] (B from points)")?;
-    check_contiguous(dout, "dout")?;
-    let mut seen: Vec<(&Buffer, &str)> = vec![
+    input(dout, "dout", inp.dtype, &[inp.b], "[B] (B from points)")?;
+    let mut seen: Vec<Named> = vec![
         (points, "points"),
         (means, "means"),
         (chol, "chol"),
@@ -480,12 +402,12 @@ pub fn field_backward(
     }
     let ws = workspace_arg(workspace, &points.ctx, &inp, &seen)?;
     match device {
-        Device::Cpu => crate::cpu::gaussian::field_backward(&inp, dout.data, &grads),
+        Device::Cpu => crate::cpu::gaussian::field_backward(&inp, Addr::of(dout), &grads),
         Device::Cuda(_) => crate::cuda::gaussian::backward(
             points.ctx.cuda_dev(),
             &inp,
             true,
-            dout.data,
+            Addr::of(dout),
             &grads,
             ws,
             stream,

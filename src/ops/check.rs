@@ -8,6 +8,7 @@
 //! - `{name} has dtype {got} but {other} has dtype {want}`
 //! - `{name} has dtype {got}; {what} take {allowed}`
 //! - `{name} has shape {got} but must be {form} = {want}` (exact shape)
+//! - `{name} has shape {got} but must be {form}` (a pattern: `[B, 3]`)
 //! - `{name} must be {form} but has shape {got}` (rank or form only)
 //! - `{name} with shape {s} and strides {t} is not contiguous; {name} must be
 //!   contiguous (row-major): copy it with fk_copy first`
@@ -87,6 +88,28 @@ pub fn shape(buf: &Buffer, name: &str, want: &[i64], form: &str) -> Result<()> {
         buf.shape
     );
     Ok(())
+}
+
+/// `buf`'s shape matches `pattern`, `None` matching any extent; `form` spells
+/// the pattern ("[B, 3]"). Returns the shape.
+pub fn shape_like<'a>(
+    buf: &'a Buffer,
+    name: &str,
+    pattern: &[Option<i64>],
+    form: &str,
+) -> Result<&'a [i64]> {
+    crate::ensure!(
+        buf.shape.len() == pattern.len()
+            && buf
+                .shape
+                .iter()
+                .zip(pattern)
+                .all(|(&d, p)| p.is_none_or(|p| p == d)),
+        FK_ERROR_SHAPE_MISMATCH,
+        "{name} has shape {:?} but must be {form}",
+        buf.shape
+    );
+    Ok(&buf.shape)
 }
 
 /// `buf` has `ndim` dimensions; `form` describes them ("a [B, D] matrix").

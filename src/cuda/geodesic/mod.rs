@@ -1,0 +1,177 @@
+//! Launcher for `kernels/geodesic.cu` (docs/geodesic.md has the design).
+//!
+//! - `names`: the modules (`geodesic_<op>_<dtype>_r<RP>_d<DJ>`, one fast kernel each,
+//!   and `geodesic_<op>_<dtype>_generic`) and kernel names, and each module's source.
+//! - `plan`: which kernel runs an op, a pure function of the op, the job and the
+//!   device's limits: the fast kernel (and its variant: strict, U and W in registers,
+//!   TF32, 3xTF32) where its shared memory fits the device's opt-in limit; otherwise
+//!   the cuBLAS route (`route`), or the generic kernel when cuBLAS cannot be loaded, the
+//!   route's memory cannot be had, or with `FK_GEO_FORCE_GENERIC`. Also the workspace
+//!   layouts and the shared-memory sizes the kernel source checks.
+//! - `args`: the kernels' argument structs (layouts asserted on both sides).
+//! - `route`: the cuBLAS route's op sequences.
+//!
+//! `run` asks the plan, then packs the arguments, allocates the workspace and launches
+//! (for the backwards' fast and generic kernels, `geo_reduce` sums the dU, dW partials).
+
+mod args;
+mod names;
+mod plan;
+mod route;
+#[cfg(test)]
+mod route_tests;
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use cudarc::driver::{result, sys};
+
+use self::args::{GeoArgs, ReduceArgs};
+use self::plan::{KernelPlan, Limits, NT, PartLayout, Plan};
+use self::route::GemmRoute;
+use super::launch::launch;
+use super::{CudaDevice, Workspace};
+use crate::error::{CudaContext as _, FK_ERROR_OUT_OF_MEMORY, Result};
+use crate::ops::geodesic::{Job, Kind};
+use crate::stream::Stream;
+
+pub use self::names::MODULES;
+
+/// The device's opt-in shared memory per block, cached per ordinal.
+fn max_smem(dev: &CudaDevice) -> Result<usize> {
+    static CACHE: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
+    let mut g = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(v) = g.as_ref().and_then(|m| m.get(&dev.ordinal)) {
+        return Ok(*v);
+    }
+    dev.bind()?;
+    let mut cu_dev: sys::CUdevice = 0;
+    // SAFETY: writes one device handle; the device's primary context is current.
+    unsafe { sys::cuCtxGetDevice(&mut cu_dev) }
+        .result()
+        .cuda("cuCtxGetDevice")?;
+    // SAFETY: valid device handle.
+    let v = unsafe {
+        result::device::get_attribute(
+            cu_dev,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )
+    }
+    .cuda("cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)")? as usize;
+    g.get_or_insert_with(HashMap::new).insert(dev.ordinal, v);
+    Ok(v)
+}
+
+/// Runs one geodesic op on `stream` (validated by `ops::geodesic`).
+pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<()> {
+    let max_smem = max_smem(dev)?;
+    let lim = Limits {
+        max_smem,
+        sms: dev.sm_count.max(1) as usize,
+        // cuBLAS is loaded only for an op that may take the route
+        cublas: plan::route_possible(kind, job, max_smem) && super::cublas::load().is_ok(),
+    };
+    match plan::plan(kind, job, &lim)? {
+        Plan::Kernel(k) => run_kernel(dev, job, &k, stream),
+        Plan::Route { route, fallback } => match GemmRoute::new(dev, job, stream, route) {
+            Ok(r) => r.run(kind),
+            // nothing queued yet: the generic kernels, which need less memory
+            Err(e) if e.status == FK_ERROR_OUT_OF_MEMORY => run_kernel(dev, job, &fallback, stream),
+            Err(e) => Err(e),
+        },
+    }
+}
+
+/// Launches the kernel of plan `k`, then for the backwards `geo_reduce` of the dU and
+/// dW partials.
+fn run_kernel(dev: &CudaDevice, job: &Job, k: &KernelPlan, stream: &Stream) -> Result<()> {
+    let ws = if k.ws_bytes > 0 {
+        Some(Workspace::new(dev, k.ws_bytes, stream.raw)?)
+    } else {
+        None
+    };
+    let base = ws.as_ref().map_or(0, |w| w.ptr);
+    let at = |off: Option<usize>| off.map_or(0, |o| base + o as u64);
+    let (du_part, dw_part) = (at(k.du_part), at(k.dw_part));
+    let mut args = GeoArgs {
+        b: job.b as i64,
+        d: job.d as i64,
+        r: job.r as i64,
+        steps: job.steps as i64,
+        dt: job.dt,
+        c: job.c,
+        x0: job.x0 as u64,
+        v0: job.v0 as u64,
+        f: job.f as u64,
+        u: job.u as u64,
+        w: job.w as u64,
+        mu: job.mu as u64,
+        g: job.g as u64,
+        gx: job.gx as u64,
+        gv: job.gv as u64,
+        x_out: job.x_out as u64,
+        v_out: job.v_out as u64,
+        traj: job.traj as u64,
+        gamma: job.gamma as u64,
+        dx: job.dx as u64,
+        dv: job.dv as u64,
+        df: job.df as u64,
+        du_part,
+        dw_part,
+        ws: base,
+        ws_per_cta: k.per_cta as i64,
+        want: k.want,
+        vec_ok: i32::from(job.v0 % 16 == 0 && (job.d * job.dtype.size()) % 16 == 0),
+        smem_bytes: k.smem as u32,
+        pad: 0,
+    };
+    launch(
+        dev,
+        k.module,
+        k.kernel,
+        (k.grid as u32, 1, 1),
+        (k.threads, 1, 1),
+        k.smem as u32,
+        stream.raw,
+        &mut [&mut args as *mut GeoArgs as *mut c_void],
+    )?;
+    if job.du != 0 {
+        reduce(dev, k, du_part, job.du, stream)?;
+    }
+    if job.dw != 0 {
+        reduce(dev, k, dw_part, job.dw, stream)?;
+    }
+    drop(ws);
+    Ok(())
+}
+
+/// `geo_reduce`: `out` (`[D][R]`) = the sum of plan `k`'s `grid` partials at `parts`.
+fn reduce(dev: &CudaDevice, k: &KernelPlan, parts: u64, out: usize, stream: &Stream) -> Result<()> {
+    let l: PartLayout = k.parts;
+    let mut a = ReduceArgs {
+        parts,
+        out: out as u64,
+        nparts: k.grid as i64,
+        n: l.n as i64,
+        d: l.d as i64,
+        r: l.r as i64,
+        kw: l.kw,
+        pv: l.pv,
+        rq: l.rq,
+        pad: 0,
+    };
+    let grid =
+        l.n.div_ceil(NT as usize)
+            .clamp(1, dev.sm_count.max(1) as usize * 8) as u32;
+    launch(
+        dev,
+        k.reduce_module,
+        "geo_reduce",
+        (grid, 1, 1),
+        (NT, 1, 1),
+        0,
+        stream.raw,
+        &mut [&mut a as *mut ReduceArgs as *mut c_void],
+    )
+}

@@ -1,0 +1,321 @@
+//! The family's one naming scheme, for modules and kernels:
+//!
+//! - module `geodesic_<op>_<dtype>_<cfg>`: `<op>` `christoffel_fwd`, `christoffel_bwd`,
+//!   `leapfrog_fwd`, `leapfrog_bwd`; `<dtype>` `f32` or `f64`; `<cfg>` the fast tile
+//!   `r<RP>_d<DJ>` (one fast kernel per module, a program compiles only those it uses)
+//!   or `generic` (the generic kernel, the route's elementwise kernels and, for the
+//!   backwards, `geo_reduce`);
+//! - kernel `geo_<k><variant>_r<RP>_d<DJ>` (fast) or `geo_<k>_gen` (generic): `<k>`
+//!   `chr_fwd`, `chr_bwd`, `lf_fwd`, `lf_bwd`; `<variant>` empty (strict), `_tc` (TF32,
+//!   the f32 forwards' modules) or `_tc3` (3xTF32, the f32 leapfrog forward's).
+//!
+//! `concat!` builds the tables at compile time (the launcher takes `&'static str`); a
+//! unit test checks every entry against the scheme written out with `format!`. Only
+//! f32 and f64 have kernels: any other dtype is an error, never another dtype's module.
+
+use crate::dtype::DType;
+use crate::error::{FK_ERROR_INTERNAL, FK_ERROR_UNSUPPORTED_DTYPE, Result};
+use crate::ops::geodesic::Kind;
+
+use super::plan::{self, Tile, Variant};
+
+/// `[$m!(args.., RP, DJ)]` over the 12 fast tiles in `Tile::index` order.
+macro_rules! per_tile {
+    ($m:ident, $($a:tt),*) => {
+        [
+            $m!($($a),*, 8, 2), $m!($($a),*, 8, 4), $m!($($a),*, 8, 8), $m!($($a),*, 8, 16),
+            $m!($($a),*, 16, 2), $m!($($a),*, 16, 4), $m!($($a),*, 16, 8), $m!($($a),*, 16, 16),
+            $m!($($a),*, 32, 2), $m!($($a),*, 32, 4), $m!($($a),*, 32, 8), $m!($($a),*, 32, 16),
+        ]
+    };
+}
+
+/// A module entry: `(name, source)`.
+type Module = (&'static str, fn() -> String);
+
+macro_rules! fast_module {
+    ($kind:ident, $op:literal, $dt:ident, $t:literal, $rp:literal, $dj:literal) => {
+        (
+            concat!("geodesic_", $op, "_", $t, "_r", $rp, "_d", $dj),
+            (|| source(Kind::$kind, DType::$dt, Some(Tile { rp: $rp, dj: $dj }))) as fn() -> String,
+        )
+    };
+}
+
+/// One op's modules for one dtype: the 12 fast tiles, then the generic module.
+macro_rules! op_modules {
+    ($kind:ident, $op:literal, $dt:ident, $t:literal) => {
+        with_generic(
+            per_tile!(fast_module, $kind, $op, $dt, $t),
+            (concat!("geodesic_", $op, "_", $t, "_generic"), || {
+                source(Kind::$kind, DType::$dt, None)
+            }),
+        )
+    };
+}
+
+/// Modules per op and dtype (12 fast + 1 generic).
+const PER: usize = 13;
+
+const fn with_generic(fast: [Module; PER - 1], generic: Module) -> [Module; PER] {
+    let mut all = [generic; PER];
+    let mut i = 0;
+    while i < PER - 1 {
+        all[i] = fast[i];
+        i += 1;
+    }
+    all
+}
+
+/// By `kind_index`, then dtype (f32, f64).
+const OPS: [[[Module; PER]; 2]; 4] = [
+    [
+        op_modules!(ChristoffelForward, "christoffel_fwd", F32, "f32"),
+        op_modules!(ChristoffelForward, "christoffel_fwd", F64, "f64"),
+    ],
+    [
+        op_modules!(ChristoffelBackward, "christoffel_bwd", F32, "f32"),
+        op_modules!(ChristoffelBackward, "christoffel_bwd", F64, "f64"),
+    ],
+    [
+        op_modules!(LeapfrogForward, "leapfrog_fwd", F32, "f32"),
+        op_modules!(LeapfrogForward, "leapfrog_fwd", F64, "f64"),
+    ],
+    [
+        op_modules!(LeapfrogBackward, "leapfrog_bwd", F32, "f32"),
+        op_modules!(LeapfrogBackward, "leapfrog_bwd", F64, "f64"),
+    ],
+];
+
+/// `(name, source)` of the family's kernel modules, by op, dtype and configuration.
+pub const MODULES: [Module; 4 * 2 * PER] = {
+    let mut all = [OPS[0][0][0]; 4 * 2 * PER];
+    let mut i = 0;
+    while i < 4 * 2 * PER {
+        all[i] = OPS[i / (2 * PER)][(i / PER) % 2][i % PER];
+        i += 1;
+    }
+    all
+};
+
+macro_rules! fast_kernel {
+    ($k:literal, $v:literal, $rp:literal, $dj:literal) => {
+        concat!("geo_", $k, $v, "_r", $rp, "_d", $dj)
+    };
+}
+
+/// The fast kernels by `kind_index` and `Tile::index`.
+const FAST: [[&str; PER - 1]; 4] = [
+    per_tile!(fast_kernel, "chr_fwd", ""),
+    per_tile!(fast_kernel, "chr_bwd", ""),
+    per_tile!(fast_kernel, "lf_fwd", ""),
+    per_tile!(fast_kernel, "lf_bwd", ""),
+];
+/// The TF32 variants of the f32 forwards (Christoffel, leapfrog).
+const FAST_TC: [[&str; PER - 1]; 2] = [
+    per_tile!(fast_kernel, "chr_fwd", "_tc"),
+    per_tile!(fast_kernel, "lf_fwd", "_tc"),
+];
+/// The 3xTF32 variants of the f32 leapfrog forward (in its TF32 module).
+const FAST_TC3: [&str; PER - 1] = per_tile!(fast_kernel, "lf_fwd", "_tc3");
+const GENERIC: [&str; 4] = [
+    "geo_chr_fwd_gen",
+    "geo_chr_bwd_gen",
+    "geo_lf_fwd_gen",
+    "geo_lf_bwd_gen",
+];
+
+/// `GEO_MODULE_<define>` of an op's sources.
+fn define(kind: Kind) -> &'static str {
+    match kind {
+        Kind::ChristoffelForward => "CHR_FWD",
+        Kind::ChristoffelBackward => "CHR_BWD",
+        Kind::LeapfrogForward => "LF_FWD",
+        Kind::LeapfrogBackward => "LF_BWD",
+    }
+}
+
+fn kind_index(k: Kind) -> usize {
+    match k {
+        Kind::ChristoffelForward => 0,
+        Kind::ChristoffelBackward => 1,
+        Kind::LeapfrogForward => 2,
+        Kind::LeapfrogBackward => 3,
+    }
+}
+
+/// The f32 forwards, whose modules also hold the TF32 variants (`GEO_TF32`).
+fn tf32_module(kind: Kind, dtype: DType) -> bool {
+    dtype == DType::F32 && matches!(kind, Kind::ChristoffelForward | Kind::LeapfrogForward)
+}
+
+fn dtype_index(dtype: DType) -> Result<usize> {
+    match dtype {
+        DType::F32 => Ok(0),
+        DType::F64 => Ok(1),
+        _ => crate::bail!(
+            FK_ERROR_UNSUPPORTED_DTYPE,
+            "no geodesic_* kernel for dtype {dtype} (built for f32, f64)"
+        ),
+    }
+}
+
+/// The module of `kind` for `dtype`: fast tile `tile`, or the generic module (`None`).
+pub(super) fn module(kind: Kind, dtype: DType, tile: Option<Tile>) -> Result<&'static str> {
+    let j = tile.map_or(PER - 1, Tile::index);
+    Ok(OPS[kind_index(kind)][dtype_index(dtype)?][j].0)
+}
+
+/// The kernel of `kind`'s `variant` at `tile` (`None` for the generic kernel).
+pub(super) fn kernel(kind: Kind, variant: Variant, tile: Option<Tile>) -> Result<&'static str> {
+    let k = kind_index(kind);
+    let name = match (variant, tile) {
+        (Variant::Generic, None) => Some(GENERIC[k]),
+        (Variant::Strict | Variant::StrictRegisters, Some(t)) => Some(FAST[k][t.index()]),
+        (Variant::Tf32 | Variant::Tf32Staged, Some(t)) => match kind {
+            Kind::ChristoffelForward => Some(FAST_TC[0][t.index()]),
+            Kind::LeapfrogForward => Some(FAST_TC[1][t.index()]),
+            _ => None,
+        },
+        (Variant::Tf32x3, Some(t)) if kind == Kind::LeapfrogForward => Some(FAST_TC3[t.index()]),
+        _ => None,
+    };
+    match name {
+        Some(n) => Ok(n),
+        None => crate::bail!(
+            FK_ERROR_INTERNAL,
+            "no geodesic kernel {variant:?} for {kind:?} at {tile:?}"
+        ),
+    }
+}
+
+/// A module's source: the op, the element type, the tile (`None`: generic), `GEO_TF32`
+/// for the f32 forwards, the plan's definitions (`plan::defines`), then the kernels.
+fn source(kind: Kind, dtype: DType, tile: Option<Tile>) -> String {
+    let t = if dtype == DType::F32 {
+        "float"
+    } else {
+        "double"
+    };
+    let cfg = match tile {
+        Some(c) => format!("#define GEO_CFG_RP {}\n#define GEO_CFG_DJ {}\n", c.rp, c.dj),
+        None => "#define GEO_GENERIC 1\n".to_string(),
+    };
+    let tf32 = if tf32_module(kind, dtype) {
+        "#define GEO_TF32 1\n"
+    } else {
+        ""
+    };
+    format!(
+        "// generated by src/cuda/geodesic/names.rs\n#define GEO_MODULE_{} 1\n#define GEO_T {t}\n{cfg}{tf32}{}{}",
+        define(kind),
+        plan::defines(kind, dtype, tile),
+        include_str!("../../../kernels/geodesic.cu")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KINDS: [Kind; 4] = [
+        Kind::ChristoffelForward,
+        Kind::ChristoffelBackward,
+        Kind::LeapfrogForward,
+        Kind::LeapfrogBackward,
+    ];
+
+    fn cfg_name(tile: Option<Tile>) -> String {
+        tile.map_or("generic".into(), |t| format!("r{}_d{}", t.rp, t.dj))
+    }
+
+    /// Every table entry follows the scheme; names are unique; sources define what
+    /// their names say.
+    #[test]
+    fn names_follow_the_scheme() {
+        let mut seen = std::collections::HashSet::new();
+        let tiles: Vec<Option<Tile>> = Tile::all().map(Some).chain([None]).collect();
+        for kind in KINDS {
+            // the op in module names and in kernel names
+            let (op, k) = match kind {
+                Kind::ChristoffelForward => ("christoffel_fwd", "chr_fwd"),
+                Kind::ChristoffelBackward => ("christoffel_bwd", "chr_bwd"),
+                Kind::LeapfrogForward => ("leapfrog_fwd", "lf_fwd"),
+                Kind::LeapfrogBackward => ("leapfrog_bwd", "lf_bwd"),
+            };
+            for dtype in [DType::F32, DType::F64] {
+                for &tile in &tiles {
+                    let name = module(kind, dtype, tile).unwrap();
+                    assert_eq!(name, format!("geodesic_{}_{dtype}_{}", op, cfg_name(tile)));
+                    assert!(seen.insert(name), "{name} twice");
+                    let src = MODULES.iter().find(|m| m.0 == name).unwrap().1();
+                    let t = if dtype == DType::F32 {
+                        "float"
+                    } else {
+                        "double"
+                    };
+                    let head =
+                        format!("#define GEO_MODULE_{} 1\n#define GEO_T {t}\n", define(kind));
+                    assert!(src.contains(&head), "{name}");
+                    let cfg = tile.map_or("#define GEO_GENERIC 1\n".into(), |t| {
+                        format!("#define GEO_CFG_RP {}\n#define GEO_CFG_DJ {}\n", t.rp, t.dj)
+                    });
+                    assert!(src.contains(&format!("{head}{cfg}")), "{name}");
+                    assert_eq!(
+                        src.contains("#define GEO_TF32 1\n"),
+                        tf32_module(kind, dtype)
+                    );
+                }
+            }
+            assert_eq!(
+                kernel(kind, Variant::Generic, None).unwrap(),
+                format!("geo_{}_gen", k)
+            );
+            for t in Tile::all() {
+                let fast = |v: &str| format!("geo_{}{v}_r{}_d{}", k, t.rp, t.dj);
+                for v in [Variant::Strict, Variant::StrictRegisters] {
+                    assert_eq!(kernel(kind, v, Some(t)).unwrap(), fast(""));
+                }
+                let fwd = matches!(kind, Kind::ChristoffelForward | Kind::LeapfrogForward);
+                for v in [Variant::Tf32, Variant::Tf32Staged] {
+                    assert_eq!(
+                        kernel(kind, v, Some(t)).ok(),
+                        fwd.then(|| fast("_tc")).as_deref()
+                    );
+                }
+                assert_eq!(
+                    kernel(kind, Variant::Tf32x3, Some(t)).ok(),
+                    (kind == Kind::LeapfrogForward)
+                        .then(|| fast("_tc3"))
+                        .as_deref()
+                );
+                assert!(kernel(kind, Variant::Generic, Some(t)).is_err());
+            }
+            assert!(kernel(kind, Variant::Strict, None).is_err());
+        }
+        assert_eq!(seen.len(), MODULES.len());
+        assert_eq!(
+            module(
+                Kind::LeapfrogBackward,
+                DType::F64,
+                Some(Tile { rp: 32, dj: 16 })
+            )
+            .unwrap(),
+            "geodesic_leapfrog_bwd_f64_r32_d16"
+        );
+        assert!(
+            MODULES[0].1()
+                .contains("#define GEO_CFG_RP 8\n#define GEO_CFG_DJ 2\n#define GEO_TF32 1")
+        );
+    }
+
+    /// No module of another dtype for a dtype without kernels.
+    #[test]
+    fn no_dtype_fallback() {
+        for dtype in [DType::F16, DType::BF16, DType::C64, DType::C128] {
+            let e = module(Kind::ChristoffelForward, dtype, None).unwrap_err();
+            assert_eq!(e.status, FK_ERROR_UNSUPPORTED_DTYPE);
+            assert!(e.message.contains(&dtype.to_string()), "{}", e.message);
+        }
+    }
+}

@@ -35,7 +35,7 @@
 // every per-row vector in a per-block global workspace (L1/L2 resident) and read U
 // and W from global memory; slower, simple, unlimited sizes.
 //
-// The host (src/cuda/geodesic.rs) prepends `#define GEO_T float|double`, one of
+// The host (src/cuda/geodesic/names.rs) prepends `#define GEO_T float|double`, one of
 // `GEO_MODULE_CHR_FWD`, `_CHR_BWD`, `_LF_FWD`, `_LF_BWD`, and the configuration (see
 // the end of the file): one module per op, dtype and fast configuration, so a
 // program compiles only the kernels it uses. It mirrors the shared-memory sizes (the
@@ -53,7 +53,7 @@
 #define GEO_WANT_DF 8
 #define GEO_WANT_DX 16
 
-// Mirrors `GeoArgs` in src/cuda/geodesic.rs (passed by value).
+// Mirrors `GeoArgs` in src/cuda/geodesic/args.rs (passed by value).
 struct GeoArgs {
     i64 B, D, R, steps;
     double dt, c;
@@ -67,6 +67,26 @@ struct GeoArgs {
     unsigned smem_bytes;
     int pad_;
 };
+// The argument structs' layouts, the numbers src/cuda/geodesic/args.rs asserts for
+// its mirrors (GEO_AT: field F of struct S at byte offset O). NVRTC has no offsetof;
+// its front end's __INTADDR__ gives the same constant (a host compiler's builtin
+// otherwise: the CPU emulator, tests/emu).
+#if defined(__CUDACC_RTC__)
+#define GEO_AT(S, F, O) ((unsigned long long)__INTADDR__(&(((S*)0)->F)) == (O))
+#else
+#define GEO_AT(S, F, O) (__builtin_offsetof(S, F) == (O))
+#endif
+static_assert(sizeof(GeoArgs) == 224 && GEO_AT(GeoArgs, B, 0) && GEO_AT(GeoArgs, D, 8) && GEO_AT(GeoArgs, R, 16) &&
+                  GEO_AT(GeoArgs, steps, 24) && GEO_AT(GeoArgs, dt, 32) && GEO_AT(GeoArgs, c, 40) &&
+                  GEO_AT(GeoArgs, x0, 48) && GEO_AT(GeoArgs, v0, 56) && GEO_AT(GeoArgs, f, 64) &&
+                  GEO_AT(GeoArgs, u, 72) && GEO_AT(GeoArgs, w, 80) && GEO_AT(GeoArgs, mu, 88) &&
+                  GEO_AT(GeoArgs, g, 96) && GEO_AT(GeoArgs, gx, 104) && GEO_AT(GeoArgs, gv, 112) &&
+                  GEO_AT(GeoArgs, x_out, 120) && GEO_AT(GeoArgs, v_out, 128) && GEO_AT(GeoArgs, traj, 136) &&
+                  GEO_AT(GeoArgs, gamma, 144) && GEO_AT(GeoArgs, dx, 152) && GEO_AT(GeoArgs, dv, 160) &&
+                  GEO_AT(GeoArgs, df, 168) && GEO_AT(GeoArgs, du_part, 176) && GEO_AT(GeoArgs, dw_part, 184) &&
+                  GEO_AT(GeoArgs, ws, 192) && GEO_AT(GeoArgs, ws_per_cta, 200) && GEO_AT(GeoArgs, want, 208) &&
+                  GEO_AT(GeoArgs, vec_ok, 212) && GEO_AT(GeoArgs, smem_bytes, 216) && GEO_AT(GeoArgs, pad_, 220),
+              "GeoArgs: layout of src/cuda/geodesic/args.rs");
 
 struct ReduceArgs {
     u64 parts;  // [nparts][n]
@@ -77,6 +97,11 @@ struct ReduceArgs {
     int kw, pv, rq;  // the fast kernels' coalesced layout's Cfg::KW, PV, RQ (param_store); kw = 0: [D][R]
     int pad;
 };
+static_assert(sizeof(ReduceArgs) == 64 && GEO_AT(ReduceArgs, parts, 0) && GEO_AT(ReduceArgs, out, 8) &&
+                  GEO_AT(ReduceArgs, nparts, 16) && GEO_AT(ReduceArgs, n, 24) && GEO_AT(ReduceArgs, D, 32) &&
+                  GEO_AT(ReduceArgs, R, 40) && GEO_AT(ReduceArgs, kw, 48) && GEO_AT(ReduceArgs, pv, 52) &&
+                  GEO_AT(ReduceArgs, rq, 56) && GEO_AT(ReduceArgs, pad, 60),
+              "ReduceArgs: layout of src/cuda/geodesic/args.rs");
 
 extern __shared__ __align__(32) unsigned char geo_smem[];
 
@@ -280,7 +305,7 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false, bool X3_ = f
     static constexpr bool VL = GEO_VL_MODULE && !TC && sizeof(T) == 4 && RP == 32 && (DJ == 4 || DJ == 8);
     static constexpr int TI = TC ? 2 : MB;     // row-layout tile per thread: rows
     static constexpr int TJ = TC ? 2 * DJ : DJ;  // and columns
-    // shared memory of each fast kernel, in elements (src/cuda/geodesic.rs mirrors these)
+    // shared memory of each fast kernel, in elements (src/cuda/geodesic/plan.rs mirrors these)
     // the FFMA forwards (chr_fwd_simt: one group, one tile buffer and S); with VL, W
     // as [DP][RP] (swizzled, w_swz) instead of [DP][SU]
     static constexpr int SW = VL ? RP : SU;
@@ -783,7 +808,7 @@ __device__ __forceinline__ void param_acc(const typename C::T* xs, const typenam
 // backward, once in the vector layout and with the reduction unrolled, 4.5% (9.08 ->
 // 8.67 ms b2b; before the vector layout its register allocation made it 0.5-1% slower).
 // `param_part`: the block's slot among the grid's partials; the host mirrors the
-// layout (PartLayout in src/cuda/geodesic.rs).
+// layout (PartLayout in src/cuda/geodesic/plan.rs).
 template <class C> __device__ __forceinline__ typename C::T* param_part(u64 parts, const GeoArgs& a) {
     return reinterpret_cast<typename C::T*>(parts) + (i64)blockIdx.x * C::DP * C::RP;
 }
@@ -2335,7 +2360,7 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_reduce(const ReduceArgs
 #endif
 
 #if defined(GEO_GENERIC) || defined(GEO_ALL)
-// The GEMM route (R or D beyond the fast kernels, see src/cuda/geodesic.rs): the
+// The GEMM route (R or D beyond the fast kernels, see src/cuda/geodesic/route.rs): the
 // products run in cuBLAS, these elementwise steps in between. Each thread takes
 // V = 16 / sizeof(T) consecutive elements per step where `vec` (the host checked that
 // every pointer is 16-byte aligned and n and d are multiples of V: 16-byte loads and
@@ -2367,6 +2392,9 @@ struct EwArgs {
     double c;
     int vec, pad_;
 };
+static_assert(sizeof(EwArgs) == 40 && GEO_AT(EwArgs, y, 0) && GEO_AT(EwArgs, x, 8) && GEO_AT(EwArgs, n, 16) &&
+                  GEO_AT(EwArgs, c, 24) && GEO_AT(EwArgs, vec, 32) && GEO_AT(EwArgs, pad_, 36),
+              "EwArgs: layout of src/cuda/geodesic/args.rs");
 #define GEO_EW(NAME, EXPR, RY)                                                                \
     extern "C" __global__ void __launch_bounds__(GEO_NT) NAME(const EwArgs a) {             \
         GEO_T* y = reinterpret_cast<GEO_T*>(a.y);                                           \
@@ -2404,6 +2432,13 @@ struct KickArgs {
     double h, dt, c;
     int vec, pad_;
 };
+static_assert(sizeof(KickArgs) == 112 && GEO_AT(KickArgs, n, 0) && GEO_AT(KickArgs, d, 8) &&
+                  GEO_AT(KickArgs, vin, 16) && GEO_AT(KickArgs, x, 24) && GEO_AT(KickArgs, v, 32) &&
+                  GEO_AT(KickArgs, raw, 40) && GEO_AT(KickArgs, f, 48) && GEO_AT(KickArgs, mu, 56) &&
+                  GEO_AT(KickArgs, tx, 64) && GEO_AT(KickArgs, tv, 72) && GEO_AT(KickArgs, h, 80) &&
+                  GEO_AT(KickArgs, dt, 88) && GEO_AT(KickArgs, c, 96) && GEO_AT(KickArgs, vec, 104) &&
+                  GEO_AT(KickArgs, pad_, 108),
+              "KickArgs: layout of src/cuda/geodesic/args.rs");
 // The route's second product with what follows it fused in (geo_sw): for a tile of
 // GEO_SW_M rows, raw = (P^2) W^T (P = v U from cuBLAS, squared here), then by `mode`:
 // gamma = clamp(raw) into k.v (GEO_SW_CLAMP, the Christoffel forward), the kick of
@@ -2416,13 +2451,16 @@ struct KickArgs {
 // ([R4][GEO_SW_M], R4 = R rounded up to 4): a warp's lanes hold different features and
 // the same rows, so S is read as 16-byte broadcasts. The host takes this kernel where
 // that fits the device's shared memory and the products are strict
-// (src/cuda/geodesic.rs, `sw_smem`).
+// (src/cuda/geodesic/plan.rs, `sw_smem`).
 struct SwArgs {
     KickArgs k;  // k.n = B*D, k.d = D
     u64 p, w;    // P [B, R], W [D, R]
     i64 r;
     int mode, pad_;
 };
+static_assert(sizeof(SwArgs) == 144 && GEO_AT(SwArgs, k, 0) && GEO_AT(SwArgs, p, 112) && GEO_AT(SwArgs, w, 120) &&
+                  GEO_AT(SwArgs, r, 128) && GEO_AT(SwArgs, mode, 136) && GEO_AT(SwArgs, pad_, 140),
+              "SwArgs: layout of src/cuda/geodesic/args.rs");
 #define GEO_SW_CLAMP 0
 #define GEO_SW_KICK 1
 #define GEO_SW_MASK 2
@@ -2644,6 +2682,12 @@ struct AdjArgs {
     int df_init;  // the sweep's first update: df = h l instead of df += h l
     int vec;
 };
+static_assert(sizeof(AdjArgs) == 96 && GEO_AT(AdjArgs, n, 0) && GEO_AT(AdjArgs, d, 8) &&
+                  GEO_AT(AdjArgs, lv_in, 16) && GEO_AT(AdjArgs, lv, 24) && GEO_AT(AdjArgs, g, 32) &&
+                  GEO_AT(AdjArgs, df, 40) && GEO_AT(AdjArgs, gx, 48) && GEO_AT(AdjArgs, mu, 56) &&
+                  GEO_AT(AdjArgs, h, 64) && GEO_AT(AdjArgs, dt, 72) && GEO_AT(AdjArgs, c, 80) &&
+                  GEO_AT(AdjArgs, df_init, 88) && GEO_AT(AdjArgs, vec, 92),
+              "AdjArgs: layout of src/cuda/geodesic/args.rs");
 // The leapfrog backward's adjoint update at one kick (docs/geodesic.md, "Its
 // backward"), per element with l = lv_in[i] and g[i] = gamma_raw at the kick's input:
 // df += h l; g = 1[-c <= raw <= c] (-h l), the cotangent of the kick's Christoffel
@@ -2749,4 +2793,65 @@ GEO_GEN_KERNEL
 GEO_FAST_ALL_DJ(8)
 GEO_FAST_ALL_DJ(16)
 GEO_FAST_ALL_DJ(32)
+#endif
+
+// The host's plan (src/cuda/geodesic/plan.rs) states the constants above and each
+// fast module's tile rows, vector layout and shared memory per variant as GEO_PLAN_*
+// (bytes) in the module's source; the kernels' own values (Cfg) must equal them, so
+// an NVRTC compile of the module (tests/kernels_compile.rs) fails where the two
+// disagree. The CPU emulator (tests/emu) compiles the source without them.
+#if defined(GEO_PLAN_NT)
+static_assert(GEO_NT == GEO_PLAN_NT && GEO_NW == GEO_PLAN_NW && GEO_GROUPS == GEO_PLAN_GROUPS && GEN_RG == GEO_PLAN_RG &&
+                  GEO_SMEM_MAX == GEO_PLAN_SMEM_MAX,
+              "the plan's constants");
+static_assert(GEO_WANT_DV == GEO_PLAN_WANT_DV && GEO_WANT_DU == GEO_PLAN_WANT_DU && GEO_WANT_DW == GEO_PLAN_WANT_DW &&
+                  GEO_WANT_DF == GEO_PLAN_WANT_DF && GEO_WANT_DX == GEO_PLAN_WANT_DX,
+              "the plan's GEO_WANT_* bits");
+#if defined(GEO_SW_M)
+static_assert(GEO_SW_M == GEO_PLAN_SW_M, "the plan's rows per geo_sw tile");
+#endif
+#if defined(GEO_CFG_RP)
+// the FFMA kernel of this module (GEO_FAST's Cfg and SMEM_*)
+#if defined(GEO_MODULE_CHR_FWD)
+typedef Cfg<GEO_T, GEO_CFG_RP, GEO_CFG_DJ, GEO_MB_CF(GEO_CFG_DJ)> GeoPlanCfg;
+#define GEO_PLAN_KERNEL_SMEM GeoPlanCfg::SMEM_CHR_FWD
+#elif defined(GEO_MODULE_CHR_BWD)
+typedef Cfg<GEO_T, GEO_CFG_RP, GEO_CFG_DJ, GEO_MB_A(GEO_CFG_DJ)> GeoPlanCfg;
+#define GEO_PLAN_KERNEL_SMEM GeoPlanCfg::SMEM_CHR_BWD
+#elif defined(GEO_MODULE_LF_FWD)
+typedef Cfg<GEO_T, GEO_CFG_RP, GEO_CFG_DJ, GEO_MB_A(GEO_CFG_DJ)> GeoPlanCfg;
+#define GEO_PLAN_KERNEL_SMEM GeoPlanCfg::SMEM_LF_FWD
+#elif defined(GEO_MODULE_LF_BWD)
+typedef Cfg<GEO_T, GEO_CFG_RP, GEO_CFG_DJ, GEO_MB_B(GEO_CFG_DJ)> GeoPlanCfg;
+#define GEO_PLAN_KERNEL_SMEM GeoPlanCfg::SMEM_LF_BWD
+#endif
+static_assert(GeoPlanCfg::M == GEO_PLAN_M && GeoPlanCfg::VL == (GEO_PLAN_VL != 0) &&
+                  GEO_PLAN_KERNEL_SMEM * sizeof(GEO_T) == GEO_PLAN_SMEM,
+              "the plan's FFMA kernel: tile rows, vector layout, shared memory");
+// U and W in registers (lf_fwd_rs): exactly where the plan has its size
+#if defined(GEO_PLAN_SMEM_RS)
+static_assert(GeoPlanCfg::RS && GeoPlanCfg::SMEM_LF_FWD_RS * sizeof(float) == GEO_PLAN_SMEM_RS,
+              "the plan's register leapfrog forward");
+#else
+static_assert(!GeoPlanCfg::RS, "a register leapfrog forward the plan does not know");
+#endif
+// the TF32 variants (GEO_ENTRY_TC, GEO_ENTRY_TC3): the f32 forwards' modules, DJ <= 8
+#if defined(GEO_TF32) && GEO_CFG_DJ <= 8
+typedef Cfg<float, GEO_CFG_RP, GEO_CFG_DJ, 4, true> GeoPlanTc;
+static_assert(GeoPlanTc::M == GEO_PLAN_TC_M, "the plan's TF32 tile rows");
+#if defined(GEO_MODULE_CHR_FWD)
+static_assert(GeoPlanTc::SMEM_CHR_FWD_TC * sizeof(float) == GEO_PLAN_SMEM_TC, "the plan's TF32 Christoffel forward");
+#if defined(GEO_PLAN_SMEM_STAGE) || defined(GEO_PLAN_SMEM_TC3)
+#error "the plan has leapfrog variants in a Christoffel module"
+#endif
+#else
+static_assert(GeoPlanTc::SMEM_LF_FWD_TC * sizeof(float) == GEO_PLAN_SMEM_TC &&
+                  GeoPlanTc::SMEM_LF_STAGE * sizeof(float) == GEO_PLAN_SMEM_STAGE &&
+                  Cfg<float, GEO_CFG_RP, GEO_CFG_DJ, 4, true, true>::SMEM_LF_FWD_TC3 * sizeof(float) == GEO_PLAN_SMEM_TC3,
+              "the plan's TF32, v stage and 3xTF32 leapfrog forward");
+#endif
+#elif defined(GEO_PLAN_SMEM_TC) || defined(GEO_PLAN_SMEM_STAGE) || defined(GEO_PLAN_SMEM_TC3)
+#error "the plan has TF32 variants this module does not hold"
+#endif
+#endif
 #endif

@@ -34,14 +34,18 @@
 // accumulates z' = s z and z' y_s^T = s^2 z y^T; the finalize divides by s and s^2.
 #include "common.cuh"
 
-#define GS_THREADS 256
-#define GS_FWD_TILE 256   // Gaussians per shared-memory tile (field forward)
-#define GS_FWD_PPT 2      // points per thread (field forward)
-#define GS_BWD_GPT 2      // Gaussians per thread (backward)
-#define GS_BWD_TILE (GS_THREADS * GS_BWD_GPT)
-#define GS_BWD_CHUNK 64   // points per shared-memory chunk (backward)
-#define GS_MAHA_CHUNK 64  // points per chunk (Mahalanobis forward)
-#define GS_K 10           // per-Gaussian partial sums: z (3), z y^T lower (6), dweights
+// Launch constants, stated in src/cuda/gaussian.rs and defined by it ahead of this
+// source: GS_THREADS (threads per CTA), GS_FWD_TILE (Gaussians per shared-memory
+// tile, field forward), GS_FWD_PPT (points per thread, field forward), GS_BWD_GPT
+// (Gaussians per thread, backward), GS_BWD_TILE (= GS_THREADS * GS_BWD_GPT),
+// GS_BWD_CHUNK (points per shared-memory chunk, backward), GS_MAHA_CHUNK (points per
+// chunk, Mahalanobis forward), GS_K (per-Gaussian partial sums: z (3), z y^T lower
+// (6), dweights).
+#if !defined(GS_THREADS) || !defined(GS_FWD_TILE) || !defined(GS_FWD_PPT) || !defined(GS_BWD_GPT) || \
+    !defined(GS_BWD_TILE) || !defined(GS_BWD_CHUNK) || !defined(GS_MAHA_CHUNK) || !defined(GS_K)
+#error "the GS_* launch constants come from src/cuda/gaussian.rs (fusekit::cuda::modules() has the full source)"
+#endif
+static_assert(GS_BWD_TILE == GS_THREADS * GS_BWD_GPT, "GS_BWD_TILE");
 
 template <typename T> __device__ __forceinline__ T gs_exp2(T x);
 // f32: MUFU.EX2 directly (ex2.approx.ftz: max relative error 2^-22, as exp2f's).
@@ -142,6 +146,7 @@ struct GsMahaFwdArgs {
     int gx;        // threads along N (32..256, a power of two); GS_THREADS / gx along points
     int pad;
 };
+FK_ARGS_LAYOUT(GsMahaFwdArgs, 64, gx, 56);
 
 template <typename T>
 __device__ void maha_fwd(const GsMahaFwdArgs& a) {
@@ -181,6 +186,7 @@ struct GsFieldFwdArgs {
     int gs;        // Gaussian splits inside a CTA: 1, 2, 4 or 8
     int pad;
 };
+FK_ARGS_LAYOUT(GsFieldFwdArgs, 80, gs, 72);
 
 template <typename T>
 __device__ void field_fwd(const GsFieldFwdArgs& a) {
@@ -264,6 +270,7 @@ struct GsBwdArgs {
     int want_p, want_g;
     int pad;
 };
+FK_ARGS_LAYOUT(GsBwdArgs, 120, want_g, 112);
 
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) {
@@ -441,6 +448,7 @@ struct GsFinalizeArgs {
     double inv_s, inv_s2;   // 1/s and 1/s^2 of the scaled coordinates
     int sg, sp;
 };
+FK_ARGS_LAYOUT(GsFinalizeArgs, 88, sp, 84);
 
 template <typename T>
 __device__ void finalize(const GsFinalizeArgs& a) {

@@ -1,11 +1,12 @@
 //! Launcher for `kernels/gaussian.cu` (docs/gaussian.md has the design).
 
 use std::ffi::c_void;
+use std::mem::offset_of;
 
 use cudarc::driver::sys;
 
 use super::CudaDevice;
-use super::launch::launch;
+use super::launch::{Names, defines, dtype_modules, kernel_suffix, launch, per_dtype};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, FK_ERROR_NULL_POINTER, Result};
 use crate::ops::Addr;
@@ -13,23 +14,49 @@ use crate::ops::addr::raw;
 use crate::ops::gaussian::{Grads, Inputs};
 use crate::stream::Stream;
 
-/// One kernel module per element type: `(name, source)`.
-pub const MODULES: [(&str, fn() -> String); 2] = [
-    ("gaussian_f32", || source("f32")),
-    ("gaussian_f64", || source("f64")),
-];
+dtype_modules!(pub MODULES, MODULE = "gaussian", source: f32, f64);
 
-fn source(dtype: &str) -> String {
-    format!("#define FK_GS_{dtype} 1\n") + include_str!("../../kernels/gaussian.cu")
-}
+const MAHA_FWD: Names = per_dtype!("gs_maha_fwd": f32, f64);
+const FIELD_FWD: Names = per_dtype!("gs_field_fwd": f32, f64);
+const BWD_MAHA: Names = per_dtype!("gs_bwd_maha": f32, f64);
+const BWD_FIELD: Names = per_dtype!("gs_bwd_field": f32, f64);
+const FINALIZE: Names = per_dtype!("gs_finalize": f32, f64);
 
-// Must match the #defines of kernels/gaussian.cu.
+// The kernels' launch constants: stated here and emitted into the module source
+// as the `GS_*` #defines kernels/gaussian.cu uses (`source`).
+/// Threads per CTA of every kernel.
 const THREADS: u32 = 256;
+/// Gaussians per shared-memory tile (field forward).
+const FWD_TILE: i64 = 256;
+/// Points per thread (field forward).
 const FWD_PPT: i64 = 2;
-const BWD_TILE: i64 = 512;
+/// Gaussians per thread (backward).
+const BWD_GPT: i64 = 2;
+/// Gaussians per CTA tile (backward).
+const BWD_TILE: i64 = THREADS as i64 * BWD_GPT;
+/// Points per shared-memory chunk (backward).
 const BWD_CHUNK: i64 = 64;
+/// Points per chunk (Mahalanobis forward).
 const MAHA_CHUNK: i64 = 64;
+/// Per-Gaussian partial sums: z (3), z y^T lower (6), dweights.
 const K: i64 = 10;
+
+/// A module's source: the element type selector, the launch constants, then
+/// `kernels/gaussian.cu`.
+fn source(d: DType) -> String {
+    format!("#define FK_GS_{} 1\n", kernel_suffix(d))
+        + &defines(&[
+            ("GS_THREADS", THREADS as i64),
+            ("GS_FWD_TILE", FWD_TILE),
+            ("GS_FWD_PPT", FWD_PPT),
+            ("GS_BWD_GPT", BWD_GPT),
+            ("GS_BWD_TILE", BWD_TILE),
+            ("GS_BWD_CHUNK", BWD_CHUNK),
+            ("GS_MAHA_CHUNK", MAHA_CHUNK),
+            ("GS_K", K),
+        ])
+        + include_str!("../../kernels/gaussian.cu")
+}
 
 /// CTAs the backward aims for (about four per multiprocessor on an H100); a
 /// constant, so the split, hence the summation order and the bits, does not
@@ -88,18 +115,6 @@ pub fn workspace_bytes(dtype: DType, b: i64, n: i64) -> usize {
     (pp + pg) as usize * dtype.size() + WS_ALIGN
 }
 
-fn module(d: DType) -> &'static str {
-    if d == DType::F64 {
-        MODULES[1].0
-    } else {
-        MODULES[0].0
-    }
-}
-
-fn name(d: DType, f32_name: &'static str, f64_name: &'static str) -> &'static str {
-    if d == DType::F64 { f64_name } else { f32_name }
-}
-
 fn memset_zero(dev: &CudaDevice, ptr: Option<Addr>, bytes: usize, stream: &Stream) -> Result<()> {
     let Some(ptr) = ptr else {
         return Ok(());
@@ -126,6 +141,8 @@ struct MahaFwdArgs {
     gx: i32,
     pad: i32,
 }
+// Mirrors `GsMahaFwdArgs` (kernels/gaussian.cu asserts the same layout).
+const _: () = assert!(size_of::<MahaFwdArgs>() == 64 && offset_of!(MahaFwdArgs, gx) == 56);
 
 pub fn mahalanobis_forward(
     dev: &CudaDevice,
@@ -154,8 +171,8 @@ pub fn mahalanobis_forward(
     let mut params = [&mut a as *mut MahaFwdArgs as *mut c_void];
     launch(
         dev,
-        module(inp.dtype),
-        name(inp.dtype, "gs_maha_fwd_f32", "gs_maha_fwd_f64"),
+        MODULE.get(inp.dtype)?,
+        MAHA_FWD.get(inp.dtype)?,
         (grid_x as u32, grid_y as u32, 1),
         (THREADS, 1, 1),
         0,
@@ -178,6 +195,8 @@ struct FieldFwdArgs {
     gs: i32,
     pad: i32,
 }
+// Mirrors `GsFieldFwdArgs` (kernels/gaussian.cu asserts the same layout).
+const _: () = assert!(size_of::<FieldFwdArgs>() == 80 && offset_of!(FieldFwdArgs, gs) == 72);
 
 /// Gaussian splits inside a CTA of the field forward: the smallest of 1, 2, 4, 8
 /// that gives at least 256 CTAs (a function of `B` only).
@@ -218,8 +237,8 @@ pub fn field_forward(
     let mut params = [&mut a as *mut FieldFwdArgs as *mut c_void];
     launch(
         dev,
-        module(inp.dtype),
-        name(inp.dtype, "gs_field_fwd_f32", "gs_field_fwd_f64"),
+        MODULE.get(inp.dtype)?,
+        FIELD_FWD.get(inp.dtype)?,
         (grid as u32, 1, 1),
         (THREADS, 1, 1),
         0,
@@ -249,6 +268,8 @@ struct BwdArgs {
     want_g: i32,
     pad: i32,
 }
+// Mirrors `GsBwdArgs` (kernels/gaussian.cu asserts the same layout).
+const _: () = assert!(size_of::<BwdArgs>() == 120 && offset_of!(BwdArgs, want_g) == 112);
 
 #[repr(C)]
 struct FinalizeArgs {
@@ -265,6 +286,8 @@ struct FinalizeArgs {
     sg: i32,
     sp: i32,
 }
+// Mirrors `GsFinalizeArgs` (kernels/gaussian.cu asserts the same layout).
+const _: () = assert!(size_of::<FinalizeArgs>() == 88 && offset_of!(FinalizeArgs, sp) == 84);
 
 /// Both backwards: `field` selects the fused field backward (`g` is `dout [B]`)
 /// over the Mahalanobis one (`g` is `[B,N]`). `ws` is the caller's workspace.
@@ -317,16 +340,11 @@ pub fn backward(
         want_g: grads.per_gaussian() as i32,
         pad: 0,
     };
-    let kernel = match (field, inp.dtype) {
-        (true, DType::F64) => "gs_bwd_field_f64",
-        (true, _) => "gs_bwd_field_f32",
-        (false, DType::F64) => "gs_bwd_maha_f64",
-        (false, _) => "gs_bwd_maha_f32",
-    };
+    let kernel = if field { BWD_FIELD } else { BWD_MAHA }.get(inp.dtype)?;
     let mut params = [&mut a as *mut BwdArgs as *mut c_void];
     launch(
         dev,
-        module(inp.dtype),
+        MODULE.get(inp.dtype)?,
         kernel,
         (plan.sg as u32, plan.sp as u32, 1),
         (THREADS, 1, 1),
@@ -353,8 +371,8 @@ pub fn backward(
     let mut params = [&mut f as *mut FinalizeArgs as *mut c_void];
     launch(
         dev,
-        module(inp.dtype),
-        name(inp.dtype, "gs_finalize_f32", "gs_finalize_f64"),
+        MODULE.get(inp.dtype)?,
+        FINALIZE.get(inp.dtype)?,
         (grid, 1, 1),
         (THREADS, 1, 1),
         0,

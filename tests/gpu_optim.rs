@@ -336,8 +336,9 @@ fn shampoo_stats_and_precondition_match_the_cpu() {
 
 /// `fk_shampoo_stats_ex` with `FK_GEMM_ALLOW_TF32` on f32: the GEMM on tensor cores.
 /// Close to the f64 statistic (TF32 rounds each gradient element once, ~1e-3
-/// relative), exactly symmetric, and different from the strict result (so the flag
-/// reaches cuBLAS).
+/// relative), exactly symmetric, and, at 300x129 (where cuBLAS picks tensor-core
+/// kernels; for small products it may keep SIMT kernels, identical to strict),
+/// different from the strict result, so the flag reaches cuBLAS.
 #[test]
 fn shampoo_stats_tf32_is_close_and_symmetric() {
     let Some(g) = gpu() else { return };
@@ -396,7 +397,7 @@ fn shampoo_stats_tf32_is_close_and_symmetric() {
                 "{what}: max error {err:e} vs product size {size:e}"
             );
             assert!(
-                diff > 1e-7 * size,
+                m < 300 || diff > 1e-7 * size,
                 "{what}: TF32 equals the strict result ({diff:e}): the flag did not reach cuBLAS"
             );
         }

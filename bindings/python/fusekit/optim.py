@@ -33,13 +33,13 @@ NEWTON_ITERATIONS_TF32 = 12
 #: the exact root.
 ROOT_ACCEPT_TOL = 0.1
 #: With ``allow_tf32``, a fast-path root whose Newton iteration hint is above
-#: TF32_FINISH_HINT (|A + eps I|_F / eps above about 7e2) runs TF32_DAMPED_ITERATIONS
+#: TF32_FINISH_HINT (|A + eps I|_F / eps above about 2.5e2) runs TF32_DAMPED_ITERATIONS
 #: TF32 iterations: finishing every direction of such statistics in TF32 lets the
 #: rounding of the root's largest entries (the smallest directions, where the root is
 #: large) overshoot the large directions by up to 80% in X^4 (A + eps I); stopping
 #: earlier leaves the smallest directions damped instead (docs/optim.md, "TF32 and
 #: the condition").
-TF32_FINISH_HINT = 11
+TF32_FINISH_HINT = 10
 TF32_DAMPED_ITERATIONS = 8
 #: Adam grafting of float32 parameters in torch's fused Adam kernel (Shampoo._grafted_fused).
 FUSED_GRAFTING = True

@@ -9,6 +9,9 @@ batch and clipping,
 - Opacus 1.6's ghost clipping (``PrivacyEngine.make_private(...,
   grad_sample_mode="ghost")``: its DPLossFastGradientClipping runs two backward
   passes); goal: fusekit faster;
+- fusekit's DP-SGD step with ``cuda_graph=True`` (the clipping, GEMMs and noise
+  replayed from a CUDA graph: for small models, where the step is bound by the
+  host);
 - for information, fusekit with per-layer clipping (``clipping="per_layer"``: the
   fused ``dp_clipped_grad_sum`` op per weight). Skipped, with a note, when opacus is not importable
   (the GPU machine reaches no registry: put the wheel on PYTHONPATH, see
@@ -79,6 +82,22 @@ def median_ms(fn, device, samples, warmup, inner):
     return statistics.median(times)
 
 
+def host_ms(fn, device, samples, warmup):
+    """Median host time of one ``fn()`` started on an idle GPU (synchronised before,
+    not after): the Python and launch cost of a step. Above the GPU time, the step
+    is bound by the host."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(samples):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
 def non_private(model, x, y):
     opt = torch.optim.SGD(model.parameters(), lr=LR)
 
@@ -90,9 +109,10 @@ def non_private(model, x, y):
     return step
 
 
-def fusekit_dp(model, x, y, c, sigma, seed=0, clipping="flat"):
+def fusekit_dp(model, x, y, c, sigma, seed=0, clipping="flat", cuda_graph=False):
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    dp = fusekit.privacy.DPSGD(model, opt, max_grad_norm=c, noise_multiplier=sigma, seed=seed, clipping=clipping)
+    dp = fusekit.privacy.DPSGD(model, opt, max_grad_norm=c, noise_multiplier=sigma, seed=seed, clipping=clipping,
+                               cuda_graph=cuda_graph)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -163,34 +183,50 @@ def bench(device, batch, width, depth, samples, warmup, inner, c, sigma):
         if diff > 1e-3:
             raise SystemExit(f"fusekit and Opacus disagree on the clipped gradient ({diff:.2e}): not the same job")
 
-    rows["non_private"] = median_ms(non_private(copy.deepcopy(base), x, y), device, samples, warmup, inner)
-    rows["fusekit"] = median_ms(fusekit_dp(copy.deepcopy(base), x, y, c, sigma)[0], device, samples, warmup, inner)
+    host = {}
+    fn = non_private(copy.deepcopy(base), x, y)
+    rows["non_private"] = median_ms(fn, device, samples, warmup, inner)
+    host["non_private"] = host_ms(fn, device, samples, warmup)
+    fn = fusekit_dp(copy.deepcopy(base), x, y, c, sigma)[0]
+    rows["fusekit"] = median_ms(fn, device, samples, warmup, inner)
+    host["fusekit"] = host_ms(fn, device, samples, warmup)
+    if device.type == "cuda":  # the clipping, GEMMs and noise replayed from a CUDA graph
+        fn = fusekit_dp(copy.deepcopy(base), x, y, c, sigma, cuda_graph=True)[0]
+        rows["fusekit_graph"] = median_ms(fn, device, samples, warmup, inner)
+        host["fusekit_graph"] = host_ms(fn, device, samples, warmup)
     # per-layer clipping (fusekit's fused clipped-sum op per weight), each parameter at c / sqrt(#parameters)
     n_params = len(list(base.parameters()))
     rows["fusekit_per_layer"] = median_ms(
         fusekit_dp(copy.deepcopy(base), x, y, c / n_params ** 0.5, sigma, clipping="per_layer")[0], device, samples,
         warmup, inner)
     if PrivacyEngine is not None:
-        rows["opacus_ghost"] = median_ms(opacus_dp(copy.deepcopy(base), x, y, c, sigma)[0], device, samples,
-                                         warmup, inner)
+        fn = opacus_dp(copy.deepcopy(base), x, y, c, sigma)[0]
+        rows["opacus_ghost"] = median_ms(fn, device, samples, warmup, inner)
+        host["opacus_ghost"] = host_ms(fn, device, samples, warmup)
     np_ms = rows["non_private"]
-    print(f"DP-SGD step {cfg}: non-private {np_ms:.3f} ms")
+    print(f"DP-SGD step {cfg}: non-private {np_ms:.3f} ms (host {host['non_private']:.3f} ms)")
     f_ms = rows["fusekit"]
     ok = "meets" if f_ms <= 1.25 * np_ms else "misses"
     print(f"DP-SGD step {cfg}: fusekit ghost {f_ms:.3f} ms = {f_ms / np_ms:.2f}x non-private "
-          f"({ok} goal <= 1.25x)")
+          f"({ok} goal <= 1.25x; host {host['fusekit']:.3f} ms)")
+    if "fusekit_graph" in rows:
+        g_ms = rows["fusekit_graph"]
+        ok = "meets" if g_ms <= 1.25 * np_ms else "misses"
+        print(f"DP-SGD step {cfg}: fusekit ghost, cuda_graph=True {g_ms:.3f} ms = {g_ms / np_ms:.2f}x non-private "
+              f"({ok} goal <= 1.25x; host {host['fusekit_graph']:.3f} ms)")
     p_ms = rows["fusekit_per_layer"]
     print(f"DP-SGD step {cfg}: fusekit per-layer clipping {p_ms:.3f} ms = {p_ms / np_ms:.2f}x non-private "
           f"(dp_clipped_grad_sum per weight)")
     if "opacus_ghost" in rows:
         o_ms = rows["opacus_ghost"]
         ok = "meets" if f_ms < o_ms else "misses"
-        print(f"DP-SGD step {cfg}: Opacus ghost {o_ms:.3f} ms = {o_ms / np_ms:.2f}x non-private; "
+        print(f"DP-SGD step {cfg}: Opacus ghost {o_ms:.3f} ms = {o_ms / np_ms:.2f}x non-private "
+              f"(host {host['opacus_ghost']:.3f} ms); "
               f"fusekit {o_ms / f_ms:.2f}x faster ({ok} goal: faster)")
     else:
         print(f"DP-SGD step {cfg}: Opacus ghost skipped: {OPACUS}")
     return dict(config=cfg, batch=batch, width=width, depth=depth, max_grad_norm=c, noise_multiplier=sigma,
-                clipped_fraction=clipped, ms=rows)
+                clipped_fraction=clipped, ms=rows, host_ms=host)
 
 
 def main():

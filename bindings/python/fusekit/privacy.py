@@ -93,6 +93,14 @@ class DPSGD:
             ``"per_layer"`` (each parameter tensor's per-sample gradient clipped to
             its own ``C_p``, weights through fusekit's fused clipped-sum op; the noise
             is then ``sigma * sqrt(sum_p C_p^2)``, as Opacus's per-layer clipping).
+        cuda_graph: run the clipping, the weighted gradient GEMMs and the noise
+            (everything after autograd's backward to the layer outputs) as a CUDA
+            graph, captured at the first step of each set of input shapes and
+            replayed after copying the step's layer inputs and output gradients into
+            the graph's buffers: one launch instead of a few dozen Python-level torch
+            calls, for small models where the host is slower than the GPU. CUDA
+            parameters only. ``per_sample_norms`` and ``clip_factors`` are then the
+            graph's tensors, overwritten at every step (clone them to keep them).
 
     After :meth:`backward`: ``per_sample_norms`` ``[B]`` (the norms of the whole
     per-sample gradients before clipping) and, for flat clipping, ``clip_factors``
@@ -107,7 +115,7 @@ class DPSGD:
     """
 
     def __init__(self, model, optimizer=None, *, max_grad_norm, noise_multiplier, expected_batch_size=None,
-                 loss_reduction="mean", generator=None, seed=None, clipping="flat"):
+                 loss_reduction="mean", generator=None, seed=None, clipping="flat", cuda_graph=False):
         import torch
 
         if clipping not in ("flat", "per_layer"):
@@ -178,13 +186,21 @@ class DPSGD:
             generator = torch.Generator(device=self.params[0].device)
             generator.manual_seed(int(seed))
         self.generator = generator
+        if not isinstance(cuda_graph, bool):
+            raise TypeError(f"{_WHERE}: cuda_graph must be a bool, got {type(cuda_graph).__name__}")
+        if cuda_graph:
+            where = [p.device for p in self.params if p.device.type != "cuda"]
+            if where:
+                raise ValueError(f"{_WHERE}: cuda_graph=True needs CUDA parameters; one is on {where[0]}")
+        self.cuda_graph = cuda_graph
+        self._graphs = {}  # input shapes -> (CUDA graph, static inputs, its norms, its clip factors)
 
         self._records = []  # (layer index, input, output) per call
         self._index = {id(m): i for i, (_, m, _) in enumerate(self._layers)}
         self._handles = [m.register_forward_hook(self._hook, with_kwargs=True) for _, m, _ in self._layers]
         self.per_sample_norms = None
         self.clip_factors = None
-        self._flat, self._views = [], None  # the gradient buffers (see _noise)
+        self._flat, self._views = [], None  # the gradient buffers (see _buffers)
 
     # -- hooks ---------------------------------------------------------------
 
@@ -271,13 +287,53 @@ class DPSGD:
         scale = float(batch) if self.loss_reduction == "mean" else 1.0
         acc = torch.float64 if any(g.dtype == torch.float64 for _, _, g in layers) else torch.float32
         denom = self.expected_batch_size if self.expected_batch_size is not None else float(batch)
+        self._buffers()
         if batch == 0:  # an empty (Poisson-sampled) batch: noise only
-            self._noise(self.noise_multiplier * self.max_grad_norm / denom)
+            self._fill(self.noise_multiplier * self.max_grad_norm / denom)
             self.per_sample_norms = torch.zeros(0, dtype=acc, device=layers[0][2].device)
             self.clip_factors = None if self.clipping == "per_layer" else self.per_sample_norms
             return
-        if self.clipping == "per_layer":
-            return self._per_layer(layers, batch, scale, denom, acc)
+        clip = self._per_layer if self.clipping == "per_layer" else self._flat_clip
+        if self.cuda_graph:
+            self._graphed(clip, layers, batch, scale, denom, acc)
+        else:
+            clip(layers, batch, scale, denom, acc)
+
+    def _graphed(self, clip, layers, *args):
+        """``clip(layers, *args)`` as a CUDA graph: captured at the first step with
+        these input shapes (after an eager warm-up on a side stream, whose result is
+        this step's), then replayed on copies of the step's ``a`` and ``g``."""
+        import torch
+
+        inputs = [t for _, a, g in layers for t in (a, g)]
+        key = (args, tuple((id(m), tuple(a.shape), a.dtype, tuple(g.shape), g.dtype) for m, a, g in layers))
+        entry = self._graphs.get(key)
+        if entry is not None:
+            graph, static, norms, factors = entry
+            torch._foreach_copy_(static, inputs)
+            graph.replay()
+            self.per_sample_norms, self.clip_factors = norms, factors
+            return
+        static = [t.clone() for t in inputs]
+        slayers = [(m, static[2 * i], static[2 * i + 1]) for i, (m, _, _) in enumerate(layers)]
+        side = torch.cuda.Stream(device=static[0].device)
+        side.wait_stream(torch.cuda.current_stream(static[0].device))
+        with torch.cuda.stream(side):  # warm-up: cuBLAS, fusekit's modules; this step's gradient
+            clip(slayers, *args)
+        torch.cuda.current_stream(static[0].device).wait_stream(side)
+        now = self.per_sample_norms, self.clip_factors
+        graph = torch.cuda.CUDAGraph()
+        if self.generator is not None:
+            graph.register_generator_state(self.generator)  # fresh noise at every replay
+        with torch.cuda.graph(graph):
+            clip(slayers, *args)
+        self._graphs[key] = (graph, static, self.per_sample_norms, self.clip_factors)
+        self.per_sample_norms, self.clip_factors = now
+
+    def _flat_clip(self, layers, batch, scale, denom, acc):
+        """Flat clipping: every sample's whole gradient clipped to ``max_grad_norm``."""
+        import torch
+
         parts, bias_grads = [], []
         for module, a, g in layers:
             if module.weight.requires_grad:
@@ -294,7 +350,7 @@ class DPSGD:
         weights = factors * (scale / denom)  # the loss scale and 1/D ride along
         self.per_sample_norms, self.clip_factors = norms, factors
 
-        grads = self._noise(self.noise_multiplier * c / denom)
+        grads = self._fill(self.noise_multiplier * c / denom)
         for (module, a, g), gb in zip(layers, bias_grads):
             if module.weight.requires_grad:
                 buf = grads[id(module.weight)]
@@ -312,7 +368,7 @@ class DPSGD:
 
         from .ops.optim import dp_clipped_grad_sum
 
-        grads = self._noise(self.noise_multiplier * self.max_grad_norm / denom)
+        grads = self._fill(self.noise_multiplier * self.max_grad_norm / denom)
         k = scale / denom
         sq = torch.zeros(batch, dtype=acc, device=layers[0][2].device)
         for module, a, g in layers:
@@ -334,11 +390,10 @@ class DPSGD:
                 sq.add_(nb.square())
         self.per_sample_norms, self.clip_factors = sq.sqrt_(), None
 
-    def _noise(self, std):
+    def _buffers(self):
         """Sets every trainable parameter's ``p.grad`` to its view of one flat buffer
-        per (device, dtype), kept across steps, and fills the buffers with
-        N(0, std^2) (zeros for ``std = 0``): one random-number call per buffer.
-        Returns {id(p): p.grad}."""
+        per (device, dtype), kept across steps (every step: ``zero_grad`` may have set
+        them to None). Returns {id(p): p.grad}."""
         import torch
 
         views = self._views
@@ -356,16 +411,22 @@ class DPSGD:
                     views[id(p)] = flat[offset:offset + p.numel()].view(p.shape)
                     offset += p.numel()
             self._views = views
-        for flat in self._flat:
-            if std:
-                flat.normal_(0.0, std, generator=self.generator)
-            else:
-                flat.zero_()
+            self._graphs = {}  # captured with the old buffers
         for p in self.params:
             v = views[id(p)]
             if p.grad is not v:
                 p.grad = v
         return views
+
+    def _fill(self, std):
+        """Fills the gradient buffers with N(0, std^2) (zeros for ``std = 0``): one
+        random-number call per buffer. Returns {id(p): p.grad}."""
+        for flat in self._flat:
+            if std:
+                flat.normal_(0.0, std, generator=self.generator)
+            else:
+                flat.zero_()
+        return self._views
 
     @staticmethod
     def _pre_activation_grad(module, act, a, y, gy):
@@ -398,7 +459,7 @@ class DPSGD:
     def __repr__(self) -> str:
         return (f"DPSGD(layers={[n for n, _, _ in self._layers]}, max_grad_norm={self.max_grad_norm}, "
                 f"noise_multiplier={self.noise_multiplier}, expected_batch_size={self.expected_batch_size}, "
-                f"loss_reduction={self.loss_reduction!r}, clipping={self.clipping!r})")
+                f"loss_reduction={self.loss_reduction!r}, clipping={self.clipping!r}, cuda_graph={self.cuda_graph})")
 
 
 def _weight_sq_norms(a, g):

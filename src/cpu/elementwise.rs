@@ -7,6 +7,7 @@ use rayon::prelude::*;
 use super::{Complex, Elem, Math};
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::ops::Addr;
 use crate::ops::elementwise::{BinaryOp, Plan, UnaryOp};
 
 const CHUNK: i64 = 1 << 15;
@@ -61,38 +62,67 @@ pub(crate) fn for_each_offset<F: Fn(i64, i64, i64) + Sync>(p: &Plan, f: F) {
     }
 }
 
+/// The element at element offset `off` from `base`.
+///
+/// # Safety
+///
+/// `base + off * size_of::<T>()` is a host address inside a buffer that `ops`
+/// validated as holding a `T` there, valid for reads during the call. (Outputs
+/// may alias inputs exactly, so elements are read and written through raw
+/// pointers, never through slices, which would assert exclusivity.)
 #[inline(always)]
-fn load<T: Copy>(base: usize, off: i64) -> T {
-    // SAFETY: `ops` validated that every offset of the plan lies inside the buffer.
+unsafe fn load<T: Copy>(base: Addr, off: i64) -> T {
+    // SAFETY: the caller's contract.
     unsafe {
         std::ptr::read_unaligned(
-            (base as isize + off as isize * size_of::<T>() as isize) as *const T,
+            (base.as_usize() as isize + off as isize * size_of::<T>() as isize) as *const T,
         )
     }
 }
 
+/// Writes `v` at element offset `off` from `base`.
+///
+/// # Safety
+///
+/// As `load`, for writes; the output does not self-overlap and aliases inputs
+/// only exactly, so each element is read before it is written.
 #[inline(always)]
-fn store<T: Copy>(base: usize, off: i64, v: T) {
-    // SAFETY: as above; the output does not self-overlap and aliases inputs only
-    // exactly, so each element is read before it is written.
+unsafe fn store<T: Copy>(base: Addr, off: i64, v: T) {
+    // SAFETY: the caller's contract.
     unsafe {
         std::ptr::write_unaligned(
-            (base as isize + off as isize * size_of::<T>() as isize) as *mut T,
+            (base.as_usize() as isize + off as isize * size_of::<T>() as isize) as *mut T,
             v,
         )
     }
 }
 
+/// The plan's output and first input (present: the output is not empty).
+fn out_a(p: &Plan) -> (Addr, Addr) {
+    match (p.out, p.a) {
+        (Some(out), Some(a)) => (out, a),
+        _ => unreachable!("an elementwise plan of {} elements without memory", p.n),
+    }
+}
+
 fn apply2<T: Elem, F: Fn(T::C, T::C) -> T::C + Sync>(p: &Plan, f: F) {
+    let (out, a) = out_a(p);
+    let b =
+        p.b.unwrap_or_else(|| unreachable!("a binary plan without b"));
     for_each_offset(p, |oo, oa, ob| {
-        let r = f(load::<T>(p.a, oa).to_c(), load::<T>(p.b, ob).to_c());
-        store::<T>(p.out, oo, T::from_c(r));
+        // SAFETY: `ops` validated every offset of the plan against its buffer.
+        unsafe {
+            let r = f(load::<T>(a, oa).to_c(), load::<T>(b, ob).to_c());
+            store::<T>(out, oo, T::from_c(r));
+        }
     });
 }
 
 fn apply1<T: Elem, U: Copy, F: Fn(T::C) -> U + Sync>(p: &Plan, f: F) {
-    for_each_offset(p, |oo, oa, _| {
-        store::<U>(p.out, oo, f(load::<T>(p.a, oa).to_c()))
+    let (out, a) = out_a(p);
+    // SAFETY: `ops` validated every offset of the plan against its buffer.
+    for_each_offset(p, |oo, oa, _| unsafe {
+        store::<U>(out, oo, f(load::<T>(a, oa).to_c()))
     });
 }
 

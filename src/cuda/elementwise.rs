@@ -7,6 +7,7 @@ use super::launch::{BLOCK, grid_for, launch};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::layout::FK_MAX_DIMS;
+use crate::ops::addr::raw;
 use crate::ops::elementwise::{ALL_BINARY, ALL_UNARY, BinaryOp, Plan, UnaryOp};
 use crate::stream::Stream;
 
@@ -76,7 +77,7 @@ fn args(p: &Plan, op: i32) -> EwArgs {
         && reach(&p.shape, &p.so) < limit
         && reach(&p.shape, &p.sa) < limit
         && reach(&p.shape, &p.sb) < limit;
-    let aligned = [p.out, p.a, p.b].iter().all(|&x| x % 16 == 0);
+    let aligned = [p.out, p.a, p.b].iter().all(|&x| raw(x) % 16 == 0);
     // Strided layout: 16-byte runs along the innermost dim need a dense output run,
     // inputs that are dense or broadcast there, runs that never straddle a row, and
     // every dense operand's rows starting on a 16-byte boundary.
@@ -98,9 +99,9 @@ fn args(p: &Plan, op: i32) -> EwArgs {
         so: arr(&p.so),
         sa: arr(&p.sa),
         sb: arr(&p.sb),
-        out: p.out as u64,
-        a: p.a as u64,
-        b: p.b as u64,
+        out: raw(p.out),
+        a: raw(p.a),
+        b: raw(p.b),
         alpha_re: p.alpha.re,
         alpha_im: p.alpha.im,
         beta_re: p.beta.re,

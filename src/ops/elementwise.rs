@@ -5,14 +5,14 @@
 //! (the input broadcasts to the output's shape). Any strides on the inputs; the
 //! output must not self-overlap and may alias an input only exactly (in place).
 
-use crate::buffer::{Buffer, check_same_device};
+use crate::buffer::Buffer;
 use crate::context::Device;
 use crate::dtype::DType;
 use crate::error::{
-    FK_ERROR_ALIASING, FK_ERROR_DTYPE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH,
-    FK_ERROR_UNSUPPORTED_DTYPE, Result,
+    FK_ERROR_DTYPE_MISMATCH, FK_ERROR_SHAPE_MISMATCH, FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
 use crate::layout::{self, Dims};
+use crate::ops::{Addr, check};
 use crate::stream::Stream;
 
 /// Binary operations. The discriminants are the kernels' op codes (passed to NVRTC
@@ -129,34 +129,17 @@ pub struct Plan {
     pub so: Dims,
     pub sa: Dims,
     pub sb: Dims,
-    pub out: usize,
-    pub a: usize,
-    pub b: usize,
+    /// `None` only for an empty output, which no backend is handed.
+    pub out: Option<Addr>,
+    pub a: Option<Addr>,
+    /// `None` for the unary ops.
+    pub b: Option<Addr>,
     pub in_dtype: DType,
     pub out_dtype: DType,
     pub alpha: Scalar,
     pub beta: Scalar,
     /// Every operand dense and in the same order as the output (one dim, stride 1).
     pub contiguous: bool,
-}
-
-fn check_scalar(s: Scalar, dtype: DType, what: &str) -> Result<()> {
-    crate::ensure!(
-        dtype.is_complex() || s.im == 0.0,
-        FK_ERROR_INVALID_ARGUMENT,
-        "{what} has imaginary part {} but the dtype {dtype} is real",
-        s.im
-    );
-    Ok(())
-}
-
-fn check_alias(out: &Buffer, input: &Buffer, name: &str) -> Result<()> {
-    crate::ensure!(
-        !out.overlaps(input) || out.same_view(input),
-        FK_ERROR_ALIASING,
-        "out overlaps {name} without being the same view (in-place is allowed only with identical data pointer, shape and strides)"
-    );
-    Ok(())
 }
 
 fn plan(
@@ -180,9 +163,9 @@ fn plan(
         so,
         sa,
         sb,
-        out: out.data,
-        a: a.data,
-        b: b.map(|b| b.data).unwrap_or(0),
+        out: Addr::of(out),
+        a: Addr::of(a),
+        b: Addr::of_opt(b),
         in_dtype,
         out_dtype: out.dtype,
         alpha,
@@ -202,8 +185,11 @@ pub fn binary(
     stream: &Stream,
 ) -> Result<()> {
     let device = out.device();
-    check_same_device(device, &[(a, "a"), (b, "b"), (out, "out")])?;
-    stream.check_device(device)?;
+    check::devices(
+        device,
+        &[(Some(a), "a"), (Some(b), "b"), (Some(out), "out")],
+        stream,
+    )?;
     crate::ensure!(
         a.dtype == b.dtype && a.dtype == out.dtype,
         FK_ERROR_DTYPE_MISMATCH,
@@ -212,8 +198,8 @@ pub fn binary(
         b.dtype,
         out.dtype
     );
-    check_scalar(alpha, a.dtype, "alpha")?;
-    check_scalar(beta, a.dtype, "beta")?;
+    check::real_scalar(alpha, a.dtype, "alpha")?;
+    check::real_scalar(beta, a.dtype, "beta")?;
     let shape = layout::broadcast_shapes(&a.shape, &b.shape)
         .map_err(|e| e.context("a and b do not broadcast"))?;
     crate::ensure!(
@@ -225,8 +211,8 @@ pub fn binary(
         b.shape
     );
     out.check_writable("out")?;
-    check_alias(out, a, "a")?;
-    check_alias(out, b, "b")?;
+    check::disjoint_or_in_place(out, "out", a, "a")?;
+    check::disjoint_or_in_place(out, "out", b, "b")?;
     if out.numel() == 0 {
         return Ok(());
     }
@@ -240,8 +226,7 @@ pub fn binary(
 /// `out = op(a)` with `a` broadcast to `out`'s shape (`alpha` for the scalar ops).
 pub fn unary(op: UnaryOp, a: &Buffer, out: &Buffer, alpha: Scalar, stream: &Stream) -> Result<()> {
     let device = out.device();
-    check_same_device(device, &[(a, "a"), (out, "out")])?;
-    stream.check_device(device)?;
+    check::devices(device, &[(Some(a), "a"), (Some(out), "out")], stream)?;
     let want = op.out_dtype(a.dtype)?;
     crate::ensure!(
         out.dtype == want,
@@ -251,7 +236,7 @@ pub fn unary(op: UnaryOp, a: &Buffer, out: &Buffer, alpha: Scalar, stream: &Stre
         op.name().to_lowercase(),
         a.dtype
     );
-    check_scalar(alpha, a.dtype, "s")?;
+    check::real_scalar(alpha, a.dtype, "s")?;
     let shape = layout::broadcast_shapes(&a.shape, &out.shape)
         .map_err(|e| e.context("a does not broadcast to out"))?;
     crate::ensure!(
@@ -262,7 +247,7 @@ pub fn unary(op: UnaryOp, a: &Buffer, out: &Buffer, alpha: Scalar, stream: &Stre
         a.shape
     );
     out.check_writable("out")?;
-    check_alias(out, a, "a")?;
+    check::disjoint_or_in_place(out, "out", a, "a")?;
     if out.numel() == 0 {
         return Ok(());
     }

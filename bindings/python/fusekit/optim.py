@@ -381,6 +381,18 @@ def _make_shampoo():
                 return self.newton_iterations
             return NEWTON_ITERATIONS_TF32 if tf32 else NEWTON_ITERATIONS_F32
 
+        def _newton_iterations(self, job):
+            """The fast path's Newton iterations for a job's root: ``newton_iterations``
+            if given; else the cap (20, or 12 with TF32) for an unknown hint, the hint up
+            to the cap, and with TF32 ``TF32_DAMPED_ITERATIONS`` for a hint above
+            ``TF32_FINISH_HINT``."""
+            tf32 = self.allow_tf32
+            iters = self._iterations(tf32)
+            hint = self._hint(job) if self.newton_iterations is None else None
+            if hint is None:
+                return iters
+            return TF32_DAMPED_ITERATIONS if tf32 and hint > TF32_FINISH_HINT else min(iters, hint)
+
         def _batch_tf32(self, jobs):
             """Whether a fast-path batch runs on TF32 (``allow_tf32``)."""
             return self.allow_tf32
@@ -456,12 +468,7 @@ def _make_shampoo():
             self.root_stats["computed"] += len(jobs)
             if self._fast_path(S.dtype, S.device):
                 tf32 = self._batch_tf32(jobs)
-                iters = self._iterations(tf32)
-                hints = [self._hint(j) for j in jobs] if self.newton_iterations is None else [None]
-                if None not in hints:
-                    iters = min(iters, max(hints))
-                    if tf32 and max(hints) > TF32_FINISH_HINT:
-                        iters = TF32_DAMPED_ITERATIONS
+                iters = max(self._newton_iterations(j) for j in jobs)  # one value: batches group by it
                 #: (side, batch, Newton iterations, "tf32" or "f32") of each fast-path
                 #: batch, the latest last.
                 log = self.__dict__.setdefault("newton_log", [])
@@ -582,9 +589,10 @@ def _make_shampoo():
             groups = {}
             for i, j in enumerate(jobs):
                 stat, eps = j[0], j[2]
-                # one batch per Newton iteration hint too: a root's iterations do not depend
+                # one batch per Newton iteration count too: a root's iterations do not depend
                 # on which roots share its batch (so the distributed split changes nothing)
-                groups.setdefault((stat.shape[0], stat.dtype, stat.device, eps, self._hint(j)), []).append(i)
+                groups.setdefault((stat.shape[0], stat.dtype, stat.device, eps, self._newton_iterations(j)),
+                                  []).append(i)
             results, infos = {}, {}
             for idx in groups.values():
                 idx = [i for i in idx if owner[i] == me]

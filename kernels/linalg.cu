@@ -19,6 +19,8 @@
 #define GELU_A 0.044715f
 #define INV_SQRT2 0.7071067811865476f
 #define INV_SQRT_2PI 0.3989422804014327f
+static_assert(GELU_C == FK_LA_GELU_C && GELU_A == FK_LA_GELU_A,
+              "the tanh GELU's constants are GELU_TANH_C and GELU_TANH_A of src/ops/linalg.rs");
 
 __device__ __forceinline__ float gelu_tanh_f(float z) {
     float u = GELU_C * (z + GELU_A * z * z * z);
@@ -49,6 +51,14 @@ struct EpiArgs {
     u64 src, y, bias, aux;
     int act;
 };
+// the layout src/cuda/linalg/linear.rs asserts for its mirror
+FK_ARGS_LAYOUT(EpiArgs, 56, m, 0);
+FK_ARGS_LAYOUT(EpiArgs, 56, n, 8);
+FK_ARGS_LAYOUT(EpiArgs, 56, src, 16);
+FK_ARGS_LAYOUT(EpiArgs, 56, y, 24);
+FK_ARGS_LAYOUT(EpiArgs, 56, bias, 32);
+FK_ARGS_LAYOUT(EpiArgs, 56, aux, 40);
+FK_ARGS_LAYOUT(EpiArgs, 56, act, 48);
 
 template <typename T> __device__ void linear_epilogue(const EpiArgs& a) {
     const T* src = reinterpret_cast<const T*>(a.src);
@@ -71,6 +81,18 @@ struct DzArgs {
     u64 dy, saved, dz, partial;
     int act;
 };
+// the layout src/cuda/linalg/linear.rs asserts for its mirror
+FK_ARGS_LAYOUT(DzArgs, 64, m, 0);
+FK_ARGS_LAYOUT(DzArgs, 64, n, 8);
+FK_ARGS_LAYOUT(DzArgs, 64, rows_per_split, 16);
+FK_ARGS_LAYOUT(DzArgs, 64, dy, 24);
+FK_ARGS_LAYOUT(DzArgs, 64, saved, 32);
+FK_ARGS_LAYOUT(DzArgs, 64, dz, 40);
+FK_ARGS_LAYOUT(DzArgs, 64, partial, 48);
+FK_ARGS_LAYOUT(DzArgs, 64, act, 56);
+// linear_dz's block as src/cuda/linalg/linear.rs launches it (DZ_COLS, DZ_ROWS)
+static_assert(FK_LA_DZ_COLS == 32 && FK_LA_DZ_ROWS == 8 && FK_LA_DZ_COLS * FK_LA_DZ_ROWS == 256,
+              "linear_dz: block (32, 8): sh[8][33], 32 columns and 8 row lanes, __launch_bounds__(256)");
 
 // block (32, 8): 32 columns, 8 row lanes; grid (ceil(n / 32), splits). Each block
 // sums its rows of its 32 columns into partial[split, col] (f32).
@@ -114,6 +136,11 @@ struct FinishArgs {
     i64 n, splits;
     u64 partial, out;
 };
+// the layout src/cuda/linalg/linear.rs asserts for its mirror
+FK_ARGS_LAYOUT(FinishArgs, 32, n, 0);
+FK_ARGS_LAYOUT(FinishArgs, 32, splits, 8);
+FK_ARGS_LAYOUT(FinishArgs, 32, partial, 16);
+FK_ARGS_LAYOUT(FinishArgs, 32, out, 24);
 
 template <typename T> __device__ void colsum_finish(const FinishArgs& a) {
     const float* p = reinterpret_cast<const float*>(a.partial);
@@ -138,7 +165,7 @@ template <typename T> __device__ void colsum_finish(const FinishArgs& a) {
 // columns into (j, t) and of the block's task into (batch, i chunk, s block) is done
 // once, with 32-bit divisions when everything fits.
 //
-// Launch (src/cuda/linalg.rs kron_config): block (bx, bs * il): threadIdx.x over
+// Launch (src/cuda/linalg/kron.rs kron_config): block (bx, bs * il): threadIdx.x over
 // units, threadIdx.y = s offset (bs of them) + bs * lane (il lanes over i, rows
 // lane, lane + il, ... of the task's chunk of `rows * il` rows of a); grid.x over
 // units, grid.y over tasks (grid-stride when more than 65535). Tasks are ordered
@@ -161,6 +188,33 @@ struct KronArgs {
     int uniform;   // q % W == 0: the W columns of a unit lie in one segment (one a element)
     int small;     // cols, tasks < 2^32: 32-bit divisions in the setup
 };
+// the layout src/cuda/linalg/kron.rs asserts for its mirror
+FK_ARGS_LAYOUT(KronArgs, 176, batch, 0);
+FK_ARGS_LAYOUT(KronArgs, 176, m, 8);
+FK_ARGS_LAYOUT(KronArgs, 176, n, 16);
+FK_ARGS_LAYOUT(KronArgs, 176, p, 24);
+FK_ARGS_LAYOUT(KronArgs, 176, q, 32);
+FK_ARGS_LAYOUT(KronArgs, 176, sa0, 40);
+FK_ARGS_LAYOUT(KronArgs, 176, sa1, 48);
+FK_ARGS_LAYOUT(KronArgs, 176, sa2, 56);
+FK_ARGS_LAYOUT(KronArgs, 176, sb0, 64);
+FK_ARGS_LAYOUT(KronArgs, 176, sb1, 72);
+FK_ARGS_LAYOUT(KronArgs, 176, sb2, 80);
+FK_ARGS_LAYOUT(KronArgs, 176, a, 88);
+FK_ARGS_LAYOUT(KronArgs, 176, b, 96);
+FK_ARGS_LAYOUT(KronArgs, 176, out, 104);
+FK_ARGS_LAYOUT(KronArgs, 176, cols, 112);
+FK_ARGS_LAYOUT(KronArgs, 176, units, 120);
+FK_ARGS_LAYOUT(KronArgs, 176, rows, 128);
+FK_ARGS_LAYOUT(KronArgs, 176, s_blocks, 136);
+FK_ARGS_LAYOUT(KronArgs, 176, i_chunks, 144);
+FK_ARGS_LAYOUT(KronArgs, 176, tasks, 152);
+FK_ARGS_LAYOUT(KronArgs, 176, bs, 160);
+FK_ARGS_LAYOUT(KronArgs, 176, il, 164);
+FK_ARGS_LAYOUT(KronArgs, 176, uniform, 168);
+FK_ARGS_LAYOUT(KronArgs, 176, small, 172);
+// the block src/cuda/linalg/kron.rs launches has at most KRON_THREADS threads
+static_assert(FK_LA_KRON_THREADS == 256, "kron kernels: __launch_bounds__(256)");
 
 #ifndef FK_CHECK_ALIGNED
 #define FK_CHECK_ALIGNED(ptr, bytes) ((void)0)

@@ -9,7 +9,9 @@ use rayon::prelude::*;
 use super::Complex;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ops::linalg::{Activation, GemmPlan, KronPlan, LinearBwdPlan, LinearPlan, Mat, Trans};
+use crate::ops::linalg::{
+    Activation, GELU_TANH_A, GELU_TANH_C, GemmPlan, KronPlan, LinearBwdPlan, LinearPlan, Mat, Trans,
+};
 
 /// A matrix view for the kernels: base address and (row, column) strides in
 /// elements of an `rows x cols` matrix.
@@ -384,20 +386,17 @@ pub fn gemm(p: &GemmPlan) -> Result<()> {
 
 // ------------------------------------------------------------------ fused linear
 
-const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-const GELU_A: f32 = 0.044715;
-
 /// GELU, tanh approximation (cuBLASLt's epilogue formula), in f32 as the kernels.
 pub fn gelu_tanh(z: f32) -> f32 {
-    let u = SQRT_2_OVER_PI * (z + GELU_A * z * z * z);
+    let u = GELU_TANH_C * (z + GELU_TANH_A * z * z * z);
     0.5 * z * (1.0 + u.tanh())
 }
 
 /// d gelu_tanh / dz.
 pub fn gelu_tanh_grad(z: f32) -> f32 {
-    let u = SQRT_2_OVER_PI * (z + GELU_A * z * z * z);
+    let u = GELU_TANH_C * (z + GELU_TANH_A * z * z * z);
     let t = u.tanh();
-    0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_A * z * z)
+    0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * GELU_TANH_C * (1.0 + 3.0 * GELU_TANH_A * z * z)
 }
 
 /// GELU, exact: `z Phi(z) = 0.5 z (1 + erf(z / sqrt(2)))`, evaluated in f64 and

@@ -57,6 +57,11 @@ pub enum Activation {
     GeluErf = 3,
 }
 
+/// `sqrt(2 / pi)` and the cubic coefficient of the tanh GELU, in f32 as every
+/// backend computes it (the CPU's `gelu_tanh`; the kernels assert theirs equal).
+pub const GELU_TANH_C: f32 = 0.797_884_6;
+pub const GELU_TANH_A: f32 = 0.044715;
+
 impl Activation {
     pub fn name(self) -> &'static str {
         match self {

@@ -39,6 +39,34 @@ struct KronArgs {
     uniform: i32,
     small: i32,
 }
+assert_layout!(
+    KronArgs,
+    176,
+    batch = 0,
+    m = 8,
+    n = 16,
+    p = 24,
+    q = 32,
+    sa0 = 40,
+    sa1 = 48,
+    sa2 = 56,
+    sb0 = 64,
+    sb1 = 72,
+    sb2 = 80,
+    a = 88,
+    b = 96,
+    out = 104,
+    cols = 112,
+    units = 120,
+    rows = 128,
+    s_blocks = 136,
+    i_chunks = 144,
+    tasks = 152,
+    bs = 160,
+    il = 164,
+    uniform = 168,
+    small = 172
+);
 
 /// `Names` of the Kronecker kernels of one kind of store: `kron_<t>_<store>`, the
 /// entry points `FK_KRON_KERNEL(t, W)` (store `w<W>`) and `FK_KRON_SPLIT(t)` (store
@@ -78,8 +106,9 @@ pub(super) fn kron_name(d: DType, w: i64, split: bool) -> Result<&'static str> {
     }
 }
 
-/// Threads per block of the Kronecker kernel.
-const KRON_THREADS: i64 = 256;
+/// Threads per block of the Kronecker kernel (its `__launch_bounds__`;
+/// `kernels/linalg.cu` asserts the number).
+pub(super) const KRON_THREADS: i64 = 256;
 
 /// A Kronecker launch: kernel, arguments, grid and block.
 #[derive(Debug)]

@@ -28,6 +28,17 @@ struct EpiArgs {
     aux: u64,
     act: i32,
 }
+assert_layout!(
+    EpiArgs,
+    56,
+    m = 0,
+    n = 8,
+    src = 16,
+    y = 24,
+    bias = 32,
+    aux = 40,
+    act = 48
+);
 
 /// `linear_epilogue`: `y = act(src + b)`, `aux = src + b` (bias, aux optional).
 fn epilogue_kernel(
@@ -148,6 +159,18 @@ struct DzArgs {
     partial: u64,
     act: i32,
 }
+assert_layout!(
+    DzArgs,
+    64,
+    m = 0,
+    n = 8,
+    rows_per_split = 16,
+    dy = 24,
+    saved = 32,
+    dz = 40,
+    partial = 48,
+    act = 56
+);
 
 /// Mirrors `struct FinishArgs`.
 #[repr(C)]
@@ -157,6 +180,12 @@ struct FinishArgs {
     partial: u64,
     out: u64,
 }
+assert_layout!(FinishArgs, 32, n = 0, splits = 8, partial = 16, out = 24);
+
+/// `linear_dz`'s block: `DZ_COLS` columns by `DZ_ROWS` row lanes (its
+/// `__launch_bounds__` and shared tile; `kernels/linalg.cu` asserts the numbers).
+pub(super) const DZ_COLS: i64 = 32;
+pub(super) const DZ_ROWS: i64 = 8;
 
 /// The backward: `linear_dz` (dz and column partials of db, one pass over dy),
 /// `colsum_finish` (db), then cuBLAS for `dx = dz W` and `dW = dz^T x`.
@@ -166,12 +195,12 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
     let es = p.dtype.size();
     let need_dz = p.dx.is_some() || p.dw.is_some();
     let write_dz = need_dz && p.act != Activation::None;
-    // column splits: about 8 blocks per multiprocessor, 8+ rows per block
-    let gx = (p.n as u64).div_ceil(32).max(1);
+    // column splits: about 8 blocks per multiprocessor, a row per row lane or more
+    let gx = (p.n as u64).div_ceil(DZ_COLS as u64).max(1);
     let target = dev.sm_count.max(1) as u64 * 8;
     let splits = target
         .div_ceil(gx)
-        .clamp(1, (p.m as u64).div_ceil(8).max(1))
+        .clamp(1, (p.m as u64).div_ceil(DZ_ROWS as u64).max(1))
         .min(65535);
     let rows_per_split = (p.m as u64).div_ceil(splits).max(1);
     let splits = (p.m as u64).div_ceil(rows_per_split).max(1);
@@ -214,7 +243,7 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
             MODULE,
             DZ.get(p.dtype)?,
             (gx as u32, splits as u32, 1),
-            (32, 8, 1),
+            (DZ_COLS as u32, DZ_ROWS as u32, 1),
             0,
             stream.raw,
             &mut [&mut a as *mut DzArgs as *mut c_void],

@@ -11,13 +11,14 @@
 //! matrix over the batch). Anything else is refused with a message saying how to make
 //! it acceptable (`fk_copy` into a contiguous buffer).
 
-use crate::buffer::{Buffer, check_same_device};
+use crate::buffer::Buffer;
 use crate::context::Device;
 use crate::dtype::DType;
 use crate::error::{
-    FK_ERROR_ALIASING, FK_ERROR_DTYPE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH,
+    FK_ERROR_DTYPE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH,
     FK_ERROR_UNSUPPORTED, FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
+use crate::ops::check::{self, Named};
 use crate::ops::elementwise::Scalar;
 use crate::stream::Stream;
 
@@ -175,16 +176,6 @@ impl GemmPlan {
 pub(crate) const GEMM_ALLOW_TF32: u32 = crate::abi::linalg::FK_GEMM_ALLOW_TF32;
 const GEMM_KNOWN_FLAGS: u32 = GEMM_ALLOW_TF32;
 
-fn check_scalar(s: Scalar, dtype: DType, what: &str) -> Result<()> {
-    crate::ensure!(
-        dtype.is_complex() || s.im == 0.0,
-        FK_ERROR_INVALID_ARGUMENT,
-        "{what} has imaginary part {} but the dtype {dtype} is real",
-        s.im
-    );
-    Ok(())
-}
-
 /// Reads a matrix operand `[r, c]` or `[batch, r, c]`; `what` names the argument.
 fn matrix(buf: &Buffer, what: &str) -> Result<(i64, Mat)> {
     let nd = buf.shape.len();
@@ -235,13 +226,10 @@ fn matrix(buf: &Buffer, what: &str) -> Result<(i64, Mat)> {
     ))
 }
 
+/// `ops::check::disjoint` for one input, in the form ops/optim.rs calls (until it
+/// moves to `ops::check`).
 pub(crate) fn check_alias(out: &Buffer, input: &Buffer, oname: &str, iname: &str) -> Result<()> {
-    crate::ensure!(
-        !out.overlaps(input),
-        FK_ERROR_ALIASING,
-        "{oname} overlaps {iname}; the output of this operation must not share memory with its inputs"
-    );
-    Ok(())
+    check::disjoint(out, oname, &[(input, iname)])
 }
 
 pub(crate) fn int32(v: i64, what: &str) -> Result<()> {
@@ -277,8 +265,7 @@ pub fn gemm_plan(
     stream: &Stream,
 ) -> Result<GemmPlan> {
     let device = c.device();
-    check_same_device(device, &[(a, "a"), (b, "b")])?;
-    stream.check_device(device)?;
+    check::devices(device, &[(Some(a), "a"), (Some(b), "b")], stream)?;
     let tf32 = gemm_flags(flags)?;
     crate::ensure!(
         a.dtype == b.dtype && a.dtype == c.dtype,
@@ -289,8 +276,8 @@ pub fn gemm_plan(
         c.dtype
     );
     let dtype = a.dtype;
-    check_scalar(alpha, dtype, "alpha")?;
-    check_scalar(beta, dtype, "beta")?;
+    check::real_scalar(alpha, dtype, "alpha")?;
+    check::real_scalar(beta, dtype, "beta")?;
     let (ba, ma) = matrix(a, "a")?;
     let (bb, mb) = matrix(b, "b")?;
     let (bc, mut mc) = matrix(c, "c")?;
@@ -334,8 +321,7 @@ pub fn gemm_plan(
         mc.batch_stride = c.strides[0];
     }
     c.check_writable("c")?;
-    check_alias(c, a, "c", "a")?;
-    check_alias(c, b, "c", "b")?;
+    check::disjoint(c, "c", &[(a, "a"), (b, "b")])?;
     let mut a_m = ma;
     let mut b_m = mb;
     if ba == 1 {
@@ -464,30 +450,9 @@ fn linear_dtype(d: DType, what: &str) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn contiguous(b: &Buffer, what: &str) -> Result<()> {
-    crate::ensure!(
-        b.is_contiguous(),
-        FK_ERROR_UNSUPPORTED,
-        "{what} with shape {:?} and strides {:?} is not contiguous; copy it with fk_copy first",
-        b.shape,
-        b.strides
-    );
-    Ok(())
-}
-
-pub(crate) fn same_dtype(bufs: &[(&Buffer, &str)]) -> Result<()> {
-    let (first, fname) = bufs[0];
-    for (b, name) in &bufs[1..] {
-        crate::ensure!(
-            b.dtype == first.dtype,
-            FK_ERROR_DTYPE_MISMATCH,
-            "{name} has dtype {} but {fname} has {}",
-            b.dtype,
-            first.dtype
-        );
-    }
-    Ok(())
-}
+/// `ops::check::contiguous` and `ops::check::same_dtypes` under the names
+/// ops/optim.rs imports (until it moves to `ops::check`).
+pub(crate) use check::{contiguous, same_dtypes as same_dtype};
 
 /// `(m, k)` of `x [..., k]` (the leading dimensions flattened).
 fn rows_of(x: &Buffer, what: &str) -> Result<(i64, i64)> {
@@ -567,14 +532,11 @@ pub fn linear_forward(
     stream: &Stream,
 ) -> Result<()> {
     let device = y.device();
-    check_same_device(device, &[(x, "x"), (w, "w")])?;
-    if let Some(b) = bias {
-        check_same_device(device, &[(b, "b")])?;
-    }
-    if let Some(a) = aux {
-        check_same_device(device, &[(a, "aux")])?;
-    }
-    stream.check_device(device)?;
+    check::devices(
+        device,
+        &[(Some(x), "x"), (Some(w), "w"), (bias, "b"), (aux, "aux")],
+        stream,
+    )?;
     linear_dtype(x.dtype, "x")?;
     let mut typed = vec![(x, "x"), (w, "w"), (y, "y")];
     if let Some(b) = bias {
@@ -583,7 +545,7 @@ pub fn linear_forward(
     if let Some(a) = aux {
         typed.push((a, "aux"));
     }
-    same_dtype(&typed)?;
+    check::same_dtypes(&typed)?;
     let (m, k) = rows_of(x, "x")?;
     let n = weight(w, k, "x", &x.shape)?;
     if let Some(b) = bias {
@@ -613,26 +575,22 @@ pub fn linear_forward(
         _ => {}
     }
     for (b, name) in [(x, "x"), (w, "w"), (y, "y")] {
-        contiguous(b, name)?;
+        check::contiguous(b, name)?;
     }
     if let Some(b) = bias {
-        contiguous(b, "b")?;
+        check::contiguous(b, "b")?;
     }
     if let Some(a) = aux {
-        contiguous(a, "aux")?;
+        check::contiguous(a, "aux")?;
         a.check_writable("aux")?;
     }
     y.check_writable("y")?;
-    for (o, oname) in [(Some(y), "y"), (aux, "aux")] {
-        let Some(o) = o else { continue };
-        check_alias(o, x, oname, "x")?;
-        check_alias(o, w, oname, "w")?;
-        if let Some(b) = bias {
-            check_alias(o, b, oname, "b")?;
-        }
-    }
+    let mut inputs: Vec<Named> = vec![(x, "x"), (w, "w")];
+    inputs.extend(bias.map(|b| (b, "b")));
+    check::disjoint(y, "y", &inputs)?;
     if let Some(a) = aux {
-        check_alias(a, y, "aux", "y")?;
+        inputs.push((y, "y"));
+        check::disjoint(a, "aux", &inputs)?;
     }
     if m == 0 || n == 0 {
         return Ok(());
@@ -674,15 +632,20 @@ pub fn linear_backward(
     stream: &Stream,
 ) -> Result<()> {
     let device = dy.device();
-    check_same_device(device, &[(x, "x"), (w, "w")])?;
     let saved = if act == Activation::None { None } else { saved };
     let outs = [(dx, "dx"), (dw, "dw"), (db, "db")];
-    for (o, name) in outs.iter().chain([(saved, "saved")].iter()) {
-        if let Some(o) = o {
-            check_same_device(device, &[(o, name)])?;
-        }
-    }
-    stream.check_device(device)?;
+    check::devices(
+        device,
+        &[
+            (Some(x), "x"),
+            (Some(w), "w"),
+            (dx, "dx"),
+            (dw, "dw"),
+            (db, "db"),
+            (saved, "saved"),
+        ],
+        stream,
+    )?;
     linear_dtype(dy.dtype, "dy")?;
     let mut typed = vec![(dy, "dy"), (x, "x"), (w, "w")];
     for (o, name) in outs.iter().chain([(saved, "saved")].iter()) {
@@ -690,7 +653,7 @@ pub fn linear_backward(
             typed.push((o, name));
         }
     }
-    same_dtype(&typed)?;
+    check::same_dtypes(&typed)?;
     let (m, k) = rows_of(x, "x")?;
     let n = weight(w, k, "x", &x.shape)?;
     let yshape = with_last(&x.shape, n);
@@ -723,7 +686,7 @@ pub fn linear_backward(
                 "saved has shape {:?} but must be {what}, shaped {yshape:?}",
                 s.shape
             );
-            contiguous(s, "saved")?;
+            check::contiguous(s, "saved")?;
             Some(s)
         }
     };
@@ -749,24 +712,19 @@ pub fn linear_backward(
         bias_vec(o, n, "db")?;
     }
     for (b, name) in [(dy, "dy"), (x, "x"), (w, "w")] {
-        contiguous(b, name)?;
+        check::contiguous(b, name)?;
     }
-    let mut inputs = vec![(dy, "dy"), (x, "x"), (w, "w")];
-    if let Some(s) = saved_buf {
-        inputs.push((s, "saved"));
-    }
-    for (i, (o, oname)) in outs.iter().enumerate() {
+    let mut inputs: Vec<Named> = vec![(dy, "dy"), (x, "x"), (w, "w")];
+    inputs.extend(saved_buf.map(|s| (s, "saved")));
+    for (i, &(o, oname)) in outs.iter().enumerate() {
         let Some(o) = o else { continue };
-        contiguous(o, oname)?;
+        check::contiguous(o, oname)?;
         o.check_writable(oname)?;
-        for (inp, iname) in &inputs {
-            check_alias(o, inp, oname, iname)?;
-        }
-        for (o2, o2name) in &outs[i + 1..] {
-            if let Some(o2) = o2 {
-                check_alias(o, o2, oname, o2name)?;
-            }
-        }
+        let later = outs[i + 1..]
+            .iter()
+            .filter_map(|&(o2, n2)| o2.map(|o2| (o2, n2)));
+        let others: Vec<Named> = inputs.iter().copied().chain(later).collect();
+        check::disjoint(o, oname, &others)?;
     }
     if dx.is_none() && dw.is_none() && db.is_none() {
         return Ok(());
@@ -841,8 +799,7 @@ fn kron_operand(buf: &Buffer, what: &str) -> Result<(i64, i64, i64, [i64; 3])> {
 /// Batched Kronecker product `out = kron(a, b)`.
 pub fn kron(a: &Buffer, b: &Buffer, out: &Buffer, stream: &Stream) -> Result<()> {
     let device = out.device();
-    check_same_device(device, &[(a, "a"), (b, "b")])?;
-    stream.check_device(device)?;
+    check::devices(device, &[(Some(a), "a"), (Some(b), "b")], stream)?;
     crate::ensure!(
         a.dtype == b.dtype && a.dtype == out.dtype,
         FK_ERROR_DTYPE_MISMATCH,
@@ -876,10 +833,9 @@ pub fn kron(a: &Buffer, b: &Buffer, out: &Buffer, stream: &Stream) -> Result<()>
         a.shape,
         b.shape
     );
-    contiguous(out, "out")?;
+    check::contiguous(out, "out")?;
     out.check_writable("out")?;
-    check_alias(out, a, "out", "a")?;
-    check_alias(out, b, "out", "b")?;
+    check::disjoint(out, "out", &[(a, "a"), (b, "b")])?;
     if out.numel() == 0 {
         return Ok(());
     }

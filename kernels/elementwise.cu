@@ -11,7 +11,11 @@
 // Both are grid-stride loops with 64-bit element counts.
 #include "common.cuh"
 
-#define FK_MAX_DIMS 8
+// FK_MAX_DIMS (the most dimensions of an operand) comes from src/cuda/elementwise.rs
+// (layout::FK_MAX_DIMS), defined ahead of this source.
+#ifndef FK_MAX_DIMS
+#error "FK_MAX_DIMS comes from src/cuda/elementwise.rs (fusekit::cuda::modules() has the full source)"
+#endif
 // 16-byte vectors per thread per iteration of the contiguous loops (bytes in flight)
 #define UNROLL 4
 
@@ -28,6 +32,8 @@ struct EwArgs {
     int vec_ok;
     int small_index;
 };
+FK_ARGS_LAYOUT(EwArgs, 336, out, 272);
+FK_ARGS_LAYOUT(EwArgs, 336, small_index, 332);
 
 // ---------------------------------------------------------------- functors
 template <typename C> struct Scalars {

@@ -10,11 +10,22 @@
 //! depends only on the sizes), each chunk accumulates its own partial sums, and
 //! the partials are added in chunk order, so results do not depend on the number
 //! of threads.
+//!
+//! Memory: `ops::geodesic` validated every address of the `Job` (dtype, shape,
+//! contiguity, device; outputs disjoint from the inputs and from each other, except
+//! the exact in-place forms `gamma == v`, `x_out == x0`, `v_out == v0`). The reads
+//! and writes (`load_into`, `store`: `cpu::host_slice` over one row at a time) rely on
+//! that, and on this module's access pattern: a row of an output is written only by
+//! the thread that processes the row, after it read that row of every input (so an
+//! in-place output row and its input row are never borrowed at once), and the
+//! parameter gradients are written once, after the parallel part.
 
 use rayon::prelude::*;
 
+use crate::cpu::{host_slice, host_slice_mut};
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::ops::Addr;
 use crate::ops::geodesic::Job;
 
 /// f32 / f64 storage, widened to f64 for computing.
@@ -39,27 +50,44 @@ impl Real for f64 {
     }
 }
 
-/// Reads `n` elements at element offset `off` of the buffer at `base` as f64.
-fn load<T: Real>(base: usize, off: usize, n: usize) -> Vec<f64> {
+/// Reads `n` elements at element offset `off` of the operand at `base` as f64.
+///
+/// # Safety
+/// `host_slice`'s contract for those elements (the module documentation says why it
+/// holds here).
+unsafe fn load<T: Real>(base: Option<Addr>, off: usize, n: usize) -> Vec<f64> {
     let mut v = vec![0.0; n];
-    load_into::<T>(base, off, &mut v);
+    // SAFETY: the caller's contract.
+    unsafe { load_into::<T>(base, off, &mut v) };
     v
 }
 
-fn load_into<T: Real>(base: usize, off: usize, out: &mut [f64]) {
-    // SAFETY: `ops` validated that the buffer holds every element addressed here.
-    let src = unsafe { std::slice::from_raw_parts((base as *const T).add(off), out.len()) };
+/// The address of element `off` of the operand at `base`.
+fn element<T>(base: Option<Addr>, off: usize) -> Option<Addr> {
+    base.map(|a| a.byte_add((off * size_of::<T>()) as u64))
+}
+
+/// `load` into `out` (`out.len()` elements).
+///
+/// # Safety
+/// As `load`.
+unsafe fn load_into<T: Real>(base: Option<Addr>, off: usize, out: &mut [f64]) {
+    // SAFETY: the caller's contract.
+    let src: &[T] = unsafe { host_slice(element::<T>(base, off), out.len()) };
     for (o, s) in out.iter_mut().zip(src) {
         *o = s.get();
     }
 }
 
-/// Writes `vals` at element offset `off`. Rows of one output are written by one
-/// thread each, and outputs never overlap inputs (except exactly, in place, where
-/// a row is read completely before it is written).
-fn store<T: Real>(base: usize, off: usize, vals: &[f64]) {
-    // SAFETY: as in `load`; disjoint rows per thread.
-    let dst = unsafe { std::slice::from_raw_parts_mut((base as *mut T).add(off), vals.len()) };
+/// Writes `vals` at element offset `off` of the output at `base`.
+///
+/// # Safety
+/// `host_slice_mut`'s contract for those elements: no other thread reads or writes
+/// them meanwhile, and no slice of an input over them is alive (an in-place row is
+/// read completely before it is written).
+unsafe fn store<T: Real>(base: Option<Addr>, off: usize, vals: &[f64]) {
+    // SAFETY: the caller's contract.
+    let dst: &mut [T] = unsafe { host_slice_mut(element::<T>(base, off), vals.len()) };
     for (d, v) in dst.iter_mut().zip(vals) {
         *d = T::put(*v);
     }
@@ -93,8 +121,9 @@ impl Model {
         Model {
             d: job.d,
             r: job.r,
-            u: load::<T>(job.u, 0, n),
-            w: load::<T>(job.w, 0, n),
+            // SAFETY: `U` and `W` are [D, R] inputs (module documentation).
+            u: unsafe { load::<T>(job.u, 0, n) },
+            w: unsafe { load::<T>(job.w, 0, n) },
             c,
         }
     }
@@ -236,8 +265,8 @@ where
 }
 
 /// Adds the chunks' `[D, R]` partials in order and writes them (or zeros).
-fn write_params<T: Real>(base: usize, n: usize, parts: &[Vec<f64>]) {
-    if base == 0 {
+fn write_params<T: Real>(base: Option<Addr>, n: usize, parts: &[Vec<f64>]) {
+    if base.is_none() {
         return;
     }
     let mut sum = vec![0.0; n];
@@ -246,7 +275,9 @@ fn write_params<T: Real>(base: usize, n: usize, parts: &[Vec<f64>]) {
             *s += x;
         }
     }
-    store::<T>(base, 0, &sum);
+    // SAFETY: a [D, R] output, written once after the parallel part (module
+    // documentation).
+    unsafe { store::<T>(base, 0, &sum) };
 }
 
 fn christoffel_forward_t<T: Real>(job: &Job) {
@@ -257,9 +288,13 @@ fn christoffel_forward_t<T: Real>(job: &Job) {
         0,
         || (m.work(), vec![0.0; d], vec![0.0; d]),
         |i, (wk, v, out)| {
-            load_into::<T>(j.v0, i * d, v);
-            m.gamma(v, wk, out);
-            store::<T>(j.gamma, i * d, out);
+            // SAFETY: row i of the validated operands, each input row read before
+            // the output rows are written, by this thread only (module documentation).
+            unsafe {
+                load_into::<T>(j.v0, i * d, v);
+                m.gamma(v, wk, out);
+                store::<T>(j.gamma, i * d, out);
+            }
         },
     );
 }
@@ -275,22 +310,26 @@ fn christoffel_backward_t<T: Real>(job: &Job) {
             a: vec![0.0; d],
             g: vec![0.0; d],
             dv: vec![0.0; d],
-            du: vec![0.0; if j.du != 0 { n } else { 0 }],
-            dw: vec![0.0; if j.dw != 0 { n } else { 0 }],
+            du: vec![0.0; if j.du.is_some() { n } else { 0 }],
+            dw: vec![0.0; if j.dw.is_some() { n } else { 0 }],
         },
         |i, st| {
-            load_into::<T>(j.v0, i * d, &mut st.a);
-            load_into::<T>(j.g, i * d, &mut st.g);
-            m.vjp(
-                &st.a,
-                &st.g,
-                &mut st.wk,
-                (j.dv != 0).then_some(&mut st.dv[..]),
-                (j.du != 0).then_some(&mut st.du[..]),
-                (j.dw != 0).then_some(&mut st.dw[..]),
-            );
-            if j.dv != 0 {
-                store::<T>(j.dv, i * d, &st.dv);
+            // SAFETY: row i of the validated operands, each input row read before
+            // the output rows are written, by this thread only (module documentation).
+            unsafe {
+                load_into::<T>(j.v0, i * d, &mut st.a);
+                load_into::<T>(j.g, i * d, &mut st.g);
+                m.vjp(
+                    &st.a,
+                    &st.g,
+                    &mut st.wk,
+                    (j.dv.is_some()).then_some(&mut st.dv[..]),
+                    (j.du.is_some()).then_some(&mut st.du[..]),
+                    (j.dw.is_some()).then_some(&mut st.dw[..]),
+                );
+                if j.dv.is_some() {
+                    store::<T>(j.dv, i * d, &st.dv);
+                }
             }
         },
     );
@@ -338,8 +377,9 @@ impl Flow<'_> {
 
 /// `mu` widened, or zeros.
 fn load_mu<T: Real>(job: &Job) -> Vec<f64> {
-    if job.mu != 0 {
-        load::<T>(job.mu, 0, job.d)
+    if job.mu.is_some() {
+        // SAFETY: `mu` is a [D] input (module documentation).
+        unsafe { load::<T>(job.mu, 0, job.d) }
     } else {
         vec![0.0; job.d]
     }
@@ -368,20 +408,24 @@ fn leapfrog_forward_t<T: Real>(job: &Job) {
             )
         },
         |i, (wk, x, v, f, gam)| {
-            load_into::<T>(j.x0, i * d, x);
-            load_into::<T>(j.v0, i * d, v);
-            if j.f != 0 {
-                load_into::<T>(j.f, i * d, f);
-            }
-            for t in 0..j.steps {
-                fl.step(x, v, f, wk, gam);
-                if j.traj != 0 {
-                    store::<T>(j.traj, ((2 * t) * b + i) * d, x);
-                    store::<T>(j.traj, ((2 * t + 1) * b + i) * d, v);
+            // SAFETY: row i of the validated operands, each input row read before
+            // the output rows are written, by this thread only (module documentation).
+            unsafe {
+                load_into::<T>(j.x0, i * d, x);
+                load_into::<T>(j.v0, i * d, v);
+                if j.f.is_some() {
+                    load_into::<T>(j.f, i * d, f);
                 }
+                for t in 0..j.steps {
+                    fl.step(x, v, f, wk, gam);
+                    if j.traj.is_some() {
+                        store::<T>(j.traj, ((2 * t) * b + i) * d, x);
+                        store::<T>(j.traj, ((2 * t + 1) * b + i) * d, v);
+                    }
+                }
+                store::<T>(j.x_out, i * d, x);
+                store::<T>(j.v_out, i * d, v);
             }
-            store::<T>(j.x_out, i * d, x);
-            store::<T>(j.v_out, i * d, v);
         },
     );
 }
@@ -431,86 +475,90 @@ fn leapfrog_backward_t<T: Real>(job: &Job) {
             g: vec![0.0; d],
             dvg: vec![0.0; d],
             df: vec![0.0; d],
-            du: vec![0.0; if j.du != 0 { n } else { 0 }],
-            dw: vec![0.0; if j.dw != 0 { n } else { 0 }],
+            du: vec![0.0; if j.du.is_some() { n } else { 0 }],
+            dw: vec![0.0; if j.dw.is_some() { n } else { 0 }],
         },
         |i, st| {
-            // the states v_t at the start of each step: from the trajectory, or recomputed
-            load_into::<T>(j.v0, i * d, &mut st.vs[..d]);
-            if j.f != 0 {
-                load_into::<T>(j.f, i * d, &mut st.f);
-            }
-            if j.traj != 0 {
-                for t in 1..steps {
-                    load_into::<T>(
-                        j.traj,
-                        ((2 * (t - 1) + 1) * b + i) * d,
-                        &mut st.vs[t * d..(t + 1) * d],
+            // SAFETY: row i of the validated operands, each input row read before
+            // the output rows are written, by this thread only (module documentation).
+            unsafe {
+                // the states v_t at the start of each step: from the trajectory, or recomputed
+                load_into::<T>(j.v0, i * d, &mut st.vs[..d]);
+                if j.f.is_some() {
+                    load_into::<T>(j.f, i * d, &mut st.f);
+                }
+                if j.traj.is_some() {
+                    for t in 1..steps {
+                        load_into::<T>(
+                            j.traj,
+                            ((2 * (t - 1) + 1) * b + i) * d,
+                            &mut st.vs[t * d..(t + 1) * d],
+                        );
+                    }
+                } else if steps > 1 {
+                    let mut x = vec![0.0; d];
+                    let mut v = st.vs[..d].to_vec();
+                    for t in 1..steps {
+                        fl.step(&mut x, &mut v, &st.f, &mut st.wk, &mut st.gam);
+                        st.vs[t * d..(t + 1) * d].copy_from_slice(&v);
+                    }
+                }
+                if j.gx.is_some() {
+                    load_into::<T>(j.gx, i * d, &mut st.lx);
+                } else {
+                    st.lx.fill(0.0);
+                }
+                if j.gv.is_some() {
+                    load_into::<T>(j.gv, i * d, &mut st.lv);
+                } else {
+                    st.lv.fill(0.0);
+                }
+                st.df.fill(0.0);
+                for t in (0..steps).rev() {
+                    let v = &st.vs[t * d..(t + 1) * d];
+                    // recompute vh = v + h (f - Gamma(v) - mu v)
+                    st.vh.copy_from_slice(v);
+                    fl.kick(&mut st.vh, &st.f, &mut st.wk, &mut st.gam);
+                    // second kick: v' = vh + h (f - Gamma(vh) - mu vh), adjoint a = lv
+                    for k in 0..d {
+                        st.df[k] += h * st.lv[k];
+                        st.g[k] = -h * st.lv[k];
+                    }
+                    m.vjp(
+                        &st.vh,
+                        &st.g,
+                        &mut st.wk,
+                        Some(&mut st.dvg),
+                        (j.du.is_some()).then_some(&mut st.du[..]),
+                        (j.dw.is_some()).then_some(&mut st.dw[..]),
                     );
+                    for k in 0..d {
+                        st.lvh[k] = st.lv[k] * (1.0 - h * mu[k]) + j.dt * st.lx[k] + st.dvg[k];
+                        st.df[k] += h * st.lvh[k];
+                        st.g[k] = -h * st.lvh[k];
+                    }
+                    // first kick: vh = v + h (f - Gamma(v) - mu v)
+                    m.vjp(
+                        v,
+                        &st.g,
+                        &mut st.wk,
+                        Some(&mut st.dvg),
+                        (j.du.is_some()).then_some(&mut st.du[..]),
+                        (j.dw.is_some()).then_some(&mut st.dw[..]),
+                    );
+                    for k in 0..d {
+                        st.lv[k] = st.lvh[k] * (1.0 - h * mu[k]) + st.dvg[k];
+                    }
                 }
-            } else if steps > 1 {
-                let mut x = vec![0.0; d];
-                let mut v = st.vs[..d].to_vec();
-                for t in 1..steps {
-                    fl.step(&mut x, &mut v, &st.f, &mut st.wk, &mut st.gam);
-                    st.vs[t * d..(t + 1) * d].copy_from_slice(&v);
+                if j.dx.is_some() {
+                    store::<T>(j.dx, i * d, &st.lx);
                 }
-            }
-            if j.gx != 0 {
-                load_into::<T>(j.gx, i * d, &mut st.lx);
-            } else {
-                st.lx.fill(0.0);
-            }
-            if j.gv != 0 {
-                load_into::<T>(j.gv, i * d, &mut st.lv);
-            } else {
-                st.lv.fill(0.0);
-            }
-            st.df.fill(0.0);
-            for t in (0..steps).rev() {
-                let v = &st.vs[t * d..(t + 1) * d];
-                // recompute vh = v + h (f - Gamma(v) - mu v)
-                st.vh.copy_from_slice(v);
-                fl.kick(&mut st.vh, &st.f, &mut st.wk, &mut st.gam);
-                // second kick: v' = vh + h (f - Gamma(vh) - mu vh), adjoint a = lv
-                for k in 0..d {
-                    st.df[k] += h * st.lv[k];
-                    st.g[k] = -h * st.lv[k];
+                if j.dv.is_some() {
+                    store::<T>(j.dv, i * d, &st.lv);
                 }
-                m.vjp(
-                    &st.vh,
-                    &st.g,
-                    &mut st.wk,
-                    Some(&mut st.dvg),
-                    (j.du != 0).then_some(&mut st.du[..]),
-                    (j.dw != 0).then_some(&mut st.dw[..]),
-                );
-                for k in 0..d {
-                    st.lvh[k] = st.lv[k] * (1.0 - h * mu[k]) + j.dt * st.lx[k] + st.dvg[k];
-                    st.df[k] += h * st.lvh[k];
-                    st.g[k] = -h * st.lvh[k];
+                if j.df.is_some() {
+                    store::<T>(j.df, i * d, &st.df);
                 }
-                // first kick: vh = v + h (f - Gamma(v) - mu v)
-                m.vjp(
-                    v,
-                    &st.g,
-                    &mut st.wk,
-                    Some(&mut st.dvg),
-                    (j.du != 0).then_some(&mut st.du[..]),
-                    (j.dw != 0).then_some(&mut st.dw[..]),
-                );
-                for k in 0..d {
-                    st.lv[k] = st.lvh[k] * (1.0 - h * mu[k]) + st.dvg[k];
-                }
-            }
-            if j.dx != 0 {
-                store::<T>(j.dx, i * d, &st.lx);
-            }
-            if j.dv != 0 {
-                store::<T>(j.dv, i * d, &st.lv);
-            }
-            if j.df != 0 {
-                store::<T>(j.df, i * d, &st.df);
             }
         },
     );

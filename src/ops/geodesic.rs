@@ -20,6 +20,7 @@ use crate::error::{
     FK_ERROR_ALIASING, FK_ERROR_DTYPE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH,
     FK_ERROR_UNSUPPORTED, FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
+use crate::ops::Addr;
 use crate::stream::Stream;
 
 /// Flag bit: the CUDA forwards may use TF32 tensor cores for f32 products (about
@@ -36,8 +37,9 @@ pub(crate) const GEO_ALLOW_TF32X3: u32 = 4;
 /// Every flag bit this version knows.
 pub(crate) const GEO_KNOWN_FLAGS: u32 = GEO_ALLOW_TF32 | GEO_FORCE_GENERIC | GEO_ALLOW_TF32X3;
 
-/// What the backends execute: sizes, scalars and the data addresses (0 = absent).
-/// Every buffer is contiguous row-major, so an address and the sizes say it all.
+/// What the backends execute: sizes, scalars and the data addresses (`None`: absent,
+/// or an empty buffer). Every buffer is contiguous row-major, so an address and the
+/// sizes say it all. Built by the entry points below, field by field.
 #[derive(Debug, Clone, Copy)]
 pub struct Job {
     pub dtype: DType,
@@ -50,37 +52,39 @@ pub struct Job {
     /// Clamp bound (`+inf` disables clamping).
     pub c: f64,
     pub dt: f64,
-    /// `T`, the number of leapfrog steps.
+    /// `T`, the number of leapfrog steps (0 for the Christoffel ops).
     pub steps: usize,
     pub flags: u32,
     // inputs
-    pub x0: usize,
-    pub v0: usize,
-    pub f: usize,
-    pub u: usize,
-    pub w: usize,
-    pub mu: usize,
+    pub x0: Option<Addr>,
+    pub v0: Option<Addr>,
+    pub f: Option<Addr>,
+    pub u: Option<Addr>,
+    pub w: Option<Addr>,
+    pub mu: Option<Addr>,
     /// `g = dL/dgamma` (Christoffel backward).
-    pub g: usize,
+    pub g: Option<Addr>,
     /// `dL/dx_T`, `dL/dv_T` (leapfrog backward).
-    pub gx: usize,
-    pub gv: usize,
+    pub gx: Option<Addr>,
+    pub gv: Option<Addr>,
     // outputs (forward)
-    pub gamma: usize,
-    pub x_out: usize,
-    pub v_out: usize,
+    pub gamma: Option<Addr>,
+    pub x_out: Option<Addr>,
+    pub v_out: Option<Addr>,
     /// `[T, 2, B, D]`: an output of the forward, an input of the backward.
-    pub traj: usize,
+    pub traj: Option<Addr>,
     // outputs (backward)
-    pub dx: usize,
-    pub dv: usize,
-    pub df: usize,
-    pub du: usize,
-    pub dw: usize,
+    pub dx: Option<Addr>,
+    pub dv: Option<Addr>,
+    pub df: Option<Addr>,
+    pub du: Option<Addr>,
+    pub dw: Option<Addr>,
 }
 
+#[cfg(test)]
 impl Job {
-    pub(crate) fn new(dtype: DType, b: usize, d: usize, r: usize) -> Job {
+    /// Tests: a job of these sizes with every operand absent, T = 0, no flags, no clamp.
+    pub(crate) fn absent(dtype: DType, b: usize, d: usize, r: usize) -> Job {
         Job {
             dtype,
             b,
@@ -90,34 +94,30 @@ impl Job {
             dt: 0.0,
             steps: 0,
             flags: 0,
-            x0: 0,
-            v0: 0,
-            f: 0,
-            u: 0,
-            w: 0,
-            mu: 0,
-            g: 0,
-            gx: 0,
-            gv: 0,
-            gamma: 0,
-            x_out: 0,
-            v_out: 0,
-            traj: 0,
-            dx: 0,
-            dv: 0,
-            df: 0,
-            du: 0,
-            dw: 0,
+            x0: None,
+            v0: None,
+            f: None,
+            u: None,
+            w: None,
+            mu: None,
+            g: None,
+            gx: None,
+            gv: None,
+            gamma: None,
+            x_out: None,
+            v_out: None,
+            traj: None,
+            dx: None,
+            dv: None,
+            df: None,
+            du: None,
+            dw: None,
         }
     }
 }
 
 /// A named buffer argument.
 type Arg<'a> = (&'a Buffer, &'a str);
-
-fn addr(b: Option<&Buffer>) -> usize {
-    b.map(|b| b.data).unwrap_or(0)
-}
 
 /// Checks rank, contiguity and dtype of `b`, returns its shape.
 fn check_buf<'a>(
@@ -335,13 +335,34 @@ pub fn christoffel_forward(
         &[("gamma", "v")],
         stream,
     )?;
-    let mut job = Job::new(dtype, b, d, r);
-    job.c = c;
-    job.flags = flags;
-    job.v0 = v.data;
-    job.u = u.data;
-    job.w = w.data;
-    job.gamma = gamma.data;
+    let job = Job {
+        dtype,
+        b,
+        d,
+        r,
+        c,
+        dt: 0.0,
+        steps: 0,
+        flags,
+        x0: None,
+        v0: Addr::of(v),
+        f: None,
+        u: Addr::of(u),
+        w: Addr::of(w),
+        mu: None,
+        g: None,
+        gx: None,
+        gv: None,
+        gamma: Addr::of(gamma),
+        x_out: None,
+        v_out: None,
+        traj: None,
+        dx: None,
+        dv: None,
+        df: None,
+        du: None,
+        dw: None,
+    };
     if b == 0 || d == 0 {
         return Ok(());
     }
@@ -391,16 +412,34 @@ pub fn christoffel_backward(
         &[],
         stream,
     )?;
-    let mut job = Job::new(dtype, b, d, r);
-    job.c = c;
-    job.flags = flags;
-    job.v0 = v.data;
-    job.u = u.data;
-    job.w = w.data;
-    job.g = g.data;
-    job.dv = addr(dv);
-    job.du = addr(du);
-    job.dw = addr(dw);
+    let job = Job {
+        dtype,
+        b,
+        d,
+        r,
+        c,
+        dt: 0.0,
+        steps: 0,
+        flags,
+        x0: None,
+        v0: Addr::of(v),
+        f: None,
+        u: Addr::of(u),
+        w: Addr::of(w),
+        mu: None,
+        g: Addr::of(g),
+        gx: None,
+        gv: None,
+        gamma: None,
+        x_out: None,
+        v_out: None,
+        traj: None,
+        dx: None,
+        dv: Addr::of_opt(dv),
+        df: None,
+        du: Addr::of_opt(du),
+        dw: Addr::of_opt(dw),
+    };
     if outs.is_empty() || d == 0 {
         return Ok(());
     }
@@ -453,20 +492,34 @@ pub fn leapfrog_forward(
         &[("x_out", "x0"), ("v_out", "v0")],
         stream,
     )?;
-    let mut job = Job::new(dtype, b, d, r);
-    job.c = c;
-    job.dt = dt;
-    job.steps = steps;
-    job.flags = flags;
-    job.x0 = x0.data;
-    job.v0 = v0.data;
-    job.f = addr(f);
-    job.u = u.data;
-    job.w = w.data;
-    job.mu = addr(mu);
-    job.x_out = x_out.data;
-    job.v_out = v_out.data;
-    job.traj = addr(traj);
+    let job = Job {
+        dtype,
+        b,
+        d,
+        r,
+        c,
+        dt,
+        steps,
+        flags,
+        x0: Addr::of(x0),
+        v0: Addr::of(v0),
+        f: Addr::of_opt(f),
+        u: Addr::of(u),
+        w: Addr::of(w),
+        mu: Addr::of_opt(mu),
+        g: None,
+        gx: None,
+        gv: None,
+        gamma: None,
+        x_out: Addr::of(x_out),
+        v_out: Addr::of(v_out),
+        traj: Addr::of_opt(traj),
+        dx: None,
+        dv: None,
+        df: None,
+        du: None,
+        dw: None,
+    };
     if b == 0 || d == 0 {
         return Ok(());
     }
@@ -546,24 +599,34 @@ pub fn leapfrog_backward(
     .filter_map(|(b, n)| b.map(|b| (b, n)))
     .collect();
     check_common(v0.device(), &ins, &outs, &[], stream)?;
-    let mut job = Job::new(dtype, b, d, r);
-    job.c = c;
-    job.dt = dt;
-    job.steps = steps;
-    job.flags = flags;
-    job.v0 = v0.data;
-    job.f = addr(f);
-    job.u = u.data;
-    job.w = w.data;
-    job.mu = addr(mu);
-    job.traj = addr(traj);
-    job.gx = addr(gx);
-    job.gv = addr(gv);
-    job.dx = addr(dx0);
-    job.dv = addr(dv0);
-    job.df = addr(df);
-    job.du = addr(du);
-    job.dw = addr(dw);
+    let job = Job {
+        dtype,
+        b,
+        d,
+        r,
+        c,
+        dt,
+        steps,
+        flags,
+        x0: None,
+        v0: Addr::of(v0),
+        f: Addr::of_opt(f),
+        u: Addr::of(u),
+        w: Addr::of(w),
+        mu: Addr::of_opt(mu),
+        g: None,
+        gx: Addr::of_opt(gx),
+        gv: Addr::of_opt(gv),
+        gamma: None,
+        x_out: None,
+        v_out: None,
+        traj: Addr::of_opt(traj),
+        dx: Addr::of_opt(dx0),
+        dv: Addr::of_opt(dv0),
+        df: Addr::of_opt(df),
+        du: Addr::of_opt(du),
+        dw: Addr::of_opt(dw),
+    };
     if outs.is_empty() || d == 0 {
         return Ok(());
     }

@@ -33,6 +33,7 @@ use self::route::GemmRoute;
 use super::launch::launch;
 use super::{CudaDevice, Workspace};
 use crate::error::{CudaContext as _, FK_ERROR_OUT_OF_MEMORY, Result};
+use crate::ops::addr::{Addr, raw};
 use crate::ops::geodesic::{Job, Kind};
 use crate::stream::Stream;
 
@@ -101,28 +102,28 @@ fn run_kernel(dev: &CudaDevice, job: &Job, k: &KernelPlan, stream: &Stream) -> R
         steps: job.steps as i64,
         dt: job.dt,
         c: job.c,
-        x0: job.x0 as u64,
-        v0: job.v0 as u64,
-        f: job.f as u64,
-        u: job.u as u64,
-        w: job.w as u64,
-        mu: job.mu as u64,
-        g: job.g as u64,
-        gx: job.gx as u64,
-        gv: job.gv as u64,
-        x_out: job.x_out as u64,
-        v_out: job.v_out as u64,
-        traj: job.traj as u64,
-        gamma: job.gamma as u64,
-        dx: job.dx as u64,
-        dv: job.dv as u64,
-        df: job.df as u64,
+        x0: raw(job.x0),
+        v0: raw(job.v0),
+        f: raw(job.f),
+        u: raw(job.u),
+        w: raw(job.w),
+        mu: raw(job.mu),
+        g: raw(job.g),
+        gx: raw(job.gx),
+        gv: raw(job.gv),
+        x_out: raw(job.x_out),
+        v_out: raw(job.v_out),
+        traj: raw(job.traj),
+        gamma: raw(job.gamma),
+        dx: raw(job.dx),
+        dv: raw(job.dv),
+        df: raw(job.df),
         du_part,
         dw_part,
         ws: base,
         ws_per_cta: k.per_cta as i64,
         want: k.want,
-        vec_ok: i32::from(job.v0 % 16 == 0 && (job.d * job.dtype.size()) % 16 == 0),
+        vec_ok: i32::from(raw(job.v0) % 16 == 0 && (job.d * job.dtype.size()) % 16 == 0),
         smem_bytes: k.smem as u32,
         pad: 0,
     };
@@ -136,22 +137,22 @@ fn run_kernel(dev: &CudaDevice, job: &Job, k: &KernelPlan, stream: &Stream) -> R
         stream.raw,
         &mut [&mut args as *mut GeoArgs as *mut c_void],
     )?;
-    if job.du != 0 {
-        reduce(dev, k, du_part, job.du, stream)?;
+    if let Some(du) = job.du {
+        reduce(dev, k, du_part, du, stream)?;
     }
-    if job.dw != 0 {
-        reduce(dev, k, dw_part, job.dw, stream)?;
+    if let Some(dw) = job.dw {
+        reduce(dev, k, dw_part, dw, stream)?;
     }
     drop(ws);
     Ok(())
 }
 
 /// `geo_reduce`: `out` (`[D][R]`) = the sum of plan `k`'s `grid` partials at `parts`.
-fn reduce(dev: &CudaDevice, k: &KernelPlan, parts: u64, out: usize, stream: &Stream) -> Result<()> {
+fn reduce(dev: &CudaDevice, k: &KernelPlan, parts: u64, out: Addr, stream: &Stream) -> Result<()> {
     let l: PartLayout = k.parts;
     let mut a = ReduceArgs {
         parts,
-        out: out as u64,
+        out: out.get(),
         nparts: k.grid as i64,
         n: l.n as i64,
         d: l.d as i64,

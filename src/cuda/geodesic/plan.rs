@@ -378,17 +378,17 @@ pub(super) fn plan(kind: Kind, job: &Job, lim: &Limits) -> Result<Plan> {
 /// The launch of the fast kernel `fast`, or of the generic kernel.
 fn kernel(kind: Kind, job: &Job, fast: Option<Fast>, sms: usize) -> Result<KernelPlan> {
     let esize = job.dtype.size();
-    let want = (if job.dv != 0 { WANT_DV } else { 0 })
-        | (if job.du != 0 { WANT_DU } else { 0 })
-        | (if job.dw != 0 { WANT_DW } else { 0 })
-        | (if job.df != 0 { WANT_DF } else { 0 })
-        | (if job.dx != 0 { WANT_DX } else { 0 });
+    let want = (if job.dv.is_some() { WANT_DV } else { 0 })
+        | (if job.du.is_some() { WANT_DU } else { 0 })
+        | (if job.dw.is_some() { WANT_DW } else { 0 })
+        | (if job.df.is_some() { WANT_DF } else { 0 })
+        | (if job.dx.is_some() { WANT_DX } else { 0 });
     let parts = PartLayout::new(fast.map(|f| f.tile), job.d, job.r);
-    let params = parts.n * usize::from(job.du != 0) + parts.n * usize::from(job.dw != 0);
+    let params = parts.n * usize::from(job.du.is_some()) + parts.n * usize::from(job.dw.is_some());
     let (mut grid, per_cta, variant, smem) = match fast {
         Some(f) => {
             // without a trajectory the leapfrog backward keeps the recomputed states
-            let per_cta = if kind == Kind::LeapfrogBackward && job.traj == 0 && job.steps > 1 {
+            let per_cta = if kind == Kind::LeapfrogBackward && job.traj.is_none() && job.steps > 1 {
                 (job.steps - 1) * f.m * f.tile.dp()
             } else {
                 0
@@ -408,7 +408,7 @@ fn kernel(kind: Kind, job: &Job, fast: Option<Fast>, sms: usize) -> Result<Kerne
                 Kind::LeapfrogBackward => {
                     5 * GEN_RG * r
                         + 4 * GEN_RG * d
-                        + if job.traj == 0 {
+                        + if job.traj.is_none() {
                             job.steps.saturating_sub(1) * GEN_RG * d
                         } else {
                             0
@@ -433,7 +433,7 @@ fn kernel(kind: Kind, job: &Job, fast: Option<Fast>, sms: usize) -> Result<Kerne
         "grid of {grid} blocks"
     );
     let slabs = grid * per_cta * esize;
-    let du_bytes = grid * parts.n * esize * usize::from(job.du != 0);
+    let du_bytes = grid * parts.n * esize * usize::from(job.du.is_some());
     let tile = fast.map(|f| f.tile);
     Ok(KernelPlan {
         variant,
@@ -452,8 +452,8 @@ fn kernel(kind: Kind, job: &Job, fast: Option<Fast>, sms: usize) -> Result<Kerne
         want,
         per_cta,
         parts,
-        du_part: (job.du != 0).then_some(slabs),
-        dw_part: (job.dw != 0).then_some(slabs + du_bytes),
+        du_part: (job.du.is_some()).then_some(slabs),
+        dw_part: (job.dw.is_some()).then_some(slabs + du_bytes),
         ws_bytes: grid * per_cta_bytes,
     })
 }
@@ -560,10 +560,10 @@ impl Layout {
                     l.raw = take(bd)?;
                     l.raw1 = take(bd)?;
                     l.vh = take(bd)?;
-                    if job.dv == 0 {
+                    if job.dv.is_none() {
                         l.lv = take(bd)?;
                     }
-                    if job.traj == 0 && job.steps > 1 {
+                    if job.traj.is_none() && job.steps > 1 {
                         l.slab = take((job.steps - 1).checked_mul(bd)?)?;
                     }
                 }
@@ -576,7 +576,7 @@ impl Layout {
 
 /// Whether the leapfrog backward runs its adjoint sweep (any output but `dx0`).
 pub(super) fn lf_bwd_sweeps(job: &Job) -> bool {
-    job.dv != 0 || job.df != 0 || job.du != 0 || job.dw != 0
+    job.dv.is_some() || job.df.is_some() || job.du.is_some() || job.dw.is_some()
 }
 
 /// The definitions a module's source gets from the plan (before the kernel text):
@@ -620,11 +620,17 @@ pub(super) fn defines(kind: Kind, dtype: DType, tile: Option<Tile>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::Addr;
+
+    /// A stand-in address (the plan only asks whether an operand is present).
+    fn some(a: u64) -> Option<Addr> {
+        Addr::from_raw(a)
+    }
 
     const H100: usize = 232_448;
 
     fn job(dtype: DType, b: usize, d: usize, r: usize, steps: usize, flags: u32) -> Job {
-        let mut j = Job::new(dtype, b, d, r);
+        let mut j = Job::absent(dtype, b, d, r);
         j.steps = steps;
         j.flags = flags;
         j
@@ -735,7 +741,7 @@ mod tests {
         };
         let geo = |b: usize, d: usize, r: usize, steps: usize, flags: u32| {
             let mut j = job(DType::F32, b, d, r, steps, flags);
-            (j.du, j.dw) = (1, 2);
+            (j.du, j.dw) = (some(0x100), some(0x200));
             j
         };
         // (op, job, cuBLAS loads) -> (route taken, kernel, module, grid, threads, smem)
@@ -864,7 +870,7 @@ mod tests {
     fn kernel_workspace() {
         // the fast leapfrog backward without a trajectory keeps T - 1 states per block
         let mut j = job(DType::F32, 65536, 512, 32, 8, 0);
-        (j.du, j.dw, j.dx) = (1, 2, 3);
+        (j.du, j.dw, j.dx) = (some(0x100), some(0x200), some(0x300));
         let f = fast(Kind::LeapfrogBackward, &j, H100).unwrap();
         let k = kernel(Kind::LeapfrogBackward, &j, Some(f), 132).unwrap();
         let per_cta = 7 * 8 * 512;
@@ -876,8 +882,8 @@ mod tests {
         assert_eq!(k.want, 2 | 4 | 16);
         assert_eq!((k.parts.kw, k.parts.pv, k.parts.rq), (64, 4, 8));
         // the generic kernel: [D][R] partials; no dU: dW right after the slabs
-        j.du = 0;
-        j.traj = 1;
+        j.du = None;
+        j.traj = some(0x400);
         let k = kernel(Kind::LeapfrogBackward, &j, None, 132).unwrap();
         assert_eq!(
             (k.per_cta, k.parts.n, k.parts.kw),
@@ -886,7 +892,7 @@ mod tests {
         assert_eq!((k.du_part, k.dw_part), (None, Some(k.grid * k.per_cta * 4)));
         assert_eq!(k.grid, 132 * 4);
         // 512 MB of workspace at most: T = 4096 leaves a few blocks
-        j.traj = 0;
+        j.traj = None;
         j.steps = 4096;
         let k = kernel(Kind::LeapfrogBackward, &j, None, 132).unwrap();
         let per_block = (k.per_cta + k.parts.n) * 4;
@@ -912,16 +918,16 @@ mod tests {
     /// leave the op to the generic kernels.
     #[test]
     fn route_layout() {
-        let mut job = Job::new(DType::F32, 65536, 512, 64);
+        let mut job = Job::absent(DType::F32, 65536, 512, 64);
         job.steps = 8;
-        job.dx = 1;
+        job.dx = some(0x100);
         assert_eq!(
             Layout::new(Kind::LeapfrogBackward, &job, false)
                 .unwrap()
                 .bytes,
             0
         );
-        job.du = 1;
+        job.du = some(0x200);
         let (br, bd) = (65536 * 64 * 4, 65536 * 512 * 4);
         let l = Layout::new(Kind::LeapfrogBackward, &job, false).unwrap();
         assert_eq!(
@@ -938,8 +944,8 @@ mod tests {
                 3 * br + 11 * bd
             ]
         );
-        job.dv = 1;
-        job.traj = 1;
+        job.dv = some(0x300);
+        job.traj = some(0x400);
         assert_eq!(
             Layout::new(Kind::LeapfrogBackward, &job, false)
                 .unwrap()
@@ -948,12 +954,12 @@ mod tests {
         );
         let l = Layout::new(
             Kind::ChristoffelBackward,
-            &Job::new(DType::F64, 3, 5, 7),
+            &Job::absent(DType::F64, 3, 5, 7),
             false,
         )
         .unwrap();
         assert_eq!((l.s, l.raw, l.bytes), (0, 256, 512));
-        job.traj = 0;
+        job.traj = None;
         job.steps = usize::MAX / 4;
         assert!(Layout::new(Kind::LeapfrogBackward, &job, false).is_none());
     }

@@ -17,9 +17,16 @@ use super::plan::{Layout, NT, RoutePlan, lf_bwd_sweeps, sw_m};
 use crate::cuda::launch::launch;
 use crate::cuda::{CudaDevice, Workspace, cublas};
 use crate::error::{FK_ERROR_INTERNAL, Result};
+use crate::ops::addr::{self, Addr};
 use crate::ops::geodesic::{Job, Kind};
 use crate::ops::linalg::{GemmPlan, Mat, Trans, dense};
 use crate::stream::Stream;
+
+/// The route's form of an operand's address: a number, 0 for an absent operand (the
+/// workspace pieces are offsets from the workspaces' addresses).
+fn at(a: Option<Addr>) -> usize {
+    addr::raw(a) as usize
+}
 
 /// `vec` of the route's elementwise kernels: 1 where they may move 16 bytes per thread
 /// and step, i.e. every pointer (0: none) is 16-byte aligned and `n` and `period` (of
@@ -84,7 +91,7 @@ pub(super) trait Steps {
             Trans::N,
             dense(v, b, d, 0),
             Trans::N,
-            dense(j.u, d, r, 0),
+            dense(at(j.u), d, r, 0),
             dense(p, b, r, 0),
             0.0,
         )
@@ -101,7 +108,7 @@ pub(super) trait Steps {
             Trans::N,
             dense(s, b, r, 0),
             Trans::T,
-            dense(j.w, d, r, 0),
+            dense(at(j.w), d, r, 0),
             dense(out, b, d, 0),
             0.0,
         )
@@ -135,8 +142,8 @@ pub(super) trait Steps {
             x: x as u64,
             v: v as u64,
             raw: raw as u64,
-            f: j.f as u64,
-            mu: j.mu as u64,
+            f: addr::raw(j.f),
+            mu: addr::raw(j.mu),
             tx: tx as u64,
             tv: tv as u64,
             h: 0.5 * j.dt,
@@ -145,8 +152,8 @@ pub(super) trait Steps {
             vec: ew_vec(
                 j.dtype.size(),
                 n,
-                (j.mu != 0).then_some(j.d),
-                &[vin, x, v, raw, j.f, j.mu, tx, tv],
+                (j.mu.is_some()).then_some(j.d),
+                &[vin, x, v, raw, at(j.f), at(j.mu), tx, tv],
             ),
             pad: 0,
         }
@@ -160,7 +167,7 @@ pub(super) trait Steps {
         let mut a = SwArgs {
             k,
             p: self.p() as u64,
-            w: j.w as u64,
+            w: addr::raw(j.w),
             r: j.r as i64,
             mode: mode as i32,
             pad: 0,
@@ -223,7 +230,7 @@ pub(super) trait Steps {
             Trans::N,
             dense(gp, b, d, 0),
             Trans::N,
-            dense(j.w, d, r, 0),
+            dense(at(j.w), d, r, 0),
             dense(q, b, r, 0),
             0.0,
         )?;
@@ -233,7 +240,7 @@ pub(super) trait Steps {
                 Trans::N,
                 dense(q, b, r, 0),
                 Trans::T,
-                dense(j.u, d, r, 0),
+                dense(at(j.u), d, r, 0),
                 dense(out.dv.0, b, d, 0),
                 out.dv.1,
             )?;
@@ -264,9 +271,9 @@ pub(super) trait Steps {
             lv_in: lv_in as u64,
             lv: lv as u64,
             g: g as u64,
-            df: j.df as u64,
+            df: addr::raw(j.df),
             gx: gx as u64,
-            mu: j.mu as u64,
+            mu: addr::raw(j.mu),
             h: 0.5 * j.dt,
             dt: j.dt,
             c: j.c,
@@ -274,8 +281,8 @@ pub(super) trait Steps {
             vec: ew_vec(
                 j.dtype.size(),
                 n,
-                (j.mu != 0).then_some(j.d),
-                &[lv_in, lv, g, j.df, gx, j.mu],
+                (j.mu.is_some()).then_some(j.d),
+                &[lv_in, lv, g, at(j.df), gx, at(j.mu)],
             ),
         };
         self.launch("geo_adj", n, &mut a)
@@ -424,12 +431,12 @@ pub(super) fn run_route(r: &impl Steps, kind: Kind, l: &Layout) -> Result<()> {
 fn chr_fwd_gemm(r: &impl Steps) -> Result<()> {
     let job = r.job();
     if r.fused() {
-        let k = r.kick_args(0, job.gamma, 0, 0, 0, 0);
-        return r.gamma_fused(job.v0, k, Sw::Clamp);
+        let k = r.kick_args(0, at(job.gamma), 0, 0, 0, 0);
+        return r.gamma_fused(at(job.v0), k, Sw::Clamp);
     }
-    r.gamma_raw(job.v0, job.gamma, r.p(), r.p())?;
+    r.gamma_raw(at(job.v0), at(job.gamma), r.p(), r.p())?;
     if job.c.is_finite() {
-        r.ew("geo_clamp", job.gamma, 0, (job.b * job.d) as i64, job.c)?;
+        r.ew("geo_clamp", at(job.gamma), 0, (job.b * job.d) as i64, job.c)?;
     }
     Ok(())
 }
@@ -442,21 +449,21 @@ fn lf_fwd_gemm(r: &impl Steps, l: &Layout) -> Result<()> {
     let job = r.job();
     let bytes = job.b * job.d * job.dtype.size();
     if job.x_out != job.x0 {
-        r.copy(job.x_out, job.x0, bytes)?;
+        r.copy(at(job.x_out), at(job.x0), bytes)?;
     }
     let traj = |t: usize, k: usize| {
-        if job.traj == 0 {
+        if job.traj.is_none() {
             0
         } else {
-            job.traj + (2 * t + k) * bytes
+            at(job.traj) + (2 * t + k) * bytes
         }
     };
     for t in 0..job.steps {
-        let v_from = if t == 0 { job.v0 } else { job.v_out };
+        let v_from = if t == 0 { at(job.v0) } else { at(job.v_out) };
         r.lf_step(
-            job.x_out,
+            at(job.x_out),
             v_from,
-            job.v_out,
+            at(job.v_out),
             r.ws() + l.raw,
             traj(t, 0),
             traj(t, 1),
@@ -475,22 +482,22 @@ fn chr_bwd_gemm(r: &impl Steps, l: &Layout) -> Result<()> {
     let (s, raw) = (r.ws() + l.s, r.ws() + l.raw);
     if r.fused() {
         // g' straight into the raw workspace; S for the vjp's products from P
-        r.vu(job.v0, r.p())?;
+        r.vu(at(job.v0), r.p())?;
         r.ew("geo_square", s, r.p(), (job.b * job.r) as i64, 0.0)?;
-        r.sw_after(r.kick_args(job.g, raw, 0, 0, 0, 0), Sw::Mask)?;
+        r.sw_after(r.kick_args(at(job.g), raw, 0, 0, 0, 0), Sw::Mask)?;
     } else {
-        r.gamma_raw(job.v0, raw, r.p(), s)?;
-        r.ew("geo_mask", raw, job.g, (job.b * job.d) as i64, job.c)?;
+        r.gamma_raw(at(job.v0), raw, r.p(), s)?;
+        r.ew("geo_mask", raw, at(job.g), (job.b * job.d) as i64, job.c)?;
     }
     r.vjp_products(
-        job.v0,
+        at(job.v0),
         r.p(),
         s,
         raw,
         VjpOut {
-            dv: (job.dv, 0.0),
-            du: (job.du, 0.0),
-            dw: (job.dw, 0.0),
+            dv: (at(job.dv), 0.0),
+            du: (at(job.du), 0.0),
+            dw: (at(job.dw), 0.0),
         },
     )
 }
@@ -508,8 +515,8 @@ fn chr_bwd_gemm(r: &impl Steps, l: &Layout) -> Result<()> {
 fn lf_bwd_gemm(r: &impl Steps, l: &Layout) -> Result<()> {
     let job = r.job();
     let n = (job.b * job.d) as i64;
-    if job.dx != 0 {
-        r.ew("geo_copy", job.dx, job.gx, n, 0.0)?;
+    if job.dx.is_some() {
+        r.ew("geo_copy", at(job.dx), at(job.gx), n, 0.0)?;
     }
     if !lf_bwd_sweeps(job) {
         return Ok(());
@@ -517,19 +524,23 @@ fn lf_bwd_gemm(r: &impl Steps, l: &Layout) -> Result<()> {
     let ws = r.ws();
     let (p0, s0, p1, s1) = (ws + l.p0, ws + l.s, r.p(), ws + l.s1);
     let (raw0, raw1, vh) = (ws + l.raw, ws + l.raw1, ws + l.vh);
-    let lv = if job.dv != 0 { job.dv } else { ws + l.lv };
+    let lv = if job.dv.is_some() {
+        at(job.dv)
+    } else {
+        ws + l.lv
+    };
     let row = job.b * job.d * job.dtype.size();
     // v_t: v0, the trajectory's traj[t-1][1], or the slab's row t-1
     let v_at = |t: usize| {
         if t == 0 {
-            job.v0
-        } else if job.traj != 0 {
-            job.traj + (2 * t - 1) * row
+            at(job.v0)
+        } else if job.traj.is_some() {
+            at(job.traj) + (2 * t - 1) * row
         } else {
             ws + l.slab + (t - 1) * l.bd
         }
     };
-    if job.traj == 0 {
+    if job.traj.is_none() {
         for t in 1..job.steps {
             r.lf_step(0, v_at(t - 1), v_at(t), raw0, 0, 0)?;
         }
@@ -542,7 +553,13 @@ fn lf_bwd_gemm(r: &impl Steps, l: &Layout) -> Result<()> {
         r.kick(v, vh, raw0, 0, 0, 0)?;
         r.gamma_raw(vh, raw1, p1, s1)?;
         // the second kick: cotangent -h lv at vh
-        r.adj(if first { job.gv } else { lv }, lv, raw1, job.gx, first)?;
+        r.adj(
+            if first { at(job.gv) } else { lv },
+            lv,
+            raw1,
+            at(job.gx),
+            first,
+        )?;
         r.vjp_products(
             vh,
             p1,
@@ -550,8 +567,8 @@ fn lf_bwd_gemm(r: &impl Steps, l: &Layout) -> Result<()> {
             raw1,
             VjpOut {
                 dv: (lv, 1.0),
-                du: (job.du, params),
-                dw: (job.dw, params),
+                du: (at(job.du), params),
+                dw: (at(job.dw), params),
             },
         )?;
         // the first kick: cotangent -h lvh at v_t (dv0 = lv after step 0, if wanted)
@@ -562,9 +579,9 @@ fn lf_bwd_gemm(r: &impl Steps, l: &Layout) -> Result<()> {
             s0,
             raw0,
             VjpOut {
-                dv: (if t > 0 || job.dv != 0 { lv } else { 0 }, 1.0),
-                du: (job.du, 1.0),
-                dw: (job.dw, 1.0),
+                dv: (if t > 0 || job.dv.is_some() { lv } else { 0 }, 1.0),
+                du: (at(job.du), 1.0),
+                dw: (at(job.dw), 1.0),
             },
         )?;
     }

@@ -10,6 +10,7 @@ use super::plan::Layout;
 use super::route::{Steps, run_route};
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::ops::Addr;
 use crate::ops::geodesic::{Job, Kind};
 use crate::ops::linalg::{GemmPlan, Mat, Trans};
 
@@ -38,6 +39,9 @@ impl HostBuf {
     }
     fn addr(&self) -> usize {
         self.words.as_ptr() as usize
+    }
+    fn at(&self) -> Option<Addr> {
+        Addr::from_usize(self.addr())
     }
     fn read(&self) -> Vec<f64> {
         // SAFETY: inside the buffer.
@@ -388,16 +392,16 @@ impl HostProb {
 
     /// A job over the inputs; `opt` bits 1, 2, 4, 8: f, mu, gx, gv given.
     fn job(&self, opt: u32, c: f64) -> Job {
-        let mut j = Job::new(self.dtype, self.b, self.d, self.r);
+        let mut j = Job::absent(self.dtype, self.b, self.d, self.r);
         j.c = c;
         j.dt = 0.1;
         j.steps = self.t;
-        j.x0 = self.x.addr();
-        j.v0 = self.v.addr();
-        j.u = self.u.addr();
-        j.w = self.w.addr();
-        j.g = self.g.addr();
-        let on = |bit: u32, b: &HostBuf| if opt & bit != 0 { b.addr() } else { 0 };
+        j.x0 = self.x.at();
+        j.v0 = self.v.at();
+        j.u = self.u.at();
+        j.w = self.w.at();
+        j.g = self.g.at();
+        let on = |bit: u32, b: &HostBuf| if opt & bit != 0 { b.at() } else { None };
         j.f = on(1, &self.f);
         j.mu = on(2, &self.mu);
         j.gx = on(4, &self.gx);
@@ -445,9 +449,9 @@ fn route_leapfrog_backward_matches_the_cpu_backend() {
                 let traj = HostBuf::nan(dtype, t * 2 * bd);
                 let (xo, vo) = (HostBuf::nan(dtype, bd), HostBuf::nan(dtype, bd));
                 let mut fj = base;
-                fj.x_out = xo.addr();
-                fj.v_out = vo.addr();
-                fj.traj = traj.addr();
+                fj.x_out = xo.at();
+                fj.v_out = vo.at();
+                fj.traj = traj.at();
                 crate::cpu::geodesic::leapfrog_forward(&fj).unwrap();
                 // the CPU backend's gradients, all of them
                 let want: Vec<HostBuf> = [bd, bd, bd, dr, dr]
@@ -455,7 +459,7 @@ fn route_leapfrog_backward_matches_the_cpu_backend() {
                     .map(|&n| HostBuf::nan(dtype, n))
                     .collect();
                 let mut cj = base;
-                [cj.dx, cj.dv, cj.df, cj.du, cj.dw] = [0, 1, 2, 3, 4].map(|k| want[k].addr());
+                [cj.dx, cj.dv, cj.df, cj.du, cj.dw] = [0, 1, 2, 3, 4].map(|k| want[k].at());
                 crate::cpu::geodesic::leapfrog_backward(&cj).unwrap();
                 let want: Vec<Vec<f64>> = want.iter().map(HostBuf::read).collect();
                 // without the trajectory the recomputing forward also runs fused
@@ -467,9 +471,9 @@ fn route_leapfrog_backward_matches_the_cpu_backend() {
                             .map(|(k, &n)| (set & (1 << k) != 0).then(|| HostBuf::nan(dtype, n)))
                             .collect();
                         let mut j = base;
-                        j.traj = if with_traj { traj.addr() } else { 0 };
+                        j.traj = if with_traj { traj.at() } else { None };
                         [j.dx, j.dv, j.df, j.du, j.dw] =
-                            [0, 1, 2, 3, 4].map(|k| got[k].as_ref().map_or(0, HostBuf::addr));
+                            [0, 1, 2, 3, 4].map(|k| got[k].as_ref().and_then(HostBuf::at));
                         let mut bufs = pr.inputs();
                         bufs.push(&traj);
                         bufs.extend(got.iter().flatten());
@@ -513,10 +517,10 @@ fn route_forwards_and_christoffel_backward_match_the_cpu_backend() {
                 let job = pr.job(0, c);
                 let want = HostBuf::nan(dtype, bd);
                 let mut cj = job;
-                cj.gamma = want.addr();
+                cj.gamma = want.at();
                 crate::cpu::geodesic::christoffel_forward(&cj).unwrap();
                 let got = HostBuf::nan(dtype, bd);
-                cj.gamma = got.addr();
+                cj.gamma = got.at();
                 let mut bufs = pr.inputs();
                 bufs.push(&got);
                 HostRoute::with(Kind::ChristoffelForward, cj, &bufs, fused)
@@ -528,8 +532,8 @@ fn route_forwards_and_christoffel_backward_match_the_cpu_backend() {
                     &format!("gamma {what}"),
                 );
                 let v = HostBuf::new(dtype, &pr.v.read());
-                cj.v0 = v.addr();
-                cj.gamma = v.addr();
+                cj.v0 = v.at();
+                cj.gamma = v.at();
                 let mut bufs = pr.inputs();
                 bufs.push(&v);
                 HostRoute::with(Kind::ChristoffelForward, cj, &bufs, fused)
@@ -546,7 +550,7 @@ fn route_forwards_and_christoffel_backward_match_the_cpu_backend() {
                     .map(|&n| HostBuf::nan(dtype, n))
                     .collect();
                 let mut cj = job;
-                [cj.dv, cj.du, cj.dw] = [0, 1, 2].map(|k| want[k].addr());
+                [cj.dv, cj.du, cj.dw] = [0, 1, 2].map(|k| want[k].at());
                 crate::cpu::geodesic::christoffel_backward(&cj).unwrap();
                 for set in [7u32, 1, 2, 4] {
                     let got: Vec<Option<HostBuf>> = [bd, dr, dr]
@@ -555,8 +559,7 @@ fn route_forwards_and_christoffel_backward_match_the_cpu_backend() {
                         .map(|(k, &n)| (set & (1 << k) != 0).then(|| HostBuf::nan(dtype, n)))
                         .collect();
                     let mut j = job;
-                    [j.dv, j.du, j.dw] =
-                        [0, 1, 2].map(|k| got[k].as_ref().map_or(0, HostBuf::addr));
+                    [j.dv, j.du, j.dw] = [0, 1, 2].map(|k| got[k].as_ref().and_then(HostBuf::at));
                     let mut bufs = pr.inputs();
                     bufs.extend(got.iter().flatten());
                     HostRoute::with(Kind::ChristoffelBackward, j, &bufs, fused)
@@ -580,7 +583,7 @@ fn route_forwards_and_christoffel_backward_match_the_cpu_backend() {
                         .map(|&n| HostBuf::nan(dtype, n))
                         .collect();
                     let mut cj = job;
-                    [cj.x_out, cj.v_out, cj.traj] = [0, 1, 2].map(|k| want[k].addr());
+                    [cj.x_out, cj.v_out, cj.traj] = [0, 1, 2].map(|k| want[k].at());
                     crate::cpu::geodesic::leapfrog_forward(&cj).unwrap();
                     for (in_place, with_traj) in [(false, true), (false, false), (true, true)] {
                         let got: Vec<HostBuf> = if in_place {
@@ -596,12 +599,12 @@ fn route_forwards_and_christoffel_backward_match_the_cpu_backend() {
                                 .collect()
                         };
                         let mut j = job;
-                        [j.x_out, j.v_out, j.traj] = [0, 1, 2].map(|k| got[k].addr());
+                        [j.x_out, j.v_out, j.traj] = [0, 1, 2].map(|k| got[k].at());
                         if in_place {
                             (j.x0, j.v0) = (j.x_out, j.v_out);
                         }
                         if !with_traj {
-                            j.traj = 0;
+                            j.traj = None;
                         }
                         let mut bufs = pr.inputs();
                         bufs.extend(got.iter());

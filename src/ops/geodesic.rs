@@ -13,14 +13,12 @@
 //! inputs or each other, except the exact in-place forms `gamma == v`,
 //! `x_out == x0`, `v_out == v0`.
 
-use crate::buffer::{Buffer, check_same_device};
+use crate::buffer::Buffer;
 use crate::context::Device;
 use crate::dtype::DType;
-use crate::error::{
-    FK_ERROR_ALIASING, FK_ERROR_DTYPE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH,
-    FK_ERROR_UNSUPPORTED, FK_ERROR_UNSUPPORTED_DTYPE, Result,
-};
+use crate::error::{FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH, Result};
 use crate::ops::Addr;
+use crate::ops::check::{self, Named};
 use crate::stream::Stream;
 
 /// Flag bit: the CUDA forwards may use TF32 tensor cores for f32 products (about
@@ -117,9 +115,12 @@ impl Job {
 }
 
 /// A named buffer argument.
-type Arg<'a> = (&'a Buffer, &'a str);
+type Arg<'a> = Named<'a>;
 
-/// Checks rank, contiguity and dtype of `b`, returns its shape.
+/// The element types of the geodesic ops.
+const DTYPES: [DType; 2] = [DType::F32, DType::F64];
+
+/// Checks rank, dtype (that of `vname`) and contiguity of `b`, returns its shape.
 fn check_buf<'a>(
     b: &'a Buffer,
     name: &str,
@@ -128,25 +129,9 @@ fn check_buf<'a>(
     dtype: DType,
     vname: &str,
 ) -> Result<&'a [i64]> {
-    crate::ensure!(
-        b.shape.len() == ndim,
-        FK_ERROR_SHAPE_MISMATCH,
-        "{name} must be {what} but has shape {:?}",
-        b.shape
-    );
-    crate::ensure!(
-        b.dtype == dtype,
-        FK_ERROR_DTYPE_MISMATCH,
-        "{name} has dtype {} but {vname} has dtype {dtype}",
-        b.dtype
-    );
-    crate::ensure!(
-        b.is_contiguous(),
-        FK_ERROR_UNSUPPORTED,
-        "{name} must be contiguous (row-major) but has strides {:?} for shape {:?}; copy it with fk_copy first",
-        b.strides,
-        b.shape
-    );
+    check::rank(b, name, ndim, what)?;
+    check::same_dtype(b, name, dtype, vname)?;
+    check::contiguous(b, name)?;
     Ok(&b.shape)
 }
 
@@ -180,26 +165,10 @@ fn check_steps(dt: f64, steps: i64) -> Result<usize> {
 
 /// `v` (or `v0`): the [B, D] matrix that fixes dtype, B and D.
 fn check_v(v: &Buffer, name: &str) -> Result<(DType, usize, usize)> {
-    crate::ensure!(
-        matches!(v.dtype, DType::F32 | DType::F64),
-        FK_ERROR_UNSUPPORTED_DTYPE,
-        "{name} has dtype {}, but the geodesic ops support f32 and f64",
-        v.dtype
-    );
-    crate::ensure!(
-        v.shape.len() == 2,
-        FK_ERROR_SHAPE_MISMATCH,
-        "{name} must be a [B, D] matrix but has shape {:?}",
-        v.shape
-    );
-    crate::ensure!(
-        v.is_contiguous(),
-        FK_ERROR_UNSUPPORTED,
-        "{name} must be contiguous (row-major) but has strides {:?} for shape {:?}; copy it with fk_copy first",
-        v.strides,
-        v.shape
-    );
-    Ok((v.dtype, v.shape[0] as usize, v.shape[1] as usize))
+    let dtype = check::dtype_in(v, name, &DTYPES, "the geodesic ops (f32 and f64)")?;
+    check::rank(v, name, 2, "a [B, D] matrix")?;
+    check::contiguous(v, name)?;
+    Ok((dtype, v.shape[0] as usize, v.shape[1] as usize))
 }
 
 /// `U`, `W`: both [D, R]; returns R.
@@ -232,23 +201,13 @@ fn check_like(b: &Buffer, name: &str, vname: &str, v: &Buffer, dtype: DType) -> 
 }
 
 fn check_mu(mu: &Buffer, dtype: DType, d: usize) -> Result<()> {
-    let s = check_buf(mu, "mu", 1, "a [D] vector", dtype, "v0")?;
-    crate::ensure!(
-        s[0] as usize == d,
-        FK_ERROR_SHAPE_MISMATCH,
-        "mu has shape {s:?} but must be [D] = [{d}]"
-    );
-    Ok(())
+    check_buf(mu, "mu", 1, "a [D] vector", dtype, "v0")?;
+    check::shape(mu, "mu", &[d as i64], "[D]")
 }
 
 fn check_traj(traj: &Buffer, dtype: DType, steps: usize, b: usize, d: usize) -> Result<()> {
     let want = [steps as i64, 2, b as i64, d as i64];
-    crate::ensure!(
-        traj.shape.as_slice() == want,
-        FK_ERROR_SHAPE_MISMATCH,
-        "traj has shape {:?} but must be [T, 2, B, D] = {want:?}",
-        traj.shape
-    );
+    check::shape(traj, "traj", &want, "[T, 2, B, D]")?;
     check_buf(traj, "traj", 4, "[T, 2, B, D]", dtype, "v0")?;
     Ok(())
 }
@@ -262,32 +221,23 @@ fn check_common(
     inplace: &[(&str, &str)],
     stream: &Stream,
 ) -> Result<()> {
-    let all: Vec<(&Buffer, &str)> = inputs.iter().chain(outputs).copied().collect();
-    check_same_device(device, &all)?;
-    stream.check_device(device)?;
-    for (i, (o, on)) in outputs.iter().enumerate() {
+    let all: Vec<(Option<&Buffer>, &str)> = inputs
+        .iter()
+        .chain(outputs)
+        .map(|&(b, n)| (Some(b), n))
+        .collect();
+    check::devices(device, &all, stream)?;
+    for (i, &(o, on)) in outputs.iter().enumerate() {
         o.check_writable(on)?;
-        for (inp, iname) in inputs {
-            if o.overlaps(inp) {
-                let allowed = o.same_view(inp) && inplace.contains(&(*on, *iname));
-                crate::ensure!(
-                    allowed,
-                    FK_ERROR_ALIASING,
-                    "{on} overlaps the input {iname}{}",
-                    if inplace.iter().any(|(a, _)| a == on) {
-                        " (only the exact in-place form listed in the documentation is allowed)"
-                    } else {
-                        " (outputs must not overlap inputs)"
-                    }
-                );
+        for &(inp, iname) in inputs {
+            if inplace.contains(&(on, iname)) {
+                check::disjoint_or_in_place(o, on, inp, &format!("the input {iname}"))?;
+            } else {
+                check::disjoint(o, on, &[(inp, &format!("the input {iname}"))])?;
             }
         }
-        for (o2, on2) in &outputs[..i] {
-            crate::ensure!(
-                !o.overlaps(o2),
-                FK_ERROR_ALIASING,
-                "{on} overlaps the output {on2}"
-            );
+        for &(o2, on2) in &outputs[..i] {
+            check::disjoint(o, on, &[(o2, &format!("the output {on2}"))])?;
         }
     }
     Ok(())

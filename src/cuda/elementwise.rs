@@ -1,11 +1,10 @@
 //! Launcher for `kernels/elementwise.cu`.
 
 use std::ffi::c_void;
-use std::mem::offset_of;
 
 use super::CudaDevice;
 use super::launch::{
-    BLOCK, Names, defines, dtype_modules, grid_for, kernel_suffix, launch, per_dtype,
+    BLOCK, Names, assert_layout, defines, dtype_modules, grid_for, kernel_suffix, launch, per_dtype,
 };
 use crate::dtype::DType;
 use crate::error::Result;
@@ -52,10 +51,25 @@ struct EwArgs {
     small_index: i32,
 }
 // kernels/elementwise.cu asserts the same layout.
-const _: () = assert!(
-    size_of::<EwArgs>() == 336
-        && offset_of!(EwArgs, out) == 272
-        && offset_of!(EwArgs, small_index) == 332
+assert_layout!(
+    EwArgs,
+    336,
+    n = 0,
+    ndim = 8,
+    op = 12,
+    shape = 16,
+    so = 80,
+    sa = 144,
+    sb = 208,
+    out = 272,
+    a = 280,
+    b = 288,
+    alpha_re = 296,
+    alpha_im = 304,
+    beta_re = 312,
+    beta_im = 320,
+    vec_ok = 328,
+    small_index = 332
 );
 
 fn arr(v: &[i64]) -> [i64; FK_MAX_DIMS] {

@@ -67,26 +67,38 @@ struct GeoArgs {
     unsigned smem_bytes;
     int pad_;
 };
-// The argument structs' layouts, the numbers src/cuda/geodesic/args.rs asserts for
-// its mirrors (GEO_AT: field F of struct S at byte offset O). NVRTC has no offsetof;
-// its front end's __INTADDR__ gives the same constant (a host compiler's builtin
-// otherwise: the CPU emulator, tests/emu).
-#if defined(__CUDACC_RTC__)
-#define GEO_AT(S, F, O) ((unsigned long long)__INTADDR__(&(((S*)0)->F)) == (O))
-#else
-#define GEO_AT(S, F, O) (__builtin_offsetof(S, F) == (O))
-#endif
-static_assert(sizeof(GeoArgs) == 224 && GEO_AT(GeoArgs, B, 0) && GEO_AT(GeoArgs, D, 8) && GEO_AT(GeoArgs, R, 16) &&
-                  GEO_AT(GeoArgs, steps, 24) && GEO_AT(GeoArgs, dt, 32) && GEO_AT(GeoArgs, c, 40) &&
-                  GEO_AT(GeoArgs, x0, 48) && GEO_AT(GeoArgs, v0, 56) && GEO_AT(GeoArgs, f, 64) &&
-                  GEO_AT(GeoArgs, u, 72) && GEO_AT(GeoArgs, w, 80) && GEO_AT(GeoArgs, mu, 88) &&
-                  GEO_AT(GeoArgs, g, 96) && GEO_AT(GeoArgs, gx, 104) && GEO_AT(GeoArgs, gv, 112) &&
-                  GEO_AT(GeoArgs, x_out, 120) && GEO_AT(GeoArgs, v_out, 128) && GEO_AT(GeoArgs, traj, 136) &&
-                  GEO_AT(GeoArgs, gamma, 144) && GEO_AT(GeoArgs, dx, 152) && GEO_AT(GeoArgs, dv, 160) &&
-                  GEO_AT(GeoArgs, df, 168) && GEO_AT(GeoArgs, du_part, 176) && GEO_AT(GeoArgs, dw_part, 184) &&
-                  GEO_AT(GeoArgs, ws, 192) && GEO_AT(GeoArgs, ws_per_cta, 200) && GEO_AT(GeoArgs, want, 208) &&
-                  GEO_AT(GeoArgs, vec_ok, 212) && GEO_AT(GeoArgs, smem_bytes, 216) && GEO_AT(GeoArgs, pad_, 220),
-              "GeoArgs: layout of src/cuda/geodesic/args.rs");
+// The argument structs' layouts: the numbers src/cuda/geodesic/args.rs asserts for
+// its mirrors, every field (FK_ARGS_LAYOUT, kernels/common.cuh).
+FK_ARGS_LAYOUT(GeoArgs, 224, B, 0);
+FK_ARGS_LAYOUT(GeoArgs, 224, D, 8);
+FK_ARGS_LAYOUT(GeoArgs, 224, R, 16);
+FK_ARGS_LAYOUT(GeoArgs, 224, steps, 24);
+FK_ARGS_LAYOUT(GeoArgs, 224, dt, 32);
+FK_ARGS_LAYOUT(GeoArgs, 224, c, 40);
+FK_ARGS_LAYOUT(GeoArgs, 224, x0, 48);
+FK_ARGS_LAYOUT(GeoArgs, 224, v0, 56);
+FK_ARGS_LAYOUT(GeoArgs, 224, f, 64);
+FK_ARGS_LAYOUT(GeoArgs, 224, u, 72);
+FK_ARGS_LAYOUT(GeoArgs, 224, w, 80);
+FK_ARGS_LAYOUT(GeoArgs, 224, mu, 88);
+FK_ARGS_LAYOUT(GeoArgs, 224, g, 96);
+FK_ARGS_LAYOUT(GeoArgs, 224, gx, 104);
+FK_ARGS_LAYOUT(GeoArgs, 224, gv, 112);
+FK_ARGS_LAYOUT(GeoArgs, 224, x_out, 120);
+FK_ARGS_LAYOUT(GeoArgs, 224, v_out, 128);
+FK_ARGS_LAYOUT(GeoArgs, 224, traj, 136);
+FK_ARGS_LAYOUT(GeoArgs, 224, gamma, 144);
+FK_ARGS_LAYOUT(GeoArgs, 224, dx, 152);
+FK_ARGS_LAYOUT(GeoArgs, 224, dv, 160);
+FK_ARGS_LAYOUT(GeoArgs, 224, df, 168);
+FK_ARGS_LAYOUT(GeoArgs, 224, du_part, 176);
+FK_ARGS_LAYOUT(GeoArgs, 224, dw_part, 184);
+FK_ARGS_LAYOUT(GeoArgs, 224, ws, 192);
+FK_ARGS_LAYOUT(GeoArgs, 224, ws_per_cta, 200);
+FK_ARGS_LAYOUT(GeoArgs, 224, want, 208);
+FK_ARGS_LAYOUT(GeoArgs, 224, vec_ok, 212);
+FK_ARGS_LAYOUT(GeoArgs, 224, smem_bytes, 216);
+FK_ARGS_LAYOUT(GeoArgs, 224, pad_, 220);
 
 struct ReduceArgs {
     u64 parts;  // [nparts][n]
@@ -97,11 +109,16 @@ struct ReduceArgs {
     int kw, pv, rq;  // the fast kernels' coalesced layout's Cfg::KW, PV, RQ (param_store); kw = 0: [D][R]
     int pad;
 };
-static_assert(sizeof(ReduceArgs) == 64 && GEO_AT(ReduceArgs, parts, 0) && GEO_AT(ReduceArgs, out, 8) &&
-                  GEO_AT(ReduceArgs, nparts, 16) && GEO_AT(ReduceArgs, n, 24) && GEO_AT(ReduceArgs, D, 32) &&
-                  GEO_AT(ReduceArgs, R, 40) && GEO_AT(ReduceArgs, kw, 48) && GEO_AT(ReduceArgs, pv, 52) &&
-                  GEO_AT(ReduceArgs, rq, 56) && GEO_AT(ReduceArgs, pad, 60),
-              "ReduceArgs: layout of src/cuda/geodesic/args.rs");
+FK_ARGS_LAYOUT(ReduceArgs, 64, parts, 0);
+FK_ARGS_LAYOUT(ReduceArgs, 64, out, 8);
+FK_ARGS_LAYOUT(ReduceArgs, 64, nparts, 16);
+FK_ARGS_LAYOUT(ReduceArgs, 64, n, 24);
+FK_ARGS_LAYOUT(ReduceArgs, 64, D, 32);
+FK_ARGS_LAYOUT(ReduceArgs, 64, R, 40);
+FK_ARGS_LAYOUT(ReduceArgs, 64, kw, 48);
+FK_ARGS_LAYOUT(ReduceArgs, 64, pv, 52);
+FK_ARGS_LAYOUT(ReduceArgs, 64, rq, 56);
+FK_ARGS_LAYOUT(ReduceArgs, 64, pad, 60);
 
 extern __shared__ __align__(32) unsigned char geo_smem[];
 
@@ -2392,9 +2409,12 @@ struct EwArgs {
     double c;
     int vec, pad_;
 };
-static_assert(sizeof(EwArgs) == 40 && GEO_AT(EwArgs, y, 0) && GEO_AT(EwArgs, x, 8) && GEO_AT(EwArgs, n, 16) &&
-                  GEO_AT(EwArgs, c, 24) && GEO_AT(EwArgs, vec, 32) && GEO_AT(EwArgs, pad_, 36),
-              "EwArgs: layout of src/cuda/geodesic/args.rs");
+FK_ARGS_LAYOUT(EwArgs, 40, y, 0);
+FK_ARGS_LAYOUT(EwArgs, 40, x, 8);
+FK_ARGS_LAYOUT(EwArgs, 40, n, 16);
+FK_ARGS_LAYOUT(EwArgs, 40, c, 24);
+FK_ARGS_LAYOUT(EwArgs, 40, vec, 32);
+FK_ARGS_LAYOUT(EwArgs, 40, pad_, 36);
 #define GEO_EW(NAME, EXPR, RY)                                                                \
     extern "C" __global__ void __launch_bounds__(GEO_NT) NAME(const EwArgs a) {             \
         GEO_T* y = reinterpret_cast<GEO_T*>(a.y);                                           \
@@ -2432,13 +2452,21 @@ struct KickArgs {
     double h, dt, c;
     int vec, pad_;
 };
-static_assert(sizeof(KickArgs) == 112 && GEO_AT(KickArgs, n, 0) && GEO_AT(KickArgs, d, 8) &&
-                  GEO_AT(KickArgs, vin, 16) && GEO_AT(KickArgs, x, 24) && GEO_AT(KickArgs, v, 32) &&
-                  GEO_AT(KickArgs, raw, 40) && GEO_AT(KickArgs, f, 48) && GEO_AT(KickArgs, mu, 56) &&
-                  GEO_AT(KickArgs, tx, 64) && GEO_AT(KickArgs, tv, 72) && GEO_AT(KickArgs, h, 80) &&
-                  GEO_AT(KickArgs, dt, 88) && GEO_AT(KickArgs, c, 96) && GEO_AT(KickArgs, vec, 104) &&
-                  GEO_AT(KickArgs, pad_, 108),
-              "KickArgs: layout of src/cuda/geodesic/args.rs");
+FK_ARGS_LAYOUT(KickArgs, 112, n, 0);
+FK_ARGS_LAYOUT(KickArgs, 112, d, 8);
+FK_ARGS_LAYOUT(KickArgs, 112, vin, 16);
+FK_ARGS_LAYOUT(KickArgs, 112, x, 24);
+FK_ARGS_LAYOUT(KickArgs, 112, v, 32);
+FK_ARGS_LAYOUT(KickArgs, 112, raw, 40);
+FK_ARGS_LAYOUT(KickArgs, 112, f, 48);
+FK_ARGS_LAYOUT(KickArgs, 112, mu, 56);
+FK_ARGS_LAYOUT(KickArgs, 112, tx, 64);
+FK_ARGS_LAYOUT(KickArgs, 112, tv, 72);
+FK_ARGS_LAYOUT(KickArgs, 112, h, 80);
+FK_ARGS_LAYOUT(KickArgs, 112, dt, 88);
+FK_ARGS_LAYOUT(KickArgs, 112, c, 96);
+FK_ARGS_LAYOUT(KickArgs, 112, vec, 104);
+FK_ARGS_LAYOUT(KickArgs, 112, pad_, 108);
 // The route's second product with what follows it fused in (geo_sw): for a tile of
 // GEO_SW_M rows, raw = (P^2) W^T (P = v U from cuBLAS, squared here), then by `mode`:
 // gamma = clamp(raw) into k.v (GEO_SW_CLAMP, the Christoffel forward), the kick of
@@ -2458,9 +2486,12 @@ struct SwArgs {
     i64 r;
     int mode, pad_;
 };
-static_assert(sizeof(SwArgs) == 144 && GEO_AT(SwArgs, k, 0) && GEO_AT(SwArgs, p, 112) && GEO_AT(SwArgs, w, 120) &&
-                  GEO_AT(SwArgs, r, 128) && GEO_AT(SwArgs, mode, 136) && GEO_AT(SwArgs, pad_, 140),
-              "SwArgs: layout of src/cuda/geodesic/args.rs");
+FK_ARGS_LAYOUT(SwArgs, 144, k, 0);
+FK_ARGS_LAYOUT(SwArgs, 144, p, 112);
+FK_ARGS_LAYOUT(SwArgs, 144, w, 120);
+FK_ARGS_LAYOUT(SwArgs, 144, r, 128);
+FK_ARGS_LAYOUT(SwArgs, 144, mode, 136);
+FK_ARGS_LAYOUT(SwArgs, 144, pad_, 140);
 #define GEO_SW_CLAMP 0
 #define GEO_SW_KICK 1
 #define GEO_SW_MASK 2
@@ -2682,12 +2713,19 @@ struct AdjArgs {
     int df_init;  // the sweep's first update: df = h l instead of df += h l
     int vec;
 };
-static_assert(sizeof(AdjArgs) == 96 && GEO_AT(AdjArgs, n, 0) && GEO_AT(AdjArgs, d, 8) &&
-                  GEO_AT(AdjArgs, lv_in, 16) && GEO_AT(AdjArgs, lv, 24) && GEO_AT(AdjArgs, g, 32) &&
-                  GEO_AT(AdjArgs, df, 40) && GEO_AT(AdjArgs, gx, 48) && GEO_AT(AdjArgs, mu, 56) &&
-                  GEO_AT(AdjArgs, h, 64) && GEO_AT(AdjArgs, dt, 72) && GEO_AT(AdjArgs, c, 80) &&
-                  GEO_AT(AdjArgs, df_init, 88) && GEO_AT(AdjArgs, vec, 92),
-              "AdjArgs: layout of src/cuda/geodesic/args.rs");
+FK_ARGS_LAYOUT(AdjArgs, 96, n, 0);
+FK_ARGS_LAYOUT(AdjArgs, 96, d, 8);
+FK_ARGS_LAYOUT(AdjArgs, 96, lv_in, 16);
+FK_ARGS_LAYOUT(AdjArgs, 96, lv, 24);
+FK_ARGS_LAYOUT(AdjArgs, 96, g, 32);
+FK_ARGS_LAYOUT(AdjArgs, 96, df, 40);
+FK_ARGS_LAYOUT(AdjArgs, 96, gx, 48);
+FK_ARGS_LAYOUT(AdjArgs, 96, mu, 56);
+FK_ARGS_LAYOUT(AdjArgs, 96, h, 64);
+FK_ARGS_LAYOUT(AdjArgs, 96, dt, 72);
+FK_ARGS_LAYOUT(AdjArgs, 96, c, 80);
+FK_ARGS_LAYOUT(AdjArgs, 96, df_init, 88);
+FK_ARGS_LAYOUT(AdjArgs, 96, vec, 92);
 // The leapfrog backward's adjoint update at one kick (docs/geodesic.md, "Its
 // backward"), per element with l = lv_in[i] and g[i] = gamma_raw at the kick's input:
 // df += h l; g = 1[-c <= raw <= c] (-h l), the cotangent of the kick's Christoffel

@@ -13,8 +13,9 @@
 //! unit test checks every entry against the scheme written out with `format!`. Only
 //! f32 and f64 have kernels: any other dtype is an error, never another dtype's module.
 
+use crate::cuda::launch::{Names, per_dtype};
 use crate::dtype::DType;
-use crate::error::{FK_ERROR_INTERNAL, FK_ERROR_UNSUPPORTED_DTYPE, Result};
+use crate::error::{FK_ERROR_INTERNAL, Result};
 use crate::ops::geodesic::Kind;
 
 use super::plan::{self, Tile, Variant};
@@ -149,15 +150,13 @@ fn tf32_module(kind: Kind, dtype: DType) -> bool {
     dtype == DType::F32 && matches!(kind, Kind::ChristoffelForward | Kind::LeapfrogForward)
 }
 
+/// The dtypes with kernels, in `OPS` order (`Names::get`: any other dtype is an
+/// `FK_ERROR_UNSUPPORTED_DTYPE` error).
+const DTYPES: Names = per_dtype!("geodesic": f32, f64);
+
 fn dtype_index(dtype: DType) -> Result<usize> {
-    match dtype {
-        DType::F32 => Ok(0),
-        DType::F64 => Ok(1),
-        _ => crate::bail!(
-            FK_ERROR_UNSUPPORTED_DTYPE,
-            "no geodesic_* kernel for dtype {dtype} (built for f32, f64)"
-        ),
-    }
+    DTYPES.get(dtype)?;
+    Ok(usize::from(dtype == DType::F64))
 }
 
 /// The module of `kind` for `dtype`: fast tile `tile`, or the generic module (`None`).
@@ -217,6 +216,8 @@ fn source(kind: Kind, dtype: DType, tile: Option<Tile>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cuda::launch::kernel_suffix;
+    use crate::error::FK_ERROR_UNSUPPORTED_DTYPE;
 
     const KINDS: [Kind; 4] = [
         Kind::ChristoffelForward,
@@ -246,7 +247,8 @@ mod tests {
             for dtype in [DType::F32, DType::F64] {
                 for &tile in &tiles {
                     let name = module(kind, dtype, tile).unwrap();
-                    assert_eq!(name, format!("geodesic_{}_{dtype}_{}", op, cfg_name(tile)));
+                    let dt = kernel_suffix(dtype);
+                    assert_eq!(name, format!("geodesic_{op}_{dt}_{}", cfg_name(tile)));
                     assert!(seen.insert(name), "{name} twice");
                     let src = MODULES.iter().find(|m| m.0 == name).unwrap().1();
                     let t = if dtype == DType::F32 {

@@ -584,37 +584,40 @@ pub(super) fn lf_bwd_sweeps(job: &Job) -> bool {
 /// vector layout and each variant's shared memory in bytes (`Smem`). The kernel source
 /// `static_assert`s that they equal its own values.
 pub(super) fn defines(kind: Kind, dtype: DType, tile: Option<Tile>) -> String {
+    let n = |v: usize| v as i64;
     let mut defs = vec![
-        ("NT", NT as usize),
-        ("NW", NW),
-        ("GROUPS", CHR_FWD_GROUPS),
-        ("RG", GEN_RG),
-        ("SMEM_MAX", SMEM_MAX),
-        ("SW_M", sw_m(dtype)),
-        ("WANT_DV", WANT_DV as usize),
-        ("WANT_DU", WANT_DU as usize),
-        ("WANT_DW", WANT_DW as usize),
-        ("WANT_DF", WANT_DF as usize),
-        ("WANT_DX", WANT_DX as usize),
+        ("GEO_PLAN_NT", i64::from(NT)),
+        ("GEO_PLAN_NW", n(NW)),
+        ("GEO_PLAN_GROUPS", n(CHR_FWD_GROUPS)),
+        ("GEO_PLAN_RG", n(GEN_RG)),
+        ("GEO_PLAN_SMEM_MAX", n(SMEM_MAX)),
+        ("GEO_PLAN_SW_M", n(sw_m(dtype))),
+        ("GEO_PLAN_WANT_DV", i64::from(WANT_DV)),
+        ("GEO_PLAN_WANT_DU", i64::from(WANT_DU)),
+        ("GEO_PLAN_WANT_DW", i64::from(WANT_DW)),
+        ("GEO_PLAN_WANT_DF", i64::from(WANT_DF)),
+        ("GEO_PLAN_WANT_DX", i64::from(WANT_DX)),
     ];
     if let Some(t) = tile {
         let z = smem(kind, t, dtype);
-        defs.extend([("M", z.m), ("VL", usize::from(z.vl)), ("SMEM", z.strict)]);
+        defs.extend([
+            ("GEO_PLAN_M", n(z.m)),
+            ("GEO_PLAN_VL", i64::from(z.vl)),
+            ("GEO_PLAN_SMEM", n(z.strict)),
+        ]);
         if z.tc.is_some() {
-            defs.push(("TC_M", TC_M));
+            defs.push(("GEO_PLAN_TC_M", n(TC_M)));
         }
         for (name, v) in [
-            ("SMEM_TC", z.tc),
-            ("SMEM_STAGE", z.stage),
-            ("SMEM_TC3", z.tc3),
-            ("SMEM_RS", z.rs),
+            ("GEO_PLAN_SMEM_TC", z.tc),
+            ("GEO_PLAN_SMEM_STAGE", z.stage),
+            ("GEO_PLAN_SMEM_TC3", z.tc3),
+            ("GEO_PLAN_SMEM_RS", z.rs),
         ] {
-            defs.extend(v.map(|v| (name, v)));
+            defs.extend(v.map(|v| (name, n(v))));
         }
     }
-    defs.iter()
-        .map(|(name, v)| format!("#define GEO_PLAN_{name} {v}\n"))
-        .collect()
+    crate::cuda::launch::defines(&defs)
 }
 
 #[cfg(test)]

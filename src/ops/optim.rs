@@ -12,33 +12,25 @@
 //! iteration is written once here (`newton`) over the `MatOps` a backend provides,
 //! so the CPU (the oracle) and CUDA run the same algorithm.
 
-use crate::buffer::{Buffer, check_same_device};
+use crate::buffer::Buffer;
 use crate::context::Device;
 use crate::dtype::DType;
 use crate::error::{
-    Error, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_NOT_CONVERGED, FK_ERROR_SHAPE_MISMATCH,
-    FK_ERROR_UNSUPPORTED_DTYPE, Result,
+    Error, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_NOT_CONVERGED, FK_ERROR_SHAPE_MISMATCH, Result,
 };
-use crate::ops::linalg::{
-    GemmPlan, Mat, Trans, check_alias, contiguous, dense, gemm_flags, int32, same_dtype,
-};
+use crate::ops::check;
+use crate::ops::linalg::{GemmPlan, Mat, Trans, dense, gemm_flags, int32};
 use crate::stream::Stream;
 
 // ------------------------------------------------------------------ shared checks
 
 fn real_dtype(b: &Buffer, what: &str) -> Result<()> {
-    crate::ensure!(
-        matches!(b.dtype, DType::F32 | DType::F64),
-        FK_ERROR_UNSUPPORTED_DTYPE,
-        "{what} has dtype {}; the optimizer ops take f32 or f64",
-        b.dtype
-    );
-    Ok(())
+    check::dtype_in(b, what, &[DType::F32, DType::F64], "the optimizer ops").map(|_| ())
 }
 
 fn output(b: &Buffer, what: &str) -> Result<()> {
     b.check_writable(what)?;
-    contiguous(b, what)
+    check::contiguous(b, what)
 }
 
 /// `(batch, rows, cols)` of a `[rows, cols]` or `[batch, rows, cols]` buffer.
@@ -342,11 +334,10 @@ pub fn matrix_power_plan(
     stream: &Stream,
 ) -> Result<(PowPlan, Method)> {
     let device = out.device();
-    check_same_device(device, &[(a, "a")])?;
-    stream.check_device(device)?;
+    check::devices(device, &[(Some(a), "a")], stream)?;
     let allow_tf32 = gemm_flags(flags)?;
     real_dtype(a, "a")?;
-    same_dtype(&[(a, "a"), (out, "out")])?;
+    check::same_dtypes(&[(a, "a"), (out, "out")])?;
     let (batch, n, n2) = mat3(a, "a")?;
     crate::ensure!(
         n == n2,
@@ -361,19 +352,15 @@ pub fn matrix_power_plan(
         out.shape,
         a.shape
     );
-    contiguous(a, "a")?;
+    check::contiguous(a, "a")?;
     output(out, "out")?;
-    check_alias(out, a, "out", "a")?;
+    check::disjoint(out, "out", &[(a, "a")])?;
     crate::ensure!(
         power.is_finite(),
         FK_ERROR_INVALID_ARGUMENT,
         "power = {power} must be finite"
     );
-    crate::ensure!(
-        eps.is_finite() && eps >= 0.0,
-        FK_ERROR_INVALID_ARGUMENT,
-        "eps = {eps} must be finite and >= 0"
-    );
+    check::finite_nonneg(eps, "eps")?;
     crate::ensure!(
         !tol.is_nan(),
         FK_ERROR_INVALID_ARGUMENT,
@@ -551,12 +538,7 @@ pub fn shampoo_stats(
     stream: &Stream,
 ) -> Result<()> {
     let device = grad.device();
-    for (o, name) in [(l, "l"), (r, "r")] {
-        if let Some(o) = o {
-            check_same_device(device, &[(o, name)])?;
-        }
-    }
-    stream.check_device(device)?;
+    check::devices(device, &[(l, "l"), (r, "r")], stream)?;
     crate::ensure!(
         l.is_some() || r.is_some(),
         crate::error::FK_ERROR_NULL_POINTER,
@@ -565,7 +547,7 @@ pub fn shampoo_stats(
     let allow_tf32 = gemm_flags(flags)?;
     real_dtype(grad, "grad")?;
     let (batch, m, n) = mat3(grad, "grad")?;
-    contiguous(grad, "grad")?;
+    check::contiguous(grad, "grad")?;
     for (v, what) in [(alpha, "alpha"), (beta, "beta")] {
         crate::ensure!(
             v.is_finite(),
@@ -580,7 +562,7 @@ pub fn shampoo_stats(
     };
     for (o, name, k) in [(l, "l", m), (r, "r", n)] {
         let Some(o) = o else { continue };
-        same_dtype(&[(grad, "grad"), (o, name)])?;
+        check::same_dtypes(&[(grad, "grad"), (o, name)])?;
         let mut want = lead.clone();
         want.extend([k, k]);
         crate::ensure!(
@@ -591,10 +573,10 @@ pub fn shampoo_stats(
             grad.shape
         );
         output(o, name)?;
-        check_alias(o, grad, name, "grad")?;
+        check::disjoint(o, name, &[(grad, "grad")])?;
     }
     if let (Some(lb), Some(rb)) = (l, r) {
-        check_alias(lb, rb, "l", "r")?;
+        check::disjoint(lb, "l", &[(rb, "r")])?;
     }
     let p = StatsPlan {
         dtype: grad.dtype,
@@ -633,18 +615,16 @@ pub fn shampoo_precondition(
     stream: &Stream,
 ) -> Result<()> {
     let device = out.device();
-    check_same_device(device, &[(grad, "grad")])?;
-    for (o, name) in [(l_root, "l_root"), (r_root, "r_root")] {
-        if let Some(o) = o {
-            check_same_device(device, &[(o, name)])?;
-        }
-    }
-    stream.check_device(device)?;
+    check::devices(
+        device,
+        &[(Some(grad), "grad"), (l_root, "l_root"), (r_root, "r_root")],
+        stream,
+    )?;
     let tf32 = gemm_flags(flags)?;
     real_dtype(grad, "grad")?;
-    same_dtype(&[(grad, "grad"), (out, "out")])?;
+    check::same_dtypes(&[(grad, "grad"), (out, "out")])?;
     let (batch, m, n) = mat3(grad, "grad")?;
-    contiguous(grad, "grad")?;
+    check::contiguous(grad, "grad")?;
     crate::ensure!(
         out.shape == grad.shape,
         FK_ERROR_SHAPE_MISMATCH,
@@ -653,14 +633,14 @@ pub fn shampoo_precondition(
         grad.shape
     );
     output(out, "out")?;
-    check_alias(out, grad, "out", "grad")?;
+    check::disjoint(out, "out", &[(grad, "grad")])?;
     let mut roots = [None, None];
     for (i, (o, name, k)) in [(l_root, "l_root", m), (r_root, "r_root", n)]
         .into_iter()
         .enumerate()
     {
         let Some(o) = o else { continue };
-        same_dtype(&[(grad, "grad"), (o, name)])?;
+        check::same_dtypes(&[(grad, "grad"), (o, name)])?;
         let (bo, r1, r2) = mat3(o, name)?;
         crate::ensure!(
             r1 == k && r2 == k && (bo == 1 || bo == batch),
@@ -669,8 +649,8 @@ pub fn shampoo_precondition(
             o.shape,
             grad.shape
         );
-        contiguous(o, name)?;
-        check_alias(out, o, "out", name)?;
+        check::contiguous(o, name)?;
+        check::disjoint(out, "out", &[(o, name)])?;
         roots[i] = Some(dense(o.data, k, k, if bo == 1 { 0 } else { k * k }));
     }
     if batch == 0 || m == 0 || n == 0 {
@@ -730,11 +710,10 @@ fn sample_plan(
     stream: &Stream,
     device: Device,
 ) -> Result<SamplePlan> {
-    check_same_device(device, &[(a, "a"), (g, "g")])?;
-    stream.check_device(device)?;
+    check::devices(device, &[(Some(a), "a"), (Some(g), "g")], stream)?;
     let allow_tf32 = gemm_flags(flags)?;
     real_dtype(a, "a")?;
-    same_dtype(&[(a, "a"), (g, "g")])?;
+    check::same_dtypes(&[(a, "a"), (g, "g")])?;
     let nd = a.shape.len();
     crate::ensure!(
         nd == 2 || nd == 3,
@@ -753,8 +732,8 @@ fn sample_plan(
             .map(|v| format!("{v}, "))
             .collect::<String>()
     );
-    contiguous(a, "a")?;
-    contiguous(g, "g")?;
+    check::contiguous(a, "a")?;
+    check::contiguous(g, "g")?;
     let p = SamplePlan {
         dtype: a.dtype,
         batch: a.shape[0],
@@ -790,7 +769,7 @@ pub fn per_sample_grads(
 ) -> Result<()> {
     let device = out.device();
     let p = sample_plan(a, g, flags, stream, device)?;
-    same_dtype(&[(a, "a"), (out, "out")])?;
+    check::same_dtypes(&[(a, "a"), (out, "out")])?;
     let want = [p.batch, p.dout, p.din];
     crate::ensure!(
         out.shape == want,
@@ -801,8 +780,7 @@ pub fn per_sample_grads(
         g.shape
     );
     output(out, "out")?;
-    check_alias(out, a, "out", "a")?;
-    check_alias(out, g, "out", "g")?;
+    check::disjoint(out, "out", &[(a, "a"), (g, "g")])?;
     if out.numel() == 0 {
         return Ok(());
     }
@@ -815,7 +793,7 @@ pub fn per_sample_grads(
 }
 
 fn norms_out(n: &Buffer, p: &SamplePlan, a: &Buffer, what: &str) -> Result<()> {
-    same_dtype(&[(a, "a"), (n, what)])?;
+    check::same_dtypes(&[(a, "a"), (n, what)])?;
     crate::ensure!(
         n.shape.as_slice() == [p.batch],
         FK_ERROR_SHAPE_MISMATCH,
@@ -837,8 +815,7 @@ pub fn per_sample_grad_norms(
     let device = sq_norms.device();
     let p = sample_plan(a, g, 0, stream, device)?;
     norms_out(sq_norms, &p, a, "sq_norms")?;
-    check_alias(sq_norms, a, "sq_norms", "a")?;
-    check_alias(sq_norms, g, "sq_norms", "g")?;
+    check::disjoint(sq_norms, "sq_norms", &[(a, "a"), (g, "g")])?;
     if p.batch == 0 {
         return Ok(());
     }
@@ -863,12 +840,8 @@ pub fn dp_clipped_grad_sum(
 ) -> Result<()> {
     let device = out.device();
     let p = sample_plan(a, g, flags, stream, device)?;
-    crate::ensure!(
-        max_norm.is_finite() && max_norm >= 0.0,
-        FK_ERROR_INVALID_ARGUMENT,
-        "max_norm = {max_norm} must be finite and >= 0"
-    );
-    same_dtype(&[(a, "a"), (out, "out")])?;
+    check::finite_nonneg(max_norm, "max_norm")?;
+    check::same_dtypes(&[(a, "a"), (out, "out")])?;
     crate::ensure!(
         out.shape.as_slice() == [p.dout, p.din],
         FK_ERROR_SHAPE_MISMATCH,
@@ -880,14 +853,11 @@ pub fn dp_clipped_grad_sum(
         a.shape
     );
     output(out, "out")?;
-    check_alias(out, a, "out", "a")?;
-    check_alias(out, g, "out", "g")?;
+    check::disjoint(out, "out", &[(a, "a"), (g, "g")])?;
     if let Some(nb) = sq_norms {
-        check_same_device(device, &[(nb, "sq_norms")])?;
+        check::devices(device, &[(Some(nb), "sq_norms")], stream)?;
         norms_out(nb, &p, a, "sq_norms")?;
-        check_alias(nb, a, "sq_norms", "a")?;
-        check_alias(nb, g, "sq_norms", "g")?;
-        check_alias(nb, out, "sq_norms", "out")?;
+        check::disjoint(nb, "sq_norms", &[(a, "a"), (g, "g"), (out, "out")])?;
     }
     if out.numel() == 0 {
         return Ok(());

@@ -1,16 +1,9 @@
 //! The kernels' argument structs, passed by value: each mirrors the `struct` of the same
 //! name in `kernels/geodesic.cu`. Their sizes and field offsets are asserted here at
-//! compile time and by `static_assert`s beside the C structs with the same numbers, so
-//! a field added or moved on one side only fails to build.
+//! compile time (`assert_layout!`) and by `FK_ARGS_LAYOUT` beside the C structs with
+//! the same numbers, so a field added or moved on one side only fails to build.
 
-use std::mem::{offset_of, size_of};
-
-/// `size_of::<T>() == size` and `offset_of!(T, field) == offset` for every field listed.
-macro_rules! assert_layout {
-    ($t:ty, $size:expr, $($f:ident = $o:expr),+ $(,)?) => {
-        const _: () = assert!(size_of::<$t>() == $size $(&& offset_of!($t, $f) == $o)+);
-    };
-}
+use crate::cuda::launch::assert_layout;
 
 /// `struct GeoArgs`: the fast and generic kernels.
 #[repr(C)]

@@ -6,9 +6,11 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use super::Complex;
+use super::{Complex, host_slice, host_slice_mut};
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::ops::Addr;
+use crate::ops::addr::raw;
 use crate::ops::linalg::{
     Activation, GELU_TANH_A, GELU_TANH_C, GemmPlan, KronPlan, LinearBwdPlan, LinearPlan, Mat, Trans,
 };
@@ -282,7 +284,8 @@ fn gemm_t<T: Mm>(p: &GemmPlan) {
     );
 }
 
-/// Half types: storage element <-> f32.
+/// Storage types computed in f32 (the half types; f32 itself for the fused linear
+/// layer): element <-> f32.
 trait Half: Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
     fn from_f32(v: f32) -> Self;
@@ -301,6 +304,14 @@ impl Half for bf16 {
     }
     fn from_f32(v: f32) -> Self {
         bf16::from_f32(v)
+    }
+}
+impl Half for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
     }
 }
 
@@ -431,42 +442,52 @@ fn act_fwd(act: Activation, z: f32) -> f32 {
     }
 }
 
-/// Reads `n` elements of `dtype` (f16, bf16, f32) at `ptr` as f32.
-fn load_f32(dtype: DType, ptr: usize, n: usize) -> Vec<f32> {
-    let mut v = vec![0f32; n];
-    let chunk = 1 << 16;
-    super::for_chunks_mut(&mut v, chunk, |ci, dst| {
-        let off = ci * chunk;
-        for (j, d) in dst.iter_mut().enumerate() {
-            // SAFETY: ptr holds n elements of dtype (validated).
-            *d = unsafe {
-                match dtype {
-                    DType::F16 => (*(ptr as *const f16).add(off + j)).to_f32(),
-                    DType::BF16 => (*(ptr as *const bf16).add(off + j)).to_f32(),
-                    _ => *(ptr as *const f32).add(off + j),
-                }
-            };
+/// The `n` elements of `dtype` (f16, bf16, f32) of a validated plan operand at
+/// `addr`, as f32.
+fn load_f32(dtype: DType, addr: Option<Addr>, n: usize) -> Vec<f32> {
+    fn widen<T: Half>(src: &[T]) -> Vec<f32> {
+        let mut v = vec![0f32; src.len()];
+        let chunk = 1 << 16;
+        super::for_chunks_mut(&mut v, chunk, |ci, dst| {
+            for (d, s) in dst.iter_mut().zip(&src[ci * chunk..]) {
+                *d = s.to_f32();
+            }
+        });
+        v
+    }
+    // SAFETY: `ops::linalg` validated the operand: n contiguous elements of dtype,
+    // host memory, no output overlapping it; read during this call only.
+    unsafe {
+        match dtype {
+            DType::F16 => widen(host_slice::<f16>(addr, n)),
+            DType::BF16 => widen(host_slice::<bf16>(addr, n)),
+            _ => widen(host_slice::<f32>(addr, n)),
         }
-    });
-    v
+    }
 }
 
-/// Writes f32 values rounded to `dtype` at `ptr`.
-fn store_f32(dtype: DType, ptr: usize, src: &[f32]) {
-    let chunk = 1 << 16;
-    super::for_chunks(src, chunk, |ci, s| {
-        let off = ci * chunk;
-        for (j, &v) in s.iter().enumerate() {
-            // SAFETY: ptr holds src.len() elements of dtype (validated).
-            unsafe {
-                match dtype {
-                    DType::F16 => *(ptr as *mut f16).add(off + j) = f16::from_f32(v),
-                    DType::BF16 => *(ptr as *mut bf16).add(off + j) = bf16::from_f32(v),
-                    _ => *(ptr as *mut f32).add(off + j) = v,
-                }
+/// Writes `src` rounded to `dtype` (f16, bf16, f32) into the validated plan output
+/// at `addr`.
+fn store_f32(dtype: DType, addr: Option<Addr>, src: &[f32]) {
+    fn narrow<T: Half>(dst: &mut [T], src: &[f32]) {
+        let chunk = 1 << 16;
+        super::for_chunks_mut(dst, chunk, |ci, dst| {
+            for (d, &v) in dst.iter_mut().zip(&src[ci * chunk..]) {
+                *d = T::from_f32(v);
             }
+        });
+    }
+    let n = src.len();
+    // SAFETY: `ops::linalg` validated the output: n contiguous elements of dtype,
+    // host memory, overlapping no input and no other output; this is the only
+    // reference to it while it is written.
+    unsafe {
+        match dtype {
+            DType::F16 => narrow(host_slice_mut::<f16>(addr, n), src),
+            DType::BF16 => narrow(host_slice_mut::<bf16>(addr, n), src),
+            _ => narrow(host_slice_mut::<f32>(addr, n), src),
         }
-    });
+    }
 }
 
 /// `C[m x n] = A B` in f32 on contiguous row-major slices, `A` viewed through
@@ -522,16 +543,16 @@ pub fn linear_forward(p: &LinearPlan) -> Result<()> {
     let w = load_f32(p.dtype, p.w, n * k);
     // z = x W^T: W [n, k] viewed as W^T [k, n] has strides (1, k)
     let mut z = mm_f32(m, n, k, &x, k as isize, 1, &w, 1, k.max(1) as isize);
-    if let Some(bp) = p.bias {
-        let b = load_f32(p.dtype, bp, n);
+    if p.bias.is_some() {
+        let b = load_f32(p.dtype, p.bias, n);
         super::for_chunks_mut(&mut z, n, |_, row| {
             for (v, bj) in row.iter_mut().zip(&b) {
                 *v += bj;
             }
         });
     }
-    if let Some(ap) = p.aux {
-        store_f32(p.dtype, ap, &z);
+    if p.aux.is_some() {
+        store_f32(p.dtype, p.aux, &z);
     }
     super::for_chunks_mut(&mut z, 4096, |_, c| {
         c.iter_mut().for_each(|v| *v = act_fwd(p.act, *v))
@@ -570,7 +591,7 @@ pub fn linear_backward(p: &LinearBwdPlan) -> Result<()> {
             });
         }
     }
-    if let Some(dbp) = p.db {
+    if p.db.is_some() {
         // column sums in f64, parallel over column blocks
         let mut db = vec![0f32; n];
         let par = m * n >= super::PAR_MIN;
@@ -592,19 +613,19 @@ pub fn linear_backward(p: &LinearBwdPlan) -> Result<()> {
         } else {
             db.chunks_mut(64).enumerate().for_each(col_block);
         }
-        store_f32(p.dtype, dbp, &db);
+        store_f32(p.dtype, p.db, &db);
     }
-    if let Some(dxp) = p.dx {
+    if p.dx.is_some() {
         let w = load_f32(p.dtype, p.w, n * k);
         // dx [m, k] = dz [m, n] W [n, k]
         let dx = mm_f32(m, k, n, &dz, n as isize, 1, &w, k as isize, 1);
-        store_f32(p.dtype, dxp, &dx);
+        store_f32(p.dtype, p.dx, &dx);
     }
-    if let Some(dwp) = p.dw {
+    if p.dw.is_some() {
         let x = load_f32(p.dtype, p.x, m * k);
         // dW [n, k] = dz^T [n, m] x [m, k]
         let dw = mm_f32(n, k, m, &dz, 1, n.max(1) as isize, &x, k as isize, 1);
-        store_f32(p.dtype, dwp, &dw);
+        store_f32(p.dtype, p.dw, &dw);
     }
     Ok(())
 }
@@ -615,21 +636,23 @@ fn kron_t<T: super::Elem>(p: &KronPlan) {
     let (m, n, pp, q) = (p.m, p.n, p.p, p.q);
     let rows = (p.batch * m * pp) as usize;
     let cols = (n * q) as usize;
-    let out = p.out;
-    (0..rows).into_par_iter().for_each(|row| {
+    // SAFETY: `ops::linalg` validated out: rows x cols contiguous elements of T in
+    // host memory, overlapping neither input; the only reference while written.
+    let out = unsafe { host_slice_mut::<T>(p.out, rows * cols) };
+    let (a, b) = (raw(p.a) as i64, raw(p.b) as i64);
+    out.par_chunks_mut(cols).enumerate().for_each(|(row, dst)| {
         let row = row as i64;
         let (bi, r) = (row / (m * pp), row % (m * pp));
         let (i, s) = (r / pp, r % pp);
-        let a_row = p.a as i64 + (bi * p.sa[0] + i * p.sa[1]) * size_of::<T>() as i64;
-        let b_row = p.b as i64 + (bi * p.sb[0] + s * p.sb[1]) * size_of::<T>() as i64;
-        let dst = (out + row as usize * cols * size_of::<T>()) as *mut T;
+        let a_row = a + (bi * p.sa[0] + i * p.sa[1]) * size_of::<T>() as i64;
+        let b_row = b + (bi * p.sb[0] + s * p.sb[1]) * size_of::<T>() as i64;
         for j in 0..n {
-            // SAFETY: indices inside the validated operands and output.
+            // SAFETY: indices inside the validated operands.
             let av = unsafe { *((a_row + j * p.sa[2] * size_of::<T>() as i64) as *const T) }.to_c();
             for t in 0..q {
                 let bv =
                     unsafe { *((b_row + t * p.sb[2] * size_of::<T>() as i64) as *const T) }.to_c();
-                unsafe { *dst.add((j * q + t) as usize) = T::from_c(super::Math::mul(av, bv)) };
+                dst[(j * q + t) as usize] = T::from_c(super::Math::mul(av, bv));
             }
         }
     });

@@ -18,6 +18,7 @@ use crate::error::{
     FK_ERROR_DTYPE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH,
     FK_ERROR_UNSUPPORTED, FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
+use crate::ops::Addr;
 use crate::ops::check::{self, Named};
 use crate::ops::elementwise::Scalar;
 use crate::stream::Stream;
@@ -416,11 +417,11 @@ pub struct LinearPlan {
     pub m: i64,
     pub n: i64,
     pub k: i64,
-    pub x: usize,
-    pub w: usize,
-    pub bias: Option<usize>,
-    pub y: usize,
-    pub aux: Option<usize>,
+    pub x: Option<Addr>,
+    pub w: Option<Addr>,
+    pub bias: Option<Addr>,
+    pub y: Option<Addr>,
+    pub aux: Option<Addr>,
 }
 
 /// The backward: `dz = dy * act'(z)` (`saved`: `y` for ReLU, the pre-activation `z`
@@ -432,13 +433,13 @@ pub struct LinearBwdPlan {
     pub m: i64,
     pub n: i64,
     pub k: i64,
-    pub dy: usize,
-    pub x: usize,
-    pub w: usize,
-    pub saved: usize,
-    pub dx: Option<usize>,
-    pub dw: Option<usize>,
-    pub db: Option<usize>,
+    pub dy: Option<Addr>,
+    pub x: Option<Addr>,
+    pub w: Option<Addr>,
+    pub saved: Option<Addr>,
+    pub dx: Option<Addr>,
+    pub dw: Option<Addr>,
+    pub db: Option<Addr>,
 }
 
 fn linear_dtype(d: DType, what: &str) -> Result<()> {
@@ -601,11 +602,11 @@ pub fn linear_forward(
         m,
         n,
         k,
-        x: x.data,
-        w: w.data,
-        bias: bias.map(|b| b.data),
-        y: y.data,
-        aux: aux.map(|a| a.data),
+        x: Addr::of(x),
+        w: Addr::of(w),
+        bias: Addr::of_opt(bias),
+        y: Addr::of(y),
+        aux: Addr::of_opt(aux),
     };
     match device {
         Device::Cpu => crate::cpu::linalg::linear_forward(&p),
@@ -735,13 +736,13 @@ pub fn linear_backward(
         m,
         n,
         k,
-        dy: dy.data,
-        x: x.data,
-        w: w.data,
-        saved: saved_buf.map_or(0, |s| s.data),
-        dx: dx.map(|b| b.data),
-        dw: dw.map(|b| b.data),
-        db: db.map(|b| b.data),
+        dy: Addr::of(dy),
+        x: Addr::of(x),
+        w: Addr::of(w),
+        saved: Addr::of_opt(saved_buf),
+        dx: Addr::of_opt(dx),
+        dw: Addr::of_opt(dw),
+        db: Addr::of_opt(db),
     };
     match device {
         Device::Cpu => crate::cpu::linalg::linear_backward(&p),
@@ -766,12 +767,12 @@ pub struct KronPlan {
     pub n: i64,
     pub p: i64,
     pub q: i64,
-    pub a: usize,
+    pub a: Option<Addr>,
     /// (batch, row, col) strides of A in elements.
     pub sa: [i64; 3],
-    pub b: usize,
+    pub b: Option<Addr>,
     pub sb: [i64; 3],
-    pub out: usize,
+    pub out: Option<Addr>,
 }
 
 fn kron_operand(buf: &Buffer, what: &str) -> Result<(i64, i64, i64, [i64; 3])> {
@@ -846,11 +847,11 @@ pub fn kron(a: &Buffer, b: &Buffer, out: &Buffer, stream: &Stream) -> Result<()>
         n,
         p,
         q,
-        a: a.data,
+        a: Addr::of(a),
         sa,
-        b: b.data,
+        b: Addr::of(b),
         sb,
-        out: out.data,
+        out: Addr::of(out),
     };
     match device {
         Device::Cpu => crate::cpu::linalg::kron(&plan),

@@ -7,6 +7,7 @@ use crate::cuda::CudaDevice;
 use crate::cuda::launch::{Names, launch, per_dtype};
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::ops::addr::raw;
 use crate::ops::linalg::KronPlan;
 use crate::stream::Stream;
 
@@ -130,8 +131,8 @@ struct KronLaunch {
 ///   8 blocks per multiprocessor (or one row per lane).
 fn kron_config(p: &KronPlan, sm_count: i32) -> Result<KronLaunch> {
     let es = p.dtype.size() as i64;
-    let comp = if p.dtype.is_complex() { es / 2 } else { es } as usize;
-    for (ptr, what) in [(p.a, "a"), (p.b, "b"), (p.out, "out")] {
+    let comp = if p.dtype.is_complex() { es / 2 } else { es } as u64;
+    for (ptr, what) in [(raw(p.a), "a"), (raw(p.b), "b"), (raw(p.out), "out")] {
         crate::ensure!(
             ptr % comp == 0,
             crate::error::FK_ERROR_UNSUPPORTED,
@@ -145,11 +146,12 @@ fn kron_config(p: &KronPlan, sm_count: i32) -> Result<KronLaunch> {
         );
     }
     let cols = p.n * p.q;
+    let out = raw(p.out) as i64;
     let mut w = (16 / es).max(1);
-    while w > 1 && !(cols % w == 0 && p.out as i64 % (w * es) == 0) {
+    while w > 1 && !(cols % w == 0 && out % (w * es) == 0) {
         w /= 2;
     }
-    let split = p.out as i64 % es != 0;
+    let split = out % es != 0;
     let name = kron_name(p.dtype, w, split)?;
     let units = cols / w;
     let bx = (units.max(1) as u64)
@@ -188,9 +190,9 @@ fn kron_config(p: &KronPlan, sm_count: i32) -> Result<KronLaunch> {
         sb0: p.sb[0],
         sb1: p.sb[1],
         sb2: p.sb[2],
-        a: p.a as u64,
-        b: p.b as u64,
-        out: p.out as u64,
+        a: raw(p.a),
+        b: raw(p.b),
+        out: raw(p.out),
         cols,
         units,
         rows,

@@ -3,11 +3,12 @@
 
 use std::ffi::c_void;
 
-use super::{MODULE, slot_of};
+use super::{MODULE, ptr, slot_of};
 use crate::cuda::CudaDevice;
 use crate::cuda::cublas::{self, Epilogue, LtCall};
 use crate::cuda::launch::{BLOCK, Names, grid_for, launch, per_dtype};
 use crate::error::Result;
+use crate::ops::addr::raw;
 use crate::ops::linalg::{Activation, GemmPlan, LinearBwdPlan, LinearPlan, Trans, dense};
 use crate::stream::Stream;
 
@@ -81,7 +82,7 @@ pub fn linear_forward(dev: &CudaDevice, p: &LinearPlan, stream: &Stream) -> Resu
     };
     // Column-major: y^T [n, m] = W [n, k] (stored as W^T [k, n], transposed) x^T [k, m].
     if p.k > 0 && !dev.linalg_fallback() {
-        let d = if erf { p.aux.unwrap_or(p.y) } else { p.y };
+        let d = if erf { p.aux.or(p.y) } else { p.y };
         let call = LtCall {
             dtype: p.dtype,
             trans_a: true,
@@ -89,15 +90,15 @@ pub fn linear_forward(dev: &CudaDevice, p: &LinearPlan, stream: &Stream) -> Resu
             m: p.n as u64,
             n: p.m as u64,
             k: p.k as u64,
-            a: p.w,
+            a: ptr(p.w),
             lda: p.k,
-            b: p.x,
+            b: ptr(p.x),
             ldb: p.k,
-            d,
+            d: ptr(d),
             ldd: p.n,
             epilogue,
-            bias: p.bias.unwrap_or(0),
-            aux: if erf { 0 } else { p.aux.unwrap_or(0) },
+            bias: ptr(p.bias),
+            aux: if erf { 0 } else { ptr(p.aux) },
             aux_ld: p.n,
         };
         if cublas::lt_matmul(dev, &g, &call)? {
@@ -107,8 +108,8 @@ pub fn linear_forward(dev: &CudaDevice, p: &LinearPlan, stream: &Stream) -> Resu
             let a = EpiArgs {
                 m: p.m,
                 n: p.n,
-                src: d as u64,
-                y: p.y as u64,
+                src: raw(d),
+                y: raw(p.y),
                 bias: 0,
                 aux: 0,
                 act: p.act as i32,
@@ -122,10 +123,10 @@ pub fn linear_forward(dev: &CudaDevice, p: &LinearPlan, stream: &Stream) -> Resu
         &GemmPlan::new(
             p.dtype,
             Trans::N,
-            dense(p.x, p.m, p.k, 0),
+            dense(ptr(p.x), p.m, p.k, 0),
             Trans::T,
-            dense(p.w, p.n, p.k, 0),
-            dense(p.y, p.m, p.n, 0),
+            dense(ptr(p.w), p.n, p.k, 0),
+            dense(ptr(p.y), p.m, p.n, 0),
             1.0,
             0.0,
             1,
@@ -138,10 +139,10 @@ pub fn linear_forward(dev: &CudaDevice, p: &LinearPlan, stream: &Stream) -> Resu
     let a = EpiArgs {
         m: p.m,
         n: p.n,
-        src: p.y as u64,
-        y: p.y as u64,
-        bias: p.bias.unwrap_or(0) as u64,
-        aux: p.aux.unwrap_or(0) as u64,
+        src: raw(p.y),
+        y: raw(p.y),
+        bias: raw(p.bias),
+        aux: raw(p.aux),
         act: p.act as i32,
     };
     epilogue_kernel(dev, p, a, stream)
@@ -222,14 +223,18 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
         None
     };
     let scratch = scratch_mem.as_ref().map_or(0, |s| s.ptr);
-    let dz = if write_dz { scratch as usize } else { p.dy };
+    let dz = if write_dz {
+        scratch as usize
+    } else {
+        ptr(p.dy)
+    };
     if write_dz || p.db.is_some() {
         let mut a = DzArgs {
             m: p.m,
             n: p.n,
             rows_per_split: rows_per_split as i64,
-            dy: p.dy as u64,
-            saved: p.saved as u64,
+            dy: raw(p.dy),
+            saved: raw(p.saved),
             dz: if write_dz { dz as u64 } else { 0 },
             partial: if p.db.is_some() {
                 scratch + dz_bytes as u64
@@ -254,7 +259,7 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
             n: p.n,
             splits: splits as i64,
             partial: scratch + dz_bytes as u64,
-            out: db as u64,
+            out: db.get(),
         };
         let grid = grid_for(dev, p.n);
         launch(
@@ -277,8 +282,8 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
                 Trans::N,
                 dense(dz, p.m, p.n, 0),
                 Trans::N,
-                dense(p.w, p.n, p.k, 0),
-                dense(dx, p.m, p.k, 0),
+                dense(ptr(p.w), p.n, p.k, 0),
+                dense(dx.as_usize(), p.m, p.k, 0),
                 1.0,
                 0.0,
                 1,
@@ -295,8 +300,8 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
                 Trans::T,
                 dense(dz, p.m, p.n, 0),
                 Trans::N,
-                dense(p.x, p.m, p.k, 0),
-                dense(dw, p.n, p.k, 0),
+                dense(ptr(p.x), p.m, p.k, 0),
+                dense(dw.as_usize(), p.n, p.k, 0),
                 1.0,
                 0.0,
                 1,

@@ -1,17 +1,8 @@
 use super::*;
+use crate::cuda::launch::kernel_suffix;
 use crate::cuda::linalg::source;
 use crate::dtype::ALL_DTYPES;
-
-fn dname(d: DType) -> &'static str {
-    match d {
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        DType::F32 => "f32",
-        DType::F64 => "f64",
-        DType::C64 => "c64",
-        DType::C128 => "c128",
-    }
-}
+use crate::ops::Addr;
 
 /// A plan with fake pointers at `*_mod` modulo 64 (only their alignment matters
 /// to the launcher) and strides from the named layouts.
@@ -41,11 +32,11 @@ fn plan(
         n,
         p,
         q,
-        a: 0x10000 + a_mod,
+        a: Addr::from_usize(0x10000 + a_mod),
         sa: strides(a_batched, m, n, la),
-        b: 0x20000 + b_mod,
+        b: Addr::from_usize(0x20000 + b_mod),
         sb: strides(b_batched, p, q, lb),
-        out: 0x40000 + out_mod,
+        out: Addr::from_usize(0x40000 + out_mod),
     }
 }
 
@@ -66,9 +57,12 @@ fn check_invariants(p: &KronPlan, l: &KronLaunch, what: &str) {
     assert_eq!(a.cols % w, 0, "{what}");
     assert_eq!(a.units, a.cols / w, "{what}");
     if split {
-        assert!(p.dtype.is_complex() && p.out as i64 % es != 0, "{what}");
+        assert!(
+            p.dtype.is_complex() && raw(p.out) as i64 % es != 0,
+            "{what}"
+        );
     } else {
-        assert_eq!(p.out as i64 % (w * es), 0, "{what}: {}", l.name);
+        assert_eq!(raw(p.out) as i64 % (w * es), 0, "{what}: {}", l.name);
     }
     let (bx, by) = (l.block.0 as i64, l.block.1 as i64);
     assert!(
@@ -273,7 +267,7 @@ fn kron_kernel_in_the_cpu_emulator() {
         lines.push_str(&format!(
             "{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}\n",
             l.name,
-            dname(p.dtype),
+            kernel_suffix(p.dtype),
             p.batch,
             p.m,
             p.n,
@@ -285,9 +279,9 @@ fn kron_kernel_in_the_cpu_emulator() {
             p.sb[0],
             p.sb[1],
             p.sb[2],
-            p.a % 64,
-            p.b % 64,
-            p.out % 64,
+            raw(p.a) % 64,
+            raw(p.b) % 64,
+            raw(p.out) % 64,
             a.cols,
             a.units,
             a.rows,

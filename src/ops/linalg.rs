@@ -227,12 +227,6 @@ fn matrix(buf: &Buffer, what: &str) -> Result<(i64, Mat)> {
     ))
 }
 
-/// `ops::check::disjoint` for one input, in the form ops/optim.rs calls (until it
-/// moves to `ops::check`).
-pub(crate) fn check_alias(out: &Buffer, input: &Buffer, oname: &str, iname: &str) -> Result<()> {
-    check::disjoint(out, oname, &[(input, iname)])
-}
-
 pub(crate) fn int32(v: i64, what: &str) -> Result<()> {
     crate::ensure!(
         v <= i32::MAX as i64,
@@ -450,10 +444,6 @@ fn linear_dtype(d: DType, what: &str) -> Result<()> {
     );
     Ok(())
 }
-
-/// `ops::check::contiguous` and `ops::check::same_dtypes` under the names
-/// ops/optim.rs imports (until it moves to `ops::check`).
-pub(crate) use check::{contiguous, same_dtypes as same_dtype};
 
 /// `(m, k)` of `x [..., k]` (the leading dimensions flattened).
 fn rows_of(x: &Buffer, what: &str) -> Result<(i64, i64)> {

@@ -20,7 +20,12 @@
 //   ps_scale_rows_<t> gs_b = min(1, C/|G_b|) g_b from given squared norms
 #include "common.cuh"
 
-#define FK_BLOCK 256
+// FK_BLOCK (threads of the row loops, launch::BLOCK) and PS_VEC_MAX_BLOCK (the
+// widest ps_norms_vec block) come from src/cuda/optim.rs, defined ahead of this
+// source.
+#if !defined(FK_BLOCK) || !defined(PS_VEC_MAX_BLOCK)
+#error "FK_BLOCK and PS_VEC_MAX_BLOCK come from src/cuda/optim.rs (fusekit::cuda::modules() has the full source)"
+#endif
 
 __device__ __forceinline__ double nan_max(double a, double b) {
     return (a != a || b != b) ? __longlong_as_double(0x7ff8000000000000ULL) : fmax(a, b);
@@ -57,6 +62,7 @@ struct PartialArgs {
     u64 partial;  // double [batch, chunks]
     int mode;     // 0: sum of squares, 1: max |v|
 };
+FK_ARGS_LAYOUT(PartialArgs, 56, mode, 48);
 
 // grid (chunks, min(batch, 65535)); chunk c takes rows c, c + chunks, ...
 template <typename T> __device__ void mp_partials(const PartialArgs& a) {
@@ -83,6 +89,7 @@ struct FinishArgs {
     int mode;
     int p;
 };
+FK_ARGS_LAYOUT(FinishArgs, 40, p, 36);
 
 extern "C" __global__ void mp_finish(FinishArgs a) {
     for (i64 b = (i64)blockIdx.x * blockDim.x + threadIdx.x; b < a.batch; b += (i64)gridDim.x * blockDim.x) {
@@ -108,6 +115,7 @@ struct StartArgs {
     u64 scale;  // double [batch, 2] from mp_finish
     double eps;
 };
+FK_ARGS_LAYOUT(StartArgs, 56, eps, 48);
 
 template <typename T> __device__ void mp_start(const StartArgs& a) {
     const i64 rows = a.batch * a.n;
@@ -130,6 +138,7 @@ struct AffineArgs {
     u64 m, t;
     int p;
 };
+FK_ARGS_LAYOUT(AffineArgs, 40, p, 32);
 
 template <typename T> __device__ void mp_affine(const AffineArgs& a) {
     const i64 rows = a.batch * a.n;
@@ -148,6 +157,7 @@ struct EigPrepArgs {
     u64 a, q;
     double eps;
 };
+FK_ARGS_LAYOUT(EigPrepArgs, 40, eps, 32);
 
 template <typename T> __device__ void eig_prepare(const EigPrepArgs& a) {
     const i64 rows = a.batch * a.n;
@@ -164,6 +174,7 @@ struct EigScaleArgs {
     u64 q, w, s;
     double power, eps;
 };
+FK_ARGS_LAYOUT(EigScaleArgs, 56, eps, 48);
 
 // Row j of matrix b of q is eigenvector j (cuSOLVER's column-major output); w holds
 // the eigenvalues in ascending order, so w[b][0] is the smallest.
@@ -186,6 +197,7 @@ struct MirrorArgs {
     i64 n, batch, tiles;  // tiles per side
     u64 m;
 };
+FK_ARGS_LAYOUT(MirrorArgs, 32, m, 24);
 
 // Block (32, 8) per 32x32 tile (ti, tj) with ti >= tj (blockIdx.x enumerates the
 // lower tiles, blockIdx.y grid-strides the batch): tile (ti, tj) of the lower
@@ -220,6 +232,7 @@ struct OuterArgs {
     u64 a, g, out;
     int vec;  // 1: din % (16 / sizeof(T)) == 0 and every pointer 16-byte aligned
 };
+FK_ARGS_LAYOUT(OuterArgs, 56, vec, 48);
 
 template <typename T, typename V> __device__ void ps_outer(const OuterArgs& p) {
     const i64 rows = p.batch * p.dout;
@@ -252,6 +265,7 @@ struct NormArgs {
     u64 gs;     // T [batch, dout] scaled g, or 0 (norms only)
     double max_norm;
 };
+FK_ARGS_LAYOUT(NormArgs, 64, max_norm, 56);
 
 __device__ __forceinline__ double clip_scale(double sq, double max_norm) {
     double norm = sqrt(sq);
@@ -422,6 +436,7 @@ struct GramArgs {
     i64 batch, tt;  // tt = T * T
     u64 ga, gg, norms;
 };
+FK_ARGS_LAYOUT(GramArgs, 40, norms, 32);
 
 template <typename T> __device__ void ps_gram_dot(const GramArgs& p) {
     for (i64 b = blockIdx.x; b < p.batch; b += gridDim.x) {
@@ -439,6 +454,7 @@ struct ScaleRowsArgs {
     u64 g, gs, norms;
     double max_norm;
 };
+FK_ARGS_LAYOUT(ScaleRowsArgs, 48, max_norm, 40);
 
 template <typename T> __device__ void ps_scale_rows(const ScaleRowsArgs& p) {
     for (i64 b = blockIdx.x; b < p.batch; b += gridDim.x) {
@@ -466,7 +482,7 @@ OPT_KERNELS(f64)
 
 extern "C" __global__ void __launch_bounds__(FK_BLOCK) ps_outer_f32(OuterArgs a) { ps_outer<f32, float4>(a); }
 extern "C" __global__ void __launch_bounds__(FK_BLOCK) ps_outer_f64(OuterArgs a) { ps_outer<f64, double2>(a); }
-extern "C" __global__ void __launch_bounds__(1024) ps_norms_vec_f32(NormArgs a) { ps_norms_vec<f32, float4>(a); }
-extern "C" __global__ void __launch_bounds__(1024) ps_norms_vec_f64(NormArgs a) { ps_norms_vec<f64, double2>(a); }
+extern "C" __global__ void __launch_bounds__(PS_VEC_MAX_BLOCK) ps_norms_vec_f32(NormArgs a) { ps_norms_vec<f32, float4>(a); }
+extern "C" __global__ void __launch_bounds__(PS_VEC_MAX_BLOCK) ps_norms_vec_f64(NormArgs a) { ps_norms_vec<f64, double2>(a); }
 extern "C" __global__ void __launch_bounds__(FK_BLOCK) ps_norms_warp_f32(NormArgs a) { ps_norms_warp<f32, float4>(a); }
 extern "C" __global__ void __launch_bounds__(FK_BLOCK) ps_norms_warp_f64(NormArgs a) { ps_norms_warp<f64, double2>(a); }

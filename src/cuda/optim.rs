@@ -9,7 +9,7 @@ use cudarc::cublas::sys as bs;
 use cudarc::driver::sys as ds;
 
 use super::cublas::{self, Slot};
-use super::launch::{BLOCK, launch, launch_ex};
+use super::launch::{BLOCK, Names, assert_layout, defines, launch, launch_ex, per_dtype};
 use super::{CudaDevice, Workspace};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, Result};
@@ -22,20 +22,30 @@ const MODULE: &str = "optim";
 /// One kernel module for the family: `(name, source)`.
 pub const MODULES: [(&str, fn() -> String); 1] = [(MODULE, source)];
 
+/// Threads of the widest `ps_norms_vec` block (one 16-byte vector per thread and
+/// row): its `__launch_bounds__`.
+const VEC_MAX_BLOCK: i64 = 1024;
+
+/// The module's source: the launch constants as #defines, then `kernels/optim.cu`.
 fn source() -> String {
-    include_str!("../../kernels/optim.cu").to_string()
+    defines(&[
+        ("FK_BLOCK", BLOCK as i64),
+        ("PS_VEC_MAX_BLOCK", VEC_MAX_BLOCK),
+    ]) + include_str!("../../kernels/optim.cu")
 }
 
-/// `<base>_f32` or `<base>_f64` (names are `'static` for the function cache).
-macro_rules! kname {
-    ($d:expr, $base:literal) => {
-        if $d == DType::F32 {
-            concat!($base, "_f32")
-        } else {
-            concat!($base, "_f64")
-        }
-    };
-}
+const EIG_PREPARE: Names = per_dtype!("eig_prepare": f32, f64);
+const MP_PARTIALS: Names = per_dtype!("mp_partials": f32, f64);
+const MP_START: Names = per_dtype!("mp_start": f32, f64);
+const MP_AFFINE: Names = per_dtype!("mp_affine": f32, f64);
+const EIG_SCALE: Names = per_dtype!("eig_scale": f32, f64);
+const SYM_MIRROR: Names = per_dtype!("sym_mirror": f32, f64);
+const PS_OUTER: Names = per_dtype!("ps_outer": f32, f64);
+const PS_NORMS: Names = per_dtype!("ps_norms": f32, f64);
+const PS_NORMS_VEC: Names = per_dtype!("ps_norms_vec": f32, f64);
+const PS_NORMS_WARP: Names = per_dtype!("ps_norms_warp": f32, f64);
+const PS_GRAM_DOT: Names = per_dtype!("ps_gram_dot": f32, f64);
+const PS_SCALE_ROWS: Names = per_dtype!("ps_scale_rows": f32, f64);
 
 /// Blocks of a row loop over `rows` rows (each block takes whole rows).
 fn row_grid(dev: &CudaDevice, rows: i64) -> u32 {
@@ -72,6 +82,7 @@ fn shifted(dev: &CudaDevice, plan: &PowPlan, q: usize, stream: usize) -> Result<
         q: u64,
         eps: f64,
     }
+    assert_layout!(EigPrepArgs, 40, n = 0, batch = 8, a = 16, q = 24, eps = 32);
     let mut pa = EigPrepArgs {
         n: plan.n,
         batch: plan.batch,
@@ -82,7 +93,7 @@ fn shifted(dev: &CudaDevice, plan: &PowPlan, q: usize, stream: usize) -> Result<
     let g = row_grid(dev, plan.batch * plan.n);
     run(
         dev,
-        kname!(plan.dtype, "eig_prepare"),
+        EIG_PREPARE.get(plan.dtype)?,
         (g, 1, 1),
         (BLOCK, 1, 1),
         stream,
@@ -141,6 +152,17 @@ impl<'a> Ops<'a> {
             partial: u64,
             mode: i32,
         }
+        assert_layout!(
+            PartialArgs,
+            56,
+            n = 0,
+            batch = 8,
+            chunks = 16,
+            src = 24,
+            shift = 32,
+            partial = 40,
+            mode = 48
+        );
         let mut a = PartialArgs {
             n: plan.n,
             batch: plan.batch,
@@ -153,7 +175,7 @@ impl<'a> Ops<'a> {
         let gy = plan.batch.min(65535) as u32;
         run(
             self.dev,
-            kname!(plan.dtype, "mp_partials"),
+            MP_PARTIALS.get(plan.dtype)?,
             (chunks as u32, gy, 1),
             (BLOCK, 1, 1),
             self.stream,
@@ -168,6 +190,16 @@ impl<'a> Ops<'a> {
             mode: i32,
             p: i32,
         }
+        assert_layout!(
+            FinishArgs,
+            40,
+            batch = 0,
+            chunks = 8,
+            partial = 16,
+            out = 24,
+            mode = 32,
+            p = 36
+        );
         let mut f = FinishArgs {
             batch: plan.batch,
             chunks,
@@ -211,6 +243,17 @@ impl crate::ops::optim::MatOps for Ops<'_> {
             scale: u64,
             eps: f64,
         }
+        assert_layout!(
+            StartArgs,
+            56,
+            n = 0,
+            batch = 8,
+            a = 16,
+            x = 24,
+            m = 32,
+            scale = 40,
+            eps = 48
+        );
         let mut a = StartArgs {
             n: plan.n,
             batch: plan.batch,
@@ -223,7 +266,7 @@ impl crate::ops::optim::MatOps for Ops<'_> {
         let g = row_grid(self.dev, plan.batch * plan.n);
         run(
             self.dev,
-            kname!(plan.dtype, "mp_start"),
+            MP_START.get(plan.dtype)?,
             (g, 1, 1),
             (BLOCK, 1, 1),
             self.stream,
@@ -244,6 +287,7 @@ impl crate::ops::optim::MatOps for Ops<'_> {
             t: u64,
             p: i32,
         }
+        assert_layout!(AffineArgs, 40, n = 0, batch = 8, m = 16, t = 24, p = 32);
         let mut a = AffineArgs {
             n: plan.n,
             batch: plan.batch,
@@ -254,7 +298,7 @@ impl crate::ops::optim::MatOps for Ops<'_> {
         let g = row_grid(self.dev, plan.batch * plan.n);
         run(
             self.dev,
-            kname!(plan.dtype, "mp_affine"),
+            MP_AFFINE.get(plan.dtype)?,
             (g, 1, 1),
             (BLOCK, 1, 1),
             self.stream,
@@ -320,6 +364,17 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
         power: f64,
         eps: f64,
     }
+    assert_layout!(
+        EigScaleArgs,
+        56,
+        n = 0,
+        batch = 8,
+        q = 16,
+        w = 24,
+        s = 32,
+        power = 40,
+        eps = 48
+    );
     let mut sa = EigScaleArgs {
         n: plan.n,
         batch: plan.batch,
@@ -331,7 +386,7 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
     };
     run(
         dev,
-        kname!(plan.dtype, "eig_scale"),
+        EIG_SCALE.get(plan.dtype)?,
         (g, 1, 1),
         (BLOCK, 1, 1),
         stream.raw,
@@ -397,6 +452,7 @@ fn mirror(
         tiles: i64,
         m: u64,
     }
+    assert_layout!(MirrorArgs, 32, n = 0, batch = 8, tiles = 16, m = 24);
     let tiles = (n + 31) / 32;
     let mut a = MirrorArgs {
         n,
@@ -407,7 +463,7 @@ fn mirror(
     let gx = (tiles * (tiles + 1) / 2) as u32;
     run(
         dev,
-        kname!(dtype, "sym_mirror"),
+        SYM_MIRROR.get(dtype)?,
         (gx, batch.min(65535) as u32, 1),
         (32, 8, 1),
         stream,
@@ -585,6 +641,17 @@ pub fn per_sample_grads(
         out: u64,
         vec: i32,
     }
+    assert_layout!(
+        OuterArgs,
+        56,
+        batch = 0,
+        din = 8,
+        dout = 16,
+        a = 24,
+        g = 32,
+        out = 40,
+        vec = 48
+    );
     let w = 16 / p.dtype.size() as i64;
     let vec = p.din % w == 0 && p.a % 16 == 0 && out % 16 == 0;
     let mut a = OuterArgs {
@@ -599,7 +666,7 @@ pub fn per_sample_grads(
     let g = row_grid(dev, p.batch * p.dout);
     run(
         dev,
-        kname!(p.dtype, "ps_outer"),
+        PS_OUTER.get(p.dtype)?,
         (g, 1, 1),
         (BLOCK, 1, 1),
         stream.raw,
@@ -618,6 +685,18 @@ struct NormArgs {
     gs: u64,
     max_norm: f64,
 }
+assert_layout!(
+    NormArgs,
+    64,
+    batch = 0,
+    din = 8,
+    dout = 16,
+    a = 24,
+    g = 32,
+    norms = 40,
+    gs = 48,
+    max_norm = 56
+);
 
 /// The one-step kernel `ps_norms`: squared norms into `norms` (0: not wanted) and,
 /// when `gs` is not 0, `g` scaled by the clipping factor for `max_norm` into `gs`.
@@ -649,22 +728,14 @@ fn fused_norms(
     let (name, g, block) = if aligned && p.batch >= 2 * sms {
         // (two warps per block spread the samples over every multiprocessor)
         let blocks = (p.batch + 1) / 2;
-        (
-            kname!(p.dtype, "ps_norms_warp"),
-            blocks.min(sms * 32) as u32,
-            64,
-        )
-    } else if aligned && p.din.max(p.dout) / w <= 1024 {
+        (PS_NORMS_WARP.get(p.dtype)?, blocks.min(sms * 32) as u32, 64)
+    } else if aligned && p.din.max(p.dout) / w <= VEC_MAX_BLOCK {
         // one vector per thread and row, the block sized to the longer row
         let vecs = p.din.max(p.dout) / w;
         let block = ((vecs + 31) / 32 * 32).max(32) as u32;
-        (
-            kname!(p.dtype, "ps_norms_vec"),
-            row_grid(dev, p.batch),
-            block,
-        )
+        (PS_NORMS_VEC.get(p.dtype)?, row_grid(dev, p.batch), block)
     } else {
-        (kname!(p.dtype, "ps_norms"), row_grid(dev, p.batch), BLOCK)
+        (PS_NORMS.get(p.dtype)?, row_grid(dev, p.batch), BLOCK)
     };
     // a programmatic dependent launch: the kernel waits (griddepcontrol.wait) before
     // it reads anything, but its launch overlaps the tail of the previous kernel
@@ -719,6 +790,15 @@ fn norms_into(ops: &Ops, p: &SamplePlan, norms: usize) -> Result<()> {
         gg: u64,
         norms: u64,
     }
+    assert_layout!(
+        GramArgs,
+        40,
+        batch = 0,
+        tt = 8,
+        ga = 16,
+        gg = 24,
+        norms = 32
+    );
     let mut a = GramArgs {
         batch: p.batch,
         tt: t * t,
@@ -729,7 +809,7 @@ fn norms_into(ops: &Ops, p: &SamplePlan, norms: usize) -> Result<()> {
     let g = row_grid(dev, p.batch);
     run(
         dev,
-        kname!(p.dtype, "ps_gram_dot"),
+        PS_GRAM_DOT.get(p.dtype)?,
         (g, 1, 1),
         (BLOCK, 1, 1),
         stream,
@@ -783,6 +863,16 @@ pub fn dp_clipped_sum(
             norms: u64,
             max_norm: f64,
         }
+        assert_layout!(
+            ScaleRowsArgs,
+            48,
+            batch = 0,
+            per_sample = 8,
+            g = 16,
+            gs = 24,
+            norms = 32,
+            max_norm = 40
+        );
         let mut a = ScaleRowsArgs {
             batch: p.batch,
             per_sample: p.steps * p.dout,
@@ -794,7 +884,7 @@ pub fn dp_clipped_sum(
         let g = row_grid(dev, p.batch);
         run(
             dev,
-            kname!(p.dtype, "ps_scale_rows"),
+            PS_SCALE_ROWS.get(p.dtype)?,
             (g, 1, 1),
             (BLOCK, 1, 1),
             stream.raw,

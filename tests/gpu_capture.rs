@@ -722,6 +722,29 @@ fn capture_shampoo_stats_unbatched_first_use() {
 }
 
 #[test]
+fn capture_shampoo_stats_tf32_first_use() {
+    // fk_shampoo_stats_ex with FK_GEMM_ALLOW_TF32: the GEMM route on tensor cores
+    // (about 1e-3 relative against the CPU's f32)
+    run(
+        |_| Spec {
+            name: "fk_shampoo_stats_ex (TF32)",
+            dtype: FK_DTYPE_F32,
+            inputs: vec![(vec![300, 129], sg(1.0))],
+            outputs: vec![
+                (vec![300, 300], Some(sg(1.0))),
+                (vec![129, 129], Some(sg(1.0))),
+            ],
+            workspaces: vec![],
+            tol: 5e-3,
+            call: Box::new(|a| unsafe {
+                fk_shampoo_stats_ex(a.i[0], 1.0, 0.5, a.o[0], a.o[1], FK_GEMM_ALLOW_TF32, a.s)
+            }),
+        },
+        17,
+    );
+}
+
+#[test]
 fn capture_matrix_power_newton_first_use() {
     for (n, p, seed) in [(40usize, -0.5, 15u64), (48, -0.25, 16)] {
         run(

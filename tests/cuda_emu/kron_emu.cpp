@@ -1,10 +1,10 @@
 // Runs the Kronecker kernels of kernels/linalg.cu on the CPU with the launch
-// configurations src/cuda/linalg.rs chooses, and checks every output element
+// configurations src/cuda/linalg/kron.rs chooses, and checks every output element
 // bit for bit against the same product computed directly, every byte around the
 // output still poisoned (nothing written out of bounds), and every store aligned
 // to its width (FK_CHECK_ALIGNED in linalg_common.cuh).
 //
-// Driven by the unit test `kron_kernel_in_the_cpu_emulator` (src/cuda/linalg.rs),
+// Driven by the unit test `kron_kernel_in_the_cpu_emulator` (src/cuda/linalg/kron/tests.rs),
 // which writes linalg.cu (the source NVRTC compiles) and this directory's
 // linalg_common.cuh as common.cuh into a build directory, compiles this file with
 // g++ and passes a file of cases, one per line:

@@ -1,6 +1,6 @@
 // Stands in for kernels/common.cuh when kernels/linalg.cu is compiled by the host C++
 // compiler (tests/cuda_emu/kron_emu.cpp, driven by the unit test
-// `kron_kernel_in_the_cpu_emulator` of src/cuda/linalg.rs): the CUDA constructs of
+// `kron_kernel_in_the_cpu_emulator` of src/cuda/linalg/kron/tests.rs): the CUDA constructs of
 // emu.cuh plus host versions of the element types and their arithmetic. f16 is
 // GCC's _Float16 (round to nearest even, as __float2half_rn), bf16 a 16-bit pattern
 // with round-to-nearest-even from f32 (as __float2bfloat16_rn).

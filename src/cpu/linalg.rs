@@ -33,67 +33,51 @@ trait Mm: Copy + Send + Sync + 'static {
     fn scalar(re: f64, im: f64) -> Self;
 }
 
-impl Mm for f32 {
-    const ZERO: Self = 0.0;
-    unsafe fn mm(m: usize, k: usize, n: usize, alpha: f32, a: View, b: View, beta: f32, c: View) {
-        // SAFETY: the caller passes views inside live buffers, C tiles disjoint.
-        unsafe {
-            matrixmultiply::sgemm(
-                m,
-                k,
-                n,
-                alpha,
-                a.ptr as *const f32,
-                a.rs,
-                a.cs,
-                b.ptr as *const f32,
-                b.rs,
-                b.cs,
-                beta,
-                c.ptr as *mut f32,
-                c.rs,
-                c.cs,
-            )
+macro_rules! real_mm {
+    ($r:ty, $f:ident) => {
+        impl Mm for $r {
+            const ZERO: Self = 0.0;
+            unsafe fn mm(
+                m: usize,
+                k: usize,
+                n: usize,
+                alpha: Self,
+                a: View,
+                b: View,
+                beta: Self,
+                c: View,
+            ) {
+                // SAFETY: the caller passes views inside live buffers, C tiles disjoint.
+                unsafe {
+                    matrixmultiply::$f(
+                        m,
+                        k,
+                        n,
+                        alpha,
+                        a.ptr as *const $r,
+                        a.rs,
+                        a.cs,
+                        b.ptr as *const $r,
+                        b.rs,
+                        b.cs,
+                        beta,
+                        c.ptr as *mut $r,
+                        c.rs,
+                        c.cs,
+                    )
+                }
+            }
+            fn conj(self) -> Self {
+                self
+            }
+            fn scalar(re: f64, _: f64) -> Self {
+                re as $r
+            }
         }
-    }
-    fn conj(self) -> Self {
-        self
-    }
-    fn scalar(re: f64, _: f64) -> Self {
-        re as f32
-    }
+    };
 }
-
-impl Mm for f64 {
-    const ZERO: Self = 0.0;
-    unsafe fn mm(m: usize, k: usize, n: usize, alpha: f64, a: View, b: View, beta: f64, c: View) {
-        // SAFETY: as for f32.
-        unsafe {
-            matrixmultiply::dgemm(
-                m,
-                k,
-                n,
-                alpha,
-                a.ptr as *const f64,
-                a.rs,
-                a.cs,
-                b.ptr as *const f64,
-                b.rs,
-                b.cs,
-                beta,
-                c.ptr as *mut f64,
-                c.rs,
-                c.cs,
-            )
-        }
-    }
-    fn conj(self) -> Self {
-        self
-    }
-    fn scalar(re: f64, _: f64) -> Self {
-        re
-    }
-}
+real_mm!(f32, sgemm);
+real_mm!(f64, dgemm);
 
 macro_rules! complex_mm {
     ($r:ty, $f:ident) => {

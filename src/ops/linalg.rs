@@ -236,6 +236,14 @@ pub(crate) fn int32(v: i64, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// The fused linear layer's sizes fit cuBLAS's `int`.
+fn linear_int32(m: i64, n: i64, k: i64) -> Result<()> {
+    for (v, what) in [(m, "m (rows of x)"), (n, "n"), (k, "k")] {
+        int32(v, what)?;
+    }
+    Ok(())
+}
+
 /// Validates GEMM `flags` (0 or `FK_GEMM_ALLOW_TF32`); returns whether TF32 is allowed.
 pub(crate) fn gemm_flags(flags: u32) -> Result<bool> {
     crate::ensure!(
@@ -601,9 +609,7 @@ pub fn linear_forward(
     match device {
         Device::Cpu => crate::cpu::linalg::linear_forward(&p),
         Device::Cuda(_) => {
-            for (v, what) in [(m, "m (rows of x)"), (n, "n"), (k, "k")] {
-                int32(v, what)?;
-            }
+            linear_int32(m, n, k)?;
             crate::cuda::linalg::linear_forward(y.ctx.cuda_dev(), &p, stream)
         }
     }
@@ -737,9 +743,7 @@ pub fn linear_backward(
     match device {
         Device::Cpu => crate::cpu::linalg::linear_backward(&p),
         Device::Cuda(_) => {
-            for (v, what) in [(m, "m (rows of x)"), (n, "n"), (k, "k")] {
-                int32(v, what)?;
-            }
+            linear_int32(m, n, k)?;
             crate::cuda::linalg::linear_backward(dy.ctx.cuda_dev(), &p, stream)
         }
     }

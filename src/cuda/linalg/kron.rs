@@ -4,7 +4,7 @@ use std::ffi::c_void;
 
 use super::MODULE;
 use crate::cuda::CudaDevice;
-use crate::cuda::launch::{Names, launch, per_dtype};
+use crate::cuda::launch::{Names, assert_layout, launch, per_dtype};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::addr::raw;

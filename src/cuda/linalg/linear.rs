@@ -5,11 +5,12 @@ use std::ffi::c_void;
 
 use super::{MODULE, ptr, slot_of};
 use crate::cuda::CudaDevice;
-use crate::cuda::cublas::{self, Epilogue, LtCall};
-use crate::cuda::launch::{BLOCK, Names, grid_for, launch, per_dtype};
+use crate::cuda::cublas::{self, Epilogue, LtCall, Slot};
+use crate::cuda::launch::{BLOCK, Names, assert_layout, grid_for, launch, per_dtype};
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::addr::raw;
-use crate::ops::linalg::{Activation, GemmPlan, LinearBwdPlan, LinearPlan, Trans, dense};
+use crate::ops::linalg::{Activation, GemmPlan, LinearBwdPlan, LinearPlan, Mat, Trans, dense};
 use crate::stream::Stream;
 
 /// The kernels of `FK_LINEAR_KERNELS` in `kernels/linalg.cu`, one per dtype the
@@ -58,6 +59,20 @@ fn epilogue_kernel(
         0,
         stream.raw,
         &mut [&mut a as *mut EpiArgs as *mut c_void],
+    )
+}
+
+/// `c = op_a(a) op_b(b)` through cuBLAS: one matrix each, f32 accumulation, no TF32.
+fn product(
+    g: &Slot,
+    dtype: DType,
+    (op_a, a): (Trans, Mat),
+    (op_b, b): (Trans, Mat),
+    c: Mat,
+) -> Result<()> {
+    cublas::gemm_ex(
+        g,
+        &GemmPlan::new(dtype, op_a, a, op_b, b, c, 1.0, 0.0, 1, false),
     )
 }
 
@@ -118,20 +133,12 @@ pub fn linear_forward(dev: &CudaDevice, p: &LinearPlan, stream: &Stream) -> Resu
         }
     }
     // Fallback: z = x W^T into y, then bias, aux and activation in one pass.
-    cublas::gemm_ex(
+    product(
         &g,
-        &GemmPlan::new(
-            p.dtype,
-            Trans::N,
-            dense(ptr(p.x), p.m, p.k, 0),
-            Trans::T,
-            dense(ptr(p.w), p.n, p.k, 0),
-            dense(ptr(p.y), p.m, p.n, 0),
-            1.0,
-            0.0,
-            1,
-            false,
-        ),
+        p.dtype,
+        (Trans::N, dense(ptr(p.x), p.m, p.k, 0)),
+        (Trans::T, dense(ptr(p.w), p.n, p.k, 0)),
+        dense(ptr(p.y), p.m, p.n, 0),
     )?;
     if p.act == Activation::None && !has_bias && p.aux.is_none() {
         return Ok(());
@@ -275,38 +282,22 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
     }
     if let Some(dx) = p.dx {
         // dx [m, k] = dz [m, n] W [n, k]
-        cublas::gemm_ex(
+        product(
             &g,
-            &GemmPlan::new(
-                p.dtype,
-                Trans::N,
-                dense(dz, p.m, p.n, 0),
-                Trans::N,
-                dense(ptr(p.w), p.n, p.k, 0),
-                dense(dx.as_usize(), p.m, p.k, 0),
-                1.0,
-                0.0,
-                1,
-                false,
-            ),
+            p.dtype,
+            (Trans::N, dense(dz, p.m, p.n, 0)),
+            (Trans::N, dense(ptr(p.w), p.n, p.k, 0)),
+            dense(dx.as_usize(), p.m, p.k, 0),
         )?;
     }
     if let Some(dw) = p.dw {
         // dW [n, k] = dz^T [n, m] x [m, k]
-        cublas::gemm_ex(
+        product(
             &g,
-            &GemmPlan::new(
-                p.dtype,
-                Trans::T,
-                dense(dz, p.m, p.n, 0),
-                Trans::N,
-                dense(ptr(p.x), p.m, p.k, 0),
-                dense(dw.as_usize(), p.n, p.k, 0),
-                1.0,
-                0.0,
-                1,
-                false,
-            ),
+            p.dtype,
+            (Trans::T, dense(dz, p.m, p.n, 0)),
+            (Trans::N, dense(ptr(p.x), p.m, p.k, 0)),
+            dense(dw.as_usize(), p.n, p.k, 0),
         )?;
     }
     Ok(())

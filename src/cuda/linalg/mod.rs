@@ -1,18 +1,11 @@
 //! Launchers of the linear-algebra family: cuBLAS / cuBLASLt calls (`cublas.rs`)
-//! and the kernels of `kernels/linalg.cu` (epilogue fallback, backward `dz` and
-//! column sums, Kronecker product), plus the chunked GEMM's tile pipeline.
-
-/// `size_of::<T>() == size` and `offset_of!(T, field) == offset` for every field
-/// listed: the layout of an argument struct, which `kernels/linalg.cu` asserts for
-/// its C struct with the same numbers (a field added or moved on one side only
-/// fails to build).
-macro_rules! assert_layout {
-    ($t:ty, $size:expr, $($f:ident = $o:expr),+ $(,)?) => {
-        const _: () = assert!(
-            std::mem::size_of::<$t>() == $size $(&& std::mem::offset_of!($t, $f) == $o)+
-        );
-    };
-}
+//! and the kernels of `kernels/linalg.cu`, one file per idea:
+//! - here: the kernel module's source (with the constants the kernels check) and
+//!   the plain GEMM;
+//! - `linear`: the fused linear layer (cuBLASLt epilogues, the epilogue fallback,
+//!   the backward's `dz` and column sums);
+//! - `kron`: the batched Kronecker product's launch shape;
+//! - `tiles`: the chunked GEMM's tile choice; `chunked`: its copy/compute pipeline.
 
 mod chunked;
 mod kron;

@@ -7,23 +7,41 @@
 use nalgebra::{DMatrix, SymmetricEigen};
 use rayon::prelude::*;
 
-use super::Real;
+use super::{Real, host_slice, host_slice_mut};
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::ops::Addr;
 use crate::ops::linalg::{GemmPlan, Trans, dense};
 use crate::ops::optim::{Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan, clip_scale};
 
-/// Reads `n` elements at `ptr` as f64.
-fn load<T: Real>(ptr: usize, n: usize) -> Vec<f64> {
-    // SAFETY: the caller validated that `ptr` holds `n` elements of T.
-    let s = unsafe { std::slice::from_raw_parts(ptr as *const T, n) };
+// Safety of every `load`, `store` and `each_matrix` below: the addresses are those
+// of buffers `ops::optim` validated (contiguous host memory of the plan's dtype `T`
+// and shape: [batch, n, n] matrices, [batch, steps, din] and [batch, steps, dout]
+// samples, [batch] norms, outputs disjoint from the inputs) or host scratch of
+// `Ops::scratch` of the plan's size, at offsets inside them, each read or written
+// only within the op call; a matrix or output is written by one thread at a time.
+
+/// Reads `n` elements of `T` at the host address `ptr` as f64.
+///
+/// # Safety
+///
+/// As `cpu::host_slice`: `ptr` holds `n` initialised elements of `T` (a validated
+/// buffer or scratch of the plan) that nothing writes during the call.
+unsafe fn load<T: Real>(ptr: usize, n: usize) -> Vec<f64> {
+    // SAFETY: the caller's contract.
+    let s: &[T] = unsafe { host_slice(Addr::from_usize(ptr), n) };
     s.iter().map(|v| v.to_f64()).collect()
 }
 
-/// Writes `src` rounded to T at `ptr`.
-fn store<T: Real>(ptr: usize, src: &[f64]) {
-    // SAFETY: the caller validated that `ptr` holds `src.len()` elements of T.
-    let d = unsafe { std::slice::from_raw_parts_mut(ptr as *mut T, src.len()) };
+/// Writes `src` rounded to `T` at the host address `ptr`.
+///
+/// # Safety
+///
+/// As `cpu::host_slice_mut`: `ptr` holds `src.len()` elements of `T` that nothing
+/// else reads or writes during the call.
+unsafe fn store<T: Real>(ptr: usize, src: &[f64]) {
+    // SAFETY: the caller's contract.
+    let d: &mut [T] = unsafe { host_slice_mut(Addr::from_usize(ptr), src.len()) };
     for (o, &v) in d.iter_mut().zip(src) {
         *o = T::from_f64(v);
     }
@@ -31,13 +49,17 @@ fn store<T: Real>(ptr: usize, src: &[f64]) {
 
 /// Runs `f` on each matrix `b < batch` of `n x n` elements at `ptr`, in parallel,
 /// as a mutable slice of T.
-fn each_matrix<T: Real>(ptr: usize, batch: i64, n: i64, f: impl Fn(usize, &mut [T]) + Sync) {
+///
+/// # Safety
+///
+/// As `store`, for the `batch * n * n` elements of T at `ptr`.
+unsafe fn each_matrix<T: Real>(ptr: usize, batch: i64, n: i64, f: impl Fn(usize, &mut [T]) + Sync) {
     let nn = (n * n) as usize;
-    (0..batch as usize).into_par_iter().for_each(|b| {
-        // SAFETY: matrix b of the validated [batch, n, n] buffer; disjoint per b.
-        let m = unsafe { std::slice::from_raw_parts_mut((ptr as *mut T).add(b * nn), nn) };
-        f(b, m);
-    });
+    // SAFETY: the caller's contract; the matrices are disjoint chunks of it.
+    let all: &mut [T] = unsafe { host_slice_mut(Addr::from_usize(ptr), batch as usize * nn) };
+    all.par_chunks_mut(nn.max(1))
+        .enumerate()
+        .for_each(|(b, m)| f(b, m));
 }
 
 // ------------------------------------------------------------------ matrix power
@@ -72,13 +94,15 @@ impl crate::ops::optim::MatOps for Ops {
     fn shifted(&self, plan: &PowPlan, s: usize) -> Result<()> {
         let n = plan.n as usize;
         crate::with_real!(plan.dtype, T => {
-            let mut a = load::<T>(plan.a, plan.elems());
+            // SAFETY: see the top of the module.
+            let mut a = unsafe { load::<T>(plan.a, plan.elems()) };
             for (i, v) in a.iter_mut().enumerate() {
                 if (i % (n * n)) % (n + 1) == 0 {
                     *v += plan.eps;
                 }
             }
-            store::<T>(s, &a);
+            // SAFETY: see the top of the module.
+            unsafe { store::<T>(s, &a) };
         });
         Ok(())
     }
@@ -86,7 +110,8 @@ impl crate::ops::optim::MatOps for Ops {
     fn newton_step_matrix(&self, plan: &PowPlan, p: u32, m: usize, t: usize) -> Result<()> {
         crate::with_real!(plan.dtype, T => {
             let n = plan.n as usize;
-            let mv = load::<T>(m, plan.elems());
+            // SAFETY: see the top of the module.
+            let mv = unsafe { load::<T>(m, plan.elems()) };
             let inv = 1.0 / p as f64;
             let tv: Vec<f64> = mv
                 .iter()
@@ -96,7 +121,8 @@ impl crate::ops::optim::MatOps for Ops {
                     (if diag { (p + 1) as f64 } else { 0.0 } - v) * inv
                 })
                 .collect();
-            store::<T>(t, &tv);
+            // SAFETY: see the top of the module.
+            unsafe { store::<T>(t, &tv) };
         });
         Ok(())
     }
@@ -106,7 +132,8 @@ impl crate::ops::optim::MatOps for Ops {
         let nn = n * n;
         let mut r = vec![0.0; plan.batch as usize];
         crate::with_real!(plan.dtype, T => {
-            let mv = load::<T>(m, plan.elems());
+            // SAFETY: see the top of the module.
+            let mv = unsafe { load::<T>(m, plan.elems()) };
             for (b, rb) in r.iter_mut().enumerate() {
                 let mut worst = 0.0f64;
                 for (i, &v) in mv[b * nn..(b + 1) * nn].iter().enumerate() {
@@ -130,7 +157,8 @@ impl crate::ops::optim::MatOps for Ops {
 fn newton_start_t<T: Real>(plan: &PowPlan, p: u32, x: usize, m: usize) {
     let n = plan.n as usize;
     let nn = n * n;
-    let a = load::<T>(plan.a, plan.elems());
+    // SAFETY: see the top of the module.
+    let a = unsafe { load::<T>(plan.a, plan.elems()) };
     let mut xs = vec![0.0; plan.elems()];
     let mut ms = vec![0.0; plan.elems()];
     for b in 0..plan.batch as usize {
@@ -144,8 +172,10 @@ fn newton_start_t<T: Real>(plan: &PowPlan, p: u32, x: usize, m: usize) {
             ms[b * nn + i] = z * shifted(i);
         }
     }
-    store::<T>(x, &xs);
-    store::<T>(m, &ms);
+    // SAFETY: see the top of the module.
+    unsafe { store::<T>(x, &xs) };
+    // SAFETY: see the top of the module.
+    unsafe { store::<T>(m, &ms) };
 }
 
 /// `z = (1 + p) / (2 |A + eps I|_F)`: puts the spectrum of `M = z (A + eps I)`
@@ -180,7 +210,8 @@ fn eigh_power_t<T: Real>(plan: &PowPlan) -> Vec<(bool, f64)> {
     (0..plan.batch as usize)
         .into_par_iter()
         .map(|b| {
-            let a = load::<T>(plan.a + b * nn * size_of::<T>(), nn);
+            // SAFETY: see the top of the module.
+            let a = unsafe { load::<T>(plan.a + b * nn * size_of::<T>(), nn) };
             let sym = DMatrix::<f64>::from_fn(n, n, |i, j| {
                 let (r, c) = (i.min(j), i.max(j));
                 a[r * n + c] + if i == j { plan.eps } else { 0.0 }
@@ -205,7 +236,8 @@ fn eigh_power_t<T: Real>(plan: &PowPlan) -> Vec<(bool, f64)> {
                     (v, true, lmin)
                 }
             };
-            store::<T>(plan.out + b * nn * size_of::<T>(), &out.0);
+            // SAFETY: see the top of the module.
+            unsafe { store::<T>(plan.out + b * nn * size_of::<T>(), &out.0) };
             (out.1, out.2)
         })
         .collect()
@@ -244,7 +276,8 @@ fn rank_k(
     super::linalg::gemm(&GemmPlan::new(
         dtype, op, xm, other, xm, cm, alpha, beta, batch, false,
     ))?;
-    crate::with_real!(dtype, T => each_matrix::<T>(c, batch, k, |_, m| mirror_upper(m, k as usize)));
+    // SAFETY: see the top of the module.
+    crate::with_real!(dtype, T => unsafe { each_matrix::<T>(c, batch, k, |_, m| mirror_upper(m, k as usize)) });
     Ok(())
 }
 
@@ -306,8 +339,10 @@ fn sq_norms_t<T: Real>(p: &SamplePlan) -> Vec<f64> {
     (0..p.batch as usize)
         .into_par_iter()
         .map(|b| {
-            let a = load::<T>(p.a + b * t * i * size_of::<T>(), t * i);
-            let g = load::<T>(p.g + b * t * o * size_of::<T>(), t * o);
+            // SAFETY: see the top of the module.
+            let a = unsafe { load::<T>(p.a + b * t * i * size_of::<T>(), t * i) };
+            // SAFETY: see the top of the module.
+            let g = unsafe { load::<T>(p.g + b * t * o * size_of::<T>(), t * o) };
             let dot = |x: &[f64], r: usize, s: usize, w: usize| -> f64 {
                 x[r * w..(r + 1) * w]
                     .iter()
@@ -331,7 +366,8 @@ fn sq_norms_t<T: Real>(p: &SamplePlan) -> Vec<f64> {
 
 pub fn sample_norms(p: &SamplePlan, out: usize) -> Result<()> {
     let n = sq_norms(p);
-    crate::with_real!(p.dtype, T => store::<T>(out, &n));
+    // SAFETY: see the top of the module.
+    crate::with_real!(p.dtype, T => unsafe { store::<T>(out, &n) });
     Ok(())
 }
 
@@ -346,7 +382,8 @@ pub fn dp_clipped_sum(
     let sq = sq_norms(p);
     let rows = (p.steps * p.dout) as usize;
     crate::with_real!(p.dtype, T => {
-        let g = load::<T>(p.g, p.batch as usize * rows);
+        // SAFETY: see the top of the module.
+        let g = unsafe { load::<T>(p.g, p.batch as usize * rows) };
         let mut gs: Vec<T> = Vec::with_capacity(g.len());
         for (b, chunk) in g.chunks(rows.max(1)).enumerate().take(p.batch as usize) {
             let s = clip_scale(sq[b], max_norm);
@@ -354,7 +391,8 @@ pub fn dp_clipped_sum(
         }
         super::linalg::gemm(&p.sum_gemm(gs.as_ptr() as usize, out))?;
         if let Some(nptr) = norms {
-            store::<T>(nptr, &sq);
+            // SAFETY: see the top of the module.
+            unsafe { store::<T>(nptr, &sq) };
         }
     });
     Ok(())

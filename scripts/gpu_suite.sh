@@ -99,22 +99,23 @@ sel shampoo_torchrun && [ "$NGPU" -ge 2 ] && step shampoo_torchrun 600 \
 want privacy && step privacy 600 python3 -m pytest -q bindings/python/tests/test_privacy.py
 sel example_dp_sgd && step example_dp_sgd 300 python3 examples/dp_sgd_classifier.py --device cuda --fused \
   --steps 300 --out "$OUT/dp_sgd_classifier.png"
-if sel sanitizer; then
-  export FK_SANITIZE=1   # tests shrink their sizes under the sanitizer
-  step memcheck 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_elementwise" --test-threads=1
-  step racecheck 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_elementwise" --test-threads=1
-  step memcheck_linalg 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_linalg" --test-threads=1
-  step racecheck_linalg 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_linalg" --test-threads=1
-  step memcheck_gaussian 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_gaussian" --test-threads=1
-  step racecheck_gaussian 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_gaussian" --test-threads=1
-  step memcheck_geodesic 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_geodesic" --test-threads=1
-  step racecheck_geodesic 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_geodesic" --test-threads=1
-  step memcheck_optim 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_optim" --test-threads=1
-  step racecheck_optim 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_optim" --test-threads=1
-  [ -x target/c-tests/test_fusekit ] && \
-    step memcheck_c 300 compute-sanitizer --tool memcheck --error-exitcode 9 target/c-tests/test_fusekit cuda
-  unset FK_SANITIZE
-fi
+# the sanitizer steps: all with "sanitizer" (or no selection), each alone when named
+# (e.g. scripts/gpu_suite.sh memcheck_linalg)
+san() { sel sanitizer || want "$1"; }
+export FK_SANITIZE=1   # tests shrink their sizes under the sanitizer
+san memcheck && step memcheck 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_elementwise" --test-threads=1
+san racecheck && step racecheck 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_elementwise" --test-threads=1
+san memcheck_linalg && step memcheck_linalg 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_linalg" --test-threads=1
+san racecheck_linalg && step racecheck_linalg 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_linalg" --test-threads=1
+san memcheck_gaussian && step memcheck_gaussian 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_gaussian" --test-threads=1
+san racecheck_gaussian && step racecheck_gaussian 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_gaussian" --test-threads=1
+san memcheck_geodesic && step memcheck_geodesic 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_geodesic" --test-threads=1
+san racecheck_geodesic && step racecheck_geodesic 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_geodesic" --test-threads=1
+san memcheck_optim && step memcheck_optim 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_optim" --test-threads=1
+san racecheck_optim && step racecheck_optim 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_optim" --test-threads=1
+san memcheck_c && [ -x target/c-tests/test_fusekit ] && \
+  step memcheck_c 300 compute-sanitizer --tool memcheck --error-exitcode 9 target/c-tests/test_fusekit cuda
+unset FK_SANITIZE
 # the concurrency stress (tests/stress.rs: 8 threads on one context, streams destroyed
 # with work queued, a context destroyed from another thread, events across threads) on
 # CUDA only, under memcheck with its leak check

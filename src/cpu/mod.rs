@@ -37,19 +37,6 @@ pub(crate) fn for_chunks_mut<T: Send>(
     }
 }
 
-/// `f(i, chunk)` for the `chunk`-sized pieces of `v` (read-only), as `for_chunks_mut`.
-pub(crate) fn for_chunks<T: Sync>(v: &[T], chunk: usize, f: impl Fn(usize, &[T]) + Sync + Send) {
-    if v.len() < PAR_MIN {
-        v.chunks(chunk.max(1))
-            .enumerate()
-            .for_each(|(i, c)| f(i, c));
-    } else {
-        v.par_chunks(chunk.max(1))
-            .enumerate()
-            .for_each(|(i, c)| f(i, c));
-    }
-}
-
 /// The `len` elements of `T` at the host address `addr`, read-only: the one way
 /// the CPU backend turns a plan's address into memory.
 ///

@@ -79,9 +79,9 @@ pub struct Job {
     pub dw: Option<Addr>,
 }
 
-#[cfg(test)]
 impl Job {
-    /// Tests: a job of these sizes with every operand absent, T = 0, no flags, no clamp.
+    /// A job of these sizes with every operand absent (T = 0, no flags, no clamp): the
+    /// base over which the entry points name their operands and scalars, field by field.
     pub(crate) fn absent(dtype: DType, b: usize, d: usize, r: usize) -> Job {
         Job {
             dtype,
@@ -286,32 +286,13 @@ pub fn christoffel_forward(
         stream,
     )?;
     let job = Job {
-        dtype,
-        b,
-        d,
-        r,
         c,
-        dt: 0.0,
-        steps: 0,
         flags,
-        x0: None,
         v0: Addr::of(v),
-        f: None,
         u: Addr::of(u),
         w: Addr::of(w),
-        mu: None,
-        g: None,
-        gx: None,
-        gv: None,
         gamma: Addr::of(gamma),
-        x_out: None,
-        v_out: None,
-        traj: None,
-        dx: None,
-        dv: None,
-        df: None,
-        du: None,
-        dw: None,
+        ..Job::absent(dtype, b, d, r)
     };
     if b == 0 || d == 0 {
         return Ok(());
@@ -363,32 +344,16 @@ pub fn christoffel_backward(
         stream,
     )?;
     let job = Job {
-        dtype,
-        b,
-        d,
-        r,
         c,
-        dt: 0.0,
-        steps: 0,
         flags,
-        x0: None,
         v0: Addr::of(v),
-        f: None,
         u: Addr::of(u),
         w: Addr::of(w),
-        mu: None,
         g: Addr::of(g),
-        gx: None,
-        gv: None,
-        gamma: None,
-        x_out: None,
-        v_out: None,
-        traj: None,
-        dx: None,
         dv: Addr::of_opt(dv),
-        df: None,
         du: Addr::of_opt(du),
         dw: Addr::of_opt(dw),
+        ..Job::absent(dtype, b, d, r)
     };
     if outs.is_empty() || d == 0 {
         return Ok(());
@@ -443,10 +408,6 @@ pub fn leapfrog_forward(
         stream,
     )?;
     let job = Job {
-        dtype,
-        b,
-        d,
-        r,
         c,
         dt,
         steps,
@@ -457,18 +418,10 @@ pub fn leapfrog_forward(
         u: Addr::of(u),
         w: Addr::of(w),
         mu: Addr::of_opt(mu),
-        g: None,
-        gx: None,
-        gv: None,
-        gamma: None,
         x_out: Addr::of(x_out),
         v_out: Addr::of(v_out),
         traj: Addr::of_opt(traj),
-        dx: None,
-        dv: None,
-        df: None,
-        du: None,
-        dw: None,
+        ..Job::absent(dtype, b, d, r)
     };
     if b == 0 || d == 0 {
         return Ok(());
@@ -550,32 +503,24 @@ pub fn leapfrog_backward(
     .collect();
     check_common(v0.device(), &ins, &outs, &[], stream)?;
     let job = Job {
-        dtype,
-        b,
-        d,
-        r,
         c,
         dt,
         steps,
         flags,
-        x0: None,
         v0: Addr::of(v0),
         f: Addr::of_opt(f),
         u: Addr::of(u),
         w: Addr::of(w),
         mu: Addr::of_opt(mu),
-        g: None,
         gx: Addr::of_opt(gx),
         gv: Addr::of_opt(gv),
-        gamma: None,
-        x_out: None,
-        v_out: None,
         traj: Addr::of_opt(traj),
         dx: Addr::of_opt(dx0),
         dv: Addr::of_opt(dv0),
         df: Addr::of_opt(df),
         du: Addr::of_opt(du),
         dw: Addr::of_opt(dw),
+        ..Job::absent(dtype, b, d, r)
     };
     if outs.is_empty() || d == 0 {
         return Ok(());

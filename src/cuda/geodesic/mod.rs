@@ -30,7 +30,7 @@ use cudarc::driver::{result, sys};
 use self::args::{GeoArgs, ReduceArgs};
 use self::plan::{KernelPlan, Limits, NT, PartLayout, Plan};
 use self::route::GemmRoute;
-use super::launch::launch;
+use super::launch::{grid_for, launch};
 use super::{CudaDevice, Workspace};
 use crate::error::{CudaContext as _, FK_ERROR_OUT_OF_MEMORY, Result};
 use crate::ops::addr::{Addr, raw};
@@ -127,15 +127,9 @@ fn run_kernel(dev: &CudaDevice, job: &Job, k: &KernelPlan, stream: &Stream) -> R
         smem_bytes: k.smem as u32,
         pad: 0,
     };
-    launch(
-        dev,
-        k.module,
-        k.kernel,
-        (k.grid as u32, 1, 1),
-        (k.threads, 1, 1),
-        k.smem as u32,
-        stream.raw,
-        &mut [&mut args as *mut GeoArgs as *mut c_void],
+    let grid = k.grid as u32;
+    launch_one(
+        dev, k.module, k.kernel, grid, k.threads, k.smem, stream, &mut args,
     )?;
     if let Some(du) = job.du {
         reduce(dev, k, du_part, du, stream)?;
@@ -162,17 +156,41 @@ fn reduce(dev: &CudaDevice, k: &KernelPlan, parts: u64, out: Addr, stream: &Stre
         rq: l.rq,
         pad: 0,
     };
-    let grid =
-        l.n.div_ceil(NT as usize)
-            .clamp(1, dev.sm_count.max(1) as usize * 8) as u32;
-    launch(
+    let grid = grid_for(dev, l.n as i64);
+    launch_one(
         dev,
         k.reduce_module,
         "geo_reduce",
-        (grid, 1, 1),
-        (NT, 1, 1),
+        grid,
+        NT,
         0,
+        stream,
+        &mut a,
+    )
+}
+
+/// Launches `module::name` with `threads` threads per block and `smem` bytes of
+/// dynamic shared memory on `stream`, its one argument the struct `args`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn launch_one<A>(
+    dev: &CudaDevice,
+    module: &'static str,
+    name: &'static str,
+    grid: u32,
+    threads: u32,
+    smem: usize,
+    stream: &Stream,
+    args: &mut A,
+) -> Result<()> {
+    let mut params = [args as *mut A as *mut c_void];
+    launch(
+        dev,
+        module,
+        name,
+        (grid, 1, 1),
+        (threads, 1, 1),
+        smem as u32,
         stream.raw,
-        &mut [&mut a as *mut ReduceArgs as *mut c_void],
+        &mut params,
     )
 }

@@ -10,11 +10,11 @@
 //! GPU, the unit tests (`route_tests`) on the host.
 
 use std::any::Any;
-use std::ffi::c_void;
 
 use super::args::{AdjArgs, EwArgs, KickArgs, Sw, SwArgs};
+use super::launch_one;
 use super::plan::{Layout, NT, RoutePlan, lf_bwd_sweeps, sw_m};
-use crate::cuda::launch::launch;
+use crate::cuda::launch::grid_for;
 use crate::cuda::{CudaDevice, Workspace, cublas};
 use crate::error::{FK_ERROR_INTERNAL, Result};
 use crate::ops::addr::{self, Addr};
@@ -367,18 +367,16 @@ impl Steps for GemmRoute<'_> {
     }
 
     fn launch<A: Any>(&self, name: &'static str, n: i64, args: &mut A) -> Result<()> {
-        let grid = (n.max(1) as usize)
-            .div_ceil(NT as usize)
-            .clamp(1, self.dev.sm_count.max(1) as usize * 8);
-        launch(
+        let grid = grid_for(self.dev, n);
+        launch_one(
             self.dev,
             self.plan.module,
             name,
-            (grid as u32, 1, 1),
-            (NT, 1, 1),
+            grid,
+            NT,
             0,
-            self.stream.raw,
-            &mut [args as *mut A as *mut c_void],
+            self.stream,
+            args,
         )
     }
 
@@ -403,15 +401,16 @@ impl Steps for GemmRoute<'_> {
             .b
             .div_ceil(sw_m(self.job.dtype))
             .clamp(1, self.dev.sm_count.max(1) as usize);
-        launch(
+        let smem = self.plan.sw_smem;
+        launch_one(
             self.dev,
             self.plan.module,
             "geo_sw",
-            (grid as u32, 1, 1),
-            (NT, 1, 1),
-            self.plan.sw_smem as u32,
-            self.stream.raw,
-            &mut [a as *mut SwArgs as *mut c_void],
+            grid as u32,
+            NT,
+            smem,
+            self.stream,
+            a,
         )
     }
 }

@@ -51,20 +51,8 @@ fi
 mkdir -p "$BUILD_DIR"
 echo "# library: $LIB_DIR/libfusekit.so, device: $FK_TEST_DEVICE, build dir: $BUILD_DIR"
 
-passed=0
-failed=0
-step() { # step NAME COMMAND...
-    local name="$1"
-    shift
-    echo "== $name"
-    if "$@"; then
-        echo "== $name: ok"
-        passed=$((passed + 1))
-    else
-        echo "== $name: FAILED"
-        failed=$((failed + 1))
-    fi
-}
+# shellcheck source=../common/steps.sh
+source "$HERE/../common/steps.sh"
 
 LINK=(-L"$LIB_DIR" -lfusekit -Wl,-rpath,"$LIB_DIR")
 CWARN=(-std=c99 -Wall -Wextra -Werror -pedantic)
@@ -148,5 +136,4 @@ done
 # --- 4. the C++ wrapper
 step "bindings/cpp (C++17 RAII wrapper test)" bash "$ROOT/bindings/cpp/run.sh"
 
-echo "run.sh: $passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+steps_summary run.sh

@@ -61,20 +61,8 @@ export PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig"
 unset PKG_CONFIG_LIBDIR
 echo "# fusekit $version, prefix $PREFIX"
 
-passed=0
-failed=0
-step() { # step NAME COMMAND...
-    local name="$1"
-    shift
-    echo "== $name"
-    if "$@"; then
-        echo "== $name: ok"
-        passed=$((passed + 1))
-    else
-        echo "== $name: FAILED"
-        failed=$((failed + 1))
-    fi
-}
+# shellcheck source=../common/steps.sh
+source "$HERE/../common/steps.sh"
 # the programs run with no LD_LIBRARY_PATH: they find the library on their own
 run_clean() { env -u LD_LIBRARY_PATH "$@"; }
 needed() { readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\].*/\1/p'; }
@@ -172,5 +160,4 @@ relocated() {
 }
 step "the prefix moved: find_package still finds it (relocatable config)" relocated
 
-echo "install: $passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+steps_summary install

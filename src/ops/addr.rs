@@ -79,6 +79,12 @@ pub const fn raw(a: Option<Addr>) -> u64 {
     }
 }
 
+/// The optional address as the `usize` that `ops::linalg::Mat` and the cuBLAS
+/// wrappers take (0 for `None`), where a plan hands an operand on to them.
+pub const fn ptr(a: Option<Addr>) -> usize {
+    raw(a) as usize
+}
+
 // An absent address costs nothing: the same bits as a u64 with 0 for `None`.
 const _: () = assert!(size_of::<Option<Addr>>() == size_of::<u64>());
 
@@ -95,6 +101,8 @@ mod tests {
         assert_eq!(a.get(), 0x1000);
         assert_eq!(a.as_usize(), 0x1000);
         assert_eq!(raw(Some(a)), 0x1000);
+        assert_eq!(ptr(Some(a)), 0x1000);
+        assert_eq!(ptr(None), 0);
         assert_eq!(a.byte_add(24).get(), 0x1018);
         assert_eq!(a.byte_add(1).align_up(256).get(), 0x1100);
         assert_eq!(a.align_up(256), a);

@@ -11,6 +11,7 @@ use super::{Real, host_slice, host_slice_mut};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::Addr;
+use crate::ops::addr::ptr;
 use crate::ops::linalg::{GemmPlan, Trans, dense};
 use crate::ops::optim::{Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan, clip_scale};
 
@@ -95,7 +96,7 @@ impl crate::ops::optim::MatOps for Ops {
         let n = plan.n as usize;
         crate::with_real!(plan.dtype, T => {
             // SAFETY: see the top of the module.
-            let mut a = unsafe { load::<T>(plan.a, plan.elems()) };
+            let mut a = unsafe { load::<T>(ptr(plan.a), plan.elems()) };
             for (i, v) in a.iter_mut().enumerate() {
                 if (i % (n * n)) % (n + 1) == 0 {
                     *v += plan.eps;
@@ -158,7 +159,7 @@ fn newton_start_t<T: Real>(plan: &PowPlan, p: u32, x: usize, m: usize) {
     let n = plan.n as usize;
     let nn = n * n;
     // SAFETY: see the top of the module.
-    let a = unsafe { load::<T>(plan.a, plan.elems()) };
+    let a = unsafe { load::<T>(ptr(plan.a), plan.elems()) };
     let mut xs = vec![0.0; plan.elems()];
     let mut ms = vec![0.0; plan.elems()];
     for b in 0..plan.batch as usize {
@@ -211,7 +212,7 @@ fn eigh_power_t<T: Real>(plan: &PowPlan) -> Vec<(bool, f64)> {
         .into_par_iter()
         .map(|b| {
             // SAFETY: see the top of the module.
-            let a = unsafe { load::<T>(plan.a + b * nn * size_of::<T>(), nn) };
+            let a = unsafe { load::<T>(ptr(plan.a) + b * nn * size_of::<T>(), nn) };
             let sym = DMatrix::<f64>::from_fn(n, n, |i, j| {
                 let (r, c) = (i.min(j), i.max(j));
                 a[r * n + c] + if i == j { plan.eps } else { 0.0 }
@@ -237,7 +238,7 @@ fn eigh_power_t<T: Real>(plan: &PowPlan) -> Vec<(bool, f64)> {
                 }
             };
             // SAFETY: see the top of the module.
-            unsafe { store::<T>(plan.out + b * nn * size_of::<T>(), &out.0) };
+            unsafe { store::<T>(ptr(plan.out) + b * nn * size_of::<T>(), &out.0) };
             (out.1, out.2)
         })
         .collect()
@@ -296,11 +297,11 @@ pub fn shampoo_stats(p: &StatsPlan) -> Result<()> {
         rank_k(
             p.dtype,
             p.batch,
-            p.grad,
+            ptr(p.grad),
             p.m,
             p.n,
             Trans::N,
-            l,
+            l.as_usize(),
             p.alpha,
             p.beta,
         )?;
@@ -309,11 +310,11 @@ pub fn shampoo_stats(p: &StatsPlan) -> Result<()> {
         rank_k(
             p.dtype,
             p.batch,
-            p.grad,
+            ptr(p.grad),
             p.m,
             p.n,
             Trans::T,
-            r,
+            r.as_usize(),
             p.alpha,
             p.beta,
         )?;
@@ -340,9 +341,9 @@ fn sq_norms_t<T: Real>(p: &SamplePlan) -> Vec<f64> {
         .into_par_iter()
         .map(|b| {
             // SAFETY: see the top of the module.
-            let a = unsafe { load::<T>(p.a + b * t * i * size_of::<T>(), t * i) };
+            let a = unsafe { load::<T>(ptr(p.a) + b * t * i * size_of::<T>(), t * i) };
             // SAFETY: see the top of the module.
-            let g = unsafe { load::<T>(p.g + b * t * o * size_of::<T>(), t * o) };
+            let g = unsafe { load::<T>(ptr(p.g) + b * t * o * size_of::<T>(), t * o) };
             let dot = |x: &[f64], r: usize, s: usize, w: usize| -> f64 {
                 x[r * w..(r + 1) * w]
                     .iter()
@@ -383,7 +384,7 @@ pub fn dp_clipped_sum(
     let rows = (p.steps * p.dout) as usize;
     crate::with_real!(p.dtype, T => {
         // SAFETY: see the top of the module.
-        let g = unsafe { load::<T>(p.g, p.batch as usize * rows) };
+        let g = unsafe { load::<T>(ptr(p.g), p.batch as usize * rows) };
         let mut gs: Vec<T> = Vec::with_capacity(g.len());
         for (b, chunk) in g.chunks(rows.max(1)).enumerate().take(p.batch as usize) {
             let s = clip_scale(sq[b], max_norm);

@@ -13,6 +13,7 @@ use super::launch::{BLOCK, Names, assert_layout, defines, launch, launch_ex, per
 use super::{CudaDevice, Workspace};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, Result};
+use crate::ops::addr::{ptr, raw};
 use crate::ops::linalg::{GemmPlan, Trans, dense};
 use crate::ops::optim::{Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan};
 use crate::stream::Stream;
@@ -86,7 +87,7 @@ fn shifted(dev: &CudaDevice, plan: &PowPlan, q: usize, stream: usize) -> Result<
     let mut pa = EigPrepArgs {
         n: plan.n,
         batch: plan.batch,
-        a: plan.a as u64,
+        a: raw(plan.a),
         q: q as u64,
         eps: plan.eps,
     };
@@ -232,7 +233,7 @@ impl crate::ops::optim::MatOps for Ops<'_> {
 
     fn newton_start(&self, plan: &PowPlan, p: u32, x: usize, m: usize) -> Result<()> {
         let scale = self.alloc(plan.batch as usize * 16)?;
-        self.reduce(plan, plan.a, plan.eps, 0, p, scale.ptr as u64)?;
+        self.reduce(plan, ptr(plan.a), plan.eps, 0, p, scale.ptr as u64)?;
         #[repr(C)]
         struct StartArgs {
             n: i64,
@@ -257,7 +258,7 @@ impl crate::ops::optim::MatOps for Ops<'_> {
         let mut a = StartArgs {
             n: plan.n,
             batch: plan.batch,
-            a: plan.a as u64,
+            a: raw(plan.a),
             x: x as u64,
             m: m as u64,
             scale: scale.ptr as u64,
@@ -402,7 +403,7 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
             m(q.ptr),
             Trans::N,
             m(s.ptr),
-            m(plan.out),
+            m(ptr(plan.out)),
             1.0,
             0.0,
             plan.batch,
@@ -586,11 +587,11 @@ pub fn shampoo_stats(dev: &CudaDevice, p: &StatsPlan, stream: &Stream) -> Result
             &g,
             p.dtype,
             p.batch,
-            p.grad,
+            ptr(p.grad),
             p.m,
             p.n,
             Trans::N,
-            l,
+            l.as_usize(),
             p.alpha,
             p.beta,
             p.allow_tf32,
@@ -603,11 +604,11 @@ pub fn shampoo_stats(dev: &CudaDevice, p: &StatsPlan, stream: &Stream) -> Result
             &g,
             p.dtype,
             p.batch,
-            p.grad,
+            ptr(p.grad),
             p.m,
             p.n,
             Trans::T,
-            r,
+            r.as_usize(),
             p.alpha,
             p.beta,
             p.allow_tf32,
@@ -653,13 +654,13 @@ pub fn per_sample_grads(
         vec = 48
     );
     let w = 16 / p.dtype.size() as i64;
-    let vec = p.din % w == 0 && p.a % 16 == 0 && out % 16 == 0;
+    let vec = p.din % w == 0 && raw(p.a) % 16 == 0 && out % 16 == 0;
     let mut a = OuterArgs {
         batch: p.batch,
         din: p.din,
         dout: p.dout,
-        a: p.a as u64,
-        g: p.g as u64,
+        a: raw(p.a),
+        g: raw(p.g),
         out: out as u64,
         vec: vec as i32,
     };
@@ -712,8 +713,8 @@ fn fused_norms(
         batch: p.batch,
         din: p.din,
         dout: p.dout,
-        a: p.a as u64,
-        g: p.g as u64,
+        a: raw(p.a),
+        g: raw(p.g),
         norms: norms as u64,
         gs: gs as u64,
         max_norm,
@@ -723,7 +724,8 @@ fn fused_norms(
     // both with 16-byte loads, where the rows allow them; else the scalar block kernel
     let es = p.dtype.size() as i64;
     let w = 16 / es;
-    let aligned = [p.a, p.g, gs].iter().all(|&x| x % 16 == 0) && p.din % w == 0 && p.dout % w == 0;
+    let aligned =
+        [ptr(p.a), ptr(p.g), gs].iter().all(|&x| x % 16 == 0) && p.din % w == 0 && p.dout % w == 0;
     let sms = dev.sm_count.max(1) as i64;
     let (name, g, block) = if aligned && p.batch >= 2 * sms {
         // (two warps per block spread the samples over every multiprocessor)
@@ -764,7 +766,7 @@ fn norms_into(ops: &Ops, p: &SamplePlan, norms: usize) -> Result<()> {
     let es = p.dtype.size();
     let ga = ops.alloc((p.batch * t * t) as usize * es)?;
     let gg = ops.alloc((p.batch * t * t) as usize * es)?;
-    for (x, w, dst) in [(p.a, p.din, ga.ptr), (p.g, p.dout, gg.ptr)] {
+    for (x, w, dst) in [(ptr(p.a), p.din, ga.ptr), (ptr(p.g), p.dout, gg.ptr)] {
         let xm = dense(x, t, w, t * w);
         crate::ops::optim::MatOps::gemm(
             ops,
@@ -876,7 +878,7 @@ pub fn dp_clipped_sum(
         let mut a = ScaleRowsArgs {
             batch: p.batch,
             per_sample: p.steps * p.dout,
-            g: p.g as u64,
+            g: raw(p.g),
             gs: gs as u64,
             norms: nptr as u64,
             max_norm,

@@ -18,8 +18,9 @@ use crate::dtype::DType;
 use crate::error::{
     Error, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_NOT_CONVERGED, FK_ERROR_SHAPE_MISMATCH, Result,
 };
-use crate::ops::check;
+use crate::ops::addr::ptr;
 use crate::ops::linalg::{GemmPlan, Mat, Trans, dense, gemm_flags, int32};
+use crate::ops::{Addr, check};
 use crate::stream::Stream;
 
 // ------------------------------------------------------------------ shared checks
@@ -88,8 +89,8 @@ pub struct PowPlan {
     pub dtype: DType,
     pub batch: i64,
     pub n: i64,
-    pub a: usize,
-    pub out: usize,
+    pub a: Option<Addr>,
+    pub out: Option<Addr>,
     pub power: f64,
     pub eps: f64,
     pub max_iter: i32,
@@ -196,7 +197,8 @@ pub fn newton(ops: &dyn MatOps, plan: &PowPlan) -> Result<Report> {
         None
     };
     let s = if fast { Some(ops.scratch(e)?) } else { None };
-    let (mut x_cur, mut x_next) = (plan.out, x2.ptr);
+    let out = ptr(plan.out);
+    let (mut x_cur, mut x_next) = (out, x2.ptr);
     let (mut m_cur, mut m_next) = (m1.ptr, m2.ptr);
     ops.newton_start(plan, p, x_cur, m_cur)?;
     if let Some(s) = &s {
@@ -288,8 +290,8 @@ pub fn newton(ops: &dyn MatOps, plan: &PowPlan) -> Result<Report> {
         }
         last = worst;
     }
-    if x_cur != plan.out {
-        ops.copy(plan.out, x_cur, e)?;
+    if x_cur != out {
+        ops.copy(out, x_cur, e)?;
     }
     Ok(report)
 }
@@ -370,8 +372,8 @@ pub fn matrix_power_plan(
         dtype: a.dtype,
         batch,
         n,
-        a: a.data,
-        out: out.data,
+        a: Addr::of(a),
+        out: Addr::of(out),
         power,
         eps,
         max_iter,
@@ -518,9 +520,10 @@ pub struct StatsPlan {
     pub batch: i64,
     pub m: i64,
     pub n: i64,
-    pub grad: usize,
-    pub l: Option<usize>,
-    pub r: Option<usize>,
+    pub grad: Option<Addr>,
+    /// `None`: not updated (not given, or empty).
+    pub l: Option<Addr>,
+    pub r: Option<Addr>,
     pub alpha: f64,
     pub beta: f64,
     /// TF32 products (f32 on CUDA; the CPU computes strictly).
@@ -583,9 +586,9 @@ pub fn shampoo_stats(
         batch,
         m,
         n,
-        grad: grad.data,
-        l: l.map(|b| b.data),
-        r: r.map(|b| b.data),
+        grad: Addr::of(grad),
+        l: Addr::of_opt(l),
+        r: Addr::of_opt(r),
         alpha,
         beta,
         allow_tf32,
@@ -696,8 +699,8 @@ pub struct SamplePlan {
     pub steps: i64,
     pub din: i64,
     pub dout: i64,
-    pub a: usize,
-    pub g: usize,
+    pub a: Option<Addr>,
+    pub g: Option<Addr>,
     /// True for `[B, T, .]` inputs (even with T = 1).
     pub sequence: bool,
     pub allow_tf32: bool,
@@ -740,8 +743,8 @@ fn sample_plan(
         steps: if nd == 3 { a.shape[1] } else { 1 },
         din: a.shape[nd - 1],
         dout: g.shape[nd - 1],
-        a: a.data,
-        g: g.data,
+        a: Addr::of(a),
+        g: Addr::of(g),
         sequence: nd == 3,
         allow_tf32,
     };
@@ -893,9 +896,9 @@ impl SamplePlan {
         GemmPlan::new(
             self.dtype,
             Trans::T,
-            dense(self.g, t, o, t * o),
+            dense(ptr(self.g), t, o, t * o),
             Trans::N,
-            dense(self.a, t, i, t * i),
+            dense(ptr(self.a), t, i, t * i),
             dense(out, o, i, o * i),
             1.0,
             0.0,
@@ -912,7 +915,7 @@ impl SamplePlan {
             Trans::T,
             dense(gs, rows, self.dout, 0),
             Trans::N,
-            dense(self.a, rows, self.din, 0),
+            dense(ptr(self.a), rows, self.din, 0),
             dense(out, self.dout, self.din, 0),
             1.0,
             0.0,

@@ -5,7 +5,7 @@ each kernel's registers, spills and shared memory; no GPU needed.
     VIRTUAL_ENV=/path/to/venv python3 scripts/ptxas_report.py geodesic --define GEO_MODULE_CHR_FWD --define GEO_T=float [--arch sm_90] [--filter r32_d8] [--cubin out.cubin]
 
 The geodesic module defines are GEO_MODULE_CHR_FWD, GEO_MODULE_CHR_BWD,
-GEO_MODULE_LF_FWD and GEO_MODULE_LF_BWD (one per op, as src/cuda/geodesic.rs prepends
+GEO_MODULE_LF_FWD and GEO_MODULE_LF_BWD (one per op, as src/cuda/geodesic/names.rs prepends
 them); without GEO_CFG_RP/GEO_CFG_DJ or GEO_GENERIC every kernel of that op is compiled.
 
 With --cubin, `nvdisasm -c out.cubin` (the nvidia-cuda-nvdisasm wheel has one) shows the SASS.

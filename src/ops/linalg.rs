@@ -61,8 +61,8 @@ pub enum Activation {
 
 /// `sqrt(2 / pi)` and the cubic coefficient of the tanh GELU, in f32 as every
 /// backend computes it (the CPU's `gelu_tanh`; the kernels assert theirs equal).
-pub const GELU_TANH_C: f32 = 0.797_884_6;
-pub const GELU_TANH_A: f32 = 0.044715;
+pub(crate) const GELU_TANH_C: f32 = 0.797_884_6;
+pub(crate) const GELU_TANH_A: f32 = 0.044715;
 
 impl Activation {
     pub fn name(self) -> &'static str {

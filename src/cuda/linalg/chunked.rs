@@ -68,18 +68,30 @@ fn wait(stream: usize, e: ds::CUevent) -> Result<()> {
         .cuda("cuStreamWaitEvent")
 }
 
-/// Copies a `rows x cols` block (row pitches in bytes) between host and device.
-#[allow(clippy::too_many_arguments)]
-fn copy2d(
+/// A `rows x width`-byte block between host and device (row pitches in bytes):
+/// host to device when `to_device`, else device to host.
+#[derive(Debug, Clone, Copy)]
+struct Block {
     to_device: bool,
     host: usize,
     host_pitch: usize,
-    dev_ptr: u64,
+    dev: u64,
     dev_pitch: usize,
     width: usize,
     rows: usize,
-    stream: usize,
-) -> Result<()> {
+}
+
+/// Queues the copy of block `b` on `stream`.
+fn copy2d(b: &Block, stream: usize) -> Result<()> {
+    let Block {
+        to_device,
+        host,
+        host_pitch,
+        dev: dev_ptr,
+        dev_pitch,
+        width,
+        rows,
+    } = *b;
     if width == 0 || rows == 0 {
         return Ok(());
     }
@@ -143,19 +155,8 @@ enum Lane {
 /// What the chunked GEMM queues: CUDA (`CudaQueue`), or in the unit tests a
 /// recorder that executes on host memory and checks the ordering.
 trait Queue {
-    /// A `rows x width`-byte block between host and device (row pitches in bytes):
-    /// host to device on `Lane::Up`, device to host on `Lane::Down`.
-    #[allow(clippy::too_many_arguments)]
-    fn copy(
-        &mut self,
-        to_device: bool,
-        host: usize,
-        host_pitch: usize,
-        dev: u64,
-        dev_pitch: usize,
-        width: usize,
-        rows: usize,
-    ) -> Result<()>;
+    /// Block `b`: host to device on `Lane::Up`, device to host on `Lane::Down`.
+    fn copy(&mut self, b: &Block) -> Result<()>;
     /// One product on `Lane::Compute`.
     fn gemm(&mut self, p: &GemmPlan) -> Result<()>;
     /// Records event `ev` on `lane`.
@@ -183,18 +184,8 @@ impl CudaQueue<'_> {
 }
 
 impl Queue for CudaQueue<'_> {
-    fn copy(
-        &mut self,
-        to_device: bool,
-        host: usize,
-        host_pitch: usize,
-        dev: u64,
-        dev_pitch: usize,
-        width: usize,
-        rows: usize,
-    ) -> Result<()> {
-        let s = if to_device { self.up } else { self.down };
-        copy2d(to_device, host, host_pitch, dev, dev_pitch, width, rows, s)
+    fn copy(&mut self, b: &Block) -> Result<()> {
+        copy2d(b, if b.to_device { self.up } else { self.down })
     }
     fn gemm(&mut self, p: &GemmPlan) -> Result<()> {
         cublas::gemm_ex(self.slot, p)
@@ -257,15 +248,15 @@ impl Ring {
             }
             let host = self.src.ptr + ((r.0 * self.src.ld + r.1) as usize) * es;
             let w = r.3 as usize * es;
-            q.copy(
-                true,
+            q.copy(&Block {
+                to_device: true,
                 host,
-                self.src.ld as usize * es,
-                self.bufs[s],
-                w,
-                w,
-                r.2 as usize,
-            )?;
+                host_pitch: self.src.ld as usize * es,
+                dev: self.bufs[s],
+                dev_pitch: w,
+                width: w,
+                rows: r.2 as usize,
+            })?;
             q.record(self.filled[s], Lane::Up)?;
             q.wait(Lane::Compute, self.filled[s])?;
             self.tag[s] = Some(r);
@@ -405,15 +396,24 @@ fn tiles(
             for j0 in (0..n).step_by(tn.max(1) as usize) {
                 let nj = tn.min(n - j0);
                 let cs = tile % depth;
-                let c_host = c.ptr + ((i0 * c.ld + j0) as usize) * es;
-                let (c_pitch, w) = (c.ld as usize * es, nj as usize * es);
+                let w = nj as usize * es;
+                // C's tile: uploaded when C is loaded, downloaded once computed
+                let c_block = |to_device| Block {
+                    to_device,
+                    host: c.ptr + ((i0 * c.ld + j0) as usize) * es,
+                    host_pitch: c.ld as usize * es,
+                    dev: c_bufs[cs],
+                    dev_pitch: w,
+                    width: w,
+                    rows: mi as usize,
+                };
                 let cmat = if host[2] {
                     if load_c {
                         // the buffer's previous download must be done first
                         if c_used[cs] {
                             q.wait(Lane::Up, c_free + cs)?;
                         }
-                        q.copy(true, c_host, c_pitch, c_bufs[cs], w, w, mi as usize)?;
+                        q.copy(&c_block(true))?;
                         q.record(c_filled + cs, Lane::Up)?;
                         q.wait(Lane::Compute, c_filled + cs)?;
                     } else if c_used[cs] {
@@ -471,7 +471,7 @@ fn tiles(
                 if host[2] {
                     q.record(c_computed + cs, Lane::Compute)?;
                     q.wait(Lane::Down, c_computed + cs)?;
-                    q.copy(false, c_host, c_pitch, c_bufs[cs], w, w, mi as usize)?;
+                    q.copy(&c_block(false))?;
                     q.record(c_free + cs, Lane::Down)?;
                     c_used[cs] = true;
                 }

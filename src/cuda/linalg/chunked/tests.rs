@@ -66,16 +66,16 @@ impl SimQueue {
 }
 
 impl Queue for SimQueue {
-    fn copy(
-        &mut self,
-        to_device: bool,
-        host: usize,
-        host_pitch: usize,
-        dev: u64,
-        dev_pitch: usize,
-        width: usize,
-        rows: usize,
-    ) -> Result<()> {
+    fn copy(&mut self, b: &Block) -> Result<()> {
+        let Block {
+            to_device,
+            host,
+            host_pitch,
+            dev,
+            dev_pitch,
+            width,
+            rows,
+        } = *b;
         let lane = if to_device { Lane::Up } else { Lane::Down };
         let t = self.step(lane);
         self.copies[!to_device as usize] += 1;

@@ -328,16 +328,10 @@ fn pipeline_events(depth: usize) -> usize {
 }
 
 /// The chunked GEMM's schedule (see `gemm_chunked`), queued on `q`: the fork, the
-/// tiles, and the join (queued also after a failure, so that the staging memory,
-/// freed on the compute lane afterwards, outlives every queued copy).
-fn pipeline(
-    q: &mut impl Queue,
-    p: &GemmPlan,
-    host: [bool; 3],
-    t: Tiles,
-    load_c: bool,
-    st: &Staging,
-) -> Result<()> {
+/// tiles (`tiles`, given the queue), and the join (queued also after a failure, so
+/// that the staging memory, freed on the compute lane afterwards, outlives every
+/// queued copy).
+fn pipeline<Q: Queue>(q: &mut Q, tiles: impl FnOnce(&mut Q) -> Result<()>) -> Result<()> {
     const FORK: usize = 0;
     const JOIN_UP: usize = 1;
     const JOIN_DOWN: usize = 2;
@@ -347,7 +341,7 @@ fn pipeline(
         .record(FORK, Lane::Compute)
         .and_then(|_| q.wait(Lane::Up, FORK))
         .and_then(|_| q.wait(Lane::Down, FORK));
-    let run = forked.and_then(|_| tiles(q, p, host, t, load_c, st));
+    let run = forked.and_then(|_| tiles(q));
     // join: the compute lane continues after every upload and download (C complete
     // in host memory)
     let joined = q
@@ -522,7 +516,7 @@ pub fn gemm_chunked(dev: &CudaDevice, p: &GemmPlan, budget: u64, stream: &Stream
         compute: stream.raw,
         ev: &ev.0,
     };
-    let r = pipeline(&mut q, p, host, t, pr.load_c, &st);
+    let r = pipeline(&mut q, |q| tiles(q, p, host, t, pr.load_c, &st));
     dev.free_async(st.base, stream.raw);
     r
 }

@@ -220,7 +220,7 @@ fn check(
     for &b in &bufs {
         q.access(b, true, Lane::Compute, t0, "the allocation".into());
     }
-    pipeline(&mut q, &p, host, t, pr.load_c, &st).unwrap();
+    pipeline(&mut q, |q| tiles(q, &p, host, t, pr.load_c, &st)).unwrap();
     let t1 = q.step(Lane::Compute);
     for &b in &bufs {
         q.access(b, true, Lane::Compute, t1, "the free".into());

@@ -89,6 +89,38 @@ pub struct Buffer {
 }
 
 impl Buffer {
+    /// A writable buffer over `data`, kept alive by `storage`.
+    pub(crate) fn new(
+        ctx: &Arc<Context>,
+        dtype: DType,
+        shape: impl Into<Vec<i64>>,
+        strides: Vec<i64>,
+        data: usize,
+        storage: Storage,
+    ) -> Buffer {
+        Buffer {
+            ctx: ctx.clone(),
+            dtype,
+            shape: shape.into(),
+            strides,
+            data,
+            read_only: false,
+            storage: Arc::new(storage),
+        }
+    }
+
+    /// Size in bytes of a contiguous `shape` of `dtype`, refused when it could not
+    /// be allocated (more than `isize::MAX`).
+    fn alloc_bytes(dtype: DType, shape: &[i64]) -> Result<usize> {
+        let bytes = (layout::numel(shape) as u128) * dtype.size() as u128;
+        crate::ensure!(
+            bytes <= isize::MAX as u128,
+            FK_ERROR_OUT_OF_MEMORY,
+            "cannot allocate {bytes} bytes"
+        );
+        Ok(bytes as usize)
+    }
+
     /// Allocates an uninitialised contiguous buffer. On CUDA the allocation is
     /// stream-ordered on `stream` (usable there at once, elsewhere after a sync).
     pub fn alloc(
@@ -99,14 +131,7 @@ impl Buffer {
     ) -> Result<Buffer> {
         let strides = layout::validate(shape, None, "shape")?;
         stream.check_device(ctx.device)?;
-        let n = layout::numel(shape);
-        let bytes = (n as u128) * dtype.size() as u128;
-        crate::ensure!(
-            bytes <= isize::MAX as u128,
-            FK_ERROR_OUT_OF_MEMORY,
-            "cannot allocate {bytes} bytes"
-        );
-        let bytes = bytes as usize;
+        let bytes = Buffer::alloc_bytes(dtype, shape)?;
         let storage = match &ctx.cuda {
             None => {
                 let layout = Layout::from_size_align(bytes.max(1), 64)
@@ -141,15 +166,7 @@ impl Buffer {
             Storage::Device { ptr, .. } => *ptr as usize,
             _ => unreachable!(),
         };
-        Ok(Buffer {
-            ctx: ctx.clone(),
-            dtype,
-            shape: shape.to_vec(),
-            strides,
-            data,
-            read_only: false,
-            storage: Arc::new(storage),
-        })
+        Ok(Buffer::new(ctx, dtype, shape, strides, data, storage))
     }
 
     /// Allocates an uninitialised contiguous buffer of page-locked host memory on a
@@ -160,28 +177,22 @@ impl Buffer {
             return Buffer::alloc(ctx, dtype, shape, &Stream::default_for(ctx));
         };
         let strides = layout::validate(shape, None, "shape")?;
-        let bytes = (layout::numel(shape) as u128) * dtype.size() as u128;
-        crate::ensure!(
-            bytes <= isize::MAX as u128,
-            FK_ERROR_OUT_OF_MEMORY,
-            "cannot allocate {bytes} bytes"
-        );
-        let bytes = bytes as usize;
+        let bytes = Buffer::alloc_bytes(dtype, shape)?;
         let ptr = d.host_alloc(bytes)?;
         ctx.mem.on_pinned_alloc(bytes as u64);
-        Ok(Buffer {
+        let storage = Storage::Pinned {
             ctx: ctx.clone(),
+            ptr,
+            bytes,
+        };
+        Ok(Buffer::new(
+            ctx,
             dtype,
-            shape: shape.to_vec(),
+            shape,
             strides,
-            data: ptr as usize,
-            read_only: false,
-            storage: Arc::new(Storage::Pinned {
-                ctx: ctx.clone(),
-                ptr,
-                bytes,
-            }),
-        })
+            ptr as usize,
+            storage,
+        ))
     }
 
     /// Wraps caller memory without copying. `strides` (elements) default to contiguous.
@@ -203,15 +214,14 @@ impl Buffer {
         if let (Some(d), true) = (&ctx.cuda, n > 0) {
             d.check_pointer(data, "data")?;
         }
-        Ok(Buffer {
-            ctx: ctx.clone(),
+        Ok(Buffer::new(
+            ctx,
             dtype,
-            shape: shape.to_vec(),
+            shape,
             strides,
             data,
-            read_only: false,
-            storage: Arc::new(Storage::Borrowed),
-        })
+            Storage::Borrowed,
+        ))
     }
 
     /// The device of the buffer's context (for a pinned buffer, the CUDA device whose

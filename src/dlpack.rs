@@ -162,15 +162,10 @@ pub unsafe fn import(ctx: &Arc<Context>, managed: *mut DLManagedTensorVersioned)
         FK_ERROR_NULL_POINTER,
         "DLPack data is NULL with {n} elements"
     );
-    Ok(Buffer {
-        ctx: ctx.clone(),
-        dtype,
-        shape,
-        strides,
-        data,
-        read_only: m.flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0,
-        storage: Arc::new(Storage::DLPack(Imported(managed))),
-    })
+    let storage = Storage::DLPack(Imported(managed));
+    let mut b = Buffer::new(ctx, dtype, shape, strides, data, storage);
+    b.read_only = m.flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0;
+    Ok(b)
 }
 
 /// What an exported tensor owns; `manager_ctx` points at it.

@@ -332,78 +332,68 @@ impl Buffer {
         Ok(())
     }
 
-    /// Copies `bytes` from host memory `src` into this (contiguous) buffer, queued on
-    /// `stream`; `blocking` waits for the copy to finish.
+    /// Copies `bytes` between host memory and this (contiguous) buffer, in the
+    /// direction `host` names, queued on `stream`; `blocking` waits for the copy to
+    /// finish.
     ///
     /// # Safety
-    /// `src` must be valid for reads of `bytes` bytes (it may be NULL when `bytes` is
-    /// 0) until the copy has finished: on return when `blocking`, else when `stream`
-    /// reaches it.
-    pub unsafe fn copy_from_host(
+    /// The host memory must be valid for `bytes` bytes (it may be NULL when `bytes`
+    /// is 0) until the copy has finished (on return when `blocking`, else when
+    /// `stream` reaches it): for reads (`HostMem::Src`), or for writes and not read
+    /// meanwhile (`HostMem::Dst`).
+    pub unsafe fn copy_host(
         &self,
-        src: *const u8,
+        host: HostMem,
         bytes: usize,
         stream: &Stream,
         blocking: bool,
     ) -> Result<()> {
-        self.check_host_copy(bytes, "copy from host")?;
-        self.check_writable_memory("the destination")?;
+        match host {
+            HostMem::Src(_) => {
+                self.check_host_copy(bytes, "copy from host")?;
+                self.check_writable_memory("the destination")?;
+            }
+            HostMem::Dst(_) => self.check_host_copy(bytes, "copy to host")?,
+        }
         stream.check_device(self.device())?;
         if bytes == 0 {
             return Ok(());
         }
-        match &self.ctx.cuda {
-            None => {
-                // SAFETY: the caller guarantees src holds `bytes` bytes; ranges may not
-                // overlap in a well-formed call, `copy` tolerates it anyway.
-                unsafe { std::ptr::copy(src, self.data as *mut u8, bytes) };
-                Ok(())
-            }
-            Some(d) if self.is_pinned() => {
-                d.memcpy_async(self.data as u64, src as u64, bytes, stream.raw)?;
+        let data = self.data;
+        match (&self.ctx.cuda, host) {
+            // SAFETY (both): the caller guarantees the host memory holds `bytes`
+            // bytes; ranges may not overlap in a well-formed call, `copy` tolerates
+            // it anyway.
+            (None, HostMem::Src(src)) => unsafe { std::ptr::copy(src, data as *mut u8, bytes) },
+            (None, HostMem::Dst(dst)) => unsafe { std::ptr::copy(data as *const u8, dst, bytes) },
+            (Some(d), _) if self.is_pinned() => {
+                let (to, from) = match host {
+                    HostMem::Src(src) => (data as u64, src as u64),
+                    HostMem::Dst(dst) => (dst as u64, data as u64),
+                };
+                d.memcpy_async(to, from, bytes, stream.raw)?;
                 if blocking {
                     stream.synchronize()?;
                 }
-                Ok(())
             }
-            Some(d) => d.memcpy_htod(self.data as u64, src, bytes, stream.raw, blocking),
+            (Some(d), HostMem::Src(src)) => {
+                d.memcpy_htod(data as u64, src, bytes, stream.raw, blocking)?
+            }
+            (Some(d), HostMem::Dst(dst)) => {
+                d.memcpy_dtoh(dst, data as u64, bytes, stream.raw, blocking)?
+            }
         }
+        Ok(())
     }
+}
 
-    /// Copies this (contiguous) buffer into `bytes` of host memory at `dst`.
-    ///
-    /// # Safety
-    /// `dst` must be valid for writes of `bytes` bytes (it may be NULL when `bytes` is
-    /// 0) and not read until the copy has finished: on return when `blocking`, else
-    /// when `stream` reaches it.
-    pub unsafe fn copy_to_host(
-        &self,
-        dst: *mut u8,
-        bytes: usize,
-        stream: &Stream,
-        blocking: bool,
-    ) -> Result<()> {
-        self.check_host_copy(bytes, "copy to host")?;
-        stream.check_device(self.device())?;
-        if bytes == 0 {
-            return Ok(());
-        }
-        match &self.ctx.cuda {
-            None => {
-                // SAFETY: as above.
-                unsafe { std::ptr::copy(self.data as *const u8, dst, bytes) };
-                Ok(())
-            }
-            Some(d) if self.is_pinned() => {
-                d.memcpy_async(dst as u64, self.data as u64, bytes, stream.raw)?;
-                if blocking {
-                    stream.synchronize()?;
-                }
-                Ok(())
-            }
-            Some(d) => d.memcpy_dtoh(dst, self.data as u64, bytes, stream.raw, blocking),
-        }
-    }
+/// The host end of a copy with a buffer (`Buffer::copy_host`).
+#[derive(Debug, Clone, Copy)]
+pub enum HostMem {
+    /// Read into the buffer.
+    Src(*const u8),
+    /// Written from the buffer.
+    Dst(*mut u8),
 }
 
 /// Checks that every buffer lives on `device` (`names` label them for the message)

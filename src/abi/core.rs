@@ -8,7 +8,7 @@ use super::{
     fk_buffer, fk_context, fk_stream, guard, ndim_arg, new_buffer, new_context, new_stream,
     slice_in, stream_or_default, stream_ref, write_out,
 };
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, HostMem};
 use crate::context::{Context, fk_device_kind};
 use crate::dtype::{DType, fk_dtype};
 use crate::error::{
@@ -471,7 +471,7 @@ pub unsafe extern "C" fn fk_buffer_copy_from_host(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_buffer_copy_from_host", || unsafe {
-        host_copy_in(buf, src, bytes, stream, true)
+        host_copy(buf, HostMem::Src(src as *const u8), bytes, stream, true)
     })
 }
 
@@ -486,44 +486,29 @@ pub unsafe extern "C" fn fk_buffer_copy_from_host_async(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_buffer_copy_from_host_async", || unsafe {
-        host_copy_in(buf, src, bytes, stream, false)
+        host_copy(buf, HostMem::Src(src as *const u8), bytes, stream, false)
     })
 }
 
-unsafe fn host_copy_in(
+/// The four host copies: `bytes` bytes between `buf` and host memory, queued on
+/// `stream` (NULL = default), waited for when `blocking`.
+unsafe fn host_copy(
     buf: *const fk_buffer,
-    src: *const c_void,
+    host: HostMem,
     bytes: usize,
     stream: *const fk_stream,
     blocking: bool,
 ) -> crate::error::Result<()> {
     let b = unsafe { buffer_ref(buf, "buf") }?;
-    crate::ensure!(
-        !src.is_null() || bytes == 0,
-        FK_ERROR_NULL_POINTER,
-        "src is NULL"
-    );
+    let (null, name) = match host {
+        HostMem::Src(p) => (p.is_null(), "src"),
+        HostMem::Dst(p) => (p.is_null(), "dst"),
+    };
+    crate::ensure!(!null || bytes == 0, FK_ERROR_NULL_POINTER, "{name} is NULL");
     let s = unsafe { stream_or_default(stream, &b.ctx) }?;
-    // SAFETY: the caller of the C entry point guarantees `src` (its contract).
-    unsafe { b.copy_from_host(src as *const u8, bytes, &s, blocking) }
-}
-
-unsafe fn host_copy_out(
-    buf: *const fk_buffer,
-    dst: *mut c_void,
-    bytes: usize,
-    stream: *const fk_stream,
-    blocking: bool,
-) -> crate::error::Result<()> {
-    let b = unsafe { buffer_ref(buf, "buf") }?;
-    crate::ensure!(
-        !dst.is_null() || bytes == 0,
-        FK_ERROR_NULL_POINTER,
-        "dst is NULL"
-    );
-    let s = unsafe { stream_or_default(stream, &b.ctx) }?;
-    // SAFETY: the caller of the C entry point guarantees `dst` (its contract).
-    unsafe { b.copy_to_host(dst as *mut u8, bytes, &s, blocking) }
+    // SAFETY: the caller of the C entry point guarantees the host memory (its
+    // contract).
+    unsafe { b.copy_host(host, bytes, &s, blocking) }
 }
 
 /// Copies a contiguous buffer into `bytes` bytes of host memory `dst` and waits for
@@ -537,7 +522,7 @@ pub unsafe extern "C" fn fk_buffer_copy_to_host(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_buffer_copy_to_host", || unsafe {
-        host_copy_out(buf, dst, bytes, stream, true)
+        host_copy(buf, HostMem::Dst(dst as *mut u8), bytes, stream, true)
     })
 }
 
@@ -551,7 +536,7 @@ pub unsafe extern "C" fn fk_buffer_copy_to_host_async(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_buffer_copy_to_host_async", || unsafe {
-        host_copy_out(buf, dst, bytes, stream, false)
+        host_copy(buf, HostMem::Dst(dst as *mut u8), bytes, stream, false)
     })
 }
 

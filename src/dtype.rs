@@ -99,18 +99,6 @@ impl DType {
         }
     }
 
-    /// The type's name in the CUDA kernel sources (`kernels/common.cuh`).
-    pub fn cuda_name(self) -> &'static str {
-        match self {
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-            DType::F32 => "f32",
-            DType::F64 => "f64",
-            DType::C64 => "c64",
-            DType::C128 => "c128",
-        }
-    }
-
     /// DLPack `(code, bits, lanes)`.
     pub fn to_dlpack(self) -> (u8, u8, u16) {
         const FLOAT: u8 = 2;

@@ -491,13 +491,7 @@ fn route(dst: &Buffer, src: &Buffer) -> Route {
 /// across GPUs (`cuMemcpyPeerAsync`, direct when the devices are peer capable,
 /// staged through host memory by the driver otherwise).
 pub fn copy(dst: &Buffer, src: &Buffer, stream: Option<&Arc<Stream>>) -> Result<()> {
-    crate::ensure!(
-        dst.dtype == src.dtype,
-        crate::error::FK_ERROR_DTYPE_MISMATCH,
-        "dst has dtype {} but src has dtype {}",
-        dst.dtype,
-        src.dtype
-    );
+    crate::ops::check::same_dtype(dst, "dst", src.dtype, "src")?;
     crate::ensure!(
         dst.numel() == src.numel(),
         FK_ERROR_SHAPE_MISMATCH,

@@ -62,15 +62,8 @@ fn abi_mismatch_is_refused() {
 /// The values the tests use (from the crate) are the header's.
 #[test]
 fn header_constants_match() {
-    let h =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/fusekit.h")).unwrap();
-    let define = |name: &str| -> i64 {
-        let line = h
-            .lines()
-            .find(|l| l.split_whitespace().nth(1) == Some(name) && l.starts_with("#define"))
-            .unwrap_or_else(|| panic!("{name} is not #defined in fusekit.h"));
-        line.split_whitespace().nth(2).unwrap().parse().unwrap()
-    };
+    let h = Header::read();
+    let define = |name: &str| h.define(name);
     for (name, v) in STATUSES {
         assert_eq!(define(name), *v as i64, "{name}");
     }

@@ -46,6 +46,28 @@ pub use fusekit::error::{
     FK_ERROR_UNSUPPORTED_DTYPE, FK_OK, fk_status,
 };
 
+// ------------------------------------------------------------------ the C header
+
+/// include/fusekit.h, read once per call, for tests that check the header's
+/// constants against the crate's.
+pub struct Header(pub String);
+
+impl Header {
+    pub fn read() -> Header {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/include/fusekit.h");
+        Header(std::fs::read_to_string(path).unwrap())
+    }
+    /// The value of `#define NAME value`; panics when the header does not define it.
+    pub fn define(&self, name: &str) -> i64 {
+        let line = self
+            .0
+            .lines()
+            .find(|l| l.starts_with("#define") && l.split_whitespace().nth(1) == Some(name))
+            .unwrap_or_else(|| panic!("{name} is not #defined in fusekit.h"));
+        line.split_whitespace().nth(2).unwrap().parse().unwrap()
+    }
+}
+
 // ------------------------------------------------------------------ statuses, messages
 
 /// Reads a NUL-terminated string returned by the library.

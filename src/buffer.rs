@@ -376,12 +376,7 @@ impl Buffer {
                     stream.synchronize()?;
                 }
             }
-            (Some(d), HostMem::Src(src)) => {
-                d.memcpy_htod(data as u64, src, bytes, stream.raw, blocking)?
-            }
-            (Some(d), HostMem::Dst(dst)) => {
-                d.memcpy_dtoh(dst, data as u64, bytes, stream.raw, blocking)?
-            }
+            (Some(d), _) => d.memcpy_host(host, data as u64, bytes, stream.raw, blocking)?,
         }
         Ok(())
     }

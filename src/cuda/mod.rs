@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{result, sys};
 
+use crate::buffer::HostMem;
 use crate::error::{
     CudaContext as _, Error, FK_ERROR_CUDA_UNAVAILABLE, FK_ERROR_DEVICE_MISMATCH,
     FK_ERROR_INVALID_ARGUMENT, Result,
@@ -481,20 +482,28 @@ impl CudaDevice {
         Ok(())
     }
 
-    pub fn memcpy_htod(
+    /// Copies `bytes` between host memory and device address `dev` in the direction
+    /// `host` names, queued on `stream`; `blocking` waits for it.
+    pub fn memcpy_host(
         &self,
-        dst: u64,
-        src: *const u8,
+        host: HostMem,
+        dev: u64,
         bytes: usize,
         stream: usize,
         blocking: bool,
     ) -> Result<()> {
         self.bind()?;
-        // SAFETY: caller checked sizes; src holds `bytes` bytes.
+        let s = stream as sys::CUstream;
+        // SAFETY: caller checked sizes; the host memory holds `bytes` bytes.
         unsafe {
-            sys::cuMemcpyHtoDAsync_v2(dst, src as *const _, bytes, stream as sys::CUstream)
-                .result()
-                .cuda("cuMemcpyHtoDAsync")?;
+            match host {
+                HostMem::Src(src) => sys::cuMemcpyHtoDAsync_v2(dev, src as *const _, bytes, s)
+                    .result()
+                    .cuda("cuMemcpyHtoDAsync")?,
+                HostMem::Dst(dst) => sys::cuMemcpyDtoHAsync_v2(dst as *mut _, dev, bytes, s)
+                    .result()
+                    .cuda("cuMemcpyDtoHAsync")?,
+            }
         }
         if blocking {
             self.stream_synchronize(stream)
@@ -503,6 +512,7 @@ impl CudaDevice {
         }
     }
 
+    /// `memcpy_host` from device address `src` into host memory `dst`.
     pub fn memcpy_dtoh(
         &self,
         dst: *mut u8,
@@ -511,18 +521,7 @@ impl CudaDevice {
         stream: usize,
         blocking: bool,
     ) -> Result<()> {
-        self.bind()?;
-        // SAFETY: as above.
-        unsafe {
-            sys::cuMemcpyDtoHAsync_v2(dst as *mut _, src, bytes, stream as sys::CUstream)
-                .result()
-                .cuda("cuMemcpyDtoHAsync")?;
-        }
-        if blocking {
-            self.stream_synchronize(stream)
-        } else {
-            Ok(())
-        }
+        self.memcpy_host(HostMem::Dst(dst), src, bytes, stream, blocking)
     }
 
     /// `sm_XY` for NVRTC.

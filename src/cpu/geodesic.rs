@@ -22,33 +22,11 @@
 
 use rayon::prelude::*;
 
-use crate::cpu::{host_slice, host_slice_mut};
+use crate::cpu::{Real, host_slice, host_slice_mut};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::Addr;
 use crate::ops::geodesic::Job;
-
-/// f32 / f64 storage, widened to f64 for computing.
-trait Real: Copy + Send + Sync + 'static {
-    fn get(self) -> f64;
-    fn put(x: f64) -> Self;
-}
-impl Real for f32 {
-    fn get(self) -> f64 {
-        self as f64
-    }
-    fn put(x: f64) -> Self {
-        x as f32
-    }
-}
-impl Real for f64 {
-    fn get(self) -> f64 {
-        self
-    }
-    fn put(x: f64) -> Self {
-        x
-    }
-}
 
 /// Reads `n` elements at element offset `off` of the operand at `base` as f64.
 ///
@@ -75,7 +53,7 @@ unsafe fn load_into<T: Real>(base: Option<Addr>, off: usize, out: &mut [f64]) {
     // SAFETY: the caller's contract.
     let src: &[T] = unsafe { host_slice(element::<T>(base, off), out.len()) };
     for (o, s) in out.iter_mut().zip(src) {
-        *o = s.get();
+        *o = s.to_f64();
     }
 }
 
@@ -89,7 +67,7 @@ unsafe fn store<T: Real>(base: Option<Addr>, off: usize, vals: &[f64]) {
     // SAFETY: the caller's contract.
     let dst: &mut [T] = unsafe { host_slice_mut(element::<T>(base, off), vals.len()) };
     for (d, v) in dst.iter_mut().zip(vals) {
-        *d = T::put(*v);
+        *d = T::from_f64(*v);
     }
 }
 

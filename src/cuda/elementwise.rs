@@ -51,26 +51,7 @@ struct EwArgs {
     small_index: i32,
 }
 // kernels/elementwise.cu asserts the same layout.
-assert_layout!(
-    EwArgs,
-    336,
-    n = 0,
-    ndim = 8,
-    op = 12,
-    shape = 16,
-    so = 80,
-    sa = 144,
-    sb = 208,
-    out = 272,
-    a = 280,
-    b = 288,
-    alpha_re = 296,
-    alpha_im = 304,
-    beta_re = 312,
-    beta_im = 320,
-    vec_ok = 328,
-    small_index = 332
-);
+assert_layout! {EwArgs, 336, n = 0, ndim = 8, op = 12, shape = 16, so = 80, sa = 144, sb = 208, out = 272, a = 280, b = 288, alpha_re = 296, alpha_im = 304, beta_re = 312, beta_im = 320, vec_ok = 328, small_index = 332}
 
 fn arr(v: &[i64]) -> [i64; FK_MAX_DIMS] {
     let mut a = [0i64; FK_MAX_DIMS];

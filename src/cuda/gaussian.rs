@@ -143,19 +143,7 @@ struct MahaFwdArgs {
     pad: i32,
 }
 // Mirrors `GsMahaFwdArgs` (kernels/gaussian.cu asserts the same layout).
-assert_layout!(
-    MahaFwdArgs,
-    64,
-    points = 0,
-    means = 8,
-    chol = 16,
-    out = 24,
-    b = 32,
-    n = 40,
-    eps = 48,
-    gx = 56,
-    pad = 60
-);
+assert_layout! {MahaFwdArgs, 64, points = 0, means = 8, chol = 16, out = 24, b = 32, n = 40, eps = 48, gx = 56, pad = 60}
 
 pub fn mahalanobis_forward(
     dev: &CudaDevice,
@@ -209,21 +197,7 @@ struct FieldFwdArgs {
     pad: i32,
 }
 // Mirrors `GsFieldFwdArgs` (kernels/gaussian.cu asserts the same layout).
-assert_layout!(
-    FieldFwdArgs,
-    80,
-    points = 0,
-    means = 8,
-    chol = 16,
-    weights = 24,
-    out = 32,
-    b = 40,
-    n = 48,
-    eps = 56,
-    scale = 64,
-    gs = 72,
-    pad = 76
-);
+assert_layout! {FieldFwdArgs, 80, points = 0, means = 8, chol = 16, weights = 24, out = 32, b = 40, n = 48, eps = 56, scale = 64, gs = 72, pad = 76}
 
 /// Gaussian splits inside a CTA of the field forward: the smallest of 1, 2, 4, 8
 /// that gives at least 256 CTAs (a function of `B` only).
@@ -296,28 +270,7 @@ struct BwdArgs {
     pad: i32,
 }
 // Mirrors `GsBwdArgs` (kernels/gaussian.cu asserts the same layout).
-assert_layout!(
-    BwdArgs,
-    120,
-    points = 0,
-    means = 8,
-    chol = 16,
-    weights = 24,
-    g = 32,
-    part_p = 40,
-    part_g = 48,
-    b = 56,
-    n = 64,
-    n_pchunks = 72,
-    eps = 80,
-    scale = 88,
-    n_gtiles = 96,
-    sg = 100,
-    sp = 104,
-    want_p = 108,
-    want_g = 112,
-    pad = 116
-);
+assert_layout! {BwdArgs, 120, points = 0, means = 8, chol = 16, weights = 24, g = 32, part_p = 40, part_g = 48, b = 56, n = 64, n_pchunks = 72, eps = 80, scale = 88, n_gtiles = 96, sg = 100, sp = 104, want_p = 108, want_g = 112, pad = 116}
 
 #[repr(C)]
 struct FinalizeArgs {
@@ -335,22 +288,7 @@ struct FinalizeArgs {
     sp: i32,
 }
 // Mirrors `GsFinalizeArgs` (kernels/gaussian.cu asserts the same layout).
-assert_layout!(
-    FinalizeArgs,
-    88,
-    part_p = 0,
-    part_g = 8,
-    dpoints = 16,
-    dmeans = 24,
-    dchol = 32,
-    dweights = 40,
-    b = 48,
-    n = 56,
-    inv_s = 64,
-    inv_s2 = 72,
-    sg = 80,
-    sp = 84
-);
+assert_layout! {FinalizeArgs, 88, part_p = 0, part_g = 8, dpoints = 16, dmeans = 24, dchol = 32, dweights = 40, b = 48, n = 56, inv_s = 64, inv_s2 = 72, sg = 80, sp = 84}
 
 /// Both backwards: `field` selects the fused field backward (`g` is `dout [B]`)
 /// over the Mahalanobis one (`g` is `[B,N]`). `ws` is the caller's workspace.

@@ -83,7 +83,7 @@ fn shifted(dev: &CudaDevice, plan: &PowPlan, q: usize, stream: usize) -> Result<
         q: u64,
         eps: f64,
     }
-    assert_layout!(EigPrepArgs, 40, n = 0, batch = 8, a = 16, q = 24, eps = 32);
+    assert_layout! {EigPrepArgs, 40, n = 0, batch = 8, a = 16, q = 24, eps = 32}
     let mut pa = EigPrepArgs {
         n: plan.n,
         batch: plan.batch,
@@ -153,17 +153,7 @@ impl<'a> Ops<'a> {
             partial: u64,
             mode: i32,
         }
-        assert_layout!(
-            PartialArgs,
-            56,
-            n = 0,
-            batch = 8,
-            chunks = 16,
-            src = 24,
-            shift = 32,
-            partial = 40,
-            mode = 48
-        );
+        assert_layout! {PartialArgs, 56, n = 0, batch = 8, chunks = 16, src = 24, shift = 32, partial = 40, mode = 48}
         let mut a = PartialArgs {
             n: plan.n,
             batch: plan.batch,
@@ -191,16 +181,7 @@ impl<'a> Ops<'a> {
             mode: i32,
             p: i32,
         }
-        assert_layout!(
-            FinishArgs,
-            40,
-            batch = 0,
-            chunks = 8,
-            partial = 16,
-            out = 24,
-            mode = 32,
-            p = 36
-        );
+        assert_layout! {FinishArgs, 40, batch = 0, chunks = 8, partial = 16, out = 24, mode = 32, p = 36}
         let mut f = FinishArgs {
             batch: plan.batch,
             chunks,
@@ -244,17 +225,7 @@ impl crate::ops::optim::MatOps for Ops<'_> {
             scale: u64,
             eps: f64,
         }
-        assert_layout!(
-            StartArgs,
-            56,
-            n = 0,
-            batch = 8,
-            a = 16,
-            x = 24,
-            m = 32,
-            scale = 40,
-            eps = 48
-        );
+        assert_layout! {StartArgs, 56, n = 0, batch = 8, a = 16, x = 24, m = 32, scale = 40, eps = 48}
         let mut a = StartArgs {
             n: plan.n,
             batch: plan.batch,
@@ -288,7 +259,7 @@ impl crate::ops::optim::MatOps for Ops<'_> {
             t: u64,
             p: i32,
         }
-        assert_layout!(AffineArgs, 40, n = 0, batch = 8, m = 16, t = 24, p = 32);
+        assert_layout! {AffineArgs, 40, n = 0, batch = 8, m = 16, t = 24, p = 32}
         let mut a = AffineArgs {
             n: plan.n,
             batch: plan.batch,
@@ -365,17 +336,7 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
         power: f64,
         eps: f64,
     }
-    assert_layout!(
-        EigScaleArgs,
-        56,
-        n = 0,
-        batch = 8,
-        q = 16,
-        w = 24,
-        s = 32,
-        power = 40,
-        eps = 48
-    );
+    assert_layout! {EigScaleArgs, 56, n = 0, batch = 8, q = 16, w = 24, s = 32, power = 40, eps = 48}
     let mut sa = EigScaleArgs {
         n: plan.n,
         batch: plan.batch,
@@ -453,7 +414,7 @@ fn mirror(
         tiles: i64,
         m: u64,
     }
-    assert_layout!(MirrorArgs, 32, n = 0, batch = 8, tiles = 16, m = 24);
+    assert_layout! {MirrorArgs, 32, n = 0, batch = 8, tiles = 16, m = 24}
     let tiles = (n + 31) / 32;
     let mut a = MirrorArgs {
         n,
@@ -642,17 +603,7 @@ pub fn per_sample_grads(
         out: u64,
         vec: i32,
     }
-    assert_layout!(
-        OuterArgs,
-        56,
-        batch = 0,
-        din = 8,
-        dout = 16,
-        a = 24,
-        g = 32,
-        out = 40,
-        vec = 48
-    );
+    assert_layout! {OuterArgs, 56, batch = 0, din = 8, dout = 16, a = 24, g = 32, out = 40, vec = 48}
     let w = 16 / p.dtype.size() as i64;
     let vec = p.din % w == 0 && raw(p.a) % 16 == 0 && out % 16 == 0;
     let mut a = OuterArgs {
@@ -686,18 +637,7 @@ struct NormArgs {
     gs: u64,
     max_norm: f64,
 }
-assert_layout!(
-    NormArgs,
-    64,
-    batch = 0,
-    din = 8,
-    dout = 16,
-    a = 24,
-    g = 32,
-    norms = 40,
-    gs = 48,
-    max_norm = 56
-);
+assert_layout! {NormArgs, 64, batch = 0, din = 8, dout = 16, a = 24, g = 32, norms = 40, gs = 48, max_norm = 56}
 
 /// The one-step kernel `ps_norms`: squared norms into `norms` (0: not wanted) and,
 /// when `gs` is not 0, `g` scaled by the clipping factor for `max_norm` into `gs`.
@@ -792,15 +732,7 @@ fn norms_into(ops: &Ops, p: &SamplePlan, norms: usize) -> Result<()> {
         gg: u64,
         norms: u64,
     }
-    assert_layout!(
-        GramArgs,
-        40,
-        batch = 0,
-        tt = 8,
-        ga = 16,
-        gg = 24,
-        norms = 32
-    );
+    assert_layout! {GramArgs, 40, batch = 0, tt = 8, ga = 16, gg = 24, norms = 32}
     let mut a = GramArgs {
         batch: p.batch,
         tt: t * t,
@@ -865,16 +797,7 @@ pub fn dp_clipped_sum(
             norms: u64,
             max_norm: f64,
         }
-        assert_layout!(
-            ScaleRowsArgs,
-            48,
-            batch = 0,
-            per_sample = 8,
-            g = 16,
-            gs = 24,
-            norms = 32,
-            max_norm = 40
-        );
+        assert_layout! {ScaleRowsArgs, 48, batch = 0, per_sample = 8, g = 16, gs = 24, norms = 32, max_norm = 40}
         let mut a = ScaleRowsArgs {
             batch: p.batch,
             per_sample: p.steps * p.dout,

@@ -235,46 +235,86 @@ pub fn mahalanobis_backward(
     workspace: Option<&Buffer>,
     stream: &Stream,
 ) -> Result<()> {
-    let device = points.device();
+    backward(
+        Backward {
+            points,
+            means,
+            chol,
+            weights: None,
+            eps,
+            g,
+            dpoints,
+            dmeans,
+            dchol,
+            dweights: None,
+            workspace,
+        },
+        stream,
+    )
+}
+
+/// The arguments of a backward: `weights` (and `dweights`) present for the field
+/// backward, whose `g` is `dout [B]`; absent for the Mahalanobis one (`g [B,N]`).
+struct Backward<'a> {
+    points: &'a Buffer,
+    means: &'a Buffer,
+    chol: &'a Buffer,
+    weights: Option<&'a Buffer>,
+    eps: f64,
+    g: &'a Buffer,
+    dpoints: Option<&'a Buffer>,
+    dmeans: Option<&'a Buffer>,
+    dchol: Option<&'a Buffer>,
+    dweights: Option<&'a Buffer>,
+    workspace: Option<&'a Buffer>,
+}
+
+/// Validates and runs either backward.
+fn backward(a: Backward, stream: &Stream) -> Result<()> {
+    let field = a.weights.is_some();
+    let gname = if field { "dout" } else { "g" };
+    let device = a.points.device();
     check::devices(
         device,
         &[
-            (Some(means), "means"),
-            (Some(chol), "chol"),
-            (Some(g), "g"),
-            (dpoints, "dpoints"),
-            (dmeans, "dmeans"),
-            (dchol, "dchol"),
-            (workspace, "workspace"),
+            (Some(a.means), "means"),
+            (Some(a.chol), "chol"),
+            (a.weights, "weights"),
+            (Some(a.g), gname),
+            (a.dpoints, "dpoints"),
+            (a.dmeans, "dmeans"),
+            (a.dchol, "dchol"),
+            (a.dweights, "dweights"),
+            (a.workspace, "workspace"),
         ],
         stream,
     )?;
-    let inp = inputs(points, means, chol, None, eps)?;
-    input(
-        g,
-        "g",
-        inp.dtype,
-        &[inp.b, inp.n],
-        "[B, N] (B from points, N from means)",
-    )?;
-    let mut seen: Vec<Named> = vec![
-        (points, "points"),
-        (means, "means"),
-        (chol, "chol"),
-        (g, "g"),
-    ];
-    let grads = backward_outputs(&inp, dpoints, dmeans, dchol, None, &mut seen)?;
+    let inp = inputs(a.points, a.means, a.chol, a.weights, a.eps)?;
+    if field {
+        input(a.g, gname, inp.dtype, &[inp.b], "[B] (B from points)")?;
+    } else {
+        let form = "[B, N] (B from points, N from means)";
+        input(a.g, gname, inp.dtype, &[inp.b, inp.n], form)?;
+    }
+    let mut seen: Vec<Named> = vec![(a.points, "points"), (a.means, "means"), (a.chol, "chol")];
+    if let Some(w) = a.weights {
+        seen.push((w, "weights"));
+    }
+    seen.push((a.g, gname));
+    let grads = backward_outputs(&inp, a.dpoints, a.dmeans, a.dchol, a.dweights, &mut seen)?;
     if !grads.any() {
         return Ok(());
     }
-    let ws = workspace_arg(workspace, &points.ctx, &inp, &seen)?;
+    let ws = workspace_arg(a.workspace, &a.points.ctx, &inp, &seen)?;
+    let g = Addr::of(a.g);
     match device {
-        Device::Cpu => crate::cpu::gaussian::mahalanobis_backward(&inp, Addr::of(g), &grads),
+        Device::Cpu if field => crate::cpu::gaussian::field_backward(&inp, g, &grads),
+        Device::Cpu => crate::cpu::gaussian::mahalanobis_backward(&inp, g, &grads),
         Device::Cuda(_) => crate::cuda::gaussian::backward(
-            points.ctx.cuda_dev(),
+            a.points.ctx.cuda_dev(),
             &inp,
-            false,
-            Addr::of(g),
+            field,
+            g,
             &grads,
             ws,
             stream,
@@ -371,46 +411,20 @@ pub fn field_backward(
     workspace: Option<&Buffer>,
     stream: &Stream,
 ) -> Result<()> {
-    let device = points.device();
-    check::devices(
-        device,
-        &[
-            (Some(means), "means"),
-            (Some(chol), "chol"),
-            (Some(weights), "weights"),
-            (Some(dout), "dout"),
-            (dpoints, "dpoints"),
-            (dmeans, "dmeans"),
-            (dchol, "dchol"),
-            (dweights, "dweights"),
-            (workspace, "workspace"),
-        ],
+    backward(
+        Backward {
+            points,
+            means,
+            chol,
+            weights: Some(weights),
+            eps,
+            g: dout,
+            dpoints,
+            dmeans,
+            dchol,
+            dweights,
+            workspace,
+        },
         stream,
-    )?;
-    let inp = inputs(points, means, chol, Some(weights), eps)?;
-    input(dout, "dout", inp.dtype, &[inp.b], "[B] (B from points)")?;
-    let mut seen: Vec<Named> = vec![
-        (points, "points"),
-        (means, "means"),
-        (chol, "chol"),
-        (weights, "weights"),
-        (dout, "dout"),
-    ];
-    let grads = backward_outputs(&inp, dpoints, dmeans, dchol, dweights, &mut seen)?;
-    if !grads.any() {
-        return Ok(());
-    }
-    let ws = workspace_arg(workspace, &points.ctx, &inp, &seen)?;
-    match device {
-        Device::Cpu => crate::cpu::gaussian::field_backward(&inp, Addr::of(dout), &grads),
-        Device::Cuda(_) => crate::cuda::gaussian::backward(
-            points.ctx.cuda_dev(),
-            &inp,
-            true,
-            Addr::of(dout),
-            &grads,
-            ws,
-            stream,
-        ),
-    }
+    )
 }

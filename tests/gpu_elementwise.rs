@@ -41,17 +41,8 @@ fn run_placed(
             stream,
         )
     };
-    assert!(
-        s == FK_OK,
-        "{} {}: {} {}",
-        op.name(),
-        dname(dtype),
-        status_name(s),
-        last_error()
-    );
-    if !stream.is_null() {
-        ok(unsafe { fk_stream_synchronize(stream) });
-    }
+    ok_for(s, format_args!("{} {}", op.name(), dname(dtype)));
+    sync_stream(stream);
     o.read_checked()
 }
 

@@ -452,13 +452,7 @@ fn kron_at_offset(
         )
     };
     let s = unsafe { fk_kron(pa.handle(), pb.handle(), out.raw(), null()) };
-    assert!(
-        s == FK_OK,
-        "fk_kron {} at offset {off}: {} {}",
-        dname(dtype),
-        status_name(s),
-        last_error()
-    );
+    ok_for(s, format_args!("fk_kron {} at offset {off}", dname(dtype)));
     drop(out);
     let bytes = storage.read_bytes();
     assert!(
@@ -661,13 +655,7 @@ fn chunked_vs_cpu(
             stream.raw(),
         )
     };
-    assert!(
-        s == FK_OK,
-        "{}: {} {}",
-        case.describe(),
-        status_name(s),
-        last_error()
-    );
+    ok_for(s, case.describe());
     stream.sync();
     let got = match &pc {
         Some(p) => p.read(),

@@ -100,6 +100,21 @@ pub fn ok(s: fk_status) {
     );
 }
 
+/// Asserts that a call returned FK_OK; a failure names `what` (the case), the status
+/// and the last error message.
+pub fn ok_for(s: fk_status, what: impl std::fmt::Display) {
+    assert!(s == FK_OK, "{what}: {} {}", status_name(s), last_error());
+}
+
+/// Waits for `stream` when there is one (null: the default stream, nothing to wait
+/// for), before results are read on the default stream: an owned stream is
+/// non-blocking and does not order with it.
+pub fn sync_stream(stream: *const fk_stream) {
+    if !stream.is_null() {
+        ok(unsafe { fk_stream_synchronize(stream) });
+    }
+}
+
 /// Asserts that a call failed with `want` and that the last error message contains
 /// every one of `needles` (the function's name, the argument, the cause).
 #[track_caller]

@@ -261,7 +261,7 @@ pub fn run_maha_fwd(ctx: &Ctx, x: &Inputs, stream: *const fk_stream) -> Vec<f64>
             stream,
         )
     });
-    sync(stream);
+    sync_stream(stream);
     read(&out)
 }
 
@@ -278,7 +278,7 @@ pub fn run_field_fwd(ctx: &Ctx, x: &Inputs, stream: *const fk_stream) -> Vec<f64
             stream,
         )
     });
-    sync(stream);
+    sync_stream(stream);
     read(&out)
 }
 
@@ -341,7 +341,7 @@ pub fn run_bwd(
         }
     };
     ok(s);
-    sync(stream);
+    sync_stream(stream);
     let mut bytes = Vec::new();
     let mut vals: Vec<Vec<f64>> = Vec::new();
     for o in &outs {
@@ -410,11 +410,3 @@ pub fn quantize_vec(dtype: fk_dtype, v: &[f64]) -> Vec<f64> {
 }
 
 pub const NULL_STREAM: *const fk_stream = null();
-
-/// Waits for `stream` (if any) before results are read on the default stream: an
-/// owned stream is non-blocking and does not order with it.
-pub fn sync(stream: *const fk_stream) {
-    if !stream.is_null() {
-        ok(unsafe { fusekit::abi::core::fk_stream_synchronize(stream) });
-    }
-}

@@ -209,16 +209,8 @@ impl GemmCase {
                 ),
             }
         };
-        assert!(
-            s == FK_OK,
-            "{}: {} {}",
-            self.describe(),
-            status_name(s),
-            last_error()
-        );
-        if !stream.is_null() {
-            ok(unsafe { fk_stream_synchronize(stream) });
-        }
+        ok_for(s, self.describe());
+        sync_stream(stream);
         c.read_checked()
     }
     /// f64 reference over C's elements (row-major).
@@ -468,16 +460,8 @@ impl LinearCase {
                 stream,
             )
         };
-        assert!(
-            s == FK_OK,
-            "{}: {} {}",
-            self.describe(),
-            status_name(s),
-            last_error()
-        );
-        if !stream.is_null() {
-            ok(unsafe { fk_stream_synchronize(stream) });
-        }
+        ok_for(s, self.describe());
+        sync_stream(stream);
         LinearOut {
             y: y.read_checked(),
             aux: aux.map(|a| a.read_checked()),
@@ -512,16 +496,8 @@ impl LinearCase {
                 stream,
             )
         };
-        assert!(
-            s == FK_OK,
-            "{} backward: {} {}",
-            self.describe(),
-            status_name(s),
-            last_error()
-        );
-        if !stream.is_null() {
-            ok(unsafe { fk_stream_synchronize(stream) });
-        }
+        ok_for(s, format!("{} backward", self.describe()));
+        sync_stream(stream);
         LinearGrads {
             dx: dx.read_checked(),
             dw: dw.read_checked(),
@@ -593,16 +569,8 @@ pub fn run_kron(
     let pb = Placed::input(ctx, dtype, b);
     let o = Placed::poisoned(ctx, dtype, &View::contiguous(out_shape));
     let s = unsafe { fk_kron(pa.handle(), pb.handle(), o.handle(), stream) };
-    assert!(
-        s == FK_OK,
-        "fk_kron {}: {} {}",
-        dname(dtype),
-        status_name(s),
-        last_error()
-    );
-    if !stream.is_null() {
-        ok(unsafe { fk_stream_synchronize(stream) });
-    }
+    ok_for(s, format!("fk_kron {}", dname(dtype)));
+    sync_stream(stream);
     o.read_checked()
 }
 

@@ -19,6 +19,9 @@
 //! the thread that processes the row, after it read that row of every input (so an
 //! in-place output row and its input row are never borrowed at once), and the
 //! parameter gradients are written once, after the parallel part.
+//!
+//! An absent operand (`None`) is what the op says it means: an optional input (`f`,
+//! `mu`, `gx`, `gv`) reads as zeros, an output not asked for is not written.
 
 use rayon::prelude::*;
 
@@ -28,7 +31,8 @@ use crate::error::Result;
 use crate::ops::Addr;
 use crate::ops::geodesic::Job;
 
-/// Reads `n` elements at element offset `off` of the operand at `base` as f64.
+/// Reads `n` elements at element offset `off` of the operand at `base` as f64 (zeros
+/// where the operand is absent).
 ///
 /// # Safety
 /// `host_slice`'s contract for those elements (the module documentation says why it
@@ -50,6 +54,10 @@ fn element<T>(base: Option<Addr>, off: usize) -> Option<Addr> {
 /// # Safety
 /// As `load`.
 unsafe fn load_into<T: Real>(base: Option<Addr>, off: usize, out: &mut [f64]) {
+    if base.is_none() {
+        out.fill(0.0);
+        return;
+    }
     // SAFETY: the caller's contract.
     let src: &[T] = unsafe { host_slice(element::<T>(base, off), out.len()) };
     for (o, s) in out.iter_mut().zip(src) {
@@ -57,13 +65,17 @@ unsafe fn load_into<T: Real>(base: Option<Addr>, off: usize, out: &mut [f64]) {
     }
 }
 
-/// Writes `vals` at element offset `off` of the output at `base`.
+/// Writes `vals` at element offset `off` of the output at `base` (nothing where the
+/// output is absent).
 ///
 /// # Safety
 /// `host_slice_mut`'s contract for those elements: no other thread reads or writes
 /// them meanwhile, and no slice of an input over them is alive (an in-place row is
 /// read completely before it is written).
 unsafe fn store<T: Real>(base: Option<Addr>, off: usize, vals: &[f64]) {
+    if base.is_none() {
+        return;
+    }
     // SAFETY: the caller's contract.
     let dst: &mut [T] = unsafe { host_slice_mut(element::<T>(base, off), vals.len()) };
     for (d, v) in dst.iter_mut().zip(vals) {
@@ -159,15 +171,15 @@ impl Model {
     }
 
     /// Vector-Jacobian product of `Gamma` at `v` with `g` (both [D]):
-    /// `dv = dp U^T` (written), `dU += v^T dp`, `dW += g'^T s` (accumulated).
+    /// `dv = dp U^T` (written), `dU += v^T dp`, `dW += g'^T s` (accumulated into
+    /// `params`), each where wanted.
     fn vjp(
         &self,
         v: &[f64],
         g: &[f64],
         wk: &mut Work,
         dv: Option<&mut [f64]>,
-        du: Option<&mut [f64]>,
-        dw: Option<&mut [f64]>,
+        params: &mut ParamGrads,
     ) {
         let r = self.r;
         self.raw(v, wk);
@@ -192,14 +204,14 @@ impl Model {
                 *out = wk.q.iter().zip(urow).map(|(dp, u)| dp * u).sum();
             }
         }
-        if let Some(dw) = dw {
+        if let Some(dw) = &mut params.dw {
             for (d, &gp) in wk.raw.iter().enumerate() {
                 for (acc, &s) in dw[d * r..(d + 1) * r].iter_mut().zip(&wk.s) {
                     *acc += gp * s;
                 }
             }
         }
-        if let Some(du) = du {
+        if let Some(du) = &mut params.du {
             for (d, &vd) in v.iter().enumerate() {
                 for (acc, &dp) in du[d * r..(d + 1) * r].iter_mut().zip(&wk.q) {
                     *acc += vd * dp;
@@ -242,20 +254,41 @@ where
         .collect()
 }
 
-/// Adds the chunks' `[D, R]` partials in order and writes them (or zeros).
-fn write_params<T: Real>(base: Option<Addr>, n: usize, parts: &[Vec<f64>]) {
-    if base.is_none() {
-        return;
-    }
-    let mut sum = vec![0.0; n];
-    for p in parts {
-        for (s, x) in sum.iter_mut().zip(p) {
-            *s += x;
+/// A chunk's `[D, R]` partial sums of `dU` and `dW` (`None`: not wanted).
+struct ParamGrads {
+    du: Option<Vec<f64>>,
+    dw: Option<Vec<f64>>,
+}
+
+impl ParamGrads {
+    fn new(job: &Job) -> ParamGrads {
+        let zeros = |out: Option<Addr>| out.map(|_| vec![0.0; job.d * job.r]);
+        ParamGrads {
+            du: zeros(job.du),
+            dw: zeros(job.dw),
         }
     }
-    // SAFETY: a [D, R] output, written once after the parallel part (module
+}
+
+/// Adds the chunks' partials in chunk order and writes `dU` and `dW` (zeros without
+/// rows), where wanted.
+fn write_params<T: Real>(job: &Job, parts: impl Iterator<Item = ParamGrads>) {
+    let mut sum = ParamGrads::new(job);
+    for p in parts {
+        for (sum, part) in [(&mut sum.du, p.du), (&mut sum.dw, p.dw)] {
+            if let (Some(sum), Some(part)) = (sum, part) {
+                for (s, x) in sum.iter_mut().zip(&part) {
+                    *s += x;
+                }
+            }
+        }
+    }
+    // SAFETY: [D, R] outputs, written once after the parallel part (module
     // documentation).
-    unsafe { store::<T>(base, 0, &sum) };
+    unsafe {
+        store::<T>(job.du, 0, sum.du.as_deref().unwrap_or_default());
+        store::<T>(job.dw, 0, sum.dw.as_deref().unwrap_or_default());
+    }
 }
 
 fn christoffel_forward_t<T: Real>(job: &Job) {
@@ -279,17 +312,16 @@ fn christoffel_forward_t<T: Real>(job: &Job) {
 
 fn christoffel_backward_t<T: Real>(job: &Job) {
     let m = Model::new::<T>(job);
-    let (d, n, j) = (job.d, job.d * job.r, *job);
+    let (d, j) = (job.d, *job);
     let parts = for_rows(
         job.b,
-        n,
+        d * job.r,
         || ChunkGrads {
             wk: m.work(),
             a: vec![0.0; d],
             g: vec![0.0; d],
             dv: vec![0.0; d],
-            du: vec![0.0; if j.du.is_some() { n } else { 0 }],
-            dw: vec![0.0; if j.dw.is_some() { n } else { 0 }],
+            params: ParamGrads::new(&j),
         },
         |i, st| {
             // SAFETY: row i of the validated operands, each input row read before
@@ -302,18 +334,13 @@ fn christoffel_backward_t<T: Real>(job: &Job) {
                     &st.g,
                     &mut st.wk,
                     (j.dv.is_some()).then_some(&mut st.dv[..]),
-                    (j.du.is_some()).then_some(&mut st.du[..]),
-                    (j.dw.is_some()).then_some(&mut st.dw[..]),
+                    &mut st.params,
                 );
-                if j.dv.is_some() {
-                    store::<T>(j.dv, i * d, &st.dv);
-                }
+                store::<T>(j.dv, i * d, &st.dv);
             }
         },
     );
-    let (du, dw): (Vec<_>, Vec<_>) = parts.into_iter().map(|p| (p.du, p.dw)).unzip();
-    write_params::<T>(job.du, n, &du);
-    write_params::<T>(job.dw, n, &dw);
+    write_params::<T>(job, parts.into_iter().map(|p| p.params));
 }
 
 /// A chunk's scratch and `[D, R]` partial sums.
@@ -322,8 +349,7 @@ struct ChunkGrads {
     a: Vec<f64>,
     g: Vec<f64>,
     dv: Vec<f64>,
-    du: Vec<f64>,
-    dw: Vec<f64>,
+    params: ParamGrads,
 }
 
 /// The step constants and per-row inputs of a leapfrog.
@@ -331,14 +357,25 @@ struct Flow<'a> {
     m: &'a Model,
     h: f64,
     dt: f64,
-    mu: &'a [f64],
+    /// `mu` widened, or zeros
+    mu: Vec<f64>,
 }
 
-impl Flow<'_> {
+impl<'a> Flow<'a> {
+    fn new<T: Real>(m: &'a Model, job: &Job) -> Flow<'a> {
+        Flow {
+            m,
+            h: 0.5 * job.dt,
+            dt: job.dt,
+            // SAFETY: `mu` is a [D] input (module documentation).
+            mu: unsafe { load::<T>(job.mu, 0, job.d) },
+        }
+    }
+
     /// One kick: `v += h (f - Gamma(v) - mu v)` in place (`gam` is scratch).
     fn kick(&self, v: &mut [f64], f: &[f64], wk: &mut Work, gam: &mut [f64]) {
         self.m.gamma(v, wk, gam);
-        for (((v, &f), &g), &mu) in v.iter_mut().zip(f).zip(gam.iter()).zip(self.mu) {
+        for (((v, &f), &g), &mu) in v.iter_mut().zip(f).zip(gam.iter()).zip(&self.mu) {
             *v += self.h * (f - g - mu * *v);
         }
     }
@@ -353,25 +390,9 @@ impl Flow<'_> {
     }
 }
 
-/// `mu` widened, or zeros.
-fn load_mu<T: Real>(job: &Job) -> Vec<f64> {
-    if job.mu.is_some() {
-        // SAFETY: `mu` is a [D] input (module documentation).
-        unsafe { load::<T>(job.mu, 0, job.d) }
-    } else {
-        vec![0.0; job.d]
-    }
-}
-
 fn leapfrog_forward_t<T: Real>(job: &Job) {
     let m = Model::new::<T>(job);
-    let mu = load_mu::<T>(job);
-    let fl = Flow {
-        m: &m,
-        h: 0.5 * job.dt,
-        dt: job.dt,
-        mu: &mu,
-    };
+    let fl = Flow::new::<T>(&m, job);
     let (b, d, j) = (job.b, job.d, *job);
     for_rows(
         b,
@@ -391,15 +412,11 @@ fn leapfrog_forward_t<T: Real>(job: &Job) {
             unsafe {
                 load_into::<T>(j.x0, i * d, x);
                 load_into::<T>(j.v0, i * d, v);
-                if j.f.is_some() {
-                    load_into::<T>(j.f, i * d, f);
-                }
+                load_into::<T>(j.f, i * d, f);
                 for t in 0..j.steps {
                     fl.step(x, v, f, wk, gam);
-                    if j.traj.is_some() {
-                        store::<T>(j.traj, ((2 * t) * b + i) * d, x);
-                        store::<T>(j.traj, ((2 * t + 1) * b + i) * d, v);
-                    }
+                    store::<T>(j.traj, ((2 * t) * b + i) * d, x);
+                    store::<T>(j.traj, ((2 * t + 1) * b + i) * d, v);
                 }
                 store::<T>(j.x_out, i * d, x);
                 store::<T>(j.v_out, i * d, v);
@@ -422,25 +439,18 @@ struct LfChunk {
     g: Vec<f64>,
     dvg: Vec<f64>,
     df: Vec<f64>,
-    du: Vec<f64>,
-    dw: Vec<f64>,
+    params: ParamGrads,
 }
 
 #[allow(clippy::needless_range_loop)] // the adjoint updates read clearest with one index
 fn leapfrog_backward_t<T: Real>(job: &Job) {
     let m = Model::new::<T>(job);
-    let mu = load_mu::<T>(job);
-    let h = 0.5 * job.dt;
-    let fl = Flow {
-        m: &m,
-        h,
-        dt: job.dt,
-        mu: &mu,
-    };
-    let (b, d, n, steps, j) = (job.b, job.d, job.d * job.r, job.steps, *job);
+    let fl = Flow::new::<T>(&m, job);
+    let (h, mu) = (fl.h, &fl.mu);
+    let (b, d, steps, j) = (job.b, job.d, job.steps, *job);
     let parts = for_rows(
         b,
-        n,
+        d * job.r,
         || LfChunk {
             wk: m.work(),
             vs: vec![0.0; steps * d],
@@ -453,8 +463,7 @@ fn leapfrog_backward_t<T: Real>(job: &Job) {
             g: vec![0.0; d],
             dvg: vec![0.0; d],
             df: vec![0.0; d],
-            du: vec![0.0; if j.du.is_some() { n } else { 0 }],
-            dw: vec![0.0; if j.dw.is_some() { n } else { 0 }],
+            params: ParamGrads::new(&j),
         },
         |i, st| {
             // SAFETY: row i of the validated operands, each input row read before
@@ -462,9 +471,7 @@ fn leapfrog_backward_t<T: Real>(job: &Job) {
             unsafe {
                 // the states v_t at the start of each step: from the trajectory, or recomputed
                 load_into::<T>(j.v0, i * d, &mut st.vs[..d]);
-                if j.f.is_some() {
-                    load_into::<T>(j.f, i * d, &mut st.f);
-                }
+                load_into::<T>(j.f, i * d, &mut st.f);
                 if j.traj.is_some() {
                     for t in 1..steps {
                         load_into::<T>(
@@ -481,16 +488,8 @@ fn leapfrog_backward_t<T: Real>(job: &Job) {
                         st.vs[t * d..(t + 1) * d].copy_from_slice(&v);
                     }
                 }
-                if j.gx.is_some() {
-                    load_into::<T>(j.gx, i * d, &mut st.lx);
-                } else {
-                    st.lx.fill(0.0);
-                }
-                if j.gv.is_some() {
-                    load_into::<T>(j.gv, i * d, &mut st.lv);
-                } else {
-                    st.lv.fill(0.0);
-                }
+                load_into::<T>(j.gx, i * d, &mut st.lx);
+                load_into::<T>(j.gv, i * d, &mut st.lv);
                 st.df.fill(0.0);
                 for t in (0..steps).rev() {
                     let v = &st.vs[t * d..(t + 1) * d];
@@ -502,47 +501,25 @@ fn leapfrog_backward_t<T: Real>(job: &Job) {
                         st.df[k] += h * st.lv[k];
                         st.g[k] = -h * st.lv[k];
                     }
-                    m.vjp(
-                        &st.vh,
-                        &st.g,
-                        &mut st.wk,
-                        Some(&mut st.dvg),
-                        (j.du.is_some()).then_some(&mut st.du[..]),
-                        (j.dw.is_some()).then_some(&mut st.dw[..]),
-                    );
+                    m.vjp(&st.vh, &st.g, &mut st.wk, Some(&mut st.dvg), &mut st.params);
                     for k in 0..d {
                         st.lvh[k] = st.lv[k] * (1.0 - h * mu[k]) + j.dt * st.lx[k] + st.dvg[k];
                         st.df[k] += h * st.lvh[k];
                         st.g[k] = -h * st.lvh[k];
                     }
                     // first kick: vh = v + h (f - Gamma(v) - mu v)
-                    m.vjp(
-                        v,
-                        &st.g,
-                        &mut st.wk,
-                        Some(&mut st.dvg),
-                        (j.du.is_some()).then_some(&mut st.du[..]),
-                        (j.dw.is_some()).then_some(&mut st.dw[..]),
-                    );
+                    m.vjp(v, &st.g, &mut st.wk, Some(&mut st.dvg), &mut st.params);
                     for k in 0..d {
                         st.lv[k] = st.lvh[k] * (1.0 - h * mu[k]) + st.dvg[k];
                     }
                 }
-                if j.dx.is_some() {
-                    store::<T>(j.dx, i * d, &st.lx);
-                }
-                if j.dv.is_some() {
-                    store::<T>(j.dv, i * d, &st.lv);
-                }
-                if j.df.is_some() {
-                    store::<T>(j.df, i * d, &st.df);
-                }
+                store::<T>(j.dx, i * d, &st.lx);
+                store::<T>(j.dv, i * d, &st.lv);
+                store::<T>(j.df, i * d, &st.df);
             }
         },
     );
-    let (du, dw): (Vec<_>, Vec<_>) = parts.into_iter().map(|p| (p.du, p.dw)).unzip();
-    write_params::<T>(job.du, n, &du);
-    write_params::<T>(job.dw, n, &dw);
+    write_params::<T>(job, parts.into_iter().map(|p| p.params));
 }
 
 macro_rules! by_dtype {

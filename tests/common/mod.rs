@@ -23,6 +23,23 @@
 
 #![allow(dead_code, unused_imports)]
 
+/// `impl Drop` for a wrapper of one handle (`.0`): destroys it with `$destroy` and
+/// checks the status, except while the thread is already panicking (a failing test
+/// still frees its handles, and a second panic would abort). Defined before the
+/// submodules so that `runtime` uses it too.
+macro_rules! destroy_on_drop {
+    ($ty:ty, $destroy:path) => {
+        impl Drop for $ty {
+            fn drop(&mut self) {
+                let s = unsafe { $destroy(self.0) };
+                if !std::thread::panicking() {
+                    ok(s);
+                }
+            }
+        }
+    };
+}
+
 pub mod runtime;
 
 use std::ffi::{CStr, c_char, c_void};
@@ -189,14 +206,7 @@ impl Ctx {
     }
 }
 
-impl Drop for Ctx {
-    fn drop(&mut self) {
-        let s = unsafe { fk_context_destroy(self.0) };
-        if !std::thread::panicking() {
-            ok(s);
-        }
-    }
-}
+destroy_on_drop!(Ctx, fk_context_destroy);
 
 /// An `fk_stream*`, destroyed on drop.
 pub struct Stream(pub *mut fk_stream);
@@ -236,14 +246,7 @@ impl Stream {
     }
 }
 
-impl Drop for Stream {
-    fn drop(&mut self) {
-        let s = unsafe { fk_stream_destroy(self.0) };
-        if !std::thread::panicking() {
-            ok(s);
-        }
-    }
-}
+destroy_on_drop!(Stream, fk_stream_destroy);
 
 /// An `fk_buffer*`, destroyed on drop.
 pub struct Buf(pub *mut fk_buffer);
@@ -379,14 +382,7 @@ pub fn raw_or_null(b: &Option<Buf>) -> *mut fk_buffer {
     b.as_ref().map_or(null_mut(), |b| b.raw())
 }
 
-impl Drop for Buf {
-    fn drop(&mut self) {
-        let s = unsafe { fk_buffer_destroy(self.0) };
-        if !std::thread::panicking() {
-            ok(s);
-        }
-    }
-}
+destroy_on_drop!(Buf, fk_buffer_destroy);
 
 // ------------------------------------------------------------------ dtypes
 

@@ -45,14 +45,7 @@ impl Event {
     }
 }
 
-impl Drop for Event {
-    fn drop(&mut self) {
-        let s = unsafe { fk_event_destroy(self.0) };
-        if !std::thread::panicking() {
-            ok(s);
-        }
-    }
-}
+destroy_on_drop!(Event, fk_event_destroy);
 
 /// An `fk_comm*`, destroyed on drop.
 pub struct Comm(pub *mut fk_comm);
@@ -99,14 +92,7 @@ impl Comm {
     }
 }
 
-impl Drop for Comm {
-    fn drop(&mut self) {
-        let s = unsafe { fk_comm_destroy(self.0) };
-        if !std::thread::panicking() {
-            ok(s);
-        }
-    }
-}
+destroy_on_drop!(Comm, fk_comm_destroy);
 
 /// A pinned buffer (an ordinary host buffer on a CPU context).
 pub fn pinned(ctx: &Ctx, dtype: fk_dtype, shape: &[i64]) -> Buf {

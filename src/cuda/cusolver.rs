@@ -17,10 +17,7 @@ use cudarc::cusolver::sys as sv;
 
 use super::{CudaDevice, Workspace};
 use crate::dtype::DType;
-use crate::error::{
-    Error, FK_ERROR_CUDA, FK_ERROR_LIBRARY_NOT_FOUND, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED,
-    Result,
-};
+use crate::error::{Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result};
 
 /// cuSOLVER's functions (cusolverDn.h), called through the library fusekit loaded
 /// (`dynlib`: one copy per process).
@@ -29,15 +26,8 @@ mod api {
 
     use cudarc::cusolver::sys::*;
 
-    pub(super) static FNS: std::sync::OnceLock<Fns> = std::sync::OnceLock::new();
-
-    fn fns() -> &'static Fns {
-        FNS.get()
-            .expect("cuSOLVER is loaded before its functions are called")
-    }
-
     crate::cuda::dynlib::dyn_lib! {
-        pub(super) struct Fns, loaded by fns;
+        pub(super) static FNS: Fns ("cuSOLVER");
         fn cusolverDnCreate(handle: *mut cusolverDnHandle_t) -> cusolverStatus_t;
         fn cusolverDnCreateParams(params: *mut cusolverDnParams_t) -> cusolverStatus_t;
         fn cusolverDnCreateSyevjInfo(info: *mut syevjInfo_t) -> cusolverStatus_t;
@@ -121,27 +111,17 @@ pub fn load() -> Result<()> {
                     }
                 }
             }
-            let fail = |why: String| {
-                Error::new(
-                    FK_ERROR_LIBRARY_NOT_FOUND,
-                    format!(
-                        "libcusolver.so.12 (cuSOLVER, needed by fk_matrix_power's eigendecomposition on CUDA) could not be loaded; install the CUDA toolkit, or `pip install \"nvidia-cusolver>=12,<13\"` (CUDA 13) into the active virtual environment, or set FK_CUSOLVER_PATH: {why}"
-                    ),
-                )
-            };
-            let (h, _file) = super::dynlib::find(
+            let hint = "libcusolver.so.12 (cuSOLVER, needed by fk_matrix_power's eigendecomposition on CUDA) could not be loaded; install the CUDA toolkit, or `pip install \"nvidia-cusolver>=12,<13\"` (CUDA 13) into the active virtual environment, or set FK_CUSOLVER_PATH";
+            let (h, _) = super::dynlib::find(
                 &sonames,
                 "FK_CUSOLVER_PATH",
                 &paths,
                 c"cusolverDnCreate",
                 0,
-            )
-            .map_err(fail)?;
+                hint,
+            )?;
             // SAFETY: a live handle of cuSOLVER.
-            let fns = unsafe { api::Fns::resolve(h) }
-                .map_err(|sym| fail(format!("the library found lacks `{sym}`")))?;
-            let _ = api::FNS.set(fns);
-            Ok(())
+            unsafe { api::Fns::install(h, hint) }
         })
         .clone()
 }

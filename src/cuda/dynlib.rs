@@ -25,6 +25,49 @@ use std::path::{Path, PathBuf};
 /// Declares a table of C functions and same-named wrappers calling through it;
 /// see the module docs.
 macro_rules! dyn_lib {
+    // A table kept in `static $static`, set once by `install` (the library named
+    // `$lib` in messages).
+    (
+        $(#[$meta:meta])*
+        $vis:vis static $static:ident: $table:ident ($lib:literal);
+        $( fn $name:ident ( $( $arg:ident : $ty:ty ),* $(,)? ) -> $ret:ty ; )*
+    ) => {
+        $vis static $static: ::std::sync::OnceLock<$table> = ::std::sync::OnceLock::new();
+
+        fn installed() -> &'static $table {
+            $static
+                .get()
+                .expect(concat!($lib, " is loaded before its functions are called"))
+        }
+
+        impl $table {
+            /// Resolves the table from `h` and keeps it for the wrappers; a missing
+            /// symbol is `dynlib::not_found(hint, ..)`.
+            ///
+            /// # Safety
+            /// As `resolve`.
+            $vis unsafe fn install(
+                h: *mut ::std::ffi::c_void,
+                hint: &str,
+            ) -> $crate::error::Result<()> {
+                // SAFETY: forwarded to the caller.
+                let t = unsafe { $table::resolve(h) }.map_err(|sym| {
+                    $crate::cuda::dynlib::not_found(
+                        hint,
+                        format!("the library found lacks `{sym}`"),
+                    )
+                })?;
+                let _ = $static.set(t);
+                Ok(())
+            }
+        }
+
+        $crate::cuda::dynlib::dyn_lib! {
+            $(#[$meta])*
+            $vis struct $table, loaded by installed;
+            $( fn $name ( $( $arg : $ty ),* ) -> $ret ; )*
+        }
+    };
     (
         $(#[$meta:meta])*
         $vis:vis struct $table:ident, loaded by $getter:path;
@@ -80,6 +123,15 @@ macro_rules! dyn_lib {
     };
 }
 pub(crate) use dyn_lib;
+
+/// A library that could not be loaded: `FK_ERROR_LIBRARY_NOT_FOUND`, `hint` (which
+/// library, what needs it, how to install it) and why.
+pub(crate) fn not_found(hint: &str, why: impl std::fmt::Display) -> crate::error::Error {
+    crate::error::Error::new(
+        crate::error::FK_ERROR_LIBRARY_NOT_FOUND,
+        format!("{hint}: {why}"),
+    )
+}
 
 /// `dlsym` of a NUL-terminated name (null when absent).
 ///
@@ -148,8 +200,19 @@ pub(crate) fn dlerror() -> String {
 /// 4. `sonames` through the loader path.
 ///
 /// Opened with `RTLD_NOW | RTLD_LOCAL | extra`. Returns the handle and the file it
-/// came from, or the message of what was tried.
+/// came from, or `not_found(hint, ..)` with what was tried.
 pub(crate) fn find(
+    sonames: &[&str],
+    env: &str,
+    paths: &[PathBuf],
+    probe: &CStr,
+    extra: c_int,
+    hint: &str,
+) -> crate::error::Result<(*mut c_void, PathBuf)> {
+    search(sonames, env, paths, probe, extra).map_err(|why| not_found(hint, why))
+}
+
+fn search(
     sonames: &[&str],
     env: &str,
     paths: &[PathBuf],
@@ -207,6 +270,29 @@ pub(crate) fn find(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A library not found is `FK_ERROR_LIBRARY_NOT_FOUND` with the caller's hint
+    /// and what was tried (the message cuSOLVER's and NVRTC's loaders return).
+    #[test]
+    fn find_failure_names_hint_and_tries() {
+        let missing = PathBuf::from("/nonexistent/libfk_missing.so.0");
+        let e = find(
+            &["libfk_missing.so.0"],
+            "FK_TEST_MISSING_LIBRARY_PATH",
+            std::slice::from_ref(&missing),
+            c"fk_missing",
+            0,
+            "libfk_missing.so.0 (a test) could not be loaded; install nothing",
+        )
+        .err()
+        .expect("a library that does not exist is not found");
+        assert_eq!(e.status, crate::error::FK_ERROR_LIBRARY_NOT_FOUND);
+        assert_eq!(
+            e.message,
+            "libfk_missing.so.0 (a test) could not be loaded; install nothing: tried \
+             /nonexistent/libfk_missing.so.0 (no such file), libfk_missing.so.0 (loader path)"
+        );
+    }
 
     /// Every cuBLAS, cuBLASLt, cuSOLVER and NVRTC call goes through a `dyn_lib!`
     /// table: a call of cudarc's `sys` (or `result`) functions would open the

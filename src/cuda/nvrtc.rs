@@ -148,15 +148,8 @@ mod api {
 
     use cudarc::nvrtc::sys::*;
 
-    pub(super) static FNS: std::sync::OnceLock<Fns> = std::sync::OnceLock::new();
-
-    fn fns() -> &'static Fns {
-        FNS.get()
-            .expect("NVRTC is loaded before its functions are called")
-    }
-
     crate::cuda::dynlib::dyn_lib! {
-        pub(super) struct Fns, loaded by fns;
+        pub(super) static FNS: Fns ("NVRTC");
         fn nvrtcVersion(major: *mut c_int, minor: *mut c_int) -> nvrtcResult;
         fn nvrtcCreateProgram(
             prog: *mut nvrtcProgram, src: *const c_char, name: *const c_char, num_headers: c_int,
@@ -184,22 +177,17 @@ pub fn load_nvrtc() -> Result<()> {
                 .into_iter()
                 .flat_map(|r| ["lib64", "lib"].map(|l| r.join(l).join(NVRTC_SONAME)))
                 .collect();
-            let fail = |why: String| {
-                Error::new(
-                    FK_ERROR_LIBRARY_NOT_FOUND,
-                    format!(
-                        "{NVRTC_SONAME} (NVRTC, the CUDA run-time compiler) could not be loaded; install the CUDA toolkit, or `pip install nvidia-cuda-nvrtc==13.0.88`, or set FK_NVRTC_PATH: {why}"
-                    ),
-                )
-            };
+            let hint = format!(
+                "{NVRTC_SONAME} (NVRTC, the CUDA run-time compiler) could not be loaded; install the CUDA toolkit, or `pip install nvidia-cuda-nvrtc==13.0.88`, or set FK_NVRTC_PATH"
+            );
             let (h, file) = super::dynlib::find(
                 &[NVRTC_SONAME],
                 "FK_NVRTC_PATH",
                 &paths,
                 c"nvrtcVersion",
                 libc::RTLD_GLOBAL,
-            )
-            .map_err(fail)?;
+                &hint,
+            )?;
             if let Some(dir) = file.parent() {
                 if let Ok(rd) = std::fs::read_dir(dir) {
                     for e in rd.flatten() {
@@ -211,10 +199,7 @@ pub fn load_nvrtc() -> Result<()> {
                 }
             }
             // SAFETY: a live handle of NVRTC.
-            let fns = unsafe { api::Fns::resolve(h) }
-                .map_err(|sym| fail(format!("the library found lacks `{sym}`")))?;
-            let _ = api::FNS.set(fns);
-            Ok(())
+            unsafe { api::Fns::install(h, &hint) }
         })
         .clone()
 }

@@ -4,9 +4,8 @@
 use std::ffi::{c_char, c_void};
 
 use super::{
-    MAGIC_BUFFER, MAGIC_CONTEXT, MAGIC_STREAM, buffer_ref, check_out, context_ref, destroy_handle,
-    fk_buffer, fk_context, fk_stream, guard, ndim_arg, new_buffer, new_context, new_stream,
-    slice_in, stream_or_default, stream_ref, write_out,
+    buffer_ref, check_out, context_ref, destroy, fk_buffer, fk_context, fk_stream, guard, ndim_arg,
+    new_buffer, new_context, new_stream, slice_in, stream_or_default, stream_ref, write_out,
 };
 use crate::buffer::{Buffer, HostMem};
 use crate::context::{Context, fk_device_kind};
@@ -180,9 +179,7 @@ pub unsafe extern "C" fn fk_context_create(
 /// work before unloading its kernel modules.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_context_destroy(ctx: *mut fk_context) -> fk_status {
-    guard("fk_context_destroy", || {
-        destroy_handle!(ctx, MAGIC_CONTEXT, "fk_context")
-    })
+    guard("fk_context_destroy", || unsafe { destroy(ctx) })
 }
 
 /// Reports the context's device: `kind` receives `FK_DEVICE_CPU` or
@@ -321,9 +318,7 @@ pub unsafe extern "C" fn fk_stream_wrap(
 /// once no buffer allocated on it remains; queued work still completes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_stream_destroy(stream: *mut fk_stream) -> fk_status {
-    guard("fk_stream_destroy", || {
-        destroy_handle!(stream, MAGIC_STREAM, "fk_stream")
-    })
+    guard("fk_stream_destroy", || unsafe { destroy(stream) })
 }
 
 /// Blocks until all work queued on `stream` has finished. This is where a fault
@@ -417,9 +412,7 @@ pub unsafe extern "C" fn fk_buffer_wrap(
 /// export stays alive until the consumer's deleter runs.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_buffer_destroy(buf: *mut fk_buffer) -> fk_status {
-    guard("fk_buffer_destroy", || {
-        destroy_handle!(buf, MAGIC_BUFFER, "fk_buffer")
-    })
+    guard("fk_buffer_destroy", || unsafe { destroy(buf) })
 }
 
 /// Imports a DLPack tensor: `managed` points to a `DLManagedTensorVersioned`

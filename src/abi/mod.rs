@@ -136,67 +136,82 @@ pub(crate) unsafe fn magic_of<T>(p: *const T) -> u64 {
     unsafe { (p as *const u64).read() }
 }
 
-pub(crate) unsafe fn context_ref<'a>(p: *const fk_context, what: &str) -> Result<&'a Arc<Context>> {
-    // SAFETY: caller passes a pointer from fk_context_create (or NULL).
+/// A handle kind: its magic (the first word of a live handle), its C name, and
+/// what it holds.
+pub(crate) trait Handle: Sized {
+    const MAGIC: u64;
+    const KIND: &'static str;
+    type Inner;
+    fn new(inner: Self::Inner) -> Self;
+    fn inner(&self) -> &Self::Inner;
+}
+
+macro_rules! handle_kinds {
+    ($($h:ident: $inner:ty = $magic:ident;)*) => {$(
+        impl Handle for $h {
+            const MAGIC: u64 = $magic;
+            const KIND: &'static str = stringify!($h);
+            type Inner = $inner;
+            fn new(inner: $inner) -> Self {
+                $h { magic: $magic, inner }
+            }
+            fn inner(&self) -> &$inner {
+                &self.inner
+            }
+        }
+    )*};
+}
+
+handle_kinds! {
+    fk_context: Arc<Context> = MAGIC_CONTEXT;
+    fk_stream: Arc<Stream> = MAGIC_STREAM;
+    fk_buffer: Buffer = MAGIC_BUFFER;
+    fk_event: crate::event::Event = MAGIC_EVENT;
+    fk_comm: crate::comm::Comm = MAGIC_COMM;
+}
+
+/// What the handle `p` holds: `FK_ERROR_NULL_POINTER` when NULL,
+/// `FK_ERROR_INVALID_ARGUMENT` when it is not a live handle of its kind.
+///
+/// # Safety
+/// `p` is NULL or a pointer the caller got from fusekit (a handle of any kind, or
+/// a destroyed one whose memory was not reused).
+pub(crate) unsafe fn handle_ref<'a, H: Handle + 'a>(
+    p: *const H,
+    what: &str,
+) -> Result<&'a H::Inner> {
     if p.is_null() {
         return Err(null(what));
     }
-    if unsafe { magic_of(p) } != MAGIC_CONTEXT {
-        return Err(bad_handle(what, "fk_context"));
+    // SAFETY: the caller's contract; only the first word is read.
+    if unsafe { magic_of(p) } != H::MAGIC {
+        return Err(bad_handle(what, H::KIND));
     }
-    // SAFETY: the magic says this is a live fk_context.
-    Ok(unsafe { &(*p).inner })
+    // SAFETY: the magic says this is a live handle of this kind.
+    Ok(unsafe { (*p).inner() })
+}
+
+pub(crate) unsafe fn context_ref<'a>(p: *const fk_context, what: &str) -> Result<&'a Arc<Context>> {
+    unsafe { handle_ref(p, what) }
 }
 
 pub(crate) unsafe fn buffer_ref<'a>(p: *const fk_buffer, what: &str) -> Result<&'a Buffer> {
-    // SAFETY: caller passes a pointer from an fk_buffer constructor (or NULL).
-    if p.is_null() {
-        return Err(null(what));
-    }
-    if unsafe { magic_of(p) } != MAGIC_BUFFER {
-        return Err(bad_handle(what, "fk_buffer"));
-    }
-    // SAFETY: the magic says this is a live fk_buffer.
-    Ok(unsafe { &(*p).inner })
+    unsafe { handle_ref(p, what) }
 }
 
 pub(crate) unsafe fn stream_ref<'a>(p: *const fk_stream, what: &str) -> Result<&'a Arc<Stream>> {
-    // SAFETY: caller passes a pointer from fk_stream_create/wrap (or NULL).
-    if p.is_null() {
-        return Err(null(what));
-    }
-    if unsafe { magic_of(p) } != MAGIC_STREAM {
-        return Err(bad_handle(what, "fk_stream"));
-    }
-    // SAFETY: the magic says this is a live fk_stream.
-    Ok(unsafe { &(*p).inner })
+    unsafe { handle_ref(p, what) }
 }
 
 pub(crate) unsafe fn event_ref<'a>(
     p: *const fk_event,
     what: &str,
 ) -> Result<&'a crate::event::Event> {
-    if p.is_null() {
-        return Err(null(what));
-    }
-    // SAFETY: caller passes a pointer from fk_event_create (or NULL).
-    if unsafe { magic_of(p) } != MAGIC_EVENT {
-        return Err(bad_handle(what, "fk_event"));
-    }
-    // SAFETY: the magic says this is a live fk_event.
-    Ok(unsafe { &(*p).inner })
+    unsafe { handle_ref(p, what) }
 }
 
 pub(crate) unsafe fn comm_ref<'a>(p: *const fk_comm, what: &str) -> Result<&'a crate::comm::Comm> {
-    if p.is_null() {
-        return Err(null(what));
-    }
-    // SAFETY: caller passes a pointer from an fk_comm constructor (or NULL).
-    if unsafe { magic_of(p) } != MAGIC_COMM {
-        return Err(bad_handle(what, "fk_comm"));
-    }
-    // SAFETY: the magic says this is a live fk_comm.
-    Ok(unsafe { &(*p).inner })
+    unsafe { handle_ref(p, what) }
 }
 
 /// An optional buffer argument: NULL is `None`.
@@ -237,59 +252,49 @@ pub(crate) fn check_out<T>(p: *mut *mut T, what: &str) -> Result<()> {
     if p.is_null() { Err(null(what)) } else { Ok(()) }
 }
 
+/// A new handle holding `inner`, released by `destroy`.
+pub(crate) fn new_handle<H: Handle>(inner: H::Inner) -> *mut H {
+    Box::into_raw(Box::new(H::new(inner)))
+}
+
 pub(crate) fn new_context(inner: Arc<Context>) -> *mut fk_context {
-    Box::into_raw(Box::new(fk_context {
-        magic: MAGIC_CONTEXT,
-        inner,
-    }))
+    new_handle(inner)
 }
 pub(crate) fn new_stream(inner: Arc<Stream>) -> *mut fk_stream {
-    Box::into_raw(Box::new(fk_stream {
-        magic: MAGIC_STREAM,
-        inner,
-    }))
+    new_handle(inner)
 }
 pub(crate) fn new_buffer(inner: Buffer) -> *mut fk_buffer {
-    Box::into_raw(Box::new(fk_buffer {
-        magic: MAGIC_BUFFER,
-        inner,
-    }))
+    new_handle(inner)
 }
-
 pub(crate) fn new_event(inner: crate::event::Event) -> *mut fk_event {
-    Box::into_raw(Box::new(fk_event {
-        magic: MAGIC_EVENT,
-        inner,
-    }))
+    new_handle(inner)
 }
 pub(crate) fn new_comm(inner: crate::comm::Comm) -> *mut fk_comm {
-    Box::into_raw(Box::new(fk_comm {
-        magic: MAGIC_COMM,
-        inner,
-    }))
+    new_handle(inner)
 }
 
-/// Frees a handle made by `new_*`; NULL is a no-op. The magic is cleared first so a
-/// second destroy of the same pointer is caught while the allocator has not reused it.
-macro_rules! destroy_handle {
-    ($p:expr, $magic:expr, $kind:literal) => {{
-        let p = $p;
-        if p.is_null() {
-            return Ok(());
-        }
-        // SAFETY: non-NULL handle pointer; only its first word is read before the
-        // magic says which kind it is.
-        if unsafe { $crate::abi::magic_of(p) } != $magic {
-            return Err($crate::abi::bad_handle("the handle", $kind));
-        }
-        // SAFETY: the magic says this is a live handle of this kind.
-        unsafe { (*p).magic = 0 };
-        // SAFETY: made by Box::into_raw in new_*.
-        drop(unsafe { Box::from_raw(p) });
-        Ok(())
-    }};
+/// Frees a handle made by `new_handle`; NULL is a no-op. The magic is cleared first
+/// so a second destroy of the same pointer is caught while the allocator has not
+/// reused it.
+///
+/// # Safety
+/// As `handle_ref`.
+pub(crate) unsafe fn destroy<H: Handle>(p: *mut H) -> Result<()> {
+    if p.is_null() {
+        return Ok(());
+    }
+    // SAFETY: non-NULL handle pointer; only its first word is read before the
+    // magic says which kind it is.
+    if unsafe { magic_of(p) } != H::MAGIC {
+        return Err(bad_handle("the handle", H::KIND));
+    }
+    // SAFETY: the magic says this is a live handle of this kind, whose first word
+    // is its magic.
+    unsafe { (p as *mut u64).write(0) };
+    // SAFETY: made by Box::into_raw in new_handle.
+    drop(unsafe { Box::from_raw(p) });
+    Ok(())
 }
-pub(crate) use destroy_handle;
 
 /// Reads `n` elements from a caller array (NULL allowed only when n == 0).
 pub(crate) unsafe fn slice_in<'a, T>(p: *const T, n: usize, what: &str) -> Result<&'a [T]> {

@@ -2,9 +2,9 @@
 //! between buffers, peer access, events, communicators and collectives.
 
 use super::{
-    MAGIC_COMM, MAGIC_EVENT, buffer_ref, check_out, comm_ref, context_ref, destroy_handle,
-    event_ref, fk_buffer, fk_comm, fk_context, fk_event, fk_stream, guard, ndim_arg, new_buffer,
-    new_comm, new_event, slice_in, stream_or_default, stream_ref, write_out,
+    buffer_ref, check_out, comm_ref, context_ref, destroy, event_ref, fk_buffer, fk_comm,
+    fk_context, fk_event, fk_stream, guard, ndim_arg, new_buffer, new_comm, new_event, slice_in,
+    stream_or_default, stream_ref, write_out,
 };
 use crate::buffer::Buffer;
 use crate::comm::{Comm, ReduceOp};
@@ -272,9 +272,7 @@ pub unsafe extern "C" fn fk_event_create(
 /// Returns `FK_ERROR_INVALID_ARGUMENT` for a handle that is not a live event.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_event_destroy(event: *mut fk_event) -> fk_status {
-    guard("fk_event_destroy", || {
-        destroy_handle!(event, MAGIC_EVENT, "fk_event")
-    })
+    guard("fk_event_destroy", || unsafe { destroy(event) })
 }
 
 /// Records `event` on `stream` (NULL = the default stream of the event's device):
@@ -456,9 +454,7 @@ pub unsafe extern "C" fn fk_comm_init_all(
 /// Returns `FK_ERROR_INVALID_ARGUMENT` for a handle that is not a live communicator.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_comm_destroy(comm: *mut fk_comm) -> fk_status {
-    guard("fk_comm_destroy", || {
-        destroy_handle!(comm, MAGIC_COMM, "fk_comm")
-    })
+    guard("fk_comm_destroy", || unsafe { destroy(comm) })
 }
 
 /// This communicator's rank (0-based). Returns `FK_ERROR_NULL_POINTER`,

@@ -562,16 +562,8 @@ impl Pinned {
         let n = (view.storage_len as usize * dsize(dtype)).max(1);
         let ptr = unsafe { cu::malloc_host(n, 0) }.expect("cuMemHostAlloc");
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr as *mut u8, bytes.len()) };
-        let data = unsafe { (ptr as *mut u8).add(view.offset as usize * dsize(dtype)) };
-        let wrap = Some(unsafe {
-            Buf::wrap(
-                ctx,
-                data as *mut c_void,
-                dtype,
-                &view.shape,
-                Some(&view.strides),
-            )
-        });
+        // SAFETY: the allocation holds the view's storage; Drop frees it after the wrap.
+        let wrap = Some(unsafe { view.wrap_at(ctx, dtype, ptr) });
         Pinned {
             wrap,
             ptr,

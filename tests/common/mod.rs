@@ -883,6 +883,17 @@ impl View {
         }
         out
     }
+    /// The view as a buffer of `ctx` over storage that starts at `storage` (the
+    /// element at `offset` is the view's first).
+    ///
+    /// # Safety
+    /// `storage` holds `storage_len` elements of `dtype` that outlive the buffer.
+    pub unsafe fn wrap_at(&self, ctx: &Ctx, dtype: fk_dtype, storage: *mut c_void) -> Buf {
+        let data = storage
+            .cast::<u8>()
+            .wrapping_add(self.offset as usize * dsize(dtype));
+        unsafe { Buf::wrap(ctx, data.cast(), dtype, &self.shape, Some(&self.strides)) }
+    }
     /// The view's elements (row-major) out of storage values.
     pub fn gather(&self, storage: &[Cx]) -> Vec<Cx> {
         self.offsets().into_iter().map(|i| storage[i]).collect()
@@ -998,24 +1009,8 @@ impl Placed {
         }
         let storage = Buf::new(ctx, dtype, &[view.storage_len]);
         storage.write_bytes(bytes);
-        let wrap = {
-            let base = storage.data() as *mut u8;
-            let data = if view.offset == 0 {
-                base
-            } else {
-                base.wrapping_add(view.offset as usize * dsize(dtype))
-            };
-            // SAFETY: the view lies inside the storage (View::build).
-            Some(unsafe {
-                Buf::wrap(
-                    ctx,
-                    data as *mut c_void,
-                    dtype,
-                    &view.shape,
-                    Some(&view.strides),
-                )
-            })
-        };
+        // SAFETY: the storage holds the view's storage_len elements and lives as long.
+        let wrap = Some(unsafe { view.wrap_at(ctx, dtype, storage.data()) });
         Placed {
             wrap,
             storage,

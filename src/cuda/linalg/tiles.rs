@@ -98,22 +98,21 @@ impl ChunkProblem {
         let nb = self.batch as f64;
         let mat = |r: i64, c: i64| r as f64 * c as f64 * es;
         let [ha, hb, hc] = self.host;
+        // An operand's uploads: none in device memory; `once` per batch entry, or
+        // once in all when it is broadcast and its panels of the whole batch stay.
+        let upload = |host: bool, broadcast: bool, stays: bool, once: f64| {
+            if !host {
+                0.0
+            } else if broadcast && stays {
+                once
+            } else {
+                once * nb
+            }
+        };
         let a_once = mat(self.m, self.k) * if pt <= d { 1.0 } else { jt as f64 };
-        let a_up = if !ha {
-            0.0
-        } else if self.broadcast[0] && it * pt <= d {
-            a_once
-        } else {
-            a_once * nb
-        };
+        let a_up = upload(ha, self.broadcast[0], it * pt <= d, a_once);
         let b_once = mat(self.k, self.n) * if jt * pt <= d { 1.0 } else { it as f64 };
-        let b_up = if !hb {
-            0.0
-        } else if self.broadcast[1] && jt * pt <= d {
-            b_once
-        } else {
-            b_once * nb
-        };
+        let b_up = upload(hb, self.broadcast[1], jt * pt <= d, b_once);
         let c_bytes = if hc { mat(self.m, self.n) * nb } else { 0.0 };
         let up = (a_up + b_up + if self.load_c { c_bytes } else { 0.0 }) / LINK_BYTES_PER_S;
         let down = c_bytes / LINK_BYTES_PER_S;

@@ -215,3 +215,10 @@ pub fn last_error_ptr() -> *const libc::c_char {
 pub fn last_error() -> String {
     LAST_ERROR.with(|slot| slot.borrow().to_string_lossy().into_owned())
 }
+
+/// Locks `m`, taking the data even when a panic poisoned it: every C entry point
+/// catches panics (`abi::guard`), and the state fusekit keeps under locks (caches,
+/// pools, handles) is left consistent by the code that can panic while holding it.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

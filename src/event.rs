@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use crate::context::Context;
 use crate::cuda::runtime::RawEvent;
-use crate::error::{FK_ERROR_DEVICE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, Result};
+use crate::error::{FK_ERROR_DEVICE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, Result, lock};
 use crate::stream::Stream;
 
 pub struct Event {
@@ -57,7 +57,7 @@ impl Event {
             self.ctx.device
         );
         match &self.ctx.cuda {
-            None => *self.stamp.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now()),
+            None => *lock(&self.stamp) = Some(Instant::now()),
             Some(d) => d.event_record(self.raw, stream.raw)?,
         }
         self.recorded.store(true, Ordering::Release);
@@ -112,16 +112,8 @@ impl Event {
         );
         match &end.ctx.cuda {
             None => {
-                let s = start
-                    .stamp
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .unwrap_or_else(Instant::now);
-                let e = end
-                    .stamp
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .unwrap_or_else(Instant::now);
+                let s = lock(&start.stamp).unwrap_or_else(Instant::now);
+                let e = lock(&end.stamp).unwrap_or_else(Instant::now);
                 let ms = if e >= s {
                     (e - s).as_secs_f64() * 1e3
                 } else {

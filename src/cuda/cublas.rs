@@ -41,6 +41,7 @@ use super::cublas_api::{api, blas as bsf, lt as ltf};
 use crate::dtype::DType;
 use crate::error::{
     CudaContext as _, Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result,
+    lock,
 };
 use crate::ops::linalg::{GemmPlan, Trans};
 
@@ -195,7 +196,7 @@ impl BlasCache {
     /// global-mode capture on any thread) would otherwise forbid. They touch no
     /// capturing stream, so the capture stays valid.
     fn handles(&self, dev: &CudaDevice) -> Result<Arc<Handles>> {
-        let mut h = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+        let mut h = lock(&self.handles);
         if let Some(h) = h.as_ref() {
             return Ok(h.clone());
         }
@@ -233,12 +234,7 @@ impl BlasCache {
     /// a workspace first needed during a capture is plain device memory
     /// (`CudaDevice::alloc_plain`, not a graph allocation) that lives with the slot.
     pub fn slot(&self, dev: &CudaDevice, stream: usize) -> Result<Arc<Mutex<Slot>>> {
-        if let Some(s) = self
-            .slots
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&stream)
-        {
+        if let Some(s) = lock(&self.slots).get(&stream) {
             return Ok(s.clone());
         }
         dev.bind()?;
@@ -260,7 +256,7 @@ impl BlasCache {
             download_stream: 0,
         };
         let slot = Arc::new(Mutex::new(slot));
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = lock(&self.slots);
         // Another thread may have raced us to the same stream: keep the first.
         let kept = slots.entry(stream).or_insert_with(|| slot.clone()).clone();
         drop(slots);
@@ -277,13 +273,9 @@ impl BlasCache {
     /// Releases the slot of `stream` (an owned stream about to be destroyed); its
     /// memory is freed stream-ordered behind the work already queued there.
     pub fn evict(&self, dev: &CudaDevice, stream: usize) {
-        let slot = self
-            .slots
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&stream);
+        let slot = lock(&self.slots).remove(&stream);
         if let Some(s) = slot {
-            let mut g = s.lock().unwrap_or_else(|e| e.into_inner());
+            let mut g = lock(&s);
             g.release(dev, true);
         }
     }
@@ -291,26 +283,17 @@ impl BlasCache {
     /// Releases every slot and the handles (the context is going away; the device
     /// is idle).
     pub fn clear(&self, dev: &CudaDevice) {
-        let slots: Vec<_> = self
-            .slots
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain()
-            .collect();
+        let slots: Vec<_> = lock(&self.slots).drain().collect();
         for (_, s) in slots {
-            let mut g = s.lock().unwrap_or_else(|e| e.into_inner());
+            let mut g = lock(&s);
             g.release(dev, false);
         }
-        let h = self
-            .handles
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let h = lock(&self.handles).take();
         if let Some(h) = h {
             if dev.bind().is_err() {
                 return;
             }
-            let mut st = h.0.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = lock(&h.0);
             // The handles exist, so the library loaded.
             if api().is_err() {
                 return;
@@ -330,18 +313,11 @@ impl BlasCache {
     }
 
     pub fn cached_algo(&self, key: &AlgoKey) -> Option<Option<lt::cublasLtMatmulAlgo_t>> {
-        self.algos
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key)
-            .copied()
+        lock(&self.algos).get(key).copied()
     }
 
     pub fn store_algo(&self, key: AlgoKey, v: Option<lt::cublasLtMatmulAlgo_t>) {
-        self.algos
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, v);
+        lock(&self.algos).insert(key, v);
     }
 }
 
@@ -358,7 +334,7 @@ impl Slot {
     /// stream and workspace (`cublasSetStream` resets the workspace, so the
     /// workspace is set after it); both calls are skipped when already bound.
     pub fn handle(&self) -> Result<HandleGuard<'_>> {
-        let mut st = self.handles.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = lock(&self.handles.0);
         if st.bound_stream != self.stream || st.bound_workspace != self.workspace {
             st.bound_stream = 0;
             st.bound_workspace = 0;
@@ -389,7 +365,7 @@ impl Slot {
     /// the slot's stream.
     fn release(&mut self, dev: &CudaDevice, ordered: bool) {
         {
-            let mut st = self.handles.0.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = lock(&self.handles.0);
             if st.bound_stream == self.stream {
                 st.bound_stream = 0;
                 st.bound_workspace = 0;

@@ -17,7 +17,9 @@ use cudarc::cusolver::sys as sv;
 
 use super::{CudaDevice, Workspace};
 use crate::dtype::DType;
-use crate::error::{Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result};
+use crate::error::{
+    Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result, lock,
+};
 
 /// cuSOLVER's functions (cusolverDn.h), called through the library fusekit loaded
 /// (`dynlib`: one copy per process).
@@ -175,7 +177,7 @@ pub struct SolverCache {
 
 impl SolverCache {
     fn handle(&self, dev: &CudaDevice, stream: usize) -> Result<Arc<Mutex<Handle>>> {
-        let mut map = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = lock(&self.handles);
         if let Some(h) = map.get(&stream) {
             return Ok(h.clone());
         }
@@ -219,26 +221,17 @@ impl SolverCache {
 
     /// Releases the handle of `stream` (an owned stream about to be destroyed).
     pub fn evict(&self, stream: usize) {
-        let h = self
-            .handles
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&stream);
+        let h = lock(&self.handles).remove(&stream);
         if let Some(h) = h {
-            h.lock().unwrap_or_else(|e| e.into_inner()).release();
+            lock(&h).release();
         }
     }
 
     /// Releases every handle (the context is going away).
     pub fn clear(&self) {
-        let all: Vec<_> = self
-            .handles
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain()
-            .collect();
+        let all: Vec<_> = lock(&self.handles).drain().collect();
         for (_, h) in all {
-            h.lock().unwrap_or_else(|e| e.into_inner()).release();
+            lock(&h).release();
         }
     }
 }
@@ -259,7 +252,7 @@ pub fn syev_batched(
     w: u64,
 ) -> Result<Vec<i32>> {
     let h = dev.solver.handle(dev, stream)?;
-    let h = h.lock().unwrap_or_else(|e| e.into_inner());
+    let h = lock(&h);
     dev.bind()?;
     let info = Workspace::new(dev, (batch as usize * 4).max(16), stream)?;
     let es = dtype.size() as u64;

@@ -28,7 +28,7 @@ use cudarc::driver::{result, sys};
 use crate::buffer::HostMem;
 use crate::error::{
     CudaContext as _, Error, FK_ERROR_CUDA_UNAVAILABLE, FK_ERROR_DEVICE_MISMATCH,
-    FK_ERROR_INVALID_ARGUMENT, Result,
+    FK_ERROR_INVALID_ARGUMENT, Result, lock,
 };
 
 /// Every kernel module: `(name, source)`; sources are embedded in the library.
@@ -420,7 +420,7 @@ impl CudaDevice {
     pub fn check_pointer(&self, ptr: usize, what: &str) -> Result<()> {
         let p = ptr as u64;
         {
-            let mut c = self.checked.lock().unwrap_or_else(|e| e.into_inner());
+            let mut c = lock(&self.checked);
             if let Some(i) = c.iter().position(|&(a, b)| a <= p && p < b) {
                 if i > 0 {
                     let r = c.remove(i);
@@ -474,7 +474,7 @@ impl CudaDevice {
                 self.ordinal
             );
             if size > 0 && start <= p && p < start + size as u64 {
-                let mut c = self.checked.lock().unwrap_or_else(|e| e.into_inner());
+                let mut c = lock(&self.checked);
                 c.insert(0, (start, start + size as u64));
                 c.truncate(CHECKED_RANGES);
             }
@@ -530,7 +530,7 @@ impl CudaDevice {
     }
 
     fn module(&self, name: &'static str) -> Result<Arc<Module>> {
-        let mut mods = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        let mut mods = lock(&self.modules);
         if let Some(m) = mods.get(name) {
             return Ok(m.clone());
         }
@@ -585,12 +585,7 @@ impl CudaDevice {
     ) -> Result<sys::CUfunction> {
         const DEFAULT_SMEM: u32 = 48 << 10;
         let key = (module.as_ptr() as usize, function.as_ptr() as usize);
-        let cached = self
-            .functions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .copied();
+        let cached = lock(&self.functions).get(&key).copied();
         let (f, opted) = match cached {
             Some(e) => e,
             None => {
@@ -600,11 +595,7 @@ impl CudaDevice {
                 // SAFETY: module is loaded.
                 let f = unsafe { result::module::get_function(m.raw, cname) }
                     .cuda(&format!("cuModuleGetFunction({module}::{function})"))?;
-                self.functions
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .entry(key)
-                    .or_insert((f, 0));
+                lock(&self.functions).entry(key).or_insert((f, 0));
                 (f, 0)
             }
         };
@@ -622,7 +613,7 @@ impl CudaDevice {
             .cuda(&format!(
                 "cuFuncSetAttribute({module}::{function}, MAX_DYNAMIC_SHARED_SIZE_BYTES = {smem_bytes})"
             ))?;
-            let mut g = self.functions.lock().unwrap_or_else(|e| e.into_inner());
+            let mut g = lock(&self.functions);
             let e = g.entry(key).or_insert((f, 0));
             e.1 = e.1.max(smem_bytes);
         }
@@ -632,7 +623,7 @@ impl CudaDevice {
     /// Compiles every module not yet loaded, in parallel (NVRTC is thread-safe
     /// across programs), then loads them.
     pub fn warmup(&self) -> Result<()> {
-        let mut mods = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        let mut mods = lock(&self.modules);
         let arch = self.arch_name();
         let todo: Vec<_> = modules().filter(|(n, _)| !mods.contains_key(n)).collect();
         let compiled: Vec<Result<Vec<u8>>> = std::thread::scope(|sc| {

@@ -21,7 +21,7 @@
 use cudarc::driver::{result, sys};
 
 use super::CudaDevice;
-use crate::error::{CudaContext as _, Error, FK_ERROR_OUT_OF_MEMORY, Result};
+use crate::error::{CudaContext as _, Error, FK_ERROR_OUT_OF_MEMORY, Result, lock};
 
 /// Creates the memory pool of a context on device `ordinal` (the primary context
 /// `cu_ctx` is made current first).
@@ -199,7 +199,7 @@ impl CudaDevice {
     /// `cuCtxEnablePeerAccess` from this context to `peer`'s (already enabled, e.g.
     /// by PyTorch, counts as success).
     fn enable_ctx_peer(&self, peer: &CudaDevice) -> Result<()> {
-        let mut done = self.peers_enabled.lock().unwrap_or_else(|e| e.into_inner());
+        let mut done = lock(&self.peers_enabled);
         if done.contains(&peer.ordinal) {
             return Ok(());
         }
@@ -220,7 +220,7 @@ impl CudaDevice {
 
     /// Lets device `accessor` read and write allocations of this context's pool.
     fn grant_pool_access(&self, accessor: usize) -> Result<()> {
-        let mut done = self.pool_access.lock().unwrap_or_else(|e| e.into_inner());
+        let mut done = lock(&self.pool_access);
         if done.contains(&accessor) {
             return Ok(());
         }

@@ -10,7 +10,7 @@ use super::tiles::{ChunkProblem, Tiles, choose_tiles};
 use super::{gemm, slot_of};
 use crate::cuda::CudaDevice;
 use crate::cuda::cublas::{self, Slot};
-use crate::error::{CudaContext as _, Result};
+use crate::error::{CudaContext as _, Result, lock};
 use crate::ops::elementwise::Scalar;
 use crate::ops::linalg::{GemmPlan, Mat, dense};
 use crate::stream::Stream;
@@ -504,7 +504,7 @@ pub fn gemm_chunked(dev: &CudaDevice, p: &GemmPlan, budget: u64, stream: &Stream
     let mut st = Staging::new(&t, p.dtype.size(), host);
     debug_assert_eq!(st.total as u64, pr.staging_bytes(&t));
     let slot = slot_of(dev, stream)?;
-    let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = lock(&slot);
     let up = g.copy_stream(dev)?;
     let down = g.download_stream(dev)?;
     let ev = Events::new(pipeline_events(t.depth))?;

@@ -8,7 +8,7 @@ use crate::cuda::CudaDevice;
 use crate::cuda::cublas::{self, Epilogue, LtCall, Slot};
 use crate::cuda::launch::{BLOCK, Names, assert_layout, grid_for, launch, per_dtype};
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Result, lock};
 use crate::ops::addr::raw;
 use crate::ops::linalg::{Activation, GemmPlan, LinearBwdPlan, LinearPlan, Mat, Trans, dense};
 use crate::stream::Stream;
@@ -82,7 +82,7 @@ fn product(
 /// then `linear_epilogue` for `y = gelu_erf(z)`.
 pub fn linear_forward(dev: &CudaDevice, p: &LinearPlan, stream: &Stream) -> Result<()> {
     let slot = slot_of(dev, stream)?;
-    let g = slot.lock().unwrap_or_else(|e| e.into_inner());
+    let g = lock(&slot);
     let has_bias = p.bias.is_some();
     let erf = p.act == Activation::GeluErf;
     let epilogue = match (p.act, has_bias, p.aux.is_some()) {
@@ -199,7 +199,7 @@ pub(super) const DZ_ROWS: i64 = 8;
 /// `colsum_finish` (db), then cuBLAS for `dx = dz W` and `dW = dz^T x`.
 pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> Result<()> {
     let slot = slot_of(dev, stream)?;
-    let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = lock(&slot);
     let es = p.dtype.size();
     let need_dz = p.dx.is_some() || p.dw.is_some();
     let write_dz = need_dz && p.act != Activation::None;

@@ -19,7 +19,7 @@ pub use linear::{linear_backward, linear_forward};
 use super::CudaDevice;
 use super::cublas::{self, Slot};
 use super::launch::defines;
-use crate::error::Result;
+use crate::error::{Result, lock};
 use crate::ops::Addr;
 use crate::ops::addr::raw;
 use crate::ops::linalg::{Activation, GELU_TANH_A, GELU_TANH_C, GemmPlan};
@@ -75,7 +75,7 @@ fn slot_of(dev: &CudaDevice, stream: &Stream) -> Result<std::sync::Arc<std::sync
 /// `C = alpha op(A) op(B) + beta C` through cuBLAS.
 pub fn gemm(dev: &CudaDevice, p: &GemmPlan, stream: &Stream) -> Result<()> {
     let slot = slot_of(dev, stream)?;
-    let g = slot.lock().unwrap_or_else(|e| e.into_inner());
+    let g = lock(&slot);
     cublas::gemm_ex(&g, p)
 }
 

@@ -200,6 +200,43 @@ fn check_like(b: &Buffer, name: &str, vname: &str, v: &Buffer, dtype: DType) -> 
     Ok(())
 }
 
+/// The given ones of optional [B, D] companions of `v` (`check_like`).
+fn check_likes(
+    bufs: &[(Option<&Buffer>, &str)],
+    vname: &str,
+    v: &Buffer,
+    dtype: DType,
+) -> Result<()> {
+    for &(b, name) in bufs {
+        if let Some(b) = b {
+            check_like(b, name, vname, v, dtype)?;
+        }
+    }
+    Ok(())
+}
+
+/// `dU`, `dW` where given: [D, R] matrices of `U`'s shape.
+fn check_param_grads(
+    du: Option<&Buffer>,
+    dw: Option<&Buffer>,
+    u: &Buffer,
+    dtype: DType,
+    vname: &str,
+) -> Result<()> {
+    for (x, name) in [(du, "dU"), (dw, "dW")] {
+        if let Some(x) = x {
+            let s = check_buf(x, name, 2, "a [D, R] matrix", dtype, vname)?;
+            crate::ensure!(
+                s == u.shape.as_slice(),
+                FK_ERROR_SHAPE_MISMATCH,
+                "{name} has shape {s:?} but U has shape {:?}",
+                u.shape
+            );
+        }
+    }
+    Ok(())
+}
+
 fn check_mu(mu: &Buffer, dtype: DType, d: usize) -> Result<()> {
     check_buf(mu, "mu", 1, "a [D] vector", dtype, "v0")?;
     check::shape(mu, "mu", &[d as i64], "[D]")
@@ -210,6 +247,13 @@ fn check_traj(traj: &Buffer, dtype: DType, steps: usize, b: usize, d: usize) -> 
     check::shape(traj, "traj", &want, "[T, 2, B, D]")?;
     check_buf(traj, "traj", 4, "[T, 2, B, D]", dtype, "v0")?;
     Ok(())
+}
+
+/// The given ones of optional buffers.
+fn given<'a>(bufs: &[(Option<&'a Buffer>, &'a str)]) -> Vec<Arg<'a>> {
+    bufs.iter()
+        .filter_map(|&(b, n)| b.map(|b| (b, n)))
+        .collect()
 }
 
 /// Devices of every buffer and of the stream; outputs writable; no forbidden
@@ -317,25 +361,10 @@ pub fn christoffel_backward(
     let (dtype, b, d) = check_v(v, "v")?;
     let r = check_uw(u, w, "v", dtype, d)?;
     check_like(g, "g", "v", v, dtype)?;
-    if let Some(dv) = dv {
-        check_like(dv, "dv", "v", v, dtype)?;
-    }
-    for (x, name) in [(du, "dU"), (dw, "dW")] {
-        if let Some(x) = x {
-            let s = check_buf(x, name, 2, "a [D, R] matrix", dtype, "v")?;
-            crate::ensure!(
-                s == u.shape.as_slice(),
-                FK_ERROR_SHAPE_MISMATCH,
-                "{name} has shape {s:?} but U has shape {:?}",
-                u.shape
-            );
-        }
-    }
+    check_likes(&[(dv, "dv")], "v", v, dtype)?;
+    check_param_grads(du, dw, u, dtype, "v")?;
     check_scalars(c, flags)?;
-    let outs: Vec<Arg> = [(dv, "dv"), (du, "dU"), (dw, "dW")]
-        .into_iter()
-        .filter_map(|(b, n)| b.map(|b| (b, n)))
-        .collect();
+    let outs = given(&[(dv, "dv"), (du, "dU"), (dw, "dW")]);
     check_common(
         v.device(),
         &[(v, "v"), (u, "U"), (w, "W"), (g, "g")],
@@ -361,6 +390,44 @@ pub fn christoffel_backward(
     dispatch(v.device(), v, stream, &job, Kind::ChristoffelBackward)
 }
 
+/// What both leapfrogs take first (the forward's `x0`, then `v0`, `f`, `U`, `W`, `mu`
+/// and the scalars), checked in that order; the job over them.
+#[allow(clippy::too_many_arguments)]
+fn leapfrog_job(
+    x0: Option<&Buffer>,
+    v0: &Buffer,
+    f: Option<&Buffer>,
+    u: &Buffer,
+    w: &Buffer,
+    mu: Option<&Buffer>,
+    dt: f64,
+    steps: i64,
+    c: f64,
+    flags: u32,
+) -> Result<Job> {
+    let (dtype, b, d) = check_v(v0, "v0")?;
+    check_likes(&[(x0, "x0"), (f, "f")], "v0", v0, dtype)?;
+    let r = check_uw(u, w, "v0", dtype, d)?;
+    if let Some(mu) = mu {
+        check_mu(mu, dtype, d)?;
+    }
+    let steps = check_steps(dt, steps)?;
+    check_scalars(c, flags)?;
+    Ok(Job {
+        c,
+        dt,
+        steps,
+        flags,
+        x0: Addr::of_opt(x0),
+        v0: Addr::of(v0),
+        f: Addr::of_opt(f),
+        u: Addr::of(u),
+        w: Addr::of(w),
+        mu: Addr::of_opt(mu),
+        ..Job::absent(dtype, b, d, r)
+    })
+}
+
 /// `T` fused kick-drift-kick steps; `x_out`/`v_out` may be `x0`/`v0` (in place).
 #[allow(clippy::too_many_arguments)]
 pub fn leapfrog_forward(
@@ -379,27 +446,17 @@ pub fn leapfrog_forward(
     traj: Option<&Buffer>,
     stream: &Stream,
 ) -> Result<()> {
-    let (dtype, b, d) = check_v(v0, "v0")?;
-    check_like(x0, "x0", "v0", v0, dtype)?;
-    if let Some(f) = f {
-        check_like(f, "f", "v0", v0, dtype)?;
-    }
-    let r = check_uw(u, w, "v0", dtype, d)?;
-    if let Some(mu) = mu {
-        check_mu(mu, dtype, d)?;
-    }
-    let steps = check_steps(dt, steps)?;
-    check_scalars(c, flags)?;
+    let base = leapfrog_job(Some(x0), v0, f, u, w, mu, dt, steps, c, flags)?;
+    let (dtype, b, d) = (base.dtype, base.b, base.d);
     check_like(x_out, "x_out", "v0", v0, dtype)?;
     check_like(v_out, "v_out", "v0", v0, dtype)?;
     if let Some(t) = traj {
-        check_traj(t, dtype, steps, b, d)?;
+        check_traj(t, dtype, base.steps, b, d)?;
     }
     let mut ins: Vec<Arg> = vec![(x0, "x0"), (v0, "v0"), (u, "U"), (w, "W")];
-    ins.extend(f.map(|b| (b, "f")));
-    ins.extend(mu.map(|b| (b, "mu")));
+    ins.extend(given(&[(f, "f"), (mu, "mu")]));
     let mut outs: Vec<Arg> = vec![(x_out, "x_out"), (v_out, "v_out")];
-    outs.extend(traj.map(|b| (b, "traj")));
+    outs.extend(given(&[(traj, "traj")]));
     check_common(
         v0.device(),
         &ins,
@@ -408,20 +465,10 @@ pub fn leapfrog_forward(
         stream,
     )?;
     let job = Job {
-        c,
-        dt,
-        steps,
-        flags,
-        x0: Addr::of(x0),
-        v0: Addr::of(v0),
-        f: Addr::of_opt(f),
-        u: Addr::of(u),
-        w: Addr::of(w),
-        mu: Addr::of_opt(mu),
         x_out: Addr::of(x_out),
         v_out: Addr::of(v_out),
         traj: Addr::of_opt(traj),
-        ..Job::absent(dtype, b, d, r)
+        ..base
     };
     if b == 0 || d == 0 {
         return Ok(());
@@ -452,66 +499,37 @@ pub fn leapfrog_backward(
     dw: Option<&Buffer>,
     stream: &Stream,
 ) -> Result<()> {
-    let (dtype, b, d) = check_v(v0, "v0")?;
-    if let Some(f) = f {
-        check_like(f, "f", "v0", v0, dtype)?;
-    }
-    let r = check_uw(u, w, "v0", dtype, d)?;
-    if let Some(mu) = mu {
-        check_mu(mu, dtype, d)?;
-    }
-    let steps = check_steps(dt, steps)?;
-    check_scalars(c, flags)?;
+    let base = leapfrog_job(None, v0, f, u, w, mu, dt, steps, c, flags)?;
+    let (dtype, b, d) = (base.dtype, base.b, base.d);
     if let Some(t) = traj {
-        check_traj(t, dtype, steps, b, d)?;
+        check_traj(t, dtype, base.steps, b, d)?;
     }
-    for (x, name) in [
+    let likes = [
         (gx, "gx"),
         (gv, "gv"),
         (dx0, "dx0"),
         (dv0, "dv0"),
         (df, "df"),
-    ] {
-        if let Some(x) = x {
-            check_like(x, name, "v0", v0, dtype)?;
-        }
-    }
-    for (x, name) in [(du, "dU"), (dw, "dW")] {
-        if let Some(x) = x {
-            let s = check_buf(x, name, 2, "a [D, R] matrix", dtype, "v0")?;
-            crate::ensure!(
-                s == u.shape.as_slice(),
-                FK_ERROR_SHAPE_MISMATCH,
-                "{name} has shape {s:?} but U has shape {:?}",
-                u.shape
-            );
-        }
-    }
+    ];
+    check_likes(&likes, "v0", v0, dtype)?;
+    check_param_grads(du, dw, u, dtype, "v0")?;
     let mut ins: Vec<Arg> = vec![(v0, "v0"), (u, "U"), (w, "W")];
-    for (x, name) in [(f, "f"), (mu, "mu"), (traj, "traj"), (gx, "gx"), (gv, "gv")] {
-        ins.extend(x.map(|b| (b, name)));
-    }
-    let outs: Vec<Arg> = [
+    ins.extend(given(&[
+        (f, "f"),
+        (mu, "mu"),
+        (traj, "traj"),
+        (gx, "gx"),
+        (gv, "gv"),
+    ]));
+    let outs = given(&[
         (dx0, "dx0"),
         (dv0, "dv0"),
         (df, "df"),
         (du, "dU"),
         (dw, "dW"),
-    ]
-    .into_iter()
-    .filter_map(|(b, n)| b.map(|b| (b, n)))
-    .collect();
+    ]);
     check_common(v0.device(), &ins, &outs, &[], stream)?;
     let job = Job {
-        c,
-        dt,
-        steps,
-        flags,
-        v0: Addr::of(v0),
-        f: Addr::of_opt(f),
-        u: Addr::of(u),
-        w: Addr::of(w),
-        mu: Addr::of_opt(mu),
         gx: Addr::of_opt(gx),
         gv: Addr::of_opt(gv),
         traj: Addr::of_opt(traj),
@@ -520,7 +538,7 @@ pub fn leapfrog_backward(
         df: Addr::of_opt(df),
         du: Addr::of_opt(du),
         dw: Addr::of_opt(dw),
-        ..Job::absent(dtype, b, d, r)
+        ..base
     };
     if outs.is_empty() || d == 0 {
         return Ok(());

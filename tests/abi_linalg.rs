@@ -13,24 +13,11 @@ use std::ptr::{null, null_mut};
 use common::*;
 use linalg_ref::*;
 
-fn tol_gemm(d: fk_dtype) -> f64 {
-    match d {
-        FK_DTYPE_F64 | FK_DTYPE_C128 => 1e-12,
-        FK_DTYPE_F32 | FK_DTYPE_C64 => 1e-5,
-        _ => 1e-2,
-    }
-}
-
 #[track_caller]
 fn check_gemm(ctx: &Ctx, case: &GemmCase, rng: &mut Rng) {
     let d = case.data(rng);
     let got = case.run(ctx, &d, null(), None);
-    assert_close(
-        &got,
-        &case.reference(&d),
-        tol_gemm(case.dtype),
-        &case.describe(),
-    );
+    assert_close(&got, &case.reference(&d), tol(case.dtype), &case.describe());
 }
 
 #[test]
@@ -110,12 +97,7 @@ fn gemm_tf32_flag_and_chunked_gemm_on_the_cpu() {
         let c = GemmCase::new(dtype, FK_OP_T, FK_OP_C, 33, 17, 20);
         let d = c.data(&mut rng);
         let got = c.run(&ctx, &d, null(), Some(1 << 10));
-        assert_close(
-            &got,
-            &c.reference(&d),
-            tol_gemm(dtype),
-            "chunked on the CPU",
-        );
+        assert_close(&got, &c.reference(&d), tol(dtype), "chunked on the CPU");
     }
 }
 

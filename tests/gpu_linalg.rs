@@ -27,19 +27,6 @@ use common::*;
 use cudarc::driver::{result as cu, sys};
 use linalg_ref::*;
 
-fn sanitizing() -> bool {
-    std::env::var("FK_SANITIZE").is_ok_and(|v| !v.is_empty() && v != "0")
-}
-
-/// DESIGN.md thresholds: f64 1e-12, f32 1e-5, bf16/f16 1e-2 (complex: their parts').
-fn tol_of(d: fk_dtype) -> f64 {
-    match d {
-        FK_DTYPE_F64 | FK_DTYPE_C128 => 1e-12,
-        FK_DTYPE_F32 | FK_DTYPE_C64 => 1e-5,
-        _ => 1e-2,
-    }
-}
-
 #[track_caller]
 fn gemm_vs_cpu(
     g: &Ctx,
@@ -99,7 +86,7 @@ fn gemm_sweep(dtype: fk_dtype) {
     let t0 = Instant::now();
     let mut rng = Rng::new(100 + dtype as u64);
     for c in gemm_cases(dtype) {
-        gemm_vs_cpu(&g, &cpu, &c, &mut rng, tol_of(dtype), null());
+        gemm_vs_cpu(&g, &cpu, &c, &mut rng, tol(dtype), null());
     }
     println!(
         "gemm {}: every op pair and layout in {:?}",
@@ -148,7 +135,7 @@ fn gemm_oracle_c128() {
         if beta0 {
             c.beta = re(0.0);
         }
-        gemm_vs_cpu(&g, &cpu, &c, &mut rng, tol_of(FK_DTYPE_C128), null());
+        gemm_vs_cpu(&g, &cpu, &c, &mut rng, tol(FK_DTYPE_C128), null());
     }
 }
 
@@ -170,7 +157,7 @@ fn gemm_c128_sequence_that_crashed() {
         "the sequence must contain a 1x1x1 product after others"
     );
     for c in &cases {
-        gemm_vs_cpu(&g, &cpu, c, &mut rng, tol_of(FK_DTYPE_C128), null());
+        gemm_vs_cpu(&g, &cpu, c, &mut rng, tol(FK_DTYPE_C128), null());
     }
 }
 
@@ -656,7 +643,7 @@ fn chunked_vs_cpu(
     assert_close(
         &got,
         &want,
-        tol_of(dt),
+        tol(dt),
         &format!("chunked {host:?} budget {budget}: {}", case.describe()),
     );
 }
@@ -1096,7 +1083,7 @@ fn one_cublas_pair_per_process() {
     let mut rng = Rng::new(4242);
     for dtype in [FK_DTYPE_F32, FK_DTYPE_C128] {
         let c = GemmCase::new(dtype, FK_OP_N, FK_OP_T, 33, 17, 9);
-        gemm_vs_cpu(&g, &cpu, &c, &mut rng, tol_of(dtype), null());
+        gemm_vs_cpu(&g, &cpu, &c, &mut rng, tol(dtype), null());
     }
     let (blas, lt, version) = fusekit::cuda::cublas::loaded_pair().expect("cuBLAS loaded");
     println!("cuBLAS {version}: {} and {}", blas.display(), lt.display());

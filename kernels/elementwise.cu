@@ -11,10 +11,11 @@
 // Both are grid-stride loops with 64-bit element counts.
 #include "common.cuh"
 
-// FK_MAX_DIMS (the most dimensions of an operand) comes from src/cuda/elementwise.rs
-// (layout::FK_MAX_DIMS), defined ahead of this source.
-#ifndef FK_MAX_DIMS
-#error "FK_MAX_DIMS comes from src/cuda/elementwise.rs (fusekit::cuda::modules() has the full source)"
+// FK_MAX_DIMS (the most dimensions of an operand, layout::FK_MAX_DIMS) and
+// FK_EW_VEC_BYTES (the host's vector width) come from src/cuda/elementwise.rs,
+// defined ahead of this source.
+#if !defined(FK_MAX_DIMS) || !defined(FK_EW_VEC_BYTES)
+#error "FK_MAX_DIMS and FK_EW_VEC_BYTES come from src/cuda/elementwise.rs (fusekit::cuda::modules() has the full source)"
 #endif
 // 16-byte vectors per thread per iteration of the contiguous loops (bytes in flight)
 #define UNROLL 4
@@ -142,6 +143,8 @@ template <typename T> struct __align__(16) Vec16 {
     enum { N = (16 / sizeof(T)) > 0 ? (16 / sizeof(T)) : 1 };
     T v[N];
 };
+static_assert(sizeof(Vec16<f16>) == FK_EW_VEC_BYTES && sizeof(Vec16<c128>) == FK_EW_VEC_BYTES,
+              "FK_EW_VEC_BYTES (src/cuda/elementwise.rs VEC_BYTES): the host's alignment and work-item width");
 
 __device__ __forceinline__ i64 grid_stride() { return (i64)gridDim.x * blockDim.x; }
 __device__ __forceinline__ i64 thread_index() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }

@@ -15,6 +15,10 @@ use crate::stream::Stream;
 
 dtype_modules!(pub MODULES, MODULE = "elementwise", source: f16, bf16, f32, f64, c64, c128);
 
+/// Bytes of the kernels' vector loads and stores (`Vec16`): the alignment the
+/// vector paths need and the width of a work item.
+const VEC_BYTES: usize = 16;
+
 /// A module's source: op-code definitions generated from the Rust enums, the
 /// element type selector, the operand rank limit, then `kernels/elementwise.cu`.
 fn source(d: DType) -> String {
@@ -26,8 +30,10 @@ fn source(d: DType) -> String {
     for op in ALL_UNARY {
         s.push_str(&format!("#define FK_UN_{} {}\n", op.name(), op as i32));
     }
-    s + &defines(&[("FK_MAX_DIMS", FK_MAX_DIMS as i64)])
-        + include_str!("../../kernels/elementwise.cu")
+    s + &defines(&[
+        ("FK_MAX_DIMS", FK_MAX_DIMS as i64),
+        ("FK_EW_VEC_BYTES", VEC_BYTES as i64),
+    ]) + include_str!("../../kernels/elementwise.cu")
 }
 
 /// Mirrors `struct EwArgs` in the kernel source (passed by value).
@@ -74,11 +80,13 @@ fn args(p: &Plan, op: i32) -> EwArgs {
         && reach(&p.shape, &p.so) < limit
         && reach(&p.shape, &p.sa) < limit
         && reach(&p.shape, &p.sb) < limit;
-    let aligned = [p.out, p.a, p.b].iter().all(|&x| raw(x) % 16 == 0);
+    let aligned = [p.out, p.a, p.b]
+        .iter()
+        .all(|&x| raw(x) % VEC_BYTES as u64 == 0);
     // Strided layout: 16-byte runs along the innermost dim need a dense output run,
     // inputs that are dense or broadcast there, runs that never straddle a row, and
     // every dense operand's rows starting on a 16-byte boundary.
-    let vec_n = (16 / p.in_dtype.size()).max(1) as i64;
+    let vec_n = (VEC_BYTES / p.in_dtype.size()).max(1) as i64;
     let last = p.shape.len() - 1;
     let runs_ok = p.shape[last] % vec_n == 0
         && p.so[last] == 1
@@ -136,7 +144,7 @@ fn run(dev: &CudaDevice, kind: Kind, p: &Plan, op: i32, stream: &Stream) -> Resu
     let mut g = args(p, op);
     let name = KERNELS[kind as usize][!p.contiguous as usize].get(p.in_dtype)?;
     // work items: 16-byte vectors (contiguous) or runs of 16/size elements (strided)
-    let per_item = (16 / p.in_dtype.size()).max(1) as i64;
+    let per_item = (VEC_BYTES / p.in_dtype.size()).max(1) as i64;
     let items = if p.contiguous && g.vec_ok == 0 {
         p.n
     } else {

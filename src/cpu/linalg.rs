@@ -24,11 +24,24 @@ struct View {
     cs: isize,
 }
 
+/// One tile's product `C = alpha A B + beta C`, `A` `m x k`, `B` `k x n`.
+#[derive(Clone, Copy)]
+struct Tile<T> {
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: T,
+    a: View,
+    b: View,
+    beta: T,
+    c: View,
+}
+
 /// Element types matrixmultiply multiplies.
 trait Mm: Copy + Send + Sync + 'static {
     const ZERO: Self;
-    /// `C = alpha A B + beta C` on one tile (single-threaded).
-    unsafe fn mm(m: usize, k: usize, n: usize, alpha: Self, a: View, b: View, beta: Self, c: View);
+    /// The product of tile `t` (single-threaded).
+    unsafe fn mm(t: Tile<Self>);
     fn conj(self) -> Self;
     fn scalar(re: f64, im: f64) -> Self;
 }
@@ -37,33 +50,24 @@ macro_rules! real_mm {
     ($r:ty, $f:ident) => {
         impl Mm for $r {
             const ZERO: Self = 0.0;
-            unsafe fn mm(
-                m: usize,
-                k: usize,
-                n: usize,
-                alpha: Self,
-                a: View,
-                b: View,
-                beta: Self,
-                c: View,
-            ) {
+            unsafe fn mm(t: Tile<Self>) {
                 // SAFETY: the caller passes views inside live buffers, C tiles disjoint.
                 unsafe {
                     matrixmultiply::$f(
-                        m,
-                        k,
-                        n,
-                        alpha,
-                        a.ptr as *const $r,
-                        a.rs,
-                        a.cs,
-                        b.ptr as *const $r,
-                        b.rs,
-                        b.cs,
-                        beta,
-                        c.ptr as *mut $r,
-                        c.rs,
-                        c.cs,
+                        t.m,
+                        t.k,
+                        t.n,
+                        t.alpha,
+                        t.a.ptr as *const $r,
+                        t.a.rs,
+                        t.a.cs,
+                        t.b.ptr as *const $r,
+                        t.b.rs,
+                        t.b.cs,
+                        t.beta,
+                        t.c.ptr as *mut $r,
+                        t.c.rs,
+                        t.c.cs,
                     )
                 }
             }
@@ -83,36 +87,27 @@ macro_rules! complex_mm {
     ($r:ty, $f:ident) => {
         impl Mm for Complex<$r> {
             const ZERO: Self = Complex { re: 0.0, im: 0.0 };
-            unsafe fn mm(
-                m: usize,
-                k: usize,
-                n: usize,
-                alpha: Self,
-                a: View,
-                b: View,
-                beta: Self,
-                c: View,
-            ) {
+            unsafe fn mm(t: Tile<Self>) {
                 use matrixmultiply::CGemmOption::Standard;
                 // SAFETY: Complex<R> is repr(C) {re, im}, the layout of [R; 2].
                 unsafe {
                     matrixmultiply::$f(
                         Standard,
                         Standard,
-                        m,
-                        k,
-                        n,
-                        [alpha.re, alpha.im],
-                        a.ptr as *const [$r; 2],
-                        a.rs,
-                        a.cs,
-                        b.ptr as *const [$r; 2],
-                        b.rs,
-                        b.cs,
-                        [beta.re, beta.im],
-                        c.ptr as *mut [$r; 2],
-                        c.rs,
-                        c.cs,
+                        t.m,
+                        t.k,
+                        t.n,
+                        [t.alpha.re, t.alpha.im],
+                        t.a.ptr as *const [$r; 2],
+                        t.a.rs,
+                        t.a.cs,
+                        t.b.ptr as *const [$r; 2],
+                        t.b.rs,
+                        t.b.cs,
+                        [t.beta.re, t.beta.im],
+                        t.c.ptr as *mut [$r; 2],
+                        t.c.rs,
+                        t.c.cs,
                     )
                 }
             }
@@ -185,7 +180,18 @@ fn par_gemm<T: Mm>(
             ..c
         };
         // SAFETY: the tile lies inside the operands; C tiles are disjoint.
-        unsafe { T::mm(mi, k, nj, alpha, a, b, beta, c) };
+        unsafe {
+            T::mm(Tile {
+                m: mi,
+                k,
+                n: nj,
+                alpha,
+                a,
+                b,
+                beta,
+                c,
+            })
+        };
     };
     if tiles == 1 {
         run(0);

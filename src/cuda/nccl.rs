@@ -48,36 +48,24 @@ pub struct Nccl {
     pub comm_destroy: unsafe extern "C" fn(ncclComm_t) -> c_int,
     pub group_start: unsafe extern "C" fn() -> c_int,
     pub group_end: unsafe extern "C" fn() -> c_int,
-    pub all_reduce: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        ncclComm_t,
-        Stream,
-    ) -> c_int,
-    pub broadcast: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        ncclComm_t,
-        Stream,
-    ) -> c_int,
+    pub all_reduce: Collective,
+    pub broadcast: Collective,
     pub all_gather:
         unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, ncclComm_t, Stream) -> c_int,
-    pub reduce_scatter: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        ncclComm_t,
-        Stream,
-    ) -> c_int,
+    pub reduce_scatter: Collective,
 }
+
+/// `ncclAllReduce`, `ncclBroadcast`, `ncclReduceScatter`: `(send, recv, count,
+/// datatype, op or root, comm, stream)`.
+type Collective = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    ncclComm_t,
+    Stream,
+) -> c_int;
 
 // SAFETY: plain function pointers into a library that is never unloaded.
 unsafe impl Send for Nccl {}

@@ -829,33 +829,9 @@ fn kron_every_dtype_batched_broadcast_and_strided() {
                 ("transposed", "reversed"),
                 ("every-other", "misaligned"),
             ] {
-                let va = layouts(sa, false)
-                    .into_iter()
-                    .find(|(n, _)| *n == la)
-                    .unwrap()
-                    .1;
-                let vb = layouts(sb, false)
-                    .into_iter()
-                    .find(|(n, _)| *n == lb)
-                    .unwrap()
-                    .1;
-                let a = Operand::random(&mut rng, dtype, va, Domain::Signed);
-                let b = Operand::random(&mut rng, dtype, vb, Domain::Signed);
-                let dims = |s: &[i64]| {
-                    if s.len() == 3 {
-                        (s[0], s[1], s[2])
-                    } else {
-                        (1, s[0], s[1])
-                    }
-                };
-                let (da, db) = (dims(sa), dims(sb));
-                let batch = da.0.max(db.0);
-                let mut shape = vec![da.1 * db.1, da.2 * db.2];
-                if sa.len() == 3 || sb.len() == 3 {
-                    shape.insert(0, batch);
-                }
-                let got = run_kron(&ctx, dtype, &a, &b, &shape, null());
-                let want = kron_ref(&a.values(), da, &b.values(), db);
+                let k = KronCase::random(&mut rng, dtype, (sa, la), (sb, lb));
+                let got = k.run(&ctx, dtype, null());
+                let want = k.reference();
                 assert_close(
                     &got,
                     &want,

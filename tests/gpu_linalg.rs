@@ -378,29 +378,9 @@ fn kron_oracle_every_dtype_and_layout() {
                 ("transposed", "reversed"),
                 ("misaligned", "misaligned"),
             ] {
-                let pick = |s: &[i64], l: &str| {
-                    layouts(s, false)
-                        .into_iter()
-                        .find(|(n, _)| *n == l)
-                        .unwrap()
-                        .1
-                };
-                let a = Operand::random(&mut rng, dtype, pick(sa, la), Domain::Signed);
-                let b = Operand::random(&mut rng, dtype, pick(sb, lb), Domain::Signed);
-                let dims = |s: &[i64]| {
-                    if s.len() == 3 {
-                        (s[0], s[1], s[2])
-                    } else {
-                        (1, s[0], s[1])
-                    }
-                };
-                let (da, db) = (dims(sa), dims(sb));
-                let mut shape = vec![da.1 * db.1, da.2 * db.2];
-                if sa.len() == 3 || sb.len() == 3 {
-                    shape.insert(0, da.0.max(db.0));
-                }
-                let want = run_kron(&cpu, dtype, &a, &b, &shape, null());
-                let got = run_kron(&g, dtype, &a, &b, &shape, null());
+                let k = KronCase::random(&mut rng, dtype, (sa, la), (sb, lb));
+                let want = k.run(&cpu, dtype, null());
+                let got = k.run(&g, dtype, null());
                 assert_close(
                     &got,
                     &want,
@@ -415,16 +395,10 @@ fn kron_oracle_every_dtype_and_layout() {
 /// `fk_kron` into an output that starts `off` bytes into a poisoned device
 /// allocation (0: 256-byte aligned); checks that no byte outside the output was
 /// written and returns the output's values.
-fn kron_at_offset(
-    g: &Ctx,
-    dtype: fk_dtype,
-    a: &Operand,
-    b: &Operand,
-    shape: &[i64],
-    off: usize,
-) -> Vec<Cx> {
-    let pa = Placed::input(g, dtype, a);
-    let pb = Placed::input(g, dtype, b);
+fn kron_at_offset(g: &Ctx, dtype: fk_dtype, k: &KronCase, off: usize) -> Vec<Cx> {
+    let shape = &k.shape[..];
+    let pa = Placed::input(g, dtype, &k.a);
+    let pb = Placed::input(g, dtype, &k.b);
     let sz = dsize(dtype);
     let len = shape.iter().product::<i64>() as usize * sz;
     let storage = Buf::new(g, FK_DTYPE_F16, &[((off + len + 64) / 2) as i64]);
@@ -495,30 +469,10 @@ fn kron_store_widths_alignments_and_odd_sizes() {
         offs.dedup();
         for &(sa, sb) in &cases {
             for (la, lb) in [("contiguous", "contiguous"), ("transposed", "reversed")] {
-                let pick = |s: &[i64], l: &str| {
-                    layouts(s, false)
-                        .into_iter()
-                        .find(|(n, _)| *n == l)
-                        .unwrap()
-                        .1
-                };
-                let a = Operand::random(&mut rng, dtype, pick(sa, la), Domain::Signed);
-                let b = Operand::random(&mut rng, dtype, pick(sb, lb), Domain::Signed);
-                let dims = |s: &[i64]| {
-                    if s.len() == 3 {
-                        (s[0], s[1], s[2])
-                    } else {
-                        (1, s[0], s[1])
-                    }
-                };
-                let (da, db) = (dims(sa), dims(sb));
-                let mut shape = vec![da.1 * db.1, da.2 * db.2];
-                if sa.len() == 3 || sb.len() == 3 {
-                    shape.insert(0, da.0.max(db.0));
-                }
-                let want = run_kron(&cpu, dtype, &a, &b, &shape, null());
+                let k = KronCase::random(&mut rng, dtype, (sa, la), (sb, lb));
+                let want = k.run(&cpu, dtype, null());
                 for &off in &offs {
-                    let got = kron_at_offset(&g, dtype, &a, &b, &shape, off);
+                    let got = kron_at_offset(&g, dtype, &k, off);
                     assert_close(
                         &got,
                         &want,

@@ -900,6 +900,15 @@ impl View {
     }
 }
 
+/// The layout of `layouts(shape, false)` named `name` ("contiguous", "transposed", ...).
+pub fn layout(shape: &[i64], name: &str) -> View {
+    layouts(shape, false)
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .unwrap_or_else(|| panic!("no layout named {name}"))
+        .1
+}
+
 /// Named layouts of `shape` that any operand may have (outputs: `zero_ok = false`).
 pub fn layouts(shape: &[i64], zero_ok: bool) -> Vec<(&'static str, View)> {
     let mut v = vec![

@@ -556,6 +556,56 @@ pub fn kron_ref(
     out
 }
 
+/// A Kronecker product case: random operands of shapes `sa` and `sb` (`[m, n]` or
+/// `[batch, m, n]`) in the named layouts (`layout`), their (batch, rows, cols), and
+/// the output's shape (batched when either operand is).
+pub struct KronCase {
+    pub a: Operand,
+    pub b: Operand,
+    pub da: (i64, i64, i64),
+    pub db: (i64, i64, i64),
+    pub shape: Vec<i64>,
+}
+
+impl KronCase {
+    pub fn random(
+        rng: &mut Rng,
+        dtype: fk_dtype,
+        (sa, la): (&[i64], &str),
+        (sb, lb): (&[i64], &str),
+    ) -> KronCase {
+        let a = Operand::random(rng, dtype, layout(sa, la), Domain::Signed);
+        let b = Operand::random(rng, dtype, layout(sb, lb), Domain::Signed);
+        let dims = |s: &[i64]| {
+            if s.len() == 3 {
+                (s[0], s[1], s[2])
+            } else {
+                (1, s[0], s[1])
+            }
+        };
+        let (da, db) = (dims(sa), dims(sb));
+        let mut shape = vec![da.1 * db.1, da.2 * db.2];
+        if sa.len() == 3 || sb.len() == 3 {
+            shape.insert(0, da.0.max(db.0));
+        }
+        KronCase {
+            a,
+            b,
+            da,
+            db,
+            shape,
+        }
+    }
+    /// `fk_kron` on `ctx` (`run_kron`).
+    pub fn run(&self, ctx: &Ctx, dtype: fk_dtype, stream: *const fk_stream) -> Vec<Cx> {
+        run_kron(ctx, dtype, &self.a, &self.b, &self.shape, stream)
+    }
+    /// The f64 reference (`kron_ref`).
+    pub fn reference(&self) -> Vec<Cx> {
+        kron_ref(&self.a.values(), self.da, &self.b.values(), self.db)
+    }
+}
+
 /// Runs `fk_kron` on placed operands; returns `out`'s values.
 pub fn run_kron(
     ctx: &Ctx,

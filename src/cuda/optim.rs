@@ -208,7 +208,7 @@ impl crate::ops::optim::MatOps for Ops<'_> {
     }
 
     fn gemm(&self, p: &GemmPlan) -> Result<()> {
-        let g = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        let g = crate::error::lock(&self.slot);
         cublas::gemm_ex(&g, p)
     }
 
@@ -541,7 +541,7 @@ fn rank_k(
 pub fn shampoo_stats(dev: &CudaDevice, p: &StatsPlan, stream: &Stream) -> Result<()> {
     dev.bind()?;
     let slot = dev.blas.slot(dev, stream.raw)?;
-    let g = slot.lock().unwrap_or_else(|e| e.into_inner());
+    let g = crate::error::lock(&slot);
     if let Some(l) = p.l {
         rank_k(
             dev,

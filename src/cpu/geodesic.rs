@@ -29,7 +29,7 @@ use crate::cpu::{Real, host_slice, host_slice_mut};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::Addr;
-use crate::ops::geodesic::Job;
+use crate::ops::geodesic::{Job, Kind};
 
 /// Reads `n` elements at element offset `off` of the operand at `base` as f64 (zeros
 /// where the operand is absent).
@@ -522,32 +522,22 @@ fn leapfrog_backward_t<T: Real>(job: &Job) {
     write_params::<T>(job, parts.into_iter().map(|p| p.params));
 }
 
-macro_rules! by_dtype {
-    ($job:expr, $f:ident) => {
-        match $job.dtype {
-            DType::F32 => $f::<f32>($job),
-            DType::F64 => $f::<f64>($job),
-            _ => unreachable!("ops::geodesic admits f32 and f64 only"),
-        }
-    };
+/// `kind` in the storage type `T`.
+fn run_t<T: Real>(kind: Kind, job: &Job) {
+    match kind {
+        Kind::ChristoffelForward => christoffel_forward_t::<T>(job),
+        Kind::ChristoffelBackward => christoffel_backward_t::<T>(job),
+        Kind::LeapfrogForward => leapfrog_forward_t::<T>(job),
+        Kind::LeapfrogBackward => leapfrog_backward_t::<T>(job),
+    }
 }
 
-pub fn christoffel_forward(job: &Job) -> Result<()> {
-    by_dtype!(job, christoffel_forward_t);
-    Ok(())
-}
-
-pub fn christoffel_backward(job: &Job) -> Result<()> {
-    by_dtype!(job, christoffel_backward_t);
-    Ok(())
-}
-
-pub fn leapfrog_forward(job: &Job) -> Result<()> {
-    by_dtype!(job, leapfrog_forward_t);
-    Ok(())
-}
-
-pub fn leapfrog_backward(job: &Job) -> Result<()> {
-    by_dtype!(job, leapfrog_backward_t);
+/// Runs the op `kind` on `job` (validated by `ops::geodesic`).
+pub fn run(kind: Kind, job: &Job) -> Result<()> {
+    match job.dtype {
+        DType::F32 => run_t::<f32>(kind, job),
+        DType::F64 => run_t::<f64>(kind, job),
+        _ => unreachable!("ops::geodesic admits f32 and f64 only"),
+    }
     Ok(())
 }

@@ -287,14 +287,14 @@ fn check_common(
     Ok(())
 }
 
-fn dispatch(device: Device, v: &Buffer, stream: &Stream, job: &Job, kind: Kind) -> Result<()> {
-    match device {
-        Device::Cpu => match kind {
-            Kind::ChristoffelForward => crate::cpu::geodesic::christoffel_forward(job),
-            Kind::ChristoffelBackward => crate::cpu::geodesic::christoffel_backward(job),
-            Kind::LeapfrogForward => crate::cpu::geodesic::leapfrog_forward(job),
-            Kind::LeapfrogBackward => crate::cpu::geodesic::leapfrog_backward(job),
-        },
+/// Runs `kind` on the backend of `v`'s device, unless there is nothing to compute
+/// (`work` false).
+fn dispatch(kind: Kind, job: &Job, v: &Buffer, stream: &Stream, work: bool) -> Result<()> {
+    if !work {
+        return Ok(());
+    }
+    match v.device() {
+        Device::Cpu => crate::cpu::geodesic::run(kind, job),
         Device::Cuda(_) => crate::cuda::geodesic::run(v.ctx.cuda_dev(), kind, job, stream),
     }
 }
@@ -338,10 +338,7 @@ pub fn christoffel_forward(
         gamma: Addr::of(gamma),
         ..Job::absent(dtype, b, d, r)
     };
-    if b == 0 || d == 0 {
-        return Ok(());
-    }
-    dispatch(v.device(), v, stream, &job, Kind::ChristoffelForward)
+    dispatch(Kind::ChristoffelForward, &job, v, stream, b > 0 && d > 0)
 }
 
 /// `dv = dp U^T`, `dU = v^T dp`, `dW = g'^T s` for `g = dL/dgamma` (each output optional).
@@ -384,10 +381,13 @@ pub fn christoffel_backward(
         dw: Addr::of_opt(dw),
         ..Job::absent(dtype, b, d, r)
     };
-    if outs.is_empty() || d == 0 {
-        return Ok(());
-    }
-    dispatch(v.device(), v, stream, &job, Kind::ChristoffelBackward)
+    dispatch(
+        Kind::ChristoffelBackward,
+        &job,
+        v,
+        stream,
+        !outs.is_empty() && d > 0,
+    )
 }
 
 /// What both leapfrogs take first (the forward's `x0`, then `v0`, `f`, `U`, `W`, `mu`
@@ -470,10 +470,7 @@ pub fn leapfrog_forward(
         traj: Addr::of_opt(traj),
         ..base
     };
-    if b == 0 || d == 0 {
-        return Ok(());
-    }
-    dispatch(v0.device(), v0, stream, &job, Kind::LeapfrogForward)
+    dispatch(Kind::LeapfrogForward, &job, v0, stream, b > 0 && d > 0)
 }
 
 /// Gradients of a loss on `(x_T, v_T)` (given `gx = dL/dx_T`, `gv = dL/dv_T`, each
@@ -540,8 +537,11 @@ pub fn leapfrog_backward(
         dw: Addr::of_opt(dw),
         ..base
     };
-    if outs.is_empty() || d == 0 {
-        return Ok(());
-    }
-    dispatch(v0.device(), v0, stream, &job, Kind::LeapfrogBackward)
+    dispatch(
+        Kind::LeapfrogBackward,
+        &job,
+        v0,
+        stream,
+        !outs.is_empty() && d > 0,
+    )
 }

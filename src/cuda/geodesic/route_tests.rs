@@ -452,7 +452,7 @@ fn route_leapfrog_backward_matches_the_cpu_backend() {
                 fj.x_out = xo.at();
                 fj.v_out = vo.at();
                 fj.traj = traj.at();
-                crate::cpu::geodesic::leapfrog_forward(&fj).unwrap();
+                crate::cpu::geodesic::run(Kind::LeapfrogForward, &fj).unwrap();
                 // the CPU backend's gradients, all of them
                 let want: Vec<HostBuf> = [bd, bd, bd, dr, dr]
                     .iter()
@@ -460,7 +460,7 @@ fn route_leapfrog_backward_matches_the_cpu_backend() {
                     .collect();
                 let mut cj = base;
                 [cj.dx, cj.dv, cj.df, cj.du, cj.dw] = [0, 1, 2, 3, 4].map(|k| want[k].at());
-                crate::cpu::geodesic::leapfrog_backward(&cj).unwrap();
+                crate::cpu::geodesic::run(Kind::LeapfrogBackward, &cj).unwrap();
                 let want: Vec<Vec<f64>> = want.iter().map(HostBuf::read).collect();
                 // without the trajectory the recomputing forward also runs fused
                 for (with_traj, fused) in [(true, false), (false, false), (false, true)] {
@@ -518,7 +518,7 @@ fn route_forwards_and_christoffel_backward_match_the_cpu_backend() {
                 let want = HostBuf::nan(dtype, bd);
                 let mut cj = job;
                 cj.gamma = want.at();
-                crate::cpu::geodesic::christoffel_forward(&cj).unwrap();
+                crate::cpu::geodesic::run(Kind::ChristoffelForward, &cj).unwrap();
                 let got = HostBuf::nan(dtype, bd);
                 cj.gamma = got.at();
                 let mut bufs = pr.inputs();
@@ -551,7 +551,7 @@ fn route_forwards_and_christoffel_backward_match_the_cpu_backend() {
                     .collect();
                 let mut cj = job;
                 [cj.dv, cj.du, cj.dw] = [0, 1, 2].map(|k| want[k].at());
-                crate::cpu::geodesic::christoffel_backward(&cj).unwrap();
+                crate::cpu::geodesic::run(Kind::ChristoffelBackward, &cj).unwrap();
                 for set in [7u32, 1, 2, 4] {
                     let got: Vec<Option<HostBuf>> = [bd, dr, dr]
                         .iter()
@@ -584,7 +584,7 @@ fn route_forwards_and_christoffel_backward_match_the_cpu_backend() {
                         .collect();
                     let mut cj = job;
                     [cj.x_out, cj.v_out, cj.traj] = [0, 1, 2].map(|k| want[k].at());
-                    crate::cpu::geodesic::leapfrog_forward(&cj).unwrap();
+                    crate::cpu::geodesic::run(Kind::LeapfrogForward, &cj).unwrap();
                     for (in_place, with_traj) in [(false, true), (false, false), (true, true)] {
                         let got: Vec<HostBuf> = if in_place {
                             vec![

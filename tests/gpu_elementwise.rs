@@ -18,8 +18,9 @@ use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 use std::time::Instant;
 
+use common::graph::Graph;
 use common::*;
-use cudarc::driver::{result as cu, sys};
+use cudarc::driver::result as cu;
 use elementwise_table::*;
 
 /// Runs `op` on placed operands of one context; the output is freshly poisoned.
@@ -764,19 +765,7 @@ fn cuda_graph_capture_of_fusekit_ops() {
     chain(&x, &y, &z, &t1, &t2, &t3, &out, s.raw());
     s.sync();
 
-    unsafe {
-        cu::stream::begin_capture(
-            raw,
-            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-        )
-    }
-    .expect("cuStreamBeginCapture");
-    chain(&x, &y, &z, &t1, &t2, &t3, &out, s.raw());
-    let graph = unsafe { cu::stream::end_capture(raw) }
-        .expect("cuStreamEndCapture: the capture was invalidated");
-    assert!(!graph.is_null());
-    let exec = unsafe { cu::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) }
-        .expect("cuGraphInstantiate");
+    let graph = Graph::capture(raw, || chain(&x, &y, &z, &t1, &t2, &t3, &out, s.raw()));
 
     let oracle = |xv: &[Cx], yv: &[Cx], zv: &[Cx]| {
         let b = |v: &[Cx]| Buf::from_vals(&cpu, dtype, &[n], v);
@@ -801,7 +790,7 @@ fn cuda_graph_capture_of_fusekit_ops() {
         }
         // Poison the output: only the graph can make it right.
         out.write_bytes(&vec![0xFF; n as usize * 4]);
-        unsafe { cu::graph::launch(exec, raw) }.expect("cuGraphLaunch");
+        graph.launch(raw);
         s.sync();
         let mut host = vec![0u8; n as usize * 4];
         ok(unsafe {
@@ -819,10 +808,7 @@ fn cuda_graph_capture_of_fusekit_ops() {
             &format!("graph replay {replay}"),
         );
     }
-    unsafe {
-        cu::graph::exec_destroy(exec).unwrap();
-        cu::graph::destroy(graph).unwrap();
-    }
+    drop(graph);
     drop((x, y, z, t1, t2, t3, out));
     drop(s);
     unsafe {

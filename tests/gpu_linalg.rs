@@ -23,6 +23,7 @@ use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 use std::time::Instant;
 
+use common::graph::Graph;
 use common::*;
 use cudarc::driver::{result as cu, sys};
 use linalg_ref::*;
@@ -975,20 +976,9 @@ fn cuda_graph_capture_of_linalg_ops() {
     b.write(&bv);
     run(&g, s.raw(), &x, &w, &b, &y, &z);
     s.sync();
-    unsafe {
-        cu::stream::begin_capture(
-            raw,
-            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-        )
-    }
-    .expect("cuStreamBeginCapture");
-    run(&g, s.raw(), &x, &w, &b, &y, &z);
-    let graph = unsafe { cu::stream::end_capture(raw) }
-        .expect("cuStreamEndCapture: the capture was invalidated");
-    let exec = unsafe { cu::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) }
-        .expect("cuGraphInstantiate");
+    let graph = Graph::capture(raw, || run(&g, s.raw(), &x, &w, &b, &y, &z));
     z.write_bytes(&vec![0xFF; (n * n * 2) as usize]);
-    unsafe { cu::graph::launch(exec, raw) }.expect("cuGraphLaunch");
+    graph.launch(raw);
     s.sync();
     let (cx_, cw, cb, cy, cz) = mk(&cpu, null());
     cx_.write(&xv);
@@ -996,10 +986,7 @@ fn cuda_graph_capture_of_linalg_ops() {
     cb.write(&bv);
     run(&cpu, null(), &cx_, &cw, &cb, &cy, &cz);
     assert_close(&z.read(), &cz.read(), 2e-2, "graph replay of linear + gemm");
-    unsafe {
-        cu::graph::exec_destroy(exec).ok();
-        cu::graph::destroy(graph).ok();
-    }
+    drop(graph);
     drop((x, w, b, y, z));
     drop(s);
     unsafe { cu::stream::destroy(raw) }.expect("cuStreamDestroy");

@@ -40,6 +40,7 @@ macro_rules! destroy_on_drop {
     };
 }
 
+pub mod graph;
 pub mod runtime;
 
 use std::ffi::{CStr, c_char, c_void};

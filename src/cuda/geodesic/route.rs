@@ -83,35 +83,38 @@ pub(super) trait Steps {
         self.launch(name, n, &mut a)
     }
 
+    /// The `[B, D]` matrix at `a` (`v`, `x`, `gamma`, raw, `g'` and their kin).
+    fn bd(&self, a: usize) -> Mat {
+        let j = self.job();
+        dense(a, j.b as i64, j.d as i64, 0)
+    }
+
+    /// The `[D, R]` matrix at `a` (`U`, `W`, `dU`, `dW`).
+    fn dr(&self, a: usize) -> Mat {
+        let j = self.job();
+        dense(a, j.d as i64, j.r as i64, 0)
+    }
+
+    /// The `[B, R]` matrix at `a` (`P`, `S`, `Q`).
+    fn br(&self, a: usize) -> Mat {
+        let j = self.job();
+        dense(a, j.b as i64, j.r as i64, 0)
+    }
+
     /// `P = v U` into `p` (`[B, R]`).
     fn vu(&self, v: usize, p: usize) -> Result<()> {
-        let j = self.job();
-        let (b, d, r) = (j.b as i64, j.d as i64, j.r as i64);
-        self.gemm(
-            Trans::N,
-            dense(v, b, d, 0),
-            Trans::N,
-            dense(at(j.u), d, r, 0),
-            dense(p, b, r, 0),
-            0.0,
-        )
+        let u = self.dr(at(self.job().u));
+        self.gemm(Trans::N, self.bd(v), Trans::N, u, self.br(p), 0.0)
     }
 
     /// `out = (v U)^2 W^T` with `P = v U` into `p` and `S = P^2` into `s` (`s` may be
     /// `p`; `out` may be `v`: `v` is read before `out` is written).
     fn gamma_raw(&self, v: usize, out: usize, p: usize, s: usize) -> Result<()> {
         let j = self.job();
-        let (b, d, r) = (j.b as i64, j.d as i64, j.r as i64);
         self.vu(v, p)?;
-        self.ew("geo_square", s, p, b * r, 0.0)?;
-        self.gemm(
-            Trans::N,
-            dense(s, b, r, 0),
-            Trans::T,
-            dense(at(j.w), d, r, 0),
-            dense(out, b, d, 0),
-            0.0,
-        )
+        self.ew("geo_square", s, p, (j.b * j.r) as i64, 0.0)?;
+        let w = self.dr(at(j.w));
+        self.gemm(Trans::N, self.br(s), Trans::T, w, self.bd(out), 0.0)
     }
 
     /// One kick, `v = vin + h (f - clamp(raw) - mu vin)` (`vin` may be `v`), then
@@ -211,49 +214,24 @@ pub(super) trait Steps {
     /// `dU (+)= v^T dP`; only what `out` asks for.
     fn vjp_products(&self, v: usize, p: usize, s: usize, gp: usize, out: VjpOut) -> Result<()> {
         let j = self.job();
-        let (b, d, r) = (j.b as i64, j.d as i64, j.r as i64);
+        let (u, w) = (self.dr(at(j.u)), self.dr(at(j.w)));
         if out.dw.0 != 0 {
-            self.gemm(
-                Trans::T,
-                dense(gp, b, d, 0),
-                Trans::N,
-                dense(s, b, r, 0),
-                dense(out.dw.0, d, r, 0),
-                out.dw.1,
-            )?;
+            let (dw, beta) = (self.dr(out.dw.0), out.dw.1);
+            self.gemm(Trans::T, self.bd(gp), Trans::N, self.br(s), dw, beta)?;
         }
         if out.dv.0 == 0 && out.du.0 == 0 {
             return Ok(());
         }
         let q = s;
-        self.gemm(
-            Trans::N,
-            dense(gp, b, d, 0),
-            Trans::N,
-            dense(at(j.w), d, r, 0),
-            dense(q, b, r, 0),
-            0.0,
-        )?;
-        self.ew("geo_dp", q, p, b * r, 0.0)?;
+        self.gemm(Trans::N, self.bd(gp), Trans::N, w, self.br(q), 0.0)?;
+        self.ew("geo_dp", q, p, (j.b * j.r) as i64, 0.0)?;
         if out.dv.0 != 0 {
-            self.gemm(
-                Trans::N,
-                dense(q, b, r, 0),
-                Trans::T,
-                dense(at(j.u), d, r, 0),
-                dense(out.dv.0, b, d, 0),
-                out.dv.1,
-            )?;
+            let (dv, beta) = (self.bd(out.dv.0), out.dv.1);
+            self.gemm(Trans::N, self.br(q), Trans::T, u, dv, beta)?;
         }
         if out.du.0 != 0 {
-            self.gemm(
-                Trans::T,
-                dense(v, b, d, 0),
-                Trans::N,
-                dense(q, b, r, 0),
-                dense(out.du.0, d, r, 0),
-                out.du.1,
-            )?;
+            let (du, beta) = (self.dr(out.du.0), out.du.1);
+            self.gemm(Trans::T, self.bd(v), Trans::N, self.br(q), du, beta)?;
         }
         Ok(())
     }

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 use std::time::Duration;
 
@@ -271,15 +270,7 @@ fn copies_between_cpu_buffers() {
         assert_eq!(p.read(), vals);
         // -> a wrap of caller memory with another shape of the same size
         let mut host = vec![0u8; 37 * dsize(dtype)];
-        let w = unsafe {
-            Buf::wrap(
-                &ctx,
-                host.as_mut_ptr() as *mut c_void,
-                dtype,
-                &[1, 37],
-                None,
-            )
-        };
+        let w = unsafe { Buf::wrap_host(&ctx, &mut host, dtype, &[1, 37], None) };
         ok(copy(&w, &p, null()));
         drop(w);
         assert_eq!(decode(dtype, &host), vals);
@@ -321,15 +312,7 @@ fn copy_errors() {
     );
     // non-contiguous: a transposed wrap
     let mut host = vec![0f32; 12];
-    let t = unsafe {
-        Buf::wrap(
-            &ctx,
-            host.as_mut_ptr() as *mut c_void,
-            FK_DTYPE_F32,
-            &[3, 4],
-            Some(&[1, 3]),
-        )
-    };
+    let t = unsafe { Buf::wrap_host(&ctx, &mut host, FK_DTYPE_F32, &[3, 4], Some(&[1, 3])) };
     expect_status(
         copy(&t, &a, null()),
         FK_ERROR_UNSUPPORTED,
@@ -342,24 +325,8 @@ fn copy_errors() {
     );
     // partial overlap: two wraps of one array, shifted by one element
     let mut arr = vec![0f32; 8];
-    let lo = unsafe {
-        Buf::wrap(
-            &ctx,
-            arr.as_mut_ptr() as *mut c_void,
-            FK_DTYPE_F32,
-            &[6],
-            None,
-        )
-    };
-    let hi = unsafe {
-        Buf::wrap(
-            &ctx,
-            arr.as_mut_ptr().add(1) as *mut c_void,
-            FK_DTYPE_F32,
-            &[6],
-            None,
-        )
-    };
+    let lo = unsafe { Buf::wrap_host(&ctx, &mut arr, FK_DTYPE_F32, &[6], None) };
+    let hi = unsafe { Buf::wrap_host(&ctx, &mut arr[1..], FK_DTYPE_F32, &[6], None) };
     expect_status(
         copy(&lo, &hi, null()),
         FK_ERROR_ALIASING,
@@ -804,15 +771,7 @@ fn collective_errors() {
     );
     // non-contiguous
     let mut host = vec![0f32; 12];
-    let strided = unsafe {
-        Buf::wrap(
-            &ctx,
-            host.as_mut_ptr() as *mut c_void,
-            FK_DTYPE_F32,
-            &[6],
-            Some(&[2]),
-        )
-    };
+    let strided = unsafe { Buf::wrap_host(&ctx, &mut host, FK_DTYPE_F32, &[6], Some(&[2])) };
     expect_status(
         unsafe { fk_all_reduce(comm.0, strided.0, b.0, FK_REDUCE_SUM, null()) },
         FK_ERROR_UNSUPPORTED,
@@ -820,24 +779,8 @@ fn collective_errors() {
     );
     // partial overlap
     let mut arr = vec![0f32; 8];
-    let lo = unsafe {
-        Buf::wrap(
-            &ctx,
-            arr.as_mut_ptr() as *mut c_void,
-            FK_DTYPE_F32,
-            &[6],
-            None,
-        )
-    };
-    let hi = unsafe {
-        Buf::wrap(
-            &ctx,
-            arr.as_mut_ptr().add(2) as *mut c_void,
-            FK_DTYPE_F32,
-            &[6],
-            None,
-        )
-    };
+    let lo = unsafe { Buf::wrap_host(&ctx, &mut arr, FK_DTYPE_F32, &[6], None) };
+    let hi = unsafe { Buf::wrap_host(&ctx, &mut arr[2..], FK_DTYPE_F32, &[6], None) };
     expect_status(
         unsafe { fk_all_reduce(comm.0, lo.0, hi.0, FK_REDUCE_SUM, null()) },
         FK_ERROR_ALIASING,
@@ -973,15 +916,7 @@ fn cpu_stream_for_a_cpu_copy_and_its_event_ordering() {
     let mut outs = Vec::new();
     let mut evs = Vec::new();
     for c in 0..n {
-        let src = unsafe {
-            Buf::wrap(
-                &ctx,
-                hp.add(c * chunk) as *mut c_void,
-                FK_DTYPE_F32,
-                &[chunk as i64],
-                None,
-            )
-        };
+        let src = unsafe { host.wrap_range(&ctx, c * chunk, chunk) };
         let dev = Buf::new(&ctx, FK_DTYPE_F32, &[chunk as i64]);
         let out = Buf::new(&ctx, FK_DTYPE_F32, &[chunk as i64]);
         let (e0, e1, e2) = (Event::new(&ctx), Event::new(&ctx), Event::new(&ctx));

@@ -443,15 +443,7 @@ fn overlap_of_copies_and_compute() {
     t0.record(cs.0);
     ok(unsafe { fk_stream_wait_event(ks.0, t0.0) });
     for c in 0..chunks {
-        let src = unsafe {
-            Buf::wrap(
-                &g,
-                hp.add(c * m) as *mut c_void,
-                FK_DTYPE_F32,
-                &[m as i64],
-                None,
-            )
-        };
+        let src = unsafe { input.wrap_range(&g, c * m, m) };
         let (cp0, cp1, k0, k1) = &evs[c];
         cp0.record(cs.0);
         ok(copy(&dev_in[c], &src, cs.0));

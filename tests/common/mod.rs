@@ -352,6 +352,29 @@ impl Buf {
         ok(unsafe { fk_buffer_device(self.0, &mut k, &mut o) });
         (k, o)
     }
+    /// Caller host memory `host` wrapped as a buffer of `ctx` with `shape` and
+    /// `strides` (elements of `dtype`, which need not be `T`).
+    ///
+    /// # Safety
+    /// `host` outlives the buffer and holds every element the view reaches.
+    pub unsafe fn wrap_host<T>(
+        ctx: &Ctx,
+        host: &mut [T],
+        dtype: fk_dtype,
+        shape: &[i64],
+        strides: Option<&[i64]>,
+    ) -> Buf {
+        unsafe { Buf::wrap(ctx, host.as_mut_ptr().cast(), dtype, shape, strides) }
+    }
+    /// Elements `start..start + len` of this contiguous buffer as a 1-D wrap for `ctx`.
+    ///
+    /// # Safety
+    /// The range lies inside the buffer, which outlives the wrap.
+    pub unsafe fn wrap_range(&self, ctx: &Ctx, start: usize, len: usize) -> Buf {
+        let dtype = self.dtype();
+        let data = self.data().cast::<u8>().wrapping_add(start * dsize(dtype));
+        unsafe { Buf::wrap(ctx, data.cast(), dtype, &[len as i64], None) }
+    }
     pub fn write_bytes(&self, bytes: &[u8]) {
         ok(unsafe {
             fk_buffer_copy_from_host(self.0, bytes.as_ptr() as *const c_void, bytes.len(), null())

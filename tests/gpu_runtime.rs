@@ -94,30 +94,26 @@ fn release_threshold_is_honoured() {
     let s = Stream::new(&g);
     let n = (128 * MIB / 4) as usize;
 
-    ok(unsafe { fk_context_set_release_threshold(g.0, 0) });
-    assert_eq!(stats(&g).release_threshold_bytes, 0);
-    drop(f32_buf(&g, n, &s));
-    s.sync();
-    let r0 = stats(&g).reserved_bytes;
+    // What stays reserved under `threshold` once a 128 MiB buffer is freed and the
+    // stream synchronised.
+    let reserved_after = |threshold: u64| {
+        ok(unsafe { fk_context_set_release_threshold(g.0, threshold) });
+        assert_eq!(stats(&g).release_threshold_bytes, threshold);
+        drop(f32_buf(&g, n, &s));
+        s.sync();
+        stats(&g).reserved_bytes
+    };
+    let r0 = reserved_after(0);
     assert!(
         r0 <= 2 * MIB,
         "threshold 0: the reserve goes back at the synchronisation, but {r0} bytes stay"
     );
-
-    ok(unsafe { fk_context_set_release_threshold(g.0, 32 * MIB) });
-    drop(f32_buf(&g, n, &s));
-    s.sync();
-    let r32 = stats(&g).reserved_bytes;
+    let r32 = reserved_after(32 * MIB);
     assert!(
         r32 <= 32 * MIB,
         "threshold 32 MiB: {r32} bytes stay reserved"
     );
-
-    ok(unsafe { fk_context_set_release_threshold(g.0, 1 << 40) });
-    assert_eq!(stats(&g).release_threshold_bytes, 1 << 40);
-    drop(f32_buf(&g, n, &s));
-    s.sync();
-    let rbig = stats(&g).reserved_bytes;
+    let rbig = reserved_after(1 << 40);
     assert!(
         rbig >= 128 * MIB,
         "threshold 1 TiB keeps the 128 MiB: {rbig}"

@@ -47,99 +47,101 @@ fn tol(d: fk_dtype, backward: bool) -> f64 {
     }
 }
 
-#[test]
-fn oracle_forwards() {
+/// The oracle tests' loop: for every dtype and size of `sizes()`, a random problem
+/// (from `seed`) placed on the GPU and on the CPU (the same rounded inputs) is handed
+/// to `body` with the generator, the dtype, (B, N) and both contexts; each one's time
+/// is printed under `label`.
+fn each_problem(
+    seed: u64,
+    label: &str,
+    mut body: impl FnMut(&mut Rng, fk_dtype, (usize, usize), (&Ctx, &Inputs), (&Ctx, &Inputs)),
+) {
     let Some(g) = gpu() else { return };
     let cpu = Ctx::cpu();
-    let mut rng = Rng::new(21);
+    let mut rng = Rng::new(seed);
     for d in [FK_DTYPE_F32, FK_DTYPE_F64] {
         for (b, n) in sizes() {
             let t = Instant::now();
             let p = Problem::random(&mut rng, b, n, 1e-6).quantized(d);
             let (xg, xc) = (Inputs::new(&g, d, &p), Inputs::new(&cpu, d, &p));
-            let what = format!("{} B={b} N={n}", dname(d));
-            check(
-                &run_maha_fwd(&g, &xg, NULL_STREAM),
-                &run_maha_fwd(&cpu, &xc, NULL_STREAM),
-                tol(d, false),
-                &format!("mahalanobis {what}"),
-            );
-            check(
-                &run_field_fwd(&g, &xg, NULL_STREAM),
-                &run_field_fwd(&cpu, &xc, NULL_STREAM),
-                tol(d, false),
-                &format!("field {what}"),
-            );
-            println!("forwards {what}: ok in {:.2}s", t.elapsed().as_secs_f64());
+            body(&mut rng, d, (b, n), (&g, &xg), (&cpu, &xc));
+            let secs = t.elapsed().as_secs_f64();
+            println!("{label} {} B={b} N={n}: ok in {secs:.2}s", dname(d));
         }
     }
 }
 
 #[test]
+fn oracle_forwards() {
+    each_problem(21, "forwards", |_, d, (b, n), (g, xg), (cpu, xc)| {
+        let what = format!("{} B={b} N={n}", dname(d));
+        check(
+            &run_maha_fwd(g, xg, NULL_STREAM),
+            &run_maha_fwd(cpu, xc, NULL_STREAM),
+            tol(d, false),
+            &format!("mahalanobis {what}"),
+        );
+        check(
+            &run_field_fwd(g, xg, NULL_STREAM),
+            &run_field_fwd(cpu, xc, NULL_STREAM),
+            tol(d, false),
+            &format!("field {what}"),
+        );
+    });
+}
+
+#[test]
 fn oracle_backwards() {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::new(22);
-    for d in [FK_DTYPE_F32, FK_DTYPE_F64] {
-        for (b, n) in sizes() {
-            let t = Instant::now();
-            let p = Problem::random(&mut rng, b, n, 1e-6).quantized(d);
-            let (xg, xc) = (Inputs::new(&g, d, &p), Inputs::new(&cpu, d, &p));
-            let gm = quantize_vec(d, &random_vec(&mut rng, b * n));
-            let dout = quantize_vec(d, &random_vec(&mut rng, b));
-            for field in [false, true] {
-                let gin = if field { &dout } else { &gm };
-                let what = format!(
-                    "{} {} B={b} N={n}",
-                    if field { "field" } else { "maha" },
-                    dname(d)
-                );
-                let (got, bytes1) = run_bwd(&g, &xg, field, gin, ALL, NULL_STREAM);
-                let (want, _) = run_bwd(&cpu, &xc, field, gin, ALL, NULL_STREAM);
-                check(&got.0, &want.0, tol(d, true), &format!("dpoints {what}"));
-                check(&got.1, &want.1, tol(d, true), &format!("dmeans {what}"));
-                check(&got.2, &want.2, tol(d, true), &format!("dchol {what}"));
-                if field {
-                    check(&got.3, &want.3, tol(d, true), &format!("dweights {what}"));
-                }
-                // the upper part of dchol is exactly 0
-                for i in 0..n {
-                    for k in [1, 2, 5] {
-                        assert_eq!(got.2[i * 9 + k], 0.0, "{what}");
-                    }
-                }
-                // bitwise determinism
-                for _ in 0..2 {
-                    let (_, bytes2) = run_bwd(&g, &xg, field, gin, ALL, NULL_STREAM);
-                    assert!(
-                        bytes1 == bytes2,
-                        "{what}: the CUDA backward is not bitwise reproducible"
-                    );
-                }
-                // each gradient alone equals the same gradient from the full call
-                for i in 0..(if field { 4 } else { 3 }) {
-                    let mut want1 = [false; 4];
-                    want1[i] = true;
-                    let (one, _) = run_bwd(&g, &xg, field, gin, want1, NULL_STREAM);
-                    let (a, bb) = match i {
-                        0 => (&one.0, &got.0),
-                        1 => (&one.1, &got.1),
-                        2 => (&one.2, &got.2),
-                        _ => (&one.3, &got.3),
-                    };
-                    assert!(
-                        a.iter().zip(bb).all(|(x, y)| x.to_bits() == y.to_bits()),
-                        "{what}: gradient {i} alone differs from the full call"
-                    );
+    each_problem(22, "backwards", |rng, d, (b, n), (g, xg), (cpu, xc)| {
+        let gm = quantize_vec(d, &random_vec(rng, b * n));
+        let dout = quantize_vec(d, &random_vec(rng, b));
+        for field in [false, true] {
+            let gin = if field { &dout } else { &gm };
+            let what = format!(
+                "{} {} B={b} N={n}",
+                if field { "field" } else { "maha" },
+                dname(d)
+            );
+            let (got, bytes1) = run_bwd(g, xg, field, gin, ALL, NULL_STREAM);
+            let (want, _) = run_bwd(cpu, xc, field, gin, ALL, NULL_STREAM);
+            check(&got.0, &want.0, tol(d, true), &format!("dpoints {what}"));
+            check(&got.1, &want.1, tol(d, true), &format!("dmeans {what}"));
+            check(&got.2, &want.2, tol(d, true), &format!("dchol {what}"));
+            if field {
+                check(&got.3, &want.3, tol(d, true), &format!("dweights {what}"));
+            }
+            // the upper part of dchol is exactly 0
+            for i in 0..n {
+                for k in [1, 2, 5] {
+                    assert_eq!(got.2[i * 9 + k], 0.0, "{what}");
                 }
             }
-            println!(
-                "backwards {} B={b} N={n}: ok in {:.2}s",
-                dname(d),
-                t.elapsed().as_secs_f64()
-            );
+            // bitwise determinism
+            for _ in 0..2 {
+                let (_, bytes2) = run_bwd(g, xg, field, gin, ALL, NULL_STREAM);
+                assert!(
+                    bytes1 == bytes2,
+                    "{what}: the CUDA backward is not bitwise reproducible"
+                );
+            }
+            // each gradient alone equals the same gradient from the full call
+            for i in 0..(if field { 4 } else { 3 }) {
+                let mut want1 = [false; 4];
+                want1[i] = true;
+                let (one, _) = run_bwd(g, xg, field, gin, want1, NULL_STREAM);
+                let (a, bb) = match i {
+                    0 => (&one.0, &got.0),
+                    1 => (&one.1, &got.1),
+                    2 => (&one.2, &got.2),
+                    _ => (&one.3, &got.3),
+                };
+                assert!(
+                    a.iter().zip(bb).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{what}: gradient {i} alone differs from the full call"
+                );
+            }
         }
-    }
+    });
 }
 
 #[test]

@@ -256,86 +256,18 @@ pub fn syev_batched(
     dev.bind()?;
     let info = Workspace::new(dev, (batch as usize * 4).max(16), stream)?;
     let es = dtype.size() as u64;
-    let vec = sv::cusolverEigMode_t::CUSOLVER_EIG_MODE_VECTOR;
-    let lower = sv::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER;
     let (ni, bi) = (n as i32, batch as i32);
     let info_ptr = info.ptr as *mut i32;
     if n <= 32 {
-        let mut lwork = 0i32;
-        // SAFETY (this block and the ones below): q, w, info and the workspaces are
-        // device allocations of the sizes cuSOLVER asked for; the handle is bound
-        // to `stream`.
+        // SAFETY: q, w and info are device allocations of `batch` matrices, vectors
+        // and ints; the handle is bound to `stream`.
         unsafe {
             if dtype == DType::F32 {
-                check(
-                    "cusolverDnSsyevjBatched_bufferSize",
-                    api::cusolverDnSsyevjBatched_bufferSize(
-                        h.raw,
-                        vec,
-                        lower,
-                        ni,
-                        q as *const f32,
-                        ni,
-                        w as *const f32,
-                        &mut lwork,
-                        h.syevj,
-                        bi,
-                    ),
-                )?;
-                let work = Workspace::new(dev, (lwork as usize * 4).max(16), stream)?;
-                check(
-                    "cusolverDnSsyevjBatched",
-                    api::cusolverDnSsyevjBatched(
-                        h.raw,
-                        vec,
-                        lower,
-                        ni,
-                        q as *mut f32,
-                        ni,
-                        w as *mut f32,
-                        work.ptr as *mut f32,
-                        lwork,
-                        info_ptr,
-                        h.syevj,
-                        bi,
-                    ),
-                )?;
+                f32::syevj_batched(&h, dev, stream, ni, bi, q, w, info_ptr)
             } else {
-                check(
-                    "cusolverDnDsyevjBatched_bufferSize",
-                    api::cusolverDnDsyevjBatched_bufferSize(
-                        h.raw,
-                        vec,
-                        lower,
-                        ni,
-                        q as *const f64,
-                        ni,
-                        w as *const f64,
-                        &mut lwork,
-                        h.syevj,
-                        bi,
-                    ),
-                )?;
-                let work = Workspace::new(dev, (lwork as usize * 8).max(16), stream)?;
-                check(
-                    "cusolverDnDsyevjBatched",
-                    api::cusolverDnDsyevjBatched(
-                        h.raw,
-                        vec,
-                        lower,
-                        ni,
-                        q as *mut f64,
-                        ni,
-                        w as *mut f64,
-                        work.ptr as *mut f64,
-                        lwork,
-                        info_ptr,
-                        h.syevj,
-                        bi,
-                    ),
-                )?;
+                f64::syevj_batched(&h, dev, stream, ni, bi, q, w, info_ptr)
             }
-        }
+        }?;
     } else if batch == 1 || !batched_ok(&h, dtype, n, batch, q, w, info_ptr, dev, stream)? {
         for b in 0..batch as u64 {
             let qb = q + b * (n * n) as u64 * es;
@@ -455,72 +387,161 @@ fn syevd(
     dev: &CudaDevice,
     stream: usize,
 ) -> Result<()> {
-    let vec = sv::cusolverEigMode_t::CUSOLVER_EIG_MODE_VECTOR;
-    let lower = sv::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER;
-    let ni = n as i32;
-    let mut lwork = 0i32;
-    // SAFETY: as in syev_batched.
+    // SAFETY: q, w and info are device allocations of one matrix, vector and int;
+    // the handle is bound to `stream`.
     unsafe {
         if dtype == DType::F32 {
-            check(
-                "cusolverDnSsyevd_bufferSize",
-                api::cusolverDnSsyevd_bufferSize(
-                    h.raw,
-                    vec,
-                    lower,
-                    ni,
-                    q as *const f32,
-                    ni,
-                    w as *const f32,
-                    &mut lwork,
-                ),
-            )?;
-            let work = Workspace::new(dev, (lwork as usize * 4).max(16), stream)?;
-            check(
-                "cusolverDnSsyevd",
-                api::cusolverDnSsyevd(
-                    h.raw,
-                    vec,
-                    lower,
-                    ni,
-                    q as *mut f32,
-                    ni,
-                    w as *mut f32,
-                    work.ptr as *mut f32,
-                    lwork,
-                    info,
-                ),
-            )
+            f32::syevd(h, dev, stream, n as i32, q, w, info)
         } else {
-            check(
-                "cusolverDnDsyevd_bufferSize",
-                api::cusolverDnDsyevd_bufferSize(
-                    h.raw,
-                    vec,
-                    lower,
-                    ni,
-                    q as *const f64,
-                    ni,
-                    w as *const f64,
-                    &mut lwork,
-                ),
-            )?;
-            let work = Workspace::new(dev, (lwork as usize * 8).max(16), stream)?;
-            check(
-                "cusolverDnDsyevd",
-                api::cusolverDnDsyevd(
-                    h.raw,
-                    vec,
-                    lower,
-                    ni,
-                    q as *mut f64,
-                    ni,
-                    w as *mut f64,
-                    work.ptr as *mut f64,
-                    lwork,
-                    info,
-                ),
-            )
+            f64::syevd(h, dev, stream, n as i32, q, w, info)
         }
     }
 }
+
+/// cuSOLVER's real symmetric eigensolvers (eigenvectors, lower triangle) of one
+/// element type: its `S` functions for f32, `D` for f64.
+trait Syev {
+    /// `syevjBatched` (Jacobi) on `batch` matrices `n x n` at `q`, eigenvalues to
+    /// `w`, a status per matrix to `info`.
+    ///
+    /// # Safety
+    /// `q`, `w`, `info` are device allocations of those sizes; the handle is bound
+    /// to `stream`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn syevj_batched(
+        h: &Handle,
+        dev: &CudaDevice,
+        stream: usize,
+        n: i32,
+        batch: i32,
+        q: u64,
+        w: u64,
+        info: *mut i32,
+    ) -> Result<()>;
+    /// `syevd` (divide and conquer) on one matrix.
+    ///
+    /// # Safety
+    /// As `syevj_batched` with `batch` 1.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn syevd(
+        h: &Handle,
+        dev: &CudaDevice,
+        stream: usize,
+        n: i32,
+        q: u64,
+        w: u64,
+        info: *mut i32,
+    ) -> Result<()>;
+}
+
+macro_rules! syev {
+    ($t:ty, $syevj_size:ident, $syevj:ident, $syevd_size:ident, $syevd:ident) => {
+        impl Syev for $t {
+            unsafe fn syevj_batched(
+                h: &Handle,
+                dev: &CudaDevice,
+                stream: usize,
+                n: i32,
+                batch: i32,
+                q: u64,
+                w: u64,
+                info: *mut i32,
+            ) -> Result<()> {
+                let vec = sv::cusolverEigMode_t::CUSOLVER_EIG_MODE_VECTOR;
+                let lower = sv::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER;
+                let mut lwork = 0i32;
+                // SAFETY (both calls): the caller's contract; the workspace has the
+                // size cuSOLVER asked for.
+                check(stringify!($syevj_size), unsafe {
+                    api::$syevj_size(
+                        h.raw,
+                        vec,
+                        lower,
+                        n,
+                        q as *const $t,
+                        n,
+                        w as *const $t,
+                        &mut lwork,
+                        h.syevj,
+                        batch,
+                    )
+                })?;
+                let bytes = (lwork as usize * size_of::<$t>()).max(16);
+                let work = Workspace::new(dev, bytes, stream)?;
+                check(stringify!($syevj), unsafe {
+                    api::$syevj(
+                        h.raw,
+                        vec,
+                        lower,
+                        n,
+                        q as *mut $t,
+                        n,
+                        w as *mut $t,
+                        work.ptr as *mut $t,
+                        lwork,
+                        info,
+                        h.syevj,
+                        batch,
+                    )
+                })
+            }
+
+            unsafe fn syevd(
+                h: &Handle,
+                dev: &CudaDevice,
+                stream: usize,
+                n: i32,
+                q: u64,
+                w: u64,
+                info: *mut i32,
+            ) -> Result<()> {
+                let vec = sv::cusolverEigMode_t::CUSOLVER_EIG_MODE_VECTOR;
+                let lower = sv::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER;
+                let mut lwork = 0i32;
+                // SAFETY (both calls): as in syevj_batched.
+                check(stringify!($syevd_size), unsafe {
+                    api::$syevd_size(
+                        h.raw,
+                        vec,
+                        lower,
+                        n,
+                        q as *const $t,
+                        n,
+                        w as *const $t,
+                        &mut lwork,
+                    )
+                })?;
+                let bytes = (lwork as usize * size_of::<$t>()).max(16);
+                let work = Workspace::new(dev, bytes, stream)?;
+                check(stringify!($syevd), unsafe {
+                    api::$syevd(
+                        h.raw,
+                        vec,
+                        lower,
+                        n,
+                        q as *mut $t,
+                        n,
+                        w as *mut $t,
+                        work.ptr as *mut $t,
+                        lwork,
+                        info,
+                    )
+                })
+            }
+        }
+    };
+}
+syev!(
+    f32,
+    cusolverDnSsyevjBatched_bufferSize,
+    cusolverDnSsyevjBatched,
+    cusolverDnSsyevd_bufferSize,
+    cusolverDnSsyevd
+);
+syev!(
+    f64,
+    cusolverDnDsyevjBatched_bufferSize,
+    cusolverDnDsyevjBatched,
+    cusolverDnDsyevd_bufferSize,
+    cusolverDnDsyevd
+);

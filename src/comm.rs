@@ -18,7 +18,7 @@
 //! (`FK_ERROR_UNSUPPORTED_DTYPE`); broadcast and all-gather move them unchanged.
 
 use std::cell::Cell;
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
 use crate::buffer::{Buffer, check_same_device};
@@ -309,14 +309,9 @@ impl Comm {
 
     /// Refuses partial overlaps; `in_place` is the one overlap the collective allows
     /// (send at this byte offset inside recv, or the reverse).
-    fn check_overlap(send: &Buffer, recv: &Buffer, allowed: Option<(usize, usize)>) -> Result<()> {
-        if !send.overlaps(recv) {
+    fn check_overlap(send: &Buffer, recv: &Buffer, in_place: (usize, usize)) -> Result<()> {
+        if !send.overlaps(recv) || in_place == (send.data, recv.data) {
             return Ok(());
-        }
-        if let Some((s, r)) = allowed {
-            if s == send.data && r == recv.data {
-                return Ok(());
-            }
         }
         crate::bail!(
             FK_ERROR_ALIASING,
@@ -335,17 +330,41 @@ impl Comm {
         }
     }
 
-    fn nccl_call<F: FnOnce(&nccl::Nccl, ncclComm_t) -> c_int>(
+    /// The tail every collective shares: refuses overlaps of send and recv other
+    /// than `in_place`; on a CPU communicator (one rank) copies send to recv; else
+    /// queues NCCL's `what` over `counted`'s elements, `call` given the arguments
+    /// in NCCL's order but the op or root: send, recv, count, datatype, comm, stream.
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
         &self,
         what: &str,
+        send: &Buffer,
+        recv: &Buffer,
+        in_place: (usize, usize),
+        counted: &Buffer,
         stream: &Stream,
-        f: F,
+        call: impl FnOnce(
+            &nccl::Nccl,
+            *const c_void,
+            *mut c_void,
+            usize,
+            c_int,
+            ncclComm_t,
+            *mut c_void,
+        ) -> c_int,
     ) -> Result<()> {
+        Self::check_overlap(send, recv, in_place)?;
+        if self.raw == 0 {
+            Self::cpu_copy(send, recv);
+            return Ok(());
+        }
+        let (ty, count) = nccl_type(counted.dtype, counted.numel() as usize);
         let n = nccl::nccl()?;
         let dev = self.ctx.cuda_dev();
         dev.bind()?;
         let comm = self.raw as ncclComm_t;
-        n.check(f(n, comm), what, comm)?;
+        let (s, r) = (send.data as *const c_void, recv.data as *mut c_void);
+        n.check(call(n, s, r, count, ty, comm, stream.raw as _), what, comm)?;
         if dev.debug_sync && !in_group() {
             stream.synchronize()?;
         }
@@ -370,23 +389,18 @@ impl Comm {
             recv.numel(),
             send.numel()
         );
-        Self::check_overlap(send, recv, Some((recv.data, recv.data)))?;
-        if self.raw == 0 {
-            Self::cpu_copy(send, recv);
-            return Ok(());
-        }
-        let (ty, count) = nccl_type(send.dtype, send.numel() as usize);
-        self.nccl_call("ncclAllReduce", stream, |n, c| unsafe {
-            (n.all_reduce)(
-                send.data as _,
-                recv.data as _,
-                count,
-                ty,
-                op as c_int,
-                c,
-                stream.raw as _,
-            )
-        })
+        let in_place = (recv.data, recv.data);
+        self.launch(
+            "ncclAllReduce",
+            send,
+            recv,
+            in_place,
+            send,
+            stream,
+            |n, s, r, count, ty, c, st| unsafe {
+                (n.all_reduce)(s, r, count, ty, op as c_int, c, st)
+            },
+        )
     }
 
     /// `recv = send of rank root` on every rank; `send` is read on the root only and
@@ -423,23 +437,16 @@ impl Comm {
             recv.numel(),
             send.numel()
         );
-        Self::check_overlap(send, recv, Some((recv.data, recv.data)))?;
-        if self.raw == 0 {
-            Self::cpu_copy(send, recv);
-            return Ok(());
-        }
-        let (ty, count) = nccl_type(recv.dtype, recv.numel() as usize);
-        self.nccl_call("ncclBroadcast", stream, |n, c| unsafe {
-            (n.broadcast)(
-                send.data as _,
-                recv.data as _,
-                count,
-                ty,
-                root,
-                c,
-                stream.raw as _,
-            )
-        })
+        let in_place = (recv.data, recv.data);
+        self.launch(
+            "ncclBroadcast",
+            send,
+            recv,
+            in_place,
+            recv,
+            stream,
+            |n, s, r, count, ty, c, st| unsafe { (n.broadcast)(s, r, count, ty, root, c, st) },
+        )
     }
 
     /// `recv = concat over ranks of send` (rank order); recv has nranks times send's
@@ -456,22 +463,16 @@ impl Comm {
             n * send.numel()
         );
         let slice = recv.data + self.rank as usize * send.nbytes();
-        Self::check_overlap(send, recv, Some((slice, recv.data)))?;
-        if self.raw == 0 {
-            Self::cpu_copy(send, recv);
-            return Ok(());
-        }
-        let (ty, count) = nccl_type(send.dtype, send.numel() as usize);
-        self.nccl_call("ncclAllGather", stream, |nc, c| unsafe {
-            (nc.all_gather)(
-                send.data as _,
-                recv.data as _,
-                count,
-                ty,
-                c,
-                stream.raw as _,
-            )
-        })
+        let in_place = (slice, recv.data);
+        self.launch(
+            "ncclAllGather",
+            send,
+            recv,
+            in_place,
+            send,
+            stream,
+            |n, s, r, count, ty, c, st| unsafe { (n.all_gather)(s, r, count, ty, c, st) },
+        )
     }
 
     /// `recv = slice rank of (op over ranks of send)`: send has nranks times recv's
@@ -495,23 +496,18 @@ impl Comm {
             n * recv.numel()
         );
         let slice = send.data + self.rank as usize * recv.nbytes();
-        Self::check_overlap(send, recv, Some((send.data, slice)))?;
-        if self.raw == 0 {
-            Self::cpu_copy(send, recv);
-            return Ok(());
-        }
-        let (ty, count) = nccl_type(recv.dtype, recv.numel() as usize);
-        self.nccl_call("ncclReduceScatter", stream, |nc, c| unsafe {
-            (nc.reduce_scatter)(
-                send.data as _,
-                recv.data as _,
-                count,
-                ty,
-                op as c_int,
-                c,
-                stream.raw as _,
-            )
-        })
+        let in_place = (send.data, slice);
+        self.launch(
+            "ncclReduceScatter",
+            send,
+            recv,
+            in_place,
+            recv,
+            stream,
+            |n, s, r, count, ty, c, st| unsafe {
+                (n.reduce_scatter)(s, r, count, ty, op as c_int, c, st)
+            },
+        )
     }
 }
 

@@ -112,19 +112,7 @@ fn gemm_empty_outputs_are_no_ops() {
         let a = Buf::new(&ctx, FK_DTYPE_F32, sa);
         let b = Buf::new(&ctx, FK_DTYPE_F32, sb);
         let c = Buf::new(&ctx, FK_DTYPE_F32, sc);
-        ok(unsafe {
-            fk_gemm(
-                FK_OP_N,
-                FK_OP_N,
-                re(1.0).scalar(),
-                a.raw(),
-                b.raw(),
-                re(0.0).scalar(),
-                c.raw(),
-                0,
-                null(),
-            )
-        });
+        ok(unsafe { product(a.raw(), b.raw(), c.raw(), None, null()) });
     }
 }
 

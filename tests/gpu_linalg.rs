@@ -575,20 +575,8 @@ fn chunked_vs_cpu(
         )
     };
     let stream = Stream::new(g);
-    let s = unsafe {
-        fk_gemm_chunked(
-            case.op_a,
-            case.op_b,
-            case.alpha.scalar(),
-            h(&pa, &da),
-            h(&pb, &db),
-            case.beta.scalar(),
-            h(&pc, &dc),
-            budget,
-            case.flags,
-            stream.raw(),
-        )
-    };
+    let (a, b, c) = (h(&pa, &da), h(&pb, &db), h(&pc, &dc));
+    let s = unsafe { case.call(a, b, c, Some(budget), stream.raw()) };
     ok_for(s, case.describe());
     stream.sync();
     let got = match &pc {
@@ -641,37 +629,12 @@ fn chunked_gemm_with_pinned_host_operands_under_small_budgets() {
     let a = Buf::new(&g, FK_DTYPE_F32, &[4, 4]);
     let pinned = Pinned::new(&g, FK_DTYPE_F32, &View::contiguous(&[4096, 4096]), &[]);
     let c2 = Buf::new(&g, FK_DTYPE_F32, &[4, 4096]);
-    let s = unsafe {
-        fk_gemm_chunked(
-            FK_OP_N,
-            FK_OP_N,
-            re(1.0).scalar(),
-            a.raw(),
-            pinned.wrap.as_ref().unwrap().raw(),
-            re(0.0).scalar(),
-            c2.raw(),
-            1000,
-            0,
-            null(),
-        )
-    };
+    let pb = pinned.wrap.as_ref().unwrap().raw();
+    let s = unsafe { product(a.raw(), pb, c2.raw(), Some(1000), null()) };
     // a is [4, 4] but b [4096, 4096]: the shape check comes first
     expect_status(s, FK_ERROR_SHAPE_MISMATCH, &["fk_gemm_chunked"]);
     let a = Buf::new(&g, FK_DTYPE_F32, &[4, 4096]);
-    let s = unsafe {
-        fk_gemm_chunked(
-            FK_OP_N,
-            FK_OP_N,
-            re(1.0).scalar(),
-            a.raw(),
-            pinned.wrap.as_ref().unwrap().raw(),
-            re(0.0).scalar(),
-            c2.raw(),
-            1000,
-            0,
-            null(),
-        )
-    };
+    let s = unsafe { product(a.raw(), pb, c2.raw(), Some(1000), null()) };
     expect_status(
         s,
         FK_ERROR_OUT_OF_MEMORY,
@@ -834,20 +797,7 @@ fn chunked_gemm_larger_than_gpu_memory() {
     let c = unsafe { Buf::wrap(&g, c_ptr as *mut c_void, FK_DTYPE_BF16, &[m, n], None) };
     let stream = Stream::new(&g);
     let t0 = Instant::now();
-    ok(unsafe {
-        fk_gemm_chunked(
-            FK_OP_N,
-            FK_OP_N,
-            re(1.0).scalar(),
-            a.raw(),
-            b.raw(),
-            re(0.0).scalar(),
-            c.raw(),
-            8 << 30,
-            0,
-            stream.raw(),
-        )
-    });
+    ok(unsafe { product(a.raw(), b.raw(), c.raw(), Some(8 << 30), stream.raw()) });
     stream.sync();
     let secs = t0.elapsed().as_secs_f64();
     let flops = 2.0 * (m * n * k) as f64;

@@ -24,6 +24,49 @@ pub fn act_name(a: fk_activation) -> &'static str {
 }
 
 /// `conj(z)` for `op = C`, `z` otherwise.
+/// fk_gemm on raw handles, or fk_gemm_chunked when `chunked` gives a device budget
+/// in bytes.
+///
+/// # Safety
+/// The handles are live buffers (or null, for the entry points to refuse).
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_call(
+    (op_a, op_b): (fk_op, fk_op),
+    alpha: Cx,
+    a: *const fk_buffer,
+    b: *const fk_buffer,
+    beta: Cx,
+    c: *mut fk_buffer,
+    chunked: Option<u64>,
+    flags: u32,
+    stream: *const fk_stream,
+) -> fk_status {
+    let (alpha, beta) = (alpha.scalar(), beta.scalar());
+    unsafe {
+        match chunked {
+            None => fk_gemm(op_a, op_b, alpha, a, b, beta, c, flags, stream),
+            Some(budget) => {
+                fk_gemm_chunked(op_a, op_b, alpha, a, b, beta, c, budget, flags, stream)
+            }
+        }
+    }
+}
+
+/// `c = a b` (no transposes, alpha 1, beta 0, no flags) through `gemm_call`.
+///
+/// # Safety
+/// As `gemm_call`.
+pub unsafe fn product(
+    a: *const fk_buffer,
+    b: *const fk_buffer,
+    c: *mut fk_buffer,
+    chunked: Option<u64>,
+    stream: *const fk_stream,
+) -> fk_status {
+    let nn = (FK_OP_N, FK_OP_N);
+    unsafe { gemm_call(nn, re(1.0), a, b, re(0.0), c, chunked, 0, stream) }
+}
+
 fn opc(op: fk_op, z: Cx) -> Cx {
     if op == FK_OP_C { cx(z.re, -z.im) } else { z }
 }
@@ -168,6 +211,21 @@ impl GemmCase {
     }
     /// Runs `fk_gemm` (or `fk_gemm_chunked` with `budget`) on `ctx`; with `beta = 0`
     /// C starts as NaN (it must not be read).
+    /// The case's GEMM (its ops, alpha, beta and flags) on raw handles: `gemm_call`.
+    ///
+    /// # Safety
+    /// As `gemm_call`.
+    pub unsafe fn call(
+        &self,
+        a: *const fk_buffer,
+        b: *const fk_buffer,
+        c: *mut fk_buffer,
+        chunked: Option<u64>,
+        stream: *const fk_stream,
+    ) -> fk_status {
+        let (ops, flags) = ((self.op_a, self.op_b), self.flags);
+        unsafe { gemm_call(ops, self.alpha, a, b, self.beta, c, chunked, flags, stream) }
+    }
     pub fn run(
         &self,
         ctx: &Ctx,
@@ -182,33 +240,7 @@ impl GemmCase {
         } else {
             placed_with(ctx, self.dtype, &d.c_view, &d.c0)
         };
-        let s = unsafe {
-            match chunked {
-                None => fk_gemm(
-                    self.op_a,
-                    self.op_b,
-                    self.alpha.scalar(),
-                    a.handle(),
-                    b.handle(),
-                    self.beta.scalar(),
-                    c.handle(),
-                    self.flags,
-                    stream,
-                ),
-                Some(budget) => fk_gemm_chunked(
-                    self.op_a,
-                    self.op_b,
-                    self.alpha.scalar(),
-                    a.handle(),
-                    b.handle(),
-                    self.beta.scalar(),
-                    c.handle(),
-                    budget,
-                    self.flags,
-                    stream,
-                ),
-            }
-        };
+        let s = unsafe { self.call(a.handle(), b.handle(), c.handle(), chunked, stream) };
         ok_for(s, self.describe());
         sync_stream(stream);
         c.read_checked()

@@ -37,6 +37,17 @@ impl HostBuf {
     fn nan(dtype: DType, n: usize) -> HostBuf {
         HostBuf::new(dtype, &vec![f64::NAN; n])
     }
+    /// NaN-filled buffers of these lengths.
+    fn nans(dtype: DType, lens: &[usize]) -> Vec<HostBuf> {
+        lens.iter().map(|&n| HostBuf::nan(dtype, n)).collect()
+    }
+    /// `nans` for the lengths whose bit `1 << k` is in `set`, `None` for the others.
+    fn nans_in(dtype: DType, lens: &[usize], set: u32) -> Vec<Option<HostBuf>> {
+        lens.iter()
+            .enumerate()
+            .map(|(k, &n)| (set & (1 << k) != 0).then(|| HostBuf::nan(dtype, n)))
+            .collect()
+    }
     fn addr(&self) -> usize {
         self.words.as_ptr() as usize
     }
@@ -91,6 +102,12 @@ struct HostRoute {
 }
 
 impl HostRoute {
+    /// Runs `kind` through the route on `job`, whose buffers are `bufs`.
+    fn run(kind: Kind, job: Job, bufs: &[&HostBuf], fused: bool) {
+        let r = HostRoute::with(kind, job, bufs, fused);
+        run_route(&r, kind, &r.layout).unwrap();
+    }
+
     fn with(kind: Kind, job: Job, bufs: &[&HostBuf], fused: bool) -> HostRoute {
         let layout = Layout::new(kind, &job, fused).unwrap();
         let p = vec![0u64; (job.b * job.r * job.dtype.size()).div_ceil(8).max(1)];
@@ -113,10 +130,6 @@ impl HostRoute {
             spans,
             fused,
         }
-    }
-
-    fn run(&self, kind: Kind) {
-        run_route(self, kind, &self.layout).unwrap();
     }
 
     /// Panics unless `[addr, addr + bytes)` lies inside one known buffer.
@@ -414,6 +427,34 @@ impl HostProb {
             &self.x, &self.v, &self.f, &self.u, &self.w, &self.mu, &self.g, &self.gx, &self.gv,
         ]
     }
+
+    /// `HostRoute::run` over the inputs and `more` (the outputs).
+    fn route<'a>(
+        &'a self,
+        kind: Kind,
+        job: Job,
+        more: impl IntoIterator<Item = &'a HostBuf>,
+        fused: bool,
+    ) {
+        let mut bufs = self.inputs();
+        bufs.extend(more);
+        HostRoute::run(kind, job, &bufs, fused);
+    }
+}
+
+/// `close` for each output given (`got[k]`) against `want[k]`.
+#[track_caller]
+fn close_given(
+    got: &[Option<HostBuf>],
+    want: &[Vec<f64>],
+    tol: f64,
+    what: impl Fn(usize) -> String,
+) {
+    for (k, o) in got.iter().enumerate() {
+        if let Some(o) = o {
+            close(&o.read(), &want[k], tol, &what(k));
+        }
+    }
 }
 
 #[track_caller]
@@ -454,10 +495,7 @@ fn route_leapfrog_backward_matches_the_cpu_backend() {
                 fj.traj = traj.at();
                 crate::cpu::geodesic::run(Kind::LeapfrogForward, &fj).unwrap();
                 // the CPU backend's gradients, all of them
-                let want: Vec<HostBuf> = [bd, bd, bd, dr, dr]
-                    .iter()
-                    .map(|&n| HostBuf::nan(dtype, n))
-                    .collect();
+                let want = HostBuf::nans(dtype, &[bd, bd, bd, dr, dr]);
                 let mut cj = base;
                 [cj.dx, cj.dv, cj.df, cj.du, cj.dw] = [0, 1, 2, 3, 4].map(|k| want[k].at());
                 crate::cpu::geodesic::run(Kind::LeapfrogBackward, &cj).unwrap();
@@ -465,32 +503,18 @@ fn route_leapfrog_backward_matches_the_cpu_backend() {
                 // without the trajectory the recomputing forward also runs fused
                 for (with_traj, fused) in [(true, false), (false, false), (false, true)] {
                     for &set in &outs {
-                        let got: Vec<Option<HostBuf>> = [bd, bd, bd, dr, dr]
-                            .iter()
-                            .enumerate()
-                            .map(|(k, &n)| (set & (1 << k) != 0).then(|| HostBuf::nan(dtype, n)))
-                            .collect();
+                        let got = HostBuf::nans_in(dtype, &[bd, bd, bd, dr, dr], set);
                         let mut j = base;
                         j.traj = if with_traj { traj.at() } else { None };
                         [j.dx, j.dv, j.df, j.du, j.dw] =
                             [0, 1, 2, 3, 4].map(|k| got[k].as_ref().and_then(HostBuf::at));
-                        let mut bufs = pr.inputs();
-                        bufs.push(&traj);
-                        bufs.extend(got.iter().flatten());
-                        HostRoute::with(Kind::LeapfrogBackward, j, &bufs, fused)
-                            .run(Kind::LeapfrogBackward);
-                        for (k, o) in got.iter().enumerate() {
-                            if let Some(o) = o {
-                                close(
-                                    &o.read(),
-                                    &want[k],
-                                    tol(dtype),
-                                    &format!(
-                                        "{dtype:?} B={b} D={d} R={r} T={t} inputs {opt:04b} traj={with_traj} fused={fused} outputs {set:05b}: output {k}"
-                                    ),
-                                );
-                            }
-                        }
+                        let outs = std::iter::once(&traj).chain(got.iter().flatten());
+                        pr.route(Kind::LeapfrogBackward, j, outs, fused);
+                        close_given(&got, &want, tol(dtype), |k| {
+                            format!(
+                                "{dtype:?} B={b} D={d} R={r} T={t} inputs {opt:04b} traj={with_traj} fused={fused} outputs {set:05b}: output {k}"
+                            )
+                        });
                     }
                 }
             }
@@ -521,10 +545,7 @@ fn route_forwards_and_christoffel_backward_match_the_cpu_backend() {
                 crate::cpu::geodesic::run(Kind::ChristoffelForward, &cj).unwrap();
                 let got = HostBuf::nan(dtype, bd);
                 cj.gamma = got.at();
-                let mut bufs = pr.inputs();
-                bufs.push(&got);
-                HostRoute::with(Kind::ChristoffelForward, cj, &bufs, fused)
-                    .run(Kind::ChristoffelForward);
+                pr.route(Kind::ChristoffelForward, cj, [&got], fused);
                 close(
                     &got.read(),
                     &want.read(),
@@ -534,10 +555,7 @@ fn route_forwards_and_christoffel_backward_match_the_cpu_backend() {
                 let v = HostBuf::new(dtype, &pr.v.read());
                 cj.v0 = v.at();
                 cj.gamma = v.at();
-                let mut bufs = pr.inputs();
-                bufs.push(&v);
-                HostRoute::with(Kind::ChristoffelForward, cj, &bufs, fused)
-                    .run(Kind::ChristoffelForward);
+                pr.route(Kind::ChristoffelForward, cj, [&v], fused);
                 close(
                     &v.read(),
                     &want.read(),
@@ -545,43 +563,24 @@ fn route_forwards_and_christoffel_backward_match_the_cpu_backend() {
                     &format!("gamma in place {what}"),
                 );
                 // Christoffel backward, all outputs and each alone
-                let want: Vec<HostBuf> = [bd, dr, dr]
-                    .iter()
-                    .map(|&n| HostBuf::nan(dtype, n))
-                    .collect();
+                let want = HostBuf::nans(dtype, &[bd, dr, dr]);
                 let mut cj = job;
                 [cj.dv, cj.du, cj.dw] = [0, 1, 2].map(|k| want[k].at());
                 crate::cpu::geodesic::run(Kind::ChristoffelBackward, &cj).unwrap();
+                let want: Vec<Vec<f64>> = want.iter().map(HostBuf::read).collect();
                 for set in [7u32, 1, 2, 4] {
-                    let got: Vec<Option<HostBuf>> = [bd, dr, dr]
-                        .iter()
-                        .enumerate()
-                        .map(|(k, &n)| (set & (1 << k) != 0).then(|| HostBuf::nan(dtype, n)))
-                        .collect();
+                    let got = HostBuf::nans_in(dtype, &[bd, dr, dr], set);
                     let mut j = job;
                     [j.dv, j.du, j.dw] = [0, 1, 2].map(|k| got[k].as_ref().and_then(HostBuf::at));
-                    let mut bufs = pr.inputs();
-                    bufs.extend(got.iter().flatten());
-                    HostRoute::with(Kind::ChristoffelBackward, j, &bufs, fused)
-                        .run(Kind::ChristoffelBackward);
-                    for (k, o) in got.iter().enumerate() {
-                        if let Some(o) = o {
-                            close(
-                                &o.read(),
-                                &want[k].read(),
-                                tol(dtype),
-                                &format!("christoffel backward {k} of {set:03b} {what}"),
-                            );
-                        }
-                    }
+                    pr.route(Kind::ChristoffelBackward, j, got.iter().flatten(), fused);
+                    close_given(&got, &want, tol(dtype), |k| {
+                        format!("christoffel backward {k} of {set:03b} {what}")
+                    });
                 }
                 // leapfrog forward: f, mu on and off, trajectory on and off, in place
                 for opt in [0u32, 3] {
                     let job = pr.job(opt, c);
-                    let want: Vec<HostBuf> = [bd, bd, t * 2 * bd]
-                        .iter()
-                        .map(|&n| HostBuf::nan(dtype, n))
-                        .collect();
+                    let want = HostBuf::nans(dtype, &[bd, bd, t * 2 * bd]);
                     let mut cj = job;
                     [cj.x_out, cj.v_out, cj.traj] = [0, 1, 2].map(|k| want[k].at());
                     crate::cpu::geodesic::run(Kind::LeapfrogForward, &cj).unwrap();
@@ -593,10 +592,7 @@ fn route_forwards_and_christoffel_backward_match_the_cpu_backend() {
                                 HostBuf::nan(dtype, t * 2 * bd),
                             ]
                         } else {
-                            [bd, bd, t * 2 * bd]
-                                .iter()
-                                .map(|&n| HostBuf::nan(dtype, n))
-                                .collect()
+                            HostBuf::nans(dtype, &[bd, bd, t * 2 * bd])
                         };
                         let mut j = job;
                         [j.x_out, j.v_out, j.traj] = [0, 1, 2].map(|k| got[k].at());
@@ -606,10 +602,7 @@ fn route_forwards_and_christoffel_backward_match_the_cpu_backend() {
                         if !with_traj {
                             j.traj = None;
                         }
-                        let mut bufs = pr.inputs();
-                        bufs.extend(got.iter());
-                        HostRoute::with(Kind::LeapfrogForward, j, &bufs, fused)
-                            .run(Kind::LeapfrogForward);
+                        pr.route(Kind::LeapfrogForward, j, &got, fused);
                         let n = if with_traj { 3 } else { 2 };
                         for k in 0..n {
                             close(

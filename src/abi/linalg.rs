@@ -122,25 +122,39 @@ pub unsafe extern "C" fn fk_gemm(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_gemm", || unsafe {
-        let (ta, tb) = (trans(op_a, "op_a")?, trans(op_b, "op_b")?);
-        let (a, b, c) = (
+        gemm(op_a, op_b, alpha, a, b, beta, c, None, flags, stream)
+    })
+}
+
+/// `fk_gemm` (`budget` None) and `fk_gemm_chunked` (staging within `budget` bytes):
+/// the arguments resolved, then the product.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm(
+    op_a: fk_op,
+    op_b: fk_op,
+    alpha: fk_scalar,
+    a: *const fk_buffer,
+    b: *const fk_buffer,
+    beta: fk_scalar,
+    c: *mut fk_buffer,
+    budget: Option<u64>,
+    flags: u32,
+    stream: *const fk_stream,
+) -> Result<()> {
+    let (ta, tb) = (trans(op_a, "op_a")?, trans(op_b, "op_b")?);
+    let (a, b, c) = unsafe {
+        (
             buffer_ref(a, "a")?,
             buffer_ref(b, "b")?,
             buffer_ref(c, "c")?,
-        );
-        let s = stream_or_default(stream, &c.ctx)?;
-        la::gemm(
-            ta,
-            tb,
-            Scalar::from(alpha),
-            a,
-            b,
-            Scalar::from(beta),
-            c,
-            flags,
-            &s,
         )
-    })
+    };
+    let s = unsafe { stream_or_default(stream, &c.ctx) }?;
+    let (alpha, beta) = (Scalar::from(alpha), Scalar::from(beta));
+    match budget {
+        None => la::gemm(ta, tb, alpha, a, b, beta, c, flags, &s),
+        Some(bytes) => la::gemm_chunked(ta, tb, alpha, a, b, beta, c, bytes, flags, &s),
+    }
 }
 
 /// `fk_gemm` computed in tiles so that the device memory it allocates for staging
@@ -175,25 +189,8 @@ pub unsafe extern "C" fn fk_gemm_chunked(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_gemm_chunked", || unsafe {
-        let (ta, tb) = (trans(op_a, "op_a")?, trans(op_b, "op_b")?);
-        let (a, b, c) = (
-            buffer_ref(a, "a")?,
-            buffer_ref(b, "b")?,
-            buffer_ref(c, "c")?,
-        );
-        let s = stream_or_default(stream, &c.ctx)?;
-        la::gemm_chunked(
-            ta,
-            tb,
-            Scalar::from(alpha),
-            a,
-            b,
-            Scalar::from(beta),
-            c,
-            device_budget_bytes,
-            flags,
-            &s,
-        )
+        let budget = Some(device_budget_bytes);
+        gemm(op_a, op_b, alpha, a, b, beta, c, budget, flags, stream)
     })
 }
 

@@ -687,23 +687,17 @@ pub fn linear_backward(
             Some(s)
         }
     };
-    if let Some(o) = dx {
-        crate::ensure!(
-            o.shape == x.shape,
-            FK_ERROR_SHAPE_MISMATCH,
-            "dx has shape {:?} but x has {:?}",
-            o.shape,
-            x.shape
-        );
-    }
-    if let Some(o) = dw {
-        crate::ensure!(
-            o.shape == w.shape,
-            FK_ERROR_SHAPE_MISMATCH,
-            "dw has shape {:?} but w has {:?}",
-            o.shape,
-            w.shape
-        );
+    // each parameter's gradient has the parameter's shape
+    for (grad, gname, param, pname) in [(dx, "dx", x, "x"), (dw, "dw", w, "w")] {
+        if let Some(g) = grad {
+            crate::ensure!(
+                g.shape == param.shape,
+                FK_ERROR_SHAPE_MISMATCH,
+                "{gname} has shape {:?} but {pname} has {:?}",
+                g.shape,
+                param.shape
+            );
+        }
     }
     if let Some(o) = db {
         bias_vec(o, n, "db")?;

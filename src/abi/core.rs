@@ -536,19 +536,13 @@ pub unsafe extern "C" fn fk_buffer_copy_to_host_async(
 /// The buffer's element type. Returns `FK_ERROR_NULL_POINTER`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_buffer_dtype(buf: *const fk_buffer, out: *mut fk_dtype) -> fk_status {
-    guard("fk_buffer_dtype", || {
-        let b = unsafe { buffer_ref(buf, "buf") }?;
-        unsafe { write_out(out, "out", b.dtype.to_abi()) }
-    })
+    unsafe { buffer_query("fk_buffer_dtype", buf, out, |b| b.dtype.to_abi()) }
 }
 
 /// The buffer's number of dimensions (0..=8). Returns `FK_ERROR_NULL_POINTER`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_buffer_ndim(buf: *const fk_buffer, out: *mut i32) -> fk_status {
-    guard("fk_buffer_ndim", || {
-        let b = unsafe { buffer_ref(buf, "buf") }?;
-        unsafe { write_out(out, "out", b.shape.len() as i32) }
-    })
+    unsafe { buffer_query("fk_buffer_ndim", buf, out, |b| b.shape.len() as i32) }
 }
 
 /// Writes the buffer's `ndim` extents to `out` (may be NULL when ndim is 0).
@@ -571,6 +565,19 @@ pub unsafe extern "C" fn fk_buffer_strides(buf: *const fk_buffer, out: *mut i64)
     })
 }
 
+/// The body of a buffer getter: `get` of the buffer behind `buf` written to `out`.
+unsafe fn buffer_query<T>(
+    name: &str,
+    buf: *const fk_buffer,
+    out: *mut T,
+    get: impl FnOnce(&Buffer) -> T,
+) -> fk_status {
+    guard(name, || {
+        let b = unsafe { buffer_ref(buf, "buf") }?;
+        unsafe { write_out(out, "out", get(b)) }
+    })
+}
+
 unsafe fn write_array(out: *mut i64, v: &[i64]) -> crate::error::Result<()> {
     if v.is_empty() {
         return Ok(());
@@ -585,10 +592,7 @@ unsafe fn write_array(out: *mut i64, v: &[i64]) -> crate::error::Result<()> {
 /// `FK_ERROR_NULL_POINTER`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_buffer_data(buf: *const fk_buffer, out: *mut *mut c_void) -> fk_status {
-    guard("fk_buffer_data", || {
-        let b = unsafe { buffer_ref(buf, "buf") }?;
-        unsafe { write_out(out, "out", b.data as *mut c_void) }
-    })
+    unsafe { buffer_query("fk_buffer_data", buf, out, |b| b.data as *mut c_void) }
 }
 
 /// The buffer's device (`kind`, `ordinal`; either may be NULL): the context's
@@ -616,10 +620,7 @@ pub unsafe extern "C" fn fk_buffer_device(
 /// Number of elements (product of the shape). Returns `FK_ERROR_NULL_POINTER`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_buffer_numel(buf: *const fk_buffer, out: *mut i64) -> fk_status {
-    guard("fk_buffer_numel", || {
-        let b = unsafe { buffer_ref(buf, "buf") }?;
-        unsafe { write_out(out, "out", b.numel()) }
-    })
+    unsafe { buffer_query("fk_buffer_numel", buf, out, |b| b.numel()) }
 }
 
 /// Size of the elements in bytes (numel times element size; `SIZE_MAX` when that
@@ -627,10 +628,7 @@ pub unsafe extern "C" fn fk_buffer_numel(buf: *const fk_buffer, out: *mut i64) -
 /// `FK_ERROR_NULL_POINTER`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_buffer_nbytes(buf: *const fk_buffer, out: *mut usize) -> fk_status {
-    guard("fk_buffer_nbytes", || {
-        let b = unsafe { buffer_ref(buf, "buf") }?;
-        unsafe { write_out(out, "out", b.nbytes()) }
-    })
+    unsafe { buffer_query("fk_buffer_nbytes", buf, out, |b| b.nbytes()) }
 }
 
 /// Whether the buffer is row-major contiguous (1) or not (0). Returns
@@ -640,8 +638,9 @@ pub unsafe extern "C" fn fk_buffer_is_contiguous(
     buf: *const fk_buffer,
     out: *mut i32,
 ) -> fk_status {
-    guard("fk_buffer_is_contiguous", || {
-        let b = unsafe { buffer_ref(buf, "buf") }?;
-        unsafe { write_out(out, "out", b.is_contiguous() as i32) }
-    })
+    unsafe {
+        buffer_query("fk_buffer_is_contiguous", buf, out, |b| {
+            b.is_contiguous() as i32
+        })
+    }
 }

@@ -53,6 +53,20 @@ fn row_grid(dev: &CudaDevice, rows: i64) -> u32 {
     rows.clamp(1, dev.sm_count.max(1) as i64 * 8) as u32
 }
 
+/// Launches `kernel`'s `dtype` build as a row loop over `rows` rows: `row_grid`
+/// blocks of `BLOCK` threads.
+fn run_rows<A>(
+    dev: &CudaDevice,
+    kernel: Names,
+    dtype: DType,
+    rows: i64,
+    stream: usize,
+    args: &mut A,
+) -> Result<()> {
+    let grid = (row_grid(dev, rows), 1, 1);
+    run(dev, kernel.get(dtype)?, grid, (BLOCK, 1, 1), stream, args)
+}
+
 fn run<A>(
     dev: &CudaDevice,
     f: &'static str,
@@ -91,12 +105,11 @@ fn shifted(dev: &CudaDevice, plan: &PowPlan, q: usize, stream: usize) -> Result<
         q: q as u64,
         eps: plan.eps,
     };
-    let g = row_grid(dev, plan.batch * plan.n);
-    run(
+    run_rows(
         dev,
-        EIG_PREPARE.get(plan.dtype)?,
-        (g, 1, 1),
-        (BLOCK, 1, 1),
+        EIG_PREPARE,
+        plan.dtype,
+        plan.batch * plan.n,
         stream,
         &mut pa,
     )
@@ -235,12 +248,11 @@ impl crate::ops::optim::MatOps for Ops<'_> {
             scale: scale.ptr as u64,
             eps: plan.eps,
         };
-        let g = row_grid(self.dev, plan.batch * plan.n);
-        run(
+        run_rows(
             self.dev,
-            MP_START.get(plan.dtype)?,
-            (g, 1, 1),
-            (BLOCK, 1, 1),
+            MP_START,
+            plan.dtype,
+            plan.batch * plan.n,
             self.stream,
             &mut a,
         )
@@ -267,12 +279,11 @@ impl crate::ops::optim::MatOps for Ops<'_> {
             t: t as u64,
             p: p as i32,
         };
-        let g = row_grid(self.dev, plan.batch * plan.n);
-        run(
+        run_rows(
             self.dev,
-            MP_AFFINE.get(plan.dtype)?,
-            (g, 1, 1),
-            (BLOCK, 1, 1),
+            MP_AFFINE,
+            plan.dtype,
+            plan.batch * plan.n,
             self.stream,
             &mut a,
         )
@@ -315,7 +326,6 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
     let q = ops.alloc(bytes)?;
     let s = ops.alloc(bytes)?;
     let w = ops.alloc((plan.batch * plan.n) as usize * es)?;
-    let g = row_grid(dev, plan.batch * plan.n);
     shifted(dev, plan, q.ptr, stream.raw)?;
     let info = super::cusolver::syev_batched(
         dev,
@@ -346,11 +356,11 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
         power: plan.power,
         eps: plan.eps,
     };
-    run(
+    run_rows(
         dev,
-        EIG_SCALE.get(plan.dtype)?,
-        (g, 1, 1),
-        (BLOCK, 1, 1),
+        EIG_SCALE,
+        plan.dtype,
+        plan.batch * plan.n,
         stream.raw,
         &mut sa,
     )?;
@@ -615,15 +625,7 @@ pub fn per_sample_grads(
         out: out as u64,
         vec: vec as i32,
     };
-    let g = row_grid(dev, p.batch * p.dout);
-    run(
-        dev,
-        PS_OUTER.get(p.dtype)?,
-        (g, 1, 1),
-        (BLOCK, 1, 1),
-        stream.raw,
-        &mut a,
-    )
+    run_rows(dev, PS_OUTER, p.dtype, p.batch * p.dout, stream.raw, &mut a)
 }
 
 #[repr(C)]
@@ -740,15 +742,7 @@ fn norms_into(ops: &Ops, p: &SamplePlan, norms: usize) -> Result<()> {
         gg: gg.ptr as u64,
         norms: norms as u64,
     };
-    let g = row_grid(dev, p.batch);
-    run(
-        dev,
-        PS_GRAM_DOT.get(p.dtype)?,
-        (g, 1, 1),
-        (BLOCK, 1, 1),
-        stream,
-        &mut a,
-    )
+    run_rows(dev, PS_GRAM_DOT, p.dtype, p.batch, stream, &mut a)
 }
 
 pub fn sample_norms(dev: &CudaDevice, p: &SamplePlan, out: usize, stream: &Stream) -> Result<()> {
@@ -806,15 +800,7 @@ pub fn dp_clipped_sum(
             norms: nptr as u64,
             max_norm,
         };
-        let g = row_grid(dev, p.batch);
-        run(
-            dev,
-            PS_SCALE_ROWS.get(p.dtype)?,
-            (g, 1, 1),
-            (BLOCK, 1, 1),
-            stream.raw,
-            &mut a,
-        )?;
+        run_rows(dev, PS_SCALE_ROWS, p.dtype, p.batch, stream.raw, &mut a)?;
     }
     crate::ops::optim::MatOps::gemm(&ops, &p.sum_gemm(gs, out))?;
     drop(scratch);

@@ -575,8 +575,8 @@ fn chunked_vs_cpu(
         )
     };
     let stream = Stream::new(g);
-    let (a, b, c) = (h(&pa, &da), h(&pb, &db), h(&pc, &dc));
-    let s = unsafe { case.call(a, b, c, Some(budget), stream.raw()) };
+    let abc: (*const _, *const _, _) = (h(&pa, &da), h(&pb, &db), h(&pc, &dc));
+    let s = unsafe { case.call(abc, Some(budget), stream.raw()) };
     ok_for(s, case.describe());
     stream.sync();
     let got = match &pc {

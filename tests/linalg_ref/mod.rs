@@ -217,9 +217,7 @@ impl GemmCase {
     /// As `gemm_call`.
     pub unsafe fn call(
         &self,
-        a: *const fk_buffer,
-        b: *const fk_buffer,
-        c: *mut fk_buffer,
+        (a, b, c): (*const fk_buffer, *const fk_buffer, *mut fk_buffer),
         chunked: Option<u64>,
         stream: *const fk_stream,
     ) -> fk_status {
@@ -240,7 +238,7 @@ impl GemmCase {
         } else {
             placed_with(ctx, self.dtype, &d.c_view, &d.c0)
         };
-        let s = unsafe { self.call(a.handle(), b.handle(), c.handle(), chunked, stream) };
+        let s = unsafe { self.call((a.handle(), b.handle(), c.handle()), chunked, stream) };
         ok_for(s, self.describe());
         sync_stream(stream);
         c.read_checked()

@@ -71,6 +71,16 @@ fn opc(op: fk_op, z: Cx) -> Cx {
     if op == FK_OP_C { cx(z.re, -z.im) } else { z }
 }
 
+/// Element (i, j) of op(M) for a row-major M of `cols` columns starting at `base`.
+fn op_at(op: fk_op, m: &[Cx], base: usize, cols: usize, (i, j): (usize, usize)) -> Cx {
+    let z = if op == FK_OP_N {
+        m[base + i * cols + j]
+    } else {
+        m[base + j * cols + i]
+    };
+    opc(op, z)
+}
+
 /// A row-major `[batch, rows, cols]` view whose rows are `pad` elements longer than
 /// needed and whose matrices are `bpad` elements apart beyond that (pad = bpad = 0:
 /// contiguous). `batch = None` makes a 2-D view.
@@ -261,22 +271,8 @@ impl GemmCase {
             } else {
                 bi * (br * bc) as usize
             };
-            let a_at = |i: usize, l: usize| {
-                let z = if self.op_a == FK_OP_N {
-                    av[abase + i * ac as usize + l]
-                } else {
-                    av[abase + l * ac as usize + i]
-                };
-                opc(self.op_a, z)
-            };
-            let b_at = |l: usize, j: usize| {
-                let z = if self.op_b == FK_OP_N {
-                    bv[bbase + l * bc as usize + j]
-                } else {
-                    bv[bbase + j * bc as usize + l]
-                };
-                opc(self.op_b, z)
-            };
+            let a_at = |i: usize, l: usize| op_at(self.op_a, &av, abase, ac as usize, (i, l));
+            let b_at = |l: usize, j: usize| op_at(self.op_b, &bv, bbase, bc as usize, (l, j));
             for i in 0..m {
                 for j in 0..n {
                     let mut s = Cx::default();

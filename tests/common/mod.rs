@@ -153,10 +153,24 @@ pub fn expect_status(s: fk_status, want: fk_status, needles: &[&str]) {
     }
 }
 
+/// What an entry point writes through its out-parameter: `call` gets `poison` (a
+/// value the entry point must overwrite) to write into and must return FK_OK.
+pub fn out_param<T>(poison: T, call: impl FnOnce(&mut T) -> fk_status) -> T {
+    let mut v = poison;
+    ok(call(&mut v));
+    v
+}
+
+/// A handle an entry point creates through its out-parameter (FK_OK and not null).
+pub fn created<T>(call: impl FnOnce(&mut *mut T) -> fk_status) -> *mut T {
+    let p = out_param(null_mut(), call);
+    assert!(!p.is_null());
+    p
+}
+
 /// Whether a usable CUDA device is present (`fk_device_count`).
 pub fn device_count() -> i32 {
-    let mut n = -1;
-    ok(unsafe { fk_device_count(&mut n) });
+    let n = out_param(-1, |n| unsafe { fk_device_count(n) });
     assert!(n >= 0);
     n
 }
@@ -214,17 +228,11 @@ pub struct Stream(pub *mut fk_stream);
 
 impl Stream {
     pub fn new(ctx: &Ctx) -> Stream {
-        let mut p = null_mut();
-        ok(unsafe { fk_stream_create(ctx.0, &mut p) });
-        assert!(!p.is_null());
-        Stream(p)
+        Stream(created(|p| unsafe { fk_stream_create(ctx.0, p) }))
     }
     /// Wraps a raw `CUstream` (CUDA contexts only).
     pub fn wrap(ctx: &Ctx, raw: *mut c_void) -> Stream {
-        let mut p = null_mut();
-        ok(unsafe { fk_stream_wrap(ctx.0, raw, &mut p) });
-        assert!(!p.is_null());
-        Stream(p)
+        Stream(created(|p| unsafe { fk_stream_wrap(ctx.0, raw, p) }))
     }
     /// The legacy default stream wrapped (CUDA), `None` on the CPU.
     pub fn default_of(ctx: &Ctx) -> Option<Stream> {
@@ -241,9 +249,9 @@ impl Stream {
         ok(unsafe { fk_stream_synchronize(self.0) });
     }
     pub fn handle(&self) -> *mut c_void {
-        let mut h = 1usize as *mut c_void;
-        ok(unsafe { fk_stream_handle(self.0, &mut h) });
-        h
+        out_param(1usize as *mut c_void, |h| unsafe {
+            fk_stream_handle(self.0, h)
+        })
     }
 }
 
@@ -307,14 +315,10 @@ impl Buf {
         self.0
     }
     pub fn dtype(&self) -> fk_dtype {
-        let mut d = -1;
-        ok(unsafe { fk_buffer_dtype(self.0, &mut d) });
-        d
+        out_param(-1, |d| unsafe { fk_buffer_dtype(self.0, d) })
     }
     pub fn ndim(&self) -> i32 {
-        let mut n = -1;
-        ok(unsafe { fk_buffer_ndim(self.0, &mut n) });
-        n
+        out_param(-1, |n| unsafe { fk_buffer_ndim(self.0, n) })
     }
     pub fn shape(&self) -> Vec<i64> {
         let mut v = vec![-7i64; self.ndim() as usize];
@@ -327,25 +331,20 @@ impl Buf {
         v
     }
     pub fn numel(&self) -> i64 {
-        let mut n = -1;
-        ok(unsafe { fk_buffer_numel(self.0, &mut n) });
-        n
+        out_param(-1, |n| unsafe { fk_buffer_numel(self.0, n) })
     }
     pub fn nbytes(&self) -> usize {
-        let mut n = usize::MAX;
-        ok(unsafe { fk_buffer_nbytes(self.0, &mut n) });
-        n
+        out_param(usize::MAX, |n| unsafe { fk_buffer_nbytes(self.0, n) })
     }
     pub fn is_contiguous(&self) -> bool {
-        let mut c = -1;
-        ok(unsafe { fk_buffer_is_contiguous(self.0, &mut c) });
+        let c = out_param(-1, |c| unsafe { fk_buffer_is_contiguous(self.0, c) });
         assert!(c == 0 || c == 1);
         c == 1
     }
     pub fn data(&self) -> *mut c_void {
-        let mut p = 1usize as *mut c_void;
-        ok(unsafe { fk_buffer_data(self.0, &mut p) });
-        p
+        out_param(1usize as *mut c_void, |p| unsafe {
+            fk_buffer_data(self.0, p)
+        })
     }
     pub fn device(&self) -> (fk_device_kind, i32) {
         let (mut k, mut o) = (-1, -1);

@@ -20,10 +20,7 @@ unsafe impl Send for Event {}
 
 impl Event {
     pub fn new(ctx: &Ctx) -> Event {
-        let mut p = null_mut();
-        ok(unsafe { fk_event_create(ctx.0, &mut p) });
-        assert!(!p.is_null());
-        Event(p)
+        Event(created(|p| unsafe { fk_event_create(ctx.0, p) }))
     }
     pub fn record(&self, stream: *const fk_stream) {
         ok(unsafe { fk_event_record(self.0, stream) });
@@ -32,16 +29,15 @@ impl Event {
         ok(unsafe { fk_event_synchronize(self.0) });
     }
     pub fn query(&self) -> bool {
-        let mut d = -1;
-        ok(unsafe { fk_event_query(self.0, &mut d) });
+        let d = out_param(-1, |d| unsafe { fk_event_query(self.0, d) });
         assert!(d == 0 || d == 1);
         d == 1
     }
     /// Milliseconds from `self` to `end`.
     pub fn ms_to(&self, end: &Event) -> f32 {
-        let mut ms = f32::NAN;
-        ok(unsafe { fk_event_elapsed_ms(self.0, end.0, &mut ms) });
-        ms
+        out_param(f32::NAN, |ms| unsafe {
+            fk_event_elapsed_ms(self.0, end.0, ms)
+        })
     }
 }
 
@@ -81,14 +77,10 @@ impl Comm {
         }
     }
     pub fn rank(&self) -> i32 {
-        let mut r = -1;
-        ok(unsafe { fk_comm_rank(self.0, &mut r) });
-        r
+        out_param(-1, |r| unsafe { fk_comm_rank(self.0, r) })
     }
     pub fn size(&self) -> i32 {
-        let mut n = -1;
-        ok(unsafe { fk_comm_size(self.0, &mut n) });
-        n
+        out_param(-1, |n| unsafe { fk_comm_size(self.0, n) })
     }
 }
 
@@ -96,12 +88,10 @@ destroy_on_drop!(Comm, fk_comm_destroy);
 
 /// A pinned buffer (an ordinary host buffer on a CPU context).
 pub fn pinned(ctx: &Ctx, dtype: fk_dtype, shape: &[i64]) -> Buf {
-    let mut p = null_mut();
-    ok(unsafe {
-        fk_buffer_create_pinned(ctx.0, dtype, shape.len() as i32, shape.as_ptr(), &mut p)
-    });
-    assert!(!p.is_null());
-    Buf(p)
+    let ndim = shape.len() as i32;
+    Buf(created(|p| unsafe {
+        fk_buffer_create_pinned(ctx.0, dtype, ndim, shape.as_ptr(), p)
+    }))
 }
 
 pub fn copy(dst: &Buf, src: &Buf, stream: *const fk_stream) -> fk_status {

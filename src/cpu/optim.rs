@@ -8,11 +8,10 @@ use nalgebra::{DMatrix, SymmetricEigen};
 use rayon::prelude::*;
 
 use super::{Real, host_slice, host_slice_mut};
-use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::Addr;
 use crate::ops::addr::ptr;
-use crate::ops::linalg::{GemmPlan, Trans, dense};
+use crate::ops::linalg::{GemmPlan, Trans};
 use crate::ops::optim::{Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan, clip_scale};
 
 // Safety of every `load`, `store` and `each_matrix` below: the addresses are those
@@ -256,29 +255,14 @@ pub fn eigen_shift(lambda_min: f64, eps: f64) -> f64 {
 
 // ------------------------------------------------------------------ Shampoo
 
-/// `C = beta C + alpha X X^T` per matrix, then the lower triangle mirrors the upper
-/// (the triangle cuBLAS's SYRK writes), so the result is exactly symmetric.
-fn rank_k(
-    dtype: DType,
-    batch: i64,
-    x: usize,
-    rows: i64,
-    cols: i64,
-    op: Trans,
-    c: usize,
-    alpha: f64,
-    beta: f64,
-) -> Result<()> {
-    // op = N: C = X X^T (X [rows, cols], C [rows, rows]); op = T: C = X^T X.
-    let k = if op == Trans::N { rows } else { cols };
-    let xm = dense(x, rows, cols, rows * cols);
-    let other = if op == Trans::N { Trans::T } else { Trans::N };
-    let cm = dense(c, k, k, k * k);
-    super::linalg::gemm(&GemmPlan::new(
-        dtype, op, xm, other, xm, cm, alpha, beta, batch, false,
-    ))?;
+/// The statistic `op` makes (`StatsPlan::gemm`) in `c`, then per matrix the lower
+/// triangle mirrors the upper (the triangle cuBLAS's SYRK writes), so the result is
+/// exactly symmetric.
+fn rank_k(p: &StatsPlan, op: Trans, c: Addr) -> Result<()> {
+    super::linalg::gemm(&p.gemm(op, c, false))?;
+    let k = p.order(op);
     // SAFETY: see the top of the module.
-    crate::with_real!(dtype, T => unsafe { each_matrix::<T>(c, batch, k, |_, m| mirror_upper(m, k as usize)) });
+    crate::with_real!(p.dtype, T => unsafe { each_matrix::<T>(c.as_usize(), p.batch, k, |_, m| mirror_upper(m, k as usize)) });
     Ok(())
 }
 
@@ -293,33 +277,7 @@ fn mirror_upper<T: Copy>(m: &mut [T], n: usize) {
 
 /// `L = beta L + alpha G G^T`, `R = beta R + alpha G^T G`.
 pub fn shampoo_stats(p: &StatsPlan) -> Result<()> {
-    if let Some(l) = p.l {
-        rank_k(
-            p.dtype,
-            p.batch,
-            ptr(p.grad),
-            p.m,
-            p.n,
-            Trans::N,
-            l.as_usize(),
-            p.alpha,
-            p.beta,
-        )?;
-    }
-    if let Some(r) = p.r {
-        rank_k(
-            p.dtype,
-            p.batch,
-            ptr(p.grad),
-            p.m,
-            p.n,
-            Trans::T,
-            r.as_usize(),
-            p.alpha,
-            p.beta,
-        )?;
-    }
-    Ok(())
+    p.factors().try_for_each(|(op, c)| rank_k(p, op, c))
 }
 
 // ------------------------------------------------------------------ per-sample gradients

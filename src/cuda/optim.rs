@@ -13,6 +13,7 @@ use super::launch::{BLOCK, Names, assert_layout, defines, launch, launch_ex, per
 use super::{CudaDevice, Workspace};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, Result};
+use crate::ops::Addr;
 use crate::ops::addr::{ptr, raw};
 use crate::ops::linalg::{GemmPlan, Trans, dense};
 use crate::ops::optim::{Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan};
@@ -443,55 +444,31 @@ fn mirror(
     )
 }
 
-/// `C = beta C + alpha X X^T` (`op = N`, X `[rows, cols]`) or `alpha X^T X` (`op = T`):
-/// one SYRK per matrix (cuBLAS has no batched SYRK; `batch` > 1 runs one strided
-/// batched GEMM instead, which computes both triangles in one launch), then the
-/// lower triangle mirrors the upper.
-#[allow(clippy::too_many_arguments)]
+/// The statistic `op` makes, `C = beta C + alpha op(G) op(G)^T` (`StatsPlan::gemm`)
+/// in `c`: one SYRK per matrix (cuBLAS has no batched SYRK; `batch` > 1 runs one
+/// strided batched GEMM instead, which computes both triangles in one launch), then
+/// the lower triangle mirrors the upper.
 fn rank_k(
     dev: &CudaDevice,
     slot: &Slot,
-    dtype: DType,
-    batch: i64,
-    x: usize,
-    rows: i64,
-    cols: i64,
+    p: &StatsPlan,
     op: Trans,
-    c: usize,
-    alpha: f64,
-    beta: f64,
-    tf32: bool,
+    c: Addr,
     stream: usize,
 ) -> Result<()> {
-    let k = if op == Trans::N { rows } else { cols };
-    let inner = if op == Trans::N { cols } else { rows };
+    let (dtype, k) = (p.dtype, p.order(op));
     // SYRK has no TF32 mode: with TF32 the product is a GEMM on tensor cores (twice
     // SYRK's FLOPs at several times its rate); both operands are the same rounded
-    // `X`, so the upper triangle is the statistic of the rounded gradient.
-    let tf32 = tf32 && dtype == DType::F32;
-    if batch > 1 || tf32 {
-        let xm = dense(x, rows, cols, rows * cols);
-        let other = if op == Trans::N { Trans::T } else { Trans::N };
-        cublas::gemm_ex(
-            slot,
-            &GemmPlan::new(
-                dtype,
-                op,
-                xm,
-                other,
-                xm,
-                dense(c, k, k, k * k),
-                alpha,
-                beta,
-                batch,
-                tf32,
-            ),
-        )?;
-        return mirror(dev, dtype, c, k, batch, stream);
+    // `G`, so the upper triangle is the statistic of the rounded gradient.
+    let tf32 = p.allow_tf32 && dtype == DType::F32;
+    if p.batch > 1 || tf32 {
+        cublas::gemm_ex(slot, &p.gemm(op, c, tf32))?;
+        return mirror(dev, dtype, c.as_usize(), k, p.batch, stream);
     }
-    // Row-major C = X X^T is column-major C = Xc^T Xc with Xc = X^T ([cols, rows],
-    // ld cols): SYRK with trans = T, k = cols. Row-major X^T X is column-major
-    // Xc Xc^T: trans = N, k = rows. FILL_MODE_LOWER (column-major) is the row-major
+    let c = c.as_usize();
+    // Row-major C = G G^T (G [m, n]) is column-major C = Gc^T Gc with Gc = G^T
+    // ([n, m], ld n): SYRK with trans = T, k = n. Row-major G^T G is column-major
+    // Gc Gc^T: trans = N, k = m. FILL_MODE_LOWER (column-major) is the row-major
     // upper triangle.
     let trans = if op == Trans::N {
         bs::cublasOperation_t::CUBLAS_OP_T
@@ -499,7 +476,9 @@ fn rank_k(
         bs::cublasOperation_t::CUBLAS_OP_N
     };
     let lower = bs::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER;
-    let (ni, ki, ld) = (k as i32, inner as i32, cols.max(1) as i32);
+    let inner = if op == Trans::N { p.n } else { p.m };
+    let (ni, ki, ld) = (k as i32, inner as i32, p.n.max(1) as i32);
+    let (x, alpha, beta) = (ptr(p.grad), p.alpha, p.beta);
     let h = slot.handle()?;
     // SAFETY: validated contiguous operands; the handle is bound to the stream;
     // host scalars outlive the call.
@@ -552,41 +531,8 @@ pub fn shampoo_stats(dev: &CudaDevice, p: &StatsPlan, stream: &Stream) -> Result
     dev.bind()?;
     let slot = dev.blas.slot(dev, stream.raw)?;
     let g = crate::error::lock(&slot);
-    if let Some(l) = p.l {
-        rank_k(
-            dev,
-            &g,
-            p.dtype,
-            p.batch,
-            ptr(p.grad),
-            p.m,
-            p.n,
-            Trans::N,
-            l.as_usize(),
-            p.alpha,
-            p.beta,
-            p.allow_tf32,
-            stream.raw,
-        )?;
-    }
-    if let Some(r) = p.r {
-        rank_k(
-            dev,
-            &g,
-            p.dtype,
-            p.batch,
-            ptr(p.grad),
-            p.m,
-            p.n,
-            Trans::T,
-            r.as_usize(),
-            p.alpha,
-            p.beta,
-            p.allow_tf32,
-            stream.raw,
-        )?;
-    }
-    Ok(())
+    p.factors()
+        .try_for_each(|(op, c)| rank_k(dev, &g, p, op, c, stream.raw))
 }
 
 // ------------------------------------------------------------------ per-sample gradients

@@ -530,6 +530,34 @@ pub struct StatsPlan {
     pub allow_tf32: bool,
 }
 
+impl StatsPlan {
+    /// The statistics to update, `L` then `R`, each with the op on `G` that makes
+    /// it: `(N, L)` for `L = beta L + alpha G G^T`, `(T, R)` for `R = beta R +
+    /// alpha G^T G`.
+    pub fn factors(&self) -> impl Iterator<Item = (Trans, Addr)> {
+        [(Trans::N, self.l), (Trans::T, self.r)]
+            .into_iter()
+            .filter_map(|(op, c)| Some((op, c?)))
+    }
+
+    /// The order of the statistic `op` makes: `m` (`L`, op `N`) or `n` (`R`, `T`).
+    pub fn order(&self, op: Trans) -> i64 {
+        if op == Trans::N { self.m } else { self.n }
+    }
+
+    /// The statistic `op` makes, `c = beta c + alpha op(G) op(G)^T`, as one
+    /// (batched) GEMM writing both triangles; `tf32` for TF32 products.
+    pub fn gemm(&self, op: Trans, c: Addr, tf32: bool) -> GemmPlan {
+        let g = dense(ptr(self.grad), self.m, self.n, self.m * self.n);
+        let other = if op == Trans::N { Trans::T } else { Trans::N };
+        let k = self.order(op);
+        let cm = dense(c.as_usize(), k, k, k * k);
+        GemmPlan::new(
+            self.dtype, op, g, other, g, cm, self.alpha, self.beta, self.batch, tf32,
+        )
+    }
+}
+
 /// Validates and runs `shampoo_stats`.
 pub fn shampoo_stats(
     grad: &Buffer,

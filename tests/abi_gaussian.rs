@@ -568,17 +568,7 @@ fn bad_eps() {
                 &[NAMES[op], "eps", "finite and >= 0"],
             );
         }
-        let s = unsafe {
-            fk_gaussian_field_forward(
-                c.x.points.raw(),
-                c.x.means.raw(),
-                c.x.chol.raw(),
-                c.x.weights.raw(),
-                eps,
-                c.out_f.raw(),
-                NULL_STREAM,
-            )
-        };
+        let s = unsafe { c.x.field_forward(eps, c.out_f.raw(), NULL_STREAM) };
         expect_status(
             s,
             FK_ERROR_INVALID_ARGUMENT,
@@ -595,17 +585,7 @@ fn aliasing_and_layout() {
     // B == N so that out [B] and weights [N] have the same shape
     let p = Problem::random(&mut rng, 3, 3, 1e-6);
     let x = Inputs::new(&ctx, d, &p);
-    let s = unsafe {
-        fk_gaussian_field_forward(
-            x.points.raw(),
-            x.means.raw(),
-            x.chol.raw(),
-            x.weights.raw(),
-            1e-6,
-            x.weights.raw(),
-            NULL_STREAM,
-        )
-    };
+    let s = unsafe { x.field_forward(1e-6, x.weights.raw(), NULL_STREAM) };
     expect_status(
         s,
         FK_ERROR_ALIASING,
@@ -614,40 +594,12 @@ fn aliasing_and_layout() {
     // two gradient outputs in the same memory ([B,3] and [N,3] with B == N)
     let dout = fbuf(&ctx, d, &[3], &[1.0; 3]);
     let dp = Buf::new(&ctx, d, &[3, 3]);
-    let s = unsafe {
-        fk_gaussian_field_backward(
-            x.points.raw(),
-            x.means.raw(),
-            x.chol.raw(),
-            x.weights.raw(),
-            1e-6,
-            dout.raw(),
-            dp.raw(),
-            dp.raw(),
-            null_mut(),
-            null_mut(),
-            null_mut(),
-            NULL_STREAM,
-        )
-    };
+    let grads = [dp.raw(), dp.raw(), null_mut(), null_mut()];
+    let s = unsafe { x.field_backward(1e-6, dout.raw(), grads, null_mut(), NULL_STREAM) };
     expect_status(s, FK_ERROR_ALIASING, &["dmeans overlaps dpoints"]);
     // a gradient written over an input
-    let s = unsafe {
-        fk_gaussian_field_backward(
-            x.points.raw(),
-            x.means.raw(),
-            x.chol.raw(),
-            x.weights.raw(),
-            1e-6,
-            dout.raw(),
-            x.points.raw(),
-            null_mut(),
-            null_mut(),
-            null_mut(),
-            null_mut(),
-            NULL_STREAM,
-        )
-    };
+    let grads = [x.points.raw(), null_mut(), null_mut(), null_mut()];
+    let s = unsafe { x.field_backward(1e-6, dout.raw(), grads, null_mut(), NULL_STREAM) };
     expect_status(s, FK_ERROR_ALIASING, &["dpoints overlaps points"]);
     // a transposed (non-contiguous) view of points
     let mut host = vec![0f32; 9];

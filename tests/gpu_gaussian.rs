@@ -223,22 +223,9 @@ fn workspace_checks() {
     assert!(bytes > 0);
     let dout = fbuf(&g, d, &[100], &[1.0; 100]);
     let dw = Buf::new(&g, d, &[10]);
-    let call = |ws: *mut fk_buffer| unsafe {
-        fk_gaussian_field_backward(
-            x.points.raw(),
-            x.means.raw(),
-            x.chol.raw(),
-            x.weights.raw(),
-            1e-6,
-            dout.raw(),
-            null_mut(),
-            null_mut(),
-            null_mut(),
-            dw.raw(),
-            ws,
-            NULL_STREAM,
-        )
-    };
+    let grads = [null_mut(), null_mut(), null_mut(), dw.raw()];
+    let call =
+        |ws: *mut fk_buffer| unsafe { x.field_backward(1e-6, dout.raw(), grads, ws, NULL_STREAM) };
     expect_status(
         call(null_mut()),
         FK_ERROR_NULL_POINTER,

@@ -237,6 +237,40 @@ impl Inputs {
             eps: p.eps,
         }
     }
+    /// The handles of (points, means, chol, weights).
+    pub fn raw(&self) -> [*mut fk_buffer; 4] {
+        [&self.points, &self.means, &self.chol, &self.weights].map(Buf::raw)
+    }
+    /// fk_gaussian_field_forward on these inputs with `eps`, into `out`.
+    ///
+    /// # Safety
+    /// `out` is a live buffer (or null, for the entry point to refuse).
+    pub unsafe fn field_forward(
+        &self,
+        eps: f64,
+        out: *mut fk_buffer,
+        stream: *const fk_stream,
+    ) -> fk_status {
+        let [p, m, l, w] = self.raw();
+        unsafe { fk_gaussian_field_forward(p, m, l, w, eps, out, stream) }
+    }
+    /// fk_gaussian_field_backward on these inputs with `eps` and `dout`, into the
+    /// gradients `[dpoints, dmeans, dchol, dweights]` (null: not wanted), with the
+    /// workspace `ws`.
+    ///
+    /// # Safety
+    /// Every non-null handle is a live buffer.
+    pub unsafe fn field_backward(
+        &self,
+        eps: f64,
+        dout: *const fk_buffer,
+        [dp, dm, dc, dw]: [*mut fk_buffer; 4],
+        ws: *mut fk_buffer,
+        stream: *const fk_stream,
+    ) -> fk_status {
+        let [p, m, l, w] = self.raw();
+        unsafe { fk_gaussian_field_backward(p, m, l, w, eps, dout, dp, dm, dc, dw, ws, stream) }
+    }
 }
 
 /// A workspace for the backward ops on `ctx` (None when 0 bytes are needed).
@@ -267,17 +301,7 @@ pub fn run_maha_fwd(ctx: &Ctx, x: &Inputs, stream: *const fk_stream) -> Vec<f64>
 
 pub fn run_field_fwd(ctx: &Ctx, x: &Inputs, stream: *const fk_stream) -> Vec<f64> {
     let out = poisoned(ctx, x.dtype, &[x.b]);
-    ok(unsafe {
-        fk_gaussian_field_forward(
-            x.points.raw(),
-            x.means.raw(),
-            x.chol.raw(),
-            x.weights.raw(),
-            x.eps,
-            out.raw(),
-            stream,
-        )
-    });
+    ok(unsafe { x.field_forward(x.eps, out.raw(), stream) });
     sync_stream(stream);
     read(&out)
 }
@@ -311,20 +335,8 @@ pub fn run_bwd(
     let ws = workspace(ctx, d, x.b, x.n);
     let s = unsafe {
         if field {
-            fk_gaussian_field_backward(
-                x.points.raw(),
-                x.means.raw(),
-                x.chol.raw(),
-                x.weights.raw(),
-                x.eps,
-                gin.raw(),
-                raw_or_null(&outs[0]),
-                raw_or_null(&outs[1]),
-                raw_or_null(&outs[2]),
-                raw_or_null(&outs[3]),
-                raw_or_null(&ws),
-                stream,
-            )
+            let grads = [0, 1, 2, 3].map(|i| raw_or_null(&outs[i]));
+            x.field_backward(x.eps, gin.raw(), grads, raw_or_null(&ws), stream)
         } else {
             fk_mahalanobis_backward(
                 x.points.raw(),

@@ -58,17 +58,7 @@ impl Problem {
     /// Rounds every value to what `dtype` holds, so that the f64 reference sees
     /// the inputs the library sees.
     pub fn quantized(&self, dtype: fk_dtype) -> Problem {
-        let q = |v: &Vec<f64>| -> Vec<f64> {
-            v.iter()
-                .map(|&x| {
-                    if dtype == FK_DTYPE_F32 {
-                        x as f32 as f64
-                    } else {
-                        x
-                    }
-                })
-                .collect()
-        };
+        let q = |v: &Vec<f64>| quantize_vec(dtype, v);
         Problem {
             points: q(&self.points),
             means: q(&self.means),

@@ -112,6 +112,8 @@ pub trait Math: Copy + Send + Sync + 'static {
     fn relu(self) -> Option<Self>;
 }
 
+/// A real type's arithmetic is its own: the operator (`add`, `sub`, `mul`, `div`)
+/// or the inherent method (`abs`, `exp`, ...) of the same name.
 macro_rules! real_math {
     ($t:ty) => {
         impl Math for $t {
@@ -119,42 +121,11 @@ macro_rules! real_math {
             fn from_scalar(re: f64, _im: f64) -> Self {
                 re as $t
             }
-            fn add(self, o: Self) -> Self {
-                self + o
-            }
-            fn sub(self, o: Self) -> Self {
-                self - o
-            }
-            fn mul(self, o: Self) -> Self {
-                self * o
-            }
-            fn div(self, o: Self) -> Self {
-                self / o
-            }
+            real_math!(@operators Add add, Sub sub, Mul mul, Div div);
             fn neg(self) -> Self {
                 -self
             }
-            fn abs(self) -> $t {
-                <$t>::abs(self)
-            }
-            fn exp(self) -> Self {
-                <$t>::exp(self)
-            }
-            fn ln(self) -> Self {
-                <$t>::ln(self)
-            }
-            fn sqrt(self) -> Self {
-                <$t>::sqrt(self)
-            }
-            fn sin(self) -> Self {
-                <$t>::sin(self)
-            }
-            fn cos(self) -> Self {
-                <$t>::cos(self)
-            }
-            fn tanh(self) -> Self {
-                <$t>::tanh(self)
-            }
+            real_math!(@inherent $t: abs, exp, ln, sqrt, sin, cos, tanh);
             fn sigmoid(self) -> Self {
                 1.0 / (1.0 + <$t>::exp(-self))
             }
@@ -169,6 +140,16 @@ macro_rules! real_math {
                 })
             }
         }
+    };
+    (@operators $($op:ident $f:ident),+) => {
+        $(fn $f(self, o: Self) -> Self {
+            std::ops::$op::$f(self, o)
+        })+
+    };
+    (@inherent $t:ty: $($f:ident),+) => {
+        $(fn $f(self) -> Self {
+            <$t>::$f(self)
+        })+
     };
 }
 real_math!(f32);

@@ -30,19 +30,7 @@ fn eigh_power_matches_the_jacobi_reference() {
                 let mats: Vec<f64> = (0..batch).flat_map(|_| spd(&mut rng, n)).collect();
                 for &power in &[-0.25, -0.5, 0.5, 1.0, 2.0, -1.0, 1.0 / 3.0] {
                     let eps = 1e-3;
-                    let (s, out, rep) = run_power(
-                        &ctx,
-                        dt,
-                        &mats,
-                        batch,
-                        n,
-                        power,
-                        eps,
-                        FK_MATPOW_EIGH,
-                        1,
-                        0.0,
-                        0,
-                    );
+                    let (s, out, rep) = run_power(&ctx, dt, &mats, batch, n, Pow::eigh(power, eps));
                     ok(s);
                     let mut want = Vec::new();
                     let mut lmin = f64::INFINITY;
@@ -80,32 +68,8 @@ fn a_to_the_p_times_a_to_the_minus_p_is_identity() {
     let n = 24;
     let a = spd(&mut rng, n);
     for &p in &[0.25, 0.5, 1.0, 1.7] {
-        let (s1, pos, _) = run_power(
-            &ctx,
-            FK_DTYPE_F64,
-            &a,
-            1,
-            n,
-            p,
-            0.0,
-            FK_MATPOW_EIGH,
-            1,
-            0.0,
-            0,
-        );
-        let (s2, neg, _) = run_power(
-            &ctx,
-            FK_DTYPE_F64,
-            &a,
-            1,
-            n,
-            -p,
-            0.0,
-            FK_MATPOW_EIGH,
-            1,
-            0.0,
-            0,
-        );
+        let (s1, pos, _) = run_power(&ctx, FK_DTYPE_F64, &a, 1, n, Pow::eigh(p, 0.0));
+        let (s2, neg, _) = run_power(&ctx, FK_DTYPE_F64, &a, 1, n, Pow::eigh(-p, 0.0));
         ok(s1);
         ok(s2);
         let prod = matmul(&pos, &neg, n, n, n);
@@ -141,19 +105,7 @@ fn ill_conditioned_rank_deficient_and_indefinite_inputs() {
         ("rank-deficient", &deficient, 1e-4),
         ("indefinite", &indefinite, 1e-3),
     ] {
-        let (s, out, rep) = run_power(
-            &ctx,
-            FK_DTYPE_F64,
-            m,
-            1,
-            n,
-            -0.25,
-            eps,
-            FK_MATPOW_EIGH,
-            1,
-            0.0,
-            0,
-        );
+        let (s, out, rep) = run_power(&ctx, FK_DTYPE_F64, m, 1, n, Pow::eigh(-0.25, eps));
         ok(s);
         let (want, lmin) = power_ref(m, n, -0.25, eps);
         close(&out, &want, 1e-7, name);
@@ -165,19 +117,8 @@ fn ill_conditioned_rank_deficient_and_indefinite_inputs() {
         assert!(out.iter().all(|x| x.is_finite()), "{name}");
     }
     // the shift happened: lambda_min + eps < eps
-    let (_, _, rep) = run_power(
-        &ctx,
-        FK_DTYPE_F64,
-        &indefinite,
-        1,
-        n,
-        -0.25,
-        1e-3,
-        FK_MATPOW_EIGH,
-        1,
-        0.0,
-        0,
-    );
+    let pw = Pow::eigh(-0.25, 1e-3);
+    let (_, _, rep) = run_power(&ctx, FK_DTYPE_F64, &indefinite, 1, n, pw);
     assert!(rep.min_eigenvalue < 0.0);
 }
 
@@ -194,19 +135,8 @@ fn newton_matches_the_reference_for_several_roots() {
                 let power = -1.0 / p as f64;
                 // the TF32 flag takes the re-coupling path (strict on the CPU)
                 let flags = if p == 4 { FK_GEMM_ALLOW_TF32 } else { 0 };
-                let (s, out, rep) = run_power(
-                    &ctx,
-                    dt,
-                    &mats,
-                    batch,
-                    n,
-                    power,
-                    1e-6,
-                    FK_MATPOW_NEWTON,
-                    100,
-                    tol,
-                    flags,
-                );
+                let pw = Pow::newton(power, 1e-6, 100, tol).flags(flags);
+                let (s, out, rep) = run_power(&ctx, dt, &mats, batch, n, pw);
                 let what = format!("newton {} n={n} p={p}", dname(dt));
                 assert!(
                     s == FK_OK,
@@ -242,19 +172,8 @@ fn newton_reports_non_convergence_and_unchecked_runs() {
     let n = 10;
     let a = spd(&mut rng, n);
     // two iterations cannot reach 1e-12
-    let (s, out, rep) = run_power(
-        &ctx,
-        FK_DTYPE_F64,
-        &a,
-        1,
-        n,
-        -0.5,
-        0.0,
-        FK_MATPOW_NEWTON,
-        2,
-        1e-12,
-        0,
-    );
+    let pw = Pow::newton(-0.5, 0.0, 2, 1e-12);
+    let (s, out, rep) = run_power(&ctx, FK_DTYPE_F64, &a, 1, n, pw);
     expect_status(
         s,
         FK_ERROR_NOT_CONVERGED,
@@ -270,19 +189,8 @@ fn newton_reports_non_convergence_and_unchecked_runs() {
         "the last iterate is written"
     );
     // tol <= 0: exactly max_iter iterations, unchecked
-    let (s, out, rep) = run_power(
-        &ctx,
-        FK_DTYPE_F64,
-        &a,
-        1,
-        n,
-        -0.5,
-        0.0,
-        FK_MATPOW_NEWTON,
-        40,
-        0.0,
-        0,
-    );
+    let pw = Pow::newton(-0.5, 0.0, 40, 0.0);
+    let (s, out, rep) = run_power(&ctx, FK_DTYPE_F64, &a, 1, n, pw);
     ok(s);
     assert_eq!((rep.iterations, rep.converged), (40, 1));
     assert!(rep.residual.is_nan());
@@ -292,19 +200,8 @@ fn newton_reports_non_convergence_and_unchecked_runs() {
         1e-10,
         "unchecked Newton",
     );
-    let (s, out, rep) = run_power(
-        &ctx,
-        FK_DTYPE_F32,
-        &a,
-        1,
-        n,
-        -0.5,
-        0.0,
-        FK_MATPOW_NEWTON,
-        40,
-        0.0,
-        FK_GEMM_ALLOW_TF32,
-    );
+    let pw = Pow::newton(-0.5, 0.0, 40, 0.0).flags(FK_GEMM_ALLOW_TF32);
+    let (s, out, rep) = run_power(&ctx, FK_DTYPE_F32, &a, 1, n, pw);
     ok(s);
     assert_eq!((rep.iterations, rep.converged), (40, 1));
     assert!(rep.residual.is_nan());
@@ -316,19 +213,8 @@ fn newton_reports_non_convergence_and_unchecked_runs() {
     );
     // auto on the CPU is the eigendecomposition; on a non-root power too
     for power in [-0.25, 0.3] {
-        let (s, out, rep) = run_power(
-            &ctx,
-            FK_DTYPE_F64,
-            &a,
-            1,
-            n,
-            power,
-            1e-8,
-            FK_MATPOW_AUTO,
-            100,
-            1e-10,
-            0,
-        );
+        let pw = Pow::auto(power, 1e-8, 100, 1e-10);
+        let (s, out, rep) = run_power(&ctx, FK_DTYPE_F64, &a, 1, n, pw);
         ok(s);
         assert_eq!(rep.method, FK_MATPOW_EIGH);
         close(&out, &power_ref(&a, n, power, 1e-8).0, 1e-10, "auto");

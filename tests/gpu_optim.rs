@@ -43,34 +43,11 @@ fn eigh_power_every_solver_route() {
         ] {
             let mats: Vec<f64> = (0..batch).flat_map(|_| spd(&mut rng, n)).collect();
             for &power in &[-0.25, 0.5, -1.0] {
-                let (s, got, rep) = run_power(
-                    &g,
-                    dt,
-                    &mats,
-                    batch,
-                    n,
-                    power,
-                    1e-4,
-                    FK_MATPOW_EIGH,
-                    1,
-                    0.0,
-                    0,
-                );
+                let (s, got, rep) = run_power(&g, dt, &mats, batch, n, Pow::eigh(power, 1e-4));
                 let what = format!("eigh {} n={n} batch={batch} power={power}", dname(dt));
                 assert!(s == FK_OK, "{what}: {} {}", status_name(s), last_error());
-                let (s2, want, rep_cpu) = run_power(
-                    &cpu,
-                    dt,
-                    &mats,
-                    batch,
-                    n,
-                    power,
-                    1e-4,
-                    FK_MATPOW_EIGH,
-                    1,
-                    0.0,
-                    0,
-                );
+                let (s2, want, rep_cpu) =
+                    run_power(&cpu, dt, &mats, batch, n, Pow::eigh(power, 1e-4));
                 ok(s2);
                 close(&got, &want, cuda_vs_cpu_tol(dt), &what);
                 assert_eq!((rep.method, rep.converged), (FK_MATPOW_EIGH, 1), "{what}");
@@ -93,19 +70,7 @@ fn eigh_shifts_an_indefinite_spectrum_like_the_cpu() {
         .map(|i| if i == 0 { -0.25 } else { 0.5 + i as f64 })
         .collect();
     let m = spd_with(&mut rng, &spec);
-    let (s, got, rep) = run_power(
-        &g,
-        FK_DTYPE_F64,
-        &m,
-        1,
-        n,
-        -0.5,
-        1e-3,
-        FK_MATPOW_EIGH,
-        1,
-        0.0,
-        0,
-    );
+    let (s, got, rep) = run_power(&g, FK_DTYPE_F64, &m, 1, n, Pow::eigh(-0.5, 1e-3));
     ok(s);
     let (want, lmin) = power_ref(&m, n, -0.5, 1e-3);
     close(&got, &want, 1e-9, "shifted spectrum");
@@ -134,19 +99,8 @@ fn newton_f64_strict_f32_and_tf32() {
                     "newton {} n={n} batch={batch} p={p} flags={flags}",
                     dname(dt)
                 );
-                let (s, got, rep) = run_power(
-                    &g,
-                    dt,
-                    &mats,
-                    batch,
-                    n,
-                    power,
-                    1e-6,
-                    FK_MATPOW_NEWTON,
-                    100,
-                    tol,
-                    flags,
-                );
+                let pw = Pow::newton(power, 1e-6, 100, tol).flags(flags);
+                let (s, got, rep) = run_power(&g, dt, &mats, batch, n, pw);
                 assert!(
                     s == FK_OK,
                     "{what}: {} {} {rep:?}",
@@ -158,19 +112,8 @@ fn newton_f64_strict_f32_and_tf32() {
                 assert!(rep.residual <= tol, "{what}: {rep:?}");
                 if flags == 0 {
                     // the same algorithm on the CPU stops after about as many steps
-                    let (_, cpu_out, cpu_rep) = run_power(
-                        &cpu,
-                        dt,
-                        &mats,
-                        batch,
-                        n,
-                        power,
-                        1e-6,
-                        FK_MATPOW_NEWTON,
-                        100,
-                        tol,
-                        0,
-                    );
+                    let pw = Pow::newton(power, 1e-6, 100, tol);
+                    let (_, cpu_out, cpu_rep) = run_power(&cpu, dt, &mats, batch, n, pw);
                     assert!(
                         (rep.iterations - cpu_rep.iterations).abs() <= 1,
                         "{what}: {rep:?} vs CPU {cpu_rep:?}"
@@ -188,19 +131,8 @@ fn auto_picks_newton_above_32_and_reports_it() {
     let mut rng = Rng::new(24);
     for &(n, want_method) in &[(16usize, FK_MATPOW_EIGH), (48, FK_MATPOW_NEWTON)] {
         let m = spd(&mut rng, n);
-        let (s, got, rep) = run_power(
-            &g,
-            FK_DTYPE_F64,
-            &m,
-            1,
-            n,
-            -0.25,
-            1e-6,
-            FK_MATPOW_AUTO,
-            100,
-            1e-12,
-            0,
-        );
+        let pw = Pow::auto(-0.25, 1e-6, 100, 1e-12);
+        let (s, got, rep) = run_power(&g, FK_DTYPE_F64, &m, 1, n, pw);
         ok(s);
         assert_eq!(rep.method, want_method, "n={n}");
         close(
@@ -212,54 +144,21 @@ fn auto_picks_newton_above_32_and_reports_it() {
     }
     // a non-root power is always the eigendecomposition
     let m = spd(&mut rng, 48);
-    let (s, _, rep) = run_power(
-        &g,
-        FK_DTYPE_F64,
-        &m,
-        1,
-        48,
-        0.37,
-        1e-6,
-        FK_MATPOW_AUTO,
-        100,
-        1e-12,
-        0,
-    );
+    let pw = Pow::auto(0.37, 1e-6, 100, 1e-12);
+    let (s, _, rep) = run_power(&g, FK_DTYPE_F64, &m, 1, 48, pw);
     ok(s);
     assert_eq!(rep.method, FK_MATPOW_EIGH);
     // Newton that cannot converge in 2 steps: NEWTON reports it, AUTO falls back
-    let (s, _, rep) = run_power(
-        &g,
-        FK_DTYPE_F64,
-        &m,
-        1,
-        48,
-        -0.5,
-        0.0,
-        FK_MATPOW_NEWTON,
-        2,
-        1e-12,
-        0,
-    );
+    let pw = Pow::newton(-0.5, 0.0, 2, 1e-12);
+    let (s, _, rep) = run_power(&g, FK_DTYPE_F64, &m, 1, 48, pw);
     expect_status(
         s,
         FK_ERROR_NOT_CONVERGED,
         &["fk_matrix_power", "did not converge"],
     );
     assert_eq!((rep.iterations, rep.converged), (2, 0));
-    let (s, got, rep) = run_power(
-        &g,
-        FK_DTYPE_F64,
-        &m,
-        1,
-        48,
-        -0.5,
-        0.0,
-        FK_MATPOW_AUTO,
-        2,
-        1e-12,
-        0,
-    );
+    let pw = Pow::auto(-0.5, 0.0, 2, 1e-12);
+    let (s, got, rep) = run_power(&g, FK_DTYPE_F64, &m, 1, 48, pw);
     ok(s);
     assert_eq!(rep.method, FK_MATPOW_EIGH);
     close(&got, &power_ref(&m, 48, -0.5, 0.0).0, 1e-9, "auto fallback");

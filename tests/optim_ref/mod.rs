@@ -190,20 +190,59 @@ pub fn report() -> fk_matpow_report {
     }
 }
 
-/// Runs `fk_matrix_power` on `batch` matrices of `mats` (concatenated).
-#[allow(clippy::too_many_arguments)]
+/// `fk_matrix_power`'s scalar arguments.
+#[derive(Clone, Copy, Debug)]
+pub struct Pow {
+    pub power: f64,
+    pub eps: f64,
+    pub method: i32,
+    pub max_iter: i32,
+    pub tol: f64,
+    pub flags: u32,
+}
+
+impl Pow {
+    /// The eigendecomposition route (one "iteration", no tolerance, no flags).
+    pub fn eigh(power: f64, eps: f64) -> Pow {
+        Pow {
+            power,
+            eps,
+            method: FK_MATPOW_EIGH,
+            max_iter: 1,
+            tol: 0.0,
+            flags: 0,
+        }
+    }
+    /// Newton iterations (at most `max_iter`, residual `tol`; 0: unchecked), no flags.
+    pub fn newton(power: f64, eps: f64, max_iter: i32, tol: f64) -> Pow {
+        Pow {
+            method: FK_MATPOW_NEWTON,
+            max_iter,
+            tol,
+            ..Pow::eigh(power, eps)
+        }
+    }
+    /// The library's choice (AUTO) under Newton's settings.
+    pub fn auto(power: f64, eps: f64, max_iter: i32, tol: f64) -> Pow {
+        let method = FK_MATPOW_AUTO;
+        Pow {
+            method,
+            ..Pow::newton(power, eps, max_iter, tol)
+        }
+    }
+    pub fn flags(self, flags: u32) -> Pow {
+        Pow { flags, ..self }
+    }
+}
+
+/// Runs `fk_matrix_power` with `pw` on `batch` matrices of `mats` (concatenated).
 pub fn run_power(
     ctx: &Ctx,
     dt: fk_dtype,
     mats: &[f64],
     batch: usize,
     n: usize,
-    power: f64,
-    eps: f64,
-    method: i32,
-    max_iter: i32,
-    tol: f64,
-    flags: u32,
+    pw: Pow,
 ) -> (fk_status, Vec<f64>, fk_matpow_report) {
     let shape: Vec<i64> = if batch == 1 {
         vec![n as i64, n as i64]
@@ -216,12 +255,12 @@ pub fn run_power(
     let s = unsafe {
         fk_matrix_power(
             a.raw(),
-            power,
-            eps,
-            method,
-            max_iter,
-            tol,
-            flags,
+            pw.power,
+            pw.eps,
+            pw.method,
+            pw.max_iter,
+            pw.tol,
+            pw.flags,
             out.raw(),
             &mut rep,
             std::ptr::null(),

@@ -152,14 +152,17 @@ pub(super) trait Steps {
             h: 0.5 * j.dt,
             dt: j.dt,
             c: j.c,
-            vec: ew_vec(
-                j.dtype.size(),
-                n,
-                (j.mu.is_some()).then_some(j.d),
-                &[vin, x, v, raw, at(j.f), at(j.mu), tx, tv],
-            ),
+            vec: self.bd_vec(&[vin, x, v, raw, at(j.f), tx, tv]),
             pad: 0,
         }
+    }
+
+    /// `vec` of `geo_kick` and `geo_adj`, `[B, D]` kernels that read `mu` (where given)
+    /// by feature besides the addresses `ptrs`.
+    fn bd_vec(&self, ptrs: &[usize]) -> i32 {
+        let j = self.job();
+        let (n, period) = ((j.b * j.d) as i64, j.mu.is_some().then_some(j.d));
+        ew_vec(j.dtype.size(), n, period, &[ptrs, &[at(j.mu)]].concat())
     }
 
     /// `geo_sw` with `P = v U` in `p()`: raw = (P^2) W^T per element, never stored,
@@ -256,12 +259,7 @@ pub(super) trait Steps {
             dt: j.dt,
             c: j.c,
             df_init: i32::from(first),
-            vec: ew_vec(
-                j.dtype.size(),
-                n,
-                (j.mu.is_some()).then_some(j.d),
-                &[lv_in, lv, g, at(j.df), gx, at(j.mu)],
-            ),
+            vec: self.bd_vec(&[lv_in, lv, g, at(j.df), gx]),
         };
         self.launch("geo_adj", n, &mut a)
     }

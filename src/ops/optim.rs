@@ -322,9 +322,21 @@ fn power_of(
     Ok(acc)
 }
 
-/// Validates a matrix power.
+/// The method `Auto` runs on `device`: Newton for inverse roots of matrices larger
+/// than 32 on CUDA (tensor-core GEMMs beat cuSOLVER there; at n <= 32 the batched
+/// Jacobi solver wins), the eigendecomposition otherwise (on the CPU it is exact and
+/// no slower).
+pub fn auto_method(plan: &PowPlan, device: Device) -> Method {
+    match device {
+        Device::Cuda(_) if plan.inverse_root().is_some() && plan.n > 32 => Method::Newton,
+        _ => Method::Eigh,
+    }
+}
+
+/// `out = (A + eps I)^power` (see `fk_matrix_power`); `on_report` sees the report
+/// before a non-convergence is returned as an error.
 #[allow(clippy::too_many_arguments)]
-pub fn matrix_power_plan(
+pub fn matrix_power(
     a: &Buffer,
     power: f64,
     eps: f64,
@@ -334,7 +346,8 @@ pub fn matrix_power_plan(
     flags: u32,
     out: &Buffer,
     stream: &Stream,
-) -> Result<(PowPlan, Method)> {
+    on_report: &dyn Fn(&Report),
+) -> Result<Report> {
     let device = out.device();
     check::devices(device, &[(Some(a), "a")], stream)?;
     let allow_tf32 = gemm_flags(flags)?;
@@ -395,38 +408,6 @@ pub fn matrix_power_plan(
             "power = {power}: the Newton method computes inverse roots only (power = -1/p for an integer 1 <= p <= 64); use FK_MATPOW_EIGH or FK_MATPOW_AUTO"
         );
     }
-    Ok((plan, method))
-}
-
-/// The method `Auto` runs on `device`: Newton for inverse roots of matrices larger
-/// than 32 on CUDA (tensor-core GEMMs beat cuSOLVER there; at n <= 32 the batched
-/// Jacobi solver wins), the eigendecomposition otherwise (on the CPU it is exact and
-/// no slower).
-pub fn auto_method(plan: &PowPlan, device: Device) -> Method {
-    match device {
-        Device::Cuda(_) if plan.inverse_root().is_some() && plan.n > 32 => Method::Newton,
-        _ => Method::Eigh,
-    }
-}
-
-/// `out = (A + eps I)^power` (see `fk_matrix_power`); `on_report` sees the report
-/// before a non-convergence is returned as an error.
-#[allow(clippy::too_many_arguments)]
-pub fn matrix_power(
-    a: &Buffer,
-    power: f64,
-    eps: f64,
-    method: Method,
-    max_iter: i32,
-    tol: f64,
-    flags: u32,
-    out: &Buffer,
-    stream: &Stream,
-    on_report: &dyn Fn(&Report),
-) -> Result<Report> {
-    let (plan, method) =
-        matrix_power_plan(a, power, eps, method, max_iter, tol, flags, out, stream)?;
-    let device = out.device();
     if plan.elems() == 0 {
         let r = Report {
             method: if method == Method::Auto {

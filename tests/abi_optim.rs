@@ -9,7 +9,7 @@
 mod common;
 mod optim_ref;
 
-use std::ptr::null;
+use std::ptr::{null, null_mut};
 
 use common::*;
 use optim_ref::*;
@@ -226,36 +226,12 @@ fn empty_batch_and_report_optional() {
     let ctx = Ctx::cpu();
     let a = Buf::new(&ctx, FK_DTYPE_F32, &[0, 4, 4]);
     let o = Buf::new(&ctx, FK_DTYPE_F32, &[0, 4, 4]);
-    ok(unsafe {
-        fk_matrix_power(
-            a.raw(),
-            -0.5,
-            0.0,
-            FK_MATPOW_AUTO,
-            10,
-            1e-6,
-            0,
-            o.raw(),
-            std::ptr::null_mut(),
-            null(),
-        )
-    });
+    let pw = Pow::auto(-0.5, 0.0, 10, 1e-6);
+    ok(unsafe { pw.call(a.raw(), o.raw(), null_mut(), null()) });
     let a = Buf::from_vals(&ctx, FK_DTYPE_F64, &[2, 2], &reals(&[2.0, 0.0, 0.0, 8.0]));
     let o = Buf::new(&ctx, FK_DTYPE_F64, &[2, 2]);
-    ok(unsafe {
-        fk_matrix_power(
-            a.raw(),
-            -1.0 / 3.0,
-            0.0,
-            FK_MATPOW_NEWTON,
-            100,
-            1e-13,
-            0,
-            o.raw(),
-            std::ptr::null_mut(),
-            null(),
-        )
-    });
+    let pw = Pow::newton(-1.0 / 3.0, 0.0, 100, 1e-13);
+    ok(unsafe { pw.call(a.raw(), o.raw(), null_mut(), null()) });
     close(
         &re_of(&o.read()),
         &[2f64.powf(-1.0 / 3.0), 0.0, 0.0, 0.5],

@@ -13,7 +13,7 @@
 mod common;
 mod optim_ref;
 
-use std::ptr::null;
+use std::ptr::{null, null_mut};
 
 use common::*;
 use optim_ref::*;
@@ -407,20 +407,8 @@ fn cpu_buffers_into_cuda_ops_are_device_mismatches() {
     let cpu = Ctx::cpu();
     let a = Buf::new(&cpu, FK_DTYPE_F32, &[4, 4]);
     let o = Buf::new(&g, FK_DTYPE_F32, &[4, 4]);
-    let s = unsafe {
-        fk_matrix_power(
-            a.raw(),
-            -0.5,
-            0.0,
-            FK_MATPOW_AUTO,
-            10,
-            1e-6,
-            0,
-            o.raw(),
-            std::ptr::null_mut(),
-            null(),
-        )
-    };
+    let pw = Pow::auto(-0.5, 0.0, 10, 1e-6);
+    let s = unsafe { pw.call(a.raw(), o.raw(), null_mut(), null()) };
     expect_status(s, FK_ERROR_DEVICE_MISMATCH, &["fk_matrix_power", "a"]);
     let gr = Buf::new(&g, FK_DTYPE_F32, &[4, 3]);
     let l = Buf::new(&cpu, FK_DTYPE_F32, &[4, 4]);

@@ -5,7 +5,7 @@
 
 #![allow(dead_code, unused_imports)]
 
-use std::ptr::null_mut;
+use std::ptr::{null, null_mut};
 
 use super::common::*;
 pub use fusekit::abi::linalg::FK_GEMM_ALLOW_TF32;
@@ -233,6 +233,27 @@ impl Pow {
     pub fn flags(self, flags: u32) -> Pow {
         Pow { flags, ..self }
     }
+    /// fk_matrix_power of `a` into `out` with these scalars; `rep` may be null.
+    ///
+    /// # Safety
+    /// `a` and `out` are live buffers (or null, for the entry point to refuse).
+    pub unsafe fn call(
+        self,
+        a: *const fk_buffer,
+        out: *mut fk_buffer,
+        rep: *mut fk_matpow_report,
+        stream: *const fk_stream,
+    ) -> fk_status {
+        let (p, e, m, it, tol, fl) = (
+            self.power,
+            self.eps,
+            self.method,
+            self.max_iter,
+            self.tol,
+            self.flags,
+        );
+        unsafe { fk_matrix_power(a, p, e, m, it, tol, fl, out, rep, stream) }
+    }
 }
 
 /// Runs `fk_matrix_power` with `pw` on `batch` matrices of `mats` (concatenated).
@@ -252,20 +273,7 @@ pub fn run_power(
     let a = Buf::from_vals(ctx, dt, &shape, &reals(mats));
     let out = Buf::from_vals(ctx, dt, &shape, &vec![re(f64::NAN); mats.len()]);
     let mut rep = report();
-    let s = unsafe {
-        fk_matrix_power(
-            a.raw(),
-            pw.power,
-            pw.eps,
-            pw.method,
-            pw.max_iter,
-            pw.tol,
-            pw.flags,
-            out.raw(),
-            &mut rep,
-            std::ptr::null(),
-        )
-    };
+    let s = unsafe { pw.call(a.raw(), out.raw(), &mut rep, null()) };
     (s, re_of(&out.read()), rep)
 }
 

@@ -324,17 +324,7 @@ fn shampoo_stats_accumulate_and_decay() {
                 close(&lo, &wl, tol_of(dt), &format!("{what} L"));
                 close(&ro, &wr, tol_of(dt), &format!("{what} R"));
                 for (mat, k) in [(&lo, m), (&ro, n)] {
-                    for b in 0..batch {
-                        for i in 0..k {
-                            for j in 0..k {
-                                assert_eq!(
-                                    mat[b * k * k + i * k + j],
-                                    mat[b * k * k + j * k + i],
-                                    "{what}: exactly symmetric"
-                                );
-                            }
-                        }
-                    }
+                    assert_symmetric(mat, batch, k, &format!("{what}: exactly symmetric"));
                 }
             }
             // one side only

@@ -217,17 +217,8 @@ fn shampoo_stats_and_precondition_match_the_cpu() {
                 &format!("preconditioned {what}"),
             );
             for (mat, k) in [(&results[0].0, m), (&results[0].1, n)] {
-                for b in 0..batch {
-                    for i in 0..k {
-                        for j in 0..i {
-                            assert_eq!(
-                                mat[b * k * k + i * k + j],
-                                mat[b * k * k + j * k + i],
-                                "{what}: CUDA result exactly symmetric"
-                            );
-                        }
-                    }
-                }
+                let why = format!("{what}: CUDA result exactly symmetric");
+                assert_symmetric(mat, batch, k, &why);
             }
         }
     }

@@ -178,6 +178,19 @@ pub fn close(out: &[f64], want: &[f64], tol: f64, what: &str) {
     assert!(e <= tol, "{what}: relative error {e:e} > {tol:e}");
 }
 
+/// Asserts that each of the `batch` `k x k` matrices of `mat` is exactly symmetric
+/// (bit for bit); `what` names the check.
+pub fn assert_symmetric(mat: &[f64], batch: usize, k: usize, what: &str) {
+    for b in 0..batch {
+        for i in 0..k {
+            for j in 0..i {
+                let (ij, ji) = (mat[b * k * k + i * k + j], mat[b * k * k + j * k + i]);
+                assert_eq!(ij, ji, "{what}");
+            }
+        }
+    }
+}
+
 /// Report of a call, poisoned first so an unfilled field shows.
 pub fn report() -> fk_matpow_report {
     fk_matpow_report {

@@ -265,15 +265,9 @@ fn shampoo_stats_accumulate_and_decay() {
     let mut rng = Rng::new(6);
     for dt in REAL {
         for &(batch, m, n) in &[(1usize, 5usize, 3usize), (3, 8, 13), (1, 1, 1), (2, 17, 4)] {
-            let g: Vec<f64> = (0..batch * m * n).map(|_| rng.uniform(-1.0, 1.0)).collect();
-            let l0: Vec<f64> = (0..batch).flat_map(|_| spd(&mut rng, m)).collect();
-            let r0: Vec<f64> = (0..batch).flat_map(|_| spd(&mut rng, n)).collect();
-            let lead: Vec<i64> = if batch == 1 {
-                vec![]
-            } else {
-                vec![batch as i64]
-            };
-            let sh = |a: usize, b: usize| [lead.clone(), vec![a as i64, b as i64]].concat();
+            let sp = Shampoo::random(&mut rng, batch, m, n);
+            let (g, l0, r0) = (&sp.g, &sp.l0, &sp.r0);
+            let sh = |a: usize, b: usize| sp.shape(a, b);
             // fk_shampoo_stats, then fk_shampoo_stats_ex without and with TF32 (which
             // the CPU ignores): the same strict results
             for (&(alpha, beta), flags) in [(1.0, 1.0), (0.1, 0.9), (2.0, 0.0)]

@@ -176,15 +176,9 @@ fn shampoo_stats_and_precondition_match_the_cpu() {
             (1, 1, 5),
             (3, 7, 1),
         ] {
-            let lead: Vec<i64> = if batch == 1 {
-                vec![]
-            } else {
-                vec![batch as i64]
-            };
-            let sh = |a: usize, b: usize| [lead.clone(), vec![a as i64, b as i64]].concat();
-            let gr: Vec<f64> = (0..batch * m * n).map(|_| rng.uniform(-1.0, 1.0)).collect();
-            let l0: Vec<f64> = (0..batch).flat_map(|_| spd(&mut rng, m)).collect();
-            let r0: Vec<f64> = (0..batch).flat_map(|_| spd(&mut rng, n)).collect();
+            let sp = Shampoo::random(&mut rng, batch, m, n);
+            let (gr, l0, r0) = (&sp.g, &sp.l0, &sp.r0);
+            let sh = |a: usize, b: usize| sp.shape(a, b);
             let mut results = Vec::new();
             for ctx in [&g, &cpu] {
                 let gb = Buf::from_vals(ctx, dt, &sh(m, n), &reals(&gr));
@@ -234,15 +228,9 @@ fn shampoo_stats_tf32_is_close_and_symmetric() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(26);
     for &(batch, m, n) in &[(1usize, 37usize, 19usize), (1, 300, 129), (3, 64, 33)] {
-        let lead: Vec<i64> = if batch == 1 {
-            vec![]
-        } else {
-            vec![batch as i64]
-        };
-        let sh = |a: usize, b: usize| [lead.clone(), vec![a as i64, b as i64]].concat();
-        let gr: Vec<f64> = (0..batch * m * n).map(|_| rng.uniform(-1.0, 1.0)).collect();
-        let l0: Vec<f64> = (0..batch).flat_map(|_| spd(&mut rng, m)).collect();
-        let r0: Vec<f64> = (0..batch).flat_map(|_| spd(&mut rng, n)).collect();
+        let sp = Shampoo::random(&mut rng, batch, m, n);
+        let (gr, l0, r0) = (&sp.g, &sp.l0, &sp.r0);
+        let sh = |a: usize, b: usize| sp.shape(a, b);
         let (alpha, beta) = (0.25, 0.75);
         let run = |flags: u32| {
             let gb = Buf::from_vals(&g, FK_DTYPE_F32, &sh(m, n), &reals(&gr));

@@ -191,6 +191,34 @@ pub fn assert_symmetric(mat: &[f64], batch: usize, k: usize, what: &str) {
     }
 }
 
+/// A random Shampoo problem: `batch` gradients `m x n` in [-1, 1], then SPD
+/// statistics L (`m x m`) and R (`n x n`) per matrix, drawn in that order.
+pub struct Shampoo {
+    pub batch: usize,
+    pub g: Vec<f64>,
+    pub l0: Vec<f64>,
+    pub r0: Vec<f64>,
+}
+
+impl Shampoo {
+    pub fn random(rng: &mut Rng, batch: usize, m: usize, n: usize) -> Shampoo {
+        let g = (0..batch * m * n).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let l0 = (0..batch).flat_map(|_| spd(rng, m)).collect();
+        let r0 = (0..batch).flat_map(|_| spd(rng, n)).collect();
+        Shampoo { batch, g, l0, r0 }
+    }
+    /// The shape of the batch of `rows x cols` matrices (no leading dimension for
+    /// a batch of 1).
+    pub fn shape(&self, rows: usize, cols: usize) -> Vec<i64> {
+        let lead: &[i64] = if self.batch == 1 {
+            &[]
+        } else {
+            &[self.batch as i64]
+        };
+        [lead, &[rows as i64, cols as i64]].concat()
+    }
+}
+
 /// Report of a call, poisoned first so an unfilled field shows.
 pub fn report() -> fk_matpow_report {
     fk_matpow_report {

@@ -231,6 +231,35 @@ impl Inputs {
     pub fn raw(&self) -> [*mut fk_buffer; 4] {
         [&self.points, &self.means, &self.chol, &self.weights].map(Buf::raw)
     }
+    /// fk_mahalanobis_forward on these inputs with `eps`, into `out`.
+    ///
+    /// # Safety
+    /// `out` is a live buffer (or null, for the entry point to refuse).
+    pub unsafe fn maha_forward(
+        &self,
+        eps: f64,
+        out: *mut fk_buffer,
+        stream: *const fk_stream,
+    ) -> fk_status {
+        let [p, m, l, _] = self.raw();
+        unsafe { fk_mahalanobis_forward(p, m, l, eps, out, stream) }
+    }
+    /// fk_mahalanobis_backward on these inputs with `eps` and `dout`, into the
+    /// gradients `[dpoints, dmeans, dchol]` (null: not wanted), with the workspace `ws`.
+    ///
+    /// # Safety
+    /// Every non-null handle is a live buffer.
+    pub unsafe fn maha_backward(
+        &self,
+        eps: f64,
+        dout: *const fk_buffer,
+        [dp, dm, dc]: [*mut fk_buffer; 3],
+        ws: *mut fk_buffer,
+        stream: *const fk_stream,
+    ) -> fk_status {
+        let [p, m, l, _] = self.raw();
+        unsafe { fk_mahalanobis_backward(p, m, l, eps, dout, dp, dm, dc, ws, stream) }
+    }
     /// fk_gaussian_field_forward on these inputs with `eps`, into `out`.
     ///
     /// # Safety
@@ -275,16 +304,7 @@ pub fn workspace(ctx: &Ctx, dtype: fk_dtype, b: i64, n: i64) -> Option<Buf> {
 
 pub fn run_maha_fwd(ctx: &Ctx, x: &Inputs, stream: *const fk_stream) -> Vec<f64> {
     let out = poisoned(ctx, x.dtype, &[x.b, x.n]);
-    ok(unsafe {
-        fk_mahalanobis_forward(
-            x.points.raw(),
-            x.means.raw(),
-            x.chol.raw(),
-            x.eps,
-            out.raw(),
-            stream,
-        )
-    });
+    ok(unsafe { x.maha_forward(x.eps, out.raw(), stream) });
     sync_stream(stream);
     read(&out)
 }
@@ -328,18 +348,8 @@ pub fn run_bwd(
             let grads = [0, 1, 2, 3].map(|i| raw_or_null(&outs[i]));
             x.field_backward(x.eps, gin.raw(), grads, raw_or_null(&ws), stream)
         } else {
-            fk_mahalanobis_backward(
-                x.points.raw(),
-                x.means.raw(),
-                x.chol.raw(),
-                x.eps,
-                gin.raw(),
-                raw_or_null(&outs[0]),
-                raw_or_null(&outs[1]),
-                raw_or_null(&outs[2]),
-                raw_or_null(&ws),
-                stream,
-            )
+            let grads = [0, 1, 2].map(|i| raw_or_null(&outs[i]));
+            x.maha_backward(x.eps, gin.raw(), grads, raw_or_null(&ws), stream)
         }
     };
     ok(s);

@@ -8,6 +8,8 @@ pub mod geodesic;
 pub mod linalg;
 pub mod optim;
 
+use std::convert::identity;
+
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -312,41 +314,28 @@ pub trait Elem: Copy + Send + Sync + 'static {
     fn from_c(c: Self::C) -> Self;
 }
 
-macro_rules! identity_elem {
-    ($t:ty) => {
+/// `elem! { T => C, to_c, from_c; ... }`: `T` computes in `C` through the two
+/// conversions.
+macro_rules! elem {
+    ($($t:ty => $c:ty, $to:expr, $from:expr;)+) => {$(
         impl Elem for $t {
-            type C = $t;
-            fn to_c(self) -> $t {
-                self
+            type C = $c;
+            fn to_c(self) -> $c {
+                ($to)(self)
             }
-            fn from_c(c: $t) -> Self {
-                c
+            fn from_c(c: $c) -> Self {
+                ($from)(c)
             }
         }
-    };
+    )+};
 }
-identity_elem!(f32);
-identity_elem!(f64);
-identity_elem!(Complex<f32>);
-identity_elem!(Complex<f64>);
-
-impl Elem for f16 {
-    type C = f32;
-    fn to_c(self) -> f32 {
-        self.to_f32()
-    }
-    fn from_c(c: f32) -> Self {
-        f16::from_f32(c)
-    }
-}
-impl Elem for bf16 {
-    type C = f32;
-    fn to_c(self) -> f32 {
-        self.to_f32()
-    }
-    fn from_c(c: f32) -> Self {
-        bf16::from_f32(c)
-    }
+elem! {
+    f32 => f32, identity, identity;
+    f64 => f64, identity, identity;
+    Complex<f32> => Complex<f32>, identity, identity;
+    Complex<f64> => Complex<f64>, identity, identity;
+    f16 => f32, f16::to_f32, f16::from_f32;
+    bf16 => f32, bf16::to_f32, bf16::from_f32;
 }
 
 /// Runs `$body` with `$t` the storage type of a real dtype (f32 or f64; the

@@ -255,9 +255,9 @@ fn oracle_layouts_c128() {
 /// Large non-contiguous and misaligned cases (many blocks, grid-stride loops).
 #[test]
 fn oracle_large_strided_and_misaligned() {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::new(3000);
+    let Some((g, cpu, mut rng)) = gpu_oracle(3000) else {
+        return;
+    };
     let shape = if sanitizing() {
         [63i64, 65]
     } else {
@@ -569,9 +569,9 @@ fn empty_and_scalar_buffers() {
 
 #[test]
 fn in_place_and_validation_on_cuda() {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::new(5000);
+    let Some((g, cpu, mut rng)) = gpu_oracle(5000) else {
+        return;
+    };
     for dtype in DTYPES {
         let x = random_values(&mut rng, dtype, 4099, Domain::Signed);
         let y = random_values(&mut rng, dtype, 4099, Domain::Signed);

@@ -146,9 +146,9 @@ fn oracle_backwards() {
 
 #[test]
 fn near_singular_on_gpu() {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::new(23);
+    let Some((g, cpu, mut rng)) = gpu_oracle(23) else {
+        return;
+    };
     let mut p = Problem::random(&mut rng, 300, 40, 1e-3);
     for i in 0..p.n {
         p.chol[i * 9 + 4] = 1e-7;

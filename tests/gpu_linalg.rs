@@ -123,9 +123,9 @@ fn gemm_oracle_c64() {
 #[test]
 fn gemm_oracle_c128() {
     gemm_sweep(FK_DTYPE_C128);
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::new(1128);
+    let Some((g, cpu, mut rng)) = gpu_oracle(1128) else {
+        return;
+    };
     for (op_a, op_b, ba, bb, pad, beta0) in [
         (FK_OP_C, FK_OP_N, Some(2), None, 1, false),
         (FK_OP_N, FK_OP_C, None, Some(2), 0, true),
@@ -147,9 +147,9 @@ fn gemm_oracle_c128() {
 /// (tests/c/c128_scalar_alignment.cu reproduces the fault in C).
 #[test]
 fn gemm_c128_sequence_that_crashed() {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::new(128);
+    let Some((g, cpu, mut rng)) = gpu_oracle(128) else {
+        return;
+    };
     let mut cases = vec![GemmCase::new(FK_DTYPE_C128, FK_OP_N, FK_OP_N, 5, 4, 3)];
     cases.extend(gemm_cases(FK_DTYPE_C128));
     let unit = |c: &GemmCase| (c.m, c.n, c.k) == (1, 1, 1);
@@ -164,9 +164,9 @@ fn gemm_c128_sequence_that_crashed() {
 
 #[test]
 fn gemm_tf32_within_1e3_and_on_a_borrowed_stream() {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::new(150);
+    let Some((g, cpu, mut rng)) = gpu_oracle(150) else {
+        return;
+    };
     let n = if sanitizing() { 64 } else { 384 };
     for dtype in [FK_DTYPE_F32, FK_DTYPE_C64] {
         let mut c = GemmCase::new(dtype, FK_OP_N, FK_OP_T, n, n + 1, n - 3);
@@ -279,9 +279,9 @@ fn linear_sweep(dtype: fk_dtype, fallback: bool) {
 /// with it, and the backward against the CPU from the same saved pre-activation.
 #[test]
 fn linear_gelu_erf_random_odd_shapes() {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::new(260);
+    let Some((g, cpu, mut rng)) = gpu_oracle(260) else {
+        return;
+    };
     let dev = unsafe { &*g.raw() }.context().cuda_dev();
     let cap = if sanitizing() { 40 } else { 300 };
     for fallback in [false, true] {
@@ -357,9 +357,9 @@ fn linear_fallback_path_every_dtype() {
 
 #[test]
 fn kron_oracle_every_dtype_and_layout() {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::new(300);
+    let Some((g, cpu, mut rng)) = gpu_oracle(300) else {
+        return;
+    };
     let big: (&[i64], &[i64]) = if sanitizing() {
         (&[8, 8], &[8, 8])
     } else {
@@ -435,9 +435,9 @@ fn kron_at_offset(g: &Ctx, dtype: fk_dtype, k: &KronCase, off: usize) -> Vec<Cx>
 /// batches and broadcasts, strided inputs.
 #[test]
 fn kron_store_widths_alignments_and_odd_sizes() {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::new(310);
+    let Some((g, cpu, mut rng)) = gpu_oracle(310) else {
+        return;
+    };
     let big: (&[i64], &[i64]) = if sanitizing() {
         (&[8, 16], &[8, 16])
     } else {
@@ -593,9 +593,9 @@ fn chunked_vs_cpu(
 
 #[test]
 fn chunked_gemm_with_pinned_host_operands_under_small_budgets() {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::new(400);
+    let Some((g, cpu, mut rng)) = gpu_oracle(400) else {
+        return;
+    };
     let (m, n, k) = if sanitizing() {
         (150, 140, 130)
     } else {
@@ -969,9 +969,9 @@ fn mapped(prefix: &str) -> Vec<std::path::PathBuf> {
 /// loader path) the pair must come from that folder.
 #[test]
 fn one_cublas_pair_per_process() {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::new(4242);
+    let Some((g, cpu, mut rng)) = gpu_oracle(4242) else {
+        return;
+    };
     for dtype in [FK_DTYPE_F32, FK_DTYPE_C128] {
         let c = GemmCase::new(dtype, FK_OP_N, FK_OP_T, 33, 17, 9);
         gemm_vs_cpu(&g, &cpu, &c, &mut rng, tol(dtype), null());

@@ -26,9 +26,9 @@ fn cuda_vs_cpu_tol(dt: fk_dtype) -> f64 {
 
 #[test]
 fn eigh_power_every_solver_route() {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::new(21);
+    let Some((g, cpu, mut rng)) = gpu_oracle(21) else {
+        return;
+    };
     let big = if sanitizing() { 40 } else { 129 };
     for dt in REAL {
         // (n, batch): syevjBatched (n <= 32), syevd (batch 1), XsyevBatched (batch > 1)
@@ -79,9 +79,9 @@ fn eigh_shifts_an_indefinite_spectrum_like_the_cpu() {
 
 #[test]
 fn newton_f64_strict_f32_and_tf32() {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::new(23);
+    let Some((g, cpu, mut rng)) = gpu_oracle(23) else {
+        return;
+    };
     let big = if sanitizing() { 48 } else { 200 };
     for &(n, batch) in &[(1usize, 2usize), (33, 3), (big, 2), (64, 1)] {
         let mats: Vec<f64> = (0..batch).flat_map(|_| spd(&mut rng, n)).collect();
@@ -166,9 +166,9 @@ fn auto_picks_newton_above_32_and_reports_it() {
 
 #[test]
 fn shampoo_stats_and_precondition_match_the_cpu() {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::new(25);
+    let Some((g, cpu, mut rng)) = gpu_oracle(25) else {
+        return;
+    };
     for dt in REAL {
         for &(batch, m, n) in &[
             (1usize, 37usize, 19usize),
@@ -284,9 +284,9 @@ fn shampoo_stats_tf32_is_close_and_symmetric() {
 
 #[test]
 fn per_sample_paths_match_the_cpu() {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::new(26);
+    let Some((g, cpu, mut rng)) = gpu_oracle(26) else {
+        return;
+    };
     // (B, T, in, out): one step with in % 4 == 0 (vector stores) and odd in (scalar),
     // sequences, many samples
     let cases: &[(usize, Option<usize>, usize, usize)] = &[

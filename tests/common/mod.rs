@@ -1274,6 +1274,14 @@ pub fn gpu() -> Option<Ctx> {
     Some(Ctx::cuda(0))
 }
 
+/// What a CUDA-against-CPU test starts from: the CUDA context (`gpu()`: `None`
+/// skips), the CPU context that is its oracle, and the test's generator seeded with
+/// `seed`.
+pub fn gpu_oracle(seed: u64) -> Option<(Ctx, Ctx, Rng)> {
+    let g = gpu()?;
+    Some((g, Ctx::cpu(), Rng::new(seed)))
+}
+
 /// `FK_SANITIZE=1` (under compute-sanitizer): tests shrink their sizes.
 pub fn sanitizing() -> bool {
     std::env::var("FK_SANITIZE").is_ok_and(|v| !v.is_empty() && v != "0")

@@ -60,6 +60,26 @@ fn check_case(gpu: &Ctx, cpu: &Ctx, case: &Case, stream: *const fk_stream) {
     );
 }
 
+/// `op` on random operands in the layouts `va` and `vb` (`operands`), into `out`:
+/// CUDA against the CPU (`check_case`).
+fn check_views(
+    (g, cpu): (&Ctx, &Ctx),
+    rng: &mut Rng,
+    (op, dtype): (Op, fk_dtype),
+    (va, vb): (View, View),
+    out: &View,
+) {
+    let (a, b) = operands(rng, op, dtype, va, vb);
+    let case = Case {
+        op,
+        dtype,
+        a: &a,
+        b: b.as_ref(),
+        out,
+    };
+    check_case(g, cpu, &case, null());
+}
+
 // ------------------------------------------------------------------ oracle sweeps
 
 /// Every op on odd sizes of one dtype; inputs are placed once per size and context.
@@ -160,34 +180,13 @@ fn sweep_layouts(dtype: fk_dtype) {
         // every input layout (b in another one), contiguous output
         for (i, (_, va)) in ins.iter().enumerate() {
             let vb = ins[(i + 1) % ins.len()].1.clone();
-            let (a, b) = operands(&mut rng, op, dtype, va.clone(), vb);
             let out = View::contiguous(&shape);
-            let case = Case {
-                op,
-                dtype,
-                a: &a,
-                b: b.as_ref(),
-                out: &out,
-            };
-            check_case(&g, &cpu, &case, null());
+            check_views((&g, &cpu), &mut rng, (op, dtype), (va.clone(), vb), &out);
         }
         // every output layout; the misaligned output with aligned inputs
         for (_, vo) in &outs {
-            let (a, b) = operands(
-                &mut rng,
-                op,
-                dtype,
-                View::contiguous(&shape),
-                View::contiguous(&shape),
-            );
-            let case = Case {
-                op,
-                dtype,
-                a: &a,
-                b: b.as_ref(),
-                out: vo,
-            };
-            check_case(&g, &cpu, &case, null());
+            let plain = (View::contiguous(&shape), View::contiguous(&shape));
+            check_views((&g, &cpu), &mut rng, (op, dtype), plain, vo);
         }
         // broadcasting
         let pairs: &[(&[i64], &[i64])] = if op.is_binary() {
@@ -207,22 +206,9 @@ fn sweep_layouts(dtype: fk_dtype) {
             } else {
                 sb.to_vec()
             };
-            let (a, b) = operands(
-                &mut rng,
-                op,
-                dtype,
-                View::contiguous(sa),
-                View::reversed(sb),
-            );
+            let views = (View::contiguous(sa), View::reversed(sb));
             let out = View::contiguous(&so);
-            let case = Case {
-                op,
-                dtype,
-                a: &a,
-                b: b.as_ref(),
-                out: &out,
-            };
-            check_case(&g, &cpu, &case, null());
+            check_views((&g, &cpu), &mut rng, (op, dtype), views, &out);
         }
     }
 }
@@ -300,15 +286,7 @@ fn oracle_large_strided_and_misaligned() {
             View::transposed(&shape),
         ),
     ] {
-        let (a, b) = operands(&mut rng, op, dtype, va, vb);
-        let case = Case {
-            op,
-            dtype,
-            a: &a,
-            b: b.as_ref(),
-            out: &vo,
-        };
-        check_case(&g, &cpu, &case, null());
+        check_views((&g, &cpu), &mut rng, (op, dtype), (va, vb), &vo);
     }
 }
 
@@ -554,15 +532,13 @@ fn empty_and_scalar_buffers() {
                 continue;
             }
             let v = View::contiguous(&[]);
-            let (a, b) = operands(&mut rng, op, dtype, v.clone(), v.clone());
-            let case = Case {
-                op,
-                dtype,
-                a: &a,
-                b: b.as_ref(),
-                out: &v,
-            };
-            check_case(&g, &cpu, &case, null());
+            check_views(
+                (&g, &cpu),
+                &mut rng,
+                (op, dtype),
+                (v.clone(), v.clone()),
+                &v,
+            );
         }
     }
 }

@@ -260,16 +260,7 @@ fn in_place_axpby() {
         let a = Buf::from_vals(&ctx, dtype, &[40], &x);
         let b = Buf::from_vals(&ctx, dtype, &[40], &y);
         // x <- alpha x + beta y
-        ok(unsafe {
-            fk_axpby(
-                alpha.scalar(),
-                a.raw(),
-                beta.scalar(),
-                b.raw(),
-                a.raw(),
-                null(),
-            )
-        });
+        ok(unsafe { Op::Axpby(alpha, beta).call(a.raw(), b.raw(), a.raw(), null()) });
         let want: Vec<Cx> = x
             .iter()
             .zip(&y)
@@ -278,16 +269,7 @@ fn in_place_axpby() {
         assert_close(&a.read(), &want, tol(dtype), "axpby with out = a");
         // y <- alpha x + beta y (out = b)
         let a = Buf::from_vals(&ctx, dtype, &[40], &x);
-        ok(unsafe {
-            fk_axpby(
-                alpha.scalar(),
-                a.raw(),
-                beta.scalar(),
-                b.raw(),
-                b.raw(),
-                null(),
-            )
-        });
+        ok(unsafe { Op::Axpby(alpha, beta).call(a.raw(), b.raw(), b.raw(), null()) });
         assert_close(&b.read(), &want, tol(dtype), "axpby with out = b");
     }
 }
@@ -762,31 +744,13 @@ fn complex_scalars_on_real_dtypes_are_refused() {
                 &[op.name(), "s has imaginary part 0.5", dname(d)],
             );
         }
-        let s = unsafe {
-            fk_axpby(
-                bad.scalar(),
-                a.raw(),
-                good.scalar(),
-                a.raw(),
-                out.raw(),
-                null(),
-            )
-        };
+        let s = unsafe { Op::Axpby(bad, good).call(a.raw(), a.raw(), out.raw(), null()) };
         expect_status(
             s,
             FK_ERROR_INVALID_ARGUMENT,
             &["fk_axpby", "alpha has imaginary part"],
         );
-        let s = unsafe {
-            fk_axpby(
-                good.scalar(),
-                a.raw(),
-                bad.scalar(),
-                a.raw(),
-                out.raw(),
-                null(),
-            )
-        };
+        let s = unsafe { Op::Axpby(good, bad).call(a.raw(), a.raw(), out.raw(), null()) };
         expect_status(
             s,
             FK_ERROR_INVALID_ARGUMENT,

@@ -560,16 +560,7 @@ fn in_place_and_validation_on_cuda() {
         for ctx in [&g, &cpu] {
             let a = Buf::from_vals(ctx, dtype, &[4099], &x);
             let b = Buf::from_vals(ctx, dtype, &[4099], &y);
-            ok(unsafe {
-                fk_axpby(
-                    alpha.scalar(),
-                    a.raw(),
-                    beta.scalar(),
-                    b.raw(),
-                    a.raw(),
-                    null(),
-                )
-            });
+            ok(unsafe { Op::Axpby(alpha, beta).call(a.raw(), b.raw(), a.raw(), null()) });
             ok(unsafe { fk_mul(a.raw(), b.raw(), b.raw(), null()) });
             ok(unsafe { fk_sin(b.raw(), b.raw(), null()) });
             results.push((a.read(), b.read()));
@@ -714,14 +705,7 @@ fn cuda_graph_capture_of_fusekit_ops() {
                  out: &Buf,
                  st: *const fk_stream| unsafe {
         ok(fk_mul(x.raw(), y.raw(), t1.raw(), st));
-        ok(fk_axpby(
-            alpha.scalar(),
-            t1.raw(),
-            beta.scalar(),
-            z.raw(),
-            t2.raw(),
-            st,
-        ));
+        ok(Op::Axpby(alpha, beta).call(t1.raw(), z.raw(), t2.raw(), st));
         ok(fk_exp(t2.raw(), t3.raw(), st));
         ok(fk_add(t3.raw(), x.raw(), out.raw(), st));
     };

@@ -396,33 +396,51 @@ fn device_mismatches_are_refused() {
     let gout = Buf::new(&g, d, &[4]);
     let ca = Buf::new(&cpu, d, &[4]);
     let cout = Buf::new(&cpu, d, &[4]);
-    let s = unsafe { fk_add(ca.raw(), gb.raw(), gout.raw(), null()) };
-    expect_status(
-        s,
-        FK_ERROR_DEVICE_MISMATCH,
-        &["fk_add", "a is on cpu", "cuda:0"],
-    );
-    let s = unsafe { fk_add(ga.raw(), ca.raw(), gout.raw(), null()) };
-    expect_status(s, FK_ERROR_DEVICE_MISMATCH, &["fk_add", "b is on cpu"]);
-    let s = unsafe { fk_add(ga.raw(), gb.raw(), cout.raw(), null()) };
-    expect_status(
-        s,
-        FK_ERROR_DEVICE_MISMATCH,
-        &["fk_add", "a is on cuda:0", "runs on cpu"],
-    );
-    let s = unsafe { fk_exp(ca.raw(), gout.raw(), null()) };
-    expect_status(s, FK_ERROR_DEVICE_MISMATCH, &["fk_exp", "a is on cpu"]);
-    // A stream of another device.
-    let cs = Stream::new(&cpu);
-    let s = unsafe { fk_mul(ga.raw(), gb.raw(), gout.raw(), cs.raw()) };
-    expect_status(s, FK_ERROR_DEVICE_MISMATCH, &["fk_mul", "stream is on cpu"]);
-    let gs = Stream::new(&g);
-    let s = unsafe { fk_neg(ca.raw(), cout.raw(), gs.raw()) };
-    expect_status(
-        s,
-        FK_ERROR_DEVICE_MISMATCH,
-        &["fk_neg", "stream is on cuda:0"],
-    );
+    // Operands, output or stream (the last cases) of another device; b is unused by
+    // the unary ops.
+    let (cs, gs) = (Stream::new(&cpu), Stream::new(&g));
+    let cases: [(Op, [&Buf; 3], *const fk_stream, &[&str]); 6] = [
+        (
+            Op::Add,
+            [&ca, &gb, &gout],
+            null(),
+            &["fk_add", "a is on cpu", "cuda:0"],
+        ),
+        (
+            Op::Add,
+            [&ga, &ca, &gout],
+            null(),
+            &["fk_add", "b is on cpu"],
+        ),
+        (
+            Op::Add,
+            [&ga, &gb, &cout],
+            null(),
+            &["fk_add", "a is on cuda:0", "runs on cpu"],
+        ),
+        (
+            Op::Exp,
+            [&ca, &gb, &gout],
+            null(),
+            &["fk_exp", "a is on cpu"],
+        ),
+        (
+            Op::Mul,
+            [&ga, &gb, &gout],
+            cs.raw(),
+            &["fk_mul", "stream is on cpu"],
+        ),
+        (
+            Op::Neg,
+            [&ca, &gb, &cout],
+            gs.raw(),
+            &["fk_neg", "stream is on cuda:0"],
+        ),
+    ];
+    for (op, [a, b, out], stream, needles) in cases {
+        let s = unsafe { op.call(a.raw(), b.raw(), out.raw(), stream) };
+        expect_status(s, FK_ERROR_DEVICE_MISMATCH, needles);
+    }
     let mut p = null_mut();
     let s = unsafe { fk_buffer_create(g.raw(), d, 1, [4i64].as_ptr(), cs.raw(), &mut p) };
     expect_status(s, FK_ERROR_DEVICE_MISMATCH, &["fk_buffer_create", "stream"]);

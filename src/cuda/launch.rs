@@ -2,7 +2,7 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::{result, sys};
+use cudarc::driver::{LaunchConfig, result, sys};
 
 use super::CudaDevice;
 use crate::dtype::DType;
@@ -132,35 +132,33 @@ pub fn launch(
     stream: usize,
     params: &mut [*mut c_void],
 ) -> Result<()> {
-    launch_ex(
-        dev,
-        module,
-        function,
-        grid,
-        block,
-        shared_bytes,
-        stream,
-        params,
-        false,
-    )
+    let config = LaunchConfig {
+        grid_dim: grid,
+        block_dim: block,
+        shared_mem_bytes: shared_bytes,
+    };
+    launch_ex(dev, module, function, config, stream, params, false)
 }
 
-/// `launch`, and with `early` on sm_90+ a programmatic dependent launch: the kernel
+/// `launch` (grid, block and dynamic shared memory as cudarc's `LaunchConfig`),
+/// and with `early` on sm_90+ a programmatic dependent launch: the kernel
 /// may be scheduled while the previous kernel on the stream is still finishing, and
 /// must execute `griddepcontrol.wait` (`fk_grid_dependency_wait()` in common.cuh)
 /// before it touches memory; that hides the launch gap between the two kernels.
-#[allow(clippy::too_many_arguments)]
 pub fn launch_ex(
     dev: &CudaDevice,
     module: &'static str,
     function: &'static str,
-    grid: (u32, u32, u32),
-    block: (u32, u32, u32),
-    shared_bytes: u32,
+    config: LaunchConfig,
     stream: usize,
     params: &mut [*mut c_void],
     early: bool,
 ) -> Result<()> {
+    let LaunchConfig {
+        grid_dim: grid,
+        block_dim: block,
+        shared_mem_bytes: shared_bytes,
+    } = config;
     // (opted in to `shared_bytes` of dynamic shared memory above 48 KB, once per size)
     let f = dev.function_for_smem(module, function, shared_bytes)?;
     dev.bind()?;

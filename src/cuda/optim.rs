@@ -6,6 +6,7 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::sys as bs;
+use cudarc::driver::LaunchConfig;
 use cudarc::driver::sys as ds;
 
 use super::cublas::{self, Slot};
@@ -629,17 +630,13 @@ fn fused_norms(
     };
     // a programmatic dependent launch: the kernel waits (griddepcontrol.wait) before
     // it reads anything, but its launch overlaps the tail of the previous kernel
-    launch_ex(
-        dev,
-        MODULE,
-        name,
-        (g, 1, 1),
-        (block, 1, 1),
-        0,
-        stream,
-        &mut [&mut a as *mut NormArgs as *mut c_void],
-        true,
-    )
+    let config = LaunchConfig {
+        grid_dim: (g, 1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let params = &mut [&mut a as *mut NormArgs as *mut c_void];
+    launch_ex(dev, MODULE, name, config, stream, params, true)
 }
 
 /// Squared per-sample norms into `norms` (the plan's dtype): the fused one-step

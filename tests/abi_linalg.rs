@@ -810,25 +810,15 @@ fn kron_every_dtype_batched_broadcast_and_strided() {
         (&[3, 1, 2], &[1, 2, 3]), // b with batch 1
         (&[7, 5], &[1, 9]),
     ];
-    for dtype in DTYPES {
-        for &(sa, sb) in cases {
-            for (la, lb) in [
-                ("contiguous", "contiguous"),
-                ("transposed", "reversed"),
-                ("every-other", "misaligned"),
-            ] {
-                let k = KronCase::random(&mut rng, dtype, (sa, la), (sb, lb));
-                let got = k.run(&ctx, dtype, null());
-                let want = k.reference();
-                assert_close(
-                    &got,
-                    &want,
-                    tol(dtype),
-                    &format!("kron {} {sa:?} ({la}) x {sb:?} ({lb})", dname(dtype)),
-                );
-            }
-        }
-    }
+    let layouts = [
+        ("contiguous", "contiguous"),
+        ("transposed", "reversed"),
+        ("every-other", "misaligned"),
+    ];
+    each_kron(&mut rng, cases, &layouts, |dtype, k, what| {
+        let got = k.run(&ctx, dtype, null());
+        assert_close(&got, &k.reference(), tol(dtype), what);
+    });
 }
 
 #[test]

@@ -372,25 +372,16 @@ fn kron_oracle_every_dtype_and_layout() {
         (&[5, 3], &[2, 6, 16]),
         (&[3, 1, 2], &[1, 3, 9]),
     ];
-    for dtype in DTYPES {
-        for &(sa, sb) in &cases {
-            for (la, lb) in [
-                ("contiguous", "contiguous"),
-                ("transposed", "reversed"),
-                ("misaligned", "misaligned"),
-            ] {
-                let k = KronCase::random(&mut rng, dtype, (sa, la), (sb, lb));
-                let want = k.run(&cpu, dtype, null());
-                let got = k.run(&g, dtype, null());
-                assert_close(
-                    &got,
-                    &want,
-                    tol(dtype),
-                    &format!("kron {} {sa:?} {la} x {sb:?} {lb}", dname(dtype)),
-                );
-            }
-        }
-    }
+    let layouts = [
+        ("contiguous", "contiguous"),
+        ("transposed", "reversed"),
+        ("misaligned", "misaligned"),
+    ];
+    each_kron(&mut rng, &cases, &layouts, |dtype, k, what| {
+        let want = k.run(&cpu, dtype, null());
+        let got = k.run(&g, dtype, null());
+        assert_close(&got, &want, tol(dtype), what);
+    });
 }
 
 /// `fk_kron` into an output that starts `off` bytes into a poisoned device
@@ -457,7 +448,8 @@ fn kron_store_widths_alignments_and_odd_sizes() {
         (&[3, 7, 8], &[1, 5, 16]),
         (&[1, 9, 4], &[4, 11, 4]),
     ];
-    for dtype in DTYPES {
+    // output offsets in bytes: 0, one element, 8, and those of a complex component
+    let offsets = |dtype: fk_dtype| {
         let es = dsize(dtype);
         let comp = if matches!(dtype, FK_DTYPE_C64 | FK_DTYPE_C128) {
             es / 2
@@ -468,25 +460,17 @@ fn kron_store_widths_alignments_and_odd_sizes() {
         offs.retain(|o| o % comp == 0);
         offs.sort();
         offs.dedup();
-        for &(sa, sb) in &cases {
-            for (la, lb) in [("contiguous", "contiguous"), ("transposed", "reversed")] {
-                let k = KronCase::random(&mut rng, dtype, (sa, la), (sb, lb));
-                let want = k.run(&cpu, dtype, null());
-                for &off in &offs {
-                    let got = kron_at_offset(&g, dtype, &k, off);
-                    assert_close(
-                        &got,
-                        &want,
-                        tol(dtype),
-                        &format!(
-                            "kron {} {sa:?} {la} x {sb:?} {lb}, output at byte offset {off}",
-                            dname(dtype)
-                        ),
-                    );
-                }
-            }
+        offs
+    };
+    let layouts = [("contiguous", "contiguous"), ("transposed", "reversed")];
+    each_kron(&mut rng, &cases, &layouts, |dtype, k, what| {
+        let want = k.run(&cpu, dtype, null());
+        for off in offsets(dtype) {
+            let got = kron_at_offset(&g, dtype, k, off);
+            let what = format!("{what}, output at byte offset {off}");
+            assert_close(&got, &want, tol(dtype), &what);
         }
-    }
+    });
 }
 
 // ------------------------------------------------------------------ chunked GEMM

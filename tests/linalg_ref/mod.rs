@@ -632,6 +632,29 @@ impl KronCase {
     }
 }
 
+/// The Kronecker sweeps' loop: for every dtype, pair of shapes of `cases` and pair
+/// of layout names of `layouts`, a random `KronCase` (drawn in that order) is handed
+/// to `check` with its dtype and its label.
+pub fn each_kron(
+    rng: &mut Rng,
+    cases: &[(&[i64], &[i64])],
+    layouts: &[(&str, &str)],
+    mut check: impl FnMut(fk_dtype, &KronCase, &str),
+) {
+    for dtype in DTYPES {
+        for &(sa, sb) in cases {
+            for &(la, lb) in layouts {
+                let k = KronCase::random(rng, dtype, (sa, la), (sb, lb));
+                check(
+                    dtype,
+                    &k,
+                    &format!("kron {} {sa:?} {la} x {sb:?} {lb}", dname(dtype)),
+                );
+            }
+        }
+    }
+}
+
 /// Runs `fk_kron` on placed operands; returns `out`'s values.
 pub fn run_kron(
     ctx: &Ctx,

@@ -22,82 +22,47 @@ fn tolerance(d: fk_dtype) -> f64 {
 #[test]
 fn forwards_match_reference() {
     let ctx = Ctx::cpu();
-    let mut rng = Rng::new(11);
-    for d in DT {
-        for (b, n) in SIZES {
-            let p = Problem::random(&mut rng, b, n, 1e-6).quantized(d);
-            let x = Inputs::new(&ctx, d, &p);
-            let what = format!("{} B={b} N={n}", dname(d));
-            check(
-                &run_maha_fwd(&ctx, &x, NULL_STREAM),
-                &ref_maha(&p),
-                tolerance(d),
-                &format!("mahalanobis {what}"),
-            );
-            check(
-                &run_field_fwd(&ctx, &x, NULL_STREAM),
-                &ref_field(&p),
-                tolerance(d),
-                &format!("field {what}"),
-            );
-        }
-    }
+    each_problem(&mut Rng::new(11), &SIZES, |_, d, (b, n), p| {
+        let x = Inputs::new(&ctx, d, p);
+        let what = format!("{} B={b} N={n}", dname(d));
+        check(
+            &run_maha_fwd(&ctx, &x, NULL_STREAM),
+            &ref_maha(p),
+            tolerance(d),
+            &format!("mahalanobis {what}"),
+        );
+        check(
+            &run_field_fwd(&ctx, &x, NULL_STREAM),
+            &ref_field(p),
+            tolerance(d),
+            &format!("field {what}"),
+        );
+    });
 }
 
 #[test]
 fn backwards_match_reference() {
     let ctx = Ctx::cpu();
-    let mut rng = Rng::new(12);
-    for d in DT {
-        for (b, n) in SIZES {
-            let p = Problem::random(&mut rng, b, n, 1e-6).quantized(d);
-            let x = Inputs::new(&ctx, d, &p);
-            let g = quantize_vec(d, &random_vec(&mut rng, b * n));
-            let dout = quantize_vec(d, &random_vec(&mut rng, b));
-            let what = format!("{} B={b} N={n}", dname(d));
-            let (got, _) = run_bwd(&ctx, &x, false, &g, ALL, NULL_STREAM);
-            let want = ref_maha_bwd(&p, &g);
-            check(
-                &got.0,
-                &want.0,
-                tolerance(d),
-                &format!("maha dpoints {what}"),
-            );
-            check(
-                &got.1,
-                &want.1,
-                tolerance(d),
-                &format!("maha dmeans {what}"),
-            );
-            check(&got.2, &want.2, tolerance(d), &format!("maha dchol {what}"));
-            let (got, _) = run_bwd(&ctx, &x, true, &dout, ALL, NULL_STREAM);
-            let want = ref_field_bwd(&p, &dout);
-            check(
-                &got.0,
-                &want.0,
-                tolerance(d),
-                &format!("field dpoints {what}"),
-            );
-            check(
-                &got.1,
-                &want.1,
-                tolerance(d),
-                &format!("field dmeans {what}"),
-            );
-            check(
-                &got.2,
-                &want.2,
-                tolerance(d),
-                &format!("field dchol {what}"),
-            );
-            check(
-                &got.3,
-                &want.3,
-                tolerance(d),
-                &format!("field dweights {what}"),
-            );
+    each_problem(&mut Rng::new(12), &SIZES, |rng, d, (b, n), p| {
+        let x = Inputs::new(&ctx, d, p);
+        let g = quantize_vec(d, &random_vec(rng, b * n));
+        let dout = quantize_vec(d, &random_vec(rng, b));
+        let what = format!("{} B={b} N={n}", dname(d));
+        // the Mahalanobis backward's three gradients, then the field's four
+        for (field, gin, kind, count) in [(false, &g, "maha", 3), (true, &dout, "field", 4)] {
+            let (got, _) = run_bwd(&ctx, &x, field, gin, ALL, NULL_STREAM);
+            let want = if field {
+                ref_field_bwd(p, gin)
+            } else {
+                ref_maha_bwd(p, gin)
+            };
+            let pairs = grads_of(&got).into_iter().zip(grads_of(&want));
+            for (i, (got, want)) in pairs.take(count).enumerate() {
+                let label = format!("{kind} {} {what}", GRAD_NAMES[i]);
+                check(got, want, tolerance(d), &label);
+            }
         }
-    }
+    });
 }
 
 /// Central differences of `loss` with respect to every input element (f64).

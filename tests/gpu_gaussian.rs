@@ -47,33 +47,30 @@ fn tol(d: fk_dtype, backward: bool) -> f64 {
     }
 }
 
-/// The oracle tests' loop: for every dtype and size of `sizes()`, a random problem
-/// (from `seed`) placed on the GPU and on the CPU (the same rounded inputs) is handed
-/// to `body` with the generator, the dtype, (B, N) and both contexts; each one's time
-/// is printed under `label`.
-fn each_problem(
+/// The oracle tests' loop: gaussian_util's `each_problem` over `sizes()` (from
+/// `seed`), each problem placed on the GPU and on the CPU (the same rounded inputs)
+/// and handed to `body` with the generator, the dtype, (B, N) and both contexts;
+/// each one's time is printed under `label`.
+fn each_oracle_problem(
     seed: u64,
     label: &str,
     mut body: impl FnMut(&mut Rng, fk_dtype, (usize, usize), (&Ctx, &Inputs), (&Ctx, &Inputs)),
 ) {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::new(seed);
-    for d in [FK_DTYPE_F32, FK_DTYPE_F64] {
-        for (b, n) in sizes() {
-            let t = Instant::now();
-            let p = Problem::random(&mut rng, b, n, 1e-6).quantized(d);
-            let (xg, xc) = (Inputs::new(&g, d, &p), Inputs::new(&cpu, d, &p));
-            body(&mut rng, d, (b, n), (&g, &xg), (&cpu, &xc));
-            let secs = t.elapsed().as_secs_f64();
-            println!("{label} {} B={b} N={n}: ok in {secs:.2}s", dname(d));
-        }
-    }
+    let Some((g, cpu, mut rng)) = gpu_oracle(seed) else {
+        return;
+    };
+    each_problem(&mut rng, &sizes(), |rng, d, (b, n), p| {
+        let t = Instant::now();
+        let (xg, xc) = (Inputs::new(&g, d, p), Inputs::new(&cpu, d, p));
+        body(rng, d, (b, n), (&g, &xg), (&cpu, &xc));
+        let secs = t.elapsed().as_secs_f64();
+        println!("{label} {} B={b} N={n}: ok in {secs:.2}s", dname(d));
+    });
 }
 
 #[test]
 fn oracle_forwards() {
-    each_problem(21, "forwards", |_, d, (b, n), (g, xg), (cpu, xc)| {
+    each_oracle_problem(21, "forwards", |_, d, (b, n), (g, xg), (cpu, xc)| {
         let what = format!("{} B={b} N={n}", dname(d));
         check(
             &run_maha_fwd(g, xg, NULL_STREAM),
@@ -92,7 +89,7 @@ fn oracle_forwards() {
 
 #[test]
 fn oracle_backwards() {
-    each_problem(22, "backwards", |rng, d, (b, n), (g, xg), (cpu, xc)| {
+    each_oracle_problem(22, "backwards", |rng, d, (b, n), (g, xg), (cpu, xc)| {
         let gm = quantize_vec(d, &random_vec(rng, b * n));
         let dout = quantize_vec(d, &random_vec(rng, b));
         for field in [false, true] {
@@ -104,11 +101,10 @@ fn oracle_backwards() {
             );
             let (got, bytes1) = run_bwd(g, xg, field, gin, ALL, NULL_STREAM);
             let (want, _) = run_bwd(cpu, xc, field, gin, ALL, NULL_STREAM);
-            check(&got.0, &want.0, tol(d, true), &format!("dpoints {what}"));
-            check(&got.1, &want.1, tol(d, true), &format!("dmeans {what}"));
-            check(&got.2, &want.2, tol(d, true), &format!("dchol {what}"));
-            if field {
-                check(&got.3, &want.3, tol(d, true), &format!("dweights {what}"));
+            let count = if field { 4 } else { 3 };
+            let pairs = grads_of(&got).into_iter().zip(grads_of(&want));
+            for (i, (a, w)) in pairs.take(count).enumerate() {
+                check(a, w, tol(d, true), &format!("{} {what}", GRAD_NAMES[i]));
             }
             // the upper part of dchol is exactly 0
             for i in 0..n {
@@ -125,16 +121,11 @@ fn oracle_backwards() {
                 );
             }
             // each gradient alone equals the same gradient from the full call
-            for i in 0..(if field { 4 } else { 3 }) {
+            for i in 0..count {
                 let mut want1 = [false; 4];
                 want1[i] = true;
                 let (one, _) = run_bwd(g, xg, field, gin, want1, NULL_STREAM);
-                let (a, bb) = match i {
-                    0 => (&one.0, &got.0),
-                    1 => (&one.1, &got.1),
-                    2 => (&one.2, &got.2),
-                    _ => (&one.3, &got.3),
-                };
+                let (a, bb) = (grads_of(&one)[i], grads_of(&got)[i]);
                 assert!(
                     a.iter().zip(bb).all(|(x, y)| x.to_bits() == y.to_bits()),
                     "{what}: gradient {i} alone differs from the full call"

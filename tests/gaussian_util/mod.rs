@@ -139,6 +139,30 @@ pub fn ref_field(p: &Problem) -> Vec<f64> {
 /// Gradients `(dpoints, dmeans, dchol, dweights)`.
 pub type Grads = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>);
 
+/// The gradients' names, in `Grads` order.
+pub const GRAD_NAMES: [&str; 4] = ["dpoints", "dmeans", "dchol", "dweights"];
+
+/// The four gradients of `g` in `Grads` order.
+pub fn grads_of(g: &Grads) -> [&[f64]; 4] {
+    [&g.0, &g.1, &g.2, &g.3]
+}
+
+/// The sweeps' loop: for f32 and f64 and every (B, N) of `sizes`, a random problem
+/// (eps 1e-6, drawn from `rng`) rounded to the dtype, handed to `body` with the
+/// generator, the dtype and (B, N).
+pub fn each_problem(
+    rng: &mut Rng,
+    sizes: &[(usize, usize)],
+    mut body: impl FnMut(&mut Rng, fk_dtype, (usize, usize), &Problem),
+) {
+    for d in [FK_DTYPE_F32, FK_DTYPE_F64] {
+        for &(b, n) in sizes {
+            let p = Problem::random(rng, b, n, 1e-6).quantized(d);
+            body(rng, d, (b, n), &p);
+        }
+    }
+}
+
 /// Reference Mahalanobis backward given `gfun(b, n) = dL/dm[b,n]`; also sums
 /// `wfun(b, n)` per Gaussian into the fourth result.
 fn ref_bwd(

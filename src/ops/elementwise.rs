@@ -15,91 +15,60 @@ use crate::layout::{self, Dims};
 use crate::ops::{Addr, check};
 use crate::stream::Stream;
 
-/// Binary operations. The discriminants are the kernels' op codes (passed to NVRTC
-/// as `-D` definitions, see `cuda::elementwise::defines`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BinaryOp {
-    Add = 0,
-    Sub = 1,
-    Mul = 2,
-    Div = 3,
-    /// `alpha*a + beta*b`.
-    Axpby = 4,
-}
-
-pub const ALL_BINARY: [BinaryOp; 5] = [
-    BinaryOp::Add,
-    BinaryOp::Sub,
-    BinaryOp::Mul,
-    BinaryOp::Div,
-    BinaryOp::Axpby,
-];
-
-impl BinaryOp {
-    pub fn name(self) -> &'static str {
-        match self {
-            BinaryOp::Add => "ADD",
-            BinaryOp::Sub => "SUB",
-            BinaryOp::Mul => "MUL",
-            BinaryOp::Div => "DIV",
-            BinaryOp::Axpby => "AXPBY",
+/// `op_codes! { enum Op, ALL: Name = code "NAME", ... }`: an op enum whose
+/// discriminants are the kernels' op codes (passed to NVRTC as `-D` definitions,
+/// see `cuda::elementwise::defines`), the list `ALL` of its ops in code order, and
+/// each op's `name()` in the kernels' spelling, from one table.
+macro_rules! op_codes {
+    ($(#[$doc:meta])* enum $op:ident, $all:ident: $($(#[$vdoc:meta])* $v:ident = $code:literal $name:literal),+ $(,)?) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $op {
+            $($(#[$vdoc])* $v = $code),+
         }
-    }
+
+        pub const $all: [$op; [$($code),+].len()] = [$($op::$v),+];
+
+        impl $op {
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($op::$v => $name),+
+                }
+            }
+        }
+    };
 }
 
-/// Unary operations (`ScalarAdd`/`ScalarMul` use `alpha`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnaryOp {
-    Neg = 0,
-    Abs = 1,
-    Exp = 2,
-    Log = 3,
-    Sqrt = 4,
-    Sin = 5,
-    Cos = 6,
-    Tanh = 7,
-    Sigmoid = 8,
-    Relu = 9,
-    ScalarAdd = 10,
-    ScalarMul = 11,
-    Copy = 12,
+op_codes! {
+    /// Binary operations.
+    enum BinaryOp, ALL_BINARY:
+    Add = 0 "ADD",
+    Sub = 1 "SUB",
+    Mul = 2 "MUL",
+    Div = 3 "DIV",
+    /// `alpha*a + beta*b`.
+    Axpby = 4 "AXPBY",
 }
 
-pub const ALL_UNARY: [UnaryOp; 13] = [
-    UnaryOp::Neg,
-    UnaryOp::Abs,
-    UnaryOp::Exp,
-    UnaryOp::Log,
-    UnaryOp::Sqrt,
-    UnaryOp::Sin,
-    UnaryOp::Cos,
-    UnaryOp::Tanh,
-    UnaryOp::Sigmoid,
-    UnaryOp::Relu,
-    UnaryOp::ScalarAdd,
-    UnaryOp::ScalarMul,
-    UnaryOp::Copy,
-];
+op_codes! {
+    /// Unary operations (`ScalarAdd`/`ScalarMul` use `alpha`).
+    enum UnaryOp, ALL_UNARY:
+    Neg = 0 "NEG",
+    Abs = 1 "ABS",
+    Exp = 2 "EXP",
+    Log = 3 "LOG",
+    Sqrt = 4 "SQRT",
+    Sin = 5 "SIN",
+    Cos = 6 "COS",
+    Tanh = 7 "TANH",
+    Sigmoid = 8 "SIGMOID",
+    Relu = 9 "RELU",
+    ScalarAdd = 10 "SCALAR_ADD",
+    ScalarMul = 11 "SCALAR_MUL",
+    Copy = 12 "COPY",
+}
 
 impl UnaryOp {
-    pub fn name(self) -> &'static str {
-        match self {
-            UnaryOp::Neg => "NEG",
-            UnaryOp::Abs => "ABS",
-            UnaryOp::Exp => "EXP",
-            UnaryOp::Log => "LOG",
-            UnaryOp::Sqrt => "SQRT",
-            UnaryOp::Sin => "SIN",
-            UnaryOp::Cos => "COS",
-            UnaryOp::Tanh => "TANH",
-            UnaryOp::Sigmoid => "SIGMOID",
-            UnaryOp::Relu => "RELU",
-            UnaryOp::ScalarAdd => "SCALAR_ADD",
-            UnaryOp::ScalarMul => "SCALAR_MUL",
-            UnaryOp::Copy => "COPY",
-        }
-    }
-
     /// Output dtype for input `d`, or an error for unsupported combinations.
     pub fn out_dtype(self, d: DType) -> Result<DType> {
         match (self, d.is_complex()) {

@@ -472,13 +472,20 @@ int main(int argc, char** argv) {
                 fusekit::linear_forward(ma, w, &bias, fusekit::Act::GeluTanh, yt);
                 const double z[4] = {-1.5, -1, -1.5, 2};
                 auto e = ye.to_vector<float>(), t = yt.to_vector<float>(), a = aux.to_vector<float>();
-                bool good = true;
+                double err_erf = 0, err_tanh = 0, err_aux = 0;
                 for (int i = 0; i < 4; ++i) {
                     double want = 0.5 * z[i] * (1.0 + std::erf(z[i] / std::sqrt(2.0)));
                     double tanh_ = 0.5 * z[i] * (1.0 + std::tanh(0.7978845608028654 * (z[i] + 0.044715 * z[i] * z[i] * z[i])));
-                    good = good && std::fabs(e[i] - want) < 1e-6 && std::fabs(t[i] - tanh_) < 1e-6 && a[i] == z[i];
+                    err_erf = std::max(err_erf, std::fabs(e[i] - want));
+                    err_tanh = std::max(err_tanh, std::fabs(t[i] - tanh_));
+                    err_aux = std::max(err_aux, std::fabs(a[i] - z[i]));
                 }
-                check(good && std::fabs(e[1] - t[1]) > 1e-5, "linear_forward GeluErf / GeluTanh");
+                char errs[96];
+                std::snprintf(errs, sizeof errs, " (max errors: erf %.2e, tanh %.2e, aux %.2e)", err_erf, err_tanh,
+                              err_aux);
+                // tanh: on CUDA cuBLASLt's GELU epilogue, 1.8e-6 from the double formula on the H100
+                check(err_erf < 1e-6 && err_tanh < 1e-5 && err_aux == 0 && std::fabs(e[1] - t[1]) > 1e-4,
+                      std::string("linear_forward GeluErf / GeluTanh") + errs);
             }
             auto dy = fusekit::Buffer::owned<float>(ctx, {2, 2});
             dy.copy_from_host(std::vector<float>{1, 1, 1, 1});

@@ -338,22 +338,30 @@ elem! {
     bf16 => f32, bf16::to_f32, bf16::from_f32;
 }
 
+/// `with_storage!($dtype, $t => $body; F32: f32, ...; d => other)`: `$body` with
+/// `$t` the storage type of `$dtype`, for each listed dtype; the arms of
+/// `with_real!` and `with_elem!`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! with_storage {
+    ($dtype:expr, $t:ident => $body:expr; $($d:ident: $ty:ty),+ $(; $p:pat => $other:expr)?) => {
+        match $dtype {
+            $($crate::dtype::DType::$d => {
+                type $t = $ty;
+                $body
+            })+
+            $($p => $other,)?
+        }
+    };
+}
+
 /// Runs `$body` with `$t` the storage type of a real dtype (f32 or f64; the
 /// real-only families validate the dtype first).
 #[macro_export]
 macro_rules! with_real {
     ($dtype:expr, $t:ident => $body:expr) => {
-        match $dtype {
-            $crate::dtype::DType::F32 => {
-                type $t = f32;
-                $body
-            }
-            $crate::dtype::DType::F64 => {
-                type $t = f64;
-                $body
-            }
-            d => unreachable!("dtype {d} reached an f32/f64-only kernel"),
-        }
+        $crate::with_storage!($dtype, $t => $body; F32: f32, F64: f64;
+            d => unreachable!("dtype {d} reached an f32/f64-only kernel"))
     };
 }
 
@@ -361,32 +369,9 @@ macro_rules! with_real {
 #[macro_export]
 macro_rules! with_elem {
     ($dtype:expr, $t:ident => $body:expr) => {
-        match $dtype {
-            $crate::dtype::DType::F16 => {
-                type $t = half::f16;
-                $body
-            }
-            $crate::dtype::DType::BF16 => {
-                type $t = half::bf16;
-                $body
-            }
-            $crate::dtype::DType::F32 => {
-                type $t = f32;
-                $body
-            }
-            $crate::dtype::DType::F64 => {
-                type $t = f64;
-                $body
-            }
-            $crate::dtype::DType::C64 => {
-                type $t = $crate::cpu::Complex<f32>;
-                $body
-            }
-            $crate::dtype::DType::C128 => {
-                type $t = $crate::cpu::Complex<f64>;
-                $body
-            }
-        }
+        $crate::with_storage!($dtype, $t => $body;
+            F16: half::f16, BF16: half::bf16, F32: f32, F64: f64,
+            C64: $crate::cpu::Complex<f32>, C128: $crate::cpu::Complex<f64>)
     };
 }
 

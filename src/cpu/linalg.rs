@@ -10,7 +10,7 @@ use super::{Complex, host_slice, host_slice_mut};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::Addr;
-use crate::ops::addr::raw;
+use crate::ops::addr::{ptr, raw};
 use crate::ops::linalg::{
     Activation, GELU_TANH_A, GELU_TANH_C, GemmPlan, KronPlan, LinearBwdPlan, LinearPlan, Mat, Trans,
 };
@@ -224,7 +224,7 @@ fn conj_copy<T: Mm>(x: &Mat, batch: i64) -> (Vec<T>, Mat) {
     let (r, c) = (x.rows as usize, x.cols as usize);
     let mut v = vec![T::ZERO; nb as usize * r * c];
     super::for_chunks_mut(&mut v, (r * c).max(1), |bi, dst| {
-        let base = x.at(bi as i64, size_of::<T>());
+        let base = ptr(x.at(bi as i64, size_of::<T>()));
         for i in 0..r {
             for j in 0..c {
                 // SAFETY: (i, j) lies inside matrix bi of the validated operand.
@@ -234,7 +234,7 @@ fn conj_copy<T: Mm>(x: &Mat, batch: i64) -> (Vec<T>, Mat) {
         }
     });
     let m = Mat {
-        ptr: v.as_ptr() as usize,
+        addr: Addr::from_usize(v.as_ptr() as usize),
         rows: x.rows,
         cols: x.cols,
         ld: x.cols.max(1),
@@ -258,9 +258,9 @@ fn gemm_t<T: Mm>(p: &GemmPlan) {
         (None, p.b)
     };
     let es = size_of::<T>();
-    let a_at = |i: usize| op_view(a.at(i as i64, es), a.ld, p.op_a);
-    let b_at = |i: usize| op_view(b.at(i as i64, es), b.ld, p.op_b);
-    let c_at = |i: usize| op_view(p.c.at(i as i64, es), p.c.ld, Trans::N);
+    let a_at = |i: usize| op_view(ptr(a.at(i as i64, es)), a.ld, p.op_a);
+    let b_at = |i: usize| op_view(ptr(b.at(i as i64, es)), b.ld, p.op_b);
+    let c_at = |i: usize| op_view(ptr(p.c.at(i as i64, es)), p.c.ld, Trans::N);
     par_gemm::<T>(
         p.batch as usize,
         p.m as usize,
@@ -311,7 +311,7 @@ fn widen<H: Half>(x: &Mat, count: i64) -> Vec<f32> {
     let mut v = vec![0f32; count as usize * r * c];
     super::for_chunks_mut(&mut v, c.max(1), |row, dst| {
         let (bi, i) = (row / r.max(1), row % r.max(1));
-        let base = x.at(bi as i64, 2) + i * x.ld as usize * 2;
+        let base = ptr(x.at(bi as i64, 2)) + i * x.ld as usize * 2;
         for (j, d) in dst.iter_mut().enumerate() {
             // SAFETY: inside the validated operand.
             *d = unsafe { *((base as *const H).add(j)) }.to_f32();
@@ -364,7 +364,7 @@ fn gemm_half<H: Half>(p: &GemmPlan) {
     // round back into C (with its own strides)
     super::for_chunks_mut(&mut c32, n.max(1), |row, src| {
         let (bi, i) = (row / m.max(1), row % m.max(1));
-        let base = p.c.at(bi as i64, 2) + i * p.c.ld as usize * 2;
+        let base = ptr(p.c.at(bi as i64, 2)) + i * p.c.ld as usize * 2;
         for (j, s) in src.iter().enumerate() {
             // SAFETY: inside the validated output.
             unsafe { *((base as *mut H).add(j)) = H::from_f32(*s) };

@@ -43,6 +43,7 @@ use crate::error::{
     CudaContext as _, Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result,
     lock,
 };
+use crate::ops::addr::ptr;
 use crate::ops::linalg::{GemmPlan, Trans};
 
 /// cuBLAS workspace per stream (NVIDIA's recommendation for Hopper).
@@ -535,6 +536,7 @@ pub fn gemm_ex(slot: &Slot, p: &GemmPlan) -> Result<()> {
     let beta = HostScalar::new(p.dtype, p.beta.re, p.beta.im);
     let t = bs_type(p.dtype);
     let h = slot.handle()?;
+    let [a, b, c] = [p.a, p.b, p.c].map(|m| ptr(m.addr) as *mut c_void);
     // SAFETY: the plan was validated (every pointer and stride addresses the
     // operands), the handle is bound to the slot's stream, the scalars outlive the
     // call (host pointer mode reads them before returning).
@@ -547,16 +549,16 @@ pub fn gemm_ex(slot: &Slot, p: &GemmPlan) -> Result<()> {
             p.m as i32,
             p.k as i32,
             alpha.ptr(),
-            p.b.ptr as *const c_void,
+            b,
             t,
             p.b.ld as i32,
             p.b.batch_stride,
-            p.a.ptr as *const c_void,
+            a,
             t,
             p.a.ld as i32,
             p.a.batch_stride,
             beta.ptr(),
-            p.c.ptr as *mut c_void,
+            c,
             t,
             p.c.ld as i32,
             p.c.batch_stride,

@@ -651,7 +651,7 @@ fn norms_into(ops: &Ops, p: &SamplePlan, norms: usize) -> Result<()> {
     let es = p.dtype.size();
     let ga = ops.alloc((p.batch * t * t) as usize * es)?;
     let gg = ops.alloc((p.batch * t * t) as usize * es)?;
-    for (x, w, dst) in [(ptr(p.a), p.din, ga.ptr), (ptr(p.g), p.dout, gg.ptr)] {
+    for (x, w, dst) in [(p.a, p.din, ga.ptr), (p.g, p.dout, gg.ptr)] {
         let xm = dense(x, t, w, t * w);
         crate::ops::optim::MatOps::gemm(
             ops,
@@ -661,7 +661,7 @@ fn norms_into(ops: &Ops, p: &SamplePlan, norms: usize) -> Result<()> {
                 xm,
                 Trans::T,
                 xm,
-                dense(dst, t, t, t * t),
+                dense(Addr::from_usize(dst), t, t, t * t),
                 1.0,
                 0.0,
                 p.batch,

@@ -65,6 +65,19 @@ impl Addr {
         }
     }
 
+    /// The address `bytes` away, either way (`Mat::at`'s batch strides, workspace
+    /// offsets): inside the same allocation, so neither overflow nor 0 can happen
+    /// for a validated operand; both panic.
+    pub const fn offset(self, bytes: i64) -> Addr {
+        match self.0.get().checked_add_signed(bytes) {
+            Some(a) => match NonZeroU64::new(a) {
+                Some(a) => Addr(a),
+                None => panic!("address offset reaches 0"),
+            },
+            None => panic!("address offset overflows"),
+        }
+    }
+
     /// The address rounded up to a multiple of `align` (a power of two).
     pub const fn align_up(self, align: u64) -> Addr {
         self.byte_add(self.0.get().next_multiple_of(align) - self.0.get())
@@ -79,8 +92,8 @@ pub const fn raw(a: Option<Addr>) -> u64 {
     }
 }
 
-/// The optional address as the `usize` that `ops::linalg::Mat` and the cuBLAS
-/// wrappers take (0 for `None`), where a plan hands an operand on to them.
+/// The optional address as a host pointer-sized number (0 for `None`): what a
+/// library call (cuBLAS, cuSOLVER) or the CPU's pointer arithmetic takes.
 pub const fn ptr(a: Option<Addr>) -> usize {
     raw(a) as usize
 }
@@ -104,6 +117,8 @@ mod tests {
         assert_eq!(ptr(Some(a)), 0x1000);
         assert_eq!(ptr(None), 0);
         assert_eq!(a.byte_add(24).get(), 0x1018);
+        assert_eq!(a.offset(24).get(), 0x1018);
+        assert_eq!(a.offset(-0x800).get(), 0x800);
         assert_eq!(a.byte_add(1).align_up(256).get(), 0x1100);
         assert_eq!(a.align_up(256), a);
     }

@@ -82,9 +82,10 @@ impl Activation {
 
 /// A row-major matrix operand: `batch` matrices of `rows x cols`, row stride `ld`,
 /// consecutive matrices `batch_stride` elements apart (0: one matrix for all).
+/// `addr` is `None` for an operand without memory (an empty buffer).
 #[derive(Debug, Clone, Copy)]
 pub struct Mat {
-    pub ptr: usize,
+    pub addr: Option<Addr>,
     pub rows: i64,
     pub cols: i64,
     pub ld: i64,
@@ -92,12 +93,26 @@ pub struct Mat {
 }
 
 impl Mat {
-    /// Address of matrix `i` of the batch. Wrapping: the batch stride of empty
-    /// matrices is unchecked and may be huge (their address is never dereferenced);
-    /// for matrices with elements the offset lies inside the caller's memory.
-    pub fn at(&self, i: i64, elem: usize) -> usize {
-        let off = i.wrapping_mul(self.batch_stride).wrapping_mul(elem as i64);
-        (self.ptr as i64).wrapping_add(off) as usize
+    /// Address of matrix `i` of the batch (`elem` bytes an element). The batch
+    /// stride of empty matrices is unchecked and may be huge, so an empty matrix
+    /// keeps its first address (it is never dereferenced); for matrices with
+    /// elements the offset lies inside the caller's memory (`Addr::offset` checks).
+    pub fn at(&self, i: i64, elem: usize) -> Option<Addr> {
+        if self.rows == 0 || self.cols == 0 {
+            return self.addr;
+        }
+        let off = i
+            .checked_mul(self.batch_stride)
+            .and_then(|o| o.checked_mul(elem as i64))
+            .expect("batch offset of a validated matrix fits i64");
+        self.addr.map(|a| a.offset(off))
+    }
+
+    /// Address of element `(row, col)` of the first matrix (`elem` bytes an
+    /// element): the corner of a tile.
+    pub fn elem(&self, row: i64, col: i64, elem: usize) -> Option<Addr> {
+        let off = (row * self.ld + col) * elem as i64;
+        self.addr.map(|a| a.offset(off))
     }
 }
 
@@ -121,11 +136,11 @@ pub struct GemmPlan {
     pub allow_tf32: bool,
 }
 
-/// A contiguous row-major `[rows, cols]` matrix at `ptr`, `batch_stride` elements
+/// A contiguous row-major `[rows, cols]` matrix at `addr`, `batch_stride` elements
 /// between consecutive matrices (0: one for the whole batch).
-pub fn dense(ptr: usize, rows: i64, cols: i64, batch_stride: i64) -> Mat {
+pub fn dense(addr: Option<Addr>, rows: i64, cols: i64, batch_stride: i64) -> Mat {
     Mat {
-        ptr,
+        addr,
         rows,
         cols,
         ld: cols.max(1),
@@ -218,7 +233,7 @@ fn matrix(buf: &Buffer, what: &str) -> Result<(i64, Mat)> {
     Ok((
         batch,
         Mat {
-            ptr: buf.data,
+            addr: Addr::of(buf),
             rows,
             cols,
             ld,

@@ -110,9 +110,9 @@ impl PowPlan {
     pub fn elems(&self) -> usize {
         (self.batch * self.n * self.n) as usize
     }
-    /// The matrices `[batch, n, n]` at `ptr`.
+    /// The matrices `[batch, n, n]` at `ptr` (a `MatOps` address: 0 for none).
     pub fn mat(&self, ptr: usize) -> Mat {
-        dense(ptr, self.n, self.n, self.n * self.n)
+        dense(Addr::from_usize(ptr), self.n, self.n, self.n * self.n)
     }
 }
 
@@ -529,10 +529,10 @@ impl StatsPlan {
     /// The statistic `op` makes, `c = beta c + alpha op(G) op(G)^T`, as one
     /// (batched) GEMM writing both triangles; `tf32` for TF32 products.
     pub fn gemm(&self, op: Trans, c: Addr, tf32: bool) -> GemmPlan {
-        let g = dense(ptr(self.grad), self.m, self.n, self.m * self.n);
+        let g = dense(self.grad, self.m, self.n, self.m * self.n);
         let other = if op == Trans::N { Trans::T } else { Trans::N };
         let k = self.order(op);
-        let cm = dense(c.as_usize(), k, k, k * k);
+        let cm = dense(Some(c), k, k, k * k);
         GemmPlan::new(
             self.dtype, op, g, other, g, cm, self.alpha, self.beta, self.batch, tf32,
         )
@@ -663,7 +663,7 @@ pub fn shampoo_precondition(
         );
         check::contiguous(o, name)?;
         check::disjoint(out, "out", &[(o, name)])?;
-        roots[i] = Some(dense(o.data, k, k, if bo == 1 { 0 } else { k * k }));
+        roots[i] = Some(dense(Addr::of(o), k, k, if bo == 1 { 0 } else { k * k }));
     }
     if batch == 0 || m == 0 || n == 0 {
         return Ok(());
@@ -674,8 +674,8 @@ pub fn shampoo_precondition(
         }
     }
     let d = grad.dtype;
-    let g = dense(grad.data, m, n, m * n);
-    let o = dense(out.data, m, n, m * n);
+    let g = dense(Addr::of(grad), m, n, m * n);
+    let o = dense(Addr::of(out), m, n, m * n);
     let ops: Box<dyn MatOps> = match device {
         Device::Cpu => Box::new(crate::cpu::optim::Ops),
         Device::Cuda(_) => Box::new(crate::cuda::optim::Ops::new(out.ctx.cuda_dev(), stream)?),
@@ -690,7 +690,7 @@ pub fn shampoo_precondition(
         [Some(l), Some(r)] => {
             // tmp = G R, then out = L tmp: the same FLOPs either way round.
             let tmp = ops.scratch(out.nbytes())?;
-            let t = dense(tmp.ptr, m, n, m * n);
+            let t = dense(Addr::from_usize(tmp.ptr), m, n, m * n);
             ops.gemm(&plan(g, r, t))?;
             ops.gemm(&plan(l, t, o))
         }
@@ -905,10 +905,10 @@ impl SamplePlan {
         GemmPlan::new(
             self.dtype,
             Trans::T,
-            dense(ptr(self.g), t, o, t * o),
+            dense(self.g, t, o, t * o),
             Trans::N,
-            dense(ptr(self.a), t, i, t * i),
-            dense(out, o, i, o * i),
+            dense(self.a, t, i, t * i),
+            dense(Addr::from_usize(out), o, i, o * i),
             1.0,
             0.0,
             self.batch,
@@ -922,10 +922,10 @@ impl SamplePlan {
         GemmPlan::new(
             self.dtype,
             Trans::T,
-            dense(gs, rows, self.dout, 0),
+            dense(Addr::from_usize(gs), rows, self.dout, 0),
             Trans::N,
-            dense(ptr(self.a), rows, self.din, 0),
-            dense(out, self.dout, self.din, 0),
+            dense(self.a, rows, self.din, 0),
+            dense(Addr::from_usize(out), self.dout, self.din, 0),
             1.0,
             0.0,
             1,

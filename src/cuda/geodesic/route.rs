@@ -28,6 +28,12 @@ fn at(a: Option<Addr>) -> usize {
     addr::raw(a) as usize
 }
 
+/// The dense row-major `rows x cols` matrix at the route address `a` (0: none):
+/// where a route address becomes a GEMM operand.
+fn mat(a: usize, rows: usize, cols: usize) -> Mat {
+    dense(Addr::from_usize(a), rows as i64, cols as i64, 0)
+}
+
 /// `vec` of the route's elementwise kernels: 1 where they may move 16 bytes per thread
 /// and step, i.e. every pointer (0: none) is 16-byte aligned and `n` and `period` (of
 /// `mu`, where read) are multiples of the elements in 16 bytes.
@@ -86,19 +92,19 @@ pub(super) trait Steps {
     /// The `[B, D]` matrix at `a` (`v`, `x`, `gamma`, raw, `g'` and their kin).
     fn bd(&self, a: usize) -> Mat {
         let j = self.job();
-        dense(a, j.b as i64, j.d as i64, 0)
+        mat(a, j.b, j.d)
     }
 
     /// The `[D, R]` matrix at `a` (`U`, `W`, `dU`, `dW`).
     fn dr(&self, a: usize) -> Mat {
         let j = self.job();
-        dense(a, j.d as i64, j.r as i64, 0)
+        mat(a, j.d, j.r)
     }
 
     /// The `[B, R]` matrix at `a` (`P`, `S`, `Q`).
     fn br(&self, a: usize) -> Mat {
         let j = self.job();
-        dense(a, j.b as i64, j.r as i64, 0)
+        mat(a, j.b, j.r)
     }
 
     /// `P = v U` into `p` (`[B, R]`).

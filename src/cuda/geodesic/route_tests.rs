@@ -145,7 +145,10 @@ impl HostRoute {
     fn mat(&self, m: &Mat) {
         let e = self.job.dtype.size();
         if m.rows > 0 && m.cols > 0 {
-            self.check(m.ptr, ((m.rows - 1) * m.ld + m.cols) as usize * e);
+            self.check(
+                crate::ops::addr::ptr(m.addr),
+                ((m.rows - 1) * m.ld + m.cols) as usize * e,
+            );
         }
     }
 

@@ -11,18 +11,20 @@ use super::{gemm, slot_of};
 use crate::cuda::CudaDevice;
 use crate::cuda::cublas::{self, Slot};
 use crate::error::{CudaContext as _, Result, lock};
+use crate::ops::Addr;
+use crate::ops::addr::{ptr, raw};
 use crate::ops::elementwise::Scalar;
 use crate::ops::linalg::{GemmPlan, Mat, dense};
 use crate::stream::Stream;
 
-/// Whether `ptr` is host memory (pinned or registered) rather than device memory.
-fn is_host(dev: &CudaDevice, ptr: usize) -> Result<bool> {
+/// Whether `addr` is host memory (pinned or registered) rather than device memory.
+fn is_host(dev: &CudaDevice, addr: Option<Addr>) -> Result<bool> {
     dev.bind()?;
     let mut mem_type: u32 = 0;
     let mut attrs = [ds::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE];
     let mut data = [&mut mem_type as *mut u32 as *mut c_void];
     // SAFETY: data[0] points to storage for the attribute's type (unsigned int).
-    unsafe { ds::cuPointerGetAttributes(1, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr as u64) }
+    unsafe { ds::cuPointerGetAttributes(1, attrs.as_mut_ptr(), data.as_mut_ptr(), raw(addr)) }
         .result()
         .cuda("cuPointerGetAttributes")?;
     Ok(mem_type == ds::CUmemorytype::CU_MEMORYTYPE_HOST as u32)
@@ -246,7 +248,7 @@ impl Ring {
             if self.used[s] {
                 q.wait(Lane::Up, self.released[s])?;
             }
-            let host = self.src.ptr + ((r.0 * self.src.ld + r.1) as usize) * es;
+            let host = ptr(self.src.elem(r.0, r.1, es));
             let w = r.3 as usize * es;
             q.copy(&Block {
                 to_device: true,
@@ -262,7 +264,7 @@ impl Ring {
             self.tag[s] = Some(r);
             self.cur = s;
         }
-        Ok(dense(self.bufs[self.cur] as usize, r.2, r.3, 0))
+        Ok(dense(Addr::from_raw(self.bufs[self.cur]), r.2, r.3, 0))
     }
 
     /// The product that read the current region is queued on the compute lane.
@@ -275,7 +277,7 @@ impl Ring {
 
 fn sub(m: &Mat, r: Region, es: usize) -> Mat {
     Mat {
-        ptr: m.ptr + ((r.0 * m.ld + r.1) as usize) * es,
+        addr: m.elem(r.0, r.1, es),
         rows: r.2,
         cols: r.3,
         ld: m.ld,
@@ -373,7 +375,7 @@ fn tiles(
     let mut tile = 0usize;
     for bi in 0..p.batch {
         let at = |x: &Mat| Mat {
-            ptr: x.at(bi, es),
+            addr: x.at(bi, es),
             batch_stride: 0,
             ..*x
         };
@@ -394,7 +396,7 @@ fn tiles(
                 // C's tile: uploaded when C is loaded, downloaded once computed
                 let c_block = |to_device| Block {
                     to_device,
-                    host: c.ptr + ((i0 * c.ld + j0) as usize) * es,
+                    host: ptr(c.elem(i0, j0, es)),
                     host_pitch: c.ld as usize * es,
                     dev: c_bufs[cs],
                     dev_pitch: w,
@@ -413,7 +415,7 @@ fn tiles(
                     } else if c_used[cs] {
                         q.wait(Lane::Compute, c_free + cs)?;
                     }
-                    dense(c_bufs[cs] as usize, mi, nj, 0)
+                    dense(Addr::from_raw(c_bufs[cs]), mi, nj, 0)
                 } else {
                     sub(&c, (i0, j0, mi, nj), es)
                 };
@@ -487,9 +489,9 @@ fn tiles(
 /// panels of k are accumulated in order.
 pub fn gemm_chunked(dev: &CudaDevice, p: &GemmPlan, budget: u64, stream: &Stream) -> Result<()> {
     let host = [
-        is_host(dev, p.a.ptr)?,
-        is_host(dev, p.b.ptr)?,
-        is_host(dev, p.c.ptr)?,
+        is_host(dev, p.a.addr)?,
+        is_host(dev, p.b.addr)?,
+        is_host(dev, p.c.addr)?,
     ];
     if !host.iter().any(|&h| h) {
         return gemm(dev, p, stream);

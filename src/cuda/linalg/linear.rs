@@ -9,6 +9,7 @@ use crate::cuda::cublas::{self, Epilogue, LtCall, Slot};
 use crate::cuda::launch::{BLOCK, Names, assert_layout, grid_for, launch, per_dtype};
 use crate::dtype::DType;
 use crate::error::{Result, lock};
+use crate::ops::Addr;
 use crate::ops::addr::raw;
 use crate::ops::linalg::{Activation, GemmPlan, LinearBwdPlan, LinearPlan, Mat, Trans, dense};
 use crate::stream::Stream;
@@ -136,9 +137,9 @@ pub fn linear_forward(dev: &CudaDevice, p: &LinearPlan, stream: &Stream) -> Resu
     product(
         &g,
         p.dtype,
-        (Trans::N, dense(ptr(p.x), p.m, p.k, 0)),
-        (Trans::T, dense(ptr(p.w), p.n, p.k, 0)),
-        dense(ptr(p.y), p.m, p.n, 0),
+        (Trans::N, dense(p.x, p.m, p.k, 0)),
+        (Trans::T, dense(p.w, p.n, p.k, 0)),
+        dense(p.y, p.m, p.n, 0),
     )?;
     if p.act == Activation::None && !has_bias && p.aux.is_none() {
         return Ok(());
@@ -229,12 +230,10 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
     } else {
         None
     };
-    let scratch = scratch_mem.as_ref().map_or(0, |s| s.ptr);
-    let dz = if write_dz {
-        scratch as usize
-    } else {
-        ptr(p.dy)
-    };
+    let scratch = scratch_mem.as_ref().and_then(|s| Addr::from_raw(s.ptr));
+    let dz = if write_dz { scratch } else { p.dy };
+    // db's column partials follow dz in the scratch
+    let partial = scratch.map(|s| s.byte_add(dz_bytes as u64));
     if write_dz || p.db.is_some() {
         let mut a = DzArgs {
             m: p.m,
@@ -242,12 +241,8 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
             rows_per_split: rows_per_split as i64,
             dy: raw(p.dy),
             saved: raw(p.saved),
-            dz: if write_dz { dz as u64 } else { 0 },
-            partial: if p.db.is_some() {
-                scratch + dz_bytes as u64
-            } else {
-                0
-            },
+            dz: if write_dz { raw(dz) } else { 0 },
+            partial: if p.db.is_some() { raw(partial) } else { 0 },
             act: p.act as i32,
         };
         launch(
@@ -265,7 +260,7 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
         let mut a = FinishArgs {
             n: p.n,
             splits: splits as i64,
-            partial: scratch + dz_bytes as u64,
+            partial: raw(partial),
             out: db.get(),
         };
         let grid = grid_for(dev, p.n);
@@ -286,8 +281,8 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
             &g,
             p.dtype,
             (Trans::N, dense(dz, p.m, p.n, 0)),
-            (Trans::N, dense(ptr(p.w), p.n, p.k, 0)),
-            dense(dx.as_usize(), p.m, p.k, 0),
+            (Trans::N, dense(p.w, p.n, p.k, 0)),
+            dense(Some(dx), p.m, p.k, 0),
         )?;
     }
     if let Some(dw) = p.dw {
@@ -296,8 +291,8 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
             &g,
             p.dtype,
             (Trans::T, dense(dz, p.m, p.n, 0)),
-            (Trans::N, dense(ptr(p.x), p.m, p.k, 0)),
-            dense(dw.as_usize(), p.n, p.k, 0),
+            (Trans::N, dense(p.x, p.m, p.k, 0)),
+            dense(Some(dw), p.n, p.k, 0),
         )?;
     }
     Ok(())

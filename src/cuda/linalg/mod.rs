@@ -20,8 +20,7 @@ use super::CudaDevice;
 use super::cublas::{self, Slot};
 use super::launch::defines;
 use crate::error::{Result, lock};
-use crate::ops::Addr;
-use crate::ops::addr::raw;
+use crate::ops::addr::ptr;
 use crate::ops::linalg::{Activation, GELU_TANH_A, GELU_TANH_C, GemmPlan};
 use crate::stream::Stream;
 
@@ -60,11 +59,6 @@ fn source() -> String {
         GELU_TANH_A,
         include_str!("../../../kernels/linalg.cu")
     )
-}
-
-/// An address as cuBLAS calls and `Mat` take it: 0 for `None`.
-fn ptr(a: Option<Addr>) -> usize {
-    raw(a) as usize
 }
 
 fn slot_of(dev: &CudaDevice, stream: &Stream) -> Result<std::sync::Arc<std::sync::Mutex<Slot>>> {

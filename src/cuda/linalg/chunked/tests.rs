@@ -1,6 +1,7 @@
 use super::*;
 use crate::cuda::linalg::tiles::MAX_DEPTH;
 use crate::dtype::DType;
+use crate::ops::addr::raw;
 use crate::ops::elementwise::Scalar;
 use crate::ops::linalg::Trans;
 
@@ -106,21 +107,21 @@ impl Queue for SimQueue {
         self.products += 1;
         let n = self.products;
         self.access(
-            p.a.ptr as u64,
+            raw(p.a.addr),
             false,
             Lane::Compute,
             t,
             format!("product {n} reads A"),
         );
         self.access(
-            p.b.ptr as u64,
+            raw(p.b.addr),
             false,
             Lane::Compute,
             t,
             format!("product {n} reads B"),
         );
         self.access(
-            p.c.ptr as u64,
+            raw(p.c.addr),
             true,
             Lane::Compute,
             t,
@@ -164,7 +165,7 @@ fn operand(rng: &mut Lcg, batch: i64, rows: i64, cols: i64, pad: i64) -> (Vec<f6
     let count = batch.max(1);
     let v: Vec<f64> = (0..count * rows * ld).map(|_| rng.next()).collect();
     let mat = Mat {
-        ptr: v.as_ptr() as usize,
+        addr: Addr::from_usize(v.as_ptr() as usize),
         rows,
         cols,
         ld,
@@ -242,7 +243,7 @@ fn check(
     // the whole product at once on the CPU
     let full = GemmPlan {
         c: Mat {
-            ptr: want.as_mut_ptr() as usize,
+            addr: Addr::from_usize(want.as_mut_ptr() as usize),
             ..p.c
         },
         ..p

@@ -78,20 +78,21 @@ impl crate::ops::optim::MatOps for Ops {
         })?;
         v.resize(bytes.div_ceil(8), 0);
         let mut v = v.into_boxed_slice();
-        let ptr = v.as_mut_ptr() as usize;
-        Ok(Scratch::new(ptr, Box::new(move || drop(v))))
+        // a box's pointer is never null (dangling, not 0, when empty)
+        let addr = Addr::from_usize(v.as_mut_ptr() as usize).expect("non-null box");
+        Ok(Scratch::new(addr, Box::new(move || drop(v))))
     }
 
     fn gemm(&self, p: &GemmPlan) -> Result<()> {
         super::linalg::gemm(p)
     }
 
-    fn newton_start(&self, plan: &PowPlan, p: u32, x: usize, m: usize) -> Result<()> {
-        crate::with_real!(plan.dtype, T => newton_start_t::<T>(plan, p, x, m));
+    fn newton_start(&self, plan: &PowPlan, p: u32, x: Addr, m: Addr) -> Result<()> {
+        crate::with_real!(plan.dtype, T => newton_start_t::<T>(plan, p, x.as_usize(), m.as_usize()));
         Ok(())
     }
 
-    fn shifted(&self, plan: &PowPlan, s: usize) -> Result<()> {
+    fn shifted(&self, plan: &PowPlan, s: Addr) -> Result<()> {
         let n = plan.n as usize;
         crate::with_real!(plan.dtype, T => {
             // SAFETY: see the top of the module.
@@ -102,16 +103,16 @@ impl crate::ops::optim::MatOps for Ops {
                 }
             }
             // SAFETY: see the top of the module.
-            unsafe { store::<T>(s, &a) };
+            unsafe { store::<T>(s.as_usize(), &a) };
         });
         Ok(())
     }
 
-    fn newton_step_matrix(&self, plan: &PowPlan, p: u32, m: usize, t: usize) -> Result<()> {
+    fn newton_step_matrix(&self, plan: &PowPlan, p: u32, m: Addr, t: Addr) -> Result<()> {
         crate::with_real!(plan.dtype, T => {
             let n = plan.n as usize;
             // SAFETY: see the top of the module.
-            let mv = unsafe { load::<T>(m, plan.elems()) };
+            let mv = unsafe { load::<T>(m.as_usize(), plan.elems()) };
             let inv = 1.0 / p as f64;
             let tv: Vec<f64> = mv
                 .iter()
@@ -122,18 +123,18 @@ impl crate::ops::optim::MatOps for Ops {
                 })
                 .collect();
             // SAFETY: see the top of the module.
-            unsafe { store::<T>(t, &tv) };
+            unsafe { store::<T>(t.as_usize(), &tv) };
         });
         Ok(())
     }
 
-    fn residuals(&self, plan: &PowPlan, m: usize) -> Result<Vec<f64>> {
+    fn residuals(&self, plan: &PowPlan, m: Addr) -> Result<Vec<f64>> {
         let n = plan.n as usize;
         let nn = n * n;
         let mut r = vec![0.0; plan.batch as usize];
         crate::with_real!(plan.dtype, T => {
             // SAFETY: see the top of the module.
-            let mv = unsafe { load::<T>(m, plan.elems()) };
+            let mv = unsafe { load::<T>(m.as_usize(), plan.elems()) };
             for (b, rb) in r.iter_mut().enumerate() {
                 let mut worst = 0.0f64;
                 for (i, &v) in mv[b * nn..(b + 1) * nn].iter().enumerate() {
@@ -147,9 +148,15 @@ impl crate::ops::optim::MatOps for Ops {
         Ok(r)
     }
 
-    fn copy(&self, dst: usize, src: usize, bytes: usize) -> Result<()> {
+    fn copy(&self, dst: Addr, src: Addr, bytes: usize) -> Result<()> {
         // SAFETY: both hold `bytes` bytes (validated buffers or scratch), disjoint.
-        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes) };
+        let (src, dst) = unsafe {
+            (
+                host_slice::<u8>(Some(src), bytes),
+                host_slice_mut::<u8>(Some(dst), bytes),
+            )
+        };
+        dst.copy_from_slice(src);
         Ok(())
     }
 }

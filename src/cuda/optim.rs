@@ -90,7 +90,7 @@ fn run<A>(
 }
 
 /// `q = A + eps I` (kernel `eig_prepare`).
-fn shifted(dev: &CudaDevice, plan: &PowPlan, q: usize, stream: usize) -> Result<()> {
+fn shifted(dev: &CudaDevice, plan: &PowPlan, q: Addr, stream: usize) -> Result<()> {
     #[repr(C)]
     struct EigPrepArgs {
         n: i64,
@@ -104,7 +104,7 @@ fn shifted(dev: &CudaDevice, plan: &PowPlan, q: usize, stream: usize) -> Result<
         n: plan.n,
         batch: plan.batch,
         a: raw(plan.a),
-        q: q as u64,
+        q: q.get(),
         eps: plan.eps,
     };
     run_rows(
@@ -140,7 +140,14 @@ impl<'a> Ops<'a> {
 
     fn alloc(&self, bytes: usize) -> Result<Scratch<'a>> {
         let ws = Workspace::new(self.dev, bytes.max(16), self.stream)?;
-        Ok(Scratch::new(ws.ptr as usize, Box::new(move || drop(ws))))
+        // a successful allocation (of at least 16 bytes) is never at 0
+        let addr = Addr::from_raw(ws.ptr).ok_or_else(|| {
+            crate::error::Error::new(
+                crate::error::FK_ERROR_INTERNAL,
+                "the workspace allocation returned 0",
+            )
+        })?;
+        Ok(Scratch::new(addr, Box::new(move || drop(ws))))
     }
 
     /// Per-matrix reduction of `src + shift I` (mode 0: sum of squares, 1: max
@@ -148,11 +155,11 @@ impl<'a> Ops<'a> {
     fn reduce(
         &self,
         plan: &PowPlan,
-        src: usize,
+        src: Option<Addr>,
         shift: f64,
         mode: i32,
         p: u32,
-        out: u64,
+        out: Addr,
     ) -> Result<()> {
         let chunks = (self.dev.sm_count.max(1) as i64 * 4 / plan.batch.max(1))
             .clamp(1, plan.n.max(1))
@@ -173,9 +180,9 @@ impl<'a> Ops<'a> {
             n: plan.n,
             batch: plan.batch,
             chunks,
-            src: src as u64,
+            src: raw(src),
             shift,
-            partial: partial.ptr as u64,
+            partial: partial.addr.get(),
             mode,
         };
         let gy = plan.batch.min(65535) as u32;
@@ -200,8 +207,8 @@ impl<'a> Ops<'a> {
         let mut f = FinishArgs {
             batch: plan.batch,
             chunks,
-            partial: partial.ptr as u64,
-            out,
+            partial: partial.addr.get(),
+            out: out.get(),
             mode,
             p: p as i32,
         };
@@ -227,9 +234,9 @@ impl crate::ops::optim::MatOps for Ops<'_> {
         cublas::gemm_ex(&g, p)
     }
 
-    fn newton_start(&self, plan: &PowPlan, p: u32, x: usize, m: usize) -> Result<()> {
+    fn newton_start(&self, plan: &PowPlan, p: u32, x: Addr, m: Addr) -> Result<()> {
         let scale = self.alloc(plan.batch as usize * 16)?;
-        self.reduce(plan, ptr(plan.a), plan.eps, 0, p, scale.ptr as u64)?;
+        self.reduce(plan, plan.a, plan.eps, 0, p, scale.addr)?;
         #[repr(C)]
         struct StartArgs {
             n: i64,
@@ -245,9 +252,9 @@ impl crate::ops::optim::MatOps for Ops<'_> {
             n: plan.n,
             batch: plan.batch,
             a: raw(plan.a),
-            x: x as u64,
-            m: m as u64,
-            scale: scale.ptr as u64,
+            x: x.get(),
+            m: m.get(),
+            scale: scale.addr.get(),
             eps: plan.eps,
         };
         run_rows(
@@ -260,11 +267,11 @@ impl crate::ops::optim::MatOps for Ops<'_> {
         )
     }
 
-    fn shifted(&self, plan: &PowPlan, s: usize) -> Result<()> {
+    fn shifted(&self, plan: &PowPlan, s: Addr) -> Result<()> {
         shifted(self.dev, plan, s, self.stream)
     }
 
-    fn newton_step_matrix(&self, plan: &PowPlan, p: u32, m: usize, t: usize) -> Result<()> {
+    fn newton_step_matrix(&self, plan: &PowPlan, p: u32, m: Addr, t: Addr) -> Result<()> {
         #[repr(C)]
         struct AffineArgs {
             n: i64,
@@ -277,8 +284,8 @@ impl crate::ops::optim::MatOps for Ops<'_> {
         let mut a = AffineArgs {
             n: plan.n,
             batch: plan.batch,
-            m: m as u64,
-            t: t as u64,
+            m: m.get(),
+            t: t.get(),
             p: p as i32,
         };
         run_rows(
@@ -291,13 +298,13 @@ impl crate::ops::optim::MatOps for Ops<'_> {
         )
     }
 
-    fn residuals(&self, plan: &PowPlan, m: usize) -> Result<Vec<f64>> {
+    fn residuals(&self, plan: &PowPlan, m: Addr) -> Result<Vec<f64>> {
         let out = self.alloc(plan.batch as usize * 8)?;
-        self.reduce(plan, m, -1.0, 1, 1, out.ptr as u64)?;
+        self.reduce(plan, Some(m), -1.0, 1, 1, out.addr)?;
         let mut host = vec![0f64; plan.batch as usize];
         self.dev.memcpy_dtoh(
             host.as_mut_ptr() as *mut u8,
-            out.ptr as u64,
+            out.addr.get(),
             host.len() * 8,
             self.stream,
             true,
@@ -305,11 +312,11 @@ impl crate::ops::optim::MatOps for Ops<'_> {
         Ok(host)
     }
 
-    fn copy(&self, dst: usize, src: usize, bytes: usize) -> Result<()> {
+    fn copy(&self, dst: Addr, src: Addr, bytes: usize) -> Result<()> {
         self.dev.bind()?;
         // SAFETY: both are device allocations of at least `bytes` bytes.
         unsafe {
-            ds::cuMemcpyDtoDAsync_v2(dst as u64, src as u64, bytes, self.stream as ds::CUstream)
+            ds::cuMemcpyDtoDAsync_v2(dst.get(), src.get(), bytes, self.stream as ds::CUstream)
         }
         .result()
         .cuda("cuMemcpyDtoDAsync")
@@ -328,15 +335,15 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
     let q = ops.alloc(bytes)?;
     let s = ops.alloc(bytes)?;
     let w = ops.alloc((plan.batch * plan.n) as usize * es)?;
-    shifted(dev, plan, q.ptr, stream.raw)?;
+    shifted(dev, plan, q.addr, stream.raw)?;
     let info = super::cusolver::syev_batched(
         dev,
         stream.raw,
         plan.dtype,
         plan.n,
         plan.batch,
-        q.ptr as u64,
-        w.ptr as u64,
+        q.addr.get(),
+        w.addr.get(),
     )?;
     #[repr(C)]
     struct EigScaleArgs {
@@ -352,9 +359,9 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
     let mut sa = EigScaleArgs {
         n: plan.n,
         batch: plan.batch,
-        q: q.ptr as u64,
-        w: w.ptr as u64,
-        s: s.ptr as u64,
+        q: q.addr.get(),
+        w: w.addr.get(),
+        s: s.addr.get(),
         power: plan.power,
         eps: plan.eps,
     };
@@ -367,16 +374,16 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
         &mut sa,
     )?;
     // out = Q^T S (rows of Q are the eigenvectors)
-    let m = |ptr: usize| plan.mat(ptr);
+    let m = |a: Addr| plan.mat(a);
     crate::ops::optim::MatOps::gemm(
         &ops,
         &GemmPlan::new(
             plan.dtype,
             Trans::T,
-            m(q.ptr),
+            m(q.addr),
             Trans::N,
-            m(s.ptr),
-            m(ptr(plan.out)),
+            m(s.addr),
+            dense(plan.out, plan.n, plan.n, plan.n * plan.n),
             1.0,
             0.0,
             plan.batch,
@@ -385,7 +392,7 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
     )?;
     // The smallest eigenvalue of each matrix (w is ascending per matrix).
     let mut wh = vec![0u8; (plan.batch * plan.n) as usize * es];
-    dev.memcpy_dtoh(wh.as_mut_ptr(), w.ptr as u64, wh.len(), stream.raw, true)?;
+    dev.memcpy_dtoh(wh.as_mut_ptr(), w.addr.get(), wh.len(), stream.raw, true)?;
     let lmin = (0..plan.batch as usize)
         .map(|b| {
             let off = b * plan.n as usize * es;
@@ -651,7 +658,7 @@ fn norms_into(ops: &Ops, p: &SamplePlan, norms: usize) -> Result<()> {
     let es = p.dtype.size();
     let ga = ops.alloc((p.batch * t * t) as usize * es)?;
     let gg = ops.alloc((p.batch * t * t) as usize * es)?;
-    for (x, w, dst) in [(p.a, p.din, ga.ptr), (p.g, p.dout, gg.ptr)] {
+    for (x, w, dst) in [(p.a, p.din, ga.addr), (p.g, p.dout, gg.addr)] {
         let xm = dense(x, t, w, t * w);
         crate::ops::optim::MatOps::gemm(
             ops,
@@ -661,7 +668,7 @@ fn norms_into(ops: &Ops, p: &SamplePlan, norms: usize) -> Result<()> {
                 xm,
                 Trans::T,
                 xm,
-                dense(Addr::from_usize(dst), t, t, t * t),
+                dense(Some(dst), t, t, t * t),
                 1.0,
                 0.0,
                 p.batch,
@@ -681,8 +688,8 @@ fn norms_into(ops: &Ops, p: &SamplePlan, norms: usize) -> Result<()> {
     let mut a = GramArgs {
         batch: p.batch,
         tt: t * t,
-        ga: ga.ptr as u64,
-        gg: gg.ptr as u64,
+        ga: ga.addr.get(),
+        gg: gg.addr.get(),
         norms: norms as u64,
     };
     run_rows(dev, PS_GRAM_DOT, p.dtype, p.batch, stream, &mut a)
@@ -719,7 +726,7 @@ pub fn dp_clipped_sum(
     };
     // Freed (stream-ordered) when dropped, after the last use below is queued.
     let scratch = ops.alloc(gs_bytes + sq_bytes)?;
-    let gs = scratch.ptr as usize;
+    let gs = scratch.addr.as_usize();
     if p.steps == 1 {
         fused_norms(dev, p, norms.unwrap_or(0), gs, max_norm, stream.raw)?;
     } else {

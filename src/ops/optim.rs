@@ -18,7 +18,6 @@ use crate::dtype::DType;
 use crate::error::{
     Error, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_NOT_CONVERGED, FK_ERROR_SHAPE_MISMATCH, Result,
 };
-use crate::ops::addr::ptr;
 use crate::ops::linalg::{GemmPlan, Mat, Trans, dense, gemm_flags, int32};
 use crate::ops::{Addr, check};
 use crate::stream::Stream;
@@ -110,23 +109,23 @@ impl PowPlan {
     pub fn elems(&self) -> usize {
         (self.batch * self.n * self.n) as usize
     }
-    /// The matrices `[batch, n, n]` at `ptr` (a `MatOps` address: 0 for none).
-    pub fn mat(&self, ptr: usize) -> Mat {
-        dense(Addr::from_usize(ptr), self.n, self.n, self.n * self.n)
+    /// The matrices `[batch, n, n]` at `addr`.
+    pub fn mat(&self, addr: Addr) -> Mat {
+        dense(Some(addr), self.n, self.n, self.n * self.n)
     }
 }
 
 /// Scratch memory of a backend (device or host), freed on drop (on CUDA,
 /// stream-ordered behind the work queued before).
 pub struct Scratch<'a> {
-    pub ptr: usize,
+    pub addr: Addr,
     release: Option<Box<dyn FnOnce() + 'a>>,
 }
 
 impl<'a> Scratch<'a> {
-    pub fn new(ptr: usize, release: Box<dyn FnOnce() + 'a>) -> Scratch<'a> {
+    pub fn new(addr: Addr, release: Box<dyn FnOnce() + 'a>) -> Scratch<'a> {
         Scratch {
-            ptr,
+            addr,
             release: Some(release),
         }
     }
@@ -141,22 +140,23 @@ impl Drop for Scratch<'_> {
 }
 
 /// What the Newton iteration needs of a backend. Matrices are `[batch, n, n]`
-/// contiguous in the plan's dtype; `gemm` uses the plan's TF32 setting.
+/// contiguous in the plan's dtype, at addresses of the backend's memory (device or
+/// host: scratch or the plan's operands); `gemm` uses the plan's TF32 setting.
 pub trait MatOps {
     /// Uninitialised memory of `bytes` bytes (aligned for any dtype).
     fn scratch(&self, bytes: usize) -> Result<Scratch<'_>>;
     fn gemm(&self, p: &GemmPlan) -> Result<()>;
     /// `X = z^(1/p) I`, `M = z (A + eps I)` with `z = (1 + p) / (2 |A + eps I|_F)`
     /// per matrix.
-    fn newton_start(&self, plan: &PowPlan, p: u32, x: usize, m: usize) -> Result<()>;
+    fn newton_start(&self, plan: &PowPlan, p: u32, x: Addr, m: Addr) -> Result<()>;
     /// `s = A + eps I` (the plan's `a` and `eps`).
-    fn shifted(&self, plan: &PowPlan, s: usize) -> Result<()>;
+    fn shifted(&self, plan: &PowPlan, s: Addr) -> Result<()>;
     /// `T = ((p + 1) I - M) / p`.
-    fn newton_step_matrix(&self, plan: &PowPlan, p: u32, m: usize, t: usize) -> Result<()>;
+    fn newton_step_matrix(&self, plan: &PowPlan, p: u32, m: Addr, t: Addr) -> Result<()>;
     /// `max |M - I|` of each matrix (waits for the work queued before).
-    fn residuals(&self, plan: &PowPlan, m: usize) -> Result<Vec<f64>>;
+    fn residuals(&self, plan: &PowPlan, m: Addr) -> Result<Vec<f64>>;
     /// `dst = src`, `bytes` bytes (queued like the other work).
-    fn copy(&self, dst: usize, src: usize, bytes: usize) -> Result<()>;
+    fn copy(&self, dst: Addr, src: Addr, bytes: usize) -> Result<()>;
 }
 
 /// The coupled Newton iteration for `(A + eps I)^(-1/p)` (Guo and Higham 2006):
@@ -197,14 +197,20 @@ pub fn newton(ops: &dyn MatOps, plan: &PowPlan) -> Result<Report> {
         None
     };
     let s = if fast { Some(ops.scratch(e)?) } else { None };
-    let out = ptr(plan.out);
-    let (mut x_cur, mut x_next) = (out, x2.ptr);
-    let (mut m_cur, mut m_next) = (m1.ptr, m2.ptr);
+    // dispatched for a non-empty plan only, so the output has memory
+    let out = plan.out.ok_or_else(|| {
+        Error::new(
+            crate::error::FK_ERROR_INTERNAL,
+            "the Newton iteration was dispatched for an empty output",
+        )
+    })?;
+    let (mut x_cur, mut x_next) = (out, x2.addr);
+    let (mut m_cur, mut m_next) = (m1.addr, m2.addr);
     ops.newton_start(plan, p, x_cur, m_cur)?;
     if let Some(s) = &s {
-        ops.shifted(plan, s.ptr)?;
+        ops.shifted(plan, s.addr)?;
     }
-    let mm = |a: usize, b: usize, c: usize, tf32: bool| {
+    let mm = |a: Addr, b: Addr, c: Addr, tf32: bool| {
         ops.gemm(&GemmPlan::new(
             d,
             Trans::N,
@@ -219,14 +225,14 @@ pub fn newton(ops: &dyn MatOps, plan: &PowPlan) -> Result<Report> {
         ))
     };
     // `x^p` into one of the pw buffers (or `x` itself for p = 1).
-    let power = |x: usize, tf32: bool| -> Result<usize> {
+    let power = |x: Addr, tf32: bool| -> Result<Addr> {
         match &pw {
             None => Ok(x),
-            Some((a, b)) => power_of(&|u, v, w| mm(u, v, w, tf32), x, p, a.ptr, b.ptr),
+            Some((a, b)) => power_of(&|u, v, w| mm(u, v, w, tf32), x, p, a.addr, b.addr),
         }
     };
     let check = plan.tol > 0.0;
-    let worst_of = |m: usize| -> Result<f64> {
+    let worst_of = |m: Addr| -> Result<f64> {
         let r = ops.residuals(plan, m)?;
         Ok(r.iter().fold(0.0f64, |acc, &v| {
             if v.is_nan() || acc.is_nan() {
@@ -247,10 +253,10 @@ pub fn newton(ops: &dyn MatOps, plan: &PowPlan) -> Result<Report> {
     let mut stalled = 0;
     let mut it = 0;
     while it < plan.max_iter {
-        ops.newton_step_matrix(plan, p, m_cur, t.ptr)?;
-        mm(x_cur, t.ptr, x_next, fast)?;
+        ops.newton_step_matrix(plan, p, m_cur, t.addr)?;
+        mm(x_cur, t.addr, x_next, fast)?;
         std::mem::swap(&mut x_cur, &mut x_next);
-        let tp = power(t.ptr, fast)?;
+        let tp = power(t.addr, fast)?;
         mm(tp, m_cur, m_next, fast)?;
         std::mem::swap(&mut m_cur, &mut m_next);
         it += 1;
@@ -271,10 +277,11 @@ pub fn newton(ops: &dyn MatOps, plan: &PowPlan) -> Result<Report> {
         // TF32 iterates to its floor (tol is judged on the strict residual after).
         let stop =
             (!fast && worst <= plan.tol) || !worst.is_finite() || stall || it == plan.max_iter;
-        if fast && stop && worst.is_finite() {
+        // (s, A + eps I, is there exactly when fast)
+        if let (Some(s), true) = (&s, stop && worst.is_finite()) {
             // the strict residual of X: max |X^p (A + eps I) - I|
             let xp = power(x_cur, false)?;
-            mm(xp, s.as_ref().map_or(0, |s| s.ptr), m_cur, false)?;
+            mm(xp, s.addr, m_cur, false)?;
             worst = worst_of(m_cur)?;
             report.residual = worst;
             report.converged = worst <= plan.tol;
@@ -299,15 +306,15 @@ pub fn newton(ops: &dyn MatOps, plan: &PowPlan) -> Result<Report> {
 /// `T^p` into one of `a`/`b` (returned), by binary powering; `p >= 2`; `t` is
 /// only read.
 fn power_of(
-    mm: &dyn Fn(usize, usize, usize) -> Result<()>,
-    t: usize,
+    mm: &dyn Fn(Addr, Addr, Addr) -> Result<()>,
+    t: Addr,
     p: u32,
-    a: usize,
-    b: usize,
-) -> Result<usize> {
+    a: Addr,
+    b: Addr,
+) -> Result<Addr> {
     // Left to right over the bits of p below the top one: square, then multiply by
     // T on a 1 bit; each product goes to the buffer the accumulator is not in.
-    let other = |acc: usize| if acc == a { b } else { a };
+    let other = |acc: Addr| if acc == a { b } else { a };
     let mut acc = t;
     for i in (0..31 - p.leading_zeros()).rev() {
         let dst = other(acc);
@@ -684,13 +691,16 @@ pub fn shampoo_precondition(
         GemmPlan::new(d, Trans::N, a, Trans::N, b, c, 1.0, 0.0, batch, tf32)
     };
     match roots {
-        [None, None] => ops.copy(out.data, grad.data, out.nbytes()),
+        [None, None] => match (Addr::of(out), Addr::of(grad)) {
+            (Some(o), Some(g)) => ops.copy(o, g, out.nbytes()),
+            _ => Ok(()),
+        },
         [Some(l), None] => ops.gemm(&plan(l, g, o)),
         [None, Some(r)] => ops.gemm(&plan(g, r, o)),
         [Some(l), Some(r)] => {
             // tmp = G R, then out = L tmp: the same FLOPs either way round.
             let tmp = ops.scratch(out.nbytes())?;
-            let t = dense(Addr::from_usize(tmp.ptr), m, n, m * n);
+            let t = dense(Some(tmp.addr), m, n, m * n);
             ops.gemm(&plan(g, r, t))?;
             ops.gemm(&plan(l, t, o))
         }

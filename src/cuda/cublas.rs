@@ -43,6 +43,7 @@ use crate::error::{
     CudaContext as _, Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result,
     lock,
 };
+use crate::ops::Addr;
 use crate::ops::addr::ptr;
 use crate::ops::linalg::{GemmPlan, Trans};
 
@@ -594,15 +595,16 @@ pub struct LtCall {
     pub m: u64,
     pub n: u64,
     pub k: u64,
-    pub a: usize,
+    pub a: Option<Addr>,
     pub lda: i64,
-    pub b: usize,
+    pub b: Option<Addr>,
     pub ldb: i64,
-    pub d: usize,
+    pub d: Option<Addr>,
     pub ldd: i64,
     pub epilogue: Epilogue,
-    pub bias: usize,
-    pub aux: usize,
+    /// `None`: no such operand (the epilogue tells which it reads).
+    pub bias: Option<Addr>,
+    pub aux: Option<Addr>,
     pub aux_ld: i64,
 }
 
@@ -686,6 +688,7 @@ unsafe fn set_pref<T>(
 pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
     use lt::cublasLtMatmulDescAttributes_t as A;
     use lt::cublasLtMatmulPreferenceAttributes_t as P;
+    let [a, b, d, bias, aux] = [c.a, c.b, c.d, c.bias, c.aux].map(ptr);
     let key = AlgoKey(vec![
         c.dtype as i64,
         c.trans_a as i64,
@@ -698,11 +701,11 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
         c.ldd,
         c.epilogue as i64,
         c.aux_ld,
-        alignment(c.a),
-        alignment(c.b),
-        alignment(c.d),
-        alignment(c.bias),
-        alignment(c.aux),
+        alignment(a),
+        alignment(b),
+        alignment(d),
+        alignment(bias),
+        alignment(aux),
     ]);
     let cached = dev.blas.cached_algo(&key);
     let describe = |what: &str| {
@@ -738,12 +741,12 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
         set_desc(descs.op, A::CUBLASLT_MATMUL_DESC_TRANSB, &tb)?;
         let epi = c.epilogue as u32;
         set_desc(descs.op, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
-        if c.bias != 0 {
-            let p = c.bias as *const c_void;
+        if bias != 0 {
+            let p = bias as *const c_void;
             set_desc(descs.op, A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p)?;
         }
-        if c.aux != 0 {
-            let p = c.aux as *const c_void;
+        if aux != 0 {
+            let p = aux as *const c_void;
             set_desc(descs.op, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p)?;
             set_desc(descs.op, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &c.aux_ld)?;
         }
@@ -769,22 +772,22 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
                 set_pref(
                     descs.pref,
                     P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                    &al(c.a),
+                    &al(a),
                 )?;
                 set_pref(
                     descs.pref,
                     P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                    &al(c.b),
+                    &al(b),
                 )?;
                 set_pref(
                     descs.pref,
                     P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                    &al(c.d),
+                    &al(d),
                 )?;
                 set_pref(
                     descs.pref,
                     P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                    &al(c.d),
+                    &al(d),
                 )?;
                 let mut res: lt::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
                 let mut count = 0i32;
@@ -823,14 +826,14 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
             h.lt(),
             descs.op,
             &one as *const f32 as *const c_void,
-            c.a as *const c_void,
+            a as *const c_void,
             descs.layouts[0],
-            c.b as *const c_void,
+            b as *const c_void,
             descs.layouts[1],
             &zero as *const f32 as *const c_void,
-            c.d as *const c_void,
+            d as *const c_void,
             descs.layouts[2],
-            c.d as *mut c_void,
+            d as *mut c_void,
             descs.layouts[2],
             &algo,
             slot.workspace as *mut c_void,

@@ -3,7 +3,7 @@
 
 use std::ffi::c_void;
 
-use super::{MODULE, ptr, slot_of};
+use super::{MODULE, slot_of};
 use crate::cuda::CudaDevice;
 use crate::cuda::cublas::{self, Epilogue, LtCall, Slot};
 use crate::cuda::launch::{BLOCK, Names, assert_layout, grid_for, launch, per_dtype};
@@ -106,15 +106,15 @@ pub fn linear_forward(dev: &CudaDevice, p: &LinearPlan, stream: &Stream) -> Resu
             m: p.n as u64,
             n: p.m as u64,
             k: p.k as u64,
-            a: ptr(p.w),
+            a: p.w,
             lda: p.k,
-            b: ptr(p.x),
+            b: p.x,
             ldb: p.k,
-            d: ptr(d),
+            d,
             ldd: p.n,
             epilogue,
-            bias: ptr(p.bias),
-            aux: if erf { 0 } else { ptr(p.aux) },
+            bias: p.bias,
+            aux: if erf { None } else { p.aux },
             aux_ld: p.n,
         };
         if cublas::lt_matmul(dev, &g, &call)? {

@@ -20,7 +20,6 @@ use super::CudaDevice;
 use super::cublas::{self, Slot};
 use super::launch::defines;
 use crate::error::{Result, lock};
-use crate::ops::addr::ptr;
 use crate::ops::linalg::{Activation, GELU_TANH_A, GELU_TANH_C, GemmPlan};
 use crate::stream::Stream;
 

@@ -290,7 +290,7 @@ pub fn shampoo_stats(p: &StatsPlan) -> Result<()> {
 // ------------------------------------------------------------------ per-sample gradients
 
 /// `out[b] = g_b^T a_b`.
-pub fn per_sample_grads(p: &SamplePlan, out: usize) -> Result<()> {
+pub fn per_sample_grads(p: &SamplePlan, out: Option<Addr>) -> Result<()> {
     super::linalg::gemm(&p.grads_gemm(out))
 }
 
@@ -330,10 +330,10 @@ fn sq_norms_t<T: Real>(p: &SamplePlan) -> Vec<f64> {
         .collect()
 }
 
-pub fn sample_norms(p: &SamplePlan, out: usize) -> Result<()> {
+pub fn sample_norms(p: &SamplePlan, out: Option<Addr>) -> Result<()> {
     let n = sq_norms(p);
     // SAFETY: see the top of the module.
-    crate::with_real!(p.dtype, T => unsafe { store::<T>(out, &n) });
+    crate::with_real!(p.dtype, T => unsafe { store::<T>(ptr(out), &n) });
     Ok(())
 }
 
@@ -342,8 +342,8 @@ pub fn sample_norms(p: &SamplePlan, out: usize) -> Result<()> {
 pub fn dp_clipped_sum(
     p: &SamplePlan,
     max_norm: f64,
-    out: usize,
-    norms: Option<usize>,
+    out: Option<Addr>,
+    norms: Option<Addr>,
 ) -> Result<()> {
     let sq = sq_norms(p);
     let rows = (p.steps * p.dout) as usize;
@@ -355,10 +355,12 @@ pub fn dp_clipped_sum(
             let s = clip_scale(sq[b], max_norm);
             gs.extend(chunk.iter().map(|&v| T::from_f64(v * s)));
         }
-        super::linalg::gemm(&p.sum_gemm(gs.as_ptr() as usize, out))?;
+        // a vec's pointer is never null (dangling, not 0, when empty)
+        let gs_addr = Addr::from_usize(gs.as_ptr() as usize).expect("non-null vec");
+        super::linalg::gemm(&p.sum_gemm(gs_addr, out))?;
         if let Some(nptr) = norms {
             // SAFETY: see the top of the module.
-            unsafe { store::<T>(nptr, &sq) };
+            unsafe { store::<T>(nptr.as_usize(), &sq) };
         }
     });
     Ok(())

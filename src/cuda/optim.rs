@@ -550,7 +550,7 @@ pub fn shampoo_stats(dev: &CudaDevice, p: &StatsPlan, stream: &Stream) -> Result
 pub fn per_sample_grads(
     dev: &CudaDevice,
     p: &SamplePlan,
-    out: usize,
+    out: Option<Addr>,
     stream: &Stream,
 ) -> Result<()> {
     if p.steps != 1 {
@@ -569,14 +569,14 @@ pub fn per_sample_grads(
     }
     assert_layout! {OuterArgs, 56, batch = 0, din = 8, dout = 16, a = 24, g = 32, out = 40, vec = 48}
     let w = 16 / p.dtype.size() as i64;
-    let vec = p.din % w == 0 && raw(p.a) % 16 == 0 && out % 16 == 0;
+    let vec = p.din % w == 0 && raw(p.a) % 16 == 0 && raw(out) % 16 == 0;
     let mut a = OuterArgs {
         batch: p.batch,
         din: p.din,
         dout: p.dout,
         a: raw(p.a),
         g: raw(p.g),
-        out: out as u64,
+        out: raw(out),
         vec: vec as i32,
     };
     run_rows(dev, PS_OUTER, p.dtype, p.batch * p.dout, stream.raw, &mut a)
@@ -595,13 +595,13 @@ struct NormArgs {
 }
 assert_layout! {NormArgs, 64, batch = 0, din = 8, dout = 16, a = 24, g = 32, norms = 40, gs = 48, max_norm = 56}
 
-/// The one-step kernel `ps_norms`: squared norms into `norms` (0: not wanted) and,
-/// when `gs` is not 0, `g` scaled by the clipping factor for `max_norm` into `gs`.
+/// The one-step kernel `ps_norms`: squared norms into `norms` (None: not wanted) and,
+/// when `gs` is given, `g` scaled by the clipping factor for `max_norm` into `gs`.
 fn fused_norms(
     dev: &CudaDevice,
     p: &SamplePlan,
-    norms: usize,
-    gs: usize,
+    norms: Option<Addr>,
+    gs: Option<Addr>,
     max_norm: f64,
     stream: usize,
 ) -> Result<()> {
@@ -611,8 +611,8 @@ fn fused_norms(
         dout: p.dout,
         a: raw(p.a),
         g: raw(p.g),
-        norms: norms as u64,
-        gs: gs as u64,
+        norms: raw(norms),
+        gs: raw(gs),
         max_norm,
     };
     // one warp per sample when there are enough samples to fill the GPU, else one
@@ -620,8 +620,9 @@ fn fused_norms(
     // both with 16-byte loads, where the rows allow them; else the scalar block kernel
     let es = p.dtype.size() as i64;
     let w = 16 / es;
-    let aligned =
-        [ptr(p.a), ptr(p.g), gs].iter().all(|&x| x % 16 == 0) && p.din % w == 0 && p.dout % w == 0;
+    let aligned = [ptr(p.a), ptr(p.g), ptr(gs)].iter().all(|&x| x % 16 == 0)
+        && p.din % w == 0
+        && p.dout % w == 0;
     let sms = dev.sm_count.max(1) as i64;
     let (name, g, block) = if aligned && p.batch >= 2 * sms {
         // (two warps per block spread the samples over every multiprocessor)
@@ -649,10 +650,10 @@ fn fused_norms(
 /// Squared per-sample norms into `norms` (the plan's dtype): the fused one-step
 /// kernel, or for sequences the Gram matrices `a_b a_b^T`, `g_b g_b^T` (two batched
 /// GEMMs into scratch) and their per-sample inner product.
-fn norms_into(ops: &Ops, p: &SamplePlan, norms: usize) -> Result<()> {
+fn norms_into(ops: &Ops, p: &SamplePlan, norms: Option<Addr>) -> Result<()> {
     let (dev, stream) = (ops.dev, ops.stream);
     if p.steps == 1 {
-        return fused_norms(dev, p, norms, 0, 0.0, stream);
+        return fused_norms(dev, p, norms, None, 0.0, stream);
     }
     let t = p.steps;
     let es = p.dtype.size();
@@ -690,12 +691,17 @@ fn norms_into(ops: &Ops, p: &SamplePlan, norms: usize) -> Result<()> {
         tt: t * t,
         ga: ga.addr.get(),
         gg: gg.addr.get(),
-        norms: norms as u64,
+        norms: raw(norms),
     };
     run_rows(dev, PS_GRAM_DOT, p.dtype, p.batch, stream, &mut a)
 }
 
-pub fn sample_norms(dev: &CudaDevice, p: &SamplePlan, out: usize, stream: &Stream) -> Result<()> {
+pub fn sample_norms(
+    dev: &CudaDevice,
+    p: &SamplePlan,
+    out: Option<Addr>,
+    stream: &Stream,
+) -> Result<()> {
     let ops = Ops::new(dev, stream)?;
     norms_into(&ops, p, out)
 }
@@ -712,8 +718,8 @@ pub fn dp_clipped_sum(
     dev: &CudaDevice,
     p: &SamplePlan,
     max_norm: f64,
-    out: usize,
-    norms: Option<usize>,
+    out: Option<Addr>,
+    norms: Option<Addr>,
     stream: &Stream,
 ) -> Result<()> {
     let ops = Ops::new(dev, stream)?;
@@ -726,12 +732,12 @@ pub fn dp_clipped_sum(
     };
     // Freed (stream-ordered) when dropped, after the last use below is queued.
     let scratch = ops.alloc(gs_bytes + sq_bytes)?;
-    let gs = scratch.addr.as_usize();
+    let gs = scratch.addr;
     if p.steps == 1 {
-        fused_norms(dev, p, norms.unwrap_or(0), gs, max_norm, stream.raw)?;
+        fused_norms(dev, p, norms, Some(gs), max_norm, stream.raw)?;
     } else {
-        let nptr = norms.unwrap_or(gs + gs_bytes);
-        norms_into(&ops, p, nptr)?;
+        let nptr = norms.unwrap_or(gs.byte_add(gs_bytes as u64));
+        norms_into(&ops, p, Some(nptr))?;
         #[repr(C)]
         struct ScaleRowsArgs {
             batch: i64,
@@ -746,8 +752,8 @@ pub fn dp_clipped_sum(
             batch: p.batch,
             per_sample: p.steps * p.dout,
             g: raw(p.g),
-            gs: gs as u64,
-            norms: nptr as u64,
+            gs: gs.get(),
+            norms: nptr.get(),
             max_norm,
         };
         run_rows(dev, PS_SCALE_ROWS, p.dtype, p.batch, stream.raw, &mut a)?;

@@ -807,9 +807,9 @@ pub fn per_sample_grads(
         return Ok(());
     }
     match device {
-        Device::Cpu => crate::cpu::optim::per_sample_grads(&p, out.data),
+        Device::Cpu => crate::cpu::optim::per_sample_grads(&p, Addr::of(out)),
         Device::Cuda(_) => {
-            crate::cuda::optim::per_sample_grads(out.ctx.cuda_dev(), &p, out.data, stream)
+            crate::cuda::optim::per_sample_grads(out.ctx.cuda_dev(), &p, Addr::of(out), stream)
         }
     }
 }
@@ -842,10 +842,13 @@ pub fn per_sample_grad_norms(
         return Ok(());
     }
     match device {
-        Device::Cpu => crate::cpu::optim::sample_norms(&p, sq_norms.data),
-        Device::Cuda(_) => {
-            crate::cuda::optim::sample_norms(sq_norms.ctx.cuda_dev(), &p, sq_norms.data, stream)
-        }
+        Device::Cpu => crate::cpu::optim::sample_norms(&p, Addr::of(sq_norms)),
+        Device::Cuda(_) => crate::cuda::optim::sample_norms(
+            sq_norms.ctx.cuda_dev(),
+            &p,
+            Addr::of(sq_norms),
+            stream,
+        ),
     }
 }
 
@@ -884,14 +887,15 @@ pub fn dp_clipped_grad_sum(
     if out.numel() == 0 {
         return Ok(());
     }
-    let norms = sq_norms.map(|b| b.data);
+    // the norms' address (None: not wanted, or none to write: an empty batch)
+    let norms = Addr::of_opt(sq_norms);
     match device {
-        Device::Cpu => crate::cpu::optim::dp_clipped_sum(&p, max_norm, out.data, norms),
+        Device::Cpu => crate::cpu::optim::dp_clipped_sum(&p, max_norm, Addr::of(out), norms),
         Device::Cuda(_) => crate::cuda::optim::dp_clipped_sum(
             out.ctx.cuda_dev(),
             &p,
             max_norm,
-            out.data,
+            Addr::of(out),
             norms,
             stream,
         ),
@@ -910,7 +914,7 @@ pub fn clip_scale(sq: f64, max_norm: f64) -> f64 {
 
 impl SamplePlan {
     /// `out[b] = g_b^T a_b` for every sample: one batched GEMM with `k = T`.
-    pub fn grads_gemm(&self, out: usize) -> GemmPlan {
+    pub fn grads_gemm(&self, out: Option<Addr>) -> GemmPlan {
         let (t, i, o) = (self.steps, self.din, self.dout);
         GemmPlan::new(
             self.dtype,
@@ -918,7 +922,7 @@ impl SamplePlan {
             dense(self.g, t, o, t * o),
             Trans::N,
             dense(self.a, t, i, t * i),
-            dense(Addr::from_usize(out), o, i, o * i),
+            dense(out, o, i, o * i),
             1.0,
             0.0,
             self.batch,
@@ -927,15 +931,15 @@ impl SamplePlan {
     }
     /// `out = gs^T a` over all `B*T` rows: the sum over samples of `gs_b^T a_b`
     /// (`gs` has g's shape).
-    pub fn sum_gemm(&self, gs: usize, out: usize) -> GemmPlan {
+    pub fn sum_gemm(&self, gs: Addr, out: Option<Addr>) -> GemmPlan {
         let rows = self.batch * self.steps;
         GemmPlan::new(
             self.dtype,
             Trans::T,
-            dense(Addr::from_usize(gs), rows, self.dout, 0),
+            dense(Some(gs), rows, self.dout, 0),
             Trans::N,
             dense(self.a, rows, self.din, 0),
-            dense(Addr::from_usize(out), self.dout, self.din, 0),
+            dense(out, self.dout, self.din, 0),
             1.0,
             0.0,
             1,

@@ -10,7 +10,6 @@ use rayon::prelude::*;
 use super::{Real, host_slice, host_slice_mut};
 use crate::error::Result;
 use crate::ops::Addr;
-use crate::ops::addr::ptr;
 use crate::ops::linalg::{GemmPlan, Trans};
 use crate::ops::optim::{Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan, clip_scale};
 
@@ -21,42 +20,47 @@ use crate::ops::optim::{Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan,
 // `Ops::scratch` of the plan's size, at offsets inside them, each read or written
 // only within the op call; a matrix or output is written by one thread at a time.
 
-/// Reads `n` elements of `T` at the host address `ptr` as f64.
+/// The address of element `i` of the `T`s at `a` (inside the same operand).
+fn elem<T>(a: Option<Addr>, i: usize) -> Option<Addr> {
+    a.map(|a| a.byte_add((i * size_of::<T>()) as u64))
+}
+
+/// Reads `n` elements of `T` at the host address `addr` as f64.
 ///
 /// # Safety
 ///
-/// As `cpu::host_slice`: `ptr` holds `n` initialised elements of `T` (a validated
+/// As `cpu::host_slice`: `addr` holds `n` initialised elements of `T` (a validated
 /// buffer or scratch of the plan) that nothing writes during the call.
-unsafe fn load<T: Real>(ptr: usize, n: usize) -> Vec<f64> {
+unsafe fn load<T: Real>(addr: Option<Addr>, n: usize) -> Vec<f64> {
     // SAFETY: the caller's contract.
-    let s: &[T] = unsafe { host_slice(Addr::from_usize(ptr), n) };
+    let s: &[T] = unsafe { host_slice(addr, n) };
     s.iter().map(|v| v.to_f64()).collect()
 }
 
-/// Writes `src` rounded to `T` at the host address `ptr`.
+/// Writes `src` rounded to `T` at the host address `addr`.
 ///
 /// # Safety
 ///
-/// As `cpu::host_slice_mut`: `ptr` holds `src.len()` elements of `T` that nothing
+/// As `cpu::host_slice_mut`: `addr` holds `src.len()` elements of `T` that nothing
 /// else reads or writes during the call.
-unsafe fn store<T: Real>(ptr: usize, src: &[f64]) {
+unsafe fn store<T: Real>(addr: Option<Addr>, src: &[f64]) {
     // SAFETY: the caller's contract.
-    let d: &mut [T] = unsafe { host_slice_mut(Addr::from_usize(ptr), src.len()) };
+    let d: &mut [T] = unsafe { host_slice_mut(addr, src.len()) };
     for (o, &v) in d.iter_mut().zip(src) {
         *o = T::from_f64(v);
     }
 }
 
-/// Runs `f` on each matrix `b < batch` of `n x n` elements at `ptr`, in parallel,
+/// Runs `f` on each matrix `b < batch` of `n x n` elements at `addr`, in parallel,
 /// as a mutable slice of T.
 ///
 /// # Safety
 ///
-/// As `store`, for the `batch * n * n` elements of T at `ptr`.
-unsafe fn each_matrix<T: Real>(ptr: usize, batch: i64, n: i64, f: impl Fn(usize, &mut [T]) + Sync) {
+/// As `store`, for the `batch * n * n` elements of T at `addr`.
+unsafe fn each_matrix<T: Real>(addr: Addr, batch: i64, n: i64, f: impl Fn(usize, &mut [T]) + Sync) {
     let nn = (n * n) as usize;
     // SAFETY: the caller's contract; the matrices are disjoint chunks of it.
-    let all: &mut [T] = unsafe { host_slice_mut(Addr::from_usize(ptr), batch as usize * nn) };
+    let all: &mut [T] = unsafe { host_slice_mut(Some(addr), batch as usize * nn) };
     all.par_chunks_mut(nn.max(1))
         .enumerate()
         .for_each(|(b, m)| f(b, m));
@@ -88,7 +92,7 @@ impl crate::ops::optim::MatOps for Ops {
     }
 
     fn newton_start(&self, plan: &PowPlan, p: u32, x: Addr, m: Addr) -> Result<()> {
-        crate::with_real!(plan.dtype, T => newton_start_t::<T>(plan, p, x.as_usize(), m.as_usize()));
+        crate::with_real!(plan.dtype, T => newton_start_t::<T>(plan, p, x, m));
         Ok(())
     }
 
@@ -96,14 +100,14 @@ impl crate::ops::optim::MatOps for Ops {
         let n = plan.n as usize;
         crate::with_real!(plan.dtype, T => {
             // SAFETY: see the top of the module.
-            let mut a = unsafe { load::<T>(ptr(plan.a), plan.elems()) };
+            let mut a = unsafe { load::<T>(plan.a, plan.elems()) };
             for (i, v) in a.iter_mut().enumerate() {
                 if (i % (n * n)) % (n + 1) == 0 {
                     *v += plan.eps;
                 }
             }
             // SAFETY: see the top of the module.
-            unsafe { store::<T>(s.as_usize(), &a) };
+            unsafe { store::<T>(Some(s), &a) };
         });
         Ok(())
     }
@@ -112,7 +116,7 @@ impl crate::ops::optim::MatOps for Ops {
         crate::with_real!(plan.dtype, T => {
             let n = plan.n as usize;
             // SAFETY: see the top of the module.
-            let mv = unsafe { load::<T>(m.as_usize(), plan.elems()) };
+            let mv = unsafe { load::<T>(Some(m), plan.elems()) };
             let inv = 1.0 / p as f64;
             let tv: Vec<f64> = mv
                 .iter()
@@ -123,7 +127,7 @@ impl crate::ops::optim::MatOps for Ops {
                 })
                 .collect();
             // SAFETY: see the top of the module.
-            unsafe { store::<T>(t.as_usize(), &tv) };
+            unsafe { store::<T>(Some(t), &tv) };
         });
         Ok(())
     }
@@ -134,7 +138,7 @@ impl crate::ops::optim::MatOps for Ops {
         let mut r = vec![0.0; plan.batch as usize];
         crate::with_real!(plan.dtype, T => {
             // SAFETY: see the top of the module.
-            let mv = unsafe { load::<T>(m.as_usize(), plan.elems()) };
+            let mv = unsafe { load::<T>(Some(m), plan.elems()) };
             for (b, rb) in r.iter_mut().enumerate() {
                 let mut worst = 0.0f64;
                 for (i, &v) in mv[b * nn..(b + 1) * nn].iter().enumerate() {
@@ -161,11 +165,11 @@ impl crate::ops::optim::MatOps for Ops {
     }
 }
 
-fn newton_start_t<T: Real>(plan: &PowPlan, p: u32, x: usize, m: usize) {
+fn newton_start_t<T: Real>(plan: &PowPlan, p: u32, x: Addr, m: Addr) {
     let n = plan.n as usize;
     let nn = n * n;
     // SAFETY: see the top of the module.
-    let a = unsafe { load::<T>(ptr(plan.a), plan.elems()) };
+    let a = unsafe { load::<T>(plan.a, plan.elems()) };
     let mut xs = vec![0.0; plan.elems()];
     let mut ms = vec![0.0; plan.elems()];
     for b in 0..plan.batch as usize {
@@ -180,9 +184,9 @@ fn newton_start_t<T: Real>(plan: &PowPlan, p: u32, x: usize, m: usize) {
         }
     }
     // SAFETY: see the top of the module.
-    unsafe { store::<T>(x, &xs) };
+    unsafe { store::<T>(Some(x), &xs) };
     // SAFETY: see the top of the module.
-    unsafe { store::<T>(m, &ms) };
+    unsafe { store::<T>(Some(m), &ms) };
 }
 
 /// `z = (1 + p) / (2 |A + eps I|_F)`: puts the spectrum of `M = z (A + eps I)`
@@ -218,7 +222,7 @@ fn eigh_power_t<T: Real>(plan: &PowPlan) -> Vec<(bool, f64)> {
         .into_par_iter()
         .map(|b| {
             // SAFETY: see the top of the module.
-            let a = unsafe { load::<T>(ptr(plan.a) + b * nn * size_of::<T>(), nn) };
+            let a = unsafe { load::<T>(elem::<T>(plan.a, b * nn), nn) };
             let sym = DMatrix::<f64>::from_fn(n, n, |i, j| {
                 let (r, c) = (i.min(j), i.max(j));
                 a[r * n + c] + if i == j { plan.eps } else { 0.0 }
@@ -244,7 +248,7 @@ fn eigh_power_t<T: Real>(plan: &PowPlan) -> Vec<(bool, f64)> {
                 }
             };
             // SAFETY: see the top of the module.
-            unsafe { store::<T>(ptr(plan.out) + b * nn * size_of::<T>(), &out.0) };
+            unsafe { store::<T>(elem::<T>(plan.out, b * nn), &out.0) };
             (out.1, out.2)
         })
         .collect()
@@ -269,7 +273,7 @@ fn rank_k(p: &StatsPlan, op: Trans, c: Addr) -> Result<()> {
     super::linalg::gemm(&p.gemm(op, c, false))?;
     let k = p.order(op);
     // SAFETY: see the top of the module.
-    crate::with_real!(p.dtype, T => unsafe { each_matrix::<T>(c.as_usize(), p.batch, k, |_, m| mirror_upper(m, k as usize)) });
+    crate::with_real!(p.dtype, T => unsafe { each_matrix::<T>(c, p.batch, k, |_, m| mirror_upper(m, k as usize)) });
     Ok(())
 }
 
@@ -306,9 +310,9 @@ fn sq_norms_t<T: Real>(p: &SamplePlan) -> Vec<f64> {
         .into_par_iter()
         .map(|b| {
             // SAFETY: see the top of the module.
-            let a = unsafe { load::<T>(ptr(p.a) + b * t * i * size_of::<T>(), t * i) };
+            let a = unsafe { load::<T>(elem::<T>(p.a, b * t * i), t * i) };
             // SAFETY: see the top of the module.
-            let g = unsafe { load::<T>(ptr(p.g) + b * t * o * size_of::<T>(), t * o) };
+            let g = unsafe { load::<T>(elem::<T>(p.g, b * t * o), t * o) };
             let dot = |x: &[f64], r: usize, s: usize, w: usize| -> f64 {
                 x[r * w..(r + 1) * w]
                     .iter()
@@ -333,7 +337,7 @@ fn sq_norms_t<T: Real>(p: &SamplePlan) -> Vec<f64> {
 pub fn sample_norms(p: &SamplePlan, out: Option<Addr>) -> Result<()> {
     let n = sq_norms(p);
     // SAFETY: see the top of the module.
-    crate::with_real!(p.dtype, T => unsafe { store::<T>(ptr(out), &n) });
+    crate::with_real!(p.dtype, T => unsafe { store::<T>(out, &n) });
     Ok(())
 }
 
@@ -349,7 +353,7 @@ pub fn dp_clipped_sum(
     let rows = (p.steps * p.dout) as usize;
     crate::with_real!(p.dtype, T => {
         // SAFETY: see the top of the module.
-        let g = unsafe { load::<T>(ptr(p.g), p.batch as usize * rows) };
+        let g = unsafe { load::<T>(p.g, p.batch as usize * rows) };
         let mut gs: Vec<T> = Vec::with_capacity(g.len());
         for (b, chunk) in g.chunks(rows.max(1)).enumerate().take(p.batch as usize) {
             let s = clip_scale(sq[b], max_norm);
@@ -360,7 +364,7 @@ pub fn dp_clipped_sum(
         super::linalg::gemm(&p.sum_gemm(gs_addr, out))?;
         if let Some(nptr) = norms {
             // SAFETY: see the top of the module.
-            unsafe { store::<T>(nptr.as_usize(), &sq) };
+            unsafe { store::<T>(Some(nptr), &sq) };
         }
     });
     Ok(())

@@ -589,10 +589,16 @@ def _make_shampoo():
             groups = {}
             for i, j in enumerate(jobs):
                 stat, eps = j[0], j[2]
-                # one batch per Newton iteration count too: a root's iterations do not depend
-                # on which roots share its batch (so the distributed split changes nothing)
-                groups.setdefault((stat.shape[0], stat.dtype, stat.device, eps, self._newton_iterations(j)),
-                                  []).append(i)
+                # one batch per iteration hint too (a root's iterations do not depend on
+                # which roots share its batch); with TF32 per iteration count, since damped
+                # roots of every ill-conditioned hint run the same TF32_DAMPED_ITERATIONS
+                # and one batch of them is faster (bench_shampoo). On CUDA a batch's size
+                # changes its roots at rounding level (cuBLAS picks the batched-GEMM kernel
+                # by batch count), so coarser batches, which the distributed split cuts
+                # differently from one process, make the ranks' roots differ from one
+                # process's more often (tests/dist/shampoo_torchrun.py's lockstep check).
+                key = self._newton_iterations(j) if self.allow_tf32 else self._hint(j)
+                groups.setdefault((stat.shape[0], stat.dtype, stat.device, eps, key), []).append(i)
             results, infos = {}, {}
             for idx in groups.values():
                 idx = [i for i in idx if owner[i] == me]

@@ -4,7 +4,8 @@
 #   CUDA against the CPU oracle (Rust tests through the C ABI), the C and C++ tests on
 #   CUDA, the Python tests (torch, DLPack, streams, the C++ torch extension),
 #   compute-sanitizer memcheck and racecheck, and the benchmarks against PyTorch.
-# Logs go to $OUT (or ./gpu-suite-out); a short table is printed last.
+# Logs go to $OUT (or ./gpu-suite-out): suite.log for this call, steps/<step>.log per
+# step (kept across calls); a short table is printed last.
 #   usage: scripts/gpu_suite.sh [step ...]   (default: all steps but "huge", the chunked
 #   GEMM larger than GPU memory, which runs only when named)
 set -uo pipefail
@@ -31,6 +32,7 @@ step() { # step NAME TIMEOUT CMD...
   timeout "$limit" "$@" >"$steplog" 2>&1
   local rc=$?
   cat "$steplog" >>"$LOG"
+  mkdir -p "$OUT/steps" && cp "$steplog" "$OUT/steps/$name.log"  # kept when a later call truncates suite.log
   local dt=$((SECONDS - t0))
   local tail_line
   tail_line=$(grep -E "test result:|passed|failed|ERROR SUMMARY|SKIPPED|warmup|FFMA peak|wheel_cold_start" "$steplog" | tail -1 | cut -c1-70)

@@ -200,20 +200,34 @@ def bench_step(args, dev, timer, width, layers, reps):
     return res
 
 
+def train_runs(dev, width, layers, freq):
+    """The training comparison's three runs, one initialisation (torch seed 0):
+    Adam's name and [(name, model, optimizer)] for Adam (fused on CUDA), fusekit
+    Shampoo and fusekit Shampoo with TF32 (roots every ``freq`` steps), each created
+    as its turn comes."""
+    torch.manual_seed(0)
+    base_model = mlp(width, layers, dev)
+    adam = "torch.optim.Adam(fused=True)" if dev.type == "cuda" else "torch.optim.Adam"
+
+    def runs():
+        for name in (adam, "fusekit Shampoo", "fusekit Shampoo, TF32"):
+            model = mlp(width, layers, dev)
+            model.load_state_dict(base_model.state_dict())
+            if "Adam" in name:
+                opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=dev.type == "cuda")
+            else:
+                opt = fo.Shampoo(model.parameters(), precondition_frequency=freq, allow_tf32="TF32" in name, **HP)
+            yield name, model, opt
+
+    return adam, runs()
+
+
 def bench_train(args, dev, timer, width, layers, windows, freq=20):
     x = torch.randn(args.batch, width, device=dev)
     y = torch.randn(args.batch, width, device=dev)
-    torch.manual_seed(0)
-    base_model = mlp(width, layers, dev)
     res = {}
-    adam = "torch.optim.Adam(fused=True)" if dev.type == "cuda" else "torch.optim.Adam"
-    for name in (adam, "fusekit Shampoo", "fusekit Shampoo, TF32"):
-        model = mlp(width, layers, dev)
-        model.load_state_dict(base_model.state_dict())
-        if "Adam" in name:
-            opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=dev.type == "cuda")
-        else:
-            opt = fo.Shampoo(model.parameters(), precondition_frequency=freq, allow_tf32="TF32" in name, **HP)
+    adam, runs = train_runs(dev, width, layers, freq)
+    for name, model, opt in runs:
         host = []
 
         def one():
@@ -265,18 +279,9 @@ def bench_quality(args, dev, width, layers, steps, freq=20):
     gen = torch.Generator(device=dev).manual_seed(5)
     x = torch.randn(args.batch, width, device=dev, generator=gen)
     y = torch.randn(args.batch, width, device=dev, generator=gen)
-    torch.manual_seed(0)
-    base_model = mlp(width, layers, dev)
-    adam = "torch.optim.Adam(fused=True)" if dev.type == "cuda" else "torch.optim.Adam"
     eps = HP["epsilon"]
     study = {}
-    for name in (adam, "fusekit Shampoo", "fusekit Shampoo, TF32"):
-        model = mlp(width, layers, dev)
-        model.load_state_dict(base_model.state_dict())
-        if "Adam" in name:
-            opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=dev.type == "cuda")
-        else:
-            opt = fo.Shampoo(model.parameters(), precondition_frequency=freq, allow_tf32="TF32" in name, **HP)
+    for name, model, opt in train_runs(dev, width, layers, freq)[1]:
         losses, ys = [], []
         for t in range(1, steps + 1):
             opt.zero_grad(set_to_none=True)

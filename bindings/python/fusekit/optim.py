@@ -393,10 +393,6 @@ def _make_shampoo():
                 return iters
             return TF32_DAMPED_ITERATIONS if tf32 and hint > TF32_FINISH_HINT else min(iters, hint)
 
-        def _batch_tf32(self, jobs):
-            """Whether a fast-path batch runs on TF32 (``allow_tf32``)."""
-            return self.allow_tf32
-
         def _probe(self, n, dtype, device):
             """Fixed unit vectors ``[n, k]`` for :meth:`_accept` (one per size, dtype, device)."""
             key = (n, dtype, device)
@@ -467,8 +463,8 @@ def _make_shampoo():
             S = self._scaled(mats, [j[1] for j in jobs])
             self.root_stats["computed"] += len(jobs)
             if self._fast_path(S.dtype, S.device):
-                tf32 = self._batch_tf32(jobs)
-                iters = max(self._newton_iterations(j) for j in jobs)  # one value: batches group by it
+                tf32 = self.allow_tf32
+                iters = max(self._newton_iterations(j) for j in jobs)  # one value: a batch shares its key
                 #: (side, batch, Newton iterations, "tf32" or "f32") of each fast-path
                 #: batch, the latest last.
                 log = self.__dict__.setdefault("newton_log", [])
@@ -562,7 +558,7 @@ def _make_shampoo():
                     ev.synchronize()
             self._mark("flags wait")  # the wait for last step's roots, apart from host work
             for info, ev, jobs in pending:
-                tf32 = self._batch_tf32(jobs)  # as computed: before _learn updates the hints
+                tf32 = self.allow_tf32
                 bad = [j for j, f in zip(jobs, self._learn(jobs, info)) if not f]
                 if not bad:
                     continue

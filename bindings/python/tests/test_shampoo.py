@@ -350,18 +350,16 @@ def spike_stats(n, eps, seed=0):
     return (q * lam) @ q.T
 
 
-def y_max(S, X, eps):
-    """The largest eigenvalue of X^2 (S + eps I) X^2 in float64 (1 for the exact root)."""
-    X = X.cpu().double()
-    Y = X @ X @ (S + eps * torch.eye(S.shape[0], dtype=torch.float64)) @ X @ X
-    return float(torch.linalg.eigvalsh((Y + Y.T) / 2).max())
-
-
 def y_eigs(S, X, eps):
     """The eigenvalues of X^2 (S + eps I) X^2 in float64 (all 1 for the exact root)."""
     X = X.cpu().double()
     Y = X @ X @ (S + eps * torch.eye(S.shape[0], dtype=torch.float64)) @ X @ X
     return torch.linalg.eigvalsh((Y + Y.T) / 2)
+
+
+def y_max(S, X, eps):
+    """The largest eigenvalue of X^2 (S + eps I) X^2 in float64 (1 for the exact root)."""
+    return float(y_eigs(S, X, eps).max())
 
 
 def test_damped_newton_leaves_the_small_directions_short():

@@ -20,7 +20,8 @@ import math
 import time
 import warnings
 
-__all__ = ["Shampoo", "FusekitComm", "init_distributed", "assign_roots", "block_ranges", "newton_iterations_for"]
+__all__ = ["Shampoo", "FusekitComm", "init_distributed", "assign_roots", "block_ranges", "newton_iterations_for",
+           "root_batches"]
 
 _GRAFTING = ("adam", "sgd", None)
 _ROOT_METHODS = ("auto", "newton", "checked")
@@ -41,6 +42,20 @@ ROOT_ACCEPT_TOL = 0.1
 #: the condition").
 TF32_FINISH_HINT = 10
 TF32_DAMPED_ITERATIONS = 8
+#: Roots are computed in canonical batches: the due roots of one size, dtype, device,
+#: epsilon and Newton key, in step order, cut into runs of at most
+#: ``max(1, ROOT_BATCH_COST // side**3)``. The cut does not depend on the number of
+#: ranks, and the distributed split hands each rank whole batches, so every root is
+#: computed in the batch one process computes it in: bit for bit the same root on
+#: CUDA too, where a batch's size picks cuBLAS's batched-GEMM kernels (and the checked
+#: path's Newton residual and eigh routine act per batch). Four roots of side 1024 per
+#: batch (256 output tiles of 128x128 per GEMM: two waves on an H100's 132 SMs; batches
+#: of two, 128 tiles, made the two-GPU bench's one-GPU step 11% slower on H200s), 32 of
+#: side 512, 256 of side 256. With ``allow_tf32`` twice that: TF32 products are several
+#: times faster, and batches of four left the step bound by the host's per-batch work
+#: (H200s: the roots-every-step TF32 step 23% slower than with one batch of eight).
+ROOT_BATCH_COST = 4 * 1024 ** 3
+ROOT_BATCH_COST_TF32 = 8 * 1024 ** 3
 #: Adam grafting of float32 parameters in torch's fused Adam kernel (Shampoo._grafted_fused).
 FUSED_GRAFTING = True
 _STORE_KEY = "fusekit.optim.comm_uid"
@@ -71,6 +86,22 @@ def assign_roots(costs, world_size: int) -> list:
         owner[i] = r
         loads[r] += costs[i]
     return owner
+
+
+def root_batches(keys, sides, cost=None) -> list:
+    """Canonical batches of root jobs: job indices grouped by ``keys[i]`` (first
+    appearance order), each group cut in order into runs of at most
+    ``max(1, cost // sides[i]**3)`` (``cost`` default ROOT_BATCH_COST). Depends only
+    on the jobs, never on the number of ranks."""
+    cost = ROOT_BATCH_COST if cost is None else cost
+    groups = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    out = []
+    for idx in groups.values():
+        per = max(1, cost // max(1, sides[idx[0]]) ** 3)
+        out += [idx[s:s + per] for s in range(0, len(idx), per)]
+    return out
 
 
 class FusekitComm:
@@ -570,9 +601,11 @@ def _make_shampoo():
 
         def _compute_roots(self, jobs):
             """``jobs``: (stat, scale, eps, root) to recompute, in an order every rank
-            shares. Each rank computes its share (:func:`assign_roots`) and the
-            results are all-gathered, with the fast path's acceptance flags, so that
-            every rank settles every root as one process would (:meth:`_settle`)."""
+            shares, computed in canonical batches (:func:`root_batches`). Each rank
+            computes the whole batches it owns (:func:`assign_roots` over the batches'
+            costs) and the results are all-gathered, with the fast path's acceptance
+            flags, so that every rank settles every root as one process would
+            (:meth:`_settle`): distributed roots are bit for bit one process's."""
             if not jobs:
                 return
             comm = self.comm
@@ -580,25 +613,26 @@ def _make_shampoo():
             ref = jobs[0][3]
             if world > 1 and any(j[3].dtype != ref.dtype or j[3].device != ref.device for j in jobs):
                 raise _bad("params", "must share one dtype and device when the roots are distributed")
-            owner = assign_roots([float(j[0].shape[0]) ** 3 for j in jobs], world) if world > 1 else [0] * len(jobs)
+            # one batch per iteration hint too (a root's iterations do not depend on
+            # which roots share its batch); with TF32 per iteration count, since damped
+            # roots of every ill-conditioned hint run the same TF32_DAMPED_ITERATIONS
+            # and one batch of them is faster (bench_shampoo)
+            keys = [(j[0].shape[0], j[0].dtype, j[0].device, j[2],
+                     self._newton_iterations(j) if self.allow_tf32 else self._hint(j)) for j in jobs]
+            batches = root_batches(keys, [j[0].shape[0] for j in jobs],
+                                   ROOT_BATCH_COST_TF32 if self.allow_tf32 else ROOT_BATCH_COST)
+            if world > 1:
+                costs = [len(b) * float(jobs[b[0]][0].shape[0]) ** 3 for b in batches]
+                owners = assign_roots(costs, world)
+            else:
+                owners = [0] * len(batches)
             me = comm.rank if world > 1 else 0
-            groups = {}
-            for i, j in enumerate(jobs):
-                stat, eps = j[0], j[2]
-                # one batch per iteration hint too (a root's iterations do not depend on
-                # which roots share its batch); with TF32 per iteration count, since damped
-                # roots of every ill-conditioned hint run the same TF32_DAMPED_ITERATIONS
-                # and one batch of them is faster (bench_shampoo). On CUDA a batch's size
-                # changes its roots at rounding level (cuBLAS picks the batched-GEMM kernel
-                # by batch count), so coarser batches, which the distributed split cuts
-                # differently from one process, make the ranks' roots differ from one
-                # process's more often (tests/dist/shampoo_torchrun.py's lockstep check).
-                key = self._newton_iterations(j) if self.allow_tf32 else self._hint(j)
-                groups.setdefault((stat.shape[0], stat.dtype, stat.device, eps, key), []).append(i)
+            owner = [0] * len(jobs)
             results, infos = {}, {}
-            for idx in groups.values():
-                idx = [i for i in idx if owner[i] == me]
-                if not idx:
+            for idx, o in zip(batches, owners):
+                for i in idx:
+                    owner[i] = o
+                if o != me:
                     continue
                 outs, info = self._root_batch([jobs[i] for i in idx])
                 for c, (i, x) in enumerate(zip(idx, outs)):
@@ -640,7 +674,7 @@ def _make_shampoo():
                 info[i] = recv[base + n:base + n + extra]
             torch._foreach_copy_(dst, src)
             if extra:
-                for idx in groups.values():  # the batches of one process, in its order
+                for idx in batches:  # the batches of one process, in its order
                     self._defer(torch.stack([info[i] for i in idx], dim=1), [jobs[i] for i in idx])
 
         # -- the step ----------------------------------------------------------------

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 import fusekit  # noqa: E402
 import fusekit.optim as fo  # noqa: E402
-from fusekit.optim import Shampoo, assign_roots, block_ranges  # noqa: E402
+from fusekit.optim import Shampoo, assign_roots, block_ranges, root_batches  # noqa: E402
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
@@ -401,13 +401,14 @@ def test_tf32_damps_where_finishing_would_overshoot_cuda():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("allow_tf32", [False, True])
 def test_fast_path_roots_do_not_depend_on_the_batch(device, allow_tf32):
-    """Issue 25: the distributed split gives each rank a subset of a size's roots,
-    so a root must come out of the fast path (fixed Newton iterations, tol = 0) and
-    its acceptance check the same whatever else shares its batch. On the CPU bit
-    for bit; on CUDA cuBLAS picks its batched-GEMM kernel by batch count, so the
-    roots agree to rounding (measured on the H100 and H200: about 2e-6 of the
-    root's scale in float32; the bounds below are 1e-5, and 1e-2 with TF32, whose
-    products carry 10-bit mantissas) and the acceptance flags agree. Five
+    """A root comes out of the fast path (fixed Newton iterations, tol = 0) and its
+    acceptance check the same whatever else shares its batch. On the CPU bit for
+    bit; on CUDA cuBLAS picks its batched-GEMM kernel by batch count, so the roots
+    agree to rounding (measured on the H100 and H200: about 2e-6 of the root's
+    scale in float32; the bounds below are 1e-5, and 1e-2 with TF32, whose products
+    carry 10-bit mantissas) and the acceptance flags agree. That rounding is why
+    roots are computed in canonical batches, which the distributed split hands to
+    ranks whole (fusekit.optim.root_batches). Five
     statistics of side 48 and 96: the batch of five against each alone and
     against a batch of two."""
     exact = device == "cpu"
@@ -753,13 +754,30 @@ def run_ranks(world, kw, steps):
     return results
 
 
+def test_root_batches_are_canonical(monkeypatch):
+    """Jobs grouped by key in first-appearance order, each group cut in order into
+    runs of at most ROOT_BATCH_COST // side**3 (at least one), whatever the ranks."""
+    monkeypatch.setattr(fo, "ROOT_BATCH_COST", 2 * 10 ** 3)
+    keys = ["a", "b", "a", "a", "c", "a", "b", "a"]
+    sides = [10, 4, 10, 10, 30, 10, 4, 10]
+    assert root_batches(keys, sides) == [[0, 2], [3, 5], [7], [1, 6], [4]]
+    monkeypatch.setattr(fo, "ROOT_BATCH_COST", 1)
+    assert root_batches(keys, sides) == [[0], [2], [3], [5], [7], [1], [6], [4]]
+    assert root_batches([], []) == []
+    assert root_batches(keys, sides, 4 * 10 ** 3) == [[0, 2, 3, 5], [7], [1, 6], [4]]  # the TF32 cap's form
+
+
+@pytest.mark.parametrize("batch_cost", [None, 2 * 16 ** 3])
 @pytest.mark.parametrize("root_method", ["auto", "newton"])
 @pytest.mark.parametrize("world", [2, 3])
-def test_distributed_split_matches_one_process(world, root_method):
-    """Each rank computes its share of the roots (the counters add up to the
-    single-process count) and after the all-gather every rank's parameters equal
-    the single-process run's bit for bit (same CPU code, roots only moved). With the
-    fast path too: the same iteration hints (one batch per hint)."""
+def test_distributed_split_matches_one_process(world, root_method, batch_cost, monkeypatch):
+    """Each rank computes whole canonical batches of the roots (the counters add up
+    to the single-process count; on the fast path every rank's batches, as
+    newton_log records them, are batches of the single process) and after the
+    all-gather every rank's parameters equal the single-process run's bit for bit.
+    ``batch_cost`` 2 * 16**3 cuts the side-16 and side-14 groups into pairs."""
+    if batch_cost is not None:
+        monkeypatch.setattr(fo, "ROOT_BATCH_COST", batch_cost)
     kw = dict(CASES["adam_blocked"], precondition_frequency=2, root_method=root_method)
     ps = make_params(torch.float32, "cpu")
     single = Shampoo(ps, **kw)
@@ -771,6 +789,14 @@ def test_distributed_split_matches_one_process(world, root_method):
     for q, _, _ in results:
         for a, b in zip(ps, q):
             assert torch.equal(a.detach(), b.detach())
+    if root_method == "newton":
+        def batches(opt):
+            return sorted(opt.newton_log)
+
+        union = sorted(b for res in results for b in batches(res[1]))
+        assert union == batches(single) and len(union) < 64  # newton_log keeps 64
+        if batch_cost is not None:
+            assert max(b[1] for b in union if b[0] in (14, 16)) == 2
 
 
 @pytest.mark.parametrize("world", [2, 3])

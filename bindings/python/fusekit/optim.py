@@ -621,11 +621,7 @@ def _make_shampoo():
                      self._newton_iterations(j) if self.allow_tf32 else self._hint(j)) for j in jobs]
             batches = root_batches(keys, [j[0].shape[0] for j in jobs],
                                    ROOT_BATCH_COST_TF32 if self.allow_tf32 else ROOT_BATCH_COST)
-            if world > 1:
-                costs = [len(b) * float(jobs[b[0]][0].shape[0]) ** 3 for b in batches]
-                owners = assign_roots(costs, world)
-            else:
-                owners = [0] * len(batches)
+            owners = assign_roots([len(b) * float(jobs[b[0]][0].shape[0]) ** 3 for b in batches], world)
             me = comm.rank if world > 1 else 0
             owner = [0] * len(jobs)
             results, infos = {}, {}

@@ -25,7 +25,7 @@ from ._lib import (
     lib,
     raise_error,
 )
-from ._stream import Stream, _handle_of, _stream_raw_of, _wrapped_stream, resolve_stream
+from ._stream import Event, Stream, _handle_of, _stream_raw_of, _wrapped_stream, resolve_stream
 
 
 def _contiguous_strides(shape):
@@ -136,6 +136,22 @@ class Buffer(_Handle):
             b.close()
             raise_error(ERROR_UNSUPPORTED_DTYPE, "fusekit.Buffer.zeros", "bfloat16 host data needs torch")
         return b
+
+    @classmethod
+    def pinned(cls, ctx, shape, dtype) -> "Buffer":
+        """An uninitialised contiguous buffer of page-locked host memory for ``ctx``'s
+        GPU (``fk_buffer_create_pinned``; device ``"cuda_host:N"``); on a CPU context
+        an ordinary host buffer. ``to_numpy()``, ``copy_from()``, ``numpy.from_dlpack``
+        and :func:`fusekit.copy_buffer` work on it; ops refuse it. Free it
+        (``close()``) only after the copies that use it have finished."""
+        where = "fusekit.pinned_empty"
+        ctx = _ctx_arg(ctx)
+        dt = as_dtype(dtype, where)
+        shape = _shape_tuple(shape, where)
+        arr = (c_int64 * max(len(shape), 1))(*shape)
+        h = _lib.buffer_p()
+        lib().fk_buffer_create_pinned(ctx.handle, int(dt), len(shape), arr, byref(h))
+        return cls(h, ctx)
 
     @classmethod
     def wrap(cls, ctx, data_ptr: int, shape, dtype, strides=None, owner=None, readonly=False) -> "Buffer":
@@ -587,8 +603,6 @@ class Buffer(_Handle):
         raw_producer = _stream_raw_of(producer)
         if raw_producer == raw_consumer:
             return
-        from .runtime import Event
-
         ev = Event(self._context)
         try:
             ev.record(producer if producer is not None else _wrapped_stream(self._context, 0))

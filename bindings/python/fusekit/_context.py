@@ -1,12 +1,15 @@
 """Devices and contexts: device strings (``"cpu"``, ``"cuda:N"``, ``"auto"``),
-:class:`Context`, and the shared default context of each device
+:class:`Context` (with its memory statistics, :class:`MemoryStats`, and pool
+controls), and the shared default context of each device
 (:func:`default_context`)."""
 
 from __future__ import annotations
 
+import numbers
 import threading
 from collections import namedtuple
-from ctypes import byref, c_int32, c_uint64
+from ctypes import byref, c_int32, c_uint64, sizeof
+from dataclasses import dataclass, fields
 
 from . import _lib
 from ._dtype import _torch
@@ -15,6 +18,39 @@ from ._lib import ERROR_INVALID_ARGUMENT, lib, raise_error
 
 
 MemoryInfo = namedtuple("MemoryInfo", ["free", "total"])
+
+_U64_MAX = (1 << 64) - 1
+
+
+def _u64(v, where: str, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise_error(ERROR_INVALID_ARGUMENT, where, f"{name} must be an int number of bytes, got {v!r}")
+    v = int(v)
+    if not 0 <= v <= _U64_MAX:
+        raise_error(ERROR_INVALID_ARGUMENT, where, f"{name} = {v} is outside 0..2**64-1")
+    return v
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """A context's memory statistics (``fk_memory_stats``), in bytes or counts.
+
+    ``allocated_bytes``/``live_allocations`` count the context's live owned
+    buffers (as requested; pinned ones apart in ``pinned_bytes``/
+    ``pinned_allocations``); ``reserved_bytes`` is what the CUDA pool holds (in use
+    or cached; equal to ``allocated_bytes`` on the CPU)."""
+
+    allocated_bytes: int
+    peak_allocated_bytes: int
+    reserved_bytes: int
+    peak_reserved_bytes: int
+    pool_used_bytes: int
+    live_allocations: int
+    device_free_bytes: int
+    device_total_bytes: int
+    release_threshold_bytes: int
+    pinned_bytes: int
+    pinned_allocations: int
 
 
 def _parse_device(device, ordinal=None) -> tuple[int, int]:
@@ -130,6 +166,27 @@ class Context(_Handle):
     def warmup(self) -> None:
         """Compiles (or loads from the kernel cache) every kernel module now. No-op on the CPU."""
         lib().fk_context_warmup(self.handle)
+
+    # -- memory (docs/abi.md: memory)
+    def memory_stats(self) -> MemoryStats:
+        """Memory statistics of this context (``fk_context_memory_stats``)."""
+        st = _lib.fk_memory_stats()
+        st.size = sizeof(_lib.fk_memory_stats)
+        lib().fk_context_memory_stats(self.handle, byref(st))
+        return MemoryStats(**{f.name: int(getattr(st, f.name)) for f in fields(MemoryStats)})
+
+    def set_release_threshold(self, nbytes) -> None:
+        """Bytes the context's CUDA pool keeps reserved at a synchronisation point
+        (None = keep everything, the initial setting; 0 = return all unused memory).
+        Stored and reported only on the CPU."""
+        n = _U64_MAX if nbytes is None else _u64(nbytes, "fusekit.set_release_threshold", "nbytes")
+        lib().fk_context_set_release_threshold(self.handle, c_uint64(n))
+
+    def trim(self, keep_bytes=0) -> None:
+        """Returns unused pool memory to the device until at most ``keep_bytes`` stay
+        reserved (``fk_context_trim``; synchronise first to release queued frees).
+        No-op on the CPU."""
+        lib().fk_context_trim(self.handle, c_uint64(_u64(keep_bytes, "fusekit.trim_memory", "keep_bytes")))
 
     def __repr__(self) -> str:
         state = " closed" if self.closed else ""

@@ -2,8 +2,10 @@
 
 - ``_dtype``: :class:`DType`, :func:`as_dtype` (and whether torch is imported)
 - ``_handle``: ``_Handle``, the base of every object that owns a C handle
-- ``_context``: :class:`Context`, :class:`MemoryInfo`, :func:`default_context`
-- ``_stream``: :class:`Stream`, :func:`resolve_stream`
+- ``_context``: :class:`Context`, :class:`MemoryInfo`, :class:`MemoryStats`,
+  :func:`default_context`
+- ``_stream``: :class:`Stream`, :func:`resolve_stream`, :class:`Event`,
+  :func:`stream_wait_event`
 - ``_buffer``: :class:`Buffer`, :func:`as_buffer`, :func:`from_dlpack`, and the
   views that op calls share (``_temp_view``)
 - ``_invocation``: :class:`Invocation`, what op modules use for one call
@@ -31,6 +33,7 @@ from ._buffer import (
 from ._context import (
     Context,
     MemoryInfo,
+    MemoryStats,
     _ctx_arg,
     _default_of,
     _device_str,
@@ -42,7 +45,9 @@ from ._dtype import DType, _is_torch_dtype, _is_torch_tensor, _torch, as_dtype
 from ._handle import _Handle
 from ._invocation import KIND_BUFFER, KIND_NUMPY, KIND_TORCH, Invocation, array_kind
 from ._stream import (
+    Event,
     Stream,
+    _event_arg,
     _handle_of,
     _raw_stream,
     _stream_raw_of,
@@ -50,6 +55,7 @@ from ._stream import (
     _wrapped,
     _wrapped_stream,
     resolve_stream,
+    stream_wait_event,
 )
 
 __all__ = [

@@ -1,11 +1,12 @@
-"""Streams: :class:`Stream` (owned, or a borrowed ``CUstream``), the cached
-wrappers of raw streams, and :func:`resolve_stream`, the stream an op runs on
-(explicit, else torch's current stream on CUDA)."""
+"""Streams and events: :class:`Stream` (owned, or a borrowed ``CUstream``), the
+cached wrappers of raw streams, :func:`resolve_stream`, the stream an op runs on
+(explicit, else torch's current stream on CUDA), and :class:`Event` with
+:func:`stream_wait_event`, which order work between streams."""
 
 from __future__ import annotations
 
 import threading
-from ctypes import byref, c_void_p
+from ctypes import byref, c_float, c_int32, c_void_p
 
 from . import _lib
 from ._context import Context, _ctx_arg, default_context
@@ -67,6 +68,10 @@ class Stream(_Handle):
     def synchronize(self) -> None:
         """Blocks until all queued work has finished (kernel faults surface here)."""
         lib().fk_stream_synchronize(self.handle)
+
+    def wait_event(self, ev: "Event") -> None:
+        """Makes work queued on this stream after this call wait for ``ev``."""
+        stream_wait_event(self, ev)
 
     def _after_close(self) -> None:
         self._keepalive = None
@@ -160,3 +165,96 @@ def _stream_raw_of(s: Stream | None) -> int:
 
 def _handle_of(s: Stream | None):
     return None if s is None else s.handle
+
+
+# ---------------------------------------------------------------------------
+# Events
+# ---------------------------------------------------------------------------
+
+
+class Event(_Handle):
+    """An event on a context's device (a timing CUDA event; a host timestamp on
+    the CPU)::
+
+        start, end = fusekit.Event("cuda"), fusekit.Event("cuda")
+        start.record(); fusekit.relu(x, out=x); end.record()
+        ms = start.elapsed_ms(end)
+
+    ``record()`` without a stream uses the stream ops use by default (torch's
+    current stream on CUDA when torch is imported). Release with :meth:`close`, a
+    ``with`` block, or garbage collection.
+    """
+
+    _where = "fusekit.Event"
+    _noun = "event"
+
+    def __init__(self, ctx=None):
+        self._context = _ctx_arg(ctx)
+        L = lib()
+        h = _lib.event_p()
+        L.fk_event_create(self._context.handle, byref(h))
+        self._handle = h
+        self._destroy = L.fk_event_destroy
+
+    @property
+    def context(self) -> Context:
+        return self._context
+
+    @property
+    def device(self) -> str:
+        return self._context.device
+
+    def record(self, stream=None) -> "Event":
+        """Records the event on ``stream`` (a fusekit Stream, torch stream or raw
+        int; default as for ops). Returns ``self``."""
+        s = resolve_stream(self._context, stream, "fusekit.Event.record")
+        lib().fk_event_record(self.handle, _handle_of(s))
+        return self
+
+    def synchronize(self) -> None:
+        """Blocks until the event completes."""
+        lib().fk_event_synchronize(self.handle)
+
+    def query(self) -> bool:
+        """True when the event has completed (or was never recorded); never blocks."""
+        done = c_int32(0)
+        lib().fk_event_query(self.handle, byref(done))
+        return bool(done.value)
+
+    def elapsed_ms(self, end: "Event") -> float:
+        """Milliseconds from this event to ``end`` (blocks until ``end`` completes).
+        InvalidArgumentError if either was never recorded."""
+        if not isinstance(end, Event):
+            raise_error(
+                ERROR_INVALID_ARGUMENT, "fusekit.Event.elapsed_ms", f"end must be a fusekit.Event, got {type(end).__name__}"
+            )
+        ms = c_float(0.0)
+        lib().fk_event_elapsed_ms(self.handle, end.handle, byref(ms))
+        return float(ms.value)
+
+    elapsed_time = elapsed_ms  # torch.cuda.Event's name
+
+    def wait(self, stream=None) -> None:
+        """Makes ``stream`` (default as for ops) wait for this event."""
+        stream_wait_event(stream, self)
+
+    def __repr__(self) -> str:
+        state = " closed" if self.closed else ""
+        return f"<fusekit.Event {self._context.device}{state}>"
+
+
+def _event_arg(ev, where: str) -> Event:
+    if not isinstance(ev, Event):
+        raise_error(ERROR_INVALID_ARGUMENT, where, f"event must be a fusekit.Event, got {type(ev).__name__}")
+    return ev
+
+
+def stream_wait_event(stream, ev: Event) -> None:
+    """Makes work queued on ``stream`` after this call wait for ``ev`` without
+    blocking the host (``fk_stream_wait_event``). ``stream``: a fusekit Stream, a
+    torch stream or raw int on the event's device, or None (the stream ops use by
+    default on the event's device)."""
+    where = "fusekit.stream_wait_event"
+    ev = _event_arg(ev, where)
+    s = resolve_stream(ev.context, stream, where)
+    lib().fk_stream_wait_event(_handle_of(s), ev.handle)

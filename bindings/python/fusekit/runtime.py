@@ -16,32 +16,34 @@
   DLPack producers like the ops, and return ``recv`` (allocated in the caller's
   kind of array when not given).
 
-The methods are attached to :class:`Context`, :class:`Stream` and
-:class:`Buffer` when this module is imported (``import fusekit`` does). Every C
-entry point also has a module-level function, listed in :data:`ENTRY_POINTS`.
+The classes and their methods live where the classes do (``_context``,
+``_stream``, ``_buffer``; :class:`Event` beside :class:`Stream`); this module adds
+:class:`Comm`, the collectives, and a module-level function for every C entry
+point, listed in :data:`ENTRY_POINTS`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import numbers
-from ctypes import byref, c_float, c_int32, c_int64, c_uint8, c_uint64, sizeof
-from dataclasses import dataclass, fields
+from ctypes import byref, c_int32, c_uint8
 
 from . import _lib
 from ._core import (
     Buffer,
     _Handle,
     Context,
+    Event,
     Invocation,
+    MemoryStats,
     Stream,
     _ctx_arg,
+    _event_arg,
     _handle_of,
-    _shape_tuple,
     as_buffer,
-    as_dtype,
     default_context,
     resolve_stream,
+    stream_wait_event,
 )
 from ._lib import (
     ERROR_INVALID_ARGUMENT,
@@ -84,16 +86,6 @@ __all__ = [
 ]
 
 COMM_ID_BYTES = _lib.COMM_ID_BYTES
-_U64_MAX = (1 << 64) - 1
-
-
-def _u64(v, where: str, name: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise_error(ERROR_INVALID_ARGUMENT, where, f"{name} must be an int number of bytes, got {v!r}")
-    v = int(v)
-    if not 0 <= v <= _U64_MAX:
-        raise_error(ERROR_INVALID_ARGUMENT, where, f"{name} = {v} is outside 0..2**64-1")
-    return v
 
 
 def _i32(v, where: str, name: str) -> int:
@@ -110,69 +102,21 @@ def _i32(v, where: str, name: str) -> int:
 # ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class MemoryStats:
-    """A context's memory statistics (``fk_memory_stats``), in bytes or counts.
-
-    ``allocated_bytes``/``live_allocations`` count the context's live owned
-    buffers (as requested; pinned ones apart in ``pinned_bytes``/
-    ``pinned_allocations``); ``reserved_bytes`` is what the CUDA pool holds (in use
-    or cached; equal to ``allocated_bytes`` on the CPU)."""
-
-    allocated_bytes: int
-    peak_allocated_bytes: int
-    reserved_bytes: int
-    peak_reserved_bytes: int
-    pool_used_bytes: int
-    live_allocations: int
-    device_free_bytes: int
-    device_total_bytes: int
-    release_threshold_bytes: int
-    pinned_bytes: int
-    pinned_allocations: int
-
-
 def memory_stats(ctx=None) -> MemoryStats:
     """``fk_context_memory_stats`` of ``ctx`` (a Context or device string; default
-    ``"auto"``)."""
-    ctx = _ctx_arg(ctx)
-    st = _lib.fk_memory_stats()
-    st.size = sizeof(_lib.fk_memory_stats)
-    lib().fk_context_memory_stats(ctx.handle, byref(st))
-    return MemoryStats(**{f.name: int(getattr(st, f.name)) for f in fields(MemoryStats)})
+    ``"auto"``): :meth:`Context.memory_stats`."""
+    return _ctx_arg(ctx).memory_stats()
 
 
 def set_release_threshold(nbytes, ctx=None) -> None:
-    """Bytes the context's CUDA pool keeps reserved at a synchronisation point
-    (None = keep everything, the initial setting; 0 = return all unused memory).
-    Stored and reported only on the CPU."""
-    where = "fusekit.set_release_threshold"
-    ctx = _ctx_arg(ctx)
-    n = _U64_MAX if nbytes is None else _u64(nbytes, where, "nbytes")
-    lib().fk_context_set_release_threshold(ctx.handle, c_uint64(n))
+    """``fk_context_set_release_threshold``: :meth:`Context.set_release_threshold`
+    (None = keep everything; 0 = return all unused memory at a synchronisation)."""
+    _ctx_arg(ctx).set_release_threshold(nbytes)
 
 
 def trim_memory(keep_bytes=0, ctx=None) -> None:
-    """Returns unused pool memory to the device until at most ``keep_bytes`` stay
-    reserved (``fk_context_trim``; synchronise first to release queued frees).
-    No-op on the CPU."""
-    ctx = _ctx_arg(ctx)
-    lib().fk_context_trim(ctx.handle, c_uint64(_u64(keep_bytes, "fusekit.trim_memory", "keep_bytes")))
-
-
-def _ctx_memory_stats(self) -> MemoryStats:
-    """Memory statistics of this context (:class:`fusekit.MemoryStats`)."""
-    return memory_stats(self)
-
-
-def _ctx_set_release_threshold(self, nbytes) -> None:
-    """See :func:`fusekit.set_release_threshold`."""
-    set_release_threshold(nbytes, self)
-
-
-def _ctx_trim(self, keep_bytes=0) -> None:
-    """See :func:`fusekit.trim_memory`."""
-    trim_memory(keep_bytes, self)
+    """``fk_context_trim``: :meth:`Context.trim`."""
+    _ctx_arg(ctx).trim(keep_bytes)
 
 
 # ---------------------------------------------------------------------------
@@ -181,24 +125,9 @@ def _ctx_trim(self, keep_bytes=0) -> None:
 
 
 def pinned_empty(shape, dtype, ctx=None) -> Buffer:
-    """An uninitialised contiguous buffer of page-locked host memory for ``ctx``'s
-    GPU (``fk_buffer_create_pinned``; device ``"cuda_host:N"``); on a CPU context
-    an ordinary host buffer. ``to_numpy()``, ``copy_from()``, ``numpy.from_dlpack``
-    and :func:`copy_buffer` work on it; ops refuse it. Free it (``close()``) only
-    after the copies that use it have finished."""
-    where = "fusekit.pinned_empty"
-    ctx = _ctx_arg(ctx)
-    dt = as_dtype(dtype, where)
-    shape = _shape_tuple(shape, where)
-    arr = (c_int64 * max(len(shape), 1))(*shape)
-    h = _lib.buffer_p()
-    lib().fk_buffer_create_pinned(ctx.handle, int(dt), len(shape), arr, byref(h))
-    return Buffer(h, ctx)
-
-
-def _buffer_pinned(cls, ctx, shape, dtype) -> Buffer:
-    """``Buffer.pinned(ctx, shape, dtype)``: see :func:`fusekit.pinned_empty`."""
-    return pinned_empty(shape, dtype, ctx)
+    """``fk_buffer_create_pinned``: page-locked host memory for ``ctx``'s GPU (an
+    ordinary host buffer on a CPU context): :meth:`Buffer.pinned`."""
+    return Buffer.pinned(ctx, shape, dtype)
 
 
 def _copy_stream(dst: Buffer, src: Buffer, stream, where: str):
@@ -268,84 +197,6 @@ def device_can_access_peer(device, peer) -> bool:
 # ---------------------------------------------------------------------------
 
 
-class Event(_Handle):
-    """An event on a context's device (a timing CUDA event; a host timestamp on
-    the CPU)::
-
-        start, end = fusekit.Event("cuda"), fusekit.Event("cuda")
-        start.record(); fusekit.relu(x, out=x); end.record()
-        ms = start.elapsed_ms(end)
-
-    ``record()`` without a stream uses the stream ops use by default (torch's
-    current stream on CUDA when torch is imported). Release with :meth:`close`, a
-    ``with`` block, or garbage collection.
-    """
-
-    _where = "fusekit.Event"
-    _noun = "event"
-
-    def __init__(self, ctx=None):
-        self._context = _ctx_arg(ctx)
-        L = lib()
-        h = _lib.event_p()
-        L.fk_event_create(self._context.handle, byref(h))
-        self._handle = h
-        self._destroy = L.fk_event_destroy
-
-    @property
-    def context(self) -> Context:
-        return self._context
-
-    @property
-    def device(self) -> str:
-        return self._context.device
-
-    def record(self, stream=None) -> "Event":
-        """Records the event on ``stream`` (a fusekit Stream, torch stream or raw
-        int; default as for ops). Returns ``self``."""
-        s = resolve_stream(self._context, stream, "fusekit.Event.record")
-        lib().fk_event_record(self.handle, _handle_of(s))
-        return self
-
-    def synchronize(self) -> None:
-        """Blocks until the event completes."""
-        lib().fk_event_synchronize(self.handle)
-
-    def query(self) -> bool:
-        """True when the event has completed (or was never recorded); never blocks."""
-        done = c_int32(0)
-        lib().fk_event_query(self.handle, byref(done))
-        return bool(done.value)
-
-    def elapsed_ms(self, end: "Event") -> float:
-        """Milliseconds from this event to ``end`` (blocks until ``end`` completes).
-        InvalidArgumentError if either was never recorded."""
-        if not isinstance(end, Event):
-            raise_error(
-                ERROR_INVALID_ARGUMENT, "fusekit.Event.elapsed_ms", f"end must be a fusekit.Event, got {type(end).__name__}"
-            )
-        ms = c_float(0.0)
-        lib().fk_event_elapsed_ms(self.handle, end.handle, byref(ms))
-        return float(ms.value)
-
-    elapsed_time = elapsed_ms  # torch.cuda.Event's name
-
-    def wait(self, stream=None) -> None:
-        """Makes ``stream`` (default as for ops) wait for this event."""
-        stream_wait_event(stream, self)
-
-
-    def __repr__(self) -> str:
-        state = " closed" if self.closed else ""
-        return f"<fusekit.Event {self._context.device}{state}>"
-
-
-def _event_arg(ev, where: str) -> Event:
-    if not isinstance(ev, Event):
-        raise_error(ERROR_INVALID_ARGUMENT, where, f"event must be a fusekit.Event, got {type(ev).__name__}")
-    return ev
-
-
 def event_create(ctx=None) -> Event:
     """``fk_event_create``: ``Event(ctx)``."""
     return Event(ctx)
@@ -374,22 +225,6 @@ def event_query(ev: Event) -> bool:
 def event_elapsed_ms(start: Event, end: Event) -> float:
     """``fk_event_elapsed_ms``: ``start.elapsed_ms(end)``."""
     return _event_arg(start, "fusekit.event_elapsed_ms").elapsed_ms(end)
-
-
-def stream_wait_event(stream, ev: Event) -> None:
-    """Makes work queued on ``stream`` after this call wait for ``ev`` without
-    blocking the host (``fk_stream_wait_event``). ``stream``: a fusekit Stream, a
-    torch stream or raw int on the event's device, or None (the stream ops use by
-    default on the event's device)."""
-    where = "fusekit.stream_wait_event"
-    ev = _event_arg(ev, where)
-    s = resolve_stream(ev.context, stream, where)
-    lib().fk_stream_wait_event(_handle_of(s), ev.handle)
-
-
-def _stream_wait_event(self, ev: Event) -> None:
-    """Makes work queued on this stream after this call wait for ``ev``."""
-    stream_wait_event(self, ev)
 
 
 # ---------------------------------------------------------------------------
@@ -664,14 +499,8 @@ def reduce_scatter(send, recv=None, op="sum", *, comm: Comm, stream=None):
 
 
 # ---------------------------------------------------------------------------
-# Methods on the core classes, and the entry-point table
+# The entry-point table
 # ---------------------------------------------------------------------------
-
-Context.memory_stats = _ctx_memory_stats
-Context.set_release_threshold = _ctx_set_release_threshold
-Context.trim = _ctx_trim
-Buffer.pinned = classmethod(_buffer_pinned)
-Stream.wait_event = _stream_wait_event
 
 #: C entry point -> public Python function (checked by tests/test_bindings_complete.py).
 ENTRY_POINTS = {

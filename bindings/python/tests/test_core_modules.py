@@ -103,3 +103,19 @@ def test_output_array_with_torch_tensors():
     assert isinstance(s, torch.Tensor) and isinstance(d, torch.Tensor)
     torch.testing.assert_close(s, a + b, rtol=0, atol=0)
     torch.testing.assert_close(d, a - b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("cls, method, module", [
+    ("Context", "memory_stats", "fusekit._context"),
+    ("Context", "set_release_threshold", "fusekit._context"),
+    ("Context", "trim", "fusekit._context"),
+    ("Buffer", "pinned", "fusekit._buffer"),
+    ("Stream", "wait_event", "fusekit._stream"),
+    ("Event", "record", "fusekit._stream"),
+])
+def test_methods_are_defined_by_their_class(cls, method, module):
+    """Each class's module defines its methods (none attached from outside)."""
+    c = getattr(fk, cls)
+    assert method in c.__dict__, f"{cls}.{method} is not defined in the class body"
+    fn = getattr(c.__dict__[method], "__func__", c.__dict__[method])
+    assert fn.__module__ == module == c.__module__

@@ -1,6 +1,7 @@
 """The Python bindings cover the whole C ABI.
 
-Parses include/fusekit.h, lists every fk_ function, and fails when
+Parses include/fusekit.h (with scripts/gen_bindings.py's parser), lists every fk_
+function, and fails when
 bindings/python lacks a ctypes prototype for one of them (fusekit._lib.PROTOTYPES),
 or when an op entry point (everything but the fk_context_*/fk_stream_*/fk_buffer_*
 handle functions and the version/status/error/dtype/device helpers) lacks a public
@@ -8,13 +9,15 @@ Python wrapper (a callable in fusekit.__all__, found through fusekit.ENTRY_POINT
 or by the C name without its fk_ prefix). Needs neither the built library nor numpy's ops to run.
 """
 
-import re
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 HEADER = REPO / "include" / "fusekit.h"
 sys.path.insert(0, str(REPO / "bindings" / "python"))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from gen_bindings import CFunc, read_header  # noqa: E402  (the one header parser)
 
 # Functions that are not ops: handle management and library-level helpers.
 NON_OP_PREFIXES = ("fk_context_", "fk_stream_", "fk_buffer_")
@@ -29,15 +32,9 @@ NON_OP_NAMES = {
 }
 
 
-def header_functions() -> dict[str, str]:
+def header_functions() -> dict[str, CFunc]:
     """fk_ function name -> its declaration, from the header."""
-    text = HEADER.read_text()
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)  # doc comments
-    text = re.sub(r"//[^\n]*", "", text)
-    decls = {}
-    for m in re.finditer(r"([A-Za-z_][\w\s\*]*?)\b(fk_\w+)\s*\(([^;{]*?)\)\s*;", text):
-        decls[m.group(2)] = " ".join(m.group(0).split())
-    return decls
+    return read_header(HEADER).functions
 
 
 def _ctypes_arity(name):
@@ -46,11 +43,8 @@ def _ctypes_arity(name):
     return len(L.PROTOTYPES[name][1])
 
 
-def _header_arity(decl: str) -> int:
-    params = decl[decl.index("(") + 1 : decl.rindex(")")].strip()
-    if params in ("", "void"):
-        return 0
-    return params.count(",") + 1
+def _header_arity(decl: CFunc) -> int:
+    return len(decl.params)
 
 
 def test_header_parses_to_many_functions():
@@ -63,7 +57,10 @@ def test_every_function_has_a_ctypes_prototype():
     import fusekit._lib as L
 
     missing = sorted(set(header_functions()) - set(L.PROTOTYPES))
-    assert not missing, f"bindings/python/fusekit/_lib.py PROTOTYPES lacks: {missing}"
+    assert not missing, (
+        f"fusekit._lib.PROTOTYPES (from the generated _abi.py) lacks {missing}: "
+        "run python scripts/gen_bindings.py"
+    )
     stale = sorted(set(L.PROTOTYPES) - set(header_functions()))
     assert not stale, f"PROTOTYPES declares functions the header does not have: {stale}"
 

@@ -1,10 +1,14 @@
-"""Static check of the Julia bindings (bindings/julia/Fusekit.jl) against include/fusekit.h.
+"""Static check of the Julia bindings (bindings/julia) against include/fusekit.h.
 
+The module is `Fusekit.jl` (hand-written: the idiomatic layer) plus `abi_gen.jl`
+(generated from the header by scripts/gen_bindings.py: the FK_* constants, the C
+structs and one `ccall` wrapper per entry point), which `Fusekit.jl` includes.
 There is no Julia on the project's machines, so the module is checked, not run:
-this parses the C header (functions with their C return and parameter types,
-typedefs, by-value structs, #define constants) and every
-`ccall((:fk_xxx, libfusekit), RetType, (ArgTypes...,), args...)` in the Julia file,
-and fails when
+this reads the C header with the generator's parser (`gen_bindings.parse_header`:
+functions with their C return and parameter types, typedefs, by-value structs,
+#define constants), reads every
+`ccall((:fk_xxx, libfusekit), RetType, (ArgTypes...,), args...)` of the module
+(Fusekit.jl with abi_gen.jl put in place of its `include`), and fails when
 
 - a ccall names a symbol that is not in the header;
 - a ccall has the wrong number of argument types (or of argument values);
@@ -14,119 +18,40 @@ and fails when
   fk_scalar by value -> FkScalar, a Julia struct with two Float64 fields, ...);
 - a header function has no ccall in the module;
 - a header constant (FK_*) is missing from the module or has another value;
-- a by-value C struct has no matching immutable Julia struct.
+- a by-value C struct has no matching immutable Julia struct;
+- Fusekit.jl does not include abi_gen.jl, or copies by hand what it generates.
 
-Standard library only: `python -m pytest tests/test_julia_module.py`.
+The correspondence rules here are written independently of the generator's type
+mapping, so they check the generated file too. Standard library only:
+`python -m pytest tests/test_julia_module.py`.
 """
 
 from __future__ import annotations
 
 import pathlib
 import re
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 HEADER = ROOT / "include" / "fusekit.h"
 JULIA = ROOT / "bindings" / "julia" / "Fusekit.jl"
+JULIA_ABI = ROOT / "bindings" / "julia" / "abi_gen.jl"
+INCLUDE_LINE = 'include("abi_gen.jl")'
 
-# ----------------------------------------------------------------------------- C side
-
-
-@dataclass(frozen=True)
-class CType:
-    base: str  # type name without const and stars, e.g. "int64_t", "fk_context", "void"
-    ptr: int  # number of '*'
-
-    def __str__(self) -> str:
-        return self.base + " " + "*" * self.ptr if self.ptr else self.base
-
-    def pointee(self) -> "CType":
-        return CType(self.base, self.ptr - 1)
+sys.path.insert(0, str(ROOT / "scripts"))
+import gen_bindings  # noqa: E402  (the one header parser)
+from gen_bindings import CType, Header, parse_header  # noqa: E402
 
 
-@dataclass
-class CFunc:
-    name: str
-    ret: CType
-    params: list[CType]
-    param_names: list[str]
-
-
-@dataclass
-class Header:
-    functions: dict[str, CFunc] = field(default_factory=dict)
-    aliases: dict[str, str] = field(default_factory=dict)  # typedef int32_t fk_status
-    opaque: set[str] = field(default_factory=set)  # typedef struct fk_buffer fk_buffer
-    structs: dict[str, list[tuple[CType, str]]] = field(default_factory=dict)  # by-value structs
-    defines: dict[str, int] = field(default_factory=dict)
-
-    def resolve(self, t: CType) -> CType:
-        base = t.base
-        seen = set()
-        while base in self.aliases and base not in seen:
-            seen.add(base)
-            base = self.aliases[base]
-        return CType(base, t.ptr)
-
-
-def _strip_c_comments(text: str) -> str:
-    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
-    return re.sub(r"//[^\n]*", " ", text)
-
-
-def _parse_c_decl(decl: str, with_name: bool) -> tuple[CType, str]:
-    """`const fk_context *ctx` -> (CType('fk_context', 1), 'ctx')."""
-    ptr = decl.count("*")
-    words = [w for w in re.findall(r"[A-Za-z_]\w*", decl) if w not in ("const", "volatile", "struct")]
-    name = ""
-    if with_name and len(words) >= 2:
-        name = words.pop()
-    if not words:
-        raise ValueError(f"cannot parse C declaration {decl!r}")
-    return CType(" ".join(words), ptr), name
-
-
-def parse_header(text: str) -> Header:
-    h = Header()
-    for m in re.finditer(r"^\s*#\s*define\s+(FK_\w+)\s+(-?(?:0[xX][0-9a-fA-F]+|\d+))\s*$", text, flags=re.M):
-        h.defines[m.group(1)] = int(m.group(2), 0)
-    code = _strip_c_comments(text)
-    code = re.sub(r"^\s*#.*$", " ", code, flags=re.M)  # preprocessor lines
-    code = code.replace('extern "C" {', " ")
-
-    def struct_block(m: re.Match) -> str:
-        fields = []
-        for decl in m.group(1).split(";"):
-            if decl.strip():
-                fields.append(_parse_c_decl(decl, with_name=True))
-        h.structs[m.group(2)] = fields
-        return ";"
-
-    code = re.sub(r"typedef\s+struct\s*\w*\s*\{(.*?)\}\s*(\w+)\s*;", struct_block, code, flags=re.S)
-    for m in re.finditer(r"typedef\s+struct\s+(\w+)\s+(\w+)\s*;", code):
-        h.opaque.add(m.group(2))
-    code = re.sub(r"typedef\s+struct\s+\w+\s+\w+\s*;", ";", code)
-    for m in re.finditer(r"typedef\s+([\w\s]+?)\s+(\w+)\s*;", code):
-        h.aliases[m.group(2)] = " ".join(m.group(1).split())
-    code = re.sub(r"typedef[^;]*;", ";", code)
-    code = code.replace("{", " ").replace("}", " ")
-
-    for stmt in code.split(";"):
-        m = re.fullmatch(r"\s*(?P<ret>[A-Za-z_][\w\s\*]*?)\s*\b(?P<name>fk_\w+)\s*\((?P<params>[^()]*)\)\s*", stmt)
-        if not m:
-            continue
-        ret, _ = _parse_c_decl(m.group("ret"), with_name=False)
-        params, names = [], []
-        ptext = m.group("params").strip()
-        if ptext and ptext != "void":
-            for p in ptext.split(","):
-                t, n = _parse_c_decl(p, with_name=True)
-                params.append(t)
-                names.append(n)
-        h.functions[m.group("name")] = CFunc(m.group("name"), ret, params, names)
-    return h
+def module_text(fusekit_jl: str | None = None, abi_gen_jl: str | None = None) -> str:
+    """The whole module: Fusekit.jl with abi_gen.jl in place of its include line."""
+    fusekit_jl = JULIA.read_text() if fusekit_jl is None else fusekit_jl
+    abi_gen_jl = JULIA_ABI.read_text() if abi_gen_jl is None else abi_gen_jl
+    assert fusekit_jl.count(INCLUDE_LINE) == 1, f"Fusekit.jl must contain {INCLUDE_LINE} once"
+    return fusekit_jl.replace(INCLUDE_LINE, abi_gen_jl)
 
 
 # ----------------------------------------------------------------------------- Julia side
@@ -305,8 +230,28 @@ def find_ccalls(src: str) -> list[CCall]:
 
 
 def julia_constants(src: str) -> dict[str, str]:
-    code = strip_julia_comments_and_strings(src)
-    return {m.group(1): m.group(2).strip() for m in re.finditer(r"^\s*const\s+(FK_\w+)\s*=\s*([^\n#]+)$", code, flags=re.M)}
+    """FK_* constant -> the source text of its value (string literals kept,
+    comments dropped)."""
+    code = strip_julia_comments_and_strings(src)  # same length as src, offset for offset
+    out = {}
+    for m in re.finditer(r"^\s*const\s+(FK_\w+)\s*=\s*([^\n]+)$", code, flags=re.M):
+        value = code[m.start(2) : m.end(2)].rstrip()
+        out[m.group(1)] = src[m.start(2) : m.start(2) + len(value)]
+    return out
+
+
+def julia_literal(text: str) -> int | float | str | None:
+    """The value of a Julia integer, float or plain string literal (None otherwise)."""
+    t = text.strip()
+    if re.fullmatch(r'"[^"\\$]*"', t):
+        return t[1:-1]
+    try:
+        return int(t.replace("_", ""), 0)
+    except ValueError:
+        pass
+    if re.fullmatch(r"[-+]?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?", t):
+        return float(t)
+    return None
 
 
 def julia_structs(src: str) -> dict[str, tuple[bool, list[tuple[str, str]]]]:
@@ -443,17 +388,15 @@ def check_module(header_text: str, julia_text: str, filename: str = "Fusekit.jl"
         problems.append(f"{filename}: no ccall for header function {name}")
 
     consts = julia_constants(julia_text)
-    for name, value in sorted(h.defines.items()):
+    for name, c in h.constants.items():
         if name not in consts:
-            problems.append(f"{filename}: missing constant {name} = {value}")
+            problems.append(f"{filename}: missing constant {name} = {c.value!r}")
             continue
-        try:
-            jv = int(consts[name].replace("_", ""), 0)
-        except ValueError:
-            problems.append(f"{filename}: constant {name} = {consts[name]} is not an integer literal")
-            continue
-        if jv != value:
-            problems.append(f"{filename}: constant {name} = {jv} but fusekit.h has {value}")
+        jv = julia_literal(consts[name])
+        if jv is None:
+            problems.append(f"{filename}: constant {name} = {consts[name]} is not a number or string literal")
+        elif type(jv) is not type(c.value) or jv != c.value:
+            problems.append(f"{filename}: constant {name} = {consts[name]} but fusekit.h has {c.value!r}")
 
     jstructs = julia_structs(julia_text)
     for cname, fields in h.structs.items():
@@ -487,7 +430,8 @@ def header_text() -> str:
 
 @pytest.fixture(scope="module")
 def julia_text() -> str:
-    return JULIA.read_text()
+    """The whole module (Fusekit.jl with abi_gen.jl included)."""
+    return module_text()
 
 
 def test_header_parses(header_text):
@@ -501,9 +445,15 @@ def test_header_parses(header_text):
     assert h.functions["fk_abi_version"].params == []
     assert h.functions["fk_version_string"].ret == CType("char", 1)
     assert h.functions["fk_context_create"].params[3] == CType("fk_context", 2)
-    assert {"fk_context", "fk_stream", "fk_buffer"} <= h.opaque
+    assert {"fk_context", "fk_stream", "fk_buffer"} <= set(h.opaque)
     assert [(str(t), n) for t, n in h.structs["fk_scalar"]] == [("double", "re"), ("double", "im")]
-    assert h.defines["FK_ABI_VERSION"] == 1002 and h.defines["FK_ERROR_NOT_CONVERGED"] == 18
+    # the values as the header's own #define lines spell them
+    raw = dict(re.findall(r"^#define (FK_\w+) (.+)$", header_text, flags=re.M))
+    assert h.defines["FK_ABI_VERSION"] == int(raw["FK_ABI_VERSION"]) > 1000
+    assert h.defines["FK_ERROR_NOT_CONVERGED"] == int(raw["FK_ERROR_NOT_CONVERGED"])
+    assert h.constants["FK_VERSION"].value == raw["FK_VERSION"].strip('"')
+    assert h.constants["FK_GAUSSIAN_DEFAULT_EPS"].value == float(raw["FK_GAUSSIAN_DEFAULT_EPS"])
+    assert set(h.constants) == set(raw), "every FK_ #define is a constant"
 
 
 def test_julia_module_has_ccalls(julia_text):
@@ -523,10 +473,58 @@ def test_every_header_function_has_a_ccall(header_text, julia_text):
     assert missing == [], f"header functions without a ccall in Fusekit.jl: {missing}"
 
 
-def test_module_loads_library_from_env(julia_text):
-    assert re.search(r'const\s+libfusekit\s*=\s*get\(ENV,\s*"FUSEKIT_LIBRARY",\s*"libfusekit"\)', julia_text)
-    assert re.search(r"^module Fusekit\b", julia_text, flags=re.M)
-    assert re.search(r"struct\s+FusekitError\s*<:\s*Exception", julia_text)
+def test_module_loads_library_from_env():
+    src = JULIA.read_text()
+    assert re.search(r'const\s+libfusekit\s*=\s*get\(ENV,\s*"FUSEKIT_LIBRARY",\s*"libfusekit"\)', src)
+    assert re.search(r"^module Fusekit\b", src, flags=re.M)
+    assert re.search(r"struct\s+FusekitError\s*<:\s*Exception", src)
+
+
+def test_fusekit_jl_includes_the_generated_abi():
+    """Once, as code (not in a comment), inside the module, after `libfusekit`
+    (which the generated ccalls name)."""
+    code = strip_julia_comments_and_strings(JULIA.read_text())
+    # string literals are blanked: match the include call by its shape
+    hits = [m.start() for m in re.finditer(r"^include\(\s*\"\s*\"\s*\)\s*$", code, flags=re.M)]
+    assert len(hits) == 1, "Fusekit.jl must include abi_gen.jl exactly once, on a line of its own"
+    assert JULIA.read_text().count(INCLUDE_LINE) == 1
+    module_at = re.search(r"^module Fusekit\b", code, flags=re.M).start()
+    lib_at = re.search(r"^const\s+libfusekit\b", code, flags=re.M).start()
+    end_at = [m.start() for m in re.finditer(r"^end\b", code, flags=re.M)][-1]  # the module's `end`
+    assert module_at < lib_at < hits[0] < end_at
+
+
+def test_hand_written_part_copies_nothing_generated(header_text):
+    """Fusekit.jl keeps the idiomatic layer only: the constants, C structs and
+    ccalls of the header come from abi_gen.jl."""
+    h = parse_header(header_text)
+    src = JULIA.read_text()
+    code = strip_julia_comments_and_strings(src)
+    assert [c.symbol for c in find_ccalls(src) if c.symbol and c.symbol.startswith("fk_")] == []
+    assert julia_constants(src) == {}
+    defined = set(julia_structs(src)) | set(re.findall(r"^\s*struct\s+(\w+)\s+end\b", code, flags=re.M))
+    generated = {camel(n) for n in h.structs} | set(h.opaque)
+    assert defined & generated == set()
+    assert not re.search(r"^\s*(fk_\w+)\s*\([^)]*\)\s*=", code, flags=re.M), "raw wrappers belong in abi_gen.jl"
+
+
+def test_generated_julia_matches_a_changed_header(header_text):
+    """The generator's Julia for a header with new kinds of declarations passes the
+    checker (whose type rules are written apart from the generator's)."""
+    extra = header_text.replace(
+        "#ifdef __cplusplus\n}",
+        "fk_status fk_new_op(const fk_buffer *a, fk_scalar s, const int64_t *dims, uint8_t *bytes,\n"
+        "                    float f, size_t n, void *p, const void *const *pp, fk_memory_stats *st,\n"
+        "                    fk_event **ev, char *buf, const fk_stream *end);\n\n"
+        "const char *fk_new_name(int32_t which);\n\n#ifdef __cplusplus\n}",
+    ).replace("#define FK_MAX_DIMS 8", "#define FK_MAX_DIMS 8\n\n#define FK_NEW_FLAG (1 << 4)\n\n#define FK_NEW_NAME \"x\"")
+    assert extra.count("fk_new_op") == 1 and "FK_NEW_FLAG" in extra
+    generated = gen_bindings.render_julia(parse_header(extra))
+    assert "const FK_NEW_FLAG = 16" in generated and 'const FK_NEW_NAME = "x"' in generated
+    assert "fk_new_op(a, s, dims, bytes, f, n, p, pp, st, ev, buf, end_)" in generated  # `end` is a Julia keyword
+    assert check_module(extra, module_text(abi_gen_jl=generated)) == []
+    # and the checker does read the generated file: the current one lacks fk_new_op
+    _assert_reported(check_module(extra, module_text()), "no ccall for header function fk_new_op")
 
 
 # --- negative self-tests: the checker must report deliberately wrong bindings.
@@ -659,10 +657,14 @@ def test_checker_reports_wrong_constant_and_struct(header_text, julia_text):
 
 
 def test_checker_reports_removed_ccall(header_text, julia_text):
-    # drop the raw wrapper of fk_sigmoid: the checker must notice
-    bad = re.sub(r"^fk_sigmoid\(.*$", "", julia_text, flags=re.M)
+    # drop the raw wrapper of fk_sigmoid (with any continuation lines): the checker must notice
+    bad = re.sub(r"^fk_sigmoid\(.*\n(?:[ \t]+.*\n)*", "", julia_text, flags=re.M)
     assert bad != julia_text
     _assert_reported(check_module(header_text, bad), "no ccall for header function fk_sigmoid")
+    # a multi-line wrapper too
+    bad = re.sub(r"^fk_leapfrog_backward\(.*\n(?:[ \t]+.*\n)*", "", julia_text, flags=re.M)
+    assert bad != julia_text
+    _assert_reported(check_module(header_text, bad), "no ccall for header function fk_leapfrog_backward")
 
 
 def test_checker_sees_new_header_functions(header_text, julia_text):

@@ -71,6 +71,12 @@ inline std::string last_error_message() {
     return s;
 }
 
+/// This thread's last error message as the library's own string
+/// (fk_last_error_message): no allocation, never NULL, valid until the next
+/// failing fusekit call on this thread. For noexcept paths (destructors, logging
+/// in a catch-all); last_error_message() is the owning form.
+inline const char* last_error_c_str() noexcept { return fk_last_error_message(); }
+
 /// Throws fusekit::Error with the last message when `status` is not FK_OK.
 inline void check(fk_status status) {
     if (status != FK_OK) throw Error(status, last_error_message());

@@ -323,6 +323,8 @@ int main(int argc, char** argv) {
             check(caught, "Context with an invalid kind throws FK_ERROR_INVALID_ARGUMENT");
             check(fusekit::last_error_message().find("fk_context_create") == 0,
                   "last_error_message() = " + fusekit::last_error_message());
+            check(fusekit::last_error_message() == fusekit::last_error_c_str(),
+                  "last_error_c_str() is the same message without a copy");
         }
 
         // ---- move semantics

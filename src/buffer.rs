@@ -15,6 +15,8 @@ use crate::error::{
     FK_ERROR_OUT_OF_MEMORY, FK_ERROR_SHAPE_MISMATCH, FK_ERROR_UNSUPPORTED, Result,
 };
 use crate::layout;
+use crate::ops::Addr;
+use crate::ops::addr::{ptr, raw};
 use crate::stream::Stream;
 
 /// Who owns the memory behind a buffer.
@@ -81,8 +83,11 @@ pub struct Buffer {
     pub shape: Vec<i64>,
     /// In elements.
     pub strides: Vec<i64>,
-    /// Address of the element at index (0, .., 0): host or device address.
-    pub data: usize,
+    /// Address of the element at index (0, .., 0): host or device memory, `None`
+    /// for a buffer without memory (empty). Vouched for where the buffer is made
+    /// (`ops::addr`'s contract: live for the storage's life, valid for every element
+    /// the shape and strides address).
+    pub data: Option<Addr>,
     /// Set for DLPack imports flagged read-only; such a buffer is never an output.
     pub read_only: bool,
     pub storage: Arc<Storage>,
@@ -95,7 +100,7 @@ impl Buffer {
         dtype: DType,
         shape: impl Into<Vec<i64>>,
         strides: Vec<i64>,
-        data: usize,
+        data: Option<Addr>,
         storage: Storage,
     ) -> Buffer {
         Buffer {
@@ -161,10 +166,15 @@ impl Buffer {
                 }
             }
         };
-        let data = match &storage {
-            Storage::Host { ptr, .. } => *ptr as usize,
-            Storage::Device { ptr, .. } => *ptr as usize,
-            _ => unreachable!(),
+        // SAFETY: a fresh allocation of `bytes` bytes of this context's device (host
+        // memory on a CPU context), owned by `storage`, which the buffer keeps alive;
+        // the contiguous `shape` addresses exactly those bytes.
+        let data = unsafe {
+            match &storage {
+                Storage::Host { ptr, .. } => Addr::from_ptr(*ptr),
+                Storage::Device { ptr, .. } => Addr::from_raw(*ptr),
+                _ => unreachable!(),
+            }
         };
         Ok(Buffer::new(ctx, dtype, shape, strides, data, storage))
     }
@@ -185,35 +195,42 @@ impl Buffer {
             ptr,
             bytes,
         };
-        Ok(Buffer::new(
-            ctx,
-            dtype,
-            shape,
-            strides,
-            ptr as usize,
-            storage,
-        ))
+        // SAFETY: a fresh pinned allocation of `bytes` bytes, owned by `storage`,
+        // which the buffer keeps alive; the contiguous `shape` addresses exactly them.
+        let data = unsafe { Addr::from_ptr(ptr) };
+        Ok(Buffer::new(ctx, dtype, shape, strides, data, storage))
     }
 
     /// Wraps caller memory without copying. `strides` (elements) default to contiguous.
-    pub fn wrap(
+    ///
+    /// # Safety
+    ///
+    /// `fk_buffer_wrap`'s contract: `data` is NULL (empty shapes only) or memory of
+    /// `ctx`'s device (host memory for a CPU context) that is valid for every element
+    /// `shape` and `strides` address and outlives the buffer and every plan made
+    /// from it. The checks here catch what can be caught (NULL, a shape that
+    /// wraps the address space, memory CUDA does not know), not a short allocation.
+    pub unsafe fn wrap(
         ctx: &Arc<Context>,
-        data: usize,
+        data: *mut std::ffi::c_void,
         dtype: DType,
         shape: &[i64],
         strides: Option<&[i64]>,
     ) -> Result<Buffer> {
         let strides = layout::validate(shape, strides, "shape/strides")?;
-        layout::check_addresses(shape, &strides, dtype.size(), data, "shape/strides")?;
+        let data_num = data as usize;
+        layout::check_addresses(shape, &strides, dtype.size(), data_num, "shape/strides")?;
         let n = layout::numel(shape);
         crate::ensure!(
-            data != 0 || n == 0,
+            !data.is_null() || n == 0,
             FK_ERROR_NULL_POINTER,
             "data is NULL but the shape {shape:?} has {n} elements"
         );
         if let (Some(d), true) = (&ctx.cuda, n > 0) {
-            d.check_pointer(data, "data")?;
+            d.check_pointer(data_num, "data")?;
         }
+        // SAFETY: the caller's contract above.
+        let data = unsafe { Addr::from_ptr(data) };
         Ok(Buffer::new(
             ctx,
             dtype,
@@ -268,8 +285,8 @@ impl Buffer {
     pub fn byte_range(&self) -> Option<(usize, usize)> {
         let (lo, hi) = layout::extent(&self.shape, &self.strides)?;
         let sz = self.dtype.size() as i64;
-        let lo = self.data as i64 + lo * sz;
-        let hi = self.data as i64 + (hi + 1) * sz;
+        let base = raw(self.data) as i64;
+        let (lo, hi) = (base + lo * sz, base + (hi + 1) * sz);
         Some((lo as usize, hi as usize))
     }
 
@@ -360,23 +377,24 @@ impl Buffer {
             return Ok(());
         }
         let data = self.data;
+        let dev = raw(data);
         match (&self.ctx.cuda, host) {
             // SAFETY (both): the caller guarantees the host memory holds `bytes`
             // bytes; ranges may not overlap in a well-formed call, `copy` tolerates
             // it anyway.
-            (None, HostMem::Src(src)) => unsafe { std::ptr::copy(src, data as *mut u8, bytes) },
-            (None, HostMem::Dst(dst)) => unsafe { std::ptr::copy(data as *const u8, dst, bytes) },
+            (None, HostMem::Src(src)) => unsafe { std::ptr::copy(src, ptr(data), bytes) },
+            (None, HostMem::Dst(dst)) => unsafe { std::ptr::copy(ptr(data), dst, bytes) },
             (Some(d), _) if self.is_pinned() => {
                 let (to, from) = match host {
-                    HostMem::Src(src) => (data as u64, src as u64),
-                    HostMem::Dst(dst) => (dst as u64, data as u64),
+                    HostMem::Src(src) => (dev, src as u64),
+                    HostMem::Dst(dst) => (dst as u64, dev),
                 };
                 d.memcpy_async(to, from, bytes, stream.raw)?;
                 if blocking {
                     stream.synchronize()?;
                 }
             }
-            (Some(d), _) => d.memcpy_host(host, data as u64, bytes, stream.raw, blocking)?,
+            (Some(d), _) => d.memcpy_host(host, dev, bytes, stream.raw, blocking)?,
         }
         Ok(())
     }
@@ -545,15 +563,15 @@ pub fn copy(dst: &Buffer, src: &Buffer, stream: Option<&Arc<Stream>>) -> Result<
             dst.data == src.data,
             crate::error::FK_ERROR_ALIASING,
             "dst and src overlap partially ({bytes} bytes at {:#x} and {:#x})",
-            dst.data,
-            src.data
+            raw(dst.data),
+            raw(src.data)
         );
         return Ok(()); // the same memory: nothing to do
     }
     let Some(stream) = stream else {
         // CPU to CPU: both are host memory of CPU contexts; ops ran synchronously.
         // SAFETY: both buffers hold `bytes` bytes and do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src.data as *const u8, dst.data as *mut u8, bytes) };
+        unsafe { std::ptr::copy_nonoverlapping(ptr::<u8>(src.data), ptr(dst.data), bytes) };
         return Ok(());
     };
     let sdev = stream.ctx.cuda_dev();
@@ -562,14 +580,14 @@ pub fn copy(dst: &Buffer, src: &Buffer, stream: Option<&Arc<Stream>>) -> Result<
             let (dd, sd) = (dst.ctx.cuda_dev(), src.ctx.cuda_dev());
             dd.ensure_peer(sd)?;
             dd.memcpy_peer_async(
-                dst.data as u64,
+                raw(dst.data),
                 sd,
-                src.data as u64,
+                raw(src.data),
                 bytes,
                 sdev,
                 stream.raw,
             )
         }
-        _ => sdev.memcpy_async(dst.data as u64, src.data as u64, bytes, stream.raw),
+        _ => sdev.memcpy_async(raw(dst.data), raw(src.data), bytes, stream.raw),
     }
 }

@@ -30,6 +30,7 @@ use crate::error::{
     FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH, FK_ERROR_UNSUPPORTED,
     FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
+use crate::ops::addr::{ptr, raw};
 use crate::stream::Stream;
 
 /// Size of an exported unique id (NCCL's `NCCL_UNIQUE_ID_BYTES`).
@@ -309,16 +310,16 @@ impl Comm {
 
     /// Refuses partial overlaps; `in_place` is the one overlap the collective allows
     /// (send at this byte offset inside recv, or the reverse).
-    fn check_overlap(send: &Buffer, recv: &Buffer, in_place: (usize, usize)) -> Result<()> {
-        if !send.overlaps(recv) || in_place == (send.data, recv.data) {
+    fn check_overlap(send: &Buffer, recv: &Buffer, in_place: (u64, u64)) -> Result<()> {
+        if !send.overlaps(recv) || in_place == (raw(send.data), raw(recv.data)) {
             return Ok(());
         }
         crate::bail!(
             FK_ERROR_ALIASING,
             "send and recv overlap ({:#x}, {} bytes and {:#x}, {} bytes) other than in the in-place layout this collective allows",
-            send.data,
+            raw(send.data),
             send.nbytes(),
-            recv.data,
+            raw(recv.data),
             recv.nbytes()
         )
     }
@@ -326,7 +327,7 @@ impl Comm {
     fn cpu_copy(send: &Buffer, recv: &Buffer) {
         if send.data != recv.data && recv.nbytes() > 0 {
             // SAFETY: sizes checked; overlaps other than identity were refused.
-            unsafe { std::ptr::copy(send.data as *const u8, recv.data as *mut u8, recv.nbytes()) };
+            unsafe { std::ptr::copy(ptr::<u8>(send.data), ptr(recv.data), recv.nbytes()) };
         }
     }
 
@@ -340,7 +341,7 @@ impl Comm {
         what: &str,
         send: &Buffer,
         recv: &Buffer,
-        in_place: (usize, usize),
+        in_place: (u64, u64),
         counted: &Buffer,
         stream: &Stream,
         call: impl FnOnce(
@@ -363,7 +364,7 @@ impl Comm {
         let dev = self.ctx.cuda_dev();
         dev.bind()?;
         let comm = self.raw as ncclComm_t;
-        let (s, r) = (send.data as *const c_void, recv.data as *mut c_void);
+        let (s, r) = (ptr::<c_void>(send.data).cast_const(), ptr::<c_void>(recv.data));
         n.check(call(n, s, r, count, ty, comm, stream.raw as _), what, comm)?;
         if dev.debug_sync && !in_group() {
             stream.synchronize()?;
@@ -389,7 +390,7 @@ impl Comm {
             recv.numel(),
             send.numel()
         );
-        let in_place = (recv.data, recv.data);
+        let in_place = (raw(recv.data), raw(recv.data));
         self.launch(
             "ncclAllReduce",
             send,
@@ -437,7 +438,7 @@ impl Comm {
             recv.numel(),
             send.numel()
         );
-        let in_place = (recv.data, recv.data);
+        let in_place = (raw(recv.data), raw(recv.data));
         self.launch(
             "ncclBroadcast",
             send,
@@ -462,8 +463,8 @@ impl Comm {
             send.numel(),
             n * send.numel()
         );
-        let slice = recv.data + self.rank as usize * send.nbytes();
-        let in_place = (slice, recv.data);
+        let slice = raw(recv.data) + (self.rank as usize * send.nbytes()) as u64;
+        let in_place = (slice, raw(recv.data));
         self.launch(
             "ncclAllGather",
             send,
@@ -495,8 +496,8 @@ impl Comm {
             recv.numel(),
             n * recv.numel()
         );
-        let slice = send.data + self.rank as usize * recv.nbytes();
-        let in_place = (send.data, slice);
+        let slice = raw(send.data) + (self.rank as usize * recv.nbytes()) as u64;
+        let in_place = (raw(send.data), slice);
         self.launch(
             "ncclReduceScatter",
             send,

@@ -16,6 +16,8 @@ use crate::error::{
     FK_ERROR_UNSUPPORTED, FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
 use crate::layout;
+use crate::ops::Addr;
+use crate::ops::addr::ptr;
 
 pub(crate) const DLPACK_MAJOR: u32 = 1;
 pub(crate) const DLPACK_MINOR: u32 = 1;
@@ -95,7 +97,9 @@ fn device_accepts(ctx: &Context, dev: DLDevice) -> bool {
 /// Imports `managed` into a buffer on `ctx`.
 ///
 /// # Safety
-/// `managed` must be NULL or point to a valid `DLManagedTensorVersioned`.
+/// `managed` must be NULL or point to a valid `DLManagedTensorVersioned` whose
+/// tensor's memory is on its stated device, valid for every element its shape and
+/// strides address, and live until its deleter runs (the DLPack contract).
 pub unsafe fn import(ctx: &Arc<Context>, managed: *mut DLManagedTensorVersioned) -> Result<Buffer> {
     crate::ensure!(
         !managed.is_null(),
@@ -154,14 +158,19 @@ pub unsafe fn import(ctx: &Arc<Context>, managed: *mut DLManagedTensorVersioned)
         Some(unsafe { std::slice::from_raw_parts(t.strides, nd) }.to_vec())
     };
     let strides = layout::validate(&shape, strides.as_deref(), "DLPack tensor")?;
-    let data = (t.data as usize).wrapping_add(t.byte_offset as usize);
-    layout::check_addresses(&shape, &strides, dtype.size(), data, "DLPack tensor")?;
+    let data_num = (t.data as usize).wrapping_add(t.byte_offset as usize);
+    layout::check_addresses(&shape, &strides, dtype.size(), data_num, "DLPack tensor")?;
     let n = layout::numel(&shape);
     crate::ensure!(
         !t.data.is_null() || n == 0,
         FK_ERROR_NULL_POINTER,
         "DLPack data is NULL with {n} elements"
     );
+    // SAFETY: the DLPack contract above: the tensor's memory (its data plus
+    // byte_offset) is valid for its shape and strides until the deleter runs, which
+    // `storage` (kept alive by the buffer) defers; a NULL data was refused above
+    // unless the tensor is empty.
+    let data = unsafe { Addr::from_raw(data_num as u64) };
     let storage = Storage::DLPack(Imported(managed));
     let mut b = Buffer::new(ctx, dtype, shape, strides, data, storage);
     b.read_only = m.flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0;
@@ -212,7 +221,7 @@ pub fn export(buf: &Buffer) -> *mut DLManagedTensorVersioned {
         },
     };
     let tensor = DLTensor {
-        data: buf.data as *mut c_void,
+        data: ptr(buf.data),
         device,
         ndim: buf.shape.len() as i32,
         dtype: DLDataType { code, bits, lanes },

@@ -401,7 +401,10 @@ pub unsafe extern "C" fn fk_buffer_wrap(
         } else {
             Some(unsafe { slice_in(strides, nd, "strides") }?)
         };
-        let b = Buffer::wrap(c, data as usize, d, shape, strides)?;
+        // SAFETY: this entry point's contract (the doc comment above): `data` is
+        // memory of the context's device valid for the shape and strides, outliving
+        // the handle.
+        let b = unsafe { Buffer::wrap(c, data, d, shape, strides) }?;
         unsafe { write_out(out, "out", new_buffer(b)) }
     })
 }
@@ -592,7 +595,7 @@ unsafe fn write_array(out: *mut i64, v: &[i64]) -> crate::error::Result<()> {
 /// `FK_ERROR_NULL_POINTER`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_buffer_data(buf: *const fk_buffer, out: *mut *mut c_void) -> fk_status {
-    unsafe { buffer_query("fk_buffer_data", buf, out, |b| b.data as *mut c_void) }
+    unsafe { buffer_query("fk_buffer_data", buf, out, |b| crate::ops::addr::ptr(b.data)) }
 }
 
 /// The buffer's device (`kind`, `ordinal`; either may be NULL): the context's

@@ -66,17 +66,16 @@ pub(crate) fn for_each_offset<F: Fn(i64, i64, i64) + Sync>(p: &Plan, f: F) {
 ///
 /// # Safety
 ///
-/// `base + off * size_of::<T>()` is a host address inside a buffer that `ops`
-/// validated as holding a `T` there, valid for reads during the call. (Outputs
+/// Element `off` from `base` (`base + off * size_of::<T>()` bytes) is a host
+/// address inside the buffer `base` was vouched for, which `ops` validated as
+/// holding a `T` there, valid for reads during the call. (Outputs
 /// may alias inputs exactly, so elements are read and written through raw
 /// pointers, never through slices, which would assert exclusivity.)
 #[inline(always)]
 unsafe fn load<T: Copy>(base: Addr, off: i64) -> T {
     // SAFETY: the caller's contract.
     unsafe {
-        std::ptr::read_unaligned(
-            (base.as_usize() as isize + off as isize * size_of::<T>() as isize) as *const T,
-        )
+        std::ptr::read_unaligned(base.ptr::<T>().offset(off as isize))
     }
 }
 
@@ -90,10 +89,7 @@ unsafe fn load<T: Copy>(base: Addr, off: i64) -> T {
 unsafe fn store<T: Copy>(base: Addr, off: i64, v: T) {
     // SAFETY: the caller's contract.
     unsafe {
-        std::ptr::write_unaligned(
-            (base.as_usize() as isize + off as isize * size_of::<T>() as isize) as *mut T,
-            v,
-        )
+        std::ptr::write_unaligned(base.ptr::<T>().offset(off as isize), v)
     }
 }
 

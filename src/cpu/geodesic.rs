@@ -25,7 +25,7 @@
 
 use rayon::prelude::*;
 
-use crate::cpu::{Real, host_slice, host_slice_mut};
+use crate::cpu::{Real, element, host_slice, host_slice_mut};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::Addr;
@@ -42,11 +42,6 @@ unsafe fn load<T: Real>(base: Option<Addr>, off: usize, n: usize) -> Vec<f64> {
     // SAFETY: the caller's contract.
     unsafe { load_into::<T>(base, off, &mut v) };
     v
-}
-
-/// The address of element `off` of the operand at `base`.
-fn element<T>(base: Option<Addr>, off: usize) -> Option<Addr> {
-    base.map(|a| a.byte_add((off * size_of::<T>()) as u64))
 }
 
 /// `load` into `out` (`out.len()` elements).

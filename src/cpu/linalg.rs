@@ -6,22 +6,38 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use super::{Complex, host_slice, host_slice_mut};
+use super::{Complex, element, host_slice, host_slice_mut};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::Addr;
-use crate::ops::addr::{ptr, raw};
+use crate::ops::addr::ptr;
 use crate::ops::linalg::{
     Activation, GELU_TANH_A, GELU_TANH_C, GemmPlan, KronPlan, LinearBwdPlan, LinearPlan, Mat, Trans,
 };
 
-/// A matrix view for the kernels: base address and (row, column) strides in
-/// elements of an `rows x cols` matrix.
+/// A matrix view for the kernels: the address of its first element (`None`: a
+/// matrix without elements) and (row, column) strides in elements.
 #[derive(Clone, Copy)]
 struct View {
-    ptr: usize,
+    at: Option<Addr>,
     rs: isize,
     cs: isize,
+}
+
+impl View {
+    /// The view of the sub-matrix from row `i`, column `j` on (elements of `T`).
+    ///
+    /// # Safety
+    ///
+    /// Element `(i, j)` lies inside the matrix the view was made for.
+    unsafe fn corner<T>(self, i: usize, j: usize) -> View {
+        let off = (i as isize * self.rs + j as isize * self.cs) * size_of::<T>() as isize;
+        View {
+            // SAFETY: the caller's contract: the corner is inside the same memory.
+            at: self.at.map(|a| unsafe { a.offset(off as i64) }),
+            ..self
+        }
+    }
 }
 
 /// One tile's product `C = alpha A B + beta C`, `A` `m x k`, `B` `k x n`.
@@ -58,14 +74,14 @@ macro_rules! real_mm {
                         t.k,
                         t.n,
                         t.alpha,
-                        t.a.ptr as *const $r,
+                        ptr::<$r>(t.a.at),
                         t.a.rs,
                         t.a.cs,
-                        t.b.ptr as *const $r,
+                        ptr::<$r>(t.b.at),
                         t.b.rs,
                         t.b.cs,
                         t.beta,
-                        t.c.ptr as *mut $r,
+                        ptr::<$r>(t.c.at),
                         t.c.rs,
                         t.c.cs,
                     )
@@ -98,14 +114,14 @@ macro_rules! complex_mm {
                         t.k,
                         t.n,
                         [t.alpha.re, t.alpha.im],
-                        t.a.ptr as *const [$r; 2],
+                        ptr::<[$r; 2]>(t.a.at),
                         t.a.rs,
                         t.a.cs,
-                        t.b.ptr as *const [$r; 2],
+                        ptr::<[$r; 2]>(t.b.at),
                         t.b.rs,
                         t.b.cs,
                         [t.beta.re, t.beta.im],
-                        t.c.ptr as *mut [$r; 2],
+                        ptr::<[$r; 2]>(t.c.at),
                         t.c.rs,
                         t.c.cs,
                     )
@@ -166,18 +182,15 @@ fn par_gemm<T: Mm>(
             return;
         }
         let (a, b, c) = (a_at(bi), b_at(bi), c_at(bi));
-        let sz = size_of::<T>() as isize;
-        let a = View {
-            ptr: (a.ptr as isize + i0 as isize * a.rs * sz) as usize,
-            ..a
-        };
-        let b = View {
-            ptr: (b.ptr as isize + j0 as isize * b.cs * sz) as usize,
-            ..b
-        };
-        let c = View {
-            ptr: (c.ptr as isize + (i0 as isize * c.rs + j0 as isize * c.cs) * sz) as usize,
-            ..c
+        // SAFETY: i0 < m and j0 < n: row i0 of op(A) (m x k), column j0 of op(B)
+        // (k x n) and element (i0, j0) of C (m x n) lie inside their matrices (with
+        // k = 0, A and B have no elements and keep their first address).
+        let (a, b, c) = unsafe {
+            (
+                if k == 0 { a } else { a.corner::<T>(i0, 0) },
+                if k == 0 { b } else { b.corner::<T>(0, j0) },
+                c.corner::<T>(i0, j0),
+            )
         };
         // SAFETY: the tile lies inside the operands; C tiles are disjoint.
         unsafe {
@@ -200,21 +213,33 @@ fn par_gemm<T: Mm>(
     }
 }
 
-/// The view of `op(X)` for a stored row-major matrix at `ptr` with row stride `ld`.
-fn op_view(ptr: usize, ld: i64, op: Trans) -> View {
+/// The view of `op(X)` for a stored row-major matrix at `at` with row stride `ld`.
+fn op_view(at: Option<Addr>, ld: i64, op: Trans) -> View {
     if op.transposed() {
         View {
-            ptr,
+            at,
             rs: 1,
             cs: ld as isize,
         }
     } else {
         View {
-            ptr,
+            at,
             rs: ld as isize,
             cs: 1,
         }
     }
+}
+
+/// The address of this backend's host scratch `v`.
+///
+/// # Safety
+///
+/// The caller keeps `v` alive and unmoved (no push, no reallocation) while the
+/// address is used, and uses it only inside `v`; `v` is a pointer from `as_ptr`
+/// or, for memory that will be written, `as_mut_ptr`.
+unsafe fn scratch<T>(v: *const T) -> Option<Addr> {
+    // SAFETY: the caller's contract.
+    unsafe { Addr::from_ptr(v) }
 }
 
 /// A conjugated contiguous copy of every distinct matrix of `x` (row-major, `ld =
@@ -224,17 +249,20 @@ fn conj_copy<T: Mm>(x: &Mat, batch: i64) -> (Vec<T>, Mat) {
     let (r, c) = (x.rows as usize, x.cols as usize);
     let mut v = vec![T::ZERO; nb as usize * r * c];
     super::for_chunks_mut(&mut v, (r * c).max(1), |bi, dst| {
-        let base = ptr(x.at(bi as i64, size_of::<T>()));
+        // SAFETY: bi < nb, a matrix of the validated operand.
+        let base = ptr::<T>(unsafe { x.at(bi as i64, size_of::<T>()) });
         for i in 0..r {
             for j in 0..c {
                 // SAFETY: (i, j) lies inside matrix bi of the validated operand.
-                let e = unsafe { *((base as *const T).add(i * x.ld as usize + j)) };
+                let e = unsafe { *base.add(i * x.ld as usize + j) };
                 dst[i * c + j] = e.conj();
             }
         }
     });
     let m = Mat {
-        addr: Addr::from_usize(v.as_ptr() as usize),
+        // SAFETY: `v` goes back with the matrix; the caller keeps it while the
+        // matrix is read (moving a Vec keeps its heap memory in place).
+        addr: unsafe { scratch(v.as_ptr()) },
         rows: x.rows,
         cols: x.cols,
         ld: x.cols.max(1),
@@ -258,9 +286,11 @@ fn gemm_t<T: Mm>(p: &GemmPlan) {
         (None, p.b)
     };
     let es = size_of::<T>();
-    let a_at = |i: usize| op_view(ptr(a.at(i as i64, es)), a.ld, p.op_a);
-    let b_at = |i: usize| op_view(ptr(b.at(i as i64, es)), b.ld, p.op_b);
-    let c_at = |i: usize| op_view(ptr(p.c.at(i as i64, es)), p.c.ld, Trans::N);
+    // SAFETY (three): par_gemm asks for matrices i < batch, of the plan's operands
+    // (or of the conjugated copies, which live until the end of this function).
+    let a_at = |i: usize| op_view(unsafe { a.at(i as i64, es) }, a.ld, p.op_a);
+    let b_at = |i: usize| op_view(unsafe { b.at(i as i64, es) }, b.ld, p.op_b);
+    let c_at = |i: usize| op_view(unsafe { p.c.at(i as i64, es) }, p.c.ld, Trans::N);
     par_gemm::<T>(
         p.batch as usize,
         p.m as usize,
@@ -311,10 +341,11 @@ fn widen<H: Half>(x: &Mat, count: i64) -> Vec<f32> {
     let mut v = vec![0f32; count as usize * r * c];
     super::for_chunks_mut(&mut v, c.max(1), |row, dst| {
         let (bi, i) = (row / r.max(1), row % r.max(1));
-        let base = ptr(x.at(bi as i64, 2)) + i * x.ld as usize * 2;
+        // SAFETY: bi < count, a matrix of the validated operand.
+        let base = ptr::<H>(unsafe { x.at(bi as i64, 2) });
         for (j, d) in dst.iter_mut().enumerate() {
-            // SAFETY: inside the validated operand.
-            *d = unsafe { *((base as *const H).add(j)) }.to_f32();
+            // SAFETY: (i, j) lies inside matrix bi of the validated operand.
+            *d = unsafe { *base.add(i * x.ld as usize + j) }.to_f32();
         }
     });
     v
@@ -336,20 +367,26 @@ fn gemm_half<H: Half>(p: &GemmPlan) {
         (p.a.rows * p.a.cols) as usize,
         (p.b.rows * p.b.cols) as usize,
     );
-    let (ap, bp, cp) = (
-        a32.as_ptr() as usize,
-        b32.as_ptr() as usize,
-        c32.as_mut_ptr() as usize,
-    );
+    // SAFETY: the f32 copies live unmoved until the end of this function.
+    let (ap, bp, cp) = unsafe {
+        (
+            scratch(a32.as_ptr()),
+            scratch(b32.as_ptr()),
+            scratch(c32.as_mut_ptr().cast_const()),
+        )
+    };
+    // SAFETY (three): matrix i < batch (or the one broadcast matrix) of the copies.
     let a_at = |i: usize| {
         let i = if ca == 1 { 0 } else { i };
-        op_view(ap + i * asz * 4, p.a.cols.max(1), p.op_a)
+        op_view(unsafe { element::<f32>(ap, i * asz) }, p.a.cols.max(1), p.op_a)
     };
     let b_at = |i: usize| {
         let i = if cb == 1 { 0 } else { i };
-        op_view(bp + i * bsz * 4, p.b.cols.max(1), p.op_b)
+        op_view(unsafe { element::<f32>(bp, i * bsz) }, p.b.cols.max(1), p.op_b)
     };
-    let c_at = |i: usize| op_view(cp + i * m * n * 4, n.max(1) as i64, Trans::N);
+    let c_at = |i: usize| {
+        op_view(unsafe { element::<f32>(cp, i * m * n) }, n.max(1) as i64, Trans::N)
+    };
     par_gemm::<f32>(
         p.batch as usize,
         m,
@@ -364,10 +401,11 @@ fn gemm_half<H: Half>(p: &GemmPlan) {
     // round back into C (with its own strides)
     super::for_chunks_mut(&mut c32, n.max(1), |row, src| {
         let (bi, i) = (row / m.max(1), row % m.max(1));
-        let base = ptr(p.c.at(bi as i64, 2)) + i * p.c.ld as usize * 2;
+        // SAFETY: bi < batch, a matrix of the validated output.
+        let base = ptr::<H>(unsafe { p.c.at(bi as i64, 2) });
         for (j, s) in src.iter().enumerate() {
-            // SAFETY: inside the validated output.
-            unsafe { *((base as *mut H).add(j)) = H::from_f32(*s) };
+            // SAFETY: (i, j) lies inside matrix bi of the validated output.
+            unsafe { *base.add(i * p.c.ld as usize + j) = H::from_f32(*s) };
         }
     });
 }
@@ -495,11 +533,15 @@ fn mm_f32(
     bcs: isize,
 ) -> Vec<f32> {
     let mut c = vec![0f32; m * n];
-    let (ap, bp, cp) = (
-        a.as_ptr() as usize,
-        b.as_ptr() as usize,
-        c.as_mut_ptr() as usize,
-    );
+    // SAFETY: the slices and `c` live unmoved until par_gemm returns; the views
+    // address their elements only.
+    let (ap, bp, cp) = unsafe {
+        (
+            scratch(a.as_ptr()),
+            scratch(b.as_ptr()),
+            scratch(c.as_mut_ptr().cast_const()),
+        )
+    };
     par_gemm::<f32>(
         1,
         m,
@@ -507,18 +549,18 @@ fn mm_f32(
         k,
         1.0,
         &|_| View {
-            ptr: ap,
+            at: ap,
             rs: ars,
             cs: acs,
         },
         &|_| View {
-            ptr: bp,
+            at: bp,
             rs: brs,
             cs: bcs,
         },
         0.0,
         &|_| View {
-            ptr: cp,
+            at: cp,
             rs: n.max(1) as isize,
             cs: 1,
         },
@@ -629,19 +671,17 @@ fn kron_t<T: super::Elem>(p: &KronPlan) {
     // SAFETY: `ops::linalg` validated out: rows x cols contiguous elements of T in
     // host memory, overlapping neither input; the only reference while written.
     let out = unsafe { host_slice_mut::<T>(p.out, rows * cols) };
-    let (a, b) = (raw(p.a) as i64, raw(p.b) as i64);
     out.par_chunks_mut(cols).enumerate().for_each(|(row, dst)| {
         let row = row as i64;
         let (bi, r) = (row / (m * pp), row % (m * pp));
         let (i, s) = (r / pp, r % pp);
-        let a_row = a + (bi * p.sa[0] + i * p.sa[1]) * size_of::<T>() as i64;
-        let b_row = b + (bi * p.sb[0] + s * p.sb[1]) * size_of::<T>() as i64;
+        // SAFETY: out has elements, so a and b do: (bi, i, j) and (bi, s, t) index
+        // elements of the validated operands (element strides sa, sb).
+        let at = |x: Option<Addr>, e: i64| unsafe { *ptr::<T>(x).offset(e as isize) }.to_c();
         for j in 0..n {
-            // SAFETY: indices inside the validated operands.
-            let av = unsafe { *((a_row + j * p.sa[2] * size_of::<T>() as i64) as *const T) }.to_c();
+            let av = at(p.a, bi * p.sa[0] + i * p.sa[1] + j * p.sa[2]);
             for t in 0..q {
-                let bv =
-                    unsafe { *((b_row + t * p.sb[2] * size_of::<T>() as i64) as *const T) }.to_c();
+                let bv = at(p.b, bi * p.sb[0] + s * p.sb[1] + t * p.sb[2]);
                 dst[(j * q + t) as usize] = T::from_c(super::Math::mul(av, bv));
             }
         }

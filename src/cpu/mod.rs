@@ -64,7 +64,7 @@ pub unsafe fn host_slice<'a, T>(addr: Option<Addr>, len: usize) -> &'a [T] {
     }
     let a = addr.unwrap_or_else(|| panic!("host_slice: absent address for {len} elements"));
     // SAFETY: the caller's contract above (non-null: an `Addr` is never 0).
-    unsafe { std::slice::from_raw_parts(a.as_usize() as *const T, len) }
+    unsafe { std::slice::from_raw_parts(a.ptr::<T>().cast_const(), len) }
 }
 
 /// The `len` elements of `T` at the host address `addr`, writable (an op output).
@@ -81,7 +81,19 @@ pub unsafe fn host_slice_mut<'a, T>(addr: Option<Addr>, len: usize) -> &'a mut [
     }
     let a = addr.unwrap_or_else(|| panic!("host_slice_mut: absent address for {len} elements"));
     // SAFETY: the caller's contract above (non-null: an `Addr` is never 0).
-    unsafe { std::slice::from_raw_parts_mut(a.as_usize() as *mut T, len) }
+    unsafe { std::slice::from_raw_parts_mut(a.ptr::<T>(), len) }
+}
+
+/// The address of element `i` of the `T`s at `a` (`None` stays `None`): the one
+/// way the CPU backend offsets an address.
+///
+/// # Safety
+///
+/// Element `i` lies inside (or one past the end of) the memory `a` was vouched
+/// for (`ops::addr`): an element of the same operand or scratch.
+pub(crate) unsafe fn element<T>(a: Option<Addr>, i: usize) -> Option<Addr> {
+    // SAFETY: the caller's contract is `byte_add`'s.
+    a.map(|a| unsafe { a.byte_add((i * size_of::<T>()) as u64) })
 }
 
 /// A complex number with the same arithmetic as `kernels/common.cuh`.

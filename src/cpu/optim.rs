@@ -7,7 +7,7 @@
 use nalgebra::{DMatrix, SymmetricEigen};
 use rayon::prelude::*;
 
-use super::{Real, host_slice, host_slice_mut};
+use super::{Real, element, host_slice, host_slice_mut};
 use crate::error::Result;
 use crate::ops::Addr;
 use crate::ops::linalg::{GemmPlan, Trans};
@@ -19,11 +19,6 @@ use crate::ops::optim::{Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan,
 // samples, [batch] norms, outputs disjoint from the inputs) or host scratch of
 // `Ops::scratch` of the plan's size, at offsets inside them, each read or written
 // only within the op call; a matrix or output is written by one thread at a time.
-
-/// The address of element `i` of the `T`s at `a` (inside the same operand).
-fn elem<T>(a: Option<Addr>, i: usize) -> Option<Addr> {
-    a.map(|a| a.byte_add((i * size_of::<T>()) as u64))
-}
 
 /// Reads `n` elements of `T` at the host address `addr` as f64.
 ///
@@ -82,8 +77,10 @@ impl crate::ops::optim::MatOps for Ops {
         })?;
         v.resize(bytes.div_ceil(8), 0);
         let mut v = v.into_boxed_slice();
-        // a box's pointer is never null (dangling, not 0, when empty)
-        let addr = Addr::from_usize(v.as_mut_ptr() as usize).expect("non-null box");
+        // SAFETY: the box's own memory (bytes, rounded up), which the Scratch owns
+        // (its drop frees it) and which does not move; a box's pointer is never
+        // null (dangling, not 0, when empty).
+        let addr = unsafe { Addr::from_ptr(v.as_mut_ptr()) }.expect("non-null box");
         Ok(Scratch::new(addr, Box::new(move || drop(v))))
     }
 
@@ -222,7 +219,7 @@ fn eigh_power_t<T: Real>(plan: &PowPlan) -> Vec<(bool, f64)> {
         .into_par_iter()
         .map(|b| {
             // SAFETY: see the top of the module.
-            let a = unsafe { load::<T>(elem::<T>(plan.a, b * nn), nn) };
+            let a = unsafe { load::<T>(element::<T>(plan.a, b * nn), nn) };
             let sym = DMatrix::<f64>::from_fn(n, n, |i, j| {
                 let (r, c) = (i.min(j), i.max(j));
                 a[r * n + c] + if i == j { plan.eps } else { 0.0 }
@@ -248,7 +245,7 @@ fn eigh_power_t<T: Real>(plan: &PowPlan) -> Vec<(bool, f64)> {
                 }
             };
             // SAFETY: see the top of the module.
-            unsafe { store::<T>(elem::<T>(plan.out, b * nn), &out.0) };
+            unsafe { store::<T>(element::<T>(plan.out, b * nn), &out.0) };
             (out.1, out.2)
         })
         .collect()
@@ -310,9 +307,9 @@ fn sq_norms_t<T: Real>(p: &SamplePlan) -> Vec<f64> {
         .into_par_iter()
         .map(|b| {
             // SAFETY: see the top of the module.
-            let a = unsafe { load::<T>(elem::<T>(p.a, b * t * i), t * i) };
+            let a = unsafe { load::<T>(element::<T>(p.a, b * t * i), t * i) };
             // SAFETY: see the top of the module.
-            let g = unsafe { load::<T>(elem::<T>(p.g, b * t * o), t * o) };
+            let g = unsafe { load::<T>(element::<T>(p.g, b * t * o), t * o) };
             let dot = |x: &[f64], r: usize, s: usize, w: usize| -> f64 {
                 x[r * w..(r + 1) * w]
                     .iter()
@@ -359,8 +356,9 @@ pub fn dp_clipped_sum(
             let s = clip_scale(sq[b], max_norm);
             gs.extend(chunk.iter().map(|&v| T::from_f64(v * s)));
         }
-        // a vec's pointer is never null (dangling, not 0, when empty)
-        let gs_addr = Addr::from_usize(gs.as_ptr() as usize).expect("non-null vec");
+        // SAFETY: gs's elements, alive and unmoved until the GEMM that reads them
+        // returns; a vec's pointer is never null (dangling, not 0, when empty).
+        let gs_addr = unsafe { Addr::from_ptr(gs.as_ptr()) }.expect("non-null vec");
         super::linalg::gemm(&p.sum_gemm(gs_addr, out))?;
         if let Some(nptr) = norms {
             // SAFETY: see the top of the module.

@@ -327,8 +327,15 @@ impl BlasCache {
 /// being captured) a stream-ordered allocation of this call, freed on the stream
 /// when dropped (inside a capture: a graph allocation and its free).
 pub struct CallScratch<'d> {
-    pub ptr: u64,
+    addr: Option<Addr>,
     _owned: Option<super::Workspace<'d>>,
+}
+
+impl CallScratch<'_> {
+    /// The scratch memory (at least the bytes asked for; `None` for none).
+    pub fn addr(&self) -> Option<Addr> {
+        self.addr
+    }
 }
 
 impl Slot {
@@ -413,7 +420,7 @@ impl Slot {
         if super::is_capturing(self.stream) {
             let ws = super::Workspace::new(dev, bytes.max(16), self.stream)?;
             return Ok(CallScratch {
-                ptr: ws.ptr,
+                addr: ws.addr(),
                 _owned: Some(ws),
             });
         }
@@ -429,7 +436,10 @@ impl Slot {
             self.scratch_bytes = want;
         }
         Ok(CallScratch {
-            ptr: self.scratch,
+            // SAFETY: the slot's cached allocation of `scratch_bytes` >= `bytes` of
+            // this device, freed only by a later call that grows it or by the
+            // slot's drop, both stream-ordered behind the work queued with it.
+            addr: unsafe { Addr::from_raw(self.scratch) },
             _owned: None,
         })
     }
@@ -537,7 +547,7 @@ pub fn gemm_ex(slot: &Slot, p: &GemmPlan) -> Result<()> {
     let beta = HostScalar::new(p.dtype, p.beta.re, p.beta.im);
     let t = bs_type(p.dtype);
     let h = slot.handle()?;
-    let [a, b, c] = [p.a, p.b, p.c].map(|m| ptr(m.addr) as *mut c_void);
+    let [a, b, c] = [p.a, p.b, p.c].map(|m| ptr::<c_void>(m.addr));
     // SAFETY: the plan was validated (every pointer and stride addresses the
     // operands), the handle is bound to the slot's stream, the scalars outlive the
     // call (host pointer mode reads them before returning).
@@ -618,11 +628,11 @@ fn lt_type(d: DType) -> lt::cudaDataType_t {
 }
 
 /// Largest power of two dividing `p`, at most 256.
-fn alignment(p: usize) -> i64 {
-    if p == 0 {
+fn alignment(p: *mut c_void) -> i64 {
+    if p.is_null() {
         256
     } else {
-        (1i64 << p.trailing_zeros().min(8)).min(256)
+        (1i64 << p.addr().trailing_zeros().min(8)).min(256)
     }
 }
 
@@ -688,7 +698,7 @@ unsafe fn set_pref<T>(
 pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
     use lt::cublasLtMatmulDescAttributes_t as A;
     use lt::cublasLtMatmulPreferenceAttributes_t as P;
-    let [a, b, d, bias, aux] = [c.a, c.b, c.d, c.bias, c.aux].map(ptr);
+    let [a, b, d, bias, aux] = [c.a, c.b, c.d, c.bias, c.aux].map(ptr::<c_void>);
     let key = AlgoKey(vec![
         c.dtype as i64,
         c.trans_a as i64,
@@ -741,12 +751,12 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
         set_desc(descs.op, A::CUBLASLT_MATMUL_DESC_TRANSB, &tb)?;
         let epi = c.epilogue as u32;
         set_desc(descs.op, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
-        if bias != 0 {
-            let p = bias as *const c_void;
+        if !bias.is_null() {
+            let p = bias.cast_const();
             set_desc(descs.op, A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p)?;
         }
-        if aux != 0 {
-            let p = aux as *const c_void;
+        if !aux.is_null() {
+            let p = aux.cast_const();
             set_desc(descs.op, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p)?;
             set_desc(descs.op, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &c.aux_ld)?;
         }
@@ -768,7 +778,7 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
                 )?;
                 let ws = WORKSPACE_BYTES as u64;
                 set_pref(descs.pref, P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws)?;
-                let al = |p: usize| alignment(p) as u32;
+                let al = |p: *mut c_void| alignment(p) as u32;
                 set_pref(
                     descs.pref,
                     P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,

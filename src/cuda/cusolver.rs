@@ -17,6 +17,7 @@ use cudarc::cusolver::sys as sv;
 
 use super::{CudaDevice, Workspace};
 use crate::dtype::DType;
+use crate::ops::addr::{ptr, raw};
 use crate::error::{
     Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result, lock,
 };
@@ -257,7 +258,7 @@ pub fn syev_batched(
     let info = Workspace::new(dev, (batch as usize * 4).max(16), stream)?;
     let es = dtype.size() as u64;
     let (ni, bi) = (n as i32, batch as i32);
-    let info_ptr = info.ptr as *mut i32;
+    let info_ptr = ptr::<i32>(info.addr());
     if n <= 32 {
         // SAFETY: q, w and info are device allocations of `batch` matrices, vectors
         // and ints; the handle is bound to `stream`.
@@ -279,7 +280,7 @@ pub fn syev_batched(
     let mut host = vec![0i32; batch as usize];
     dev.memcpy_dtoh(
         host.as_mut_ptr() as *mut u8,
-        info.ptr,
+        raw(info.addr()),
         batch as usize * 4,
         stream,
         true,
@@ -357,7 +358,7 @@ fn batched_ok(
             t,
             w as *mut c_void,
             t,
-            work.ptr as *mut c_void,
+            ptr::<c_void>(work.addr()),
             dbytes,
             hwork.as_mut_ptr() as *mut c_void,
             hbytes,
@@ -477,7 +478,7 @@ macro_rules! syev {
                         q as *mut $t,
                         n,
                         w as *mut $t,
-                        work.ptr as *mut $t,
+                        ptr::<$t>(work.addr()),
                         lwork,
                         info,
                         h.syevj,
@@ -522,7 +523,7 @@ macro_rules! syev {
                         q as *mut $t,
                         n,
                         w as *mut $t,
-                        work.ptr as *mut $t,
+                        ptr::<$t>(work.addr()),
                         lwork,
                         info,
                     )

@@ -318,8 +318,12 @@ pub fn backward(
             "the Gaussian backward needs a workspace for B = {b}, N = {n}"
         );
     };
-    let part_p = ws.align_up(WS_ALIGN as u64);
-    let part_g = part_p.byte_add(pp_elems as u64 * sz as u64);
+    // SAFETY: `ops::gaussian` checked that the workspace holds `workspace_bytes`:
+    // the alignment padding, then the per-point partials, then the per-Gaussian ones.
+    let (part_p, part_g) = unsafe {
+        let part_p = ws.align_up(WS_ALIGN as u64);
+        (part_p, part_p.byte_add(pp_elems as u64 * sz as u64))
+    };
     let scale = if field { field_scale() } else { 1.0 };
     let mut a = BwdArgs {
         points: raw(inp.points),

@@ -26,6 +26,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{result, sys};
 
 use crate::buffer::HostMem;
+use crate::ops::Addr;
+use crate::ops::addr::raw;
 use crate::error::{
     CudaContext as _, Error, FK_ERROR_CUDA_UNAVAILABLE, FK_ERROR_DEVICE_MISMATCH,
     FK_ERROR_INVALID_ARGUMENT, Result, lock,
@@ -77,22 +79,29 @@ struct Module {
 pub(crate) struct Workspace<'a> {
     dev: &'a CudaDevice,
     stream: usize,
-    pub ptr: u64,
+    addr: Option<Addr>,
 }
 
 impl<'a> Workspace<'a> {
     pub fn new(dev: &'a CudaDevice, bytes: usize, stream: usize) -> Result<Workspace<'a>> {
-        Ok(Workspace {
-            dev,
-            stream,
-            ptr: dev.alloc_async(bytes, stream)?,
-        })
+        let ptr = dev.alloc_async(bytes, stream)?;
+        // SAFETY: a fresh allocation of `bytes` bytes of this device (0, no memory,
+        // when `bytes` is 0), freed only when this workspace drops, stream-ordered
+        // behind the work queued on `stream` that uses it.
+        let addr = unsafe { Addr::from_raw(ptr) };
+        Ok(Workspace { dev, stream, addr })
+    }
+
+    /// The workspace's memory (`None` for 0 bytes), valid for its `bytes` while the
+    /// workspace lives and for work queued on its stream before it drops.
+    pub fn addr(&self) -> Option<Addr> {
+        self.addr
     }
 }
 
 impl Drop for Workspace<'_> {
     fn drop(&mut self) {
-        self.dev.free_async(self.ptr, self.stream);
+        self.dev.free_async(raw(self.addr), self.stream);
     }
 }
 

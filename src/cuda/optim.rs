@@ -141,7 +141,7 @@ impl<'a> Ops<'a> {
     fn alloc(&self, bytes: usize) -> Result<Scratch<'a>> {
         let ws = Workspace::new(self.dev, bytes.max(16), self.stream)?;
         // a successful allocation (of at least 16 bytes) is never at 0
-        let addr = Addr::from_raw(ws.ptr).ok_or_else(|| {
+        let addr = ws.addr().ok_or_else(|| {
             crate::error::Error::new(
                 crate::error::FK_ERROR_INTERNAL,
                 "the workspace allocation returned 0",
@@ -418,7 +418,7 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
 fn mirror(
     dev: &CudaDevice,
     dtype: DType,
-    c: usize,
+    c: Addr,
     n: i64,
     batch: i64,
     stream: usize,
@@ -439,7 +439,7 @@ fn mirror(
         n,
         batch,
         tiles,
-        m: c as u64,
+        m: c.get(),
     };
     let gx = (tiles * (tiles + 1) / 2) as u32;
     run(
@@ -471,9 +471,8 @@ fn rank_k(
     let tf32 = p.allow_tf32 && dtype == DType::F32;
     if p.batch > 1 || tf32 {
         cublas::gemm_ex(slot, &p.gemm(op, c, tf32))?;
-        return mirror(dev, dtype, c.as_usize(), k, p.batch, stream);
+        return mirror(dev, dtype, c, k, p.batch, stream);
     }
-    let c = c.as_usize();
     // Row-major C = G G^T (G [m, n]) is column-major C = Gc^T Gc with Gc = G^T
     // ([n, m], ld n): SYRK with trans = T, k = n. Row-major G^T G is column-major
     // Gc Gc^T: trans = N, k = m. FILL_MODE_LOWER (column-major) is the row-major
@@ -486,7 +485,7 @@ fn rank_k(
     let lower = bs::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER;
     let inner = if op == Trans::N { p.n } else { p.m };
     let (ni, ki, ld) = (k as i32, inner as i32, p.n.max(1) as i32);
-    let (x, alpha, beta) = (ptr(p.grad), p.alpha, p.beta);
+    let (alpha, beta) = (p.alpha, p.beta);
     let h = slot.handle()?;
     // SAFETY: validated contiguous operands; the handle is bound to the stream;
     // host scalars outlive the call.
@@ -500,10 +499,10 @@ fn rank_k(
                 ni,
                 ki,
                 &al,
-                x as *const f32,
+                ptr::<f32>(p.grad),
                 ld,
                 &be,
-                c as *mut f32,
+                c.ptr::<f32>(),
                 ni.max(1),
             )
         } else {
@@ -514,10 +513,10 @@ fn rank_k(
                 ni,
                 ki,
                 &alpha,
-                x as *const f64,
+                ptr::<f64>(p.grad),
                 ld,
                 &beta,
-                c as *mut f64,
+                c.ptr::<f64>(),
                 ni.max(1),
             )
         }
@@ -620,7 +619,7 @@ fn fused_norms(
     // both with 16-byte loads, where the rows allow them; else the scalar block kernel
     let es = p.dtype.size() as i64;
     let w = 16 / es;
-    let aligned = [ptr(p.a), ptr(p.g), ptr(gs)].iter().all(|&x| x % 16 == 0)
+    let aligned = [raw(p.a), raw(p.g), raw(gs)].iter().all(|&x| x % 16 == 0)
         && p.din % w == 0
         && p.dout % w == 0;
     let sms = dev.sm_count.max(1) as i64;
@@ -736,7 +735,8 @@ pub fn dp_clipped_sum(
     if p.steps == 1 {
         fused_norms(dev, p, norms, Some(gs), max_norm, stream.raw)?;
     } else {
-        let nptr = norms.unwrap_or(gs.byte_add(gs_bytes as u64));
+        // SAFETY: the scratch holds gs_bytes, then sq_bytes for the norms.
+        let nptr = norms.unwrap_or(unsafe { gs.byte_add(gs_bytes as u64) });
         norms_into(&ops, p, Some(nptr))?;
         #[repr(C)]
         struct ScaleRowsArgs {

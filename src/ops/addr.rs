@@ -8,37 +8,70 @@
 //! which is what the kernels' argument structs carry (`raw`).
 //!
 //! The same type names device memory (CUDA backends: a `CUdeviceptr`) and host
-//! memory (CPU backend: a pointer); the plan's device says which. An `Addr` is
-//! only a number: turning one into host memory is `unsafe`
-//! (`cpu::host_slice`, `cpu::host_slice_mut`), under the contract written there.
+//! memory (CPU backend: a pointer); the plan's device says which.
+//!
+//! # Soundness: every `Addr` is vouched for
+//!
+//! An `Addr` is a promise, not just a number: only `unsafe` code makes one
+//! (`from_raw`, `from_ptr`; the arithmetic `byte_add`, `offset`, `align_up`), and
+//! its contract is that the address is live memory of the device it will be used
+//! on, valid for the extent its consumer will use. So the backends may take plans
+//! in safe signatures: safe code cannot hand them a forged address. The places
+//! that make addresses are few, each with a `// SAFETY:` line:
+//! - `Buffer` construction (`buffer.rs`: owned and pinned allocations, `wrap`'s
+//!   caller memory under `fk_buffer_wrap`'s contract; `dlpack.rs`: an import under
+//!   the DLPack contract); plans take them through `Addr::of`;
+//! - scratch allocations: `cuda::Workspace` (a fresh pool allocation) and the CPU
+//!   backend's `Vec` scratch (`Addr::from_ptr` over a vector kept alive while used);
+//! - offsets inside a vouched allocation (a batch's matrix, a tile's corner, a
+//!   workspace piece), whose callers state why the offset stays inside.
+//!
+//! Reading the number (`get`, `raw`) or making a raw pointer (`ptr`) is safe;
+//! dereferencing one is not (`cpu::host_slice`, a library call, a kernel launch).
 
 use std::num::NonZeroU64;
 
 use crate::buffer::Buffer;
 
-/// The non-zero address of a buffer's first element, device or host (see the
-/// module documentation).
+/// The non-zero address of memory that its maker vouched for (see the module
+/// documentation): device or host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(transparent)]
 pub struct Addr(NonZeroU64);
 
 impl Addr {
     /// The address `raw`, or `None` for 0.
-    pub const fn from_raw(raw: u64) -> Option<Addr> {
+    ///
+    /// # Safety
+    ///
+    /// `raw` is 0 or the address of live memory of the device the address will be
+    /// used on (host memory for a CPU plan, device memory of the plan's CUDA
+    /// context), and that memory stays live and valid for every byte that any
+    /// consumer of the address, or of an address derived from it, reads or writes,
+    /// for as long as it is used (the extent a plan's shape describes; for an
+    /// allocation, its whole size).
+    pub const unsafe fn from_raw(raw: u64) -> Option<Addr> {
         match NonZeroU64::new(raw) {
             Some(a) => Some(Addr(a)),
             None => None,
         }
     }
 
-    /// The address `raw` as the ABI layer holds it (`Buffer::data`), or `None` for 0.
-    pub const fn from_usize(raw: usize) -> Option<Addr> {
-        Addr::from_raw(raw as u64)
+    /// The address of the host pointer `p`, or `None` for NULL.
+    ///
+    /// # Safety
+    ///
+    /// As `from_raw`: `p` is NULL or points at live host memory valid for what its
+    /// consumers will touch, for as long as they use it.
+    pub unsafe fn from_ptr<T>(p: *const T) -> Option<Addr> {
+        // SAFETY: the caller's contract is `from_raw`'s.
+        unsafe { Addr::from_raw(p as usize as u64) }
     }
 
-    /// The address of `buf`'s first element (`None` if it has no memory).
+    /// The address of `buf`'s first element (`None` if it has no memory): vouched
+    /// for where the buffer was made.
     pub fn of(buf: &Buffer) -> Option<Addr> {
-        Addr::from_usize(buf.data)
+        buf.data
     }
 
     /// The address `buf` of an optional operand, `None` when it is absent.
@@ -46,29 +79,40 @@ impl Addr {
         buf.and_then(Addr::of)
     }
 
-    /// The address as a number.
+    /// The address as a number (a kernel argument, a driver call, an alignment
+    /// test).
     pub const fn get(self) -> u64 {
         self.0.get()
     }
 
-    /// The address as a host pointer-sized number.
-    pub const fn as_usize(self) -> usize {
-        self.0.get() as usize
+    /// The address as a pointer to `T`. Safe to make; dereferencing it is under
+    /// the address's contract (and, on the CPU, `cpu::host_slice`'s).
+    pub const fn ptr<T>(self) -> *mut T {
+        self.0.get() as usize as *mut T
     }
 
-    /// The address `bytes` further on (inside the same allocation: the caller
-    /// knows the allocation holds them, so this never wraps to 0).
-    pub const fn byte_add(self, bytes: u64) -> Addr {
-        match NonZeroU64::new(self.0.get() + bytes) {
-            Some(a) => Addr(a),
+    /// The address `bytes` further on.
+    ///
+    /// # Safety
+    ///
+    /// The result lies inside the memory `self` was vouched for (the same
+    /// allocation, at most one past its end), and is used only within it. Panics
+    /// rather than wrap.
+    pub const unsafe fn byte_add(self, bytes: u64) -> Addr {
+        match self.0.get().checked_add(bytes) {
+            Some(a) => Addr(NonZeroU64::new(a).expect("a sum of a non-zero address")),
             None => panic!("address overflow"),
         }
     }
 
     /// The address `bytes` away, either way (`Mat::at`'s batch strides, workspace
-    /// offsets): inside the same allocation, so neither overflow nor 0 can happen
-    /// for a validated operand; both panic.
-    pub const fn offset(self, bytes: i64) -> Addr {
+    /// offsets).
+    ///
+    /// # Safety
+    ///
+    /// As `byte_add`: the result stays inside the memory `self` was vouched for.
+    /// Panics on overflow or 0 rather than wrap.
+    pub const unsafe fn offset(self, bytes: i64) -> Addr {
         match self.0.get().checked_add_signed(bytes) {
             Some(a) => match NonZeroU64::new(a) {
                 Some(a) => Addr(a),
@@ -79,12 +123,19 @@ impl Addr {
     }
 
     /// The address rounded up to a multiple of `align` (a power of two).
-    pub const fn align_up(self, align: u64) -> Addr {
-        self.byte_add(self.0.get().next_multiple_of(align) - self.0.get())
+    ///
+    /// # Safety
+    ///
+    /// As `byte_add`: the rounded address stays inside the memory `self` was
+    /// vouched for (a workspace sized with the padding).
+    pub const unsafe fn align_up(self, align: u64) -> Addr {
+        // SAFETY: the caller's contract.
+        unsafe { self.byte_add(self.0.get().next_multiple_of(align) - self.0.get()) }
     }
 }
 
-/// The number a kernel argument struct carries for an optional address: 0 for `None`.
+/// The number a kernel argument struct or a driver call carries for an optional
+/// address: 0 for `None`.
 pub const fn raw(a: Option<Addr>) -> u64 {
     match a {
         Some(a) => a.get(),
@@ -92,10 +143,14 @@ pub const fn raw(a: Option<Addr>) -> u64 {
     }
 }
 
-/// The optional address as a host pointer-sized number (0 for `None`): what a
-/// library call (cuBLAS, cuSOLVER) or the CPU's pointer arithmetic takes.
-pub const fn ptr(a: Option<Addr>) -> usize {
-    raw(a) as usize
+/// The optional address as a pointer to `T` (NULL for `None`): what a library call
+/// (cuBLAS, cuSOLVER) or the CPU's views take. Dereferencing it is the consumer's
+/// `unsafe`.
+pub const fn ptr<T>(a: Option<Addr>) -> *mut T {
+    match a {
+        Some(a) => a.ptr(),
+        None => std::ptr::null_mut(),
+    }
 }
 
 // An absent address costs nothing: the same bits as a u64 with 0 for `None`.
@@ -107,19 +162,22 @@ mod tests {
 
     #[test]
     fn zero_is_absent_and_raw_round_trips() {
-        assert_eq!(Addr::from_raw(0), None);
-        assert_eq!(Addr::from_usize(0), None);
-        assert_eq!(raw(None), 0);
-        let a = Addr::from_raw(0x1000).unwrap();
-        assert_eq!(a.get(), 0x1000);
-        assert_eq!(a.as_usize(), 0x1000);
-        assert_eq!(raw(Some(a)), 0x1000);
-        assert_eq!(ptr(Some(a)), 0x1000);
-        assert_eq!(ptr(None), 0);
-        assert_eq!(a.byte_add(24).get(), 0x1018);
-        assert_eq!(a.offset(24).get(), 0x1018);
-        assert_eq!(a.offset(-0x800).get(), 0x800);
-        assert_eq!(a.byte_add(1).align_up(256).get(), 0x1100);
-        assert_eq!(a.align_up(256), a);
+        // SAFETY (all): the addresses are compared and offset, never dereferenced.
+        unsafe {
+            assert_eq!(Addr::from_raw(0), None);
+            assert_eq!(Addr::from_ptr::<u8>(std::ptr::null()), None);
+            assert_eq!(raw(None), 0);
+            let a = Addr::from_raw(0x1000).unwrap();
+            assert_eq!(a.get(), 0x1000);
+            assert_eq!(a.ptr::<u8>() as usize, 0x1000);
+            assert_eq!(raw(Some(a)), 0x1000);
+            assert_eq!(ptr::<u32>(Some(a)) as usize, 0x1000);
+            assert!(ptr::<u8>(None).is_null());
+            assert_eq!(a.byte_add(24).get(), 0x1018);
+            assert_eq!(a.offset(24).get(), 0x1018);
+            assert_eq!(a.offset(-0x800).get(), 0x800);
+            assert_eq!(a.byte_add(1).align_up(256).get(), 0x1100);
+            assert_eq!(a.align_up(256), a);
+        }
     }
 }

@@ -95,9 +95,14 @@ pub struct Mat {
 impl Mat {
     /// Address of matrix `i` of the batch (`elem` bytes an element). The batch
     /// stride of empty matrices is unchecked and may be huge, so an empty matrix
-    /// keeps its first address (it is never dereferenced); for matrices with
-    /// elements the offset lies inside the caller's memory (`Addr::offset` checks).
-    pub fn at(&self, i: i64, elem: usize) -> Option<Addr> {
+    /// keeps its first address (it is never dereferenced).
+    ///
+    /// # Safety
+    ///
+    /// `i` indexes a matrix of the operand this `Mat` describes (`i` below the
+    /// plan's batch; any `i` when `batch_stride` is 0), so the offset stays inside
+    /// the operand's memory (`Addr::offset`'s contract).
+    pub unsafe fn at(&self, i: i64, elem: usize) -> Option<Addr> {
         if self.rows == 0 || self.cols == 0 {
             return self.addr;
         }
@@ -105,14 +110,20 @@ impl Mat {
             .checked_mul(self.batch_stride)
             .and_then(|o| o.checked_mul(elem as i64))
             .expect("batch offset of a validated matrix fits i64");
-        self.addr.map(|a| a.offset(off))
+        // SAFETY: the caller's contract.
+        self.addr.map(|a| unsafe { a.offset(off) })
     }
 
     /// Address of element `(row, col)` of the first matrix (`elem` bytes an
     /// element): the corner of a tile.
-    pub fn elem(&self, row: i64, col: i64, elem: usize) -> Option<Addr> {
+    ///
+    /// # Safety
+    ///
+    /// `(row, col)` is an element of the first matrix (`row < rows`, `col < cols`).
+    pub unsafe fn elem(&self, row: i64, col: i64, elem: usize) -> Option<Addr> {
         let off = (row * self.ld + col) * elem as i64;
-        self.addr.map(|a| a.offset(off))
+        // SAFETY: the caller's contract: the element lies inside the operand.
+        self.addr.map(|a| unsafe { a.offset(off) })
     }
 }
 

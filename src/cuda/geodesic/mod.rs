@@ -92,7 +92,7 @@ fn run_kernel(dev: &CudaDevice, job: &Job, k: &KernelPlan, stream: &Stream) -> R
     } else {
         None
     };
-    let base = ws.as_ref().map_or(0, |w| w.ptr);
+    let base = ws.as_ref().map_or(0, |w| raw(w.addr()));
     let at = |off: Option<usize>| off.map_or(0, |o| base + o as u64);
     let (du_part, dw_part) = (at(k.du_part), at(k.dw_part));
     let mut args = GeoArgs {

@@ -627,7 +627,8 @@ mod tests {
 
     /// A stand-in address (the plan only asks whether an operand is present).
     fn some(a: u64) -> Option<Addr> {
-        Addr::from_raw(a)
+        // SAFETY: never dereferenced: the plan only asks whether it is present.
+        unsafe { Addr::from_raw(a) }
     }
 
     const H100: usize = 232_448;

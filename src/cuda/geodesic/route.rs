@@ -31,7 +31,9 @@ fn at(a: Option<Addr>) -> usize {
 /// The dense row-major `rows x cols` matrix at the route address `a` (0: none):
 /// where a route address becomes a GEMM operand.
 fn mat(a: usize, rows: usize, cols: usize) -> Mat {
-    dense(Addr::from_usize(a), rows as i64, cols as i64, 0)
+    // SAFETY: route addresses are the job's validated operands and pieces of the
+    // route's workspaces (`Layout`'s offsets inside them), each of the matrix's size.
+    dense(unsafe { Addr::from_raw(a as u64) }, rows as i64, cols as i64, 0)
 }
 
 /// `vec` of the route's elementwise kernels: 1 where they may move 16 bytes per thread
@@ -322,11 +324,11 @@ impl Steps for GemmRoute<'_> {
     }
 
     fn p(&self) -> usize {
-        self.p.ptr as usize
+        addr::raw(self.p.addr()) as usize
     }
 
     fn ws(&self) -> usize {
-        self.ws.as_ref().map_or(0, |w| w.ptr as usize)
+        self.ws.as_ref().map_or(0, |w| addr::raw(w.addr()) as usize)
     }
 
     fn gemm(&self, op_a: Trans, a: Mat, op_b: Trans, b: Mat, c: Mat, beta: f64) -> Result<()> {

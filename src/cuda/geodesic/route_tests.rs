@@ -52,7 +52,9 @@ impl HostBuf {
         self.words.as_ptr() as usize
     }
     fn at(&self) -> Option<Addr> {
-        Addr::from_usize(self.addr())
+        // SAFETY: the buffer's own words, which the test keeps alive while the
+        // emulated route runs.
+        unsafe { Addr::from_ptr(self.words.as_ptr()) }
     }
     fn read(&self) -> Vec<f64> {
         // SAFETY: inside the buffer.
@@ -146,7 +148,7 @@ impl HostRoute {
         let e = self.job.dtype.size();
         if m.rows > 0 && m.cols > 0 {
             self.check(
-                crate::ops::addr::ptr(m.addr),
+                crate::ops::addr::raw(m.addr) as usize,
                 ((m.rows - 1) * m.ld + m.cols) as usize * e,
             );
         }

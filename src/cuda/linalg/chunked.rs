@@ -12,7 +12,7 @@ use crate::cuda::CudaDevice;
 use crate::cuda::cublas::{self, Slot};
 use crate::error::{CudaContext as _, Result, lock};
 use crate::ops::Addr;
-use crate::ops::addr::{ptr, raw};
+use crate::ops::addr::raw;
 use crate::ops::elementwise::Scalar;
 use crate::ops::linalg::{GemmPlan, Mat, dense};
 use crate::stream::Stream;
@@ -248,7 +248,8 @@ impl Ring {
             if self.used[s] {
                 q.wait(Lane::Up, self.released[s])?;
             }
-            let host = ptr(self.src.elem(r.0, r.1, es));
+            // SAFETY: the region lies inside the source matrix (the tiling covers it).
+            let host = raw(unsafe { self.src.elem(r.0, r.1, es) }) as usize;
             let w = r.3 as usize * es;
             q.copy(&Block {
                 to_device: true,
@@ -264,7 +265,9 @@ impl Ring {
             self.tag[s] = Some(r);
             self.cur = s;
         }
-        Ok(dense(Addr::from_raw(self.bufs[self.cur]), r.2, r.3, 0))
+        // SAFETY: a staging buffer of the region's size, inside the staging
+        // allocation, which outlives the pipeline.
+        Ok(dense(unsafe { Addr::from_raw(self.bufs[self.cur]) }, r.2, r.3, 0))
     }
 
     /// The product that read the current region is queued on the compute lane.
@@ -277,7 +280,8 @@ impl Ring {
 
 fn sub(m: &Mat, r: Region, es: usize) -> Mat {
     Mat {
-        addr: m.elem(r.0, r.1, es),
+        // SAFETY: the tiling's regions lie inside the matrix.
+        addr: unsafe { m.elem(r.0, r.1, es) },
         rows: r.2,
         cols: r.3,
         ld: m.ld,
@@ -375,7 +379,8 @@ fn tiles(
     let mut tile = 0usize;
     for bi in 0..p.batch {
         let at = |x: &Mat| Mat {
-            addr: x.at(bi, es),
+            // SAFETY: bi < batch.
+            addr: unsafe { x.at(bi, es) },
             batch_stride: 0,
             ..*x
         };
@@ -396,7 +401,8 @@ fn tiles(
                 // C's tile: uploaded when C is loaded, downloaded once computed
                 let c_block = |to_device| Block {
                     to_device,
-                    host: ptr(c.elem(i0, j0, es)),
+                    // SAFETY: (i0, j0) < (m, n), an element of C.
+                    host: raw(unsafe { c.elem(i0, j0, es) }) as usize,
                     host_pitch: c.ld as usize * es,
                     dev: c_bufs[cs],
                     dev_pitch: w,
@@ -415,7 +421,8 @@ fn tiles(
                     } else if c_used[cs] {
                         q.wait(Lane::Compute, c_free + cs)?;
                     }
-                    dense(Addr::from_raw(c_bufs[cs]), mi, nj, 0)
+                    // SAFETY: as in Ring::get: a staging buffer of the tile.
+                    dense(unsafe { Addr::from_raw(c_bufs[cs]) }, mi, nj, 0)
                 } else {
                     sub(&c, (i0, j0, mi, nj), es)
                 };

@@ -9,7 +9,6 @@ use crate::cuda::cublas::{self, Epilogue, LtCall, Slot};
 use crate::cuda::launch::{BLOCK, Names, assert_layout, grid_for, launch, per_dtype};
 use crate::dtype::DType;
 use crate::error::{Result, lock};
-use crate::ops::Addr;
 use crate::ops::addr::raw;
 use crate::ops::linalg::{Activation, GemmPlan, LinearBwdPlan, LinearPlan, Mat, Trans, dense};
 use crate::stream::Stream;
@@ -230,10 +229,11 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
     } else {
         None
     };
-    let scratch = scratch_mem.as_ref().and_then(|s| Addr::from_raw(s.ptr));
+    let scratch = scratch_mem.as_ref().and_then(|s| s.addr());
     let dz = if write_dz { scratch } else { p.dy };
     // db's column partials follow dz in the scratch
-    let partial = scratch.map(|s| s.byte_add(dz_bytes as u64));
+    // SAFETY: the scratch holds dz_bytes + partial_bytes; the partials start after dz.
+    let partial = scratch.map(|s| unsafe { s.byte_add(dz_bytes as u64) });
     if write_dz || p.db.is_some() {
         let mut a = DzArgs {
             m: p.m,

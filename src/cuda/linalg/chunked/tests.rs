@@ -165,7 +165,8 @@ fn operand(rng: &mut Lcg, batch: i64, rows: i64, cols: i64, pad: i64) -> (Vec<f6
     let count = batch.max(1);
     let v: Vec<f64> = (0..count * rows * ld).map(|_| rng.next()).collect();
     let mat = Mat {
-        addr: Addr::from_usize(v.as_ptr() as usize),
+        // SAFETY: v goes back with the matrix; the test keeps it alive and unmoved.
+        addr: unsafe { Addr::from_ptr(v.as_ptr()) },
         rows,
         cols,
         ld,
@@ -243,7 +244,8 @@ fn check(
     // the whole product at once on the CPU
     let full = GemmPlan {
         c: Mat {
-            addr: Addr::from_usize(want.as_mut_ptr() as usize),
+            // SAFETY: `want` outlives the CPU product that writes it.
+            addr: unsafe { Addr::from_ptr(want.as_mut_ptr()) },
             ..p.c
         },
         ..p

@@ -7,9 +7,11 @@ point of ``include/fusekit.h`` gets its ``argtypes``/``restype`` from
 that turns a non-zero status into the matching :class:`Error` subclass, carrying
 the library's thread-local message.
 
-Adding an op family: add its prototypes to :data:`PROTOTYPES` (the repository's
-``tests/test_bindings_complete.py`` fails until every ``fk_`` function of the
-header has one).
+The constants, the status names, the C structs and :data:`PROTOTYPES` come from
+``_abi.py``, which ``scripts/gen_bindings.py`` generates from the header (every
+name of ``_abi`` is also a name of this module). A new entry point needs no edit
+here: regenerate with ``python scripts/gen_bindings.py`` (the repository's
+``tests/test_generated_bindings.py`` fails while ``_abi.py`` is stale).
 """
 
 from __future__ import annotations
@@ -19,21 +21,41 @@ import ctypes.util
 import os
 import sys
 import threading
-from ctypes import (
-    POINTER,
-    Structure,
-    c_char_p,
-    c_double,
-    c_float,
-    c_int32,
-    c_int64,
-    c_size_t,
-    c_uint32,
-    c_uint64,
-    c_uint8,
-    c_void_p,
-)
+from ctypes import POINTER, c_int32, c_size_t
 from pathlib import Path
+
+from . import _abi
+from ._abi import *  # noqa: F401,F403  (every constant, type and PROTOTYPES of the header)
+from ._abi import (
+    ERROR_ABI_MISMATCH,
+    ERROR_ALIASING,
+    ERROR_BUFFER_TOO_SMALL,
+    ERROR_CUDA,
+    ERROR_CUDA_UNAVAILABLE,
+    ERROR_DEVICE_MISMATCH,
+    ERROR_DTYPE_MISMATCH,
+    ERROR_INTERNAL,
+    ERROR_INVALID_ARGUMENT,
+    ERROR_IO,
+    ERROR_KERNEL_COMPILE,
+    ERROR_LIBRARY_NOT_FOUND,
+    ERROR_NOT_CONVERGED,
+    ERROR_NULL_POINTER,
+    ERROR_OUT_OF_MEMORY,
+    ERROR_SHAPE_MISMATCH,
+    ERROR_UNSUPPORTED,
+    ERROR_UNSUPPORTED_DTYPE,
+    OK,
+    PROTOTYPES,
+    STATUS_NAMES,
+    fk_buffer,
+    fk_comm,
+    fk_context,
+    fk_event,
+    fk_scalar,
+    fk_status,
+    fk_stream,
+)
 
 __all__ = [
     "ABI_VERSION",
@@ -50,92 +72,10 @@ __all__ = [
 ]
 
 # ---------------------------------------------------------------------------
-# Constants of the header
+# Constants of the header: from _abi (ABI_VERSION, MAX_DIMS, DTYPE_*, ERROR_*, ...)
 # ---------------------------------------------------------------------------
 
-#: ``FK_ABI_VERSION`` of the header these bindings were written against.
-ABI_VERSION = 1002
-#: ``FK_MAX_DIMS``.
-MAX_DIMS = 8
-#: ``FK_GEO_ALLOW_TF32``: geodesic ops may use TF32 tensor cores for f32 on CUDA.
-GEO_ALLOW_TF32 = 1
-#: ``FK_GEO_FORCE_GENERIC``: geodesic ops use the generic CUDA kernels (debugging).
-GEO_FORCE_GENERIC = 2
-#: ``FK_GEO_ALLOW_TF32X3``: the leapfrog forward may use 3xTF32 tensor-core products for
-#: f32 on CUDA (f32-level accuracy, faster than the FFMA kernel).
-GEO_ALLOW_TF32X3 = 4
-#: ``FK_GEMM_ALLOW_TF32``: f32 products may use TF32 tensor cores on CUDA (GEMM and
-#: the optimizer-math ops).
-GEMM_ALLOW_TF32 = 1
-
-#: ``fk_matpow_method`` values (``fk_matrix_power``).
-MATPOW_AUTO = 0
-MATPOW_EIGH = 1
-MATPOW_NEWTON = 2
-
-DEVICE_AUTO = 0
-DEVICE_CPU = 1
-DEVICE_CUDA = 2
-#: ``FK_DEVICE_CUDA_HOST``: pinned host memory of a CUDA context (a buffer's kind
-#: only, never a context's).
-DEVICE_CUDA_HOST = 3
-
-#: ``FK_COMM_ID_BYTES``: size of a communicator's unique id.
-COMM_ID_BYTES = 128
-
-REDUCE_SUM = 0
-REDUCE_PROD = 1
-REDUCE_MAX = 2
-REDUCE_MIN = 3
-
-DTYPE_F16 = 1
-DTYPE_BF16 = 2
-DTYPE_F32 = 3
-DTYPE_F64 = 4
-DTYPE_C64 = 5
-DTYPE_C128 = 6
-
-OK = 0
-ERROR_INVALID_ARGUMENT = 1
-ERROR_NULL_POINTER = 2
-ERROR_UNSUPPORTED_DTYPE = 3
-ERROR_SHAPE_MISMATCH = 4
-ERROR_DEVICE_MISMATCH = 5
-ERROR_ALIASING = 6
-ERROR_OUT_OF_MEMORY = 7
-ERROR_CUDA_UNAVAILABLE = 8
-ERROR_LIBRARY_NOT_FOUND = 9
-ERROR_KERNEL_COMPILE = 10
-ERROR_CUDA = 11
-ERROR_ABI_MISMATCH = 12
-ERROR_BUFFER_TOO_SMALL = 13
-ERROR_UNSUPPORTED = 14
-ERROR_INTERNAL = 15
-ERROR_IO = 16
-ERROR_DTYPE_MISMATCH = 17
-ERROR_NOT_CONVERGED = 18
-
-_STATUS_NAMES = {
-    0: "FK_OK",
-    1: "FK_ERROR_INVALID_ARGUMENT",
-    2: "FK_ERROR_NULL_POINTER",
-    3: "FK_ERROR_UNSUPPORTED_DTYPE",
-    4: "FK_ERROR_SHAPE_MISMATCH",
-    5: "FK_ERROR_DEVICE_MISMATCH",
-    6: "FK_ERROR_ALIASING",
-    7: "FK_ERROR_OUT_OF_MEMORY",
-    8: "FK_ERROR_CUDA_UNAVAILABLE",
-    9: "FK_ERROR_LIBRARY_NOT_FOUND",
-    10: "FK_ERROR_KERNEL_COMPILE",
-    11: "FK_ERROR_CUDA",
-    12: "FK_ERROR_ABI_MISMATCH",
-    13: "FK_ERROR_BUFFER_TOO_SMALL",
-    14: "FK_ERROR_UNSUPPORTED",
-    15: "FK_ERROR_INTERNAL",
-    16: "FK_ERROR_IO",
-    17: "FK_ERROR_DTYPE_MISMATCH",
-    18: "FK_ERROR_NOT_CONVERGED",
-}
+_STATUS_NAMES = STATUS_NAMES
 
 # ---------------------------------------------------------------------------
 # Errors
@@ -295,241 +235,12 @@ def raise_error(status: int, where: str, message: str):
 # ---------------------------------------------------------------------------
 
 
-class fk_scalar(Structure):
-    """``fk_scalar``: a complex number passed by value."""
-
-    _fields_ = [("re", c_double), ("im", c_double)]
-
-    def __repr__(self) -> str:
-        return f"fk_scalar({self.re!r}, {self.im!r})"
-
-
-class fk_matpow_report(Structure):
-    """``fk_matpow_report``: what ``fk_matrix_power`` did (an out-parameter)."""
-
-    _fields_ = [
-        ("method", c_int32),
-        ("iterations", c_int32),
-        ("converged", c_int32),
-        ("reserved", c_int32),
-        ("residual", c_double),
-        ("min_eigenvalue", c_double),
-    ]
-
-
-class fk_context(Structure):
-    """Opaque ``fk_context``."""
-
-
-class fk_stream(Structure):
-    """Opaque ``fk_stream``."""
-
-
-class fk_buffer(Structure):
-    """Opaque ``fk_buffer``."""
-
-
-class fk_event(Structure):
-    """Opaque ``fk_event``."""
-
-
-class fk_comm(Structure):
-    """Opaque ``fk_comm``."""
-
-
-class fk_memory_stats(Structure):
-    """``fk_memory_stats``: a growable struct; set ``size`` to ``sizeof`` first."""
-
-    _fields_ = [
-        ("size", c_size_t),
-        ("allocated_bytes", c_uint64),
-        ("peak_allocated_bytes", c_uint64),
-        ("reserved_bytes", c_uint64),
-        ("peak_reserved_bytes", c_uint64),
-        ("pool_used_bytes", c_uint64),
-        ("live_allocations", c_uint64),
-        ("device_free_bytes", c_uint64),
-        ("device_total_bytes", c_uint64),
-        ("release_threshold_bytes", c_uint64),
-        ("pinned_bytes", c_uint64),
-        ("pinned_allocations", c_uint64),
-    ]
-
-
+# fk_scalar, fk_matpow_report, fk_memory_stats and the opaque handle types: from _abi
 ctx_p = POINTER(fk_context)
 stream_p = POINTER(fk_stream)
 buffer_p = POINTER(fk_buffer)
 event_p = POINTER(fk_event)
 comm_p = POINTER(fk_comm)
-fk_status = c_int32
-fk_dtype = c_int32
-fk_device_kind = c_int32
-
-# The shapes of the elementwise entry points (shared by many functions).
-_UNARY = (fk_status, [buffer_p, buffer_p, stream_p])
-_BINARY = (fk_status, [buffer_p, buffer_p, buffer_p, stream_p])
-
-#: name -> (restype, argtypes) for every ``fk_`` function of include/fusekit.h.
-PROTOTYPES: dict[str, tuple] = {
-    # versions, statuses, messages
-    "fk_abi_version": (c_uint32, []),
-    "fk_version_string": (c_char_p, []),
-    "fk_status_string": (c_char_p, [fk_status]),
-    "fk_last_error_message": (c_char_p, []),
-    "fk_last_error_message_copy": (fk_status, [c_char_p, c_size_t, POINTER(c_size_t)]),
-    "fk_dtype_size": (fk_status, [fk_dtype, POINTER(c_size_t)]),
-    "fk_device_count": (fk_status, [POINTER(c_int32)]),
-    # contexts
-    "fk_context_create": (fk_status, [c_uint32, fk_device_kind, c_int32, POINTER(ctx_p)]),
-    "fk_context_destroy": (fk_status, [ctx_p]),
-    "fk_context_device": (fk_status, [ctx_p, POINTER(fk_device_kind), POINTER(c_int32)]),
-    "fk_context_name": (fk_status, [ctx_p, c_char_p, c_size_t, POINTER(c_size_t)]),
-    "fk_context_compute_capability": (fk_status, [ctx_p, POINTER(c_int32), POINTER(c_int32)]),
-    "fk_context_memory": (fk_status, [ctx_p, POINTER(c_uint64), POINTER(c_uint64)]),
-    "fk_context_warmup": (fk_status, [ctx_p]),
-    # streams
-    "fk_stream_create": (fk_status, [ctx_p, POINTER(stream_p)]),
-    "fk_stream_wrap": (fk_status, [ctx_p, c_void_p, POINTER(stream_p)]),
-    "fk_stream_destroy": (fk_status, [stream_p]),
-    "fk_stream_synchronize": (fk_status, [stream_p]),
-    "fk_stream_handle": (fk_status, [stream_p, POINTER(c_void_p)]),
-    # buffers
-    "fk_buffer_create": (
-        fk_status,
-        [ctx_p, fk_dtype, c_int32, POINTER(c_int64), stream_p, POINTER(buffer_p)],
-    ),
-    "fk_buffer_wrap": (
-        fk_status,
-        [ctx_p, c_void_p, fk_dtype, c_int32, POINTER(c_int64), POINTER(c_int64), POINTER(buffer_p)],
-    ),
-    "fk_buffer_destroy": (fk_status, [buffer_p]),
-    "fk_buffer_from_dlpack": (fk_status, [ctx_p, c_void_p, POINTER(buffer_p)]),
-    "fk_buffer_to_dlpack": (fk_status, [buffer_p, POINTER(c_void_p)]),
-    "fk_buffer_copy_from_host": (fk_status, [buffer_p, c_void_p, c_size_t, stream_p]),
-    "fk_buffer_copy_from_host_async": (fk_status, [buffer_p, c_void_p, c_size_t, stream_p]),
-    "fk_buffer_copy_to_host": (fk_status, [buffer_p, c_void_p, c_size_t, stream_p]),
-    "fk_buffer_copy_to_host_async": (fk_status, [buffer_p, c_void_p, c_size_t, stream_p]),
-    "fk_buffer_dtype": (fk_status, [buffer_p, POINTER(fk_dtype)]),
-    "fk_buffer_ndim": (fk_status, [buffer_p, POINTER(c_int32)]),
-    "fk_buffer_shape": (fk_status, [buffer_p, POINTER(c_int64)]),
-    "fk_buffer_strides": (fk_status, [buffer_p, POINTER(c_int64)]),
-    "fk_buffer_data": (fk_status, [buffer_p, POINTER(c_void_p)]),
-    "fk_buffer_device": (fk_status, [buffer_p, POINTER(fk_device_kind), POINTER(c_int32)]),
-    "fk_buffer_numel": (fk_status, [buffer_p, POINTER(c_int64)]),
-    "fk_buffer_nbytes": (fk_status, [buffer_p, POINTER(c_size_t)]),
-    "fk_buffer_is_contiguous": (fk_status, [buffer_p, POINTER(c_int32)]),
-    # elementwise (docs/ops.md section 1)
-    "fk_add": _BINARY,
-    "fk_sub": _BINARY,
-    "fk_mul": _BINARY,
-    "fk_div": _BINARY,
-    "fk_axpby": (fk_status, [fk_scalar, buffer_p, fk_scalar, buffer_p, buffer_p, stream_p]),
-    "fk_scalar_add": (fk_status, [buffer_p, fk_scalar, buffer_p, stream_p]),
-    "fk_scalar_mul": (fk_status, [buffer_p, fk_scalar, buffer_p, stream_p]),
-    "fk_neg": _UNARY,
-    "fk_abs": _UNARY,
-    "fk_exp": _UNARY,
-    "fk_log": _UNARY,
-    "fk_sqrt": _UNARY,
-    "fk_sin": _UNARY,
-    "fk_cos": _UNARY,
-    "fk_tanh": _UNARY,
-    "fk_sigmoid": _UNARY,
-    "fk_relu": _UNARY,
-    "fk_copy": _UNARY,
-    # linear algebra (docs/ops.md section 2)
-    "fk_gemm": (
-        fk_status,
-        [c_int32, c_int32, fk_scalar, buffer_p, buffer_p, fk_scalar, buffer_p, c_uint32, stream_p],
-    ),
-    "fk_gemm_chunked": (
-        fk_status,
-        [c_int32, c_int32, fk_scalar, buffer_p, buffer_p, fk_scalar, buffer_p, c_uint64, c_uint32, stream_p],
-    ),
-    "fk_linear_aux_size": (fk_status, [c_int32, fk_dtype, c_int64, c_int64, POINTER(c_size_t)]),
-    "fk_linear_forward": (
-        fk_status,
-        [buffer_p, buffer_p, buffer_p, c_int32, buffer_p, buffer_p, stream_p],
-    ),
-    "fk_linear_backward": (
-        fk_status,
-        [buffer_p, buffer_p, buffer_p, c_int32, buffer_p, buffer_p, buffer_p, buffer_p, stream_p],
-    ),
-    "fk_kron": _BINARY,
-    # runtime: memory, pinned buffers, copies, events, communicators (docs/abi.md)
-    "fk_context_memory_stats": (fk_status, [ctx_p, POINTER(fk_memory_stats)]),
-    "fk_context_set_release_threshold": (fk_status, [ctx_p, c_uint64]),
-    "fk_context_trim": (fk_status, [ctx_p, c_uint64]),
-    "fk_buffer_create_pinned": (
-        fk_status,
-        [ctx_p, fk_dtype, c_int32, POINTER(c_int64), POINTER(buffer_p)],
-    ),
-    "fk_buffer_copy": (fk_status, [buffer_p, buffer_p, stream_p]),
-    "fk_device_can_access_peer": (fk_status, [c_int32, c_int32, POINTER(c_int32)]),
-    "fk_event_create": (fk_status, [ctx_p, POINTER(event_p)]),
-    "fk_event_destroy": (fk_status, [event_p]),
-    "fk_event_record": (fk_status, [event_p, stream_p]),
-    "fk_stream_wait_event": (fk_status, [stream_p, event_p]),
-    "fk_event_synchronize": (fk_status, [event_p]),
-    "fk_event_query": (fk_status, [event_p, POINTER(c_int32)]),
-    "fk_event_elapsed_ms": (fk_status, [event_p, event_p, POINTER(c_float)]),
-    "fk_comm_unique_id": (fk_status, [POINTER(c_uint8)]),
-    "fk_comm_init_rank": (fk_status, [ctx_p, c_int32, POINTER(c_uint8), c_int32, POINTER(comm_p)]),
-    "fk_comm_init_all": (fk_status, [POINTER(ctx_p), c_int32, POINTER(comm_p)]),
-    "fk_comm_destroy": (fk_status, [comm_p]),
-    "fk_comm_rank": (fk_status, [comm_p, POINTER(c_int32)]),
-    "fk_comm_size": (fk_status, [comm_p, POINTER(c_int32)]),
-    "fk_comm_group_start": (fk_status, []),
-    "fk_comm_group_end": (fk_status, []),
-    "fk_all_reduce": (fk_status, [comm_p, buffer_p, buffer_p, c_int32, stream_p]),
-    "fk_broadcast": (fk_status, [comm_p, buffer_p, buffer_p, c_int32, stream_p]),
-    "fk_all_gather": (fk_status, [comm_p, buffer_p, buffer_p, stream_p]),
-    "fk_reduce_scatter": (fk_status, [comm_p, buffer_p, buffer_p, c_int32, stream_p]),
-    # Gaussian field (docs/ops.md section 3)
-    "fk_mahalanobis_forward": (fk_status, [buffer_p, buffer_p, buffer_p, c_double, buffer_p, stream_p]),
-    "fk_mahalanobis_backward": (
-        fk_status,
-        [buffer_p, buffer_p, buffer_p, c_double, buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, stream_p],
-    ),
-    "fk_gaussian_field_forward": (
-        fk_status,
-        [buffer_p, buffer_p, buffer_p, buffer_p, c_double, buffer_p, stream_p],
-    ),
-    "fk_gaussian_field_backward": (
-        fk_status,
-        [buffer_p, buffer_p, buffer_p, buffer_p, c_double, buffer_p, buffer_p, buffer_p, buffer_p, buffer_p,
-         buffer_p, stream_p],
-    ),
-    "fk_gaussian_backward_workspace_size": (fk_status, [ctx_p, fk_dtype, c_int64, c_int64, POINTER(c_size_t)]),
-    # Geodesic flow (docs/ops.md section 5)
-    "fk_christoffel_forward": (fk_status, [buffer_p, buffer_p, buffer_p, c_double, c_uint32, buffer_p, stream_p]),
-    "fk_christoffel_backward": (
-        fk_status,
-        [buffer_p, buffer_p, buffer_p, buffer_p, c_double, c_uint32, buffer_p, buffer_p, buffer_p, stream_p],
-    ),
-    "fk_leapfrog_forward": (
-        fk_status,
-        [buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, c_double, c_int64, c_double, c_uint32,
-         buffer_p, buffer_p, buffer_p, stream_p],
-    ),
-    "fk_leapfrog_backward": (
-        fk_status,
-        [buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, c_double, c_int64, c_double, c_uint32, buffer_p,
-         buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, buffer_p, stream_p],
-    ),
-    # Optimizer math (docs/ops.md section 4)
-    "fk_matrix_power": (
-        fk_status,
-        [buffer_p, c_double, c_double, c_int32, c_int32, c_double, c_uint32, buffer_p, POINTER(fk_matpow_report),
-         stream_p],
-    ),
-    "fk_shampoo_stats": (fk_status, [buffer_p, c_double, c_double, buffer_p, buffer_p, stream_p]),
-    "fk_shampoo_stats_ex": (fk_status, [buffer_p, c_double, c_double, buffer_p, buffer_p, c_uint32, stream_p]),
-    "fk_shampoo_precondition": (fk_status, [buffer_p, buffer_p, buffer_p, buffer_p, c_uint32, stream_p]),
-    "fk_per_sample_grads": (fk_status, [buffer_p, buffer_p, buffer_p, c_uint32, stream_p]),
-    "fk_per_sample_grad_norms": (fk_status, [buffer_p, buffer_p, buffer_p, stream_p]),
-    "fk_dp_clipped_grad_sum": (fk_status, [buffer_p, buffer_p, c_double, buffer_p, buffer_p, c_uint32, stream_p]),
-}
 
 #: Status-returning functions whose non-OK results are not errors to raise
 #: (it reports FK_ERROR_BUFFER_TOO_SMALL as part of its protocol and never sets

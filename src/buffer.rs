@@ -579,14 +579,7 @@ pub fn copy(dst: &Buffer, src: &Buffer, stream: Option<&Arc<Stream>>) -> Result<
         (Place::Device(a), Place::Device(b)) if a != b => {
             let (dd, sd) = (dst.ctx.cuda_dev(), src.ctx.cuda_dev());
             dd.ensure_peer(sd)?;
-            dd.memcpy_peer_async(
-                raw(dst.data),
-                sd,
-                raw(src.data),
-                bytes,
-                sdev,
-                stream.raw,
-            )
+            dd.memcpy_peer_async(raw(dst.data), sd, raw(src.data), bytes, sdev, stream.raw)
         }
         _ => sdev.memcpy_async(raw(dst.data), raw(src.data), bytes, stream.raw),
     }

@@ -364,7 +364,10 @@ impl Comm {
         let dev = self.ctx.cuda_dev();
         dev.bind()?;
         let comm = self.raw as ncclComm_t;
-        let (s, r) = (ptr::<c_void>(send.data).cast_const(), ptr::<c_void>(recv.data));
+        let (s, r) = (
+            ptr::<c_void>(send.data).cast_const(),
+            ptr::<c_void>(recv.data),
+        );
         n.check(call(n, s, r, count, ty, comm, stream.raw as _), what, comm)?;
         if dev.debug_sync && !in_group() {
             stream.synchronize()?;

@@ -74,9 +74,7 @@ pub(crate) fn for_each_offset<F: Fn(i64, i64, i64) + Sync>(p: &Plan, f: F) {
 #[inline(always)]
 unsafe fn load<T: Copy>(base: Addr, off: i64) -> T {
     // SAFETY: the caller's contract.
-    unsafe {
-        std::ptr::read_unaligned(base.ptr::<T>().offset(off as isize))
-    }
+    unsafe { std::ptr::read_unaligned(base.ptr::<T>().offset(off as isize)) }
 }
 
 /// Writes `v` at element offset `off` from `base`.
@@ -88,9 +86,7 @@ unsafe fn load<T: Copy>(base: Addr, off: i64) -> T {
 #[inline(always)]
 unsafe fn store<T: Copy>(base: Addr, off: i64, v: T) {
     // SAFETY: the caller's contract.
-    unsafe {
-        std::ptr::write_unaligned(base.ptr::<T>().offset(off as isize), v)
-    }
+    unsafe { std::ptr::write_unaligned(base.ptr::<T>().offset(off as isize), v) }
 }
 
 /// The plan's output and first input (present: the output is not empty).

@@ -378,14 +378,26 @@ fn gemm_half<H: Half>(p: &GemmPlan) {
     // SAFETY (three): matrix i < batch (or the one broadcast matrix) of the copies.
     let a_at = |i: usize| {
         let i = if ca == 1 { 0 } else { i };
-        op_view(unsafe { element::<f32>(ap, i * asz) }, p.a.cols.max(1), p.op_a)
+        op_view(
+            unsafe { element::<f32>(ap, i * asz) },
+            p.a.cols.max(1),
+            p.op_a,
+        )
     };
     let b_at = |i: usize| {
         let i = if cb == 1 { 0 } else { i };
-        op_view(unsafe { element::<f32>(bp, i * bsz) }, p.b.cols.max(1), p.op_b)
+        op_view(
+            unsafe { element::<f32>(bp, i * bsz) },
+            p.b.cols.max(1),
+            p.op_b,
+        )
     };
     let c_at = |i: usize| {
-        op_view(unsafe { element::<f32>(cp, i * m * n) }, n.max(1) as i64, Trans::N)
+        op_view(
+            unsafe { element::<f32>(cp, i * m * n) },
+            n.max(1) as i64,
+            Trans::N,
+        )
     };
     par_gemm::<f32>(
         p.batch as usize,

@@ -17,10 +17,10 @@ use cudarc::cusolver::sys as sv;
 
 use super::{CudaDevice, Workspace};
 use crate::dtype::DType;
-use crate::ops::addr::{ptr, raw};
 use crate::error::{
     Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result, lock,
 };
+use crate::ops::addr::{ptr, raw};
 
 /// cuSOLVER's functions (cusolverDn.h), called through the library fusekit loaded
 /// (`dynlib`: one copy per process).

@@ -33,7 +33,12 @@ fn at(a: Option<Addr>) -> usize {
 fn mat(a: usize, rows: usize, cols: usize) -> Mat {
     // SAFETY: route addresses are the job's validated operands and pieces of the
     // route's workspaces (`Layout`'s offsets inside them), each of the matrix's size.
-    dense(unsafe { Addr::from_raw(a as u64) }, rows as i64, cols as i64, 0)
+    dense(
+        unsafe { Addr::from_raw(a as u64) },
+        rows as i64,
+        cols as i64,
+        0,
+    )
 }
 
 /// `vec` of the route's elementwise kernels: 1 where they may move 16 bytes per thread

@@ -267,7 +267,12 @@ impl Ring {
         }
         // SAFETY: a staging buffer of the region's size, inside the staging
         // allocation, which outlives the pipeline.
-        Ok(dense(unsafe { Addr::from_raw(self.bufs[self.cur]) }, r.2, r.3, 0))
+        Ok(dense(
+            unsafe { Addr::from_raw(self.bufs[self.cur]) },
+            r.2,
+            r.3,
+            0,
+        ))
     }
 
     /// The product that read the current region is queued on the compute lane.

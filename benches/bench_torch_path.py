@@ -64,16 +64,19 @@ os.environ.setdefault("FUSEKIT_LIBRARY", str(ROOT / "target" / "release" / "libf
 sys.path.append(str(ROOT / "bindings" / "python"))  # last: an installed package or PYTHONPATH wins
 
 import fusekit  # noqa: E402
-import fusekit.torch_ops  # noqa: E402,F401  (registers torch.ops.fusekit.*)
-from fusekit.torch_gaussian import gaussian_field  # noqa: E402
-from fusekit.torch_geodesic import christoffel, leapfrog  # noqa: E402
+import fusekit.torch  # noqa: E402
+from fusekit.torch.elementwise import axpby as fk_axpby  # noqa: E402
+from fusekit.torch.gaussian import gaussian_field  # noqa: E402
+from fusekit.torch.geodesic import christoffel, leapfrog  # noqa: E402
+from fusekit.torch.linalg import linear as fk_linear  # noqa: E402
+
+fusekit.torch.load()  # registers torch.ops.fusekit.*
 
 sys.path.insert(0, str(ROOT / "benches"))
 from bench_gaussian import field_torch  # noqa: E402  (the eager formulas the other benches use)
 from bench_geodesic import chr_ref, lf_ref  # noqa: E402
 from host_overhead import host_us as _host_us  # noqa: E402
 
-fk_linear = fusekit.torch_ops.linear
 EPS = 1e-6  # the Gaussian field's eps (the wrapper's default)
 TOL = {torch.float32: 1e-2, torch.bfloat16: 1e-1}
 DNAME = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -544,7 +547,7 @@ def host_rows(args):
         ("torch.add", "torch.add(a, b), 1024 f32 (baseline)", lambda: torch.add(a, b), None),
         ("fusekit.add", "fusekit.add(a, b), 1024 f32", lambda: fusekit.add(a, b), "torch.add"),
         ("fusekit.axpby", "fusekit.torch_ops.axpby(2, a, -1, b) (differentiable)",
-         lambda: fusekit.torch_ops.axpby(2.0, a, -1.0, b), "torch.add"),
+         lambda: fk_axpby(2.0, a, -1.0, b), "torch.add"),
         ("op.axpby", "torch.ops.fusekit.axpby(a, b, 2, -1) (registered autograd)",
          lambda: torch.ops.fusekit.axpby(a, b, 2.0, -1.0), "torch.add"),
         ("torch.linear", "torch.relu(F.linear(x, w, b)) [64,256]x[256,256]", lambda: torch.relu(F.linear(x, w, bias)),

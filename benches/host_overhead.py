@@ -66,8 +66,7 @@ def main():
     rows = []
     if cuda:
         import bench_geodesic as bg
-        import fusekit.torch_ops  # noqa: F401  (registers torch.ops.fusekit.*)
-        from fusekit.torch_geodesic import christoffel
+        from fusekit.torch.geodesic import christoffel  # (registers torch.ops.fusekit.christoffel)
 
         sync = torch.cuda.synchronize
         P = bg.problem(B, D, R, torch.float32)

@@ -12,7 +12,7 @@ medians of many calls, synchronising every 100 calls.
 """
 import ctypes, pathlib, sys
 import torch, torch.nn.functional as F
-import fusekit, fusekit.torch_ops as to
+import fusekit, fusekit.torch.linalg as to
 from fusekit import _lib
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from host_overhead import host_us as _host_us  # the benches' timing loop

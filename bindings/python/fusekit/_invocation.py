@@ -159,7 +159,7 @@ class Invocation:
                         ERROR_INVALID_ARGUMENT,
                         where,
                         f"{name} requires grad; fusekit's functions do not record autograd "
-                        "(use the ops in fusekit.torch_ops, or pass out.detach())",
+                        "(use the ops in fusekit.torch, or pass out.detach())",
                     )
                 if out.is_conj() or out.is_neg():
                     raise_error(
@@ -201,6 +201,26 @@ class Invocation:
             self._result = arr
         self._out_buffer = b
         return b
+
+    def outputs(self, specs, dtype: DType, wanted, out):
+        """The outputs of an op with several, some optional: for each ``(name,
+        shape)`` of ``specs``, the caller's array from ``out`` (a tuple with one
+        entry per spec, None allowed) or, where ``wanted``, a new one. Returns (the
+        C handles, None for an output not wanted; the arrays in the caller's kind,
+        None likewise)."""
+        outs = tuple(out) if out is not None else (None,) * len(specs)
+        if len(outs) != len(specs):
+            raise ValueError(f"{self.where}: out must hold {len(specs)} entries (None for not wanted)")
+        handles, arrays = [], []
+        for (name, shape), want, o in zip(specs, wanted, outs):
+            if not want and o is None:
+                handles.append(None)
+                arrays.append(None)
+                continue
+            b = self.output(o, name, shape, dtype)
+            handles.append(b.handle)
+            arrays.append(self.output_array)
+        return handles, arrays
 
     @property
     def output_array(self):

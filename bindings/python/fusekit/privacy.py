@@ -43,9 +43,10 @@ _FUSED_ACTS = ("none", "relu", "gelu", "gelu_tanh")
 
 
 def _fused_linear_class():
-    """``fusekit.nn.FusedLinear`` when that module exists and imports, else None."""
+    """``fusekit.torch.nn.FusedLinear`` when that module imports (torch and the
+    compiled ops present), else None."""
     try:
-        from .nn import FusedLinear
+        from .torch.nn import FusedLinear
     except ImportError:
         return None
     return FusedLinear

@@ -254,7 +254,7 @@ def test_import_torch_cuda_via_dlpack():
 
 
 def test_cuda_custom_ops():
-    import fusekit.torch_ops as fto
+    import fusekit.torch.elementwise as fto
 
     a = torch.randn(5, 6, device=DEV, dtype=torch.float64, requires_grad=True)
     b = torch.randn(6, device=DEV, dtype=torch.float64, requires_grad=True)

@@ -1,4 +1,4 @@
-"""Gaussian field ops as torch custom ops (fusekit.torch_gaussian): gradcheck in float64
+"""Gaussian field ops as torch custom ops (fusekit.torch.gaussian): gradcheck in float64
 on the CPU, loss.backward(), opcheck, torch.compile, and CUDA cases when a GPU is
 usable. Skipped without torch; the plain functions are tested in test_gaussian.py."""
 
@@ -11,8 +11,7 @@ from test_gaussian import problem
 # ------------------------------------------------------------------ torch custom ops
 
 torch = pytest.importorskip("torch")
-import fusekit.torch_ops  # noqa: E402,F401
-from fusekit.torch_gaussian import gaussian_field, mahalanobis  # noqa: E402
+from fusekit.torch.gaussian import gaussian_field, mahalanobis  # noqa: E402
 
 
 def tproblem(b, n, seed=0, device="cpu", dtype=torch.float64):

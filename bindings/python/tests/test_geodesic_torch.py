@@ -1,4 +1,4 @@
-"""Geodesic flow ops as torch custom ops (fusekit.torch_geodesic): gradcheck in float64
+"""Geodesic flow ops as torch custom ops (fusekit.torch.geodesic): gradcheck in float64
 on the CPU, with and without clamping, and CUDA cases when a GPU is usable. Skipped
 without torch; the plain functions are tested in test_geodesic.py."""
 
@@ -13,8 +13,7 @@ from test_geodesic import problem, ref_leapfrog, rel
 # ------------------------------------------------------------------ torch custom ops
 
 torch = pytest.importorskip("torch")
-import fusekit.torch_ops  # noqa: E402,F401
-from fusekit.torch_geodesic import christoffel, leapfrog  # noqa: E402
+from fusekit.torch.geodesic import christoffel, leapfrog  # noqa: E402
 
 
 def tproblem(seed=0, b=3, d=5, r=2, device="cpu", dtype=torch.float64, scale=0.5):
@@ -108,7 +107,7 @@ def test_cuda_matches_cpu(dtype, tol):
 
 
 def test_leapfrog_keep_traj_decision():
-    from fusekit.torch_geodesic import _keep_traj
+    from fusekit.torch.geodesic import _keep_traj
 
     x, v, U, W, f, mu = tproblem(8)
     plain = [a.detach() for a in (x, v, U, W, f)]
@@ -225,7 +224,7 @@ def test_opcheck_backward_ops_partial_want():
 def test_frozen_parameters_same_gradients(monkeypatch):
     """U and W frozen: the backwards are asked for the other gradients only (so the
     kernels skip the dU, dW products), and those are the full backward's."""
-    from fusekit.torch_geodesic import CHR_GRADS, LF_GRADS
+    from fusekit.torch.geodesic import CHR_GRADS, LF_GRADS
 
     asked = []
     for name, names in (("christoffel_backward", CHR_GRADS), ("leapfrog_backward", LF_GRADS)):

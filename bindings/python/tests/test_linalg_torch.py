@@ -28,7 +28,7 @@ def _torch_ref(x, w, b, act):
 @pytest.mark.parametrize("act", ["none", "relu", "gelu", "gelu_tanh"])
 @pytest.mark.parametrize("bias", [True, False])
 def test_torch_linear_matches_torch_autograd_in_f64(act, bias):
-    import fusekit.torch_ops as fto
+    import fusekit.torch.linalg as fto
 
     x, w, b = _tinputs(seed=1, bias=bias)
     y = fto.linear(x, w, b, act)
@@ -49,7 +49,7 @@ def test_torch_linear_gradcheck_f32(act):
     # The fused linear layer has no float64 kernel: gradcheck in float32 with
     # step and tolerances for float32 finite differences (relu is checked against
     # torch's autograd above; its kink defeats finite differences).
-    import fusekit.torch_ops as fto
+    import fusekit.torch.linalg as fto
 
     x, w, b = _tinputs(seed=2)
     assert torch.autograd.gradcheck(lambda x, w, b: fto.linear(x, w, b, act), (x, w, b),
@@ -57,7 +57,7 @@ def test_torch_linear_gradcheck_f32(act):
 
 
 def test_torch_linear_opcheck_and_compile():
-    import fusekit.torch_ops as fto
+    import fusekit.torch.linalg as fto
 
     x, w, b = _tinputs(seed=3)
     for code in (2, 3):  # gelu_tanh, gelu (erf)

@@ -4,7 +4,9 @@ torch.compile(fullgraph=True)."""
 import pytest
 
 torch = pytest.importorskip("torch")
-import fusekit.torch_ops as fto  # noqa: E402
+import fusekit.torch as fto  # noqa: E402
+
+fto.load()  # every family's ops (fakes, autograd), as torch.ops.fusekit.* below need
 
 
 def _inputs(*shapes, dtype=torch.float64, seed=0):
@@ -118,8 +120,8 @@ def test_wrappers_and_registered_ops_agree():
     """The user-facing wrappers take eager_call's lean autograd Function; the
     registered ops (torch.ops.fusekit.*) take register_autograd's formula. Same
     kernels, same formulas: the same outputs and gradients, bit for bit."""
-    from fusekit.torch_gaussian import gaussian_field
-    from fusekit.torch_geodesic import christoffel, leapfrog
+    from fusekit.torch.gaussian import gaussian_field
+    from fusekit.torch.geodesic import christoffel, leapfrog
     import test_gaussian_torch as tg
     import test_geodesic_torch as tgeo
 
@@ -146,7 +148,7 @@ def test_wrappers_and_registered_ops_agree():
 
 def test_plain_ops_opcheck():
     """The plain functions' compiled ops (what fusekit.add & co. call on tensors)."""
-    import fusekit._torch_ext as tx
+    import fusekit.torch.elementwise as tx
 
     ops = torch.ops.fusekit
     a, b = (t.detach() for t in _inputs((3, 4), (4,), seed=5))

@@ -50,9 +50,10 @@ import math, os, sys
 import torch
 import torch.nn.functional as F
 import fusekit
-import fusekit.torch_ops  # registers torch.ops.fusekit.* (no fusekit op runs here)
-from fusekit.torch_gaussian import gaussian_field, mahalanobis
-from fusekit.torch_geodesic import christoffel, leapfrog
+import fusekit.torch
+fusekit.torch.load()  # registers torch.ops.fusekit.* (no fusekit op runs here)
+from fusekit.torch.gaussian import gaussian_field, mahalanobis
+from fusekit.torch.geodesic import christoffel, leapfrog
 
 DRY = os.environ.get("FK_GRAPH_TEST_DRY") == "1"
 dev = "cpu" if DRY else "cuda"
@@ -188,7 +189,7 @@ def make():
     return [rn(32, 64, grad=True), rn(48, 64, scale=0.125, grad=True), rn(48, scale=0.1, grad=True), rn(32, 48)]
 def fn(s):
     x, w, b, gy = s
-    y = fusekit.torch_ops.linear(x, w, b, ACT)
+    y = fusekit.torch.linalg.linear(x, w, b, ACT)
     return [y, *torch.autograd.grad(y, (x, w, b), gy)]
 def ref(s):
     x, w, b, gy = s
@@ -355,9 +356,11 @@ def _modules():
     import torch.nn as nn
 
     import fusekit
-    import fusekit.torch_ops  # noqa: F401
-    from fusekit.torch_gaussian import gaussian_field, mahalanobis
-    from fusekit.torch_geodesic import christoffel, leapfrog
+    import fusekit.torch
+
+    fusekit.torch.load()
+    from fusekit.torch.gaussian import gaussian_field, mahalanobis
+    from fusekit.torch.geodesic import christoffel, leapfrog
 
     def P(t):
         return nn.Parameter(t)
@@ -380,9 +383,9 @@ def _modules():
             self.w3, self.b3 = P(r(16, 48, sc=48 ** -0.5)), P(r(16, sc=0.1))
 
         def forward(self, x):
-            h = fusekit.torch_ops.linear(x, self.w1, self.b1, "relu")
-            h = fusekit.torch_ops.linear(h, self.w2, self.b2, "gelu")
-            return fusekit.torch_ops.linear(h, self.w3, self.b3, "none")
+            h = fusekit.torch.linalg.linear(x, self.w1, self.b1, "relu")
+            h = fusekit.torch.linalg.linear(h, self.w2, self.b2, "gelu")
+            return fusekit.torch.linalg.linear(h, self.w3, self.b3, "none")
 
     class Gaussian(nn.Module):
         def __init__(self, dev, g, n=40):

@@ -1,4 +1,4 @@
-"""The plain functions on torch tensors take the compiled ops (fusekit._torch_ext);
+"""The plain functions on torch tensors take the compiled ops (fusekit.torch);
 on numpy arrays, ctypes. Both call the same C entry points, so for the same inputs
 and options (out=, want/needs subsets, trajectories, caller workspaces, flags) they
 must give the same values, bit for bit, and the same errors. CPU tensors here; the
@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import fusekit  # noqa: E402
-from fusekit import _torch_ext  # noqa: E402
+from fusekit.torch import _ext as _torch_ext  # noqa: E402
 
 import test_gaussian as tg  # noqa: E402
 import test_geodesic as tgeo  # noqa: E402

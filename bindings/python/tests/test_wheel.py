@@ -56,7 +56,7 @@ def test_library_has_no_debug_sections():
 
 def test_torch_ops_are_inside_the_package():
     torch = pytest.importorskip("torch")  # noqa: F841
-    import fusekit._torch_ext as ext
+    from fusekit.torch import _ext as ext
 
     assert Path(ext.load()) == PKG / "_fusekit_torch.so"
 

@@ -15,11 +15,11 @@ float64, complex64, complex128); ``out`` must not partially overlap an input;
 
 from __future__ import annotations
 
-from .. import _torch_ext as _tx
 from .._core import DType, Invocation
 from .._lib import lib, scalar
+from ..torch import _ext as _tx
 
-_route = _tx.route
+_route = _tx.route  # torch tensors: fusekit.torch.elementwise (the compiled ops)
 
 __all__ = [
     "add",
@@ -43,24 +43,13 @@ __all__ = [
 ]
 
 
-def _routed(where, fn, fn_out, out, *args):
-    """Runs the compiled op: functional, or into the caller's ``out``."""
-    if out is None:
-        return _tx.call(fn, *args)
-    _tx.run(where, fn_out, (*args, out), (out,))
-    return out
-
-
 def _binary(entry: str, where: str, a, b, out, stream):
     t = _route.tensor
     if (t is not None and type(a) is t and type(b) is t and out is None and stream is None
             and not (a.requires_grad or b.requires_grad or a.is_complex() or b.is_complex())):
-        try:  # the common case, kept short: two plain real tensors, a new output
-            return _route.binary(a, b, _tx.BINARY[entry])
-        except RuntimeError as e:
-            raise _tx.translate(e) from None
+        return _route.elementwise.binary_new(entry, a, b)  # the common case, with the fewest checks
     if stream is None and _tx.plain(a, b, out):
-        return _routed(where, _route.binary, _route.binary_out, out, _tx.d(a), _tx.d(b), _tx.BINARY[entry])
+        return _route.elementwise.binary(entry, where, a, b, out)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         B = inv.input(b, "b")
@@ -72,12 +61,9 @@ def _binary(entry: str, where: str, a, b, out, stream):
 def _unary(entry: str, where: str, a, out, stream, out_dtype=None):
     t = _route.tensor
     if t is not None and type(a) is t and out is None and stream is None and not (a.requires_grad or a.is_complex()):
-        try:  # the common case, kept short
-            return _route.unary(a, _tx.UNARY[entry])
-        except RuntimeError as e:
-            raise _tx.translate(e) from None
+        return _route.elementwise.unary_new(entry, a)  # the common case, with the fewest checks
     if stream is None and _tx.plain(a, out):
-        return _routed(where, _route.unary, _route.unary_out, out, _tx.d(a), _tx.UNARY[entry])
+        return _route.elementwise.unary(entry, where, a, out)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         dt = out_dtype(A.dtype) if out_dtype else A.dtype
@@ -112,7 +98,7 @@ def axpby(alpha, a, beta, b, *, out=None, stream=None):
     sa = scalar(alpha, where, "alpha")
     sb = scalar(beta, where, "beta")
     if stream is None and _tx.plain(a, b, out):
-        return _routed(where, _route.axpby, _route.axpby_out, out, _tx.d(a), _tx.d(b), sa.re, sa.im, sb.re, sb.im)
+        return _route.elementwise.axpby_c(where, sa, a, sb, b, out)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         B = inv.input(b, "b")
@@ -124,7 +110,7 @@ def axpby(alpha, a, beta, b, *, out=None, stream=None):
 def _scalar_op(entry: str, where: str, a, s, out, stream):
     sc = scalar(s, where, "s")
     if stream is None and _tx.plain(a, out):
-        return _routed(where, _route.scalar, _route.scalar_out, out, _tx.d(a), sc.re, sc.im, _tx.SCALAR[entry])
+        return _route.elementwise.scalar(entry, where, a, sc, out)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         O = inv.output(out, "out", A.shape, A.dtype)

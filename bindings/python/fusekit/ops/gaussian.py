@@ -11,17 +11,20 @@ The backwards return a tuple of gradients, ``None`` for each one not asked for
 (``needs``). On CUDA they need a workspace: by default it is allocated here (a
 torch tensor from torch's caching allocator for torch inputs), or pass
 ``workspace=`` (any contiguous array of at least
-``gaussian_backward_workspace_size(...)`` bytes) to reuse one. Differentiable
-versions for torch are in ``fusekit.torch_gaussian``.
+``gaussian_backward_workspace_size(...)`` bytes) to reuse one. On torch tensors
+the functions run the compiled ops (``fusekit.torch.gaussian``, which also holds
+the differentiable versions).
 """
 
 from __future__ import annotations
 
 from ctypes import byref, c_size_t
 
-from .. import _torch_ext as _tx
 from .._core import DType, Invocation, as_dtype, default_context
 from .._lib import lib
+from ..torch import _ext as _tx
+
+_route = _tx.route  # torch tensors: fusekit.torch.gaussian (the compiled ops)
 
 __all__ = [
     "DEFAULT_EPS",
@@ -39,23 +42,6 @@ DEFAULT_EPS = 1e-6
 def _lead(b) -> int:
     """The first extent (0 for a 0-d buffer: the C call then reports the shape)."""
     return int(b.shape[0]) if len(b.shape) else 0
-
-
-def _outputs(inv: Invocation, dtype, specs, needs, out):
-    """Allocates (or adapts) the wanted outputs; returns (handles, arrays)."""
-    outs = tuple(out) if out is not None else (None,) * len(specs)
-    if len(outs) != len(specs):
-        raise ValueError(f"{inv.where}: out must hold {len(specs)} entries (None for not wanted)")
-    handles, arrays = [], []
-    for (name, shape), want, o in zip(specs, needs, outs):
-        if not want and o is None:
-            handles.append(None)
-            arrays.append(None)
-            continue
-        b = inv.output(o, name, shape, dtype)
-        handles.append(b.handle)
-        arrays.append(inv.output_array)
-    return handles, arrays
 
 
 def _workspace(inv: Invocation, workspace, dtype, b: int, n: int):
@@ -82,11 +68,7 @@ def gaussian_backward_workspace_size(context, dtype, num_points: int, num_gaussi
 def mahalanobis_forward(points, means, chol, eps: float = DEFAULT_EPS, *, out=None, stream=None):
     """Squared Mahalanobis distances ``m[b,n] = |(L_n + eps I)^-1 (p_b - mu_n)|^2``, ``[B,N]``."""
     if stream is None and _tx.plain(points, means, chol, out):
-        P = _tx.d(points)
-        O = out if out is not None else _tx.new((_lead(P), _lead(means)), P)
-        _tx.run("fusekit.mahalanobis_forward", _tx.ops().mahalanobis_forward_out,
-                (P, _tx.d(means), _tx.d(chol), float(eps), O), (out,))
-        return O
+        return _route.gaussian.mahalanobis_forward("fusekit.mahalanobis_forward", points, means, chol, eps, out)
     with Invocation("fusekit.mahalanobis_forward", stream) as inv:
         P = inv.input(points, "points")
         M = inv.input(means, "means")
@@ -103,13 +85,8 @@ def mahalanobis_backward(
     """Given ``g = dL/dm [B,N]``: ``(dpoints [B,3], dmeans [N,3], dchol [N,3,3])``
     (exact full lower triangle of dchol; its upper part is 0)."""
     if stream is None and _tx.plain(points, means, chol, g, workspace, *(out or ())):
-        P, M = _tx.d(points), _tx.d(means)
-        b, n = _lead(P), _lead(M)
-        specs = (("dpoints", (b, 3)), ("dmeans", (n, 3)), ("dchol", (n, 3, 3)))
-        outs, given = _tx.outputs("fusekit.mahalanobis_backward", specs, needs, out, P)
-        _tx.run("fusekit.mahalanobis_backward", _tx.ops().mahalanobis_backward_out,
-                (P, M, _tx.d(chol), float(eps), _tx.d(g), *outs, workspace), given)
-        return tuple(outs)
+        return _route.gaussian.mahalanobis_backward("fusekit.mahalanobis_backward", points, means, chol, g, eps,
+                                                    needs, out, workspace)
     with Invocation("fusekit.mahalanobis_backward", stream) as inv:
         P = inv.input(points, "points")
         M = inv.input(means, "means")
@@ -117,7 +94,7 @@ def mahalanobis_backward(
         G = inv.input(g, "g")
         b, n = _lead(P), _lead(M)
         specs = (("dpoints", (b, 3)), ("dmeans", (n, 3)), ("dchol", (n, 3, 3)))
-        handles, arrays = _outputs(inv, P.dtype, specs, needs, out)
+        handles, arrays = inv.outputs(specs, P.dtype, needs, out)
         ws = _workspace(inv, workspace, P.dtype, b, n) if any(h is not None for h in handles) else None
         lib().fk_mahalanobis_backward(
             P.handle, M.handle, L.handle, float(eps), G.handle, *handles, ws, inv.stream_handle
@@ -129,11 +106,7 @@ def mahalanobis_backward(
 def gaussian_field_forward(points, means, chol, weights, eps: float = DEFAULT_EPS, *, out=None, stream=None):
     """``out[b] = sum_n weights[n] exp(-0.5 m[b,n])``, ``[B]``, fused (no ``[B,N]`` array)."""
     if stream is None and _tx.plain(points, means, chol, weights, out):
-        P = _tx.d(points)
-        O = out if out is not None else _tx.new((_lead(P),), P)
-        _tx.run("fusekit.gaussian_field_forward", _tx.ops().gaussian_field_forward_out,
-                (P, _tx.d(means), _tx.d(chol), _tx.d(weights), float(eps), O), (out,))
-        return O
+        return _route.gaussian.field_forward("fusekit.gaussian_field_forward", points, means, chol, weights, eps, out)
     with Invocation("fusekit.gaussian_field_forward", stream) as inv:
         P = inv.input(points, "points")
         M = inv.input(means, "means")
@@ -152,13 +125,8 @@ def gaussian_field_backward(
 ):
     """Given ``dout = dL/dout [B]``: ``(dpoints, dmeans, dchol, dweights)``, fused."""
     if stream is None and _tx.plain(points, means, chol, weights, dout, workspace, *(out or ())):
-        P, M = _tx.d(points), _tx.d(means)
-        b, n = _lead(P), _lead(M)
-        specs = (("dpoints", (b, 3)), ("dmeans", (n, 3)), ("dchol", (n, 3, 3)), ("dweights", (n,)))
-        outs, given = _tx.outputs("fusekit.gaussian_field_backward", specs, needs, out, P)
-        _tx.run("fusekit.gaussian_field_backward", _tx.ops().gaussian_field_backward_out,
-                (P, M, _tx.d(chol), _tx.d(weights), float(eps), _tx.d(dout), *outs, workspace), given)
-        return tuple(outs)
+        return _route.gaussian.field_backward("fusekit.gaussian_field_backward", points, means, chol, weights, dout,
+                                              eps, needs, out, workspace)
     with Invocation("fusekit.gaussian_field_backward", stream) as inv:
         P = inv.input(points, "points")
         M = inv.input(means, "means")
@@ -167,7 +135,7 @@ def gaussian_field_backward(
         D = inv.input(dout, "dout")
         b, n = _lead(P), _lead(M)
         specs = (("dpoints", (b, 3)), ("dmeans", (n, 3)), ("dchol", (n, 3, 3)), ("dweights", (n,)))
-        handles, arrays = _outputs(inv, P.dtype, specs, needs, out)
+        handles, arrays = inv.outputs(specs, P.dtype, needs, out)
         ws = _workspace(inv, workspace, P.dtype, b, n) if any(h is not None for h in handles) else None
         lib().fk_gaussian_field_backward(
             P.handle, M.handle, L.handle, W.handle, float(eps), D.handle, *handles, ws, inv.stream_handle

@@ -19,14 +19,17 @@ array (torch in, torch out).
 The backwards return a tuple of gradients, ``None`` for each one not asked for
 (``want``). ``flags``: 0, ``GEO_ALLOW_TF32``, ``GEO_ALLOW_TF32X3`` (the leapfrog
 forward: 3xTF32 tensor-core products, f32-level accuracy) and/or ``GEO_FORCE_GENERIC``.
-Differentiable versions for torch are in ``fusekit.torch_geodesic``.
+On torch tensors the functions run the compiled ops (``fusekit.torch.geodesic``,
+which also holds the differentiable versions).
 """
 
 from __future__ import annotations
 
-from .. import _torch_ext as _tx
 from .._core import Invocation
 from .._lib import GEO_ALLOW_TF32, GEO_ALLOW_TF32X3, GEO_FORCE_GENERIC, lib
+from ..torch import _ext as _tx
+
+_route = _tx.route  # torch tensors: fusekit.torch.geodesic (the compiled ops)
 
 __all__ = [
     "DEFAULT_C",
@@ -55,23 +58,6 @@ def _opt(inv: Invocation, obj, name: str):
     return None if obj is None else inv.input(obj, name).handle
 
 
-def _outputs(inv: Invocation, dtype, specs, want, out):
-    """Allocates (or adapts) the wanted outputs; returns (handles, arrays)."""
-    outs = tuple(out) if out is not None else (None,) * len(specs)
-    if len(outs) != len(specs):
-        raise ValueError(f"{inv.where}: out must hold {len(specs)} entries (None for not wanted)")
-    handles, arrays = [], []
-    for (name, shape), w, o in zip(specs, want, outs):
-        if not w and o is None:
-            handles.append(None)
-            arrays.append(None)
-            continue
-        b = inv.output(o, name, shape, dtype)
-        handles.append(b.handle)
-        arrays.append(inv.output_array)
-    return handles, arrays
-
-
 def _wanted(where: str, want, names) -> tuple:
     want = (want,) if isinstance(want, str) else tuple(want)
     unknown = [w for w in want if w not in names]
@@ -83,11 +69,7 @@ def _wanted(where: str, want, names) -> tuple:
 def christoffel_forward(v, U, W, c: float = DEFAULT_C, flags: int = 0, *, out=None, stream=None):
     """``gamma = clamp((v U)**2 W^T, -c, c)``, ``[B, D]`` (``out`` may be ``v``)."""
     if stream is None and _tx.plain(v, U, W, out):
-        V = _tx.d(v)
-        O = out if out is not None else _tx.new(V.shape, V)
-        _tx.run("fusekit.christoffel_forward", _tx.ops().christoffel_forward_out,
-                (V, _tx.d(U), _tx.d(W), float(c), int(flags), O), (out,))
-        return O
+        return _route.geodesic.christoffel_forward("fusekit.christoffel_forward", v, U, W, c, flags, out)
     with Invocation("fusekit.christoffel_forward", stream) as inv:
         V = inv.input(v, "v")
         Uh = inv.input(U, "U")
@@ -106,18 +88,14 @@ def christoffel_backward(
     where = "fusekit.christoffel_backward"
     wanted = _wanted(where, want, ("v", "U", "W"))
     if stream is None and _tx.plain(v, U, W, g, *(out or ())):
-        V, Ut, Wt = _tx.d(v), _tx.d(U), _tx.d(W)
-        specs = (("dv", tuple(V.shape)), ("dU", tuple(Ut.shape)), ("dW", tuple(Wt.shape)))
-        outs, given = _tx.outputs(where, specs, wanted, out, V)
-        _tx.run(where, _tx.ops().christoffel_backward_out, (V, Ut, Wt, _tx.d(g), float(c), int(flags), *outs), given)
-        return tuple(outs)
+        return _route.geodesic.christoffel_backward(where, v, U, W, g, c, flags, wanted, out)
     with Invocation(where, stream) as inv:
         V = inv.input(v, "v")
         Uh = inv.input(U, "U")
         Wh = inv.input(W, "W")
         G = inv.input(g, "g")
         specs = (("dv", tuple(V.shape)), ("dU", tuple(Uh.shape)), ("dW", tuple(Wh.shape)))
-        handles, arrays = _outputs(inv, V.dtype, specs, wanted, out)
+        handles, arrays = inv.outputs(specs, V.dtype, wanted, out)
         lib().fk_christoffel_backward(V.handle, Uh.handle, Wh.handle, G.handle, float(c), int(flags), *handles,
                                       inv.stream_handle)
         inv.result()
@@ -135,19 +113,8 @@ def leapfrog_forward(
     (``x_out`` may be ``x0`` and ``v_out`` ``v0``)."""
     traj_given = traj is not None and not isinstance(traj, bool)
     if stream is None and _tx.plain(x0, v0, U, W, f, mu, *(out or ()), traj if traj_given else None):
-        where = "fusekit.leapfrog_forward"
-        X, V = _tx.d(x0), _tx.d(v0)
-        outs = list(out) if out is not None else [None, None]
-        if len(outs) != 2:
-            raise ValueError(f"{where}: out must hold 2 entries (x_out, v_out)")
-        xo = outs[0] if outs[0] is not None else _tx.new(X.shape, X)
-        vo = outs[1] if outs[1] is not None else _tx.new(V.shape, V)
-        b, d = _dims(V, 2)
-        T = traj if traj_given else (_tx.new((int(steps), 2, b, d), V) if traj is True else None)
-        _tx.run(where, _tx.ops().leapfrog_forward_out,
-                (X, V, _tx.d(f), _tx.d(U), _tx.d(W), _tx.d(mu), float(dt), int(steps), float(c), int(flags), xo, vo, T),
-                (outs[0], outs[1], traj if traj_given else None))
-        return (xo, vo, T) if T is not None else (xo, vo)
+        return _route.geodesic.leapfrog_forward("fusekit.leapfrog_forward", x0, v0, U, W, dt, steps, f, mu, c, flags,
+                                                traj, out)
     with Invocation("fusekit.leapfrog_forward", stream) as inv:
         X = inv.input(x0, "x0")
         V = inv.input(v0, "v0")
@@ -164,7 +131,7 @@ def leapfrog_forward(
         if want_traj:
             specs.append(("traj", (int(steps), 2, b, d)))
             outs.append(None if traj is True else traj)
-        handles, arrays = _outputs(inv, V.dtype, specs, (True,) * len(specs), outs)
+        handles, arrays = inv.outputs(specs, V.dtype, (True,) * len(specs), outs)
         if not want_traj:
             handles.append(None)
         lib().fk_leapfrog_forward(
@@ -187,14 +154,8 @@ def leapfrog_backward(
     where = "fusekit.leapfrog_backward"
     wanted = _wanted(where, want, ("x0", "v0", "f", "U", "W"))
     if stream is None and _tx.plain(v0, U, W, f, mu, traj, gx, gv, *(out or ())):
-        V, Ut, Wt = _tx.d(v0), _tx.d(U), _tx.d(W)
-        bd = tuple(V.shape)
-        specs = (("dx0", bd), ("dv0", bd), ("df", bd), ("dU", tuple(Ut.shape)), ("dW", tuple(Wt.shape)))
-        outs, given = _tx.outputs(where, specs, wanted, out, V)
-        _tx.run(where, _tx.ops().leapfrog_backward_out,
-                (V, _tx.d(f), Ut, Wt, _tx.d(mu), float(dt), int(steps), float(c), int(flags), _tx.d(traj), _tx.d(gx),
-                 _tx.d(gv), *outs), given)
-        return tuple(outs)
+        return _route.geodesic.leapfrog_backward(where, v0, U, W, dt, steps, gx, gv, f, mu, traj, c, flags, wanted,
+                                                 out)
     with Invocation(where, stream) as inv:
         V = inv.input(v0, "v0")
         fh = _opt(inv, f, "f")
@@ -206,7 +167,7 @@ def leapfrog_backward(
         gvh = _opt(inv, gv, "gv")
         bd = tuple(V.shape)
         specs = (("dx0", bd), ("dv0", bd), ("df", bd), ("dU", tuple(Uh.shape)), ("dW", tuple(Wh.shape)))
-        handles, arrays = _outputs(inv, V.dtype, specs, wanted, out)
+        handles, arrays = inv.outputs(specs, V.dtype, wanted, out)
         lib().fk_leapfrog_backward(
             V.handle, fh, Uh.handle, Wh.handle, muh, float(dt), int(steps), float(c), int(flags), th, gxh, gvh,
             *handles, inv.stream_handle

@@ -1,5 +1,6 @@
-"""Linear algebra (docs/ops.md section 2): one function per C entry point, plus the torch
-custom ops of the fused linear layer (registered by ``fusekit.torch_ops``).
+"""Linear algebra (docs/ops.md section 2): one function per C entry point. On torch
+tensors they run the compiled ops (``fusekit.torch.linalg``, which also holds the
+differentiable fused linear layer, ``fusekit.torch.linalg.linear``).
 
 Each function takes numpy arrays, torch tensors (CPU or CUDA), fusekit Buffers or
 other DLPack producers and returns the caller's kind of array (torch in -> torch
@@ -30,9 +31,11 @@ from __future__ import annotations
 
 import ctypes
 
-from .. import _torch_ext as _tx
 from .._core import Invocation, as_dtype
-from .._lib import lib, scalar
+from .._lib import ERROR_INVALID_ARGUMENT, lib, raise_error, scalar
+from ..torch import _ext as _tx
+
+_route = _tx.route  # torch tensors: fusekit.torch.linalg (the compiled ops)
 
 __all__ = ["gemm", "gemm_chunked", "linear_aux_size", "linear_forward", "linear_backward", "kron"]
 
@@ -83,29 +86,14 @@ def gemm(a, b, *, op_a="N", op_b="N", alpha=1.0, beta=0.0, c=None, allow_tf32=Fa
     where = "fusekit.gemm"
     sa, sb = scalar(alpha, where, "alpha"), scalar(beta, where, "beta")
     oa, ob = _op(op_a), _op(op_b)
+    if c is None and beta != 0:
+        raise_error(ERROR_INVALID_ARGUMENT, where, "beta != 0 needs c")
     if stream is None and _tx.plain(a, b, c):
-        A, B = _tx.d(a), _tx.d(b)
-        C = c
-        if C is None:
-            if beta != 0:
-                from .._lib import ERROR_INVALID_ARGUMENT, raise_error
-
-                raise_error(ERROR_INVALID_ARGUMENT, where, "beta != 0 needs c")
-            C = _tx.new(_gemm_shape(tuple(A.shape), tuple(B.shape), oa, ob), A)
-        flags = FK_GEMM_ALLOW_TF32 if allow_tf32 else 0
-        _tx.run(where, _tx.ops().gemm_, (oa, ob, sa.re, sa.im, A, B, sb.re, sb.im, C, flags), (c,))
-        return C
+        return _route.linalg.gemm(where, oa, ob, sa, a, b, sb, c, allow_tf32)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         B = inv.input(b, "b")
-        if c is None:
-            if beta != 0:
-                from .._lib import ERROR_INVALID_ARGUMENT, raise_error
-
-                raise_error(ERROR_INVALID_ARGUMENT, where, "beta != 0 needs c")
-            shape = _gemm_shape(tuple(A.shape), tuple(B.shape), oa, ob)
-        else:
-            shape = None
+        shape = _gemm_shape(tuple(A.shape), tuple(B.shape), oa, ob) if c is None else None
         C = inv.output(c, "c", shape, A.dtype)
         flags = FK_GEMM_ALLOW_TF32 if allow_tf32 else 0
         lib().fk_gemm(oa, ob, sa, A.handle, B.handle, sb, C.handle, flags, inv.stream_handle)
@@ -141,12 +129,7 @@ def linear_forward(x, w, b=None, *, act="relu", y=None, aux=None, want_aux=False
     the pre-activation for the backward: returns ``(y, aux)``; else ``y``."""
     a = _act(act)
     if stream is None and _tx.plain(x, w, b, y, aux):
-        X, Wt = _tx.d(x), _tx.d(w)
-        yshape = tuple(X.shape[:-1]) + (Wt.shape[0] if Wt.dim() == 2 else 0,)
-        Y = y if y is not None else _tx.new(yshape, X)
-        A = aux if aux is not None else (_tx.new(yshape, X) if want_aux else None)
-        _tx.run("fusekit.linear_forward", _tx.ops().linear_forward_out, (X, Wt, _tx.d(b), a, Y, A), (y, aux))
-        return (Y, A) if A is not None else Y
+        return _route.linalg.linear_forward("fusekit.linear_forward", x, w, b, a, y, aux, want_aux)
     with Invocation("fusekit.linear_forward", stream) as inv:
         X = inv.input(x, "x")
         W = inv.input(w, "w")
@@ -171,13 +154,7 @@ def linear_backward(dy, x, w, *, act="relu", saved=None, dx=True, dw=True, db=Tr
     relu, aux for the GELUs, unused for none."""
     given = tuple(o for o in (dx, dw, db) if o is not None and not isinstance(o, bool))
     if stream is None and _tx.plain(dy, x, w, saved, *given):
-        DY, X, Wt = _tx.d(dy), _tx.d(x), _tx.d(w)
-        shapes = (tuple(X.shape), tuple(Wt.shape), (Wt.shape[0],) if Wt.dim() == 2 else (0,))
-        outs = [None if o is None or o is False else (_tx.new(sh, DY) if o is True else o)
-                for o, sh in zip((dx, dw, db), shapes)]
-        _tx.run("fusekit.linear_backward", _tx.ops().linear_backward_out,
-                (DY, X, Wt, _act(act), _tx.d(saved), *outs), given)
-        return tuple(outs)
+        return _route.linalg.linear_backward("fusekit.linear_backward", dy, x, w, _act(act), saved, dx, dw, db)
     with Invocation("fusekit.linear_backward", stream) as inv:
         DY = inv.input(dy, "dy")
         X = inv.input(x, "x")
@@ -213,10 +190,7 @@ def kron(a, b, *, out=None, stream=None):
     """Batched Kronecker product: ``kron(a [m, n], b [p, q]) -> [m*p, n*q]``, or
     ``[batch, m*p, n*q]`` when either is 3-D (a batch of 1 broadcasts)."""
     if stream is None and _tx.plain(a, b, out):
-        A, B = _tx.d(a), _tx.d(b)
-        O = out if out is not None else _tx.new(_kron_shape(tuple(A.shape), tuple(B.shape)), A)
-        _tx.run("fusekit.kron", _tx.ops().kron_out, (A, B, O), (out,))
-        return O
+        return _route.linalg.kron("fusekit.kron", a, b, out)
     with Invocation("fusekit.kron", stream) as inv:
         A = inv.input(a, "a")
         B = inv.input(b, "b")
@@ -234,65 +208,3 @@ ENTRY_POINTS = {
     "fk_linear_backward": linear_backward,
     "fk_kron": kron,
 }
-
-
-# ---------------------------------------------------------------------------
-# torch custom ops (registered by fusekit.torch_ops, which imports torch)
-# ---------------------------------------------------------------------------
-
-
-def register_torch_ops(register):
-    """Gives the compiled ops ``fusekit::linear`` (forward, returns ``(y, aux)``; aux
-    is the GELUs' pre-activation, empty otherwise) and ``fusekit::linear_backward``
-    (``want`` bits: dx, dw, db; a gradient not wanted comes back empty) their fake
-    implementations and autograd; returns the user-facing
-    ``linear(x, w, b=None, act="relu")``."""
-    import torch
-
-    def _linear_fake(x, w, b, act):
-        torch._check(x.dtype in (torch.float16, torch.bfloat16, torch.float32),
-                     lambda: f"fusekit::linear takes float16, bfloat16 or float32, not {x.dtype}")
-        torch._check(w.dim() == 2 and w.shape[1] == x.shape[-1],
-                     lambda: f"fusekit::linear: w {tuple(w.shape)} does not match x {tuple(x.shape)}")
-        shape = tuple(x.shape[:-1]) + (w.shape[0],)
-        y = x.new_empty(shape)
-        aux = x.new_empty(shape) if act in _HAS_AUX else x.new_empty((0,))
-        return y, aux
-
-    def _linear_bwd_fake(dy, x, w, saved, act, want=7):
-        return (x.new_empty(x.shape if want & 1 else (0,)), w.new_empty(w.shape if want & 2 else (0,)),
-                dy.new_empty((w.shape[0],) if want & 4 else (0,)))
-
-    bwd_op = register("linear_backward", fake=_linear_bwd_fake)
-
-    def _setup(ctx, inputs, output):
-        x, w, b, act = inputs
-        y, aux = output
-        saved = y if act == FK_ACT_RELU else aux  # relu's backward reads y itself; none needs nothing
-        ctx.act = act
-        ctx.has_bias = b is not None
-        ctx.save_for_backward(x, w, saved)
-
-    def _backward(ctx, gy, _gsaved):
-        if gy is None:  # only aux was used (it gets no gradient)
-            return None, None, None, None
-        x, w, saved = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        want = (1 if need[0] else 0) | (2 if need[1] else 0) | (4 if ctx.has_bias and need[2] else 0)
-        dx, dw, db = bwd_op(gy, x, w, saved, ctx.act, want)
-        return (dx if want & 1 else None), (dw if want & 2 else None), (db if want & 4 else None), None
-
-    fwd_op = register("linear", fake=_linear_fake, backward=_backward, setup_context=_setup)
-    from ..torch_ops import eager_call
-
-    fwd = eager_call(fwd_op, _backward, _setup, (0, 1, 2), materialize=False)
-    acts = LINEAR_ACTIVATIONS
-
-    def linear(x, w, b=None, act="relu"):
-        """``act(x w^T + b)`` through ``torch.ops.fusekit.linear`` (differentiable;
-        float16, bfloat16, float32)."""
-        a = acts.get(act) if isinstance(act, str) else None
-        y, _ = fwd(x, w, b, _act(act) if a is None else a)
-        return y
-
-    return linear

@@ -23,8 +23,9 @@ tensor cores on CUDA (relative error ~1e-3; ignored for f64 and on the CPU).
   squared Frobenius norms without materialising them; :func:`dp_clipped_grad_sum`
   the DP-SGD clipped sum ``sum_b min(1, max_norm / |G_b|) G_b``.
 
-These ops have no backward, so there are no torch custom ops for them: call them
-on detached tensors (an ``out`` that requires grad is refused).
+On torch tensors the functions run the compiled ops (``fusekit.torch.optim``).
+These ops have no backward, so none of them is differentiable: call them on
+detached tensors (an ``out`` that requires grad is refused).
 """
 
 from __future__ import annotations
@@ -33,8 +34,7 @@ import numbers
 from ctypes import byref
 from dataclasses import dataclass
 
-from .. import _torch_ext as _tx
-from .._core import DType, Invocation, _is_torch_tensor, _torch, as_dtype
+from .._core import DType, Invocation, _is_torch_tensor, _torch
 from .._lib import (
     ERROR_INVALID_ARGUMENT,
     GEMM_ALLOW_TF32,
@@ -46,6 +46,9 @@ from .._lib import (
     lib,
     raise_error,
 )
+from ..torch import _ext as _tx
+
+_route = _tx.route  # torch tensors: fusekit.torch.optim (the compiled ops)
 
 __all__ = [
     "MATPOW_AUTO",
@@ -190,25 +193,14 @@ def matrix_power(a, power, eps=0.0, *, method="auto", max_iter=100, tol=None, al
     e = _real(eps, where, "eps")
     m = _method(method, where)
     it = _int32(max_iter, where, "max_iter")
+    tol = None if tol is None else _real(tol, where, "tol")
     if stream is None and _tx.plain(a, out):
-        A = _tx.d(a)
-        O = out if out is not None else _tx.new(A.shape, A)
-        t = _default_tol(as_dtype(A.dtype), allow_tf32) if tol is None else _real(tol, where, "tol")
-        rep_t = _torch().zeros(5, dtype=_torch().float64)
-        rep = fk_matpow_report()
-        try:
-            _tx.run(where, _tx.ops().matrix_power_out, (A, p, e, m, it, t, _flags(allow_tf32), O, rep_t), (out,))
-        except NotConvergedError as err:
-            _report_from(rep, rep_t)
-            err.report, err.out = MatrixPowerReport.from_c(rep), O
-            raise
-        _report_from(rep, rep_t)
-        return (O, MatrixPowerReport.from_c(rep)) if return_report else O
+        return _route.optim.matrix_power(where, a, p, e, m, it, tol, allow_tf32, out, return_report)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         O = inv.output(out, "out", _dims(A), A.dtype)
         result = inv.output_array
-        t = _default_tol(A.dtype, allow_tf32) if tol is None else _real(tol, where, "tol")
+        t = _default_tol(A.dtype, allow_tf32) if tol is None else tol
         rep = fk_matpow_report()
         try:
             lib().fk_matrix_power(A.handle, p, e, m, it, t, _flags(allow_tf32), O.handle, byref(rep),
@@ -220,14 +212,6 @@ def matrix_power(a, power, eps=0.0, *, method="auto", max_iter=100, tol=None, al
             raise
         inv.result()
         return (result, MatrixPowerReport.from_c(rep)) if return_report else result
-
-
-def _report_from(rep: fk_matpow_report, t) -> None:
-    """The compiled route's report tensor (method, iterations, converged, residual,
-    min_eigenvalue) into an ``fk_matpow_report``."""
-    v = t.tolist()
-    rep.method, rep.iterations, rep.converged = int(v[0]), int(v[1]), int(v[2])
-    rep.residual, rep.min_eigenvalue = v[3], v[4]
 
 
 def shampoo_stats(grad, l=None, r=None, alpha=1.0, beta=1.0, *, allow_tf32=False, stream=None):  # noqa: E741
@@ -246,8 +230,7 @@ def shampoo_stats(grad, l=None, r=None, alpha=1.0, beta=1.0, *, allow_tf32=False
     where = "fusekit.shampoo_stats"
     sa, sb = _real(alpha, where, "alpha"), _real(beta, where, "beta")
     if stream is None and _tx.plain(grad, l, r):
-        _tx.run(where, _tx.ops().shampoo_stats_, (_tx.d(grad), l, r, sa, sb, _flags(allow_tf32)), (l, r))
-        return l, r
+        return _route.optim.shampoo_stats(where, grad, l, r, sa, sb, allow_tf32)
     with Invocation(where, stream) as inv:
         G = inv.input(grad, "grad")
         L = inv.output(l, "l", None, G.dtype) if l is not None else None
@@ -265,11 +248,7 @@ def shampoo_precondition(grad, l_root=None, r_root=None, *, out=None, allow_tf32
     :func:`matrix_power` with ``power = -1/4``. ``out`` has grad's shape."""
     where = "fusekit.shampoo_precondition"
     if stream is None and _tx.plain(grad, l_root, r_root, out):
-        G = _tx.d(grad)
-        O = out if out is not None else _tx.new(G.shape, G)
-        _tx.run(where, _tx.ops().shampoo_precondition_out, (G, _tx.d(l_root), _tx.d(r_root), _flags(allow_tf32), O),
-                (out,))
-        return O
+        return _route.optim.shampoo_precondition(where, grad, l_root, r_root, out, allow_tf32)
     with Invocation(where, stream) as inv:
         G = inv.input(grad, "grad")
         Lh = inv.input(l_root, "l_root").handle if l_root is not None else None
@@ -297,11 +276,7 @@ def per_sample_grads(a, g, *, out=None, allow_tf32=False, stream=None):
     exact outer product)."""
     where = "fusekit.per_sample_grads"
     if stream is None and _tx.plain(a, g, out):
-        A, G = _tx.d(a), _tx.d(g)
-        b, din, dout = _psg_dims(A, G)
-        O = out if out is not None else _tx.new((b, dout, din), A)
-        _tx.run(where, _tx.ops().per_sample_grads_out, (A, G, _flags(allow_tf32), O), (out,))
-        return O
+        return _route.optim.per_sample_grads(where, a, g, out, allow_tf32)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         G = inv.input(g, "g")
@@ -317,10 +292,7 @@ def per_sample_grad_norms(a, g, *, out=None, stream=None):
     :func:`per_sample_grads`)."""
     where = "fusekit.per_sample_grad_norms"
     if stream is None and _tx.plain(a, g, out):
-        A, G = _tx.d(a), _tx.d(g)
-        O = out if out is not None else _tx.new((_psg_dims(A, G)[0],), A)
-        _tx.run(where, _tx.ops().per_sample_grad_norms_out, (A, G, O), (out,))
-        return O
+        return _route.optim.per_sample_grad_norms(where, a, g, out)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         G = inv.input(g, "g")
@@ -343,12 +315,7 @@ def dp_clipped_grad_sum(a, g, max_norm, *, out=None, sq_norms=None, allow_tf32=F
     want_norms = sq_norms is not None and sq_norms is not False
     given_norms = None if sq_norms is None or isinstance(sq_norms, bool) else sq_norms
     if stream is None and _tx.plain(a, g, out, given_norms):
-        A, G = _tx.d(a), _tx.d(g)
-        b, din, dout = _psg_dims(A, G)
-        O = out if out is not None else _tx.new((dout, din), A)
-        N = (given_norms if given_norms is not None else _tx.new((b,), A)) if want_norms else None
-        _tx.run(where, _tx.ops().dp_clipped_grad_sum_out, (A, G, c, _flags(allow_tf32), O, N), (out, given_norms))
-        return (O, N) if want_norms else O
+        return _route.optim.dp_clipped_grad_sum(where, a, g, c, out, sq_norms, allow_tf32)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
         G = inv.input(g, "g")

@@ -1,6 +1,5 @@
-"""The Gaussian field ops as torch custom ops (autograd, fake tensors,
-``torch.compile``), registered by ``import fusekit.torch_ops`` (which imports this
-module) under ``torch.ops.fusekit``:
+"""The Gaussian field family on torch (``fusekit/csrc/gaussian.cpp``): the ops
+under ``torch.ops.fusekit``, with fake tensors, autograd and ``torch.compile``:
 
 - ``gaussian_field(points, means, chol, weights, eps) -> [B]`` and
   ``mahalanobis(points, means, chol, eps) -> [B,N]``: differentiable with respect to
@@ -11,13 +10,15 @@ module) under ``torch.ops.fusekit``:
   bit mask of the gradients to compute, in output order (a gradient not wanted
   comes back as an empty tensor).
 
-The kernels are compiled (``fusekit/csrc/fusekit_torch.cpp``); this module gives
-them their fake implementations and autograd formulas.
+The tensor route of the plain functions of ``fusekit.ops.gaussian``
+(:func:`mahalanobis_forward`, :func:`mahalanobis_backward`,
+:func:`field_forward`, :func:`field_backward`) runs their C entry points one to
+one through the ``*_out`` ops (every output given; None = not wanted).
 
-::
+This module gives the compiled kernels their fake implementations and autograd
+formulas (``_register``)::
 
-    import fusekit.torch_ops
-    from fusekit.torch_gaussian import gaussian_field
+    from fusekit.torch.gaussian import gaussian_field
     f = gaussian_field(points, means, chol, weights)   # eps defaults to 1e-6
     ((f - target) ** 2).mean().backward()
 
@@ -27,18 +28,58 @@ Double backward is not supported (the backward ops have no autograd formula).
 import torch
 from torch import Tensor
 
-from .ops import gaussian as _g
-from .torch_ops import eager_call, register
+from ..ops.gaussian import DEFAULT_EPS, _lead
+from ._register import d, eager_call, new, no_output, outputs, register, run, want_bits
 
 __all__ = ["gaussian_field", "mahalanobis"]
 
 
-def _want(needs) -> int:
-    return sum(1 << i for i, n in enumerate(needs) if n)
-
-
 def _maybe(t: Tensor, want: int, i: int, shape):
     return t.new_empty(shape if want >> i & 1 else (0,))
+
+
+# --- the plain functions' ops: the entry points one to one ---------------------------
+
+_maha_fwd_out = register("mahalanobis_forward_out", fake=no_output)
+_maha_bwd_out = register("mahalanobis_backward_out", fake=no_output)
+_field_fwd_out = register("gaussian_field_forward_out", fake=no_output)
+_field_bwd_out = register("gaussian_field_backward_out", fake=no_output)
+
+
+def mahalanobis_forward(where: str, points, means, chol, eps: float, out):
+    """``fusekit.mahalanobis_forward`` on tensors."""
+    P = d(points)
+    O = out if out is not None else new((_lead(P), _lead(means)), P)
+    run(where, _maha_fwd_out, (P, d(means), d(chol), float(eps), O), (out,))
+    return O
+
+
+def mahalanobis_backward(where: str, points, means, chol, g, eps: float, needs, out, workspace):
+    """``fusekit.mahalanobis_backward`` on tensors."""
+    P, M = d(points), d(means)
+    b, n = _lead(P), _lead(M)
+    specs = (("dpoints", (b, 3)), ("dmeans", (n, 3)), ("dchol", (n, 3, 3)))
+    outs, given = outputs(where, specs, needs, out, P)
+    run(where, _maha_bwd_out, (P, M, d(chol), float(eps), d(g), *outs, workspace), given)
+    return tuple(outs)
+
+
+def field_forward(where: str, points, means, chol, weights, eps: float, out):
+    """``fusekit.gaussian_field_forward`` on tensors."""
+    P = d(points)
+    O = out if out is not None else new((_lead(P),), P)
+    run(where, _field_fwd_out, (P, d(means), d(chol), d(weights), float(eps), O), (out,))
+    return O
+
+
+def field_backward(where: str, points, means, chol, weights, dout, eps: float, needs, out, workspace):
+    """``fusekit.gaussian_field_backward`` on tensors."""
+    P, M = d(points), d(means)
+    b, n = _lead(P), _lead(M)
+    specs = (("dpoints", (b, 3)), ("dmeans", (n, 3)), ("dchol", (n, 3, 3)), ("dweights", (n,)))
+    outs, given = outputs(where, specs, needs, out, P)
+    run(where, _field_bwd_out, (P, M, d(chol), d(weights), float(eps), d(dout), *outs, workspace), given)
+    return tuple(outs)
 
 
 # --- fusekit::gaussian_field_backward -------------------------------------------------
@@ -70,7 +111,7 @@ def _field_backward(ctx, grad):
     points, means, chol, weights = ctx.saved_tensors
     need = ctx.needs_input_grad[:4]
     dp, dm, dc, dw = torch.ops.fusekit.gaussian_field_backward(points, means, chol, weights, grad, ctx.eps,
-                                                               _want(need))
+                                                               want_bits(need))
     return (dp if need[0] else None, dm if need[1] else None, dc if need[2] else None,
             dw if need[3] else None, None)
 
@@ -106,7 +147,7 @@ def _maha_setup(ctx, inputs, output):
 def _maha_backward(ctx, grad):
     points, means, chol = ctx.saved_tensors
     need = ctx.needs_input_grad[:3]
-    dp, dm, dc = torch.ops.fusekit.mahalanobis_backward(points, means, chol, grad, ctx.eps, _want(need))
+    dp, dm, dc = torch.ops.fusekit.mahalanobis_backward(points, means, chol, grad, ctx.eps, want_bits(need))
     return dp if need[0] else None, dm if need[1] else None, dc if need[2] else None, None
 
 
@@ -117,11 +158,11 @@ _maha = eager_call(register("mahalanobis", fake=_maha_fake, backward=_maha_backw
 # --- wrappers with the default eps ------------------------------------------------------------
 
 
-def gaussian_field(points: Tensor, means: Tensor, chol: Tensor, weights: Tensor, eps: float = _g.DEFAULT_EPS) -> Tensor:
+def gaussian_field(points: Tensor, means: Tensor, chol: Tensor, weights: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
     """Differentiable fused Gaussian field ``[B]`` (``torch.ops.fusekit.gaussian_field``)."""
     return _field(points, means, chol, weights, float(eps))
 
 
-def mahalanobis(points: Tensor, means: Tensor, chol: Tensor, eps: float = _g.DEFAULT_EPS) -> Tensor:
+def mahalanobis(points: Tensor, means: Tensor, chol: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
     """Differentiable squared Mahalanobis distances ``[B,N]`` (``torch.ops.fusekit.mahalanobis``)."""
     return _maha(points, means, chol, float(eps))

@@ -1,6 +1,5 @@
-"""The geodesic flow ops as torch custom ops (autograd, fake tensors,
-``torch.compile``), registered by ``import fusekit.torch_ops`` (which imports this
-module) under ``torch.ops.fusekit``:
+"""The geodesic flow family on torch (``fusekit/csrc/geodesic.cpp``): the ops
+under ``torch.ops.fusekit``, with fake tensors, autograd and ``torch.compile``:
 
 - ``christoffel(v, U, W, c) -> gamma [B,D]``: differentiable with respect to ``v``,
   ``U``, ``W`` (through ``fk_christoffel_backward``);
@@ -22,15 +21,18 @@ module) under ``torch.ops.fusekit``:
 
 ::
 
-    import fusekit.torch_ops
-    from fusekit.torch_geodesic import christoffel, leapfrog
+    from fusekit.torch.geodesic import christoffel, leapfrog
     x, v = leapfrog(x0, v0, U, W, dt=0.1, steps=4, f=f)   # c defaults to 5.0
     (x.square().sum() + v.square().sum()).backward()
 
-The kernels are compiled (``fusekit/csrc/fusekit_torch.cpp``); this module gives
-them their fake implementations and autograd formulas.
+The tensor route of the plain functions of ``fusekit.ops.geodesic``
+(:func:`christoffel_forward`, :func:`christoffel_backward`,
+:func:`leapfrog_forward`, :func:`leapfrog_backward`) runs their C entry points
+one to one through the ``*_out`` ops (every output given; None = not wanted).
 
-Double backward is not supported (the backward ops have no autograd formula).
+This module gives the compiled kernels their fake implementations and autograd
+formulas (``_register``). Double backward is not supported (the backward ops have
+no autograd formula).
 """
 
 from typing import Optional
@@ -38,8 +40,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .ops import geodesic as _g
-from .torch_ops import eager_call, register
+from ..ops.geodesic import DEFAULT_C, _dims
+from ._register import d, eager_call, new, no_output, outputs, register, run, want_bits
 
 __all__ = ["christoffel", "leapfrog"]
 
@@ -50,9 +52,58 @@ CHR_GRADS = ("v", "U", "W")
 LF_GRADS = ("x0", "v0", "f", "U", "W")
 
 
-def _want_bits(needs) -> int:
-    """``want`` from flags in output order (e.g. ``ctx.needs_input_grad`` reordered)."""
-    return sum(1 << i for i, n in enumerate(needs) if n)
+# --- the plain functions' ops: the entry points one to one ---------------------------
+
+_chr_fwd_out = register("christoffel_forward_out", fake=no_output)
+_chr_bwd_out = register("christoffel_backward_out", fake=no_output)
+_lf_fwd_out = register("leapfrog_forward_out", fake=no_output)
+_lf_bwd_out = register("leapfrog_backward_out", fake=no_output)
+
+
+def christoffel_forward(where: str, v, U, W, c: float, flags: int, out):
+    """``fusekit.christoffel_forward`` on tensors."""
+    V = d(v)
+    O = out if out is not None else new(V.shape, V)
+    run(where, _chr_fwd_out, (V, d(U), d(W), float(c), int(flags), O), (out,))
+    return O
+
+
+def christoffel_backward(where: str, v, U, W, g, c: float, flags: int, wanted, out):
+    """``fusekit.christoffel_backward`` on tensors (``wanted``: flags in CHR_GRADS order)."""
+    V, Ut, Wt = d(v), d(U), d(W)
+    specs = (("dv", tuple(V.shape)), ("dU", tuple(Ut.shape)), ("dW", tuple(Wt.shape)))
+    outs, given = outputs(where, specs, wanted, out, V)
+    run(where, _chr_bwd_out, (V, Ut, Wt, d(g), float(c), int(flags), *outs), given)
+    return tuple(outs)
+
+
+def leapfrog_forward(where: str, x0, v0, U, W, dt: float, steps: int, f, mu, c: float, flags: int, traj, out):
+    """``fusekit.leapfrog_forward`` on tensors (``traj``: False, True or a tensor)."""
+    X, V = d(x0), d(v0)
+    outs = list(out) if out is not None else [None, None]
+    if len(outs) != 2:
+        raise ValueError(f"{where}: out must hold 2 entries (x_out, v_out)")
+    xo = outs[0] if outs[0] is not None else new(X.shape, X)
+    vo = outs[1] if outs[1] is not None else new(V.shape, V)
+    b, dd = _dims(V, 2)
+    traj_given = traj is not None and not isinstance(traj, bool)
+    T = traj if traj_given else (new((int(steps), 2, b, dd), V) if traj is True else None)
+    run(where, _lf_fwd_out,
+        (X, V, d(f), d(U), d(W), d(mu), float(dt), int(steps), float(c), int(flags), xo, vo, T),
+        (outs[0], outs[1], traj if traj_given else None))
+    return (xo, vo, T) if T is not None else (xo, vo)
+
+
+def leapfrog_backward(where: str, v0, U, W, dt: float, steps: int, gx, gv, f, mu, traj, c: float, flags: int, wanted,
+                      out):
+    """``fusekit.leapfrog_backward`` on tensors (``wanted``: flags in LF_GRADS order)."""
+    V, Ut, Wt = d(v0), d(U), d(W)
+    bd = tuple(V.shape)
+    specs = (("dx0", bd), ("dv0", bd), ("df", bd), ("dU", tuple(Ut.shape)), ("dW", tuple(Wt.shape)))
+    outs, given = outputs(where, specs, wanted, out, V)
+    run(where, _lf_bwd_out,
+        (V, d(f), Ut, Wt, d(mu), float(dt), int(steps), float(c), int(flags), d(traj), d(gx), d(gv), *outs), given)
+    return tuple(outs)
 
 
 # --- fusekit::christoffel_backward ----------------------------------------------------
@@ -83,7 +134,7 @@ def _chr_setup(ctx, inputs, output):
 def _chr_backward(ctx, grad):
     v, U, W = ctx.saved_tensors
     need = ctx.needs_input_grad[:3]
-    dv, dU, dW = torch.ops.fusekit.christoffel_backward(v, U, W, grad, ctx.c, _want_bits(need))
+    dv, dU, dW = torch.ops.fusekit.christoffel_backward(v, U, W, grad, ctx.c, want_bits(need))
     return dv if need[0] else None, dU if need[1] else None, dW if need[2] else None, None
 
 
@@ -120,7 +171,7 @@ def _lf_setup(ctx, inputs, output):
 def _lf_backward(ctx, gx, gv, gtraj):
     v0, U, W, f, mu, traj = ctx.saved_tensors  # traj None: recomputed on chip
     need = ctx.needs_input_grad  # inputs (x0, v0, U, W, f, ...); outputs (x0, v0, f, U, W)
-    want = _want_bits((need[0], need[1], need[4], need[2], need[3]))
+    want = want_bits((need[0], need[1], need[4], need[2], need[3]))
     dx0, dv0, df, dU, dW = torch.ops.fusekit.leapfrog_backward(
         v0, U, W, f, mu, traj, gx, gv, ctx.dt, ctx.steps, ctx.c, want
     )
@@ -135,7 +186,7 @@ _lf = eager_call(register("leapfrog", fake=_lf_fake, backward=_lf_backward, setu
 # --- wrappers with the default c ----------------------------------------------------------------
 
 
-def christoffel(v: Tensor, U: Tensor, W: Tensor, c: float = _g.DEFAULT_C) -> Tensor:
+def christoffel(v: Tensor, U: Tensor, W: Tensor, c: float = DEFAULT_C) -> Tensor:
     """Differentiable clamped Christoffel term ``[B,D]`` (``torch.ops.fusekit.christoffel``)."""
     return _chr(v, U, W, float(c))
 
@@ -151,7 +202,7 @@ def _keep_traj(save_traj: Optional[bool], return_traj: bool, differentiable) -> 
 
 def leapfrog(
     x0: Tensor, v0: Tensor, U: Tensor, W: Tensor, dt: float, steps: int, f: Optional[Tensor] = None,
-    mu: Optional[Tensor] = None, c: float = _g.DEFAULT_C, return_traj: bool = False,
+    mu: Optional[Tensor] = None, c: float = DEFAULT_C, return_traj: bool = False,
     save_traj: Optional[bool] = None
 ):
     """Differentiable fused leapfrog (``torch.ops.fusekit.leapfrog``): ``(x_T, v_T)``,

@@ -1,0 +1,65 @@
+"""fusekit on torch: the compiled ``torch.ops.fusekit.*`` ops (``fusekit/csrc``,
+PyTorch's stable ABI) and their Python parts, one module per op family of the C
+ABI, each holding its ops' fake (meta) implementations, autograd formulas and the
+route its plain functions take for torch tensors:
+
+- :mod:`fusekit.torch.elementwise`: ``fusekit.add`` & co. on tensors;
+  differentiable ``axpby``, ``scalar_mul``, ``relu``
+- :mod:`fusekit.torch.linalg`: ``gemm``, ``kron``, ``linear_forward`` /
+  ``linear_backward`` on tensors; the differentiable fused ``linear``
+- :mod:`fusekit.torch.gaussian`: differentiable ``gaussian_field``, ``mahalanobis``
+- :mod:`fusekit.torch.geodesic`: differentiable ``christoffel``, ``leapfrog``
+- :mod:`fusekit.torch.optim`: ``matrix_power``, Shampoo and per-sample ops on tensors
+- :mod:`fusekit.torch.nn`: drop-in ``torch.nn`` modules on these ops (also
+  ``fusekit.nn``)
+
+and ``_register`` (the one helper every family registers its ops with) and
+``_ext`` (loads the compiled library; the plain functions' route).
+
+``import fusekit.torch`` imports neither torch nor the compiled library (``import
+fusekit`` reaches ``_ext`` through the plain functions and must work without
+torch). A family module loads them when imported::
+
+    from fusekit.torch.linalg import linear       # or: fusekit.torch.linear
+    y = linear(x, w, b, "gelu")
+
+:func:`load` registers every family at once (what the plain functions do at their
+first torch tensor); an op called as ``torch.ops.fusekit.<name>`` needs its
+family registered. ImportError, saying how to build it, when the compiled library
+is missing.
+"""
+
+import importlib
+
+from . import _ext
+
+__all__ = ["load", "FAMILIES", "axpby", "scalar_mul", "relu", "linear", "gaussian_field", "mahalanobis",
+           "christoffel", "leapfrog", "register", "eager_call", "NAMESPACE"]
+
+FAMILIES = _ext.FAMILIES
+
+# public names of the family modules (and of _register), reachable here
+_HOME = {
+    "axpby": "elementwise", "scalar_mul": "elementwise", "relu": "elementwise", "linear": "linalg",
+    "gaussian_field": "gaussian", "mahalanobis": "gaussian", "christoffel": "geodesic", "leapfrog": "geodesic",
+    "register": "_register", "eager_call": "_register", "NAMESPACE": "_register",
+}
+
+
+def load() -> str:
+    """Loads the compiled library and registers every family's ops (fakes,
+    autograd); returns the library's path."""
+    path = _ext.load()
+    for fam in FAMILIES:
+        importlib.import_module(f"{__name__}.{fam}")
+    return path
+
+
+def __getattr__(name):
+    # The family modules import torch: imported on first use, not with this package.
+    if name in FAMILIES or name == "nn":
+        return importlib.import_module(f"{__name__}.{name}")
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)

@@ -1,8 +1,8 @@
 """Build of the fusekit Python package (metadata in pyproject.toml).
 
 Besides the pure-Python package, this builds the compiled torch integration,
-``fusekit/_fusekit_torch.so`` from ``fusekit/csrc/fusekit_torch.cpp``, when torch
-is importable at build time. It is built against PyTorch's stable ABI
+``fusekit/_fusekit_torch.so`` from every ``fusekit/csrc/*.cpp`` (``common.cpp``
+and one file per op family), when torch is importable at build time. It is built against PyTorch's stable ABI
 (``TORCH_TARGET_VERSION`` = 2.10), so the one binary serves torch 2.10 and every
 later torch, CPU or CUDA builds alike; it needs a C++17 compiler and torch's
 headers, no CUDA toolkit (libfusekit loads CUDA at run time, and torch's current
@@ -118,10 +118,14 @@ def torch_extension():
         return _skip(f"torch {torch.__version__} is older than 2.10 (the stable ABI's version)")
     if not (INCLUDE / "fusekit.h").exists():
         return _skip(f"{INCLUDE / 'fusekit.h'} not found (build from the fusekit repository)")
+    # every source of the one library: common.cpp and one file per op family (relative
+    # paths, as setuptools wants them)
+    sources = sorted(str(p.relative_to(HERE)) for p in (HERE / "fusekit" / "csrc").glob("*.cpp"))
     ext = CppExtension(
         "fusekit._fusekit_torch",
-        ["fusekit/csrc/fusekit_torch.cpp"],
-        include_dirs=[str(INCLUDE)],
+        sources,
+        include_dirs=[str(INCLUDE), str(HERE / "fusekit" / "csrc")],
+        depends=sorted(str(p.relative_to(HERE)) for p in (HERE / "fusekit" / "csrc").glob("*.h")),
         extra_compile_args=["-O2", "-std=c++17", "-fvisibility=hidden",
                             f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}"],
         extra_link_args=["-Wl,--strip-debug"] if os.environ.get("FUSEKIT_STRIP") == "1" else [],

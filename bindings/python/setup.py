@@ -2,9 +2,9 @@
 
 Besides the pure-Python package, this builds the compiled torch integration,
 ``fusekit/_fusekit_torch.so`` from every ``fusekit/csrc/*.cpp`` (``common.cpp``
-and one file per op family), when torch is importable at build time. It is built against PyTorch's stable ABI
-(``TORCH_TARGET_VERSION`` = 2.10), so the one binary serves torch 2.10 and every
-later torch, CPU or CUDA builds alike; it needs a C++17 compiler and torch's
+and one file per op family), when torch is importable at build time. It is built
+against PyTorch's stable ABI (``TORCH_TARGET_VERSION`` = 2.10), so the one binary
+serves torch 2.10 and every later torch, CPU or CUDA builds alike; it needs a C++17 compiler and torch's
 headers, no CUDA toolkit (libfusekit loads CUDA at run time, and torch's current
 stream comes through torch's C shim).
 

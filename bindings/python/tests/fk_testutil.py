@@ -3,7 +3,12 @@ conftest puts this folder on sys.path)."""
 
 import numpy as np
 
-# Relative-error thresholds per dtype (DESIGN.md, "Numerics and tests").
+# The largest relative error (rel_err: a norm over the whole result) a test accepts
+# per dtype: a small multiple of the dtype's unit roundoff, which leaves room for
+# the rounding that short reductions and fused kernels accumulate (fp16 ~1e-3 and
+# bf16 ~8e-3 per operation, hence 1e-2 and 2e-2; single precision 1e-5; double
+# 1e-12), and fails on a wrong formula, which is off by far more. Tests of ops that
+# accumulate more (long sums, iterations) widen it with assert_close's factor.
 TOL = {
     "float16": 1e-2,
     "bfloat16": 2e-2,

@@ -283,8 +283,7 @@ fn main() {
     // the driver's own floor: cuLaunchKernel of an empty kernel with a parameter
     // struct of the same size as the elementwise kernels' (416 bytes)
     let src = "struct P { long long w[52]; }; extern \"C\" __global__ void noop(const P p) { if (p.w[0] == 1234567) asm volatile(\"trap;\"); }";
-    let image =
-        fusekit::cuda::nvrtc::compile("noop", src, &format!("sm_{}", arch_of(ctx))).unwrap();
+    let image = fusekit::testing::compile("noop", src, &format!("sm_{}", arch_of(ctx))).unwrap();
     let module = unsafe { result::module::load_data(image.as_ptr() as *const _) }.unwrap();
     let f =
         unsafe { result::module::get_function(module, std::ffi::CString::new("noop").unwrap()) }

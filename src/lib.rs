@@ -17,16 +17,36 @@
 //! - `cpu`: CPU implementations (reference and fallback).
 //! - `cuda`: CUDA runtime (module cache, launch helpers) and per-family launchers.
 
+//!
+//! The Rust library (rlib) exposes the C ABI (`abi`) and the modules whose
+//! constants and types it uses (`context`, `dlpack`, `dtype`, `error`); the rest is
+//! crate-private, so that only validated code makes the plans and addresses the
+//! backends take (docs/architecture.md, "Soundness"). `testing` holds the few
+//! internals the integration tests, benches and examples call.
+
 pub mod abi;
-pub mod buffer;
-pub mod comm;
+pub(crate) mod buffer;
+pub(crate) mod comm;
 pub mod context;
-pub mod cpu;
-pub mod cuda;
+pub(crate) mod cpu;
+pub(crate) mod cuda;
 pub mod dlpack;
 pub mod dtype;
 pub mod error;
-pub mod event;
-pub mod layout;
-pub mod ops;
-pub mod stream;
+pub(crate) mod event;
+pub(crate) mod layout;
+pub(crate) mod ops;
+pub(crate) mod stream;
+
+/// Internals the integration tests, benches and examples call (not part of the
+/// C ABI, no stability promise): the CPU's GELU formulas, the kernel modules and
+/// the NVRTC compiler, the loaded cuBLAS pair.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::cpu::linalg::{gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad};
+    pub use crate::cuda::cublas::{loaded_pair, lt_declines_on_this_thread};
+    pub use crate::cuda::modules;
+    pub use crate::cuda::nvrtc::{
+        compile, cuda_include_dir, load_nvrtc, nvrtc_version, store_prebuilt,
+    };
+}

@@ -381,7 +381,7 @@ fn activation_derivatives_match_finite_differences_in_f64() {
         assert!((erf_ref(-x) + want).abs() < 1e-14, "erf_ref(-{x})");
     }
     // and the library's GELUs (the CPU's f32 formulas) against the f64 ones
-    use fusekit::cpu::linalg as cl;
+    use fusekit::testing as cl;
     let mut z = -8.0f32;
     while z <= 8.0 {
         let zd = z as f64;

@@ -240,10 +240,10 @@ fn linear_sweep(dtype: fk_dtype, fallback: bool) {
     for c in linear_cases(dtype) {
         let d = c.data(&mut rng);
         let want = c.forward(&cpu, &d, null());
-        let (before, _) = fusekit::cuda::cublas::lt_declines_on_this_thread();
+        let (before, _) = fusekit::testing::lt_declines_on_this_thread();
         let got = c.forward(&g, &d, null());
         let what = format!("CUDA vs CPU (fallback {fallback}): {}", c.describe());
-        let (after, why) = fusekit::cuda::cublas::lt_declines_on_this_thread();
+        let (after, why) = fusekit::testing::lt_declines_on_this_thread();
         if !fallback && after > before {
             // cuBLASLt must take the aligned half-precision layouts the benchmarks use
             let aligned = c.k % 64 == 0 && c.n % 64 == 0 && dtype != FK_DTYPE_F32;
@@ -960,7 +960,7 @@ fn one_cublas_pair_per_process() {
         let c = GemmCase::new(dtype, FK_OP_N, FK_OP_T, 33, 17, 9);
         gemm_vs_cpu(&g, &cpu, &c, &mut rng, tol(dtype), null());
     }
-    let (blas, lt, version) = fusekit::cuda::cublas::loaded_pair().expect("cuBLAS loaded");
+    let (blas, lt, version) = fusekit::testing::loaded_pair().expect("cuBLAS loaded");
     println!("cuBLAS {version}: {} and {}", blas.display(), lt.display());
     assert_eq!(
         mapped("libcublas.so"),

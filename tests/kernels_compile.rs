@@ -5,14 +5,14 @@
 //! them the test reports the skip, and fails if `FK_REQUIRE_NVRTC=1` (as in CI).
 //!
 //! `FK_PREBUILT_OUT=DIR` also writes every image into DIR, keyed as the kernel cache
-//! keys them (`fusekit::cuda::nvrtc::store_prebuilt`): the prebuilt kernels that
+//! keys them (`fusekit::testing::store_prebuilt`): the prebuilt kernels that
 //! scripts/build_wheel.sh puts into the wheel. `FK_KERNELS` picks modules and
 //! `FK_ARCHS` architectures (scripts/kernel_compare.sh compares two revisions' images).
 
 #[test]
 fn every_kernel_module_compiles_for_sm80_and_sm90() {
     if let Err(e) =
-        fusekit::cuda::nvrtc::load_nvrtc().and_then(|_| fusekit::cuda::nvrtc::cuda_include_dir())
+        fusekit::testing::load_nvrtc().and_then(|_| fusekit::testing::cuda_include_dir())
     {
         if std::env::var("FK_REQUIRE_NVRTC").as_deref() == Ok("1") {
             panic!(
@@ -23,7 +23,7 @@ fn every_kernel_module_compiles_for_sm80_and_sm90() {
         eprintln!("SKIPPED: NVRTC unavailable: {}", e.message);
         return;
     }
-    let (maj, min) = fusekit::cuda::nvrtc::nvrtc_version().unwrap();
+    let (maj, min) = fusekit::testing::nvrtc_version().unwrap();
     // FK_KERNELS=optim,geodesic_christoffel compiles only those modules (for quick
     // iteration): a module whose name is one of the list or starts with one of them
     // followed by '_' (a family: `geodesic` is all 104 geodesic modules). A filter
@@ -39,19 +39,19 @@ fn every_kernel_module_compiles_for_sm80_and_sm90() {
     assert!(!archs.is_empty(), "FK_ARCHS names no architecture");
     let prebuilt_out = std::env::var_os("FK_PREBUILT_OUT").map(std::path::PathBuf::from);
     let mut compiled = 0;
-    for (name, source) in fusekit::cuda::modules() {
+    for (name, source) in fusekit::testing::modules() {
         if !only.is_empty() && !selected(name) {
             continue;
         }
         compiled += 1;
         for &arch in &archs {
             let t = std::time::Instant::now();
-            let image = fusekit::cuda::nvrtc::compile(name, &source(), arch)
+            let image = fusekit::testing::compile(name, &source(), arch)
                 .unwrap_or_else(|e| panic!("{name} for {arch}: {}", e.message));
             // A CUBIN is an ELF file.
             assert_eq!(&image[..4], b"\x7fELF", "{name} for {arch} is not a CUBIN");
             if let Some(dir) = &prebuilt_out {
-                fusekit::cuda::nvrtc::store_prebuilt(dir, name, &source(), arch, &image)
+                fusekit::testing::store_prebuilt(dir, name, &source(), arch, &image)
                     .unwrap_or_else(|e| panic!("{}", e.message));
             }
             eprintln!(

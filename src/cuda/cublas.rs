@@ -34,14 +34,13 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::sys as bs;
 use cudarc::cublaslt::sys as lt;
-use cudarc::driver::{result as dr, sys as ds};
+use cudarc::driver::result as dr;
 
 use super::CudaDevice;
 use super::cublas_api::{api, blas as bsf, lt as ltf};
 use crate::dtype::DType;
 use crate::error::{
-    CudaContext as _, Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result,
-    lock,
+    Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result, lock,
 };
 use crate::ops::Addr;
 use crate::ops::addr::ptr;
@@ -223,12 +222,6 @@ impl BlasCache {
         })));
         *h = Some(made.clone());
         Ok(made)
-    }
-
-    /// Creates the context's cuBLAS / cuBLASLt handles now (for warm-up), when
-    /// the libraries can be loaded.
-    pub fn prepare(&self, dev: &CudaDevice) -> Result<()> {
-        self.handles(dev).map(|_| ())
     }
 
     /// The slot of `stream`, created (workspace) on first use. Legal while the
@@ -863,9 +856,4 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
         check("cublasLtMatmul", s)?;
     }
     Ok(true)
-}
-
-/// Makes the driver's error type usable with `?` after raw driver calls.
-pub fn driver(what: &str, r: ds::CUresult) -> Result<()> {
-    r.result().cuda(what)
 }

@@ -37,9 +37,6 @@ type Stream = *mut c_void;
 
 /// The NCCL entry points fusekit uses.
 pub struct Nccl {
-    /// Where the library came from (for messages and tests).
-    pub path: String,
-    pub version: i32,
     get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
     get_last_error: unsafe extern "C" fn(ncclComm_t) -> *const c_char,
     pub get_unique_id: unsafe extern "C" fn(*mut ncclUniqueId) -> c_int,
@@ -173,12 +170,7 @@ fn load() -> Result<Nccl> {
             }
         };
     }
-    let get_version: unsafe extern "C" fn(*mut c_int) -> c_int = sym!("ncclGetVersion");
-    let mut version: c_int = 0;
-    // SAFETY: writes one int.
-    unsafe { get_version(&mut version) };
     Ok(Nccl {
-        version,
         get_error_string: sym!("ncclGetErrorString"),
         get_last_error: sym!("ncclGetLastError"),
         get_unique_id: sym!("ncclGetUniqueId"),
@@ -191,7 +183,6 @@ fn load() -> Result<Nccl> {
         broadcast: sym!("ncclBroadcast"),
         all_gather: sym!("ncclAllGather"),
         reduce_scatter: sym!("ncclReduceScatter"),
-        path,
     })
 }
 
@@ -246,15 +237,5 @@ impl Nccl {
                 }
             ),
         ))
-    }
-
-    /// `major.minor.patch` of the loaded library.
-    pub fn version_string(&self) -> String {
-        let v = self.version;
-        if v >= 10000 {
-            format!("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100)
-        } else {
-            format!("{}.{}.{}", v / 1000, (v % 1000) / 100, v % 100)
-        }
     }
 }

@@ -104,7 +104,6 @@ pub struct Plan {
     /// `None` for the unary ops.
     pub b: Option<Addr>,
     pub in_dtype: DType,
-    pub out_dtype: DType,
     pub alpha: Scalar,
     pub beta: Scalar,
     /// Every operand dense and in the same order as the output (one dim, stride 1).
@@ -136,7 +135,6 @@ fn plan(
         a: Addr::of(a),
         b: Addr::of_opt(b),
         in_dtype,
-        out_dtype: out.dtype,
         alpha,
         beta,
         contiguous,

@@ -720,8 +720,6 @@ pub struct SamplePlan {
     pub dout: i64,
     pub a: Option<Addr>,
     pub g: Option<Addr>,
-    /// True for `[B, T, .]` inputs (even with T = 1).
-    pub sequence: bool,
     pub allow_tf32: bool,
 }
 
@@ -764,7 +762,6 @@ fn sample_plan(
         dout: g.shape[nd - 1],
         a: Addr::of(a),
         g: Addr::of(g),
-        sequence: nd == 3,
         allow_tf32,
     };
     if let Device::Cuda(_) = device {

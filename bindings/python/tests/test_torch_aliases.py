@@ -7,17 +7,15 @@ import os
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import fusekit.torch  # noqa: E402
+from conftest import PKG_ROOT  # noqa: E402  (the folder of the fusekit under test: the source tree or site-packages)
 from fusekit.torch import _ext  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not _ext.available(), reason="the compiled torch ops are not built")
-
-PKG_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _fresh_import(name):

@@ -20,6 +20,7 @@ use crate::dtype::DType;
 use crate::error::{
     Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result, lock,
 };
+use crate::ops::Addr;
 use crate::ops::addr::{ptr, raw};
 
 /// cuSOLVER's functions (cusolverDn.h), called through the library fusekit loaded
@@ -249,8 +250,8 @@ pub fn syev_batched(
     dtype: DType,
     n: i64,
     batch: i64,
-    q: u64,
-    w: u64,
+    q: Addr,
+    w: Addr,
 ) -> Result<Vec<i32>> {
     let h = dev.solver.handle(dev, stream)?;
     let h = lock(&h);
@@ -271,8 +272,14 @@ pub fn syev_batched(
         }?;
     } else if batch == 1 || !batched_ok(&h, dtype, n, batch, q, w, info_ptr, dev, stream)? {
         for b in 0..batch as u64 {
-            let qb = q + b * (n * n) as u64 * es;
-            let wb = w + b * n as u64 * es;
+            // SAFETY: b < batch: matrix b of q ([batch, n, n]) and vector b of w
+            // ([batch, n]).
+            let (qb, wb) = unsafe {
+                (
+                    q.byte_add(b * (n * n) as u64 * es),
+                    w.byte_add(b * n as u64 * es),
+                )
+            };
             let ib = unsafe { info_ptr.add(b as usize) };
             syevd(&h, dtype, n, qb, wb, ib, dev, stream)?;
         }
@@ -304,8 +311,8 @@ fn batched_ok(
     dtype: DType,
     n: i64,
     batch: i64,
-    q: u64,
-    w: u64,
+    q: Addr,
+    w: Addr,
     info: *mut i32,
     dev: &CudaDevice,
     stream: usize,
@@ -323,10 +330,10 @@ fn batched_ok(
             lower,
             n,
             t,
-            q as *const c_void,
+            q.ptr::<c_void>(),
             n,
             t,
-            w as *const c_void,
+            w.ptr::<c_void>(),
             t,
             &mut dbytes,
             &mut hbytes,
@@ -353,10 +360,10 @@ fn batched_ok(
             lower,
             n,
             t,
-            q as *mut c_void,
+            q.ptr::<c_void>(),
             n,
             t,
-            w as *mut c_void,
+            w.ptr::<c_void>(),
             t,
             ptr::<c_void>(work.addr()),
             dbytes,
@@ -382,8 +389,8 @@ fn syevd(
     h: &Handle,
     dtype: DType,
     n: i64,
-    q: u64,
-    w: u64,
+    q: Addr,
+    w: Addr,
     info: *mut i32,
     dev: &CudaDevice,
     stream: usize,
@@ -415,8 +422,8 @@ trait Syev {
         stream: usize,
         n: i32,
         batch: i32,
-        q: u64,
-        w: u64,
+        q: Addr,
+        w: Addr,
         info: *mut i32,
     ) -> Result<()>;
     /// `syevd` (divide and conquer) on one matrix.
@@ -429,8 +436,8 @@ trait Syev {
         dev: &CudaDevice,
         stream: usize,
         n: i32,
-        q: u64,
-        w: u64,
+        q: Addr,
+        w: Addr,
         info: *mut i32,
     ) -> Result<()>;
 }
@@ -444,8 +451,8 @@ macro_rules! syev {
                 stream: usize,
                 n: i32,
                 batch: i32,
-                q: u64,
-                w: u64,
+                q: Addr,
+                w: Addr,
                 info: *mut i32,
             ) -> Result<()> {
                 let vec = sv::cusolverEigMode_t::CUSOLVER_EIG_MODE_VECTOR;
@@ -459,9 +466,9 @@ macro_rules! syev {
                         vec,
                         lower,
                         n,
-                        q as *const $t,
+                        q.ptr::<$t>(),
                         n,
-                        w as *const $t,
+                        w.ptr::<$t>(),
                         &mut lwork,
                         h.syevj,
                         batch,
@@ -475,9 +482,9 @@ macro_rules! syev {
                         vec,
                         lower,
                         n,
-                        q as *mut $t,
+                        q.ptr::<$t>(),
                         n,
-                        w as *mut $t,
+                        w.ptr::<$t>(),
                         ptr::<$t>(work.addr()),
                         lwork,
                         info,
@@ -492,8 +499,8 @@ macro_rules! syev {
                 dev: &CudaDevice,
                 stream: usize,
                 n: i32,
-                q: u64,
-                w: u64,
+                q: Addr,
+                w: Addr,
                 info: *mut i32,
             ) -> Result<()> {
                 let vec = sv::cusolverEigMode_t::CUSOLVER_EIG_MODE_VECTOR;
@@ -506,9 +513,9 @@ macro_rules! syev {
                         vec,
                         lower,
                         n,
-                        q as *const $t,
+                        q.ptr::<$t>(),
                         n,
-                        w as *const $t,
+                        w.ptr::<$t>(),
                         &mut lwork,
                     )
                 })?;
@@ -520,9 +527,9 @@ macro_rules! syev {
                         vec,
                         lower,
                         n,
-                        q as *mut $t,
+                        q.ptr::<$t>(),
                         n,
-                        w as *mut $t,
+                        w.ptr::<$t>(),
                         ptr::<$t>(work.addr()),
                         lwork,
                         info,

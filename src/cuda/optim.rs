@@ -337,13 +337,7 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
     let w = ops.alloc((plan.batch * plan.n) as usize * es)?;
     shifted(dev, plan, q.addr, stream.raw)?;
     let info = super::cusolver::syev_batched(
-        dev,
-        stream.raw,
-        plan.dtype,
-        plan.n,
-        plan.batch,
-        q.addr.get(),
-        w.addr.get(),
+        dev, stream.raw, plan.dtype, plan.n, plan.batch, q.addr, w.addr,
     )?;
     #[repr(C)]
     struct EigScaleArgs {

@@ -92,8 +92,13 @@ fn run_kernel(dev: &CudaDevice, job: &Job, k: &KernelPlan, stream: &Stream) -> R
     } else {
         None
     };
-    let base = ws.as_ref().map_or(0, |w| raw(w.addr()));
-    let at = |off: Option<usize>| off.map_or(0, |o| base + o as u64);
+    let ws_addr = ws.as_ref().and_then(Workspace::addr);
+    // SAFETY: the plan's partial offsets lie inside its ws_bytes workspace.
+    let at = |off: Option<usize>| {
+        raw(off
+            .zip(ws_addr)
+            .map(|(o, w)| unsafe { w.byte_add(o as u64) }))
+    };
     let (du_part, dw_part) = (at(k.du_part), at(k.dw_part));
     let mut args = GeoArgs {
         b: job.b as i64,
@@ -120,7 +125,7 @@ fn run_kernel(dev: &CudaDevice, job: &Job, k: &KernelPlan, stream: &Stream) -> R
         df: raw(job.df),
         du_part,
         dw_part,
-        ws: base,
+        ws: raw(ws_addr),
         ws_per_cta: k.per_cta as i64,
         want: k.want,
         vec_ok: i32::from(raw(job.v0) % 16 == 0 && (job.d * job.dtype.size()) % 16 == 0),

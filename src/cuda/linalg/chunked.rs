@@ -12,7 +12,7 @@ use crate::cuda::CudaDevice;
 use crate::cuda::cublas::{self, Slot};
 use crate::error::{CudaContext as _, Result, lock};
 use crate::ops::Addr;
-use crate::ops::addr::raw;
+use crate::ops::addr::{ptr, raw};
 use crate::ops::elementwise::Scalar;
 use crate::ops::linalg::{GemmPlan, Mat, dense};
 use crate::stream::Stream;
@@ -75,9 +75,9 @@ fn wait(stream: usize, e: ds::CUevent) -> Result<()> {
 #[derive(Debug, Clone, Copy)]
 struct Block {
     to_device: bool,
-    host: usize,
+    host: Option<Addr>,
     host_pitch: usize,
-    dev: u64,
+    dev: Option<Addr>,
     dev_pitch: usize,
     width: usize,
     rows: usize,
@@ -119,17 +119,17 @@ fn copy2d(b: &Block, stream: usize) -> Result<()> {
     };
     if to_device {
         c.srcMemoryType = ds::CUmemorytype::CU_MEMORYTYPE_HOST;
-        c.srcHost = host as *const c_void;
+        c.srcHost = ptr::<c_void>(host).cast_const();
         c.srcPitch = host_pitch;
         c.dstMemoryType = ds::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-        c.dstDevice = dev_ptr;
+        c.dstDevice = raw(dev_ptr);
         c.dstPitch = dev_pitch;
     } else {
         c.srcMemoryType = ds::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-        c.srcDevice = dev_ptr;
+        c.srcDevice = raw(dev_ptr);
         c.srcPitch = dev_pitch;
         c.dstMemoryType = ds::CUmemorytype::CU_MEMORYTYPE_HOST;
-        c.dstHost = host as *mut c_void;
+        c.dstHost = ptr::<c_void>(host);
         c.dstPitch = host_pitch;
     }
     c.WidthInBytes = width;
@@ -206,7 +206,7 @@ impl Queue for CudaQueue<'_> {
 /// and is uploaded on the upload lane (`filled`, which the compute lane waits for).
 struct Ring {
     src: Mat,
-    bufs: Vec<u64>,
+    bufs: Vec<Option<Addr>>,
     tag: Vec<Option<Region>>,
     used: Vec<bool>,
     /// event indices
@@ -217,7 +217,7 @@ struct Ring {
 }
 
 impl Ring {
-    fn new(src: Mat, bufs: Vec<u64>, ev0: usize) -> Ring {
+    fn new(src: Mat, bufs: Vec<Option<Addr>>, ev0: usize) -> Ring {
         let d = bufs.len();
         Ring {
             src,
@@ -249,7 +249,7 @@ impl Ring {
                 q.wait(Lane::Up, self.released[s])?;
             }
             // SAFETY: the region lies inside the source matrix (the tiling covers it).
-            let host = raw(unsafe { self.src.elem(r.0, r.1, es) }) as usize;
+            let host = unsafe { self.src.elem(r.0, r.1, es) };
             let w = r.3 as usize * es;
             q.copy(&Block {
                 to_device: true,
@@ -265,14 +265,7 @@ impl Ring {
             self.tag[s] = Some(r);
             self.cur = s;
         }
-        // SAFETY: a staging buffer of the region's size, inside the staging
-        // allocation, which outlives the pipeline.
-        Ok(dense(
-            unsafe { Addr::from_raw(self.bufs[self.cur]) },
-            r.2,
-            r.3,
-            0,
-        ))
+        Ok(dense(self.bufs[self.cur], r.2, r.3, 0))
     }
 
     /// The product that read the current region is queued on the compute lane.
@@ -295,9 +288,10 @@ fn sub(m: &Mat, r: Region, es: usize) -> Mat {
 }
 
 /// Where the staging buffers lie: `depth` buffers each of A `[tm x tk]`,
-/// B `[tk x tn]`, C `[tm x tn]` for the operands in host memory, from `base`.
+/// B `[tk x tn]`, C `[tm x tn]` for the operands in host memory, from `base` (an
+/// allocation of `total` bytes).
 struct Staging {
-    base: u64,
+    base: Option<Addr>,
     offs: [usize; 3],
     sizes: [usize; 3],
     total: usize,
@@ -319,16 +313,20 @@ impl Staging {
             }
         }
         Staging {
-            base: 0,
+            base: None,
             offs,
             sizes,
             total,
         }
     }
-    fn bufs(&self, i: usize, depth: usize) -> Vec<u64> {
-        (0..depth)
-            .map(|d| self.base + (self.offs[i] + d * self.sizes[i]) as u64)
-            .collect()
+    fn bufs(&self, i: usize, depth: usize) -> Vec<Option<Addr>> {
+        // SAFETY: buffer d < depth of operand i lies inside the `total` bytes at
+        // `base` (operand i's buffers are counted in `total` when it is staged).
+        let at = |d: usize| {
+            self.base
+                .map(|b| unsafe { b.byte_add((self.offs[i] + d * self.sizes[i]) as u64) })
+        };
+        (0..depth).map(at).collect()
     }
 }
 
@@ -407,7 +405,7 @@ fn tiles(
                 let c_block = |to_device| Block {
                     to_device,
                     // SAFETY: (i0, j0) < (m, n), an element of C.
-                    host: raw(unsafe { c.elem(i0, j0, es) }) as usize,
+                    host: unsafe { c.elem(i0, j0, es) },
                     host_pitch: c.ld as usize * es,
                     dev: c_bufs[cs],
                     dev_pitch: w,
@@ -426,8 +424,7 @@ fn tiles(
                     } else if c_used[cs] {
                         q.wait(Lane::Compute, c_free + cs)?;
                     }
-                    // SAFETY: as in Ring::get: a staging buffer of the tile.
-                    dense(unsafe { Addr::from_raw(c_bufs[cs]) }, mi, nj, 0)
+                    dense(c_bufs[cs], mi, nj, 0)
                 } else {
                     sub(&c, (i0, j0, mi, nj), es)
                 };
@@ -522,7 +519,9 @@ pub fn gemm_chunked(dev: &CudaDevice, p: &GemmPlan, budget: u64, stream: &Stream
     let up = g.copy_stream(dev)?;
     let down = g.download_stream(dev)?;
     let ev = Events::new(pipeline_events(t.depth))?;
-    st.base = dev.alloc_async(st.total, stream.raw)?;
+    // SAFETY: a fresh allocation of `total` bytes of this device, freed below on
+    // the compute stream after the join, behind every queued use.
+    st.base = unsafe { Addr::from_raw(dev.alloc_async(st.total, stream.raw)?) };
     let mut q = CudaQueue {
         slot: &g,
         up,
@@ -531,7 +530,7 @@ pub fn gemm_chunked(dev: &CudaDevice, p: &GemmPlan, budget: u64, stream: &Stream
         ev: &ev.0,
     };
     let r = pipeline(&mut q, |q| tiles(q, p, host, t, pr.load_c, &st));
-    dev.free_async(st.base, stream.raw);
+    dev.free_async(raw(st.base), stream.raw);
     r
 }
 

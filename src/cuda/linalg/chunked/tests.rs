@@ -1,7 +1,7 @@
 use super::*;
 use crate::cuda::linalg::tiles::MAX_DEPTH;
 use crate::dtype::DType;
-use crate::ops::addr::raw;
+use crate::ops::addr::{ptr, raw};
 use crate::ops::elementwise::Scalar;
 use crate::ops::linalg::Trans;
 
@@ -80,25 +80,26 @@ impl Queue for SimQueue {
         let lane = if to_device { Lane::Up } else { Lane::Down };
         let t = self.step(lane);
         self.copies[!to_device as usize] += 1;
+        let (host_at, dev_at) = (raw(host), raw(dev));
         if to_device {
-            self.access(
-                host as u64,
-                false,
-                lane,
-                t,
-                format!("upload from {host:#x}"),
-            );
-            self.access(dev, true, lane, t, format!("upload to {dev:#x}"));
+            self.access(host_at, false, lane, t, format!("upload from {host_at:#x}"));
+            self.access(dev_at, true, lane, t, format!("upload to {dev_at:#x}"));
         } else {
-            self.access(dev, false, lane, t, format!("download from {dev:#x}"));
-            self.access(host as u64, true, lane, t, format!("download to {host:#x}"));
-            self.downloads.push(host as u64);
+            self.access(dev_at, false, lane, t, format!("download from {dev_at:#x}"));
+            self.access(host_at, true, lane, t, format!("download to {host_at:#x}"));
+            self.downloads.push(host_at);
         }
         for r in 0..rows {
-            let (h, d) = (host + r * host_pitch, dev as usize + r * dev_pitch);
+            // SAFETY: both rows lie in the test's allocations.
+            let (h, d) = unsafe {
+                (
+                    ptr::<u8>(host).add(r * host_pitch),
+                    ptr::<u8>(dev).add(r * dev_pitch),
+                )
+            };
             let (src, dst) = if to_device { (h, d) } else { (d, h) };
-            // SAFETY: both regions lie in the test's allocations.
-            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, width) };
+            // SAFETY: as above; a block's two ends never overlap.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, width) };
         }
         Ok(())
     }
@@ -212,11 +213,13 @@ fn check(
     let mut st = Staging::new(&t, 8, host);
     assert!(st.total as u64 <= budget);
     let staging = vec![f64::NAN; st.total / 8 + 1];
-    st.base = staging.as_ptr() as u64;
+    // SAFETY: the test's staging memory, alive until the pipeline has run.
+    st.base = unsafe { Addr::from_ptr(staging.as_ptr()) };
     let mut q = SimQueue::new(pipeline_events(t.depth));
     let bufs: Vec<u64> = (0..3)
         .filter(|&i| host[i])
         .flat_map(|i| st.bufs(i, t.depth))
+        .map(raw)
         .collect();
     let t0 = q.step(Lane::Compute);
     for &b in &bufs {

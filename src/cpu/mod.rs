@@ -1,6 +1,12 @@
 //! CPU implementations: the fallback without a GPU and the oracle the CUDA path is
 //! tested against. One module per op family; this module holds the element types'
 //! compute arithmetic shared by them.
+//!
+//! A plan's addresses (`ops::Addr`) were vouched for where they were made (see
+//! `ops::addr`), so the entry points take plans in safe signatures. Memory is
+//! reached only through `host_slice` / `host_slice_mut` or typed pointers
+//! (`Addr::ptr`, `addr::ptr`), offsets only through `element` (or `Mat::at` /
+//! `Mat::elem`), each `unsafe` with a `// SAFETY:` line; never by integer sums.
 
 pub mod elementwise;
 pub mod gaussian;

@@ -1,7 +1,7 @@
 //! The harness every C-ABI integration test shares (`abi_*`, `gpu_*`, `stress`, ...).
 //! Everything here drives the library through its `extern "C"` entry points only,
 //! as a C caller would. Per-family helpers live beside it: `elementwise_table`,
-//! `gaussian_util`, `linalg_ref`, `optim_ref`.
+//! `gaussian_util`, `geodesic_util`, `linalg_ref`, `optim_ref`.
 //!
 //! - RAII wrappers (`Ctx`, `Stream`, `Buf`) over the raw handles.
 //! - `ok` / `expect_status`: a status, and for failures the message substrings

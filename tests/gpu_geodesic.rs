@@ -123,31 +123,20 @@ fn close_lf(got: &Outs, want: &Outs, tol: f64, what: &str) {
     assert_close_reals(&got.traj, &want.traj, tol, &format!("traj {what}"));
 }
 
+#[rustfmt::skip]
 fn shapes() -> Vec<(usize, usize, usize, usize)> {
     // (B, D, R, T)
     if sanitizing() {
         vec![
-            (1, 1, 1, 1),
-            (7, 33, 5, 2),
-            (40, 70, 17, 2),
-            (3, 130, 33, 1),
-            (33, 20, 3, 3),
+            (1, 1, 1, 1), (7, 33, 5, 2), (40, 70, 17, 2), (3, 130, 33, 1), (33, 20, 3, 3),
             (9, 256, 20, 2),    // the vector row layout (Cfg::VL) with 16-byte rows
             (2200, 300, 24, 2), // the leapfrog forward's register kernel (lf_fwd_rs), several tiles per block
             (4300, 8, 33, 1),   // the route's geo_sw with two tiles in some blocks
         ]
     } else {
         vec![
-            (1, 1, 1, 1),
-            (7, 33, 5, 2),
-            (33, 100, 17, 3),
-            (257, 512, 32, 2),
-            (129, 300, 31, 1),
-            (64, 1000, 8, 2),
-            (17, 1030, 3, 2),
-            (9, 64, 33, 2),
-            (5, 40, 129, 2),
-            (3001, 128, 16, 2),
+            (1, 1, 1, 1), (7, 33, 5, 2), (33, 100, 17, 3), (257, 512, 32, 2), (129, 300, 31, 1),
+            (64, 1000, 8, 2), (17, 1030, 3, 2), (9, 64, 33, 2), (5, 40, 129, 2), (3001, 128, 16, 2),
             (6, 2100, 2, 1),
             (4500, 40, 33, 2),  // the route's geo_sw with two tiles in some blocks
             (4500, 300, 24, 3), // the leapfrog forward's register kernel (lf_fwd_rs), several tiles per block
@@ -306,6 +295,7 @@ fn cuda_backward_optional_outputs() {
 /// The shapes of the tensor-core tests: odd sizes, every DJ and RP of the TF32
 /// kernels, T = 1 and T > 1, blocks with several tiles (B > 16 x SMs), and R > 32 (no
 /// fast kernel). Under the sanitizers: a small set, still with several tiles per block.
+#[rustfmt::skip]
 fn tc_shapes() -> Vec<(usize, usize, usize, usize)> {
     if sanitizing() {
         // (2200, 64, 32, 2): more tiles than SMs, so that blocks run several tiles (the
@@ -313,11 +303,7 @@ fn tc_shapes() -> Vec<(usize, usize, usize, usize)> {
         vec![(7, 33, 5, 2), (40, 64, 32, 1), (2200, 64, 32, 2)]
     } else {
         vec![
-            (7, 33, 5, 2),
-            (257, 512, 32, 2),
-            (129, 300, 31, 8),
-            (50, 100, 16, 1),
-            (4501, 200, 24, 3),
+            (7, 33, 5, 2), (257, 512, 32, 2), (129, 300, 31, 8), (50, 100, 16, 1), (4501, 200, 24, 3),
             // R > 32: the GEMM route (TF32 products in the Christoffel forward's)
             (60, 200, 40, 1),
         ]

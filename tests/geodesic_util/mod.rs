@@ -25,22 +25,17 @@ pub const LF_GRADS: [&str; 5] = ["dx0", "dv0", "df", "dU", "dW"];
 /// One problem: sizes, inputs, incoming gradients (`g` of the Christoffel backward,
 /// `gx`, `gv` of the leapfrog backward; `None`: not given), scalars.
 #[derive(Clone)]
+#[rustfmt::skip]
 pub struct Prob {
-    pub b: usize,
-    pub d: usize,
-    pub r: usize,
-    pub t: usize,
-    pub x: Vec<f64>,
-    pub v: Vec<f64>,
-    pub f: Option<Vec<f64>>,
-    pub u: Vec<f64>,
-    pub w: Vec<f64>,
-    pub mu: Option<Vec<f64>>,
-    pub g: Option<Vec<f64>>,
-    pub gx: Option<Vec<f64>>,
-    pub gv: Option<Vec<f64>>,
-    pub c: f64,
-    pub dt: f64,
+    // sizes
+    pub b: usize, pub d: usize, pub r: usize, pub t: usize,
+    // inputs
+    pub x: Vec<f64>, pub v: Vec<f64>, pub f: Option<Vec<f64>>,
+    pub u: Vec<f64>, pub w: Vec<f64>, pub mu: Option<Vec<f64>>,
+    // incoming gradients
+    pub g: Option<Vec<f64>>, pub gx: Option<Vec<f64>>, pub gv: Option<Vec<f64>>,
+    // scalars
+    pub c: f64, pub dt: f64,
 }
 
 impl Prob {
@@ -431,19 +426,11 @@ pub fn expect_statuses(cases: &[(&dyn Entry, fk_status, &[&str])]) {
 // ------------------------------------------------------------------ a problem on a context
 
 /// A problem's inputs (and incoming gradients) as buffers of one context.
+#[rustfmt::skip]
 pub struct Inputs<'a> {
-    pub ctx: &'a Ctx,
-    pub dtype: fk_dtype,
-    pub p: &'a Prob,
-    pub x: Buf,
-    pub v: Buf,
-    pub f: Option<Buf>,
-    pub u: Buf,
-    pub w: Buf,
-    pub mu: Option<Buf>,
-    pub g: Option<Buf>,
-    pub gx: Option<Buf>,
-    pub gv: Option<Buf>,
+    pub ctx: &'a Ctx, pub dtype: fk_dtype, pub p: &'a Prob,
+    pub x: Buf, pub v: Buf, pub f: Option<Buf>, pub u: Buf, pub w: Buf, pub mu: Option<Buf>,
+    pub g: Option<Buf>, pub gx: Option<Buf>, pub gv: Option<Buf>,
 }
 
 impl<'a> Inputs<'a> {

@@ -26,7 +26,7 @@ FK_ABI_VERSION = 1000
 FK_DEVICE_CUDA = 2
 FK_DTYPE = {torch.float32: 3, torch.float64: 4}
 EPS = 1e-6
-# Reference ceilings of the H100 test machine (DESIGN.md), used for the floors.
+# Reference FP32 FFMA rate of the H100 test machine (BENCHMARKS.md's floors use it too).
 FP32_TFLOPS = 51.0
 # FP32 instructions per (point, Gaussian) pair (docs/gaussian.md).
 INSTR_FIELD_FWD = 13

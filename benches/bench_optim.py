@@ -8,7 +8,7 @@ norms (against eager, torch.compile and a functorch vmap), the DP-SGD clipped su
 Timing, checking and the table come from bench_linalg.py (median of CUDA-event
 timings after warm-up, random inputs, every fusekit output checked against an f64
 reference first). Floors: the GEMM FLOPs each method must do over the measured
-unit rate (TF32 428 TFLOP/s, FP32 51 TFLOP/s from DESIGN.md), or bytes over the
+unit rate (TF32 428 TFLOP/s, FP32 51 TFLOP/s: the H100's reference rates of BENCHMARKS.md), or bytes over the
 copy bandwidth measured in this run.
 
     FUSEKIT_LIBRARY=target/release/libfusekit.so python3 benches/bench_optim.py [--json PATH] [--quick]

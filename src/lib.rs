@@ -47,6 +47,6 @@ pub mod testing {
     pub use crate::cuda::cublas::{loaded_pair, lt_declines_on_this_thread};
     pub use crate::cuda::modules;
     pub use crate::cuda::nvrtc::{
-        compile, cuda_include_dir, load_nvrtc, nvrtc_version, store_prebuilt,
+        compile, cuda_include_dir, expand_source, load_nvrtc, nvrtc_version, store_prebuilt,
     };
 }

@@ -391,9 +391,21 @@ fn call_all(c: &Call, eps: f64) -> [fk_status; 4] {
     [0, 1, 2, 3].map(|op| call_one(c, op, eps, "", null_mut()))
 }
 
-/// Replaces `name` by `bad` in every op that takes it; checks status and message
-/// (which must also name the op).
-fn expect_each(c: &Call, name: &str, bad: *mut fk_buffer, status: fk_status, needles: &[&str]) {
+/// Replaces `name` by `bad` in every op that takes it; checks status and message:
+/// the parts `needles(arg)` make of the C parameter's name `arg` (`out` for
+/// `out_m` and `out_f`), and the op's name.
+fn expect_each(
+    c: &Call,
+    name: &str,
+    bad: *mut fk_buffer,
+    status: fk_status,
+    needles: impl Fn(&str) -> Vec<String>,
+) {
+    let arg = match name {
+        "out_m" | "out_f" => "out",
+        n => n,
+    };
+    let needles = needles(arg);
     let uses = |op: usize| match name {
         "weights" => op == 1 || op == 3,
         "out_f" => op == 1,
@@ -405,7 +417,7 @@ fn expect_each(c: &Call, name: &str, bad: *mut fk_buffer, status: fk_status, nee
     };
     for op in (0..4).filter(|&op| uses(op)) {
         let s = call_one(c, op, 1e-6, name, bad);
-        let mut all: Vec<&str> = needles.to_vec();
+        let mut all: Vec<&str> = needles.iter().map(String::as_str).collect();
         all.push(NAMES[op]);
         expect_status(s, status, &all);
     }
@@ -426,17 +438,8 @@ fn null_required_arguments() {
     for name in [
         "points", "means", "chol", "weights", "g", "dout", "out_m", "out_f",
     ] {
-        let arg = match name {
-            "out_m" | "out_f" => "out",
-            n => n,
-        };
-        expect_each(
-            &c,
-            name,
-            null_mut(),
-            FK_ERROR_NULL_POINTER,
-            &[&format!("{arg} is NULL")],
-        );
+        let needles = |arg: &str| vec![format!("{arg} is NULL")];
+        expect_each(&c, name, null_mut(), FK_ERROR_NULL_POINTER, needles);
     }
 }
 
@@ -466,17 +469,8 @@ fn wrong_shapes() {
     ];
     for (name, shape, form) in cases {
         let bad = Buf::new(&c.ctx, d, &shape);
-        let arg = match name {
-            "out_m" | "out_f" => "out",
-            n => n,
-        };
-        expect_each(
-            &c,
-            name,
-            bad.raw(),
-            FK_ERROR_SHAPE_MISMATCH,
-            &[&format!("{arg} has shape {shape:?}"), form],
-        );
+        let needles = |arg: &str| vec![format!("{arg} has shape {shape:?}"), form.into()];
+        expect_each(&c, name, bad.raw(), FK_ERROR_SHAPE_MISMATCH, needles);
     }
 }
 
@@ -496,17 +490,8 @@ fn dtype_errors() {
             _ => vec![B],
         };
         let bad = Buf::new(&c.ctx, FK_DTYPE_F64, &shape);
-        let arg = match name {
-            "out_m" | "out_f" => "out",
-            n => n,
-        };
-        expect_each(
-            &c,
-            name,
-            bad.raw(),
-            FK_ERROR_DTYPE_MISMATCH,
-            &[&format!("{arg} has dtype f64 but points has dtype f32")],
-        );
+        let needles = |arg: &str| vec![format!("{arg} has dtype f64 but points has dtype f32")];
+        expect_each(&c, name, bad.raw(), FK_ERROR_DTYPE_MISMATCH, needles);
     }
     // f16 (every buffer) is not supported
     let h = Call::new(FK_DTYPE_F16);

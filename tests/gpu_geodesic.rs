@@ -23,11 +23,12 @@
 #![allow(non_snake_case)]
 
 mod common;
+mod geodesic_util;
 
 use std::ptr::{null, null_mut};
 
 use common::*;
-use fusekit::abi::geodesic::*;
+use geodesic_util::*;
 
 fn tol_fwd(d: fk_dtype) -> f64 {
     if d == FK_DTYPE_F32 { 2e-5 } else { 1e-11 }
@@ -36,81 +37,14 @@ fn tol_bwd(d: fk_dtype) -> f64 {
     if d == FK_DTYPE_F32 { 1e-4 } else { 1e-11 }
 }
 
-// ------------------------------------------------------------------ problems
-
-#[derive(Clone)]
-struct Prob {
-    b: usize,
-    d: usize,
-    r: usize,
-    t: usize,
-    x: Vec<f64>,
-    v: Vec<f64>,
-    f: Option<Vec<f64>>,
-    u: Vec<f64>,
-    w: Vec<f64>,
-    mu: Option<Vec<f64>>,
-    g: Vec<f64>,
-    gx: Option<Vec<f64>>,
-    gv: Option<Vec<f64>>,
-    c: f64,
-    dt: f64,
+/// The CUDA context (`gpu()`: `None` skips), the CPU oracle and the test's
+/// generator at `state`.
+fn oracle(state: u64) -> Option<(Ctx, Ctx, Rng)> {
+    let g = gpu()?;
+    Some((g, Ctx::cpu(), Rng::from_state(state)))
 }
 
-impl Prob {
-    /// Values scaled so that |gamma_raw| is O(1) whatever D and R, and the clamp
-    /// (at `c`) cuts a good fraction of the entries.
-    fn new(rng: &mut Rng, b: usize, d: usize, r: usize, t: usize, opt: bool, c: f64) -> Prob {
-        let su = 1.0 / (d as f64).sqrt().max(1.0);
-        let sw = 1.0 / (r as f64).max(1.0);
-        Prob {
-            b,
-            d,
-            r,
-            t,
-            x: rng.uniform_vec(b * d, -1.0, 1.0),
-            v: rng.uniform_vec(b * d, -1.5, 1.5),
-            f: opt.then(|| rng.uniform_vec(b * d, -0.5, 0.5)),
-            u: rng.uniform_vec(d * r, -2.0 * su, 2.0 * su),
-            w: rng.uniform_vec(d * r, -2.0 * sw, 2.0 * sw),
-            mu: opt.then(|| rng.uniform_vec(d, 0.0, 0.5)),
-            g: rng.uniform_vec(b * d, -1.0, 1.0),
-            gx: opt.then(|| rng.uniform_vec(b * d, -1.0, 1.0)),
-            gv: Some(rng.uniform_vec(b * d, -1.0, 1.0)),
-            c,
-            dt: 0.1,
-        }
-    }
-}
-
-/// Every input of a problem on one context.
-struct On {
-    x: Buf,
-    v: Buf,
-    f: Option<Buf>,
-    u: Buf,
-    w: Buf,
-    mu: Option<Buf>,
-    g: Buf,
-    gx: Option<Buf>,
-    gv: Option<Buf>,
-}
-
-fn upload(ctx: &Ctx, dt: fk_dtype, p: &Prob) -> On {
-    let (b, d, r) = (p.b as i64, p.d as i64, p.r as i64);
-    let bd = |v: &Vec<f64>| Buf::from_reals(ctx, dt, &[b, d], v);
-    On {
-        x: bd(&p.x),
-        v: bd(&p.v),
-        f: p.f.as_ref().map(bd),
-        u: Buf::from_reals(ctx, dt, &[d, r], &p.u),
-        w: Buf::from_reals(ctx, dt, &[d, r], &p.w),
-        mu: p.mu.as_ref().map(|m| Buf::from_reals(ctx, dt, &[d], m)),
-        g: bd(&p.g),
-        gx: p.gx.as_ref().map(bd),
-        gv: p.gv.as_ref().map(bd),
-    }
-}
+// ------------------------------------------------------------------ runs
 
 /// The outputs of all four ops on one context.
 struct Outs {
@@ -123,108 +57,21 @@ struct Outs {
     lf_notraj: [Vec<f64>; 5],
 }
 
+/// The four ops on `p` (`g`, `gx`, `gv` from it) with `flags` on `stream`: the
+/// leapfrog backward from the forward's trajectory and without it.
 fn run_all(ctx: &Ctx, dt: fk_dtype, p: &Prob, flags: u32, stream: *const fk_stream) -> Outs {
-    let i = upload(ctx, dt, p);
-    let (b, d, r, t) = (p.b as i64, p.d as i64, p.r as i64, p.t as i64);
-    let sync = || {
-        if !stream.is_null() {
-            ok(unsafe { fk_stream_synchronize(stream) });
-        }
-    };
-    let gamma = Buf::poisoned(ctx, dt, &[b, d]);
-    ok(unsafe {
-        fk_christoffel_forward(
-            i.v.raw(),
-            i.u.raw(),
-            i.w.raw(),
-            p.c,
-            flags,
-            gamma.raw(),
-            stream,
-        )
-    });
-    let chr = [
-        Buf::poisoned(ctx, dt, &[b, d]),
-        Buf::poisoned(ctx, dt, &[d, r]),
-        Buf::poisoned(ctx, dt, &[d, r]),
-    ];
-    ok(unsafe {
-        fk_christoffel_backward(
-            i.v.raw(),
-            i.u.raw(),
-            i.w.raw(),
-            i.g.raw(),
-            p.c,
-            flags,
-            chr[0].raw(),
-            chr[1].raw(),
-            chr[2].raw(),
-            stream,
-        )
-    });
-    let xo = Buf::poisoned(ctx, dt, &[b, d]);
-    let vo = Buf::poisoned(ctx, dt, &[b, d]);
-    let tr = Buf::poisoned(ctx, dt, &[t, 2, b, d]);
-    ok(unsafe {
-        fk_leapfrog_forward(
-            i.x.raw(),
-            i.v.raw(),
-            raw_or_null(&i.f),
-            i.u.raw(),
-            i.w.raw(),
-            raw_or_null(&i.mu),
-            p.dt,
-            t,
-            p.c,
-            flags,
-            xo.raw(),
-            vo.raw(),
-            tr.raw(),
-            stream,
-        )
-    });
-    let bwd = |traj: *const fk_buffer| {
-        let o = [
-            Buf::poisoned(ctx, dt, &[b, d]),
-            Buf::poisoned(ctx, dt, &[b, d]),
-            Buf::poisoned(ctx, dt, &[b, d]),
-            Buf::poisoned(ctx, dt, &[d, r]),
-            Buf::poisoned(ctx, dt, &[d, r]),
-        ];
-        ok(unsafe {
-            fk_leapfrog_backward(
-                i.v.raw(),
-                raw_or_null(&i.f),
-                i.u.raw(),
-                i.w.raw(),
-                raw_or_null(&i.mu),
-                p.dt,
-                t,
-                p.c,
-                flags,
-                traj,
-                raw_or_null(&i.gx),
-                raw_or_null(&i.gv),
-                o[0].raw(),
-                o[1].raw(),
-                o[2].raw(),
-                o[3].raw(),
-                o[4].raw(),
-                stream,
-            )
-        });
-        sync();
-        o.map(|o| o.read_reals())
-    };
-    let lf = bwd(tr.raw());
-    let lf_notraj = bwd(null());
-    sync();
+    let i = Inputs::new(ctx, dt, p);
+    let gamma = i.gamma(flags, stream);
+    let chr = i.chr_grads(flags, stream);
+    let (x, v, traj) = i.leapfrog(flags, stream);
+    let lf = i.lf_grads(traj.raw(), flags, stream);
+    let lf_notraj = i.lf_grads(null(), flags, stream);
     Outs {
-        gamma: gamma.read_reals(),
-        chr: chr.map(|o| o.read_reals()),
-        x: xo.read_reals(),
-        v: vo.read_reals(),
-        traj: tr.read_reals(),
+        gamma,
+        chr,
+        x,
+        v,
+        traj: traj.read_reals(),
         lf,
         lf_notraj,
     }
@@ -235,18 +82,12 @@ fn guard_boundary(p: &mut Prob, rel: f64) {
     if !p.c.is_finite() {
         return;
     }
-    let (d, r) = (p.d, p.r);
     for i in 0..p.b {
-        let mut pp = vec![0.0; r];
-        for k in 0..d {
-            for q in 0..r {
-                pp[q] += p.v[i * d + k] * p.u[k * r + q];
-            }
-        }
-        for k in 0..d {
-            let raw: f64 = (0..r).map(|q| pp[q] * pp[q] * p.w[k * r + q]).sum();
+        let raw = ref_gamma_raw(p, &p.v, i);
+        let g = p.g.as_mut().expect("a problem with g");
+        for (k, raw) in raw.iter().enumerate() {
             if (raw.abs() - p.c).abs() <= rel * p.c.max(1e-30) + 1e-30 {
-                p.g[i * d + k] = 0.0;
+                g[i * p.d + k] = 0.0;
             }
         }
     }
@@ -255,16 +96,11 @@ fn guard_boundary(p: &mut Prob, rel: f64) {
 fn compare(dt: fk_dtype, got: &Outs, want: &Outs, what: &str) {
     let (tf, tb) = (tol_fwd(dt), tol_bwd(dt));
     assert_close_reals(&got.gamma, &want.gamma, tf, &format!("gamma {what}"));
-    for (k, n) in ["dv", "dU", "dW"].iter().enumerate() {
-        assert_close_reals(
-            &got.chr[k],
-            &want.chr[k],
-            tb,
-            &format!("christoffel {n} {what}"),
-        );
-    }
+    check_grads(&got.chr, &want.chr, &CHR_GRADS, tb, |n| {
+        format!("christoffel {n} {what}")
+    });
     close_lf(got, want, tf, what);
-    for (k, n) in ["dx0", "dv0", "df", "dU", "dW"].iter().enumerate() {
+    for (k, n) in LF_GRADS.iter().enumerate() {
         assert_close_reals(
             &got.lf[k],
             &want.lf[k],
@@ -280,31 +116,27 @@ fn compare(dt: fk_dtype, got: &Outs, want: &Outs, what: &str) {
     }
 }
 
+/// x_T, v_T and the trajectory of `got` against `want` within `tol`.
+fn close_lf(got: &Outs, want: &Outs, tol: f64, what: &str) {
+    assert_close_reals(&got.x, &want.x, tol, &format!("x_T {what}"));
+    assert_close_reals(&got.v, &want.v, tol, &format!("v_T {what}"));
+    assert_close_reals(&got.traj, &want.traj, tol, &format!("traj {what}"));
+}
+
+#[rustfmt::skip]
 fn shapes() -> Vec<(usize, usize, usize, usize)> {
     // (B, D, R, T)
     if sanitizing() {
         vec![
-            (1, 1, 1, 1),
-            (7, 33, 5, 2),
-            (40, 70, 17, 2),
-            (3, 130, 33, 1),
-            (33, 20, 3, 3),
+            (1, 1, 1, 1), (7, 33, 5, 2), (40, 70, 17, 2), (3, 130, 33, 1), (33, 20, 3, 3),
             (9, 256, 20, 2),    // the vector row layout (Cfg::VL) with 16-byte rows
             (2200, 300, 24, 2), // the leapfrog forward's register kernel (lf_fwd_rs), several tiles per block
             (4300, 8, 33, 1),   // the route's geo_sw with two tiles in some blocks
         ]
     } else {
         vec![
-            (1, 1, 1, 1),
-            (7, 33, 5, 2),
-            (33, 100, 17, 3),
-            (257, 512, 32, 2),
-            (129, 300, 31, 1),
-            (64, 1000, 8, 2),
-            (17, 1030, 3, 2),
-            (9, 64, 33, 2),
-            (5, 40, 129, 2),
-            (3001, 128, 16, 2),
+            (1, 1, 1, 1), (7, 33, 5, 2), (33, 100, 17, 3), (257, 512, 32, 2), (129, 300, 31, 1),
+            (64, 1000, 8, 2), (17, 1030, 3, 2), (9, 64, 33, 2), (5, 40, 129, 2), (3001, 128, 16, 2),
             (6, 2100, 2, 1),
             (4500, 40, 33, 2),  // the route's geo_sw with two tiles in some blocks
             (4500, 300, 24, 3), // the leapfrog forward's register kernel (lf_fwd_rs), several tiles per block
@@ -314,36 +146,33 @@ fn shapes() -> Vec<(usize, usize, usize, usize)> {
 
 #[test]
 fn cuda_matches_cpu_fast_and_generic() {
-    let Some(gpu) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::from_state(11);
-    for (b, d, r, t) in shapes() {
-        for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
-            for (opt, c) in [(true, 0.6), (false, f64::INFINITY)] {
-                let mut p = Prob::new(&mut rng, b, d, r, t, opt, c);
-                if dt == FK_DTYPE_F32 {
-                    guard_boundary(&mut p, 1e-4);
-                }
-                let want = run_all(&cpu, dt, &p, 0, null());
-                for flags in [0, FK_GEO_FORCE_GENERIC] {
-                    let got = run_all(&gpu, dt, &p, flags, null());
-                    let what = format!(
-                        "B={b} D={d} R={r} T={t} {} f/mu={opt} c={c} flags={flags}",
-                        if dt == FK_DTYPE_F32 { "f32" } else { "f64" }
-                    );
-                    compare(dt, &got, &want, &what);
-                }
-            }
+    let Some((gpu, cpu, mut rng)) = oracle(11) else {
+        return;
+    };
+    let cases = [(true, 0.6), (false, f64::INFINITY)];
+    sweep(&shapes(), &cases, |(b, d, r, t), dt, (opt, c)| {
+        let mut p = Prob::scaled(&mut rng, b, d, r, t, opt, c);
+        if dt == FK_DTYPE_F32 {
+            guard_boundary(&mut p, 1e-4);
         }
-    }
+        let want = run_all(&cpu, dt, &p, 0, null());
+        for flags in [0, FK_GEO_FORCE_GENERIC] {
+            let got = run_all(&gpu, dt, &p, flags, null());
+            let what = format!(
+                "B={b} D={d} R={r} T={t} {} f/mu={opt} c={c} flags={flags}",
+                dname(dt)
+            );
+            compare(dt, &got, &want, &what);
+        }
+    });
 }
 
 #[test]
 fn cuda_zero_rows_zero_gradients() {
     let Some(gpu) = gpu() else { return };
     let mut rng = Rng::from_state(12);
-    let p = Prob::new(&mut rng, 0, 24, 5, 2, true, 0.5);
-    for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
+    let p = Prob::scaled(&mut rng, 0, 24, 5, 2, true, 0.5);
+    for dt in REAL_DTYPES {
         for flags in [0, FK_GEO_FORCE_GENERIC] {
             let o = run_all(&gpu, dt, &p, flags, null());
             assert!(o.gamma.is_empty() && o.x.is_empty());
@@ -358,70 +187,55 @@ fn cuda_zero_rows_zero_gradients() {
 #[test]
 fn cuda_owned_stream_and_reproducible_gradients() {
     let Some(gpu) = gpu() else { return };
-    let mut s = null_mut();
-    ok(unsafe { fk_stream_create(gpu.0, &mut s) });
+    let s = Stream::new(&gpu);
     let mut rng = Rng::from_state(13);
     let (b, d, r) = if sanitizing() {
         (40, 64, 8)
     } else {
         (2000, 512, 32)
     };
-    let mut p = Prob::new(&mut rng, b, d, r, 2, true, 0.6);
+    let mut p = Prob::scaled(&mut rng, b, d, r, 2, true, 0.6);
     guard_boundary(&mut p, 1e-4);
-    for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
-        let a = run_all(&gpu, dt, &p, 0, s);
-        let b2 = run_all(&gpu, dt, &p, 0, s);
-        let same = |x: &[f64], y: &[f64]| x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+    for dt in REAL_DTYPES {
+        let a = run_all(&gpu, dt, &p, 0, s.raw());
+        let b2 = run_all(&gpu, dt, &p, 0, s.raw());
         assert!(
-            same(&a.chr[1], &b2.chr[1]) && same(&a.chr[2], &b2.chr[2]),
+            same_bits(&a.chr[1], &b2.chr[1]) && same_bits(&a.chr[2], &b2.chr[2]),
             "christoffel dU/dW differ between runs"
         );
         assert!(
-            same(&a.lf[3], &b2.lf[3]) && same(&a.lf[4], &b2.lf[4]),
+            same_bits(&a.lf[3], &b2.lf[3]) && same_bits(&a.lf[4], &b2.lf[4]),
             "leapfrog dU/dW differ between runs"
         );
-        assert!(same(&a.gamma, &b2.gamma) && same(&a.v, &b2.v));
+        assert!(same_bits(&a.gamma, &b2.gamma) && same_bits(&a.v, &b2.v));
     }
-    ok(unsafe { fk_stream_destroy(s) });
 }
 
 #[test]
 fn cuda_misaligned_rows_and_in_place() {
-    let Some(gpu) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::from_state(14);
+    let Some((gpu, cpu, mut rng)) = oracle(14) else {
+        return;
+    };
     // R = 12: the fast kernels; R = 40: the cuBLAS route; D = 300, R = 24: the leapfrog
     // forward's register kernel's fallback (lf_fwd_rs needs 16-byte rows)
     for (b, d, r) in [(37usize, 64usize, 12usize), (37, 64, 40), (37, 300, 24)] {
-        let p = Prob::new(&mut rng, b, d, r, 1, false, 0.6);
-        for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
+        let p = Prob::scaled(&mut rng, b, d, r, 1, false, 0.6);
+        for dt in REAL_DTYPES {
             let want = run_all(&cpu, dt, &p, 0, null());
             // v one element into a larger buffer: rows no longer 16-byte aligned
-            let big = Buf::poisoned(&gpu, dt, &[(b * d + 1) as i64]);
-            let mut vals = vec![0.0; b * d + 1];
-            vals[1..].copy_from_slice(&p.v);
-            big.write_reals(&vals);
-            let mut base = null_mut();
-            ok(unsafe { fk_buffer_data(big.raw(), &mut base) });
-            let shape = [b as i64, d as i64];
-            let mut vh = null_mut();
-            ok(unsafe {
-                fk_buffer_wrap(
-                    gpu.0,
-                    (base as *mut u8).add(dsize(dt)) as *mut _,
-                    dt,
-                    2,
-                    shape.as_ptr(),
-                    null(),
-                    &mut vh,
-                )
-            });
-            let v = Buf(vh);
-            let i = upload(&gpu, dt, &p);
-            let out = Buf::poisoned(&gpu, dt, &[b as i64, d as i64]);
-            ok(unsafe {
-                fk_christoffel_forward(v.raw(), i.u.raw(), i.w.raw(), p.c, 0, out.raw(), null())
-            });
+            let storage: Vec<Cx> = std::iter::once(0.0)
+                .chain(p.v.iter().copied())
+                .map(re)
+                .collect();
+            let view = View::misaligned(&[b as i64, d as i64]);
+            let v = Placed::new(&gpu, dt, &view, &encode(dt, &storage));
+            let i = Inputs::new(&gpu, dt, &p);
+            let out = i.poisoned(&[b as i64, d as i64]);
+            ok(ChrFwd {
+                v: v.handle(),
+                ..i.chr_fwd(out.raw())
+            }
+            .call());
             assert_close_reals(
                 &out.read_reals(),
                 &want.gamma,
@@ -429,9 +243,7 @@ fn cuda_misaligned_rows_and_in_place() {
                 "gamma, misaligned v",
             );
             // in place: gamma over v
-            ok(unsafe {
-                fk_christoffel_forward(i.v.raw(), i.u.raw(), i.w.raw(), p.c, 0, i.v.raw(), null())
-            });
+            ok(i.chr_fwd(i.v.raw()).call());
             assert_close_reals(
                 &i.v.read_reals(),
                 &want.gamma,
@@ -439,25 +251,8 @@ fn cuda_misaligned_rows_and_in_place() {
                 "gamma in place",
             );
             // leapfrog in place: x_out = x0, v_out = v0
-            let i = upload(&gpu, dt, &p);
-            ok(unsafe {
-                fk_leapfrog_forward(
-                    i.x.raw(),
-                    i.v.raw(),
-                    null(),
-                    i.u.raw(),
-                    i.w.raw(),
-                    null(),
-                    p.dt,
-                    1,
-                    p.c,
-                    0,
-                    i.x.raw(),
-                    i.v.raw(),
-                    null_mut(),
-                    null(),
-                )
-            });
+            let i = Inputs::new(&gpu, dt, &p);
+            ok(i.lf_fwd([i.x.raw(), i.v.raw(), null_mut()]).call());
             assert_close_reals(&i.x.read_reals(), &want.x, tol_fwd(dt), "x in place");
             assert_close_reals(&i.v.read_reals(), &want.v, tol_fwd(dt), "v in place");
         }
@@ -466,70 +261,29 @@ fn cuda_misaligned_rows_and_in_place() {
 
 #[test]
 fn cuda_backward_optional_outputs() {
-    let Some(gpu) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::from_state(15);
-    let mut p = Prob::new(&mut rng, 50, 96, 8, 3, true, 0.6);
+    let Some((gpu, cpu, mut rng)) = oracle(15) else {
+        return;
+    };
+    let mut p = Prob::scaled(&mut rng, 50, 96, 8, 3, true, 0.6);
     guard_boundary(&mut p, 1e-4);
     let dt = FK_DTYPE_F64;
     let want = run_all(&cpu, dt, &p, 0, null());
-    let (b, d, r) = (50i64, 96i64, 8i64);
     for flags in [0, FK_GEO_FORCE_GENERIC] {
-        let i = upload(&gpu, dt, &p);
+        let i = Inputs::new(&gpu, dt, &p);
         // each output alone
         for k in 0..3 {
-            let shape = if k == 0 { [b, d] } else { [d, r] };
-            let o = Buf::poisoned(&gpu, dt, &shape);
-            let ptr = |j: usize| if j == k { o.raw() } else { null_mut() };
-            ok(unsafe {
-                fk_christoffel_backward(
-                    i.v.raw(),
-                    i.u.raw(),
-                    i.w.raw(),
-                    i.g.raw(),
-                    p.c,
-                    flags,
-                    ptr(0),
-                    ptr(1),
-                    ptr(2),
-                    null(),
-                )
-            });
+            let got = i.chr_grads_of(1 << k, flags, null());
             assert_close_reals(
-                &o.read_reals(),
+                got[k].as_ref().unwrap(),
                 &want.chr[k],
                 1e-11,
                 &format!("christoffel output {k} alone"),
             );
         }
         for k in 0..5 {
-            let shape = if k < 3 { [b, d] } else { [d, r] };
-            let o = Buf::poisoned(&gpu, dt, &shape);
-            let ptr = |j: usize| if j == k { o.raw() } else { null_mut() };
-            ok(unsafe {
-                fk_leapfrog_backward(
-                    i.v.raw(),
-                    raw_or_null(&i.f),
-                    i.u.raw(),
-                    i.w.raw(),
-                    raw_or_null(&i.mu),
-                    p.dt,
-                    3,
-                    p.c,
-                    flags,
-                    null(),
-                    raw_or_null(&i.gx),
-                    raw_or_null(&i.gv),
-                    ptr(0),
-                    ptr(1),
-                    ptr(2),
-                    ptr(3),
-                    ptr(4),
-                    null(),
-                )
-            });
+            let got = i.lf_grads_of(null(), 1 << k, flags, null());
             assert_close_reals(
-                &o.read_reals(),
+                got[k].as_ref().unwrap(),
                 &want.lf[k],
                 1e-11,
                 &format!("leapfrog output {k} alone"),
@@ -541,6 +295,7 @@ fn cuda_backward_optional_outputs() {
 /// The shapes of the tensor-core tests: odd sizes, every DJ and RP of the TF32
 /// kernels, T = 1 and T > 1, blocks with several tiles (B > 16 x SMs), and R > 32 (no
 /// fast kernel). Under the sanitizers: a small set, still with several tiles per block.
+#[rustfmt::skip]
 fn tc_shapes() -> Vec<(usize, usize, usize, usize)> {
     if sanitizing() {
         // (2200, 64, 32, 2): more tiles than SMs, so that blocks run several tiles (the
@@ -548,56 +303,78 @@ fn tc_shapes() -> Vec<(usize, usize, usize, usize)> {
         vec![(7, 33, 5, 2), (40, 64, 32, 1), (2200, 64, 32, 2)]
     } else {
         vec![
-            (7, 33, 5, 2),
-            (257, 512, 32, 2),
-            (129, 300, 31, 8),
-            (50, 100, 16, 1),
-            (4501, 200, 24, 3),
+            (7, 33, 5, 2), (257, 512, 32, 2), (129, 300, 31, 8), (50, 100, 16, 1), (4501, 200, 24, 3),
             // R > 32: the GEMM route (TF32 products in the Christoffel forward's)
             (60, 200, 40, 1),
         ]
     }
 }
 
-/// x_T, v_T and the trajectory of `got` against `want` within `tol`.
-fn close_lf(got: &Outs, want: &Outs, tol: f64, what: &str) {
-    assert_close_reals(&got.x, &want.x, tol, &format!("x_T {what}"));
-    assert_close_reals(&got.v, &want.v, tol, &format!("v_T {what}"));
-    assert_close_reals(&got.traj, &want.traj, tol, &format!("traj {what}"));
+/// The runs of a tensor-core test on one problem: the CPU's f32 (the oracle), the
+/// GPU's f32 with the test's flags (`got`) and with 0 (`strict`), its f64 with the
+/// flags and with 0.
+struct TcRuns {
+    want: Outs,
+    got: Outs,
+    strict: Outs,
+    g64: Outs,
+    s64: Outs,
+}
+
+/// The tensor-core tests' loop: for every shape of `tc_shapes()` a problem (f, mu,
+/// c = 0.6) drawn from the generator at `state`, run as `TcRuns` with `flags`, handed
+/// to `body` with its label, the shape, the problem and the CUDA context.
+fn each_tc_run(
+    state: u64,
+    label: &str,
+    flags: u32,
+    mut body: impl FnMut(&str, (usize, usize, usize, usize), &Prob, &TcRuns, &Ctx),
+) {
+    let Some((gpu, cpu, mut rng)) = oracle(state) else {
+        return;
+    };
+    for (b, d, r, t) in tc_shapes() {
+        let p = Prob::scaled(&mut rng, b, d, r, t, true, 0.6);
+        let run = |ctx: &Ctx, dt: fk_dtype, flags: u32| run_all(ctx, dt, &p, flags, null());
+        let o = TcRuns {
+            want: run(&cpu, FK_DTYPE_F32, 0),
+            got: run(&gpu, FK_DTYPE_F32, flags),
+            strict: run(&gpu, FK_DTYPE_F32, 0),
+            g64: run(&gpu, FK_DTYPE_F64, flags),
+            s64: run(&gpu, FK_DTYPE_F64, 0),
+        };
+        let what = format!("{label} B={b} D={d} R={r} T={t}");
+        body(&what, (b, d, r, t), &p, &o, &gpu);
+    }
+}
+
+/// Asserts each check of `checks` (the flags left a result bit for bit as flags 0
+/// gives it), naming the result.
+#[track_caller]
+fn assert_unchanged<const N: usize>(what: &str, checks: [(&str, bool); N]) {
+    for (name, same) in checks {
+        assert!(same, "{what}: {name} changed");
+    }
 }
 
 #[test]
 fn cuda_tf32_forwards() {
-    let Some(gpu) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::from_state(16);
-    for (b, d, r, t) in tc_shapes() {
-        let p = Prob::new(&mut rng, b, d, r, t, true, 0.6);
-        let want = run_all(&cpu, FK_DTYPE_F32, &p, 0, null());
-        let got = run_all(&gpu, FK_DTYPE_F32, &p, FK_GEO_ALLOW_TF32, null());
-        let what = format!("TF32 B={b} D={d} R={r} T={t}");
-        assert_close_reals(&got.gamma, &want.gamma, 5e-3, &format!("gamma {what}"));
-        close_lf(&got, &want, 5e-3, &what);
+    each_tc_run(16, "TF32", FK_GEO_ALLOW_TF32, |what, _, _, o, _| {
+        assert_close_reals(&o.got.gamma, &o.want.gamma, 5e-3, &format!("gamma {what}"));
+        close_lf(&o.got, &o.want, 5e-3, what);
         // the backwards ignore the flag (bit-identical to strict runs); f64 too
-        let strict = run_all(&gpu, FK_DTYPE_F32, &p, 0, null());
-        assert!(
-            got.chr.iter().zip(&strict.chr).all(|(a, b)| a == b),
-            "christoffel backward changed with FK_GEO_ALLOW_TF32"
+        assert_unchanged(
+            what,
+            [
+                ("the Christoffel backward", o.got.chr == o.strict.chr),
+                (
+                    "the leapfrog backward (recompute)",
+                    o.got.lf_notraj == o.strict.lf_notraj,
+                ),
+                ("f64", o.g64.gamma == o.s64.gamma && o.g64.v == o.s64.v),
+            ],
         );
-        assert!(
-            got.lf_notraj
-                .iter()
-                .zip(&strict.lf_notraj)
-                .all(|(a, b)| a == b),
-            "leapfrog backward (recompute) changed with FK_GEO_ALLOW_TF32"
-        );
-        let g64 = run_all(&gpu, FK_DTYPE_F64, &p, FK_GEO_ALLOW_TF32, null());
-        let s64 = run_all(&gpu, FK_DTYPE_F64, &p, 0, null());
-        assert!(
-            g64.gamma == s64.gamma && g64.v == s64.v,
-            "f64 changed with FK_GEO_ALLOW_TF32"
-        );
-    }
+    });
 }
 
 /// `FK_GEO_ALLOW_TF32X3`: the leapfrog forward's 3xTF32 kernel against the CPU at the
@@ -607,49 +384,41 @@ fn cuda_tf32_forwards() {
 /// (R > 32) bit-identical to flags 0; with `FK_GEO_ALLOW_TF32` too, TF32's bits.
 #[test]
 fn cuda_tf32x3_leapfrog() {
-    let Some(gpu) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::from_state(18);
-    for (b, d, r, t) in tc_shapes() {
-        let p = Prob::new(&mut rng, b, d, r, t, true, 0.6);
-        let what = format!("3xTF32 B={b} D={d} R={r} T={t}");
-        let want = run_all(&cpu, FK_DTYPE_F32, &p, 0, null());
-        let got = run_all(&gpu, FK_DTYPE_F32, &p, FK_GEO_ALLOW_TF32X3, null());
-        close_lf(&got, &want, tol_fwd(FK_DTYPE_F32), &what);
-        let strict = run_all(&gpu, FK_DTYPE_F32, &p, 0, null());
-        // (at T = 1 the permission is not used: the strict kernel is faster there)
-        assert_eq!(
-            r <= 32 && t >= 2,
-            got.traj != strict.traj,
-            "{what}: the 3xTF32 kernel ran where it applies, only there"
-        );
-        assert!(
-            got.gamma == strict.gamma && got.chr == strict.chr,
-            "{what}: the Christoffel ops changed"
-        );
-        assert!(
-            got.lf_notraj == strict.lf_notraj,
-            "{what}: the backward's recomputed forward changed"
-        );
-        let tf = run_all(&gpu, FK_DTYPE_F32, &p, FK_GEO_ALLOW_TF32, null());
-        let both = run_all(
-            &gpu,
-            FK_DTYPE_F32,
-            &p,
-            FK_GEO_ALLOW_TF32 | FK_GEO_ALLOW_TF32X3,
-            null(),
-        );
-        assert!(
-            both.traj == tf.traj && both.v == tf.v,
-            "{what}: with FK_GEO_ALLOW_TF32 too, not TF32's result"
-        );
-        let g64 = run_all(&gpu, FK_DTYPE_F64, &p, FK_GEO_ALLOW_TF32X3, null());
-        let s64 = run_all(&gpu, FK_DTYPE_F64, &p, 0, null());
-        assert!(
-            g64.traj == s64.traj && g64.v == s64.v,
-            "{what}: f64 changed"
-        );
-    }
+    each_tc_run(
+        18,
+        "3xTF32",
+        FK_GEO_ALLOW_TF32X3,
+        |what, (_, _, r, t), p, o, gpu| {
+            close_lf(&o.got, &o.want, tol_fwd(FK_DTYPE_F32), what);
+            // (at T = 1 the permission is not used: the strict kernel is faster there)
+            assert_eq!(
+                r <= 32 && t >= 2,
+                o.got.traj != o.strict.traj,
+                "{what}: the 3xTF32 kernel ran where it applies, only there"
+            );
+            assert_unchanged(
+                what,
+                [
+                    (
+                        "the Christoffel ops",
+                        o.got.gamma == o.strict.gamma && o.got.chr == o.strict.chr,
+                    ),
+                    (
+                        "the backward's recomputed forward",
+                        o.got.lf_notraj == o.strict.lf_notraj,
+                    ),
+                    ("f64", o.g64.traj == o.s64.traj && o.g64.v == o.s64.v),
+                ],
+            );
+            let tf = run_all(gpu, FK_DTYPE_F32, p, FK_GEO_ALLOW_TF32, null());
+            let both_flags = FK_GEO_ALLOW_TF32 | FK_GEO_ALLOW_TF32X3;
+            let both = run_all(gpu, FK_DTYPE_F32, p, both_flags, null());
+            assert!(
+                both.traj == tf.traj && both.v == tf.v,
+                "{what}: with FK_GEO_ALLOW_TF32 too, not TF32's result"
+            );
+        },
+    );
 }
 
 /// The leapfrog backward where no fast kernel fits (R > 32): the cuBLAS route under
@@ -658,9 +427,9 @@ fn cuda_tf32x3_leapfrog() {
 /// dv0, df, dU, dW) on and off, odd B and D; the route's gradients bit-reproducible.
 #[test]
 fn cuda_leapfrog_backward_route_options() {
-    let Some(gpu) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let mut rng = Rng::from_state(17);
+    let Some((gpu, cpu, mut rng)) = oracle(17) else {
+        return;
+    };
     let (shapes, flag_sets, outputs): (&[(usize, usize, usize, usize)], &[u32], &[u32]) =
         if sanitizing() {
             // memcheck: the route only, every pointer combination once
@@ -675,8 +444,8 @@ fn cuda_leapfrog_backward_route_options() {
     // bits of the input sets: f, mu, gx, gv; of the output sets: dx0, dv0, df, dU, dW
     let inputs = [15u32, 0, 9, 6];
     for &(b, d, r, t) in shapes {
-        let full = Prob::new(&mut rng, b, d, r, t, true, 0.6);
-        for dt in [FK_DTYPE_F32, FK_DTYPE_F64] {
+        let full = Prob::scaled(&mut rng, b, d, r, t, true, 0.6);
+        for dt in REAL_DTYPES {
             for inp in inputs {
                 let p = Prob {
                     f: full.f.clone().filter(|_| inp & 1 != 0),
@@ -686,44 +455,13 @@ fn cuda_leapfrog_backward_route_options() {
                     ..full.clone()
                 };
                 let want = run_all(&cpu, dt, &p, 0, null());
-                let i = upload(&gpu, dt, &p);
-                let (bb, dd, rr) = (b as i64, d as i64, r as i64);
-                let traj = Buf::from_reals(&gpu, dt, &[t as i64, 2, bb, dd], &want.traj);
+                let i = Inputs::new(&gpu, dt, &p);
+                let traj =
+                    Buf::from_reals(&gpu, dt, &[t as i64, 2, b as i64, d as i64], &want.traj);
                 for &flags in flag_sets {
                     for with_traj in [true, false] {
-                        let run = |set: u32| {
-                            let o: Vec<Option<Buf>> = (0..5)
-                                .map(|k| {
-                                    let shape = if k < 3 { [bb, dd] } else { [dd, rr] };
-                                    (set & (1 << k) != 0).then(|| Buf::poisoned(&gpu, dt, &shape))
-                                })
-                                .collect();
-                            ok(unsafe {
-                                fk_leapfrog_backward(
-                                    i.v.raw(),
-                                    raw_or_null(&i.f),
-                                    i.u.raw(),
-                                    i.w.raw(),
-                                    raw_or_null(&i.mu),
-                                    p.dt,
-                                    t as i64,
-                                    p.c,
-                                    flags,
-                                    if with_traj { traj.raw() } else { null_mut() },
-                                    raw_or_null(&i.gx),
-                                    raw_or_null(&i.gv),
-                                    raw_or_null(&o[0]),
-                                    raw_or_null(&o[1]),
-                                    raw_or_null(&o[2]),
-                                    raw_or_null(&o[3]),
-                                    raw_or_null(&o[4]),
-                                    null(),
-                                )
-                            });
-                            o.iter()
-                                .map(|o| o.as_ref().map(Buf::read_reals))
-                                .collect::<Vec<_>>()
-                        };
+                        let tr = if with_traj { traj.raw() } else { null_mut() };
+                        let run = |set: u32| i.lf_grads_of(tr, set, flags, null());
                         for &set in outputs {
                             for (k, got) in run(set).iter().enumerate() {
                                 if let Some(got) = got {
@@ -733,7 +471,7 @@ fn cuda_leapfrog_backward_route_options() {
                                         tol_bwd(dt),
                                         &format!(
                                             "leapfrog backward output {k} of {set:05b}: B={b} D={d} R={r} T={t} {} inputs {inp:04b} traj={with_traj} flags={flags}",
-                                            if dt == FK_DTYPE_F32 { "f32" } else { "f64" }
+                                            dname(dt)
                                         ),
                                     );
                                 }
@@ -741,15 +479,11 @@ fn cuda_leapfrog_backward_route_options() {
                         }
                         if flags == 0 {
                             let (a, a2) = (run(31), run(31));
-                            let bits = |x: &Option<Vec<f64>>| {
-                                x.as_ref()
-                                    .unwrap()
-                                    .iter()
-                                    .map(|v| v.to_bits())
-                                    .collect::<Vec<_>>()
+                            let same = |k: usize| {
+                                same_bits(a[k].as_ref().unwrap(), a2[k].as_ref().unwrap())
                             };
                             assert!(
-                                (1..5).all(|k| bits(&a[k]) == bits(&a2[k])),
+                                (1..5).all(same),
                                 "route gradients differ between runs (B={b} D={d} R={r} traj={with_traj})"
                             );
                         }

@@ -1,7 +1,7 @@
 //! The harness every C-ABI integration test shares (`abi_*`, `gpu_*`, `stress`, ...).
 //! Everything here drives the library through its `extern "C"` entry points only,
 //! as a C caller would. Per-family helpers live beside it: `elementwise_table`,
-//! `gaussian_util`, `linalg_ref`, `optim_ref`.
+//! `gaussian_util`, `geodesic_util`, `linalg_ref`, `optim_ref`.
 //!
 //! - RAII wrappers (`Ctx`, `Stream`, `Buf`) over the raw handles.
 //! - `ok` / `expect_status`: a status, and for failures the message substrings
@@ -453,7 +453,9 @@ pub fn dname(d: fk_dtype) -> &'static str {
     }
 }
 
-/// Relative-error threshold per dtype (DESIGN.md "Numerics and tests").
+/// The default relative-error threshold per dtype for `assert_close` against an f64
+/// reference of the rounded inputs: 1e-2 for f16 and bf16 (their 11 and 8
+/// significant bits), 1e-5 for f32 and complex64, 1e-12 for f64 and complex128.
 pub fn tol(d: fk_dtype) -> f64 {
     match d {
         FK_DTYPE_F16 | FK_DTYPE_BF16 => 1e-2,

@@ -76,11 +76,11 @@ run_installed() { # the installed package, from outside the repository, without 
     PATH="$WENV/bin:/usr/local/bin:/usr/bin:/bin" FUSEKIT_TEST_INSTALLED=1 "$@")
 }
 run_installed python -c '
-import shutil, fusekit, fusekit._torch_ext as t
+import shutil, fusekit, fusekit.torch as t
 assert shutil.which("cargo") is None and shutil.which("rustc") is None, "Rust on PATH"
 print("installed:", fusekit.__file__, fusekit.version_string(), fusekit.library_path(), t.load())'
 # the extension the benchmarks below use with the source tree
-FUSEKIT_TORCH_LIBRARY=$(run_installed python -c 'import fusekit._torch_ext as t; print(t.load())')
+FUSEKIT_TORCH_LIBRARY=$(run_installed python -c 'import fusekit.torch as t; print(t.load())')
 export FUSEKIT_TORCH_LIBRARY
 # the benchmarks, examples and repository checks below run the source tree's package
 # (PYTHONPATH) on the library just built; the test suite runs the installed wheel

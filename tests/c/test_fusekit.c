@@ -981,23 +981,31 @@ static fk_scalar real_scalar(double x)
     return s;
 }
 
-static fk_status run_binop(int op, const fk_buffer *a, const fk_buffer *b, fk_buffer *out,
-                           const fk_stream *s)
+typedef fk_status (*binop_fn)(const fk_buffer *, const fk_buffer *, fk_buffer *, const fk_stream *);
+typedef fk_status (*unop_fn)(const fk_buffer *, fk_buffer *, const fk_stream *);
+
+static fk_status axpby_op(const fk_buffer *a, const fk_buffer *b, fk_buffer *out, const fk_stream *s)
 {
-    switch (op) {
-    case OP_ADD:
-        return fk_add(a, b, out, s);
-    case OP_SUB:
-        return fk_sub(a, b, out, s);
-    case OP_MUL:
-        return fk_mul(a, b, out, s);
-    case OP_DIV:
-        return fk_div(a, b, out, s);
-    default:
-        return fk_axpby(real_scalar(AXPBY_ALPHA), a, real_scalar(AXPBY_BETA), b, out, s);
-    }
+    return fk_axpby(real_scalar(AXPBY_ALPHA), a, real_scalar(AXPBY_BETA), b, out, s);
 }
 
+static fk_status scalar_add_op(const fk_buffer *a, fk_buffer *out, const fk_stream *s)
+{
+    return fk_scalar_add(a, real_scalar(SCALAR_ADD_S), out, s);
+}
+
+static fk_status scalar_mul_op(const fk_buffer *a, fk_buffer *out, const fk_stream *s)
+{
+    return fk_scalar_mul(a, real_scalar(SCALAR_MUL_S), out, s);
+}
+
+/* The entry point of each op, indexed by enum binop / enum unop. */
+static const binop_fn binop_run[N_BINOPS] = {fk_add, fk_sub, fk_mul, fk_div, axpby_op};
+static const unop_fn unop_run[N_UNOPS] = {fk_neg,  fk_abs,     fk_exp,        fk_log,        fk_sqrt,
+                                          fk_sin,  fk_cos,     fk_tanh,       fk_sigmoid,    fk_relu,
+                                          scalar_add_op, scalar_mul_op, fk_copy};
+
+/* The double-precision reference of each op. */
 static double ref_binop(int op, double a, double b)
 {
     switch (op) {
@@ -1014,69 +1022,38 @@ static double ref_binop(int op, double a, double b)
     }
 }
 
-static fk_status run_unop(int op, const fk_buffer *a, fk_buffer *out, const fk_stream *s)
+static double ref_neg(double a)
 {
-    switch (op) {
-    case OP_NEG:
-        return fk_neg(a, out, s);
-    case OP_ABS:
-        return fk_abs(a, out, s);
-    case OP_EXP:
-        return fk_exp(a, out, s);
-    case OP_LOG:
-        return fk_log(a, out, s);
-    case OP_SQRT:
-        return fk_sqrt(a, out, s);
-    case OP_SIN:
-        return fk_sin(a, out, s);
-    case OP_COS:
-        return fk_cos(a, out, s);
-    case OP_TANH:
-        return fk_tanh(a, out, s);
-    case OP_SIGMOID:
-        return fk_sigmoid(a, out, s);
-    case OP_RELU:
-        return fk_relu(a, out, s);
-    case OP_SCALAR_ADD:
-        return fk_scalar_add(a, real_scalar(SCALAR_ADD_S), out, s);
-    case OP_SCALAR_MUL:
-        return fk_scalar_mul(a, real_scalar(SCALAR_MUL_S), out, s);
-    default:
-        return fk_copy(a, out, s);
-    }
+    return -a;
 }
 
-static double ref_unop(int op, double a)
+static double ref_sigmoid(double a)
 {
-    switch (op) {
-    case OP_NEG:
-        return -a;
-    case OP_ABS:
-        return fabs(a);
-    case OP_EXP:
-        return exp(a);
-    case OP_LOG:
-        return log(a);
-    case OP_SQRT:
-        return sqrt(a);
-    case OP_SIN:
-        return sin(a);
-    case OP_COS:
-        return cos(a);
-    case OP_TANH:
-        return tanh(a);
-    case OP_SIGMOID:
-        return 1.0 / (1.0 + exp(-a));
-    case OP_RELU:
-        return a > 0.0 ? a : 0.0;
-    case OP_SCALAR_ADD:
-        return a + SCALAR_ADD_S;
-    case OP_SCALAR_MUL:
-        return a * SCALAR_MUL_S;
-    default:
-        return a;
-    }
+    return 1.0 / (1.0 + exp(-a));
 }
+
+static double ref_relu(double a)
+{
+    return a > 0.0 ? a : 0.0;
+}
+
+static double ref_scalar_add(double a)
+{
+    return a + SCALAR_ADD_S;
+}
+
+static double ref_scalar_mul(double a)
+{
+    return a * SCALAR_MUL_S;
+}
+
+static double ref_copy(double a)
+{
+    return a;
+}
+
+static double (*const unop_ref[N_UNOPS])(double) = {
+    ref_neg, fabs, exp, log, sqrt, sin, cos, tanh, ref_sigmoid, ref_relu, ref_scalar_add, ref_scalar_mul, ref_copy};
 
 /* An operand: a buffer (possibly a strided view), its shape and strides, and the
  * host copy of the memory it views (`host` at element `off` is element 0). */
@@ -1094,9 +1071,10 @@ static double operand_at(const operand *o, int64_t lin, int nd_out, const int64_
     return o->host[o->off + bcast_offset(lin, nd_out, out_shape, o->nd, o->shape, o->strides)];
 }
 
-/* Runs a binary op into a fresh poisoned output and compares with the reference. */
-static void check_binary(fk_dtype dt, int op, const operand *a, const operand *b, int nd,
-                         const int64_t *out_shape, const fk_stream *s, const char *layout)
+/* Runs an op into a fresh poisoned output and compares with the reference: the binary
+ * op `op` on a and b, or, with b NULL, the unary op `op` on a. */
+static void check_op(fk_dtype dt, int op, const operand *a, const operand *b, int nd,
+                     const int64_t *out_shape, const fk_stream *s, const char *layout)
 {
     int64_t n = numel_of(nd, out_shape), i;
     double *ref = (double *)malloc((size_t)n * sizeof(double));
@@ -1104,9 +1082,9 @@ static void check_binary(fk_dtype dt, int op, const operand *a, const operand *b
     fk_buffer *out = new_poisoned(dt, nd, out_shape);
     char what[160];
     fk_status st;
-    sprintf(what, "%s %s %s", dt_name(dt), binop_names[op], layout);
+    sprintf(what, "%s %s %s", dt_name(dt), b != NULL ? binop_names[op] : unop_names[op], layout);
     if (out != NULL) {
-        st = run_binop(op, a->buf, b->buf, out, s);
+        st = b != NULL ? binop_run[op](a->buf, b->buf, out, s) : unop_run[op](a->buf, out, s);
         /* an owned CUDA stream does not order with the legacy default stream used by
          * the blocking copy below: synchronise it first */
         if (st == FK_OK && s != NULL)
@@ -1114,9 +1092,11 @@ static void check_binary(fk_dtype dt, int op, const operand *a, const operand *b
         if (st != FK_OK) {
             check(0, "%s: %s: %s", what, fk_status_string(st), last_msg());
         } else if (read_real(out, dt, got, (size_t)n)) {
-            for (i = 0; i < n; i++)
-                ref[i] = round_to(dt, ref_binop(op, operand_at(a, i, nd, out_shape),
-                                                operand_at(b, i, nd, out_shape)));
+            for (i = 0; i < n; i++) {
+                double x = operand_at(a, i, nd, out_shape);
+                ref[i] = round_to(dt, b != NULL ? ref_binop(op, x, operand_at(b, i, nd, out_shape))
+                                                : unop_ref[op](x));
+            }
             compare(what, got, ref, (size_t)n, tol_for(dt));
         }
     }
@@ -1125,33 +1105,16 @@ static void check_binary(fk_dtype dt, int op, const operand *a, const operand *b
     free(got);
 }
 
+static void check_binary(fk_dtype dt, int op, const operand *a, const operand *b, int nd,
+                         const int64_t *out_shape, const fk_stream *s, const char *layout)
+{
+    check_op(dt, op, a, b, nd, out_shape, s, layout);
+}
+
 static void check_unary(fk_dtype dt, int op, const operand *a, int nd, const int64_t *out_shape,
                         const fk_stream *s, const char *layout)
 {
-    int64_t n = numel_of(nd, out_shape), i;
-    double *ref = (double *)malloc((size_t)n * sizeof(double));
-    double *got = (double *)malloc((size_t)n * sizeof(double));
-    fk_buffer *out = new_poisoned(dt, nd, out_shape);
-    char what[160];
-    fk_status st;
-    sprintf(what, "%s %s %s", dt_name(dt), unop_names[op], layout);
-    if (out != NULL) {
-        st = run_unop(op, a->buf, out, s);
-        /* an owned CUDA stream does not order with the legacy default stream used by
-         * the blocking copy below: synchronise it first */
-        if (st == FK_OK && s != NULL)
-            st = fk_stream_synchronize(s);
-        if (st != FK_OK) {
-            check(0, "%s: %s: %s", what, fk_status_string(st), last_msg());
-        } else if (read_real(out, dt, got, (size_t)n)) {
-            for (i = 0; i < n; i++)
-                ref[i] = round_to(dt, ref_unop(op, operand_at(a, i, nd, out_shape)));
-            compare(what, got, ref, (size_t)n, tol_for(dt));
-        }
-    }
-    fk_buffer_destroy(out);
-    free(ref);
-    free(got);
+    check_op(dt, op, a, NULL, nd, out_shape, s, layout);
 }
 
 static void set_operand(operand *o, fk_buffer *buf, int nd, const int64_t *shape,

@@ -36,6 +36,9 @@ python -m pip install -q numpy pytest cffi matplotlib "nvidia-cuda-nvrtc==13.0.8
 python -m pip install -q "torch==2.11.*"
 # NCCL (no GPU needed to load it and make a unique id): checks the run-time loader
 python -m pip install -q "nvidia-nccl-cu13==2.32.3"
+# jax on the CPU (the version fusekit.jax is tested with): test_jax.py runs fusekit's
+# XLA FFI handlers inside jax.jit instead of being skipped (about a minute)
+python -m pip install -q "jax[cpu]==0.10.2"
 
 echo "==> cargo build --release"
 cargo build --release

@@ -37,6 +37,8 @@ pub(crate) mod event;
 pub(crate) mod layout;
 pub(crate) mod ops;
 pub(crate) mod stream;
+/** cbindgen:ignore */
+pub(crate) mod xla; // XLA FFI handlers (docs/jax.md), not in fusekit.h
 
 /// Internals the integration tests, benches and examples call (not part of the
 /// C ABI, no stability promise): the CPU's GELU formulas, the kernel modules and

@@ -1,0 +1,781 @@
+"""fusekit ops inside ``jax.jit``, with gradients and ``vmap``, through XLA's FFI.
+
+Import it explicitly (it is not imported by ``import fusekit``)::
+
+    import jax, jax.numpy as jnp
+    import fusekit.jax as fkj
+
+    y = jax.jit(lambda a, b: fkj.add(a, b))(jnp.ones((4, 3)), jnp.arange(3.0))
+    g = jax.grad(lambda p: fkj.gaussian_field(p, mu, L, w).sum())(points)
+
+Each op is an XLA custom call (``jax.ffi.ffi_call``) to a handler in ``libfusekit``
+(``fk_xla_<op>_cpu`` / ``fk_xla_<op>_cuda``, registered here through ctypes and
+``jax.ffi.pycapsule``; nothing is compiled against jaxlib). The handlers take
+XLA's buffers without copying, XLA's CUDA stream, and run the op through the
+same validation as the C ABI. Gradients are ``jax.custom_vjp`` rules: the fused
+linear layer and the Gaussian ops call fusekit's fused backwards; elementwise
+ops and ``matmul`` differentiate with JAX's own rules around fusekit's forward
+(``matmul``'s products are fusekit GEMMs). docs/jax.md is the reference.
+
+Supported jax: see :data:`SUPPORTED_JAX`; importing this module with another
+version raises ``ImportError`` (set ``FUSEKIT_JAX_ANY_VERSION=1`` to try anyway).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import os
+import threading
+
+import numpy as np
+
+try:
+    import jax
+    import jax.numpy as jnp
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "fusekit.jax needs jax: pip install 'jax[cpu]' (or 'jax[cuda13]' for GPUs)"
+    ) from e
+
+from . import _lib
+
+__all__ = [
+    "SUPPORTED_JAX",
+    "TESTED_WITH",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "axpby",
+    "neg",
+    "abs",
+    "exp",
+    "log",
+    "sqrt",
+    "sin",
+    "cos",
+    "tanh",
+    "sigmoid",
+    "relu",
+    "matmul",
+    "linear",
+    "mahalanobis",
+    "gaussian_field",
+    "warmup",
+    "call_count",
+    "count_calls",
+    "allow_tf32",
+]
+
+#: The jax versions this module accepts: ``[low, high)``.
+SUPPORTED_JAX = ((0, 10, 2), (0, 12, 0))
+#: What it was tested with.
+TESTED_WITH = "jax/jaxlib 0.10.2 on the CPU (XLA FFI API 0.3); jax 0.11.2 with the CUDA 13 plugin on the GPU"
+
+
+def _jax_version() -> tuple[int, ...]:
+    info = getattr(jax, "__version_info__", None)
+    if info is None:
+        info = tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in jax.__version__.split(".")[:3])
+    return tuple(int(v) for v in info[:3])
+
+
+def _check_version() -> None:
+    v = _jax_version()
+    lo, hi = SUPPORTED_JAX
+    if not (lo <= v < hi) and os.environ.get("FUSEKIT_JAX_ANY_VERSION") != "1":
+        raise ImportError(
+            f"fusekit.jax supports jax >= {'.'.join(map(str, lo))} and < {'.'.join(map(str, hi))} "
+            f"(tested: {TESTED_WITH}); this is jax {jax.__version__}. "
+            "Install a supported jax, or set FUSEKIT_JAX_ANY_VERSION=1 to try this one."
+        )
+
+
+_check_version()
+
+# ---------------------------------------------------------------------------
+# Registration of the handlers
+# ---------------------------------------------------------------------------
+
+#: op -> the handlers' symbol stem in libfusekit (fk_xla_<stem>_cpu / _cuda)
+_HANDLERS = {
+    **{op: op for op in ("add", "sub", "mul", "div", "axpby")},
+    **{op: op for op in ("neg", "abs", "exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "relu")},
+    "gemm": "gemm",
+    "linear_forward": "linear_forward",
+    "linear_backward": "linear_backward",
+    "mahalanobis_forward": "mahalanobis_forward",
+    "mahalanobis_backward": "mahalanobis_backward",
+    "field_forward": "gaussian_field_forward",
+    "field_backward": "gaussian_field_backward",
+}
+
+_lock = threading.Lock()
+_registered: set[str] = set()
+
+
+def _has_cuda() -> bool:
+    try:
+        return len(jax.devices("cuda")) > 0
+    except RuntimeError:
+        return False
+
+
+def _library():
+    L = _lib.lib()
+    if not hasattr(L, "fk_xla_call_count"):
+        raise ImportError(f"{_lib.library_path()} has no XLA handlers (fk_xla_*): rebuild libfusekit")
+    L.fk_xla_call_count.argtypes = []
+    L.fk_xla_call_count.restype = ctypes.c_uint64
+    L.fk_xla_set_call_counting.argtypes = [ctypes.c_int32]
+    L.fk_xla_set_call_counting.restype = ctypes.c_int32
+    L.fk_xla_warmup.argtypes = [ctypes.c_int32, ctypes.c_int32]
+    L.fk_xla_warmup.restype = ctypes.c_int32
+    L.fk_xla_gaussian_workspace_bytes.argtypes = [
+        ctypes.c_int32,
+        ctypes.c_int32,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.POINTER(ctypes.c_size_t),
+    ]
+    L.fk_xla_gaussian_workspace_bytes.restype = ctypes.c_int32
+    return L
+
+
+def _register() -> None:
+    """Registers every handler with XLA once per process: for the CPU, and for
+    CUDA when jax has a CUDA backend."""
+    if _registered:
+        return
+    with _lock:
+        if _registered:
+            return
+        L = _library()
+        platforms = ["cpu"] + (["CUDA"] if _has_cuda() else [])
+        for op, stem in _HANDLERS.items():
+            for platform in platforms:
+                suffix = "cpu" if platform == "cpu" else "cuda"
+                fn = getattr(L, f"fk_xla_{stem}_{suffix}")
+                jax.ffi.register_ffi_target(_target(op), jax.ffi.pycapsule(fn), platform=platform)
+        _registered.update(platforms)
+
+
+def _target(op: str) -> str:
+    return f"fusekit_{op}"
+
+
+def _manual_axis_type(x):
+    """x's manual axis type inside shard_map (jax 0.10 and later), or None."""
+    try:
+        return getattr(jax.typeof(x), "manual_axis_type", None)
+    except Exception:  # noqa: BLE001 - not a jax value
+        return None
+
+
+def _varying(x) -> frozenset:
+    return frozenset(getattr(_manual_axis_type(x), "varying", None) or ())
+
+
+def _unify(*xs):
+    """Inside shard_map: every array made varying over the union of the mesh axes
+    any of them varies over (``jax.lax.pcast``), so that the op's inputs, results
+    and gradients share one type. Applied outside the ops' custom_vjp, so that JAX
+    transposes the casts (a psum for an invariant input's gradient). Elsewhere a
+    no-op."""
+    axes = frozenset().union(*(_varying(x) for x in xs if x is not None))
+    if not axes:
+        return xs
+    out = []
+    for x in xs:
+        missing = None if x is None else axes - _varying(x)
+        out.append(jax.lax.pcast(x, tuple(sorted(missing)), to="varying") if missing else x)
+    return tuple(out)
+
+
+def _call(op: str, results, *args, vmap_method: str, **attrs):
+    _register()
+    args = _unify(*args)
+    if args and _varying(args[0]):
+        # the results vary over the same mesh axes as the operands
+        aval = jax.typeof(args[0])
+        sharding = jax.sharding.NamedSharding(aval.sharding.mesh, jax.sharding.PartitionSpec())
+        one = not isinstance(results, (list, tuple))
+        results = [
+            jax.ShapeDtypeStruct(r.shape, r.dtype, sharding=sharding, manual_axis_type=aval.manual_axis_type)
+            for r in ([results] if one else results)
+        ]
+        results = results[0] if one else results
+    return jax.ffi.ffi_call(_target(op), results, vmap_method=vmap_method)(*args, **attrs)
+
+
+def _check(status: int, where: str) -> None:
+    if status != 0:
+        _lib.raise_error(status, where, _lib.last_error_message())
+
+
+def warmup(platform: str = "cuda", device: int = 0) -> None:
+    """Compiles (or loads from fusekit's kernel cache) every kernel of the handlers'
+    context on ``platform`` (``"cuda"``; ``"cpu"`` is a no-op), so that no first
+    call compiles while XLA captures a CUDA graph."""
+    kind = {"cpu": _lib.DEVICE_CPU, "cuda": _lib.DEVICE_CUDA, "gpu": _lib.DEVICE_CUDA}[platform.lower()]
+    _check(_library().fk_xla_warmup(kind, device), "fk_xla_warmup")
+
+
+def call_count() -> int:
+    """Executions of fusekit's XLA handlers counted so far (see :func:`count_calls`).
+    A handler replayed from an XLA CUDA graph is not entered, so it is not counted."""
+    return int(_library().fk_xla_call_count())
+
+
+@contextlib.contextmanager
+def count_calls():
+    """Counts handler executions inside the ``with`` block (a debug counter that
+    costs one relaxed atomic load per call when off)::
+
+        with fkj.count_calls() as n:
+            f(x).block_until_ready()
+        print(n())
+    """
+    L = _library()
+    was = L.fk_xla_set_call_counting(1)
+    start = call_count()
+    try:
+        yield lambda: call_count() - start
+    finally:
+        L.fk_xla_set_call_counting(was)
+
+
+# ---------------------------------------------------------------------------
+# Checks in JAX's terms
+# ---------------------------------------------------------------------------
+
+_FLOATS = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
+_ALL = _FLOATS + (jnp.complex64, jnp.complex128)
+
+
+def _arr(x, name: str, where: str):
+    try:
+        return jnp.asarray(x)
+    except TypeError as e:
+        raise TypeError(f"fusekit.jax.{where}: {name} is not an array: {e}") from None
+
+
+def _dtype_in(x, name: str, allowed, where: str):
+    if x.dtype not in [np.dtype(d) for d in allowed]:
+        names = ", ".join(np.dtype(d).name for d in allowed)
+        raise TypeError(f"fusekit.jax.{where}: {name} has dtype {x.dtype}; this op takes {names}")
+
+
+def _same_dtype(where: str, **arrays):
+    items = list(arrays.items())
+    first_name, first = items[0]
+    for name, x in items[1:]:
+        if x.dtype != first.dtype:
+            raise TypeError(
+                f"fusekit.jax.{where}: {first_name} has dtype {first.dtype} but {name} has dtype {x.dtype}; "
+                f"fusekit does not promote (jnp would compute in {jnp.promote_types(first.dtype, x.dtype)}): "
+                "cast with .astype first"
+            )
+
+
+def _is_number(x) -> bool:
+    """A Python number: it takes the other operand's dtype (as jnp's weak types do)."""
+    return isinstance(x, (int, float, complex)) and not isinstance(x, bool)
+
+
+def _shape(x, name: str, want: tuple, form: str, where: str):
+    ok = len(x.shape) == len(want) and all(w is None or s == w for s, w in zip(x.shape, want))
+    if not ok:
+        raise ValueError(f"fusekit.jax.{where}: {name} must be {form}, got shape {tuple(x.shape)}")
+
+
+# ---------------------------------------------------------------------------
+# Precision (f32 products: strict or TF32)
+# ---------------------------------------------------------------------------
+
+_STRICT = {"highest", "float32", "high", "f32_f32_f32", "bf16_bf16_f32_x3", "bf16_bf16_f32_x6",
+           "bf16_bf16_f32_x9", "tf32_tf32_f32_x3", "f64_f64_f64"}
+_TF32 = {"default", "fastest", "bfloat16", "tensorfloat32", "tf32_tf32_f32", "bf16_bf16_f32",
+         "bf16_bf16_bf16", "f16_f16_f32", "f16_f16_f16"}
+
+
+def _config_precision():
+    try:
+        from jax._src import config as _config
+
+        return _config.default_matmul_precision.value
+    except (ImportError, AttributeError):  # pragma: no cover - other jax layouts
+        return jax.config.jax_default_matmul_precision
+
+
+def allow_tf32(precision=None) -> bool:
+    """Whether f32 products may use TF32 tensor cores (CUDA; the CPU is always
+    strict), from ``precision`` or, when it is None, from
+    ``jax.config.jax_default_matmul_precision`` (the ``jax.default_matmul_precision``
+    context included). Strict unless the setting names TF32 or a lower precision:
+    ``"default"``, ``"fastest"``, ``"bfloat16"``, ``"tensorfloat32"``,
+    ``"TF32_TF32_F32"``, ``jax.lax.Precision.DEFAULT`` or ``True``. Unset (None),
+    ``"highest"``, ``"float32"``, ``"high"``, the ``_X3`` presets,
+    ``jax.lax.Precision.HIGH`` / ``HIGHEST`` or ``False`` are strict.
+    """
+    p = _config_precision() if precision is None else precision
+    if p is None:
+        return False
+    if isinstance(p, bool):
+        return p
+    if isinstance(p, jax.lax.Precision):
+        return p == jax.lax.Precision.DEFAULT
+    if isinstance(p, str):
+        s = p.lower()
+        if s in _TF32:
+            return True
+        if s in _STRICT:
+            return False
+    raise ValueError(
+        f"fusekit.jax: precision {p!r} is not understood; use True/False, a jax.lax.Precision, "
+        "or one of jax_default_matmul_precision's values"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Elementwise
+# ---------------------------------------------------------------------------
+
+
+def _broadcast_pair(where: str, a, b):
+    try:
+        shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+    except ValueError:
+        raise ValueError(
+            f"fusekit.jax.{where}: Incompatible shapes for broadcasting: {tuple(a.shape)} and {tuple(b.shape)}"
+        ) from None
+    r = len(shape)
+    # equal ranks, so that vmap's leading batch axis lines up (vmap_method="expand_dims")
+    a = a.reshape((1,) * (r - a.ndim) + a.shape)
+    b = b.reshape((1,) * (r - b.ndim) + b.shape)
+    return a, b, shape
+
+
+def _ew(op: str, a, b, **attrs):
+    a, b, shape = _broadcast_pair(op, a, b)
+    return _call(op, jax.ShapeDtypeStruct(shape, a.dtype), a, b, vmap_method="expand_dims", **attrs)
+
+
+_JNP_BINARY = {"add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.divide}
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _binary(op, a, b):
+    return _ew(op, a, b)
+
+
+def _binary_fwd(op, a, b):
+    return _binary(op, a, b), (a, b)
+
+
+def _binary_bwd(op, res, g):
+    a, b = res
+    return jax.vjp(_JNP_BINARY[op], a, b)[1](g)
+
+
+_binary.defvjp(_binary_fwd, _binary_bwd)
+
+
+def _binary_op(op: str):
+    def f(a, b):
+        if _is_number(a) and not _is_number(b):
+            b = _arr(b, "b", op)
+            a = jnp.asarray(a, dtype=b.dtype)
+        elif _is_number(b):
+            a = _arr(a, "a", op)
+            b = jnp.asarray(b, dtype=a.dtype)
+        a, b = _arr(a, "a", op), _arr(b, "b", op)
+        _dtype_in(a, "a", _ALL, op)
+        _same_dtype(op, a=a, b=b)
+        return _binary(op, *_unify(a, b))
+
+    f.__name__ = op
+    f.__doc__ = (
+        f"``{op}(a, b)``: fusekit's elementwise {op} (fk_{op}), with NumPy broadcasting; "
+        "a and b share one dtype (f16, bf16, f32, f64, complex64, complex128; Python numbers take the "
+        "other operand's). Differentiable (JAX's rule), batch-parallel under vmap."
+    )
+    return f
+
+
+add = _binary_op("add")
+sub = _binary_op("sub")
+mul = _binary_op("mul")
+div = _binary_op("div")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 2))
+def _axpby(alpha, a, beta, b):
+    attrs = {}
+    for name, v in (("alpha", alpha), ("beta", beta)):
+        c = complex(v)
+        attrs[name] = np.float64(c.real)
+        if c.imag:
+            attrs[f"{name}_im"] = np.float64(c.imag)
+    return _ew("axpby", a, b, **attrs)
+
+
+def _axpby_fwd(alpha, a, beta, b):
+    return _axpby(alpha, a, beta, b), (a, b)
+
+
+def _axpby_bwd(alpha, beta, res, g):
+    a, b = res
+    return jax.vjp(lambda x, y: alpha * x + beta * y, a, b)[1](g)
+
+
+_axpby.defvjp(_axpby_fwd, _axpby_bwd)
+
+
+def axpby(alpha, a, beta, b):
+    """``alpha * a + beta * b`` in one pass (fk_axpby); ``alpha`` and ``beta`` are
+    Python numbers (static), ``a`` and ``b`` broadcast and share one dtype."""
+    a, b = _arr(a, "a", "axpby"), _arr(b, "b", "axpby")
+    _dtype_in(a, "a", _ALL, "axpby")
+    _same_dtype("axpby", a=a, b=b)
+    for name, v in (("alpha", alpha), ("beta", beta)):
+        if not isinstance(v, (int, float, complex, np.number)):
+            raise TypeError(f"fusekit.jax.axpby: {name} must be a Python number (static), got {type(v).__name__}")
+        if complex(v).imag and not jnp.issubdtype(a.dtype, jnp.complexfloating):
+            raise TypeError(f"fusekit.jax.axpby: {name} = {v} is complex but the arrays are {a.dtype}")
+    a, b = _unify(a, b)
+    return _axpby(alpha, a, beta, b)
+
+
+_JNP_UNARY = {
+    "neg": jnp.negative,
+    "abs": jnp.abs,
+    "exp": jnp.exp,
+    "log": jnp.log,
+    "sqrt": jnp.sqrt,
+    "sin": jnp.sin,
+    "cos": jnp.cos,
+    "tanh": jnp.tanh,
+    "sigmoid": jax.nn.sigmoid,
+    "relu": jax.nn.relu,
+}
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _unary(op, a):
+    dt = a.dtype
+    if op == "abs" and jnp.issubdtype(dt, jnp.complexfloating):
+        dt = jnp.finfo(dt).dtype
+    return _call(op, jax.ShapeDtypeStruct(a.shape, dt), a, vmap_method="expand_dims")
+
+
+def _unary_fwd(op, a):
+    return _unary(op, a), a
+
+
+def _unary_bwd(op, a, g):
+    return jax.vjp(_JNP_UNARY[op], a)[1](g)
+
+
+_unary.defvjp(_unary_fwd, _unary_bwd)
+
+
+def _unary_op(op: str):
+    def f(a):
+        a = _arr(a, "a", op)
+        allowed = _FLOATS if op == "relu" else _ALL
+        _dtype_in(a, "a", allowed, op)
+        return _unary(op, a)
+
+    f.__name__ = op
+    f.__doc__ = f"``{op}(a)``: fusekit's elementwise {op} (fk_{op}). Differentiable (JAX's rule), batch-parallel under vmap."
+    return f
+
+
+neg = _unary_op("neg")
+abs = _unary_op("abs")  # noqa: A001 - the op's name
+exp = _unary_op("exp")
+log = _unary_op("log")
+sqrt = _unary_op("sqrt")
+sin = _unary_op("sin")
+cos = _unary_op("cos")
+tanh = _unary_op("tanh")
+sigmoid = _unary_op("sigmoid")
+relu = _unary_op("relu")
+
+# ---------------------------------------------------------------------------
+# Matrix product
+# ---------------------------------------------------------------------------
+
+_OP_N, _OP_T = 0, 1
+
+
+def _gemm(a, b, op_a: int, op_b: int, tf32: bool):
+    m = a.shape[-1] if op_a == _OP_T else a.shape[-2]
+    n = b.shape[-2] if op_b == _OP_T else b.shape[-1]
+    batch = max(a.shape[0] if a.ndim == 3 else 1, b.shape[0] if b.ndim == 3 else 1)
+    shape = (batch, m, n) if max(a.ndim, b.ndim) == 3 else (m, n)
+    # 2-D operands batch in one call under vmap (fusekit's batch-1 broadcast);
+    # 3-D ones would need a fourth dimension: a loop
+    vm = "expand_dims" if a.ndim == 2 and b.ndim == 2 else "sequential"
+    return _call(
+        "gemm",
+        jax.ShapeDtypeStruct(shape, a.dtype),
+        a,
+        b,
+        vmap_method=vm,
+        op_a=np.int64(op_a),
+        op_b=np.int64(op_b),
+        alpha=np.float64(1.0),
+        flags=np.int64(1 if tf32 else 0),
+    )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _matmul(a, b, tf32):
+    return _gemm(a, b, _OP_N, _OP_N, tf32)
+
+
+def _matmul_fwd(a, b, tf32):
+    return _matmul(a, b, tf32), (a, b)
+
+
+def _matmul_bwd(tf32, res, g):
+    a, b = res
+    da = _gemm(g, b, _OP_N, _OP_T, tf32)  # g b^T
+    db = _gemm(a, g, _OP_T, _OP_N, tf32)  # a^T g
+    # an operand used for every matrix of the batch gets the batch's sum
+    if da.ndim > a.ndim:
+        da = da.sum(0)
+    if db.ndim > b.ndim:
+        db = db.sum(0)
+    return da, db
+
+
+_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+def matmul(a, b, *, precision=None):
+    """``a @ b`` as a fusekit GEMM (fk_gemm): ``a`` ``[m, k]`` or ``[batch, m, k]``,
+    ``b`` ``[k, n]`` or ``[batch, k, n]`` (a 2-D operand is used for every matrix of
+    the batch); one dtype (f16, bf16, f32, f64, complex64, complex128).
+    ``precision`` (see :func:`allow_tf32`) chooses strict f32 or TF32 products on
+    CUDA; None follows ``jax_default_matmul_precision``. Differentiable (both
+    products of the backward are fusekit GEMMs)."""
+    a, b = _arr(a, "a", "matmul"), _arr(b, "b", "matmul")
+    _dtype_in(a, "a", _ALL, "matmul")
+    _same_dtype("matmul", a=a, b=b)
+    for name, x in (("a", a), ("b", b)):
+        if x.ndim not in (2, 3):
+            raise ValueError(f"fusekit.jax.matmul: {name} must be 2-D or 3-D (batched), got shape {tuple(x.shape)}")
+    if a.shape[-1] != b.shape[-2]:
+        raise TypeError(
+            f"fusekit.jax.matmul: dot_general requires contracting dimensions to have the same shape, "
+            f"got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+    if a.ndim == 3 and b.ndim == 3 and 1 not in (a.shape[0], b.shape[0]) and a.shape[0] != b.shape[0]:
+        raise ValueError(f"fusekit.jax.matmul: batch sizes differ: {a.shape[0]} and {b.shape[0]}")
+    return _matmul(*_unify(a, b), allow_tf32(precision))
+
+
+# ---------------------------------------------------------------------------
+# Fused linear layer
+# ---------------------------------------------------------------------------
+
+_ACTIVATIONS = {"none": 0, None: 0, "relu": 1, "gelu_tanh": 2, "gelu": 3, "gelu_erf": 3}
+
+
+def _linear_fwd_call(x, w, b, act: int):
+    shape = x.shape[:-1] + (w.shape[0],)
+    res = [jax.ShapeDtypeStruct(shape, x.dtype)]
+    if act in (2, 3):
+        res.append(jax.ShapeDtypeStruct(shape, x.dtype))
+    args = (x, w) if b is None else (x, w, b)
+    out = _call("linear_forward", res, *args, vmap_method="sequential", act=np.int64(act))
+    return out[0], (out[1] if len(out) == 2 else None)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _linear(x, w, b, act):
+    return _linear_fwd_call(x, w, b, act)[0]
+
+
+def _linear_fwd(x, w, b, act):
+    y, aux = _linear_fwd_call(x, w, b, act)
+    saved = {0: None, 1: y}.get(act, aux)
+    return y, (x, w, saved, b is not None)
+
+
+def _linear_bwd(act, res, dy):
+    x, w, saved, has_bias = res
+    outs = [jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(w.shape, w.dtype)]
+    if has_bias:
+        outs.append(jax.ShapeDtypeStruct((w.shape[0],), w.dtype))
+    args = (dy, x, w) if saved is None else (dy, x, w, saved)
+    grads = _call("linear_backward", outs, *args, vmap_method="sequential", act=np.int64(act))
+    return grads[0], grads[1], (grads[2] if has_bias else None)
+
+
+_linear.defvjp(_linear_fwd, _linear_bwd)
+
+
+def linear(x, w, b=None, activation: str = "none"):
+    """The fused linear layer ``act(x @ w.T + b)`` (fk_linear_forward): ``x``
+    ``[..., k]``, ``w`` ``[n, k]``, ``b`` ``[n]`` or None; ``activation`` one of
+    ``"none"``, ``"relu"``, ``"gelu_tanh"``, ``"gelu"`` (exact, erf). f16, bf16 or
+    f32 (one dtype). Its gradient is fusekit's fused backward
+    (fk_linear_backward); under ``vmap`` it runs once per batch element
+    (``vmap_method="sequential"``): fold a batch into ``x``'s leading axes for
+    one call."""
+    x, w = _arr(x, "x", "linear"), _arr(w, "w", "linear")
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"fusekit.jax.linear: activation {activation!r} is not one of none, relu, gelu_tanh, gelu")
+    _dtype_in(x, "x", (jnp.float16, jnp.bfloat16, jnp.float32), "linear")
+    arrays = {"x": x, "w": w}
+    if b is not None:
+        b = _arr(b, "b", "linear")
+        arrays["b"] = b
+    _same_dtype("linear", **arrays)
+    if x.ndim < 1:
+        raise ValueError("fusekit.jax.linear: x must have at least one dimension")
+    _shape(w, "w", (None, x.shape[-1]), f"[n, {x.shape[-1]}] (x has {x.shape[-1]} features)", "linear")
+    if b is not None:
+        _shape(b, "b", (w.shape[0],), f"[{w.shape[0]}]", "linear")
+    x, w, b = _unify(x, w, b)
+    return _linear(x, w, b, _ACTIVATIONS[activation])
+
+
+# ---------------------------------------------------------------------------
+# Gaussian field
+# ---------------------------------------------------------------------------
+
+
+def _workspace(dtype, b: int, n: int):
+    """The workspace result of a Gaussian backward: the CUDA size when jax has a
+    CUDA backend (the CPU needs none), in elements of ``dtype``."""
+    _register()
+    nbytes = 0
+    if "CUDA" in _registered:
+        v = ctypes.c_size_t(0)
+        code = {np.dtype(jnp.float32): _lib.DTYPE_F32, np.dtype(jnp.float64): _lib.DTYPE_F64}[np.dtype(dtype)]
+        _check(_library().fk_xla_gaussian_workspace_bytes(_lib.DEVICE_CUDA, code, b, n, ctypes.byref(v)),
+               "fk_xla_gaussian_workspace_bytes")
+        nbytes = v.value
+    itemsize = np.dtype(dtype).itemsize
+    return jax.ShapeDtypeStruct(((nbytes + itemsize - 1) // itemsize,), dtype)
+
+
+def _gaussian_inputs(where: str, points, means, chol, weights=None):
+    points, means, chol = (_arr(points, "points", where), _arr(means, "means", where), _arr(chol, "chol", where))
+    _dtype_in(points, "points", (jnp.float32, jnp.float64), where)
+    arrays = {"points": points, "means": means, "chol": chol}
+    if weights is not None:
+        weights = _arr(weights, "weights", where)
+        arrays["weights"] = weights
+    _same_dtype(where, **arrays)
+    _shape(points, "points", (None, 3), "[B, 3]", where)
+    _shape(means, "means", (None, 3), "[N, 3]", where)
+    n = means.shape[0]
+    _shape(chol, "chol", (n, 3, 3), f"[N, 3, 3] with N = {n} from means", where)
+    if weights is not None:
+        _shape(weights, "weights", (n,), f"[N] with N = {n} from means", where)
+    return points, means, chol, weights
+
+
+def _eps(eps, where: str) -> float:
+    if not isinstance(eps, (int, float, np.floating, np.integer)):
+        raise TypeError(f"fusekit.jax.{where}: eps must be a Python number (static), got {type(eps).__name__}")
+    return float(eps)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _mahalanobis(points, means, chol, eps):
+    shape = (points.shape[0], means.shape[0])
+    return _call(
+        "mahalanobis_forward",
+        jax.ShapeDtypeStruct(shape, points.dtype),
+        points,
+        means,
+        chol,
+        vmap_method="sequential",
+        eps=np.float64(eps),
+    )
+
+
+def _mahalanobis_fwd(points, means, chol, eps):
+    return _mahalanobis(points, means, chol, eps), (points, means, chol)
+
+
+def _mahalanobis_bwd(eps, res, g):
+    points, means, chol = res
+    dt = points.dtype
+    outs = [
+        jax.ShapeDtypeStruct(points.shape, dt),
+        jax.ShapeDtypeStruct(means.shape, dt),
+        jax.ShapeDtypeStruct(chol.shape, dt),
+        _workspace(dt, points.shape[0], means.shape[0]),
+    ]
+    dp, dm, dl, _ = _call(
+        "mahalanobis_backward", outs, points, means, chol, g, vmap_method="sequential", eps=np.float64(eps)
+    )
+    return dp, dm, dl
+
+
+_mahalanobis.defvjp(_mahalanobis_fwd, _mahalanobis_bwd)
+
+
+def mahalanobis(points, means, chol, eps: float = 0.0):
+    """Squared Mahalanobis distances ``out[b, n] = |(L_n + eps I)^-1 (p_b - mu_n)|^2``
+    (fk_mahalanobis_forward): ``points [B, 3]``, ``means [N, 3]``, ``chol [N, 3, 3]``
+    (lower-triangular factors; the upper part is ignored), f32 or f64; ``eps``
+    static. The gradient is fusekit's fused backward (fk_mahalanobis_backward)."""
+    points, means, chol, _ = _gaussian_inputs("mahalanobis", points, means, chol)
+    return _mahalanobis(*_unify(points, means, chol), _eps(eps, "mahalanobis"))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _field(points, means, chol, weights, eps):
+    return _call(
+        "field_forward",
+        jax.ShapeDtypeStruct((points.shape[0],), points.dtype),
+        points,
+        means,
+        chol,
+        weights,
+        vmap_method="sequential",
+        eps=np.float64(eps),
+    )
+
+
+def _field_fwd(points, means, chol, weights, eps):
+    return _field(points, means, chol, weights, eps), (points, means, chol, weights)
+
+
+def _field_bwd(eps, res, dout):
+    points, means, chol, weights = res
+    dt = points.dtype
+    outs = [
+        jax.ShapeDtypeStruct(points.shape, dt),
+        jax.ShapeDtypeStruct(means.shape, dt),
+        jax.ShapeDtypeStruct(chol.shape, dt),
+        jax.ShapeDtypeStruct(weights.shape, dt),
+        _workspace(dt, points.shape[0], means.shape[0]),
+    ]
+    dp, dm, dl, dw, _ = _call(
+        "field_backward", outs, points, means, chol, weights, dout, vmap_method="sequential", eps=np.float64(eps)
+    )
+    return dp, dm, dl, dw
+
+
+_field.defvjp(_field_fwd, _field_bwd)
+
+
+def gaussian_field(points, means, chol, weights, eps: float = 0.0):
+    """The fused Gaussian field ``out[b] = sum_n w_n exp(-m[b, n] / 2)``
+    (fk_gaussian_field_forward; ``m`` as :func:`mahalanobis`), ``weights [N]``. The
+    gradient is fusekit's fused backward (fk_gaussian_field_backward, no ``[B, N]``
+    intermediate)."""
+    points, means, chol, weights = _gaussian_inputs("gaussian_field", points, means, chol, weights)
+    return _field(*_unify(points, means, chol, weights), _eps(eps, "gaussian_field"))

@@ -1,0 +1,364 @@
+"""fusekit.jax: fusekit's ops as XLA custom calls inside jax.jit, with gradients
+and vmap. Skipped when jax is not installed.
+
+Runs on jax's default backend: the CPU here and in CI, CUDA on a GPU machine
+(the GPU-only checks, CUDA graphs among them, are in test_jax_gpu.py). References
+are jax.numpy (f32 and f64, jax_enable_x64 on) or numpy in f64 where a product is
+involved (jnp's GPU matmul would use TF32).
+"""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp  # noqa: E402
+from jax.test_util import check_grads  # noqa: E402
+
+import fusekit.jax as fkj  # noqa: E402
+
+TOL = {jnp.float32: 2e-5, jnp.float64: 1e-12, jnp.complex64: 2e-5, jnp.complex128: 1e-12}
+
+
+def rand(rng, shape, dtype):
+    x = rng.standard_normal(shape)
+    if np.issubdtype(np.dtype(dtype), np.complexfloating):
+        x = x + 1j * rng.standard_normal(shape)
+    return jnp.asarray(x, dtype=dtype)
+
+
+def close(got, want, tol):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tol, atol=tol)
+
+
+# ---------------------------------------------------------------- elementwise
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64, jnp.complex64])
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+def test_binary_matches_jnp_with_broadcasting(rng, op, dtype):
+    ref = {"add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.divide}[op]
+    f = getattr(fkj, op)
+    for sa, sb in [((4, 5), (4, 5)), ((3, 4, 5), (5,)), ((4, 1), (1, 6)), ((), (3,))]:
+        a, b = rand(rng, sa, dtype), rand(rng, sb, dtype) + 3
+        got = jax.jit(f)(a, b)
+        assert got.dtype == dtype and got.shape == ref(a, b).shape
+        close(got, ref(a, b), TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("op", ["neg", "abs", "exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "relu"])
+def test_unary_matches_jnp(rng, op, dtype):
+    ref = {"neg": jnp.negative, "abs": jnp.abs, "exp": jnp.exp, "log": jnp.log, "sqrt": jnp.sqrt,
+           "sin": jnp.sin, "cos": jnp.cos, "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid,
+           "relu": jax.nn.relu}[op]
+    a = rand(rng, (7, 3), dtype)
+    if op in ("log", "sqrt"):
+        a = jnp.abs(a) + 0.1
+    close(jax.jit(getattr(fkj, op))(a), ref(a), TOL[dtype])
+
+
+def test_abs_of_complex_is_real(rng):
+    a = rand(rng, (5,), jnp.complex128)
+    got = fkj.abs(a)
+    assert got.dtype == jnp.float64
+    close(got, jnp.abs(a), 1e-12)
+
+
+def test_axpby_and_python_numbers(rng):
+    a, b = rand(rng, (3, 4), jnp.float32), rand(rng, (4,), jnp.float32)
+    close(fkj.axpby(2.0, a, -0.5, b), 2 * a - 0.5 * b, 1e-6)
+    c = rand(rng, (4,), jnp.complex128)
+    close(fkj.axpby(1j, c, 2, c), 1j * c + 2 * c, 1e-12)
+    # a Python number takes the array's dtype, on either side
+    assert fkj.add(a, 2).dtype == jnp.float32
+    close(fkj.sub(1.0, a), 1.0 - a, 1e-6)
+
+
+def test_elementwise_errors_in_jax_terms(rng):
+    a32, a64 = rand(rng, (3,), jnp.float32), rand(rng, (3,), jnp.float64)
+    with pytest.raises(TypeError, match=r"fusekit.jax.add: a has dtype float32 but b has dtype float64; fusekit does not promote"):
+        fkj.add(a32, a64)
+    with pytest.raises(ValueError, match=r"Incompatible shapes for broadcasting: \(3,\) and \(4,\)"):
+        fkj.mul(a32, rand(rng, (4,), jnp.float32))
+    with pytest.raises(TypeError, match="a has dtype int32; this op takes"):
+        fkj.exp(jnp.arange(3, dtype=jnp.int32))
+    with pytest.raises(TypeError, match="relu"):
+        fkj.relu(rand(rng, (3,), jnp.complex64))
+
+
+def test_elementwise_grads(rng):
+    a, b = rand(rng, (3, 4), jnp.float64), rand(rng, (4,), jnp.float64) + 3
+    for f in (fkj.add, fkj.sub, fkj.mul, fkj.div):
+        check_grads(f, (a, b), order=1, modes=["rev"])
+    check_grads(lambda x, y: fkj.axpby(2.0, x, -3.0, y), (a, b), order=1, modes=["rev"])
+    for f in (fkj.exp, fkj.sin, fkj.tanh, fkj.sigmoid, fkj.neg):
+        check_grads(f, (a,), order=2, modes=["rev"])
+    check_grads(fkj.log, (jnp.abs(a) + 1,), order=1, modes=["rev"])
+
+
+def test_elementwise_vmap_is_one_call(rng):
+    a, b = rand(rng, (6, 3, 4), jnp.float32), rand(rng, (4,), jnp.float32)
+    close(jax.vmap(fkj.add, in_axes=(0, None))(a, b), a + b, 1e-6)
+    close(jax.vmap(fkj.mul, in_axes=(None, 0))(b, a), a * b, 1e-6)
+    close(jax.vmap(fkj.exp)(a), jnp.exp(a), 2e-6)
+    # the batch axis need not lead
+    close(jax.vmap(fkj.sub, in_axes=(2, None), out_axes=2)(a, b[:3]), a - b[None, :3, None], 1e-6)
+    with fkj.count_calls() as n:
+        jax.jit(jax.vmap(fkj.add, in_axes=(0, None)))(a, b).block_until_ready()
+    assert n() == 1  # expand_dims: one batched call, not one per element
+
+
+# ---------------------------------------------------------------- matmul
+
+
+def f64(x):
+    return np.asarray(x, dtype=np.float64)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_matmul_values_and_batches(rng, dtype):
+    a, b = rand(rng, (5, 7), dtype), rand(rng, (7, 3), dtype)
+    tol = 1e-5 if dtype == jnp.float32 else 1e-12
+    close(fkj.matmul(a, b, precision="highest"), f64(a) @ f64(b), tol)
+    ab, bb = rand(rng, (4, 5, 7), dtype), rand(rng, (4, 7, 3), dtype)
+    close(fkj.matmul(ab, bb, precision="highest"), f64(ab) @ f64(bb), tol)
+    close(fkj.matmul(ab, b, precision="highest"), f64(ab) @ f64(b), tol)
+
+
+def test_matmul_grads_and_vmap(rng):
+    a, b = rand(rng, (5, 7), jnp.float64), rand(rng, (7, 3), jnp.float64)
+    check_grads(fkj.matmul, (a, b), order=1, modes=["rev"])
+    check_grads(fkj.matmul, (rand(rng, (2, 5, 7), jnp.float64), b), order=1, modes=["rev"])
+    av = rand(rng, (6, 5, 7), jnp.float64)
+    close(jax.vmap(fkj.matmul, in_axes=(0, None))(av, b), f64(av) @ f64(b), 1e-12)
+    bv = rand(rng, (6, 7, 3), jnp.float64)
+    close(jax.vmap(fkj.matmul)(av, bv), f64(av) @ f64(bv), 1e-12)
+
+
+def _flags_in_hlo(fn, *args) -> set:
+    text = jax.jit(fn).lower(*args).as_text()
+    return set(re.findall(r"flags = (\d) : i64", text))
+
+
+def test_precision_follows_jax_config_and_argument(rng):
+    a = rand(rng, (4, 4), jnp.float32)
+    assert _flags_in_hlo(fkj.matmul, a, a) == {"0"}  # unset: strict
+    with jax.default_matmul_precision("tensorfloat32"):
+        assert _flags_in_hlo(fkj.matmul, a, a) == {"1"}
+        assert _flags_in_hlo(lambda x, y: fkj.matmul(x, y, precision="highest"), a, a) == {"0"}
+    with jax.default_matmul_precision("float32"):
+        assert _flags_in_hlo(fkj.matmul, a, a) == {"0"}
+        assert _flags_in_hlo(lambda x, y: fkj.matmul(x, y, precision=jax.lax.Precision.DEFAULT), a, a) == {"1"}
+    # the backward's products follow the same choice
+    with jax.default_matmul_precision("tensorfloat32"):
+        assert _flags_in_hlo(jax.grad(lambda x: fkj.matmul(x, x).sum()), a) == {"1"}
+    assert fkj.allow_tf32(True) and not fkj.allow_tf32("highest") and not fkj.allow_tf32("high")
+    with pytest.raises(ValueError, match="not understood"):
+        fkj.allow_tf32("fast-ish")
+
+
+def test_matmul_errors(rng):
+    with pytest.raises(TypeError, match="contracting dimensions"):
+        fkj.matmul(rand(rng, (2, 3), jnp.float32), rand(rng, (4, 2), jnp.float32))
+    with pytest.raises(ValueError, match="2-D or 3-D"):
+        fkj.matmul(rand(rng, (3,), jnp.float32), rand(rng, (3, 2), jnp.float32))
+
+
+# ---------------------------------------------------------------- fused linear
+
+
+def linear_ref(x, w, b, act):
+    z = x @ w.T + (0 if b is None else b)
+    return {"none": z, "relu": jax.nn.relu(z), "gelu_tanh": jax.nn.gelu(z, approximate=True),
+            "gelu": jax.nn.gelu(z, approximate=False)}[act]
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "gelu_tanh", "gelu"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_forward_and_fused_backward(rng, act, bias):
+    x, w = rand(rng, (2, 5, 8), jnp.float32), rand(rng, (6, 8), jnp.float32)
+    b = rand(rng, (6,), jnp.float32) if bias else None
+    with jax.default_matmul_precision("highest"):
+        want = linear_ref(x, w, b, act)
+        argnums = (0, 1, 2) if bias else (0, 1)
+        loss_ref = lambda *p: (linear_ref(*(p + ((None,) if not bias else ())), act) ** 2).sum()  # noqa: E731
+        g_ref = jax.grad(loss_ref, argnums=argnums)(*((x, w, b) if bias else (x, w)))
+    close(jax.jit(lambda *p: fkj.linear(*p, activation=act))(x, w, b), want, 1e-4)
+    loss = lambda *p: (fkj.linear(*(p + ((None,) if not bias else ())), activation=act) ** 2).sum()  # noqa: E731
+    g = jax.jit(jax.grad(loss, argnums=argnums))(*((x, w, b) if bias else (x, w)))
+    for got, ref in zip(g, g_ref):
+        close(got, ref, 2e-4)
+
+
+def test_linear_vmap_and_errors(rng):
+    x, w, b = rand(rng, (3, 4, 8), jnp.float32), rand(rng, (6, 8), jnp.float32), rand(rng, (6,), jnp.float32)
+    with jax.default_matmul_precision("highest"):
+        want = linear_ref(x, w, b, "relu")
+    close(jax.vmap(lambda xi: fkj.linear(xi, w, b, "relu"))(x), want, 1e-4)
+    with pytest.raises(TypeError, match="x has dtype float64; this op takes float16, bfloat16, float32"):
+        fkj.linear(x.astype(jnp.float64), w.astype(jnp.float64))
+    with pytest.raises(ValueError, match=r"w must be \[n, 8\]"):
+        fkj.linear(x, w[:, :5])
+    with pytest.raises(ValueError, match="activation 'swish'"):
+        fkj.linear(x, w, activation="swish")
+
+
+# ---------------------------------------------------------------- Gaussian field
+
+
+def gaussians(rng, b, n, dtype):
+    p = rng.standard_normal((b, 3))
+    m = rng.standard_normal((n, 3))
+    L = np.tril(rng.standard_normal((n, 3, 3)) * 0.2)
+    L[:, [0, 1, 2], [0, 1, 2]] = 0.6 + rng.random((n, 3))
+    w = rng.standard_normal(n)
+    return tuple(jnp.asarray(v, dtype) for v in (p, m, L, w))
+
+
+def maha_ref(p, m, L, eps):
+    Le = jnp.tril(L) + eps * jnp.eye(3, dtype=L.dtype)
+    d = p[:, None, :] - m[None, :, :]  # [B, N, 3]
+    y = jax.vmap(lambda Ln, dn: jax.scipy.linalg.solve_triangular(Ln, dn.T, lower=True).T, in_axes=(0, 1), out_axes=1)(Le, d)
+    return (y**2).sum(-1)
+
+
+def field_ref(p, m, L, w, eps):
+    return (w * jnp.exp(-0.5 * maha_ref(p, m, L, eps))).sum(-1)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_gaussian_values(rng, dtype):
+    p, m, L, w = gaussians(rng, 33, 5, dtype)
+    tol = 1e-4 if dtype == jnp.float32 else 1e-11
+    with jax.default_matmul_precision("highest"):
+        close(jax.jit(fkj.mahalanobis, static_argnums=3)(p, m, L, 0.01), maha_ref(p, m, L, 0.01), tol)
+        close(jax.jit(fkj.gaussian_field, static_argnums=4)(p, m, L, w, 0.01), field_ref(p, m, L, w, 0.01), tol)
+
+
+def test_gaussian_grads_are_fusekits_fused_backward(rng):
+    p, m, L, w = gaussians(rng, 9, 4, jnp.float64)
+    check_grads(lambda *a: fkj.mahalanobis(*a, eps=0.05), (p, m, L), order=1, modes=["rev"])
+    check_grads(lambda *a: fkj.gaussian_field(*a, eps=0.05), (p, m, L, w), order=1, modes=["rev"])
+    # the backward is the fused one: one handler call for the field's four gradients
+    f = jax.jit(jax.grad(lambda *a: fkj.gaussian_field(*a).sum(), argnums=(0, 1, 2, 3)))
+    f(p, m, L, w)
+    with fkj.count_calls() as n:
+        jax.block_until_ready(f(p, m, L, w))
+    assert n() == 1  # the fused backward (XLA drops the forward, whose value is unused)
+
+
+def test_gaussian_vmap(rng):
+    p, m, L, w = gaussians(rng, 8, 3, jnp.float64)
+    pb = jnp.stack([p, p + 1, p * 2])
+    with jax.default_matmul_precision("highest"):
+        want = jnp.stack([field_ref(q, m, L, w, 0.0) for q in pb])
+    close(jax.vmap(lambda q: fkj.gaussian_field(q, m, L, w))(pb), want, 1e-11)
+
+
+def test_gaussian_errors_in_python_and_from_the_handler(rng):
+    p, m, L, w = gaussians(rng, 4, 2, jnp.float64)
+    with pytest.raises(ValueError, match=r"points must be \[B, 3\], got shape \(4, 2\)"):
+        fkj.mahalanobis(p[:, :2], m, L)
+    with pytest.raises(ValueError, match=r"chol must be \[N, 3, 3\] with N = 2 from means"):
+        fkj.mahalanobis(p, m, L[:1])
+    with pytest.raises(TypeError, match="points has dtype float64 but weights has dtype float32"):
+        fkj.gaussian_field(p, m, L, w.astype(jnp.float32))
+    # eps is checked by fusekit itself, in the handler: its message reaches Python
+    with pytest.raises(Exception, match=r"fk_xla_mahalanobis_forward_(cpu|cuda): eps = -1 .*FK_ERROR_INVALID_ARGUMENT"):
+        jax.block_until_ready(fkj.mahalanobis(p, m, L, eps=-1.0))
+
+
+def test_handler_validates_like_the_c_abi(rng):
+    """An ffi_call that skips fusekit.jax's checks is refused by the handler with
+    fusekit's own message (the same validation as fk_add)."""
+    fkj._register()
+    a = rand(rng, (3, 3), jnp.float32)
+    call = jax.ffi.ffi_call("fusekit_add", jax.ShapeDtypeStruct((2, 2), jnp.float32), vmap_method="sequential")
+    with pytest.raises(Exception, match=re.escape("out has shape [2, 2] but a [3, 3] and b [3, 3] broadcast to [3, 3] (FK_ERROR_SHAPE_MISMATCH)")):
+        jax.block_until_ready(call(a, a))
+
+
+# ---------------------------------------------------------------- the rest
+
+
+def test_call_counter(rng):
+    a = rand(rng, (4,), jnp.float32)
+    f = jax.jit(lambda x: fkj.exp(fkj.add(x, x)))
+    f(a).block_until_ready()
+    before = fkj.call_count()
+    with fkj.count_calls() as n:
+        for _ in range(3):
+            f(a).block_until_ready()
+        assert n() == 6
+    f(a).block_until_ready()
+    assert fkj.call_count() == before + 6  # off again: not counted
+
+
+def test_version_gate(monkeypatch):
+    monkeypatch.setattr(jax, "__version_info__", (0, 4, 30), raising=False)
+    monkeypatch.delenv("FUSEKIT_JAX_ANY_VERSION", raising=False)
+    with pytest.raises(ImportError, match=r"fusekit.jax supports jax >= 0.10.2 and < 0.12.0 .*this is jax"):
+        fkj._check_version()
+    monkeypatch.setenv("FUSEKIT_JAX_ANY_VERSION", "1")
+    fkj._check_version()
+
+
+SHARD_MAP_SCRIPT = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, PartitionSpec as P
+    import fusekit.jax as fkj
+    assert len(jax.devices()) == 4, jax.devices()
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    shard_map = getattr(jax, "shard_map", None)
+    if shard_map is None:
+        from jax.experimental.shard_map import shard_map
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((16, 8)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((5, 8)), jnp.float32)
+    p = jnp.asarray(rng.standard_normal((32, 3)), jnp.float32)
+    m = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+    L = jnp.tile(jnp.eye(3, dtype=jnp.float32), (4, 1, 1))
+    wt = jnp.ones(4, jnp.float32)
+
+    def local(x, p):
+        y = fkj.linear(fkj.tanh(x), w, activation="relu")
+        return y, fkj.gaussian_field(p, m, L, wt)
+
+    def loss(w_, x):
+        return (fkj.linear(x, w_, activation="gelu") ** 2).sum()
+
+    f = jax.jit(shard_map(local, mesh=mesh, in_specs=(P("d"), P("d")), out_specs=(P("d"), P("d"))))
+    y, fld = f(x, p)
+    with jax.default_matmul_precision("highest"):
+        np.testing.assert_allclose(y, jax.nn.relu(jnp.tanh(x) @ w.T), rtol=1e-4, atol=1e-4)
+        d2 = ((p[:, None] - m[None]) ** 2).sum(-1)
+        np.testing.assert_allclose(fld, jnp.exp(-0.5 * d2).sum(-1), rtol=1e-5, atol=1e-5)
+        # w is replicated (invariant): its gradient is the sum over the shards
+        g = jax.jit(shard_map(jax.grad(loss), mesh=mesh, in_specs=(P(), P("d")), out_specs=P()))(w, x)
+        want = jax.grad(lambda w_: (jax.nn.gelu(x @ w_.T, approximate=False) ** 2).sum())(w)
+    np.testing.assert_allclose(g, want, rtol=2e-4, atol=2e-4)
+    print("SHARD_MAP_OK", len({s.device for s in y.addressable_shards}))
+    """
+)
+
+
+def test_shard_map_over_four_cpu_devices(tmp_path):
+    """Four host devices (the XLA flag must be set before jax starts: a subprocess);
+    each shard's handlers run on XLA's threads, sharing fusekit's CPU context."""
+    script = tmp_path / "shard.py"
+    script.write_text(SHARD_MAP_SCRIPT)
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p])
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SHARD_MAP_OK 4" in r.stdout

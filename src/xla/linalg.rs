@@ -1,0 +1,124 @@
+//! XLA handlers of linear algebra (docs/linalg.md): the fused linear layer's
+//! forward and backward, and the GEMM (for `matmul`, with the TF32 flag). All
+//! capturable (docs/abi.md, "CUDA graphs").
+//!
+//! - `linear_forward`: operands `x`, `w` and optionally `b`; results `y` and, for
+//!   the GELUs, `aux` (the pre-activation); attribute `act` (`FK_ACT_*`).
+//! - `linear_backward`: operands `dy`, `x`, `w` and, unless `act` is none, `saved`
+//!   (relu: the forward's `y`; GELUs: its `aux`); results `dx`, `dw` and
+//!   optionally `db`; attribute `act`.
+//! - `gemm`: operands `a`, `b`; result `c = alpha op_a(a) op_b(b)`; attributes
+//!   `op_a`, `op_b` (`FK_OP_*`), `alpha` (real), `flags` (`FK_GEMM_ALLOW_TF32`).
+
+use super::{Call, Graph::Capturable, handlers};
+use crate::error::{FK_ERROR_INVALID_ARGUMENT, Result};
+use crate::ops::elementwise::Scalar;
+use crate::ops::linalg::{self as la, Activation, Trans};
+
+fn activation(c: &Call) -> Result<Activation> {
+    Ok(match c.attr_i64("act")? {
+        0 => Activation::None,
+        1 => Activation::Relu,
+        2 => Activation::GeluTanh,
+        3 => Activation::GeluErf,
+        v => crate::bail!(
+            FK_ERROR_INVALID_ARGUMENT,
+            "act = {v} is not a valid fk_activation (FK_ACT_NONE=0, FK_ACT_RELU=1, FK_ACT_GELU_TANH=2, FK_ACT_GELU_ERF=3)"
+        ),
+    })
+}
+
+fn trans(c: &Call, name: &str) -> Result<Trans> {
+    Ok(match c.attr_i64_or(name, Some(0))? {
+        0 => Trans::N,
+        1 => Trans::T,
+        2 => Trans::C,
+        v => crate::bail!(
+            FK_ERROR_INVALID_ARGUMENT,
+            "{name} = {v} is not a valid fk_op (FK_OP_N=0, FK_OP_T=1, FK_OP_C=2)"
+        ),
+    })
+}
+
+fn linear_forward(c: &Call) -> Result<()> {
+    let act = activation(c)?;
+    let nr = if act.has_aux() { 2 } else { 1 };
+    c.expect((2, 3), (nr, nr))?;
+    let (x, w, y) = (c.arg(0, "x")?, c.arg(1, "w")?, c.ret(0, "y")?);
+    let b = if c.n_args() == 3 {
+        Some(c.arg(2, "b")?)
+    } else {
+        None
+    };
+    let aux = if act.has_aux() {
+        Some(c.ret(1, "aux")?)
+    } else {
+        None
+    };
+    la::linear_forward(&x, &w, b.as_ref(), act, &y, aux.as_ref(), &c.stream)
+}
+
+fn linear_backward(c: &Call) -> Result<()> {
+    let act = activation(c)?;
+    let na = if act == Activation::None { 3 } else { 4 };
+    c.expect((na, na), (2, 3))?;
+    let (dy, x, w) = (c.arg(0, "dy")?, c.arg(1, "x")?, c.arg(2, "w")?);
+    let saved = if na == 4 {
+        Some(c.arg(3, "saved")?)
+    } else {
+        None
+    };
+    let (dx, dw) = (c.ret(0, "dx")?, c.ret(1, "dw")?);
+    let db = if c.n_rets() == 3 {
+        Some(c.ret(2, "db")?)
+    } else {
+        None
+    };
+    la::linear_backward(
+        &dy,
+        &x,
+        &w,
+        act,
+        saved.as_ref(),
+        Some(&dx),
+        Some(&dw),
+        db.as_ref(),
+        &c.stream,
+    )
+}
+
+fn gemm(c: &Call) -> Result<()> {
+    c.expect((2, 2), (1, 1))?;
+    let (ta, tb) = (trans(c, "op_a")?, trans(c, "op_b")?);
+    let alpha = Scalar {
+        re: c.attr_f64_or("alpha", Some(1.0))?,
+        im: 0.0,
+    };
+    let flags = c.attr_i64_or("flags", Some(0))?;
+    crate::ensure!(
+        (0..=u32::MAX as i64).contains(&flags),
+        FK_ERROR_INVALID_ARGUMENT,
+        "flags = {flags} is not a 32-bit set of flags"
+    );
+    let (a, b, out) = (c.arg(0, "a")?, c.arg(1, "b")?, c.ret(0, "c")?);
+    la::gemm(
+        ta,
+        tb,
+        alpha,
+        &a,
+        &b,
+        Scalar::default(),
+        &out,
+        flags as u32,
+        &c.stream,
+    )
+}
+
+handlers! {
+    /// Fused linear layer `y = act(x W^T + b)` (fk_linear_forward).
+    "linear_forward": fk_xla_linear_forward_cpu, fk_xla_linear_forward_cuda, Capturable, linear_forward;
+    /// Backward of the fused linear layer (fk_linear_backward).
+    "linear_backward": fk_xla_linear_backward_cpu, fk_xla_linear_backward_cuda, Capturable, linear_backward;
+    /// `c = alpha op_a(a) op_b(b)` (fk_gemm with beta = 0).
+    "gemm": fk_xla_gemm_cpu, fk_xla_gemm_cuda, Capturable, gemm;
+}

@@ -1,0 +1,619 @@
+//! The handlers on fake call frames, built here with the mirrored structs and a
+//! fake API table (only `XLA_FFI_Error_Create`, which boxes the message): the
+//! metadata probe, values on the CPU, fusekit's messages on bad input, caught
+//! panics, the call counter.
+
+use std::ffi::{CStr, c_void};
+
+use super::api::*;
+
+/// An error made by the fake `XLA_FFI_Error_Create`.
+#[derive(Debug)]
+pub(crate) struct FakeError {
+    pub msg: String,
+    pub errc: i32,
+}
+
+unsafe extern "C" fn fake_error_create(args: *mut XLA_FFI_Error_Create_Args) -> *mut XLA_FFI_Error {
+    // SAFETY: the handler's arguments, of the mirrored layout.
+    let a = unsafe { &*args };
+    assert!(a.struct_size >= XLA_FFI_ERROR_CREATE_ARGS_STRUCT_SIZE);
+    // SAFETY: a NUL-terminated message, copied here as XLA copies it.
+    let msg = unsafe { CStr::from_ptr(a.message) }
+        .to_string_lossy()
+        .into_owned();
+    Box::into_raw(Box::new(FakeError { msg, errc: a.errc })) as *mut XLA_FFI_Error
+}
+
+fn fake_api() -> Box<XLA_FFI_Api> {
+    Box::new(XLA_FFI_Api {
+        struct_size: std::mem::size_of::<XLA_FFI_Api>(),
+        extension_start: std::ptr::null_mut(),
+        api_version: XLA_FFI_Api_Version {
+            struct_size: 24,
+            extension_start: std::ptr::null_mut(),
+            major_version: 0,
+            minor_version: 3,
+        },
+        internal_api: std::ptr::null(),
+        error_create: Some(fake_error_create),
+        error_get_message: None,
+        error_destroy: None,
+        handler_register: None,
+        stream_get: None,
+        type_register: None,
+        execution_context_get: None,
+        state_set: None,
+        state_get: None,
+        device_memory_allocate: None,
+        device_memory_free: None,
+        thread_pool_schedule: None,
+        thread_pool_num_threads: None,
+        future_create: None,
+        future_set_available: None,
+        future_set_error: None,
+        run_id_get: None,
+        device_ordinal_get: None,
+    })
+}
+
+pub(crate) type Handler = unsafe extern "C" fn(*mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error;
+
+/// One buffer: its descriptor, dims and bytes (boxed so pointers stay put).
+struct Buf {
+    desc: Box<XLA_FFI_Buffer>,
+    _dims: Vec<i64>,
+    data: Vec<u64>,
+}
+
+fn buf(dtype: i32, bytes: Vec<u8>, dims: &[i64]) -> Buf {
+    // u64 storage: 8-byte aligned for every element type
+    let mut data = vec![0u64; bytes.len().div_ceil(8).max(1)];
+    // SAFETY: `data` holds at least `bytes.len()` bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), data.as_mut_ptr() as *mut u8, bytes.len())
+    };
+    let mut dims = dims.to_vec();
+    let desc = Box::new(XLA_FFI_Buffer {
+        struct_size: std::mem::size_of::<XLA_FFI_Buffer>(),
+        extension_start: std::ptr::null_mut(),
+        dtype,
+        data: data.as_mut_ptr() as *mut c_void,
+        rank: dims.len() as i64,
+        dims: dims.as_mut_ptr(),
+    });
+    Buf {
+        desc,
+        _dims: dims,
+        data,
+    }
+}
+
+fn bytes_of<T: Copy>(v: &[T]) -> Vec<u8> {
+    // SAFETY: plain numbers viewed as bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+        .to_vec()
+}
+
+/// A call frame under construction.
+pub(crate) struct FakeCall {
+    args: Vec<Buf>,
+    rets: Vec<Buf>,
+    /// (name, XLA dtype, value as 8 bytes)
+    attrs: Vec<(String, i32, u64)>,
+    api: Box<XLA_FFI_Api>,
+}
+
+impl FakeCall {
+    pub fn new() -> Self {
+        FakeCall {
+            args: vec![],
+            rets: vec![],
+            attrs: vec![],
+            api: fake_api(),
+        }
+    }
+    pub fn arg_f64(mut self, v: &[f64], dims: &[i64]) -> Self {
+        self.args.push(buf(XLA_FFI_DATATYPE_F64, bytes_of(v), dims));
+        self
+    }
+    pub fn arg_f32(mut self, v: &[f32], dims: &[i64]) -> Self {
+        self.args.push(buf(XLA_FFI_DATATYPE_F32, bytes_of(v), dims));
+        self
+    }
+    pub fn arg_raw(mut self, dtype: i32, bytes: Vec<u8>, dims: &[i64]) -> Self {
+        self.args.push(buf(dtype, bytes, dims));
+        self
+    }
+    /// A result of `dims`, filled with NaN (uninitialised, as XLA's may be).
+    pub fn ret_f64(mut self, dims: &[i64]) -> Self {
+        let n: i64 = dims.iter().product();
+        self.rets.push(buf(
+            XLA_FFI_DATATYPE_F64,
+            bytes_of(&vec![f64::NAN; n as usize]),
+            dims,
+        ));
+        self
+    }
+    pub fn ret_f32(mut self, dims: &[i64]) -> Self {
+        let n: i64 = dims.iter().product();
+        self.rets.push(buf(
+            XLA_FFI_DATATYPE_F32,
+            bytes_of(&vec![f32::NAN; n as usize]),
+            dims,
+        ));
+        self
+    }
+    pub fn attr_i64(mut self, name: &str, v: i64) -> Self {
+        self.attrs
+            .push((name.into(), XLA_FFI_DATATYPE_S64, v as u64));
+        self
+    }
+    pub fn attr_f64(mut self, name: &str, v: f64) -> Self {
+        self.attrs
+            .push((name.into(), XLA_FFI_DATATYPE_F64, v.to_bits()));
+        self
+    }
+
+    pub fn out_f64(&self, i: usize) -> Vec<f64> {
+        let b = &self.rets[i];
+        let n: i64 = b._dims.iter().product();
+        // SAFETY: the result's storage holds n f64.
+        unsafe { std::slice::from_raw_parts(b.data.as_ptr() as *const f64, n as usize) }.to_vec()
+    }
+    pub fn out_f32(&self, i: usize) -> Vec<f32> {
+        let b = &self.rets[i];
+        let n: i64 = b._dims.iter().product();
+        // SAFETY: the result's storage holds n f32.
+        unsafe { std::slice::from_raw_parts(b.data.as_ptr() as *const f32, n as usize) }.to_vec()
+    }
+
+    /// Calls `h` on this frame (execute stage, or the metadata probe when
+    /// `metadata` is given); the error it returned, if any.
+    pub fn call_with(
+        &mut self,
+        h: Handler,
+        metadata: Option<&mut XLA_FFI_Metadata>,
+    ) -> Option<FakeError> {
+        let mut arg_types = vec![XLA_FFI_ARGTYPE_BUFFER; self.args.len()];
+        let mut arg_ptrs: Vec<*mut c_void> = self
+            .args
+            .iter_mut()
+            .map(|b| &mut *b.desc as *mut XLA_FFI_Buffer as *mut c_void)
+            .collect();
+        let mut ret_types = vec![XLA_FFI_RETTYPE_BUFFER; self.rets.len()];
+        let mut ret_ptrs: Vec<*mut c_void> = self
+            .rets
+            .iter_mut()
+            .map(|b| &mut *b.desc as *mut XLA_FFI_Buffer as *mut c_void)
+            .collect();
+        // attributes sorted by name, as XLA passes them
+        self.attrs.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut values: Vec<u64> = self.attrs.iter().map(|a| a.2).collect();
+        let mut scalars: Vec<XLA_FFI_Scalar> = self
+            .attrs
+            .iter()
+            .zip(values.iter_mut())
+            .map(|(a, v)| XLA_FFI_Scalar {
+                dtype: a.1,
+                value: v as *mut u64 as *mut c_void,
+            })
+            .collect();
+        let mut spans: Vec<XLA_FFI_ByteSpan> = self
+            .attrs
+            .iter()
+            .map(|a| XLA_FFI_ByteSpan {
+                ptr: a.0.as_ptr() as *const _,
+                len: a.0.len(),
+            })
+            .collect();
+        let mut span_ptrs: Vec<*mut XLA_FFI_ByteSpan> =
+            spans.iter_mut().map(|s| s as *mut _).collect();
+        let mut attr_types = vec![XLA_FFI_ATTRTYPE_SCALAR; self.attrs.len()];
+        let mut attr_ptrs: Vec<*mut c_void> = scalars
+            .iter_mut()
+            .map(|s| s as *mut _ as *mut c_void)
+            .collect();
+        let mut ext = metadata.map(|m| XLA_FFI_Metadata_Extension {
+            extension_base: XLA_FFI_Extension_Base {
+                struct_size: std::mem::size_of::<XLA_FFI_Metadata_Extension>(),
+                type_: XLA_FFI_EXTENSION_METADATA,
+                next: std::ptr::null_mut(),
+            },
+            metadata: m,
+        });
+        let mut frame = XLA_FFI_CallFrame {
+            struct_size: XLA_FFI_CALL_FRAME_STRUCT_SIZE,
+            extension_start: ext
+                .as_mut()
+                .map_or(std::ptr::null_mut(), |e| &mut e.extension_base as *mut _),
+            api: &*self.api,
+            ctx: std::ptr::null_mut(),
+            stage: XLA_FFI_EXECUTION_STAGE_EXECUTE,
+            args: XLA_FFI_Args {
+                struct_size: 40,
+                extension_start: std::ptr::null_mut(),
+                size: arg_ptrs.len() as i64,
+                types: arg_types.as_mut_ptr(),
+                args: arg_ptrs.as_mut_ptr(),
+            },
+            rets: XLA_FFI_Rets {
+                struct_size: 40,
+                extension_start: std::ptr::null_mut(),
+                size: ret_ptrs.len() as i64,
+                types: ret_types.as_mut_ptr(),
+                rets: ret_ptrs.as_mut_ptr(),
+            },
+            attrs: XLA_FFI_Attrs {
+                struct_size: 48,
+                extension_start: std::ptr::null_mut(),
+                size: attr_ptrs.len() as i64,
+                types: attr_types.as_mut_ptr(),
+                names: span_ptrs.as_mut_ptr(),
+                attrs: attr_ptrs.as_mut_ptr(),
+            },
+            future: std::ptr::null_mut(),
+        };
+        // SAFETY: a frame of the mirrored layout whose pointers all live until the
+        // call returns.
+        let e = unsafe { h(&mut frame) };
+        if e.is_null() {
+            None
+        } else {
+            // SAFETY: made by fake_error_create.
+            Some(*unsafe { Box::from_raw(e as *mut FakeError) })
+        }
+    }
+
+    pub fn call(&mut self, h: Handler) -> Option<FakeError> {
+        self.call_with(h, None)
+    }
+}
+
+/// A metadata struct as XLA prepares it for the probe (version unset).
+pub(crate) fn blank_metadata() -> XLA_FFI_Metadata {
+    XLA_FFI_Metadata {
+        struct_size: end_of!(XLA_FFI_Metadata, traits),
+        api_version: XLA_FFI_Api_Version {
+            struct_size: 24,
+            extension_start: std::ptr::null_mut(),
+            major_version: 0,
+            minor_version: 0,
+        },
+        traits: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xla::elementwise::*;
+    use crate::xla::gaussian::*;
+    use crate::xla::linalg::*;
+
+    fn close(a: &[f64], b: &[f64], tol: f64) {
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= tol * (1.0 + y.abs()), "[{i}] {x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn metadata_probe_is_answered() {
+        for (h, traits) in [
+            (
+                fk_xla_add_cpu as Handler,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (
+                fk_xla_add_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (
+                fk_xla_linear_backward_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (
+                fk_xla_gaussian_field_backward_cpu,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+        ] {
+            let mut m = blank_metadata();
+            // the probe carries no operands: nothing is decoded or run
+            let e = FakeCall::new().call_with(h, Some(&mut m));
+            assert!(e.is_none(), "{e:?}");
+            assert_eq!(
+                (m.api_version.major_version, m.api_version.minor_version),
+                (API_MAJOR, API_MINOR)
+            );
+            assert_eq!((API_MAJOR, API_MINOR), (0, 1));
+            assert_eq!(m.traits, traits);
+        }
+    }
+
+    #[test]
+    fn add_broadcasts_on_the_cpu() {
+        let mut c = FakeCall::new()
+            .arg_f64(&[1., 2., 3., 4., 5., 6.], &[2, 3])
+            .arg_f64(&[10., 20., 30.], &[3])
+            .ret_f64(&[2, 3]);
+        assert!(c.call(fk_xla_add_cpu).is_none());
+        assert_eq!(c.out_f64(0), vec![11., 22., 33., 14., 25., 36.]);
+    }
+
+    #[test]
+    fn axpby_and_unary() {
+        let mut c = FakeCall::new()
+            .arg_f32(&[1., 2.], &[2])
+            .arg_f32(&[3., 4.], &[2])
+            .ret_f32(&[2])
+            .attr_f64("beta", -1.0)
+            .attr_i64("alpha", 2);
+        assert!(c.call(fk_xla_axpby_cpu).is_none());
+        assert_eq!(c.out_f32(0), vec![-1., 0.]);
+        let mut c = FakeCall::new().arg_f64(&[-1., 0.5], &[2]).ret_f64(&[2]);
+        assert!(c.call(fk_xla_relu_cpu).is_none());
+        assert_eq!(c.out_f64(0), vec![0., 0.5]);
+        let mut c = FakeCall::new().arg_f64(&[0., 1.], &[2]).ret_f64(&[2]);
+        assert!(c.call(fk_xla_exp_cpu).is_none());
+        close(&c.out_f64(0), &[1.0, std::f64::consts::E], 1e-15);
+    }
+
+    #[test]
+    fn bad_input_carries_fusekits_message() {
+        let mut c = FakeCall::new()
+            .arg_f64(&[1., 2., 3., 4., 5., 6.], &[2, 3])
+            .arg_f64(&[10., 20., 30.], &[3])
+            .ret_f64(&[2, 2]);
+        let e = c.call(fk_xla_add_cpu).expect("an error");
+        assert_eq!(e.errc, XLA_FFI_ERROR_CODE_INVALID_ARGUMENT);
+        assert_eq!(
+            e.msg,
+            "fk_xla_add_cpu: out has shape [2, 2] but a [2, 3] and b [3] broadcast to [2, 3] (FK_ERROR_SHAPE_MISMATCH)"
+        );
+        // dtypes fusekit does not have
+        let mut c = FakeCall::new()
+            .arg_raw(XLA_FFI_DATATYPE_S32, vec![0; 8], &[2])
+            .arg_f64(&[1., 2.], &[2])
+            .ret_f64(&[2]);
+        let e = c.call(fk_xla_mul_cpu).expect("an error");
+        assert!(
+            e.msg
+                .contains("a has XLA element type 4, which is not a fusekit dtype"),
+            "{}",
+            e.msg
+        );
+        assert!(e.msg.ends_with("(FK_ERROR_UNSUPPORTED_DTYPE)"), "{}", e.msg);
+        // a missing attribute, wrong operand counts
+        let mut c = FakeCall::new()
+            .arg_f32(&[1.], &[1, 1])
+            .arg_f32(&[1.], &[1, 1])
+            .ret_f32(&[1, 1]);
+        let e = c.call(fk_xla_linear_forward_cpu).expect("an error");
+        assert_eq!(
+            e.msg,
+            "fk_xla_linear_forward_cpu: attribute act is missing (FK_ERROR_INVALID_ARGUMENT)"
+        );
+        let mut c = FakeCall::new().arg_f64(&[1.], &[1]).ret_f64(&[1]);
+        let e = c.call(fk_xla_sub_cpu).expect("an error");
+        assert!(
+            e.msg.contains(
+                "the call has 1 operands and 1 results; this handler takes 2 operands and 1 results"
+            ),
+            "{}",
+            e.msg
+        );
+    }
+
+    /// Points, means, Cholesky factors of two Gaussians and weights.
+    fn gaussians() -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+        let p = vec![0.1, 0.2, 0.3, -0.5, 0.4, 1.0, 0.0, 0.0, 0.0];
+        let m = vec![0.0, 0.0, 0.0, 0.5, -0.5, 0.25];
+        let l = vec![
+            1.0, 0.0, 0.0, 0.2, 0.8, 0.0, -0.1, 0.3, 1.5, //
+            0.7, 0.0, 0.0, 0.0, 1.2, 0.0, 0.4, -0.2, 0.9,
+        ];
+        (p, m, l, vec![1.5, -0.5])
+    }
+
+    /// `|(L + eps I)^-1 (p - mu)|^2` by forward substitution.
+    fn maha(p: &[f64], m: &[f64], l: &[f64], eps: f64) -> f64 {
+        let d = [p[0] - m[0], p[1] - m[1], p[2] - m[2]];
+        let a = |r: usize, c: usize| l[r * 3 + c] + if r == c { eps } else { 0.0 };
+        let y0 = d[0] / a(0, 0);
+        let y1 = (d[1] - a(1, 0) * y0) / a(1, 1);
+        let y2 = (d[2] - a(2, 0) * y0 - a(2, 1) * y1) / a(2, 2);
+        y0 * y0 + y1 * y1 + y2 * y2
+    }
+
+    #[test]
+    fn gaussian_forwards_and_backward_on_the_cpu() {
+        let (p, m, l, w) = gaussians();
+        let eps = 0.05;
+        let mut c = FakeCall::new()
+            .arg_f64(&p, &[3, 3])
+            .arg_f64(&m, &[2, 3])
+            .arg_f64(&l, &[2, 3, 3])
+            .ret_f64(&[3, 2])
+            .attr_f64("eps", eps);
+        assert!(c.call(fk_xla_mahalanobis_forward_cpu).is_none());
+        let want: Vec<f64> = (0..3)
+            .flat_map(|b| (0..2).map(move |n| (b, n)))
+            .map(|(b, n)| maha(&p[b * 3..], &m[n * 3..], &l[n * 9..], eps))
+            .collect();
+        close(&c.out_f64(0), &want, 1e-13);
+
+        let mut c = FakeCall::new()
+            .arg_f64(&p, &[3, 3])
+            .arg_f64(&m, &[2, 3])
+            .arg_f64(&l, &[2, 3, 3])
+            .arg_f64(&w, &[2])
+            .ret_f64(&[3])
+            .attr_f64("eps", eps);
+        assert!(c.call(fk_xla_gaussian_field_forward_cpu).is_none());
+        let field: Vec<f64> = (0..3)
+            .map(|b| (0..2).map(|n| w[n] * (-0.5 * want[b * 2 + n]).exp()).sum())
+            .collect();
+        close(&c.out_f64(0), &field, 1e-13);
+
+        // d(sum out)/d weights = sum_b exp(-m/2); the workspace is empty on the CPU
+        let mut c = FakeCall::new()
+            .arg_f64(&p, &[3, 3])
+            .arg_f64(&m, &[2, 3])
+            .arg_f64(&l, &[2, 3, 3])
+            .arg_f64(&w, &[2])
+            .arg_f64(&[1.0, 1.0, 1.0], &[3])
+            .ret_f64(&[3, 3])
+            .ret_f64(&[2, 3])
+            .ret_f64(&[2, 3, 3])
+            .ret_f64(&[2])
+            .ret_f64(&[0])
+            .attr_f64("eps", eps);
+        assert!(c.call(fk_xla_gaussian_field_backward_cpu).is_none());
+        let dw: Vec<f64> = (0..2)
+            .map(|n| (0..3).map(|b| (-0.5 * want[b * 2 + n]).exp()).sum())
+            .collect();
+        close(&c.out_f64(3), &dw, 1e-13);
+        assert!(
+            c.out_f64(0)
+                .iter()
+                .chain(c.out_f64(2).iter())
+                .all(|v| v.is_finite())
+        );
+    }
+
+    #[test]
+    fn gaussian_bad_eps_is_fusekits_error() {
+        let (p, m, l, _) = gaussians();
+        let mut c = FakeCall::new()
+            .arg_f64(&p, &[3, 3])
+            .arg_f64(&m, &[2, 3])
+            .arg_f64(&l, &[2, 3, 3])
+            .ret_f64(&[3, 2])
+            .attr_f64("eps", -1.0);
+        let e = c.call(fk_xla_mahalanobis_forward_cpu).expect("an error");
+        assert!(
+            e.msg
+                .starts_with("fk_xla_mahalanobis_forward_cpu: eps = -1"),
+            "{}",
+            e.msg
+        );
+    }
+
+    #[test]
+    fn linear_and_gemm_on_the_cpu() {
+        // x [2, 3], w [2, 3], b [2]: y = relu(x w^T + b)
+        let x = [1.0f32, 2.0, 3.0, -1.0, 0.0, 1.0];
+        let w = [0.5f32, -1.0, 0.25, 1.0, 1.0, 1.0];
+        let b = [0.1f32, -7.0];
+        let mut c = FakeCall::new()
+            .arg_f32(&x, &[2, 3])
+            .arg_f32(&w, &[2, 3])
+            .arg_f32(&b, &[2])
+            .ret_f32(&[2, 2])
+            .attr_i64("act", 1);
+        assert!(c.call(fk_xla_linear_forward_cpu).is_none());
+        let y = c.out_f32(0);
+        let z = [
+            1.0 * 0.5 - 2.0 + 0.75 + 0.1,
+            6.0 - 7.0,
+            -0.5 + 0.25 + 0.1,
+            0.0 - 7.0,
+        ];
+        let relu: Vec<f64> = z.iter().map(|v: &f64| v.max(0.0)).collect();
+        close(
+            &y.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+            &relu,
+            1e-6,
+        );
+
+        // act none backward: dx = dy w, dw = dy^T x, db = column sums of dy
+        let dy = [1.0f32, 2.0, -1.0, 0.5];
+        let mut c = FakeCall::new()
+            .arg_f32(&dy, &[2, 2])
+            .arg_f32(&x, &[2, 3])
+            .arg_f32(&w, &[2, 3])
+            .ret_f32(&[2, 3])
+            .ret_f32(&[2, 3])
+            .ret_f32(&[2])
+            .attr_i64("act", 0);
+        assert!(c.call(fk_xla_linear_backward_cpu).is_none());
+        let dx: Vec<f64> = (0..2)
+            .flat_map(|i| (0..3).map(move |j| (i, j)))
+            .map(|(i, j)| (0..2).map(|o| (dy[i * 2 + o] * w[o * 3 + j]) as f64).sum())
+            .collect();
+        close(
+            &c.out_f32(0).iter().map(|&v| v as f64).collect::<Vec<_>>(),
+            &dx,
+            1e-6,
+        );
+        close(
+            &c.out_f32(2).iter().map(|&v| v as f64).collect::<Vec<_>>(),
+            &[0.0, 2.5],
+            1e-6,
+        );
+
+        // gemm: c = 2 a^T b
+        let mut c = FakeCall::new()
+            .arg_f64(&[1., 2., 3., 4.], &[2, 2])
+            .arg_f64(&[1., 0., 0., 1.], &[2, 2])
+            .ret_f64(&[2, 2])
+            .attr_i64("op_a", 1)
+            .attr_f64("alpha", 2.0)
+            .attr_i64("flags", 1);
+        assert!(c.call(fk_xla_gemm_cpu).is_none());
+        assert_eq!(c.out_f64(0), vec![2., 6., 4., 8.]);
+    }
+
+    #[test]
+    fn a_panic_does_not_cross() {
+        unsafe extern "C" fn panicking(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
+            // SAFETY: the fake frame.
+            unsafe {
+                crate::xla::entry(
+                    frame,
+                    "fk_xla_test_panic",
+                    crate::xla::Platform::Cpu,
+                    crate::xla::Graph::Capturable,
+                    |_| panic!("boom"),
+                )
+            }
+        }
+        let e = FakeCall::new().call(panicking).expect("an error");
+        assert_eq!(e.errc, XLA_FFI_ERROR_CODE_INTERNAL);
+        assert_eq!(
+            e.msg,
+            "fk_xla_test_panic: internal error (caught panic: boom); please report it (FK_ERROR_INTERNAL)"
+        );
+    }
+
+    #[test]
+    fn call_counter_counts_executions_only() {
+        let was = crate::xla::fk_xla_set_call_counting(1);
+        let before = crate::xla::fk_xla_call_count();
+        let mut m = blank_metadata();
+        FakeCall::new().call_with(fk_xla_neg_cpu, Some(&mut m));
+        for _ in 0..3 {
+            let mut c = FakeCall::new().arg_f64(&[1.], &[1]).ret_f64(&[1]);
+            assert!(c.call(fk_xla_neg_cpu).is_none());
+        }
+        // other tests may run handlers meanwhile: at least these three
+        assert!(crate::xla::fk_xla_call_count() >= before + 3);
+        crate::xla::fk_xla_set_call_counting(was);
+    }
+
+    #[test]
+    fn workspace_bytes() {
+        let mut v = 7usize;
+        let s = unsafe { crate::xla::fk_xla_gaussian_workspace_bytes(1, 4, 100, 10, &mut v) };
+        assert_eq!((s, v), (0, 0));
+        let s = unsafe { crate::xla::fk_xla_gaussian_workspace_bytes(2, 3, 100, 10, &mut v) };
+        assert_eq!(s, 0);
+        assert_eq!(
+            v,
+            crate::cuda::gaussian::workspace_bytes(crate::dtype::DType::F32, 100, 10)
+        );
+        let s = unsafe { crate::xla::fk_xla_gaussian_workspace_bytes(2, 1, 100, 10, &mut v) };
+        assert_eq!(s, crate::error::FK_ERROR_UNSUPPORTED_DTYPE);
+    }
+}

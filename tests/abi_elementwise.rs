@@ -17,22 +17,10 @@ fn every_op_every_dtype_matches_the_f64_reference() {
     let ctx = Ctx::cpu();
     let mut r = Rng::new(1);
     for &shape in &[&[][..], &[1][..], &[37][..], &[5, 7][..], &[2, 3, 4][..]] {
-        for dtype in DTYPES {
-            for op in Op::all(dtype) {
-                if !op.supports(dtype) {
-                    continue;
-                }
-                let v = View::contiguous(shape);
-                let (a, b) = operands(&mut r, op, dtype, v.clone(), v.clone());
-                let case = Case {
-                    op,
-                    dtype,
-                    a: &a,
-                    b: b.as_ref(),
-                    out: &v,
-                };
-                check_against_reference(&ctx, &case, null());
-            }
+        for (op, dtype) in Op::every_with_dtype() {
+            let v = View::contiguous(shape);
+            let views = (v.clone(), v.clone());
+            check_random_case(&ctx, &mut r, (op, dtype), views, &v, null());
         }
     }
 }
@@ -42,22 +30,10 @@ fn every_op_runs_on_a_cpu_stream() {
     let ctx = Ctx::cpu();
     let stream = Stream::new(&ctx);
     let mut r = Rng::new(2);
-    for dtype in DTYPES {
-        for op in Op::all(dtype) {
-            if !op.supports(dtype) {
-                continue;
-            }
-            let v = View::contiguous(&[4, 6]);
-            let (a, b) = operands(&mut r, op, dtype, v.clone(), v.clone());
-            let case = Case {
-                op,
-                dtype,
-                a: &a,
-                b: b.as_ref(),
-                out: &v,
-            };
-            check_against_reference(&ctx, &case, stream.raw());
-        }
+    for (op, dtype) in Op::every_with_dtype() {
+        let v = View::contiguous(&[4, 6]);
+        let views = (v.clone(), v.clone());
+        check_random_case(&ctx, &mut r, (op, dtype), views, &v, stream.raw());
     }
 }
 
@@ -80,22 +56,9 @@ fn binary_broadcasting_follows_numpy() {
         let so = broadcast_shape(sa, sb).unwrap();
         for dtype in DTYPES {
             for op in Op::all(dtype).into_iter().filter(|o| o.is_binary()) {
-                let (a, b) = operands(
-                    &mut r,
-                    op,
-                    dtype,
-                    View::contiguous(sa),
-                    View::contiguous(sb),
-                );
+                let views = (View::contiguous(sa), View::contiguous(sb));
                 let out = View::contiguous(&so);
-                let case = Case {
-                    op,
-                    dtype,
-                    a: &a,
-                    b: b.as_ref(),
-                    out: &out,
-                };
-                check_against_reference(&ctx, &case, null());
+                check_random_case(&ctx, &mut r, (op, dtype), views, &out, null());
             }
         }
     }
@@ -109,28 +72,14 @@ fn unary_input_broadcasts_to_the_output_shape() {
     let mut r = Rng::new(4);
     let cases: &[(&[i64], &[i64])] = &[(&[], &[3, 2]), (&[5], &[4, 5]), (&[3, 1], &[3, 4])];
     for &(sa, so) in cases {
-        for dtype in DTYPES {
-            for op in Op::all(dtype) {
-                if op.is_binary() || !op.supports(dtype) {
-                    continue;
-                }
-                let (a, _) = operands(
-                    &mut r,
-                    op,
-                    dtype,
-                    View::contiguous(sa),
-                    View::contiguous(sa),
-                );
-                let out = View::contiguous(so);
-                let case = Case {
-                    op,
-                    dtype,
-                    a: &a,
-                    b: None,
-                    out: &out,
-                };
-                check_against_reference(&ctx, &case, null());
-            }
+        for (op, dtype) in Op::every_with_dtype()
+            .into_iter()
+            .filter(|(o, _)| !o.is_binary())
+        {
+            // unary: only a is drawn, b's view is unused
+            let views = (View::contiguous(sa), View::contiguous(sa));
+            let out = View::contiguous(so);
+            check_random_case(&ctx, &mut r, (op, dtype), views, &out, null());
         }
     }
 }
@@ -143,24 +92,11 @@ fn strided_inputs_of_every_layout() {
     let mut r = Rng::new(5);
     let shape = [4i64, 7];
     let ls = layouts(&shape, true);
-    for dtype in DTYPES {
-        for op in Op::all(dtype) {
-            if !op.supports(dtype) {
-                continue;
-            }
-            for (i, (_, va)) in ls.iter().enumerate() {
-                let vb = ls[(i + 2) % ls.len()].1.clone();
-                let (a, b) = operands(&mut r, op, dtype, va.clone(), vb);
-                let out = View::contiguous(&shape);
-                let case = Case {
-                    op,
-                    dtype,
-                    a: &a,
-                    b: b.as_ref(),
-                    out: &out,
-                };
-                check_against_reference(&ctx, &case, null());
-            }
+    for (op, dtype) in Op::every_with_dtype() {
+        for (i, (_, va)) in ls.iter().enumerate() {
+            let vb = ls[(i + 2) % ls.len()].1.clone();
+            let out = View::contiguous(&shape);
+            check_random_case(&ctx, &mut r, (op, dtype), (va.clone(), vb), &out, null());
         }
     }
 }
@@ -172,28 +108,10 @@ fn strided_outputs() {
     let ctx = Ctx::cpu();
     let mut r = Rng::new(6);
     let shape = [3i64, 5, 2];
-    for dtype in DTYPES {
-        for op in Op::all(dtype) {
-            if !op.supports(dtype) {
-                continue;
-            }
-            for (_, vo) in layouts(&shape, false) {
-                let (a, b) = operands(
-                    &mut r,
-                    op,
-                    dtype,
-                    View::transposed(&shape),
-                    View::contiguous(&shape),
-                );
-                let case = Case {
-                    op,
-                    dtype,
-                    a: &a,
-                    b: b.as_ref(),
-                    out: &vo,
-                };
-                check_against_reference(&ctx, &case, null());
-            }
+    for (op, dtype) in Op::every_with_dtype() {
+        for (_, vo) in layouts(&shape, false) {
+            let views = (View::transposed(&shape), View::contiguous(&shape));
+            check_random_case(&ctx, &mut r, (op, dtype), views, &vo, null());
         }
     }
 }
@@ -227,8 +145,8 @@ fn in_place_binary_and_unary() {
         let want: Vec<Cx> = x.iter().map(|p| p.mul(*p)).collect();
         assert_close(&a.read(), &want, tol(dtype), "mul in place (a = b = out)");
         // unary in place
-        for op in Op::all(dtype) {
-            if op.is_binary() || op == Op::Abs && c || !op.supports(dtype) {
+        for op in Op::supported(dtype) {
+            if op.is_binary() || op == Op::Abs && c {
                 continue;
             }
             let xs = random_values(&mut r, dtype, n, op.domain_a());
@@ -308,30 +226,25 @@ fn empty_tensors() {
         (&[0], &[1], &[0]),
         (&[], &[2, 0, 3], &[2, 0, 3]),
     ];
-    for dtype in DTYPES {
-        for op in Op::all(dtype) {
-            if !op.supports(dtype) {
-                continue;
-            }
-            for &(sa, sb, so) in shapes {
-                let a = Buf::new(&ctx, dtype, sa);
-                let b = Buf::new(&ctx, dtype, sb);
-                let out = Buf::new(&ctx, op.out_dtype(dtype), so);
-                ok(unsafe { op.call(a.raw(), b.raw(), out.raw(), null()) });
-                // An empty output may also be a wrap of NULL.
-                let out2 = unsafe { Buf::wrap(&ctx, null_mut(), op.out_dtype(dtype), so, None) };
-                ok(unsafe { op.call(a.raw(), b.raw(), out2.raw(), null()) });
-            }
-            // Emptiness does not excuse a shape mismatch.
-            let a = Buf::new(&ctx, dtype, &[0]);
-            let b = Buf::new(&ctx, dtype, &[2]);
-            let out = Buf::new(&ctx, op.out_dtype(dtype), &[0]);
-            let s = unsafe { op.call(a.raw(), b.raw(), out.raw(), null()) };
-            if op.is_binary() {
-                expect_status(s, FK_ERROR_SHAPE_MISMATCH, &[op.name(), "a", "b"]);
-            } else {
-                ok(s);
-            }
+    for (op, dtype) in Op::every_with_dtype() {
+        for &(sa, sb, so) in shapes {
+            let a = Buf::new(&ctx, dtype, sa);
+            let b = Buf::new(&ctx, dtype, sb);
+            let out = Buf::new(&ctx, op.out_dtype(dtype), so);
+            ok(unsafe { op.call(a.raw(), b.raw(), out.raw(), null()) });
+            // An empty output may also be a wrap of NULL.
+            let out2 = unsafe { Buf::wrap(&ctx, null_mut(), op.out_dtype(dtype), so, None) };
+            ok(unsafe { op.call(a.raw(), b.raw(), out2.raw(), null()) });
+        }
+        // Emptiness does not excuse a shape mismatch.
+        let a = Buf::new(&ctx, dtype, &[0]);
+        let b = Buf::new(&ctx, dtype, &[2]);
+        let out = Buf::new(&ctx, op.out_dtype(dtype), &[0]);
+        let s = unsafe { op.call(a.raw(), b.raw(), out.raw(), null()) };
+        if op.is_binary() {
+            expect_status(s, FK_ERROR_SHAPE_MISMATCH, &[op.name(), "a", "b"]);
+        } else {
+            ok(s);
         }
     }
 }
@@ -456,15 +369,8 @@ fn large_arrays_take_the_parallel_path() {
         (Op::Sigmoid, FK_DTYPE_F16),
     ] {
         let v = View::contiguous(&[n]);
-        let (a, b) = operands(&mut r, op, dtype, v.clone(), v.clone());
-        let case = Case {
-            op,
-            dtype,
-            a: &a,
-            b: b.as_ref(),
-            out: &v,
-        };
-        check_against_reference(&ctx, &case, null());
+        let views = (v.clone(), v.clone());
+        check_random_case(&ctx, &mut r, (op, dtype), views, &v, null());
     }
     // strided: transposed and reversed inputs, broadcasting, a reversed output
     let shape = [301i64, 257];
@@ -473,39 +379,13 @@ fn large_arrays_take_the_parallel_path() {
         (Op::Axpby(cx(2.0, 1.0), cx(0.5, -1.0)), FK_DTYPE_C128),
         (Op::Sin, FK_DTYPE_BF16),
     ] {
-        let (a, b) = operands(
-            &mut r,
-            op,
-            dtype,
-            View::transposed(&shape),
-            View::reversed(&shape),
-        );
+        let views = (View::transposed(&shape), View::reversed(&shape));
         let out = View::reversed(&shape);
-        let case = Case {
-            op,
-            dtype,
-            a: &a,
-            b: b.as_ref(),
-            out: &out,
-        };
-        check_against_reference(&ctx, &case, null());
+        check_random_case(&ctx, &mut r, (op, dtype), views, &out, null());
     }
-    let (a, b) = operands(
-        &mut r,
-        Op::Div,
-        FK_DTYPE_F32,
-        View::contiguous(&[301, 1]),
-        View::every_other(&[257]),
-    );
+    let views = (View::contiguous(&[301, 1]), View::every_other(&[257]));
     let out = View::contiguous(&shape);
-    let case = Case {
-        op: Op::Div,
-        dtype: FK_DTYPE_F32,
-        a: &a,
-        b: b.as_ref(),
-        out: &out,
-    };
-    check_against_reference(&ctx, &case, null());
+    check_random_case(&ctx, &mut r, (Op::Div, FK_DTYPE_F32), views, &out, null());
 }
 
 // ------------------------------------------------------------------ bad inputs

@@ -60,7 +60,7 @@ fn check_case(gpu: &Ctx, cpu: &Ctx, case: &Case, stream: *const fk_stream) {
     );
 }
 
-/// `op` on random operands in the layouts `va` and `vb` (`operands`), into `out`:
+/// `op` on random operands in the layouts `va` and `vb` (`with_random_case`), into `out`:
 /// CUDA against the CPU (`check_case`).
 fn check_views(
     (g, cpu): (&Ctx, &Ctx),
@@ -69,15 +69,9 @@ fn check_views(
     (va, vb): (View, View),
     out: &View,
 ) {
-    let (a, b) = operands(rng, op, dtype, va, vb);
-    let case = Case {
-        op,
-        dtype,
-        a: &a,
-        b: b.as_ref(),
-        out,
-    };
-    check_case(g, cpu, &case, null());
+    with_random_case(rng, (op, dtype), (va, vb), out, |case| {
+        check_case(g, cpu, case, null())
+    });
 }
 
 // ------------------------------------------------------------------ oracle sweeps
@@ -108,10 +102,7 @@ fn sweep_sizes(dtype: fk_dtype) {
         };
         let (ga, gp, gb) = place(&g);
         let (ca, cp, cb) = place(&cpu);
-        for op in Op::all(dtype) {
-            if !op.supports(dtype) {
-                continue;
-            }
+        for op in Op::supported(dtype) {
             let positive = matches!(op.domain_a(), Domain::Positive);
             let (ga, ca) = if positive { (&gp, &cp) } else { (&ga, &ca) };
             let (gb, cb) = if op.is_binary() {
@@ -173,10 +164,7 @@ fn sweep_layouts(dtype: fk_dtype) {
     let shape = [33i64, 65];
     let ins = layouts(&shape, true);
     let outs = layouts(&shape, false);
-    for op in Op::all(dtype) {
-        if !op.supports(dtype) {
-            continue;
-        }
+    for op in Op::supported(dtype) {
         // every input layout (b in another one), contiguous output
         for (i, (_, va)) in ins.iter().enumerate() {
             let vb = ins[(i + 1) % ins.len()].1.clone();
@@ -530,10 +518,7 @@ fn wraps_of_host_and_pinned_memory() {
 fn empty_and_scalar_buffers() {
     let Some(g) = gpu() else { return };
     for dtype in DTYPES {
-        for op in Op::all(dtype) {
-            if !op.supports(dtype) {
-                continue;
-            }
+        for op in Op::supported(dtype) {
             let a = Buf::new(&g, dtype, &[0, 3]);
             let b = Buf::new(&g, dtype, &[3]);
             let out = Buf::new(&g, op.out_dtype(dtype), &[0, 3]);
@@ -545,10 +530,7 @@ fn empty_and_scalar_buffers() {
         // ndim-0 operands
         let cpu = Ctx::cpu();
         let mut rng = Rng::new(4000 + dtype as u64);
-        for op in Op::all(dtype) {
-            if !op.supports(dtype) {
-                continue;
-            }
+        for op in Op::supported(dtype) {
             let v = View::contiguous(&[]);
             check_views(
                 (&g, &cpu),

@@ -62,6 +62,21 @@ impl Op {
             Op::Copy,
         ]
     }
+    /// The ops of `all` that accept `dtype` (`supports`), in the same order.
+    pub fn supported(dtype: fk_dtype) -> Vec<Op> {
+        Op::all(dtype)
+            .into_iter()
+            .filter(|op| op.supports(dtype))
+            .collect()
+    }
+    /// Every op on every dtype it supports: `DTYPES` in order, each with its
+    /// `supported` ops.
+    pub fn every_with_dtype() -> Vec<(Op, fk_dtype)> {
+        DTYPES
+            .into_iter()
+            .flat_map(|dtype| Op::supported(dtype).into_iter().map(move |op| (op, dtype)))
+            .collect()
+    }
     pub fn name(self) -> &'static str {
         match self {
             Op::Add => "fk_add",
@@ -260,4 +275,39 @@ pub fn operands(
         .is_binary()
         .then(|| Operand::random(rng, dtype, b_view, Domain::Signed));
     (a, b)
+}
+
+/// `op` on random operands shaped `a_view`/`b_view` (`operands`: a drawn first, then b
+/// for a binary op), written to `out`: the case is handed to `check`.
+pub fn with_random_case<T>(
+    rng: &mut Rng,
+    (op, dtype): (Op, fk_dtype),
+    (a_view, b_view): (View, View),
+    out: &View,
+    check: impl FnOnce(&Case) -> T,
+) -> T {
+    let (a, b) = operands(rng, op, dtype, a_view, b_view);
+    check(&Case {
+        op,
+        dtype,
+        a: &a,
+        b: b.as_ref(),
+        out,
+    })
+}
+
+/// `op` on random operands (`with_random_case`) run on `ctx` and checked against the
+/// f64 reference (`check_against_reference`).
+#[track_caller]
+pub fn check_random_case(
+    ctx: &Ctx,
+    rng: &mut Rng,
+    op_dtype: (Op, fk_dtype),
+    views: (View, View),
+    out: &View,
+    stream: *const fk_stream,
+) {
+    with_random_case(rng, op_dtype, views, out, |case| {
+        check_against_reference(ctx, case, stream)
+    });
 }

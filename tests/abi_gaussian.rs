@@ -25,18 +25,9 @@ fn forwards_match_reference() {
     each_problem(&mut Rng::new(11), &SIZES, |_, d, (b, n), p| {
         let x = Inputs::new(&ctx, d, p);
         let what = format!("{} B={b} N={n}", dname(d));
-        check(
-            &run_maha_fwd(&ctx, &x, NULL_STREAM),
-            &ref_maha(p),
-            tolerance(d),
-            &format!("mahalanobis {what}"),
-        );
-        check(
-            &run_field_fwd(&ctx, &x, NULL_STREAM),
-            &ref_field(p),
-            tolerance(d),
-            &format!("field {what}"),
-        );
+        let tol = tolerance(d);
+        check_forward(&ctx, &x, p, false, tol, &format!("mahalanobis {what}"));
+        check_forward(&ctx, &x, p, true, tol, &format!("field {what}"));
     });
 }
 
@@ -159,14 +150,8 @@ fn near_singular_covariances() {
     let eps = 1e-3;
     let p = near_singular(&mut rng, 6, 3, eps);
     let x = Inputs::new(&ctx, FK_DTYPE_F64, &p);
-    check(
-        &run_maha_fwd(&ctx, &x, NULL_STREAM),
-        &ref_maha(&p),
-        1e-12,
-        "near-singular mahalanobis",
-    );
-    let field = run_field_fwd(&ctx, &x, NULL_STREAM);
-    check(&field, &ref_field(&p), 1e-12, "near-singular field");
+    check_forward(&ctx, &x, &p, false, 1e-12, "near-singular mahalanobis");
+    let field = check_forward(&ctx, &x, &p, true, 1e-12, "near-singular field");
     assert!(
         field.iter().any(|v| v.abs() > 1e-3),
         "the test points must see the Gaussians"
@@ -186,12 +171,7 @@ fn near_singular_covariances() {
     // and in f32 against the f64 reference of the rounded inputs
     let pf = p.quantized(FK_DTYPE_F32);
     let xf = Inputs::new(&ctx, FK_DTYPE_F32, &pf);
-    check(
-        &run_field_fwd(&ctx, &xf, NULL_STREAM),
-        &ref_field(&pf),
-        1e-5,
-        "near-singular f32 field",
-    );
+    check_forward(&ctx, &xf, &pf, true, 1e-5, "near-singular f32 field");
     let dout = random_vec(&mut rng, pf.b);
     let dout = quantize_vec(FK_DTYPE_F32, &dout);
     let (got, _) = run_bwd(&ctx, &xf, true, &dout, ALL, NULL_STREAM);
@@ -555,30 +535,11 @@ fn aliasing_and_layout() {
     let mut host = vec![0f32; 9];
     let tp = unsafe { Buf::wrap(&ctx, host.as_mut_ptr() as *mut _, d, &[3, 3], Some(&[1, 3])) };
     let out = Buf::new(&ctx, d, &[3]);
-    let s = unsafe {
-        fk_gaussian_field_forward(
-            tp.raw(),
-            x.means.raw(),
-            x.chol.raw(),
-            x.weights.raw(),
-            1e-6,
-            out.raw(),
-            NULL_STREAM,
-        )
-    };
+    let s = unsafe { x.field_forward_on(tp.raw(), 1e-6, out.raw(), NULL_STREAM) };
     expect_status(s, FK_ERROR_UNSUPPORTED, &["points", "not contiguous"]);
     // a destroyed or foreign handle
-    let s = unsafe {
-        fk_gaussian_field_forward(
-            ctx.raw() as *mut fk_buffer,
-            x.means.raw(),
-            x.chol.raw(),
-            x.weights.raw(),
-            1e-6,
-            out.raw(),
-            NULL_STREAM,
-        )
-    };
+    let s =
+        unsafe { x.field_forward_on(ctx.raw() as *mut fk_buffer, 1e-6, out.raw(), NULL_STREAM) };
     expect_status(
         s,
         FK_ERROR_INVALID_ARGUMENT,

@@ -294,8 +294,23 @@ impl Inputs {
         out: *mut fk_buffer,
         stream: *const fk_stream,
     ) -> fk_status {
-        let [p, m, l, w] = self.raw();
-        unsafe { fk_gaussian_field_forward(p, m, l, w, eps, out, stream) }
+        unsafe { self.field_forward_on(self.points.raw(), eps, out, stream) }
+    }
+    /// fk_gaussian_field_forward as `field_forward`, with the handle `points` in
+    /// place of these inputs' points.
+    ///
+    /// # Safety
+    /// As `field_forward`; `points` is passed on unchecked (a foreign or
+    /// non-contiguous handle, for the entry point to refuse).
+    pub unsafe fn field_forward_on(
+        &self,
+        points: *mut fk_buffer,
+        eps: f64,
+        out: *mut fk_buffer,
+        stream: *const fk_stream,
+    ) -> fk_status {
+        let [_, m, l, w] = self.raw();
+        unsafe { fk_gaussian_field_forward(points, m, l, w, eps, out, stream) }
     }
     /// fk_gaussian_field_backward on these inputs with `eps` and `dout`, into the
     /// gradients `[dpoints, dmeans, dchol, dweights]` (null: not wanted), with the
@@ -338,6 +353,26 @@ pub fn run_field_fwd(ctx: &Ctx, x: &Inputs, stream: *const fk_stream) -> Vec<f64
     ok(unsafe { x.field_forward(x.eps, out.raw(), stream) });
     sync_stream(stream);
     read(&out)
+}
+
+/// The forward of `x` on `ctx` (the field when `field`, else the Mahalanobis
+/// distances) checked against the f64 reference of `p` (`check`); returns the output.
+#[track_caller]
+pub fn check_forward(
+    ctx: &Ctx,
+    x: &Inputs,
+    p: &Problem,
+    field: bool,
+    tol: f64,
+    what: &str,
+) -> Vec<f64> {
+    let (got, want) = if field {
+        (run_field_fwd(ctx, x, NULL_STREAM), ref_field(p))
+    } else {
+        (run_maha_fwd(ctx, x, NULL_STREAM), ref_maha(p))
+    };
+    check(&got, &want, tol, what);
+    got
 }
 
 /// Which gradients to ask for: (dpoints, dmeans, dchol, dweights).

@@ -23,6 +23,7 @@ use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 use std::sync::Mutex;
 
+use common::graph::RawStream;
 use common::*;
 use cudarc::driver::{result as cu, sys};
 use fusekit::abi::gaussian::*;
@@ -108,8 +109,8 @@ fn download(b: &Buf, dtype: fk_dtype, s: *const fk_stream) -> Vec<Cx> {
 fn capture_and_replay(g: &Ctx, spec: Spec, seed: u64) {
     let cpu = Ctx::cpu();
     let d = spec.dtype;
-    let raw = cu::stream::create(cu::stream::StreamKind::NonBlocking).expect("cuStreamCreate");
-    let s = Stream::wrap(g, raw as *mut c_void);
+    let raw = RawStream::create();
+    let s = raw.wrap(g);
     let ins: Vec<Buf> = spec
         .inputs
         .iter()
@@ -134,7 +135,10 @@ fn capture_and_replay(g: &Ctx, spec: Spec, seed: u64) {
     };
 
     unsafe {
-        cu::stream::begin_capture(raw, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+        cu::stream::begin_capture(
+            raw.0,
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        )
     }
     .expect("cuStreamBeginCapture");
     let st = (spec.call)(&gpu_args);
@@ -143,7 +147,7 @@ fn capture_and_replay(g: &Ctx, spec: Spec, seed: u64) {
     } else {
         last_error()
     };
-    let ended = unsafe { cu::stream::end_capture(raw) };
+    let ended = unsafe { cu::stream::end_capture(raw.0) };
     assert_eq!(
         st,
         FK_OK,
@@ -192,7 +196,7 @@ fn capture_and_replay(g: &Ctx, spec: Spec, seed: u64) {
                 }
             }
         }
-        unsafe { cu::graph::launch(exec, raw) }.expect("cuGraphLaunch");
+        unsafe { cu::graph::launch(exec, raw.0) }.expect("cuGraphLaunch");
         s.sync();
         let got: Vec<Vec<Cx>> = outs.iter().map(|b| download(b, d, s.raw())).collect();
 
@@ -234,10 +238,7 @@ fn capture_and_replay(g: &Ctx, spec: Spec, seed: u64) {
     }
     drop((ins, outs, wss));
     drop(s);
-    unsafe {
-        cu::stream::synchronize(raw).unwrap();
-        cu::stream::destroy(raw).unwrap();
-    }
+    drop(raw);
 }
 
 fn run(spec: impl FnOnce(&Ctx) -> Spec, seed: u64) {
@@ -844,8 +845,8 @@ fn capture_refuses_non_capturable_calls_cleanly() {
     let Some(g) = gpu() else { return };
     let d = FK_DTYPE_F64;
     let n = 40i64;
-    let raw = cu::stream::create(cu::stream::StreamKind::NonBlocking).expect("cuStreamCreate");
-    let s = Stream::wrap(&g, raw as *mut c_void);
+    let raw = RawStream::create();
+    let s = raw.wrap(&g);
     let mut rng = Rng::new(99);
     let av = draw(&mut rng, d, (n * n) as usize, Gen::Spd(n as usize));
     let a = Buf::new_on(&g, d, &[n, n], s.raw());
@@ -877,7 +878,10 @@ fn capture_refuses_non_capturable_calls_cleanly() {
     s.sync();
 
     unsafe {
-        cu::stream::begin_capture(raw, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+        cu::stream::begin_capture(
+            raw.0,
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        )
     }
     .expect("cuStreamBeginCapture");
     let mut rep = unsafe { std::mem::zeroed::<fk_matpow_report>() };
@@ -931,7 +935,7 @@ fn capture_refuses_non_capturable_calls_cleanly() {
     } else {
         last_error()
     };
-    let ended = unsafe { cu::stream::end_capture(raw) };
+    let ended = unsafe { cu::stream::end_capture(raw.0) };
 
     for (st, msg, entry) in [
         (eigh, &eigh_msg, "fk_matrix_power"),
@@ -956,7 +960,7 @@ fn capture_refuses_non_capturable_calls_cleanly() {
     let graph = ended.expect("cuStreamEndCapture: the refusals invalidated the capture");
     let exec = unsafe { cu::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) }
         .expect("cuGraphInstantiate");
-    unsafe { cu::graph::launch(exec, raw) }.expect("cuGraphLaunch");
+    unsafe { cu::graph::launch(exec, raw.0) }.expect("cuGraphLaunch");
     s.sync();
     // the graph computed A^(-1/2): check against the CPU
     let cpu = Ctx::cpu();
@@ -992,8 +996,5 @@ fn capture_refuses_non_capturable_calls_cleanly() {
     }
     drop((a, out));
     drop(s);
-    unsafe {
-        cu::stream::synchronize(raw).unwrap();
-        cu::stream::destroy(raw).unwrap();
-    }
+    drop(raw);
 }

@@ -18,7 +18,7 @@ use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 use std::time::Instant;
 
-use common::graph::Graph;
+use common::graph::{Graph, RawStream};
 use common::*;
 use cudarc::driver::result as cu;
 use elementwise_table::*;
@@ -610,13 +610,13 @@ fn context_handle_destroyed_before_its_buffers() {
 /// handle re-wrapped. Ops, allocations and copies queued there order with each other.
 #[test]
 fn borrowed_streams() {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let raw = cu::stream::create(cu::stream::StreamKind::NonBlocking).expect("cuStreamCreate");
+    let Some((g, cpu, mut rng)) = gpu_oracle(6000) else {
+        return;
+    };
+    let raw = RawStream::create();
     {
-        let s = Stream::wrap(&g, raw as *mut c_void);
-        assert_eq!(s.handle(), raw as *mut c_void);
-        let mut rng = Rng::new(6000);
+        let s = raw.wrap(&g);
+        assert_eq!(s.handle(), raw.0 as *mut c_void);
         for dtype in [FK_DTYPE_F32, FK_DTYPE_C128, FK_DTYPE_BF16] {
             let n = if sanitizing() { 4099i64 } else { 100_003 };
             let x = random_values(&mut rng, dtype, n as usize, Domain::Signed);
@@ -663,8 +663,7 @@ fn borrowed_streams() {
         }
         // The buffers allocated on `raw` are gone (freed on it) before it is destroyed.
     }
-    unsafe { cu::stream::synchronize(raw) }.unwrap();
-    unsafe { cu::stream::destroy(raw) }.unwrap();
+    drop(raw);
 
     // An owned stream's handle, wrapped a second time.
     let owned = Stream::new(&g);
@@ -692,8 +691,8 @@ fn cuda_graph_capture_of_fusekit_ops() {
     let dtype = FK_DTYPE_F32;
     let n = 4097i64;
     let (alpha, beta) = (re(0.5), re(-0.25));
-    let raw = cu::stream::create(cu::stream::StreamKind::NonBlocking).expect("cuStreamCreate");
-    let s = Stream::wrap(&g, raw as *mut c_void);
+    let raw = RawStream::create();
+    let s = raw.wrap(&g);
     let mk = || Buf::new_on(&g, dtype, &[n], s.raw());
     let (x, y, z, t1, t2, t3, out) = (mk(), mk(), mk(), mk(), mk(), mk(), mk());
     let chain = |x: &Buf,
@@ -725,7 +724,7 @@ fn cuda_graph_capture_of_fusekit_ops() {
     chain(&x, &y, &z, &t1, &t2, &t3, &out, s.raw());
     s.sync();
 
-    let graph = Graph::capture(raw, || chain(&x, &y, &z, &t1, &t2, &t3, &out, s.raw()));
+    let graph = Graph::capture(raw.0, || chain(&x, &y, &z, &t1, &t2, &t3, &out, s.raw()));
 
     let oracle = |xv: &[Cx], yv: &[Cx], zv: &[Cx]| {
         let b = |v: &[Cx]| Buf::from_vals(&cpu, dtype, &[n], v);
@@ -750,7 +749,7 @@ fn cuda_graph_capture_of_fusekit_ops() {
         }
         // Poison the output: only the graph can make it right.
         out.write_bytes(&vec![0xFF; n as usize * 4]);
-        graph.launch(raw);
+        graph.launch(raw.0);
         s.sync();
         let mut host = vec![0u8; n as usize * 4];
         ok(unsafe {
@@ -771,10 +770,7 @@ fn cuda_graph_capture_of_fusekit_ops() {
     drop(graph);
     drop((x, y, z, t1, t2, t3, out));
     drop(s);
-    unsafe {
-        cu::stream::synchronize(raw).unwrap();
-        cu::stream::destroy(raw).unwrap();
-    }
+    drop(raw);
 }
 
 // ------------------------------------------------------------------ DLPack

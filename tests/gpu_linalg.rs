@@ -23,7 +23,7 @@ use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 use std::time::Instant;
 
-use common::graph::Graph;
+use common::graph::{Graph, RawStream};
 use common::*;
 use cudarc::driver::{result as cu, sys};
 use linalg_ref::*;
@@ -173,9 +173,9 @@ fn gemm_tf32_within_1e3_and_on_a_borrowed_stream() {
         c.flags = FK_GEMM_ALLOW_TF32;
         gemm_vs_cpu(&g, &cpu, &c, &mut rng, 1e-3, null());
     }
-    let raw = cu::stream::create(cu::stream::StreamKind::NonBlocking).expect("cuStreamCreate");
+    let raw = RawStream::create();
     {
-        let s = Stream::wrap(&g, raw as *mut c_void);
+        let s = raw.wrap(&g);
         let c = GemmCase::new(FK_DTYPE_F64, FK_OP_T, FK_OP_T, 33, 21, 40);
         gemm_vs_cpu(&g, &cpu, &c, &mut rng, 1e-12, s.raw());
         let owned = Stream::new(&g);
@@ -185,7 +185,7 @@ fn gemm_tf32_within_1e3_and_on_a_borrowed_stream() {
         let again = Stream::new(&g);
         gemm_vs_cpu(&g, &cpu, &c, &mut rng, 1e-12, again.raw());
     }
-    unsafe { cu::stream::destroy(raw) }.expect("cuStreamDestroy");
+    drop(raw);
 }
 
 // ------------------------------------------------------------------ fused linear
@@ -861,13 +861,13 @@ fn chunked_gemm_larger_than_gpu_memory() {
 /// fk_linear_forward are captured into a CUDA graph and replayed.
 #[test]
 fn cuda_graph_capture_of_linalg_ops() {
-    let Some(g) = gpu() else { return };
-    let cpu = Ctx::cpu();
-    let raw = cu::stream::create(cu::stream::StreamKind::NonBlocking).expect("cuStreamCreate");
-    let s = Stream::wrap(&g, raw as *mut c_void);
+    let Some((g, cpu, mut rng)) = gpu_oracle(600) else {
+        return;
+    };
+    let raw = RawStream::create();
+    let s = raw.wrap(&g);
     let dt = FK_DTYPE_BF16;
     let (m, k, n) = (96i64, 64i64, 128i64);
-    let mut rng = Rng::new(600);
     let xv = rand_vals(&mut rng, dt, (m * k) as usize);
     let wv = rand_vals(&mut rng, dt, (n * k) as usize);
     let bv = rand_vals(&mut rng, dt, n as usize);
@@ -910,9 +910,9 @@ fn cuda_graph_capture_of_linalg_ops() {
     b.write(&bv);
     run(&g, s.raw(), &x, &w, &b, &y, &z);
     s.sync();
-    let graph = Graph::capture(raw, || run(&g, s.raw(), &x, &w, &b, &y, &z));
+    let graph = Graph::capture(raw.0, || run(&g, s.raw(), &x, &w, &b, &y, &z));
     z.write_bytes(&vec![0xFF; (n * n * 2) as usize]);
-    graph.launch(raw);
+    graph.launch(raw.0);
     s.sync();
     let (cx_, cw, cb, cy, cz) = mk(&cpu, null());
     cx_.write(&xv);
@@ -923,7 +923,7 @@ fn cuda_graph_capture_of_linalg_ops() {
     drop(graph);
     drop((x, w, b, y, z));
     drop(s);
-    unsafe { cu::stream::destroy(raw) }.expect("cuStreamDestroy");
+    drop(raw);
 }
 
 // ------------------------------------------------------------------ one cuBLAS

@@ -1,7 +1,38 @@
 //! A CUDA graph captured from a raw stream (cudarc's driver API), for the GPU tests
-//! that check fusekit's calls replay correctly inside a graph.
+//! that check fusekit's calls replay correctly inside a graph; the raw stream
+//! itself, made by the caller rather than by fusekit.
+
+use std::ffi::c_void;
 
 use cudarc::driver::{result as cu, sys};
+
+use super::{Ctx, Stream};
+
+/// A non-blocking `CUstream` made by the caller (cudarc), not by fusekit;
+/// synchronised and destroyed on drop, so fusekit's wraps of it (and the buffers
+/// allocated on it) must be gone first.
+pub struct RawStream(pub sys::CUstream);
+
+impl RawStream {
+    pub fn create() -> RawStream {
+        RawStream(cu::stream::create(cu::stream::StreamKind::NonBlocking).expect("cuStreamCreate"))
+    }
+    /// The stream wrapped by `ctx` (`fk_stream_wrap`: borrowed, not owned).
+    pub fn wrap(&self, ctx: &Ctx) -> Stream {
+        Stream::wrap(ctx, self.0 as *mut c_void)
+    }
+}
+
+impl Drop for RawStream {
+    fn drop(&mut self) {
+        let synced = unsafe { cu::stream::synchronize(self.0) };
+        let destroyed = unsafe { cu::stream::destroy(self.0) };
+        if !std::thread::panicking() {
+            synced.expect("cuStreamSynchronize");
+            destroyed.expect("cuStreamDestroy");
+        }
+    }
+}
 
 /// An instantiated graph; destroyed (executable and graph) on drop.
 pub struct Graph {

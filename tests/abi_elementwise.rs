@@ -12,16 +12,29 @@ use std::ptr::{null, null_mut};
 use common::*;
 use elementwise_table::*;
 
+/// Every op on every dtype (`Op::every_with_dtype`), each on random operands in every
+/// layout triple (a, b, out) of `views` in turn, checked against the f64 reference.
+fn check_every_op(ctx: &Ctx, r: &mut Rng, views: &[(View, View, View)], stream: *const fk_stream) {
+    for (op, dtype) in Op::every_with_dtype() {
+        for (va, vb, out) in views {
+            let ab = (va.clone(), vb.clone());
+            check_random_case(ctx, r, (op, dtype), ab, out, stream);
+        }
+    }
+}
+
+/// (a, b, out) all contiguous of `shape`.
+fn contiguous3(shape: &[i64]) -> [(View, View, View); 1] {
+    let v = View::contiguous(shape);
+    [(v.clone(), v.clone(), v)]
+}
+
 #[test]
 fn every_op_every_dtype_matches_the_f64_reference() {
     let ctx = Ctx::cpu();
     let mut r = Rng::new(1);
     for &shape in &[&[][..], &[1][..], &[37][..], &[5, 7][..], &[2, 3, 4][..]] {
-        for (op, dtype) in Op::every_with_dtype() {
-            let v = View::contiguous(shape);
-            let views = (v.clone(), v.clone());
-            check_random_case(&ctx, &mut r, (op, dtype), views, &v, null());
-        }
+        check_every_op(&ctx, &mut r, &contiguous3(shape), null());
     }
 }
 
@@ -30,11 +43,7 @@ fn every_op_runs_on_a_cpu_stream() {
     let ctx = Ctx::cpu();
     let stream = Stream::new(&ctx);
     let mut r = Rng::new(2);
-    for (op, dtype) in Op::every_with_dtype() {
-        let v = View::contiguous(&[4, 6]);
-        let views = (v.clone(), v.clone());
-        check_random_case(&ctx, &mut r, (op, dtype), views, &v, stream.raw());
-    }
+    check_every_op(&ctx, &mut r, &contiguous3(&[4, 6]), stream.raw());
 }
 
 #[test]
@@ -92,13 +101,13 @@ fn strided_inputs_of_every_layout() {
     let mut r = Rng::new(5);
     let shape = [4i64, 7];
     let ls = layouts(&shape, true);
-    for (op, dtype) in Op::every_with_dtype() {
-        for (i, (_, va)) in ls.iter().enumerate() {
+    let views: Vec<_> = (0..ls.len())
+        .map(|i| {
             let vb = ls[(i + 2) % ls.len()].1.clone();
-            let out = View::contiguous(&shape);
-            check_random_case(&ctx, &mut r, (op, dtype), (va.clone(), vb), &out, null());
-        }
-    }
+            (ls[i].1.clone(), vb, View::contiguous(&shape))
+        })
+        .collect();
+    check_every_op(&ctx, &mut r, &views, null());
 }
 
 /// Outputs may have any non-self-overlapping strides; nothing outside the view is
@@ -108,12 +117,11 @@ fn strided_outputs() {
     let ctx = Ctx::cpu();
     let mut r = Rng::new(6);
     let shape = [3i64, 5, 2];
-    for (op, dtype) in Op::every_with_dtype() {
-        for (_, vo) in layouts(&shape, false) {
-            let views = (View::transposed(&shape), View::contiguous(&shape));
-            check_random_case(&ctx, &mut r, (op, dtype), views, &vo, null());
-        }
-    }
+    let views: Vec<_> = layouts(&shape, false)
+        .into_iter()
+        .map(|(_, vo)| (View::transposed(&shape), View::contiguous(&shape), vo))
+        .collect();
+    check_every_op(&ctx, &mut r, &views, null());
 }
 
 #[test]

@@ -18,10 +18,11 @@ def _strip_comments(text: str) -> str:
 
 
 def schemas(cpp: str) -> list:
-    """Op names of the m.def("name(...) -> ...") calls (string pieces joined)."""
+    """Op names of the family's table rows FK_TORCH_OP(name, "(...) -> ..."), each
+    the op's schema and its kernel (FK_TORCH_FAMILY of common.h registers both)."""
     text = _strip_comments(cpp)
     names = []
-    for m in re.finditer(r"m\.def\(\s*\"([A-Za-z_0-9]+)\(", text):
+    for m in re.finditer(r"FK_TORCH_OP\(\s*([A-Za-z_0-9]+)\s*,\s*\"\(", text):
         names.append(m.group(1))
     return names
 
@@ -31,8 +32,8 @@ def registered(py: str) -> set:
 
 
 def test_schema_scan_reads_a_fragment():
-    cpp = 'STABLE_TORCH_LIBRARY_FRAGMENT(fusekit, m) {\n  m.def("a(Tensor x) -> Tensor");\n' \
-          '  // m.def("gone(Tensor x) -> ()");\n  m.def("b_out(Tensor x, "\n        "Tensor(a!) o) -> ()");\n}\n'
+    cpp = 'constexpr Op kOps[] = {\n  FK_TORCH_OP(a, "(Tensor x) -> Tensor"),\n' \
+          '  // FK_TORCH_OP(gone, "(Tensor x) -> ()"),\n  FK_TORCH_OP(b_out, "(Tensor x, "\n        "Tensor(a!) o) -> ()"),\n};\n'
     assert schemas(cpp) == ["a", "b_out"]
     assert registered('x = register("a", fake=f)\nregister(\n    "b_out", fake=no_output)') == {"a", "b_out"}
 
@@ -48,13 +49,14 @@ def test_family_files_and_registrations(family):
     cpp = (CSRC / f"{family}.cpp").read_text()
     py = (SRC / "torch" / f"{family}.py").read_text()
     body = _strip_comments(cpp)
-    assert "STABLE_TORCH_LIBRARY_FRAGMENT(fusekit, m)" in body
-    assert "FK_TORCH_KERNELS(" in body
+    # one table per family: its rows are both the schemas (the fragment) and the kernels
+    assert len(re.findall(r"^constexpr Op kOps\[\] = \{", body, flags=re.M)) == 1
+    assert len(re.findall(r"^FK_TORCH_FAMILY\(fusekit_torch::kOps\)$", body, flags=re.M)) == 1
+    assert "STABLE_TORCH_LIBRARY" not in body and "m.def(" not in body and "m.impl(" not in body, \
+        f"csrc/{family}.cpp registers outside its table"
     ops = schemas(cpp)
     assert ops, f"{family}.cpp defines no op"
     assert set(ops) == registered(py), f"fusekit/torch/{family}.py registers other ops than csrc/{family}.cpp defines"
-    impls = set(re.findall(r"m\.impl\(\"([A-Za-z_0-9]+)\"", body))
-    assert impls == set(ops), f"csrc/{family}.cpp: kernels {sorted(impls ^ set(ops))} without a schema, or the reverse"
 
 
 def test_no_op_is_defined_twice():

@@ -10,10 +10,11 @@
 //   resolved from the libfusekit Python loaded) and the one
 //   STABLE_TORCH_LIBRARY(fusekit) that defines the namespace.
 // - <family>.cpp (elementwise, linalg, gaussian, geodesic, optim: the families of
-//   the C ABI): the family's kernels, its schemas in a
-//   STABLE_TORCH_LIBRARY_FRAGMENT(fusekit) and its kernels for CPU and CUDA
-//   tensors (FK_TORCH_KERNELS below). Its Python side (fakes, autograd, the plain
-//   functions' route) is fusekit/torch/<family>.py.
+//   the C ABI): the family's kernels and its table of ops (FK_TORCH_OP rows: name,
+//   schema, kernel), which FK_TORCH_FAMILY below turns into a
+//   STABLE_TORCH_LIBRARY_FRAGMENT(fusekit) of its schemas and its kernels for CPU
+//   and CUDA tensors. Its Python side (fakes, autograd, the plain functions' route)
+//   is fusekit/torch/<family>.py.
 //
 // - libfusekit is not linked: Python loads it (ctypes) and hands its path to
 //   `fusekit_torch_init`, which dlopens the same file (the loader returns the
@@ -40,6 +41,7 @@
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -56,17 +58,44 @@
 // copy: TORCH_*_OPS in fusekit/_abi.py).
 #include "fk_abi.h"
 
-// A family's kernels for CPU and CUDA tensors: `fn(m)` calls `m.impl` for each of
-// its ops (the same kernels serve both: the tensors' device picks the backend).
-#define FK_TORCH_KERNELS(fn)                                 \
-    STABLE_TORCH_LIBRARY_IMPL(fusekit, CPU, m) { fn(m); }   \
-    STABLE_TORCH_LIBRARY_IMPL(fusekit, CUDA, m) { fn(m); }
+// A family's ops: `ops` is its table of FK_TORCH_OP rows (a constexpr array of
+// fusekit_torch::Op). Each row's schema goes into the family's
+// STABLE_TORCH_LIBRARY_FRAGMENT, its kernel serves CPU and CUDA tensors alike (the
+// tensors' device picks the backend).
+#define FK_TORCH_FAMILY(ops)                                                              \
+    STABLE_TORCH_LIBRARY_FRAGMENT(fusekit, m) { fusekit_torch::define_ops(m, ops); }      \
+    STABLE_TORCH_LIBRARY_IMPL(fusekit, CPU, m) { fusekit_torch::impl_ops(m, ops); }       \
+    STABLE_TORCH_LIBRARY_IMPL(fusekit, CUDA, m) { fusekit_torch::impl_ops(m, ops); }
+
+// One row of a family's table: the kernel `fn` (a function of the family's file)
+// under the op name `fn`, with `schema` the rest of its schema after the name,
+// e.g. FK_TORCH_OP(kron_out, "(Tensor a, Tensor b, Tensor(a!) out) -> ()").
+#define FK_TORCH_OP(fn, schema) fusekit_torch::Op{#fn, #fn schema, TORCH_BOX(&fn)}
 
 namespace fusekit_torch {
 
 using torch::stable::Tensor;
 using OptTensor = std::optional<Tensor>;
 using Library = torch::stable::detail::StableLibrary;
+
+// ---------------------------------------------------------------- op registration
+
+// A torch op of a family (FK_TORCH_OP): its name, its whole schema, its boxed kernel.
+struct Op {
+    const char* name;
+    const char* schema;
+    void (*kernel)(StableIValue*, uint64_t, uint64_t);
+};
+
+template <size_t N>
+void define_ops(Library& m, const Op (&ops)[N]) {
+    for (const Op& op : ops) m.def(op.schema);
+}
+
+template <size_t N>
+void impl_ops(Library& m, const Op (&ops)[N]) {
+    for (const Op& op : ops) m.impl(op.name, op.kernel);
+}
 
 // ---------------------------------------------------------------- the resolved C ABI
 

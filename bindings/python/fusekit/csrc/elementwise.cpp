@@ -122,38 +122,26 @@ Tensor axpby(Tensor a, Tensor b, double alpha, double beta) { return axpby_c(a, 
 Tensor scalar_mul(Tensor a, double s) { return scalar(a, s, 0.0, kScalarMul); }
 Tensor relu(Tensor a) { return unary(a, kRelu); }
 
-void kernels(Library& m) {
-    m.impl("binary", TORCH_BOX(&binary));
-    m.impl("binary_out", TORCH_BOX(&binary_out));
-    m.impl("unary", TORCH_BOX(&unary));
-    m.impl("unary_out", TORCH_BOX(&unary_out));
-    m.impl("scalar", TORCH_BOX(&scalar));
-    m.impl("scalar_out", TORCH_BOX(&scalar_out));
-    m.impl("axpby_c", TORCH_BOX(&axpby_c));
-    m.impl("axpby_c_out", TORCH_BOX(&axpby_c_out));
-    m.impl("axpby", TORCH_BOX(&axpby));
-    m.impl("scalar_mul", TORCH_BOX(&scalar_mul));
-    m.impl("relu", TORCH_BOX(&relu));
-}
+// The family's ops: name, the rest of its schema, kernel (FK_TORCH_FAMILY in common.h).
+constexpr Op kOps[] = {
+    // plain elementwise ops on tensors (fusekit.add(...) etc.; not differentiable)
+    FK_TORCH_OP(binary, "(Tensor a, Tensor b, int op) -> Tensor"),
+    FK_TORCH_OP(binary_out, "(Tensor a, Tensor b, int op, Tensor(a!) out) -> ()"),
+    FK_TORCH_OP(unary, "(Tensor a, int op) -> Tensor"),
+    FK_TORCH_OP(unary_out, "(Tensor a, int op, Tensor(a!) out) -> ()"),
+    FK_TORCH_OP(scalar, "(Tensor a, float re, float im, int op) -> Tensor"),
+    FK_TORCH_OP(scalar_out, "(Tensor a, float re, float im, int op, Tensor(a!) out) -> ()"),
+    FK_TORCH_OP(axpby_c, "(Tensor a, Tensor b, float alpha_re, float alpha_im, float beta_re, float beta_im)"
+                         " -> Tensor"),
+    FK_TORCH_OP(axpby_c_out, "(Tensor a, Tensor b, float alpha_re, float alpha_im, float beta_re, float beta_im, "
+                             "Tensor(a!) out) -> ()"),
+    // differentiable ops (autograd registered in Python)
+    FK_TORCH_OP(axpby, "(Tensor a, Tensor b, float alpha, float beta) -> Tensor"),
+    FK_TORCH_OP(scalar_mul, "(Tensor a, float s) -> Tensor"),
+    FK_TORCH_OP(relu, "(Tensor a) -> Tensor"),
+};
 
 }  // namespace
 }  // namespace fusekit_torch
 
-STABLE_TORCH_LIBRARY_FRAGMENT(fusekit, m) {
-    // plain elementwise ops on tensors (fusekit.add(...) etc.; not differentiable)
-    m.def("binary(Tensor a, Tensor b, int op) -> Tensor");
-    m.def("binary_out(Tensor a, Tensor b, int op, Tensor(a!) out) -> ()");
-    m.def("unary(Tensor a, int op) -> Tensor");
-    m.def("unary_out(Tensor a, int op, Tensor(a!) out) -> ()");
-    m.def("scalar(Tensor a, float re, float im, int op) -> Tensor");
-    m.def("scalar_out(Tensor a, float re, float im, int op, Tensor(a!) out) -> ()");
-    m.def("axpby_c(Tensor a, Tensor b, float alpha_re, float alpha_im, float beta_re, float beta_im) -> Tensor");
-    m.def("axpby_c_out(Tensor a, Tensor b, float alpha_re, float alpha_im, float beta_re, float beta_im, "
-          "Tensor(a!) out) -> ()");
-    // differentiable ops (autograd registered in Python)
-    m.def("axpby(Tensor a, Tensor b, float alpha, float beta) -> Tensor");
-    m.def("scalar_mul(Tensor a, float s) -> Tensor");
-    m.def("relu(Tensor a) -> Tensor");
-}
-
-FK_TORCH_KERNELS(fusekit_torch::kernels)
+FK_TORCH_FAMILY(fusekit_torch::kOps)

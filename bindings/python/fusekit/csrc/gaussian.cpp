@@ -109,37 +109,28 @@ std::tuple<Tensor, Tensor, Tensor> mahalanobis_backward(Tensor points, Tensor me
     return {dp, dm, dc};
 }
 
-void kernels(Library& m) {
-    m.impl("mahalanobis_forward_out", TORCH_BOX(&mahalanobis_forward_out));
-    m.impl("gaussian_field_forward_out", TORCH_BOX(&gaussian_field_forward_out));
-    m.impl("mahalanobis_backward_out", TORCH_BOX(&mahalanobis_backward_out));
-    m.impl("gaussian_field_backward_out", TORCH_BOX(&gaussian_field_backward_out));
-    m.impl("gaussian_field", TORCH_BOX(&gaussian_field));
-    m.impl("gaussian_field_backward", TORCH_BOX(&gaussian_field_backward));
-    m.impl("mahalanobis", TORCH_BOX(&mahalanobis));
-    m.impl("mahalanobis_backward", TORCH_BOX(&mahalanobis_backward));
-}
+// The family's ops: name, the rest of its schema, kernel (FK_TORCH_FAMILY in common.h).
+constexpr Op kOps[] = {
+    // the plain functions' entry points, 1:1 (every output given; None = not wanted)
+    FK_TORCH_OP(mahalanobis_forward_out, "(Tensor points, Tensor means, Tensor chol, float eps, Tensor(a!) out) -> ()"),
+    FK_TORCH_OP(gaussian_field_forward_out, "(Tensor points, Tensor means, Tensor chol, Tensor weights, float eps, "
+                                            "Tensor(a!) out) -> ()"),
+    FK_TORCH_OP(mahalanobis_backward_out, "(Tensor points, Tensor means, Tensor chol, float eps, Tensor g, "
+                                          "Tensor(a!)? dpoints, Tensor(b!)? dmeans, Tensor(c!)? dchol, "
+                                          "Tensor(d!)? workspace) -> ()"),
+    FK_TORCH_OP(gaussian_field_backward_out, "(Tensor points, Tensor means, Tensor chol, Tensor weights, float eps, "
+                                             "Tensor dout, Tensor(a!)? dpoints, Tensor(b!)? dmeans, "
+                                             "Tensor(c!)? dchol, Tensor(d!)? dweights, Tensor(e!)? workspace) -> ()"),
+    // differentiable ops (autograd registered in Python) and their backwards
+    FK_TORCH_OP(gaussian_field, "(Tensor points, Tensor means, Tensor chol, Tensor weights, float eps) -> Tensor"),
+    FK_TORCH_OP(gaussian_field_backward, "(Tensor points, Tensor means, Tensor chol, Tensor weights, Tensor dout, "
+                                         "float eps, int want=15) -> (Tensor, Tensor, Tensor, Tensor)"),
+    FK_TORCH_OP(mahalanobis, "(Tensor points, Tensor means, Tensor chol, float eps) -> Tensor"),
+    FK_TORCH_OP(mahalanobis_backward, "(Tensor points, Tensor means, Tensor chol, Tensor g, float eps, int want=7)"
+                                      " -> (Tensor, Tensor, Tensor)"),
+};
 
 }  // namespace
 }  // namespace fusekit_torch
 
-STABLE_TORCH_LIBRARY_FRAGMENT(fusekit, m) {
-    // the plain functions' entry points, 1:1 (every output given; None = not wanted)
-    m.def("mahalanobis_forward_out(Tensor points, Tensor means, Tensor chol, float eps, Tensor(a!) out) -> ()");
-    m.def("gaussian_field_forward_out(Tensor points, Tensor means, Tensor chol, Tensor weights, float eps, "
-          "Tensor(a!) out) -> ()");
-    m.def("mahalanobis_backward_out(Tensor points, Tensor means, Tensor chol, float eps, Tensor g, "
-          "Tensor(a!)? dpoints, Tensor(b!)? dmeans, Tensor(c!)? dchol, Tensor(d!)? workspace) -> ()");
-    m.def("gaussian_field_backward_out(Tensor points, Tensor means, Tensor chol, Tensor weights, float eps, "
-          "Tensor dout, Tensor(a!)? dpoints, Tensor(b!)? dmeans, Tensor(c!)? dchol, Tensor(d!)? dweights, "
-          "Tensor(e!)? workspace) -> ()");
-    // differentiable ops (autograd registered in Python) and their backwards
-    m.def("gaussian_field(Tensor points, Tensor means, Tensor chol, Tensor weights, float eps) -> Tensor");
-    m.def("gaussian_field_backward(Tensor points, Tensor means, Tensor chol, Tensor weights, Tensor dout, "
-          "float eps, int want=15) -> (Tensor, Tensor, Tensor, Tensor)");
-    m.def("mahalanobis(Tensor points, Tensor means, Tensor chol, float eps) -> Tensor");
-    m.def("mahalanobis_backward(Tensor points, Tensor means, Tensor chol, Tensor g, float eps, int want=7) "
-          "-> (Tensor, Tensor, Tensor)");
-}
-
-FK_TORCH_KERNELS(fusekit_torch::kernels)
+FK_TORCH_FAMILY(fusekit_torch::kOps)

@@ -92,38 +92,30 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> leapfrog_backward(Tensor v0, 
     return {dx0, dv0, df, dU, dW};
 }
 
-void kernels(Library& m) {
-    m.impl("christoffel_forward_out", TORCH_BOX(&christoffel_forward_out));
-    m.impl("christoffel_backward_out", TORCH_BOX(&christoffel_backward_out));
-    m.impl("leapfrog_forward_out", TORCH_BOX(&leapfrog_forward_out));
-    m.impl("leapfrog_backward_out", TORCH_BOX(&leapfrog_backward_out));
-    m.impl("christoffel", TORCH_BOX(&christoffel));
-    m.impl("christoffel_backward", TORCH_BOX(&christoffel_backward));
-    m.impl("leapfrog", TORCH_BOX(&leapfrog));
-    m.impl("leapfrog_backward", TORCH_BOX(&leapfrog_backward));
-}
+// The family's ops: name, the rest of its schema, kernel (FK_TORCH_FAMILY in common.h).
+constexpr Op kOps[] = {
+    // the plain functions' entry points, 1:1 (every output given; None = not wanted)
+    FK_TORCH_OP(christoffel_forward_out, "(Tensor v, Tensor U, Tensor W, float c, int flags, Tensor(a!) gamma) -> ()"),
+    FK_TORCH_OP(christoffel_backward_out, "(Tensor v, Tensor U, Tensor W, Tensor g, float c, int flags, "
+                                          "Tensor(a!)? dv, Tensor(b!)? dU, Tensor(c!)? dW) -> ()"),
+    FK_TORCH_OP(leapfrog_forward_out, "(Tensor x0, Tensor v0, Tensor? f, Tensor U, Tensor W, Tensor? mu, float dt, "
+                                      "int steps, float c, int flags, Tensor(a!) x_out, Tensor(b!) v_out, "
+                                      "Tensor(c!)? traj) -> ()"),
+    FK_TORCH_OP(leapfrog_backward_out, "(Tensor v0, Tensor? f, Tensor U, Tensor W, Tensor? mu, float dt, int steps, "
+                                       "float c, int flags, Tensor? traj, Tensor? gx, Tensor? gv, Tensor(a!)? dx0, "
+                                       "Tensor(b!)? dv0, Tensor(c!)? df, Tensor(d!)? dU, Tensor(e!)? dW) -> ()"),
+    // differentiable ops (autograd registered in Python) and their backwards
+    FK_TORCH_OP(christoffel, "(Tensor v, Tensor U, Tensor W, float c) -> Tensor"),
+    FK_TORCH_OP(christoffel_backward, "(Tensor v, Tensor U, Tensor W, Tensor g, float c, int want=7) "
+                                      "-> (Tensor, Tensor, Tensor)"),
+    FK_TORCH_OP(leapfrog, "(Tensor x0, Tensor v0, Tensor U, Tensor W, Tensor? f, Tensor? mu, float dt, int steps, "
+                          "float c, bool keep_traj=True) -> (Tensor, Tensor, Tensor)"),
+    FK_TORCH_OP(leapfrog_backward, "(Tensor v0, Tensor U, Tensor W, Tensor? f, Tensor? mu, Tensor? traj, Tensor? gx, "
+                                   "Tensor? gv, float dt, int steps, float c, int want=31) "
+                                   "-> (Tensor, Tensor, Tensor, Tensor, Tensor)"),
+};
 
 }  // namespace
 }  // namespace fusekit_torch
 
-STABLE_TORCH_LIBRARY_FRAGMENT(fusekit, m) {
-    // the plain functions' entry points, 1:1 (every output given; None = not wanted)
-    m.def("christoffel_forward_out(Tensor v, Tensor U, Tensor W, float c, int flags, Tensor(a!) gamma) -> ()");
-    m.def("christoffel_backward_out(Tensor v, Tensor U, Tensor W, Tensor g, float c, int flags, Tensor(a!)? dv, "
-          "Tensor(b!)? dU, Tensor(c!)? dW) -> ()");
-    m.def("leapfrog_forward_out(Tensor x0, Tensor v0, Tensor? f, Tensor U, Tensor W, Tensor? mu, float dt, "
-          "int steps, float c, int flags, Tensor(a!) x_out, Tensor(b!) v_out, Tensor(c!)? traj) -> ()");
-    m.def("leapfrog_backward_out(Tensor v0, Tensor? f, Tensor U, Tensor W, Tensor? mu, float dt, int steps, "
-          "float c, int flags, Tensor? traj, Tensor? gx, Tensor? gv, Tensor(a!)? dx0, Tensor(b!)? dv0, "
-          "Tensor(c!)? df, Tensor(d!)? dU, Tensor(e!)? dW) -> ()");
-    // differentiable ops (autograd registered in Python) and their backwards
-    m.def("christoffel(Tensor v, Tensor U, Tensor W, float c) -> Tensor");
-    m.def("christoffel_backward(Tensor v, Tensor U, Tensor W, Tensor g, float c, int want=7) "
-          "-> (Tensor, Tensor, Tensor)");
-    m.def("leapfrog(Tensor x0, Tensor v0, Tensor U, Tensor W, Tensor? f, Tensor? mu, float dt, int steps, "
-          "float c, bool keep_traj=True) -> (Tensor, Tensor, Tensor)");
-    m.def("leapfrog_backward(Tensor v0, Tensor U, Tensor W, Tensor? f, Tensor? mu, Tensor? traj, Tensor? gx, "
-          "Tensor? gv, float dt, int steps, float c, int want=31) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
-}
-
-FK_TORCH_KERNELS(fusekit_torch::kernels)
+FK_TORCH_FAMILY(fusekit_torch::kOps)

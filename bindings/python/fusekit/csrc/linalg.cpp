@@ -73,30 +73,22 @@ std::tuple<Tensor, Tensor, Tensor> linear_backward(Tensor dy, Tensor x, Tensor w
     return {dx, dw, db};
 }
 
-void kernels(Library& m) {
-    m.impl("gemm_", TORCH_BOX(&gemm_));
-    m.impl("kron_out", TORCH_BOX(&kron_out));
-    m.impl("linear_forward_out", TORCH_BOX(&linear_forward_out));
-    m.impl("linear_backward_out", TORCH_BOX(&linear_backward_out));
-    m.impl("linear", TORCH_BOX(&linear));
-    m.impl("linear_backward", TORCH_BOX(&linear_backward));
-}
+// The family's ops: name, the rest of its schema, kernel (FK_TORCH_FAMILY in common.h).
+constexpr Op kOps[] = {
+    // the plain functions' entry points, 1:1 (every output given; None = not wanted)
+    FK_TORCH_OP(gemm_, "(int op_a, int op_b, float alpha_re, float alpha_im, Tensor a, Tensor b, float beta_re, "
+                       "float beta_im, Tensor(a!) c, int flags) -> ()"),
+    FK_TORCH_OP(kron_out, "(Tensor a, Tensor b, Tensor(a!) out) -> ()"),
+    FK_TORCH_OP(linear_forward_out, "(Tensor x, Tensor w, Tensor? b, int act, Tensor(a!) y, Tensor(b!)? aux) -> ()"),
+    FK_TORCH_OP(linear_backward_out, "(Tensor dy, Tensor x, Tensor w, int act, Tensor? saved, Tensor(a!)? dx, "
+                                     "Tensor(b!)? dw, Tensor(c!)? db) -> ()"),
+    // differentiable (autograd registered in Python) and its backward
+    FK_TORCH_OP(linear, "(Tensor x, Tensor w, Tensor? b, int act) -> (Tensor, Tensor)"),
+    FK_TORCH_OP(linear_backward, "(Tensor dy, Tensor x, Tensor w, Tensor saved, int act, int want=7) "
+                                 "-> (Tensor, Tensor, Tensor)"),
+};
 
 }  // namespace
 }  // namespace fusekit_torch
 
-STABLE_TORCH_LIBRARY_FRAGMENT(fusekit, m) {
-    // the plain functions' entry points, 1:1 (every output given; None = not wanted)
-    m.def("gemm_(int op_a, int op_b, float alpha_re, float alpha_im, Tensor a, Tensor b, float beta_re, "
-          "float beta_im, Tensor(a!) c, int flags) -> ()");
-    m.def("kron_out(Tensor a, Tensor b, Tensor(a!) out) -> ()");
-    m.def("linear_forward_out(Tensor x, Tensor w, Tensor? b, int act, Tensor(a!) y, Tensor(b!)? aux) -> ()");
-    m.def("linear_backward_out(Tensor dy, Tensor x, Tensor w, int act, Tensor? saved, Tensor(a!)? dx, "
-          "Tensor(b!)? dw, Tensor(c!)? db) -> ()");
-    // differentiable (autograd registered in Python) and its backward
-    m.def("linear(Tensor x, Tensor w, Tensor? b, int act) -> (Tensor, Tensor)");
-    m.def("linear_backward(Tensor dy, Tensor x, Tensor w, Tensor saved, int act, int want=7) "
-          "-> (Tensor, Tensor, Tensor)");
-}
-
-FK_TORCH_KERNELS(fusekit_torch::kernels)
+FK_TORCH_FAMILY(fusekit_torch::kOps)

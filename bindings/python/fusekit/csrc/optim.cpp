@@ -63,27 +63,21 @@ void dp_clipped_grad_sum_out(Tensor a, Tensor g, double max_norm, int64_t flags,
           k.where);
 }
 
-void kernels(Library& m) {
-    m.impl("matrix_power_out", TORCH_BOX(&matrix_power_out));
-    m.impl("shampoo_stats_", TORCH_BOX(&shampoo_stats_));
-    m.impl("shampoo_precondition_out", TORCH_BOX(&shampoo_precondition_out));
-    m.impl("per_sample_grads_out", TORCH_BOX(&per_sample_grads_out));
-    m.impl("per_sample_grad_norms_out", TORCH_BOX(&per_sample_grad_norms_out));
-    m.impl("dp_clipped_grad_sum_out", TORCH_BOX(&dp_clipped_grad_sum_out));
-}
+// The family's ops: name, the rest of its schema, kernel (FK_TORCH_FAMILY in common.h).
+constexpr Op kOps[] = {
+    FK_TORCH_OP(matrix_power_out, "(Tensor a, float power, float eps, int method, int max_iter, float tol, "
+                                  "int flags, Tensor(a!) out, Tensor(b!) report) -> ()"),
+    FK_TORCH_OP(shampoo_stats_, "(Tensor grad, Tensor(a!)? l, Tensor(b!)? r, float alpha, float beta, int flags)"
+                                " -> ()"),
+    FK_TORCH_OP(shampoo_precondition_out, "(Tensor grad, Tensor? l_root, Tensor? r_root, int flags, Tensor(a!) out)"
+                                          " -> ()"),
+    FK_TORCH_OP(per_sample_grads_out, "(Tensor a, Tensor g, int flags, Tensor(a!) out) -> ()"),
+    FK_TORCH_OP(per_sample_grad_norms_out, "(Tensor a, Tensor g, Tensor(a!) out) -> ()"),
+    FK_TORCH_OP(dp_clipped_grad_sum_out, "(Tensor a, Tensor g, float max_norm, int flags, Tensor(a!) out, "
+                                         "Tensor(b!)? sq_norms) -> ()"),
+};
 
 }  // namespace
 }  // namespace fusekit_torch
 
-STABLE_TORCH_LIBRARY_FRAGMENT(fusekit, m) {
-    m.def("matrix_power_out(Tensor a, float power, float eps, int method, int max_iter, float tol, int flags, "
-          "Tensor(a!) out, Tensor(b!) report) -> ()");
-    m.def("shampoo_stats_(Tensor grad, Tensor(a!)? l, Tensor(b!)? r, float alpha, float beta, int flags) -> ()");
-    m.def("shampoo_precondition_out(Tensor grad, Tensor? l_root, Tensor? r_root, int flags, Tensor(a!) out) -> ()");
-    m.def("per_sample_grads_out(Tensor a, Tensor g, int flags, Tensor(a!) out) -> ()");
-    m.def("per_sample_grad_norms_out(Tensor a, Tensor g, Tensor(a!) out) -> ()");
-    m.def("dp_clipped_grad_sum_out(Tensor a, Tensor g, float max_norm, int flags, Tensor(a!) out, "
-          "Tensor(b!)? sq_norms) -> ()");
-}
-
-FK_TORCH_KERNELS(fusekit_torch::kernels)
+FK_TORCH_FAMILY(fusekit_torch::kOps)

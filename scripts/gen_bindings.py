@@ -452,9 +452,17 @@ _CTYPES = {
 }
 
 
-def _py_type(h: Header, t: CType, used: set[str]) -> str:
+def _py_handle_p(name: str) -> str:
+    """The private name _abi.py gives POINTER(<opaque handle>): fk_buffer -> _buffer_p."""
+    return "_" + name.removeprefix("fk_") + "_p"
+
+
+def _py_type(h: Header, t: CType, used: set[str], handle_p: bool = False) -> str:
     """The ctypes spelling of a C type. Typedef names of scalars keep their name
-    (`fk_status`, an alias of c_int32); `char *` is c_char_p, `void *` c_void_p."""
+    (`fk_status`, an alias of c_int32); `char *` is c_char_p, `void *` c_void_p;
+    with handle_p, a pointer to an opaque handle is its _py_handle_p name."""
+    if handle_p and t.ptr == 1 and t.base in h.opaque:
+        return _py_handle_p(t.base)
     if t.ptr == 0:
         if t.base in h.struct_defs or t.base in h.opaque or t.base in h.aliases:
             return t.base
@@ -473,7 +481,7 @@ def _py_type(h: Header, t: CType, used: set[str]) -> str:
         used.add("c_void_p")
         return "c_void_p"
     used.add("POINTER")
-    return f"POINTER({_py_type(h, t.pointee(), used)})"
+    return f"POINTER({_py_type(h, t.pointee(), used, handle_p)})"
 
 
 def _first_sentence(doc: str) -> str:
@@ -483,6 +491,18 @@ def _first_sentence(doc: str) -> str:
 
 def _py_str(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _wrap_row(head: str, items: list[str], tail: str, width: int = 120) -> list[str]:
+    """`head` + the items joined by ", " + `tail`, on one line when it fits in
+    `width`, else wrapped with the items continuing under the first."""
+    one = head + ", ".join(items) + tail
+    if len(one) <= width or not items:
+        return [one]
+    lines = _wrap_list(items[:-1] + [items[-1] + tail], " " * len(head), width)
+    lines[0] = head + lines[0].lstrip()
+    lines[-1] = lines[-1][:-1]  # the comma _wrap_list put after the tail
+    return lines
 
 
 def _wrap_list(items: list[str], indent: str, width: int = 110) -> list[str]:
@@ -524,24 +544,35 @@ def render_python(h: Header, torch: bool = True) -> str:
         body.append(f"{alias} = {_py_type(h, CType(target), used)}")
         names.append(alias)
     used.add("Structure")
-    if h.struct_defs:
-        body += ["", "", "def _struct_repr(self) -> str:",
-                 '    fields = ", ".join(f"{name}={getattr(self, name)!r}" for name, *_ in self._fields_)',
-                 '    return f"{type(self).__name__}({fields})"']
+    body += [
+        "", "",
+        "def _struct_repr(self) -> str:",
+        '    fields = ", ".join(f"{name}={getattr(self, name)!r}" for name, *_ in self._fields_)',
+        '    return f"{type(self).__name__}({fields})"',
+        "", "",
+        "def _struct(name: str, fields: list | None = None, doc: str | None = None) -> type:",
+        '    """The ctypes Structure class of C struct `name`: opaque (only pointers to it',
+        '    exist) without `fields`, else with these fields and a repr that lists them."""',
+        "    if fields is None:",
+        '        return type(name, (Structure,), {"__doc__": f"Opaque ``{name}`` (only pointers to it exist).",',
+        '                                         "__module__": __name__})',
+        '    ns = {"__doc__": doc, "__module__": __name__, "_fields_": fields, "__repr__": _struct_repr}',
+        "    return type(name, (Structure,), ns)",
+        "",
+        "",
+    ]
     for name in h.opaque:
-        body += ["", "", f"class {name}(Structure):", f'    """Opaque ``{name}`` (only pointers to it exist)."""']
+        body.append(f"{name} = _struct({_py_str(name)})")
         names.append(name)
     for s in h.struct_defs.values():
-        body += ["", "", f"class {s.name}(Structure):"]
-        if s.doc:
-            body.append(f'    """``{s.name}``: {_first_sentence(s.doc).replace(chr(92), chr(92) * 2)}"""')
-        body += ["", "    _fields_ = ["]
+        body += ["", f"{s.name} = _struct({_py_str(s.name)}, ["]
         for fl in s.fields:
             t = _py_type(h, fl.type, used)
             if fl.array is not None:
                 t = f"{t} * {fl.array}"
-            body.append(f"        ({_py_str(fl.name)}, {t}),")
-        body += ["    ]", "    __repr__ = _struct_repr"]
+            body.append(f"    ({_py_str(fl.name)}, {t}),")
+        doc = _py_str(f"``{s.name}``: {_first_sentence(s.doc)}") if s.doc else "None"
+        body.append(f"], {doc})" if len(doc) <= 115 else f"],\n    {doc})")
         names.append(s.name)
     if late_aliases:
         body.append("")
@@ -549,21 +580,16 @@ def render_python(h: Header, torch: bool = True) -> str:
         body.append(f"{alias} = {h.aliases[alias]}")
         names.append(alias)
 
-    body += ["", "", "#: name -> (restype, argtypes) of every fk_ function of the header, in header order.",
+    if h.opaque:
+        used.add("POINTER")
+        body += ["", "# the handle pointers PROTOTYPES names (POINTER(fk_buffer) is _buffer_p)"]
+        body += [f"{_py_handle_p(name)} = POINTER({name})" for name in h.opaque]
+    body += ["", "#: name -> (restype, argtypes) of every fk_ function of the header, in header order.",
              "PROTOTYPES: dict = {"]
     for f in h.functions.values():
-        ret = _py_type(h, f.ret, used)
-        args = [_py_type(h, p, used) for p in f.params]
-        one = f"    {_py_str(f.name)}: ({ret}, [{', '.join(args)}]),"
-        if len(one) <= 110:
-            body.append(one)
-        else:
-            body.append(f"    {_py_str(f.name)}: (")
-            body.append(f"        {ret},")
-            body.append("        [")
-            body += _wrap_list(args, " " * 12)
-            body.append("        ],")
-            body.append("    ),")
+        ret = _py_type(h, f.ret, used, handle_p=True)
+        args = [_py_type(h, p, used, handle_p=True) for p in f.params]
+        body += _wrap_row(f"    {_py_str(f.name)}: ({ret}, [", args, "]),")
     body.append("}")
     names.append("PROTOTYPES")
 
@@ -723,29 +749,28 @@ def render_julia(h: Header) -> str:
                 t = f"NTuple{{{fl.array}, {t}}}"
             out.append(f"    {fl.name}::{t}")
         out.append("end")
-    out += ["", "# ------------------------------------------------------------------ raw layer", ""]
+    out += [
+        "",
+        "# ------------------------------------------------------------------ raw layer",
+        "",
+        "# One row per entry point: `@fk_raw fk_add(a::Ptr{fk_buffer}, ..., stream::Ptr{fk_stream})::Int32`",
+        "# defines `fk_add(a, ..., stream) = ccall((:fk_add, libfusekit), Int32, (Ptr{fk_buffer}, ...,",
+        "# Ptr{fk_stream}), a, ..., stream)`: untyped arguments, which ccall converts, and the C result.",
+        "macro fk_raw(sig)",
+        "    call, ret = sig.args",
+        "    name, params = call.args[1], call.args[2:end]",
+        "    args = [p.args[1] for p in params]",
+        "    types = [p.args[2] for p in params]",
+        "    body = Expr(:call, :ccall, Expr(:tuple, QuoteNode(name), :libfusekit), ret, Expr(:tuple, types...), args...)",
+        "    esc(Expr(:(=), Expr(:call, name, args...), body))",
+        "end",
+        "",
+    ]
     for f in h.functions.values():
         names = [n + "_" if n in _JULIA_KEYWORDS else n for n in f.param_names]
         ret = _jl_type(h, f.ret, "ret")
-        types = [_jl_type(h, p, "arg") for p in f.params]
-        tup = "()" if not types else "(" + ", ".join(types) + ("," if len(types) == 1 else "") + ")"
-        sig = f"{f.name}({', '.join(names)})"
-        call = f"ccall((:{f.name}, libfusekit), {ret}, {tup}" + "".join(f", {n}" for n in names) + ")"
-        one = f"{sig} = {call}"
-        if len(one) <= 120:
-            out.append(one)
-            continue
-        out.append(f"{sig} =")
-        head = f"    ccall((:{f.name}, libfusekit), {ret},"
-        out.append(head)
-        pad = " " * 10
-        tlines = _wrap_list(types, pad + " ")
-        tlines[0] = pad + "(" + tlines[0][len(pad) + 1 :]
-        tlines[-1] = tlines[-1][:-1] + ")," if len(types) > 1 else tlines[-1] + "),"
-        out += tlines
-        vlines = _wrap_list(names, pad)
-        vlines[-1] = vlines[-1][:-1] + ")"
-        out += vlines
+        params = [f"{n}::{_jl_type(h, p, 'arg')}" for n, p in zip(names, f.params)]
+        out += _wrap_row(f"@fk_raw {f.name}(", params, f")::{ret}")
     return "\n".join(out) + "\n"
 
 

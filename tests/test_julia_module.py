@@ -8,7 +8,11 @@ this reads the C header with the generator's parser (`gen_bindings.parse_header`
 functions with their C return and parameter types, typedefs, by-value structs,
 #define constants), reads every
 `ccall((:fk_xxx, libfusekit), RetType, (ArgTypes...,), args...)` of the module
-(Fusekit.jl with abi_gen.jl put in place of its `include`), and fails when
+(Fusekit.jl with abi_gen.jl put in place of its `include`), and every row
+`@fk_raw fk_xxx(arg::ArgType, ...)::RetType` of the generated raw layer (the
+module's macro `fk_raw` makes each row the function
+`fk_xxx(arg, ...) = ccall((:fk_xxx, libfusekit), RetType, (ArgType, ...), arg, ...)`),
+and fails when
 
 - a ccall names a symbol that is not in the header;
 - a ccall has the wrong number of argument types (or of argument values);
@@ -229,6 +233,32 @@ def find_ccalls(src: str) -> list[CCall]:
     return calls
 
 
+#: A row of the raw layer: `@fk_raw name(arg::T, ...)::R` (the parameters may span lines).
+RAW_ROW = re.compile(r"^@fk_raw\s+(\w+)\(([^()]*(?:\([^()]*\)[^()]*)*)\)::([\w.{}, ]+?)\s*$", flags=re.M)
+
+
+def raw_rows(src: str) -> list[CCall]:
+    """The `@fk_raw` rows of the module as the ccalls they define. Their library is
+    `libfusekit` only where the module's `macro fk_raw` builds its ccall with
+    `(QuoteNode(name), :libfusekit)` (else None: reported like a ccall of another
+    library)."""
+    code = strip_julia_comments_and_strings(src)
+    macro = re.search(r"^macro fk_raw\(sig\)\n(.*?)^end\b", code, flags=re.M | re.S)
+    lib = "libfusekit" if macro and "Expr(:tuple, QuoteNode(name), :libfusekit)" in macro.group(1) else None
+    rows = []
+    for m in RAW_ROW.finditer(code):
+        params = [p for p in split_top_level(" ".join(m.group(2).split())) if p != ""]
+        types = [p.split("::", 1)[1].strip() if "::" in p else "" for p in params]
+        line = code.count("\n", 0, m.start()) + 1
+        rows.append(CCall(line, m.group(1), lib, m.group(3).strip(), types, len(params), " ".join(m.group(0).split())))
+    return rows
+
+
+def module_ccalls(src: str) -> list[CCall]:
+    """Every ccall of the module: the literal ones and those the raw layer's rows define."""
+    return find_ccalls(src) + raw_rows(src)
+
+
 def julia_constants(src: str) -> dict[str, str]:
     """FK_* constant -> the source text of its value (string literals kept,
     comments dropped)."""
@@ -340,7 +370,7 @@ def check_module(header_text: str, julia_text: str, filename: str = "Fusekit.jl"
     problems: list[str] = []
     covered: set[str] = set()
 
-    for c in find_ccalls(julia_text):
+    for c in module_ccalls(julia_text):
         where = f"{filename}:{c.line}"
         if c.symbol is None:
             problems.append(f"{where}: cannot read the symbol of ccall({c.text[:60]}...)")
@@ -457,7 +487,7 @@ def test_header_parses(header_text):
 
 
 def test_julia_module_has_ccalls(julia_text):
-    calls = [c for c in find_ccalls(julia_text) if c.symbol and c.symbol.startswith("fk_")]
+    calls = [c for c in module_ccalls(julia_text) if c.symbol and c.symbol.startswith("fk_")]
     assert len(calls) >= 50
 
 
@@ -468,7 +498,7 @@ def test_julia_module_matches_header(header_text, julia_text):
 
 def test_every_header_function_has_a_ccall(header_text, julia_text):
     h = parse_header(header_text)
-    called = {c.symbol for c in find_ccalls(julia_text)}
+    called = {c.symbol for c in module_ccalls(julia_text)}
     missing = sorted(set(h.functions) - called)
     assert missing == [], f"header functions without a ccall in Fusekit.jl: {missing}"
 
@@ -500,7 +530,7 @@ def test_hand_written_part_copies_nothing_generated(header_text):
     h = parse_header(header_text)
     src = JULIA.read_text()
     code = strip_julia_comments_and_strings(src)
-    assert [c.symbol for c in find_ccalls(src) if c.symbol and c.symbol.startswith("fk_")] == []
+    assert [c.symbol for c in module_ccalls(src) if c.symbol and c.symbol.startswith("fk_")] == []
     assert julia_constants(src) == {}
     defined = set(julia_structs(src)) | set(re.findall(r"^\s*struct\s+(\w+)\s+end\b", code, flags=re.M))
     generated = {camel(n) for n in h.structs} | set(h.opaque)
@@ -521,7 +551,10 @@ def test_generated_julia_matches_a_changed_header(header_text):
     assert extra.count("fk_new_op") == 1 and "FK_NEW_FLAG" in extra
     generated = gen_bindings.render_julia(parse_header(extra))
     assert "const FK_NEW_FLAG = 16" in generated and 'const FK_NEW_NAME = "x"' in generated
-    assert "fk_new_op(a, s, dims, bytes, f, n, p, pp, st, ev, buf, end_)" in generated  # `end` is a Julia keyword
+    (row,) = [r for r in raw_rows(generated) if r.symbol == "fk_new_op"]
+    params = re.search(r"fk_new_op\((.*)\)::", row.text).group(1)
+    names = [p.split("::")[0].strip() for p in split_top_level(params)]
+    assert names == ["a", "s", "dims", "bytes", "f", "n", "p", "pp", "st", "ev", "buf", "end_"]  # `end` is a Julia keyword
     assert check_module(extra, module_text(abi_gen_jl=generated)) == []
     # and the checker does read the generated file: the current one lacks fk_new_op
     _assert_reported(check_module(extra, module_text()), "no ccall for header function fk_new_op")
@@ -658,11 +691,11 @@ def test_checker_reports_wrong_constant_and_struct(header_text, julia_text):
 
 def test_checker_reports_removed_ccall(header_text, julia_text):
     # drop the raw wrapper of fk_sigmoid (with any continuation lines): the checker must notice
-    bad = re.sub(r"^fk_sigmoid\(.*\n(?:[ \t]+.*\n)*", "", julia_text, flags=re.M)
+    bad = re.sub(r"^@fk_raw fk_sigmoid\(.*\n(?:[ \t]+.*\n)*", "", julia_text, flags=re.M)
     assert bad != julia_text
     _assert_reported(check_module(header_text, bad), "no ccall for header function fk_sigmoid")
     # a multi-line wrapper too
-    bad = re.sub(r"^fk_leapfrog_backward\(.*\n(?:[ \t]+.*\n)*", "", julia_text, flags=re.M)
+    bad = re.sub(r"^@fk_raw fk_leapfrog_backward\(.*\n(?:[ \t]+.*\n)*", "", julia_text, flags=re.M)
     assert bad != julia_text
     _assert_reported(check_module(header_text, bad), "no ccall for header function fk_leapfrog_backward")
 
@@ -677,3 +710,21 @@ def test_checker_sees_new_header_functions(header_text, julia_text):
     _assert_reported(problems, "no ccall for header function fk_new_op")
     ok = julia_text + "\nfk_new_op(a, x) = ccall((:fk_new_op, libfusekit), Int32, (Ptr{fk_buffer}, Cdouble), a, x)\n"
     assert check_module(extra, ok) == []
+
+
+def test_checker_reads_the_raw_rows(header_text, julia_text):
+    """The generated rows are checked like ccalls: a wrong type, a missing
+    parameter, and a macro that calls another library are reported."""
+    rows = raw_rows(julia_text)
+    assert len(rows) == len(parse_header(header_text).functions)
+    row = "@fk_raw fk_buffer_shape(buf::Ptr{fk_buffer}, out::Ptr{Int64})::Int32"
+    assert row in julia_text
+    bad = julia_text.replace(row, row.replace("Ptr{Int64}", "Ptr{Int32}"))
+    _assert_reported(check_module(header_text, bad), "fk_buffer_shape", "argument 2", "Ptr{Int32}")
+    bad = julia_text.replace(row, "@fk_raw fk_buffer_shape(buf::Ptr{fk_buffer})::Int32")
+    _assert_reported(check_module(header_text, bad), "fk_buffer_shape", "1 argument types", "2 parameters")
+    bad = julia_text.replace(row, row.replace("::Int32", "::Cvoid"))
+    _assert_reported(check_module(header_text, bad), "fk_buffer_shape", "returns")
+    bad = julia_text.replace("QuoteNode(name), :libfusekit)", "QuoteNode(name), :libother)")
+    assert bad != julia_text
+    _assert_reported(check_module(header_text, bad), "fk_add", "libfusekit")

@@ -102,342 +102,159 @@ end
 
 # ------------------------------------------------------------------ raw layer
 
-fk_abi_version() = ccall((:fk_abi_version, libfusekit), UInt32, ())
-fk_version_string() = ccall((:fk_version_string, libfusekit), Cstring, ())
-fk_status_string(status) = ccall((:fk_status_string, libfusekit), Cstring, (Int32,), status)
-fk_last_error_message() = ccall((:fk_last_error_message, libfusekit), Cstring, ())
-fk_last_error_message_copy(buf, capacity, needed) =
-    ccall((:fk_last_error_message_copy, libfusekit), Int32,
-          (Ptr{UInt8}, Csize_t, Ptr{Csize_t}),
-          buf, capacity, needed)
-fk_dtype_size(dtype, out) = ccall((:fk_dtype_size, libfusekit), Int32, (Int32, Ptr{Csize_t}), dtype, out)
-fk_device_count(out) = ccall((:fk_device_count, libfusekit), Int32, (Ptr{Int32},), out)
-fk_context_create(abi_version, kind, ordinal, out) =
-    ccall((:fk_context_create, libfusekit), Int32,
-          (UInt32, Int32, Int32, Ptr{Ptr{fk_context}}),
-          abi_version, kind, ordinal, out)
-fk_context_destroy(ctx) = ccall((:fk_context_destroy, libfusekit), Int32, (Ptr{fk_context},), ctx)
-fk_context_device(ctx, kind, ordinal) =
-    ccall((:fk_context_device, libfusekit), Int32,
-          (Ptr{fk_context}, Ptr{Int32}, Ptr{Int32}),
-          ctx, kind, ordinal)
-fk_context_name(ctx, buf, capacity, needed) =
-    ccall((:fk_context_name, libfusekit), Int32,
-          (Ptr{fk_context}, Ptr{UInt8}, Csize_t, Ptr{Csize_t}),
-          ctx, buf, capacity, needed)
-fk_context_compute_capability(ctx, major, minor) =
-    ccall((:fk_context_compute_capability, libfusekit), Int32,
-          (Ptr{fk_context}, Ptr{Int32}, Ptr{Int32}),
-          ctx, major, minor)
-fk_context_memory(ctx, free_bytes, total_bytes) =
-    ccall((:fk_context_memory, libfusekit), Int32,
-          (Ptr{fk_context}, Ptr{UInt64}, Ptr{UInt64}),
-          ctx, free_bytes, total_bytes)
-fk_context_warmup(ctx) = ccall((:fk_context_warmup, libfusekit), Int32, (Ptr{fk_context},), ctx)
-fk_stream_create(ctx, out) =
-    ccall((:fk_stream_create, libfusekit), Int32,
-          (Ptr{fk_context}, Ptr{Ptr{fk_stream}}),
-          ctx, out)
-fk_stream_wrap(ctx, cu_stream, out) =
-    ccall((:fk_stream_wrap, libfusekit), Int32,
-          (Ptr{fk_context}, Ptr{Cvoid}, Ptr{Ptr{fk_stream}}),
-          ctx, cu_stream, out)
-fk_stream_destroy(stream) = ccall((:fk_stream_destroy, libfusekit), Int32, (Ptr{fk_stream},), stream)
-fk_stream_synchronize(stream) = ccall((:fk_stream_synchronize, libfusekit), Int32, (Ptr{fk_stream},), stream)
-fk_stream_handle(stream, out) =
-    ccall((:fk_stream_handle, libfusekit), Int32,
-          (Ptr{fk_stream}, Ptr{Ptr{Cvoid}}),
-          stream, out)
-fk_buffer_create(ctx, dtype, ndim, shape, stream, out) =
-    ccall((:fk_buffer_create, libfusekit), Int32,
-          (Ptr{fk_context}, Int32, Int32, Ptr{Int64}, Ptr{fk_stream}, Ptr{Ptr{fk_buffer}}),
-          ctx, dtype, ndim, shape, stream, out)
-fk_buffer_wrap(ctx, data, dtype, ndim, shape, strides, out) =
-    ccall((:fk_buffer_wrap, libfusekit), Int32,
-          (Ptr{fk_context}, Ptr{Cvoid}, Int32, Int32, Ptr{Int64}, Ptr{Int64}, Ptr{Ptr{fk_buffer}}),
-          ctx, data, dtype, ndim, shape, strides, out)
-fk_buffer_destroy(buf) = ccall((:fk_buffer_destroy, libfusekit), Int32, (Ptr{fk_buffer},), buf)
-fk_buffer_from_dlpack(ctx, managed, out) =
-    ccall((:fk_buffer_from_dlpack, libfusekit), Int32,
-          (Ptr{fk_context}, Ptr{Cvoid}, Ptr{Ptr{fk_buffer}}),
-          ctx, managed, out)
-fk_buffer_to_dlpack(buf, out) =
-    ccall((:fk_buffer_to_dlpack, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{Ptr{Cvoid}}),
-          buf, out)
-fk_buffer_copy_from_host(buf, src, bytes, stream) =
-    ccall((:fk_buffer_copy_from_host, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{Cvoid}, Csize_t, Ptr{fk_stream}),
-          buf, src, bytes, stream)
-fk_buffer_copy_from_host_async(buf, src, bytes, stream) =
-    ccall((:fk_buffer_copy_from_host_async, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{Cvoid}, Csize_t, Ptr{fk_stream}),
-          buf, src, bytes, stream)
-fk_buffer_copy_to_host(buf, dst, bytes, stream) =
-    ccall((:fk_buffer_copy_to_host, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{Cvoid}, Csize_t, Ptr{fk_stream}),
-          buf, dst, bytes, stream)
-fk_buffer_copy_to_host_async(buf, dst, bytes, stream) =
-    ccall((:fk_buffer_copy_to_host_async, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{Cvoid}, Csize_t, Ptr{fk_stream}),
-          buf, dst, bytes, stream)
-fk_buffer_dtype(buf, out) = ccall((:fk_buffer_dtype, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Int32}), buf, out)
-fk_buffer_ndim(buf, out) = ccall((:fk_buffer_ndim, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Int32}), buf, out)
-fk_buffer_shape(buf, out) = ccall((:fk_buffer_shape, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Int64}), buf, out)
-fk_buffer_strides(buf, out) = ccall((:fk_buffer_strides, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Int64}), buf, out)
-fk_buffer_data(buf, out) = ccall((:fk_buffer_data, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Ptr{Cvoid}}), buf, out)
-fk_buffer_device(buf, kind, ordinal) =
-    ccall((:fk_buffer_device, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{Int32}, Ptr{Int32}),
-          buf, kind, ordinal)
-fk_buffer_numel(buf, out) = ccall((:fk_buffer_numel, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Int64}), buf, out)
-fk_buffer_nbytes(buf, out) = ccall((:fk_buffer_nbytes, libfusekit), Int32, (Ptr{fk_buffer}, Ptr{Csize_t}), buf, out)
-fk_buffer_is_contiguous(buf, out) =
-    ccall((:fk_buffer_is_contiguous, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{Int32}),
-          buf, out)
-fk_add(a, b, out, stream) =
-    ccall((:fk_add, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, b, out, stream)
-fk_sub(a, b, out, stream) =
-    ccall((:fk_sub, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, b, out, stream)
-fk_mul(a, b, out, stream) =
-    ccall((:fk_mul, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, b, out, stream)
-fk_div(a, b, out, stream) =
-    ccall((:fk_div, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, b, out, stream)
-fk_axpby(alpha, a, beta, b, out, stream) =
-    ccall((:fk_axpby, libfusekit), Int32,
-          (FkScalar, Ptr{fk_buffer}, FkScalar, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          alpha, a, beta, b, out, stream)
-fk_scalar_add(a, s, out, stream) =
-    ccall((:fk_scalar_add, libfusekit), Int32,
-          (Ptr{fk_buffer}, FkScalar, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, s, out, stream)
-fk_scalar_mul(a, s, out, stream) =
-    ccall((:fk_scalar_mul, libfusekit), Int32,
-          (Ptr{fk_buffer}, FkScalar, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, s, out, stream)
-fk_neg(a, out, stream) =
-    ccall((:fk_neg, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, out, stream)
-fk_abs(a, out, stream) =
-    ccall((:fk_abs, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, out, stream)
-fk_exp(a, out, stream) =
-    ccall((:fk_exp, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, out, stream)
-fk_log(a, out, stream) =
-    ccall((:fk_log, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, out, stream)
-fk_sqrt(a, out, stream) =
-    ccall((:fk_sqrt, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, out, stream)
-fk_sin(a, out, stream) =
-    ccall((:fk_sin, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, out, stream)
-fk_cos(a, out, stream) =
-    ccall((:fk_cos, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, out, stream)
-fk_tanh(a, out, stream) =
-    ccall((:fk_tanh, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, out, stream)
-fk_sigmoid(a, out, stream) =
-    ccall((:fk_sigmoid, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, out, stream)
-fk_relu(a, out, stream) =
-    ccall((:fk_relu, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, out, stream)
-fk_copy(a, out, stream) =
-    ccall((:fk_copy, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, out, stream)
-fk_mahalanobis_forward(points, means, chol, eps, out, stream) =
-    ccall((:fk_mahalanobis_forward, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, Ptr{fk_buffer}, Ptr{fk_stream}),
-          points, means, chol, eps, out, stream)
-fk_mahalanobis_backward(points, means, chol, eps, g, dpoints, dmeans, dchol, workspace, stream) =
-    ccall((:fk_mahalanobis_backward, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, Ptr{fk_buffer}, Ptr{fk_buffer},
-           Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          points, means, chol, eps, g, dpoints, dmeans, dchol, workspace, stream)
-fk_gaussian_field_forward(points, means, chol, weights, eps, out, stream) =
-    ccall((:fk_gaussian_field_forward, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, Ptr{fk_buffer},
-           Ptr{fk_stream}),
-          points, means, chol, weights, eps, out, stream)
-fk_gaussian_field_backward(points, means, chol, weights, eps, dout, dpoints, dmeans, dchol, dweights, workspace, stream) =
-    ccall((:fk_gaussian_field_backward, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, Ptr{fk_buffer},
-           Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          points, means, chol, weights, eps, dout, dpoints, dmeans, dchol, dweights, workspace, stream)
-fk_gaussian_backward_workspace_size(ctx, dtype, num_points, num_gaussians, bytes) =
-    ccall((:fk_gaussian_backward_workspace_size, libfusekit), Int32,
-          (Ptr{fk_context}, Int32, Int64, Int64, Ptr{Csize_t}),
-          ctx, dtype, num_points, num_gaussians, bytes)
-fk_christoffel_forward(v, U, W, c, flags, gamma, stream) =
-    ccall((:fk_christoffel_forward, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, UInt32, Ptr{fk_buffer}, Ptr{fk_stream}),
-          v, U, W, c, flags, gamma, stream)
-fk_christoffel_backward(v, U, W, g, c, flags, dv, dU, dW, stream) =
-    ccall((:fk_christoffel_backward, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, UInt32, Ptr{fk_buffer},
-           Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          v, U, W, g, c, flags, dv, dU, dW, stream)
-fk_leapfrog_forward(x0, v0, f, U, W, mu, dt, steps, c, flags, x_out, v_out, traj, stream) =
-    ccall((:fk_leapfrog_forward, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer},
-           Cdouble, Int64, Cdouble, UInt32, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          x0, v0, f, U, W, mu, dt, steps, c, flags, x_out, v_out, traj, stream)
-fk_leapfrog_backward(v0, f, U, W, mu, dt, steps, c, flags, traj, gx, gv, dx0, dv0, df, dU, dW, stream) =
-    ccall((:fk_leapfrog_backward, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, Int64,
-           Cdouble, UInt32, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer},
-           Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          v0, f, U, W, mu, dt, steps, c, flags, traj, gx, gv, dx0, dv0, df, dU, dW, stream)
-fk_gemm(op_a, op_b, alpha, a, b, beta, c, flags, stream) =
-    ccall((:fk_gemm, libfusekit), Int32,
-          (Int32, Int32, FkScalar, Ptr{fk_buffer}, Ptr{fk_buffer}, FkScalar, Ptr{fk_buffer}, UInt32,
-           Ptr{fk_stream}),
-          op_a, op_b, alpha, a, b, beta, c, flags, stream)
-fk_gemm_chunked(op_a, op_b, alpha, a, b, beta, c, device_budget_bytes, flags, stream) =
-    ccall((:fk_gemm_chunked, libfusekit), Int32,
-          (Int32, Int32, FkScalar, Ptr{fk_buffer}, Ptr{fk_buffer}, FkScalar, Ptr{fk_buffer}, UInt64, UInt32,
-           Ptr{fk_stream}),
-          op_a, op_b, alpha, a, b, beta, c, device_budget_bytes, flags, stream)
-fk_linear_aux_size(act, dtype, m, n, bytes) =
-    ccall((:fk_linear_aux_size, libfusekit), Int32,
-          (Int32, Int32, Int64, Int64, Ptr{Csize_t}),
-          act, dtype, m, n, bytes)
-fk_linear_forward(x, w, b, act, y, aux, stream) =
-    ccall((:fk_linear_forward, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Int32, Ptr{fk_buffer}, Ptr{fk_buffer},
-           Ptr{fk_stream}),
-          x, w, b, act, y, aux, stream)
-fk_linear_backward(dy, x, w, act, saved, dx, dw, db, stream) =
-    ccall((:fk_linear_backward, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Int32, Ptr{fk_buffer}, Ptr{fk_buffer},
-           Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          dy, x, w, act, saved, dx, dw, db, stream)
-fk_kron(a, b, out, stream) =
-    ccall((:fk_kron, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, b, out, stream)
-fk_matrix_power(a, power, eps, method, max_iter, tol, flags, out, report, stream) =
-    ccall((:fk_matrix_power, libfusekit), Int32,
-          (Ptr{fk_buffer}, Cdouble, Cdouble, Int32, Int32, Cdouble, UInt32, Ptr{fk_buffer},
-           Ptr{FkMatpowReport}, Ptr{fk_stream}),
-          a, power, eps, method, max_iter, tol, flags, out, report, stream)
-fk_shampoo_stats(grad, alpha, beta, l, r, stream) =
-    ccall((:fk_shampoo_stats, libfusekit), Int32,
-          (Ptr{fk_buffer}, Cdouble, Cdouble, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          grad, alpha, beta, l, r, stream)
-fk_shampoo_stats_ex(grad, alpha, beta, l, r, flags, stream) =
-    ccall((:fk_shampoo_stats_ex, libfusekit), Int32,
-          (Ptr{fk_buffer}, Cdouble, Cdouble, Ptr{fk_buffer}, Ptr{fk_buffer}, UInt32, Ptr{fk_stream}),
-          grad, alpha, beta, l, r, flags, stream)
-fk_shampoo_precondition(l_root, grad, r_root, out, flags, stream) =
-    ccall((:fk_shampoo_precondition, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, UInt32, Ptr{fk_stream}),
-          l_root, grad, r_root, out, flags, stream)
-fk_per_sample_grads(a, g, out, flags, stream) =
-    ccall((:fk_per_sample_grads, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, UInt32, Ptr{fk_stream}),
-          a, g, out, flags, stream)
-fk_per_sample_grad_norms(a, g, sq_norms, stream) =
-    ccall((:fk_per_sample_grad_norms, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          a, g, sq_norms, stream)
-fk_dp_clipped_grad_sum(a, g, max_norm, out, sq_norms, flags, stream) =
-    ccall((:fk_dp_clipped_grad_sum, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Cdouble, Ptr{fk_buffer}, Ptr{fk_buffer}, UInt32, Ptr{fk_stream}),
-          a, g, max_norm, out, sq_norms, flags, stream)
-fk_context_memory_stats(ctx, stats) =
-    ccall((:fk_context_memory_stats, libfusekit), Int32,
-          (Ptr{fk_context}, Ptr{FkMemoryStats}),
-          ctx, stats)
-fk_context_set_release_threshold(ctx, bytes) =
-    ccall((:fk_context_set_release_threshold, libfusekit), Int32,
-          (Ptr{fk_context}, UInt64),
-          ctx, bytes)
-fk_context_trim(ctx, keep_bytes) =
-    ccall((:fk_context_trim, libfusekit), Int32,
-          (Ptr{fk_context}, UInt64),
-          ctx, keep_bytes)
-fk_buffer_create_pinned(ctx, dtype, ndim, shape, out) =
-    ccall((:fk_buffer_create_pinned, libfusekit), Int32,
-          (Ptr{fk_context}, Int32, Int32, Ptr{Int64}, Ptr{Ptr{fk_buffer}}),
-          ctx, dtype, ndim, shape, out)
-fk_buffer_copy(dst, src, stream) =
-    ccall((:fk_buffer_copy, libfusekit), Int32,
-          (Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          dst, src, stream)
-fk_device_can_access_peer(device, peer, out) =
-    ccall((:fk_device_can_access_peer, libfusekit), Int32,
-          (Int32, Int32, Ptr{Int32}),
-          device, peer, out)
-fk_event_create(ctx, out) =
-    ccall((:fk_event_create, libfusekit), Int32,
-          (Ptr{fk_context}, Ptr{Ptr{fk_event}}),
-          ctx, out)
-fk_event_destroy(event) = ccall((:fk_event_destroy, libfusekit), Int32, (Ptr{fk_event},), event)
-fk_event_record(event, stream) =
-    ccall((:fk_event_record, libfusekit), Int32,
-          (Ptr{fk_event}, Ptr{fk_stream}),
-          event, stream)
-fk_stream_wait_event(stream, event) =
-    ccall((:fk_stream_wait_event, libfusekit), Int32,
-          (Ptr{fk_stream}, Ptr{fk_event}),
-          stream, event)
-fk_event_synchronize(event) = ccall((:fk_event_synchronize, libfusekit), Int32, (Ptr{fk_event},), event)
-fk_event_query(event, done) = ccall((:fk_event_query, libfusekit), Int32, (Ptr{fk_event}, Ptr{Int32}), event, done)
-fk_event_elapsed_ms(start, end_, ms) =
-    ccall((:fk_event_elapsed_ms, libfusekit), Int32,
-          (Ptr{fk_event}, Ptr{fk_event}, Ptr{Cfloat}),
-          start, end_, ms)
-fk_comm_unique_id(out) = ccall((:fk_comm_unique_id, libfusekit), Int32, (Ptr{UInt8},), out)
-fk_comm_init_rank(ctx, nranks, id, rank, out) =
-    ccall((:fk_comm_init_rank, libfusekit), Int32,
-          (Ptr{fk_context}, Int32, Ptr{UInt8}, Int32, Ptr{Ptr{fk_comm}}),
-          ctx, nranks, id, rank, out)
-fk_comm_init_all(ctxs, n, comms_out) =
-    ccall((:fk_comm_init_all, libfusekit), Int32,
-          (Ptr{Ptr{fk_context}}, Int32, Ptr{Ptr{fk_comm}}),
-          ctxs, n, comms_out)
-fk_comm_destroy(comm) = ccall((:fk_comm_destroy, libfusekit), Int32, (Ptr{fk_comm},), comm)
-fk_comm_rank(comm, out) = ccall((:fk_comm_rank, libfusekit), Int32, (Ptr{fk_comm}, Ptr{Int32}), comm, out)
-fk_comm_size(comm, out) = ccall((:fk_comm_size, libfusekit), Int32, (Ptr{fk_comm}, Ptr{Int32}), comm, out)
-fk_comm_group_start() = ccall((:fk_comm_group_start, libfusekit), Int32, ())
-fk_comm_group_end() = ccall((:fk_comm_group_end, libfusekit), Int32, ())
-fk_all_reduce(comm, send, recv, op, stream) =
-    ccall((:fk_all_reduce, libfusekit), Int32,
-          (Ptr{fk_comm}, Ptr{fk_buffer}, Ptr{fk_buffer}, Int32, Ptr{fk_stream}),
-          comm, send, recv, op, stream)
-fk_broadcast(comm, send, recv, root, stream) =
-    ccall((:fk_broadcast, libfusekit), Int32,
-          (Ptr{fk_comm}, Ptr{fk_buffer}, Ptr{fk_buffer}, Int32, Ptr{fk_stream}),
-          comm, send, recv, root, stream)
-fk_all_gather(comm, send, recv, stream) =
-    ccall((:fk_all_gather, libfusekit), Int32,
-          (Ptr{fk_comm}, Ptr{fk_buffer}, Ptr{fk_buffer}, Ptr{fk_stream}),
-          comm, send, recv, stream)
-fk_reduce_scatter(comm, send, recv, op, stream) =
-    ccall((:fk_reduce_scatter, libfusekit), Int32,
-          (Ptr{fk_comm}, Ptr{fk_buffer}, Ptr{fk_buffer}, Int32, Ptr{fk_stream}),
-          comm, send, recv, op, stream)
+# One row per entry point: `@fk_raw fk_add(a::Ptr{fk_buffer}, ..., stream::Ptr{fk_stream})::Int32`
+# defines `fk_add(a, ..., stream) = ccall((:fk_add, libfusekit), Int32, (Ptr{fk_buffer}, ...,
+# Ptr{fk_stream}), a, ..., stream)`: untyped arguments, which ccall converts, and the C result.
+macro fk_raw(sig)
+    call, ret = sig.args
+    name, params = call.args[1], call.args[2:end]
+    args = [p.args[1] for p in params]
+    types = [p.args[2] for p in params]
+    body = Expr(:call, :ccall, Expr(:tuple, QuoteNode(name), :libfusekit), ret, Expr(:tuple, types...), args...)
+    esc(Expr(:(=), Expr(:call, name, args...), body))
+end
+
+@fk_raw fk_abi_version()::UInt32
+@fk_raw fk_version_string()::Cstring
+@fk_raw fk_status_string(status::Int32)::Cstring
+@fk_raw fk_last_error_message()::Cstring
+@fk_raw fk_last_error_message_copy(buf::Ptr{UInt8}, capacity::Csize_t, needed::Ptr{Csize_t})::Int32
+@fk_raw fk_dtype_size(dtype::Int32, out::Ptr{Csize_t})::Int32
+@fk_raw fk_device_count(out::Ptr{Int32})::Int32
+@fk_raw fk_context_create(abi_version::UInt32, kind::Int32, ordinal::Int32, out::Ptr{Ptr{fk_context}})::Int32
+@fk_raw fk_context_destroy(ctx::Ptr{fk_context})::Int32
+@fk_raw fk_context_device(ctx::Ptr{fk_context}, kind::Ptr{Int32}, ordinal::Ptr{Int32})::Int32
+@fk_raw fk_context_name(ctx::Ptr{fk_context}, buf::Ptr{UInt8}, capacity::Csize_t, needed::Ptr{Csize_t})::Int32
+@fk_raw fk_context_compute_capability(ctx::Ptr{fk_context}, major::Ptr{Int32}, minor::Ptr{Int32})::Int32
+@fk_raw fk_context_memory(ctx::Ptr{fk_context}, free_bytes::Ptr{UInt64}, total_bytes::Ptr{UInt64})::Int32
+@fk_raw fk_context_warmup(ctx::Ptr{fk_context})::Int32
+@fk_raw fk_stream_create(ctx::Ptr{fk_context}, out::Ptr{Ptr{fk_stream}})::Int32
+@fk_raw fk_stream_wrap(ctx::Ptr{fk_context}, cu_stream::Ptr{Cvoid}, out::Ptr{Ptr{fk_stream}})::Int32
+@fk_raw fk_stream_destroy(stream::Ptr{fk_stream})::Int32
+@fk_raw fk_stream_synchronize(stream::Ptr{fk_stream})::Int32
+@fk_raw fk_stream_handle(stream::Ptr{fk_stream}, out::Ptr{Ptr{Cvoid}})::Int32
+@fk_raw fk_buffer_create(ctx::Ptr{fk_context}, dtype::Int32, ndim::Int32, shape::Ptr{Int64}, stream::Ptr{fk_stream},
+                         out::Ptr{Ptr{fk_buffer}})::Int32
+@fk_raw fk_buffer_wrap(ctx::Ptr{fk_context}, data::Ptr{Cvoid}, dtype::Int32, ndim::Int32, shape::Ptr{Int64},
+                       strides::Ptr{Int64}, out::Ptr{Ptr{fk_buffer}})::Int32
+@fk_raw fk_buffer_destroy(buf::Ptr{fk_buffer})::Int32
+@fk_raw fk_buffer_from_dlpack(ctx::Ptr{fk_context}, managed::Ptr{Cvoid}, out::Ptr{Ptr{fk_buffer}})::Int32
+@fk_raw fk_buffer_to_dlpack(buf::Ptr{fk_buffer}, out::Ptr{Ptr{Cvoid}})::Int32
+@fk_raw fk_buffer_copy_from_host(buf::Ptr{fk_buffer}, src::Ptr{Cvoid}, bytes::Csize_t, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_buffer_copy_from_host_async(buf::Ptr{fk_buffer}, src::Ptr{Cvoid}, bytes::Csize_t,
+                                       stream::Ptr{fk_stream})::Int32
+@fk_raw fk_buffer_copy_to_host(buf::Ptr{fk_buffer}, dst::Ptr{Cvoid}, bytes::Csize_t, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_buffer_copy_to_host_async(buf::Ptr{fk_buffer}, dst::Ptr{Cvoid}, bytes::Csize_t,
+                                     stream::Ptr{fk_stream})::Int32
+@fk_raw fk_buffer_dtype(buf::Ptr{fk_buffer}, out::Ptr{Int32})::Int32
+@fk_raw fk_buffer_ndim(buf::Ptr{fk_buffer}, out::Ptr{Int32})::Int32
+@fk_raw fk_buffer_shape(buf::Ptr{fk_buffer}, out::Ptr{Int64})::Int32
+@fk_raw fk_buffer_strides(buf::Ptr{fk_buffer}, out::Ptr{Int64})::Int32
+@fk_raw fk_buffer_data(buf::Ptr{fk_buffer}, out::Ptr{Ptr{Cvoid}})::Int32
+@fk_raw fk_buffer_device(buf::Ptr{fk_buffer}, kind::Ptr{Int32}, ordinal::Ptr{Int32})::Int32
+@fk_raw fk_buffer_numel(buf::Ptr{fk_buffer}, out::Ptr{Int64})::Int32
+@fk_raw fk_buffer_nbytes(buf::Ptr{fk_buffer}, out::Ptr{Csize_t})::Int32
+@fk_raw fk_buffer_is_contiguous(buf::Ptr{fk_buffer}, out::Ptr{Int32})::Int32
+@fk_raw fk_add(a::Ptr{fk_buffer}, b::Ptr{fk_buffer}, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_sub(a::Ptr{fk_buffer}, b::Ptr{fk_buffer}, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_mul(a::Ptr{fk_buffer}, b::Ptr{fk_buffer}, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_div(a::Ptr{fk_buffer}, b::Ptr{fk_buffer}, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_axpby(alpha::FkScalar, a::Ptr{fk_buffer}, beta::FkScalar, b::Ptr{fk_buffer}, out::Ptr{fk_buffer},
+                 stream::Ptr{fk_stream})::Int32
+@fk_raw fk_scalar_add(a::Ptr{fk_buffer}, s::FkScalar, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_scalar_mul(a::Ptr{fk_buffer}, s::FkScalar, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_neg(a::Ptr{fk_buffer}, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_abs(a::Ptr{fk_buffer}, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_exp(a::Ptr{fk_buffer}, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_log(a::Ptr{fk_buffer}, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_sqrt(a::Ptr{fk_buffer}, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_sin(a::Ptr{fk_buffer}, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_cos(a::Ptr{fk_buffer}, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_tanh(a::Ptr{fk_buffer}, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_sigmoid(a::Ptr{fk_buffer}, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_relu(a::Ptr{fk_buffer}, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_copy(a::Ptr{fk_buffer}, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_mahalanobis_forward(points::Ptr{fk_buffer}, means::Ptr{fk_buffer}, chol::Ptr{fk_buffer}, eps::Cdouble,
+                               out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_mahalanobis_backward(points::Ptr{fk_buffer}, means::Ptr{fk_buffer}, chol::Ptr{fk_buffer}, eps::Cdouble,
+                                g::Ptr{fk_buffer}, dpoints::Ptr{fk_buffer}, dmeans::Ptr{fk_buffer},
+                                dchol::Ptr{fk_buffer}, workspace::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_gaussian_field_forward(points::Ptr{fk_buffer}, means::Ptr{fk_buffer}, chol::Ptr{fk_buffer},
+                                  weights::Ptr{fk_buffer}, eps::Cdouble, out::Ptr{fk_buffer},
+                                  stream::Ptr{fk_stream})::Int32
+@fk_raw fk_gaussian_field_backward(points::Ptr{fk_buffer}, means::Ptr{fk_buffer}, chol::Ptr{fk_buffer},
+                                   weights::Ptr{fk_buffer}, eps::Cdouble, dout::Ptr{fk_buffer},
+                                   dpoints::Ptr{fk_buffer}, dmeans::Ptr{fk_buffer}, dchol::Ptr{fk_buffer},
+                                   dweights::Ptr{fk_buffer}, workspace::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_gaussian_backward_workspace_size(ctx::Ptr{fk_context}, dtype::Int32, num_points::Int64,
+                                            num_gaussians::Int64, bytes::Ptr{Csize_t})::Int32
+@fk_raw fk_christoffel_forward(v::Ptr{fk_buffer}, U::Ptr{fk_buffer}, W::Ptr{fk_buffer}, c::Cdouble, flags::UInt32,
+                               gamma::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_christoffel_backward(v::Ptr{fk_buffer}, U::Ptr{fk_buffer}, W::Ptr{fk_buffer}, g::Ptr{fk_buffer}, c::Cdouble,
+                                flags::UInt32, dv::Ptr{fk_buffer}, dU::Ptr{fk_buffer}, dW::Ptr{fk_buffer},
+                                stream::Ptr{fk_stream})::Int32
+@fk_raw fk_leapfrog_forward(x0::Ptr{fk_buffer}, v0::Ptr{fk_buffer}, f::Ptr{fk_buffer}, U::Ptr{fk_buffer},
+                            W::Ptr{fk_buffer}, mu::Ptr{fk_buffer}, dt::Cdouble, steps::Int64, c::Cdouble,
+                            flags::UInt32, x_out::Ptr{fk_buffer}, v_out::Ptr{fk_buffer}, traj::Ptr{fk_buffer},
+                            stream::Ptr{fk_stream})::Int32
+@fk_raw fk_leapfrog_backward(v0::Ptr{fk_buffer}, f::Ptr{fk_buffer}, U::Ptr{fk_buffer}, W::Ptr{fk_buffer},
+                             mu::Ptr{fk_buffer}, dt::Cdouble, steps::Int64, c::Cdouble, flags::UInt32,
+                             traj::Ptr{fk_buffer}, gx::Ptr{fk_buffer}, gv::Ptr{fk_buffer}, dx0::Ptr{fk_buffer},
+                             dv0::Ptr{fk_buffer}, df::Ptr{fk_buffer}, dU::Ptr{fk_buffer}, dW::Ptr{fk_buffer},
+                             stream::Ptr{fk_stream})::Int32
+@fk_raw fk_gemm(op_a::Int32, op_b::Int32, alpha::FkScalar, a::Ptr{fk_buffer}, b::Ptr{fk_buffer}, beta::FkScalar,
+                c::Ptr{fk_buffer}, flags::UInt32, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_gemm_chunked(op_a::Int32, op_b::Int32, alpha::FkScalar, a::Ptr{fk_buffer}, b::Ptr{fk_buffer},
+                        beta::FkScalar, c::Ptr{fk_buffer}, device_budget_bytes::UInt64, flags::UInt32,
+                        stream::Ptr{fk_stream})::Int32
+@fk_raw fk_linear_aux_size(act::Int32, dtype::Int32, m::Int64, n::Int64, bytes::Ptr{Csize_t})::Int32
+@fk_raw fk_linear_forward(x::Ptr{fk_buffer}, w::Ptr{fk_buffer}, b::Ptr{fk_buffer}, act::Int32, y::Ptr{fk_buffer},
+                          aux::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_linear_backward(dy::Ptr{fk_buffer}, x::Ptr{fk_buffer}, w::Ptr{fk_buffer}, act::Int32, saved::Ptr{fk_buffer},
+                           dx::Ptr{fk_buffer}, dw::Ptr{fk_buffer}, db::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_kron(a::Ptr{fk_buffer}, b::Ptr{fk_buffer}, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_matrix_power(a::Ptr{fk_buffer}, power::Cdouble, eps::Cdouble, method::Int32, max_iter::Int32, tol::Cdouble,
+                        flags::UInt32, out::Ptr{fk_buffer}, report::Ptr{FkMatpowReport},
+                        stream::Ptr{fk_stream})::Int32
+@fk_raw fk_shampoo_stats(grad::Ptr{fk_buffer}, alpha::Cdouble, beta::Cdouble, l::Ptr{fk_buffer}, r::Ptr{fk_buffer},
+                         stream::Ptr{fk_stream})::Int32
+@fk_raw fk_shampoo_stats_ex(grad::Ptr{fk_buffer}, alpha::Cdouble, beta::Cdouble, l::Ptr{fk_buffer}, r::Ptr{fk_buffer},
+                            flags::UInt32, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_shampoo_precondition(l_root::Ptr{fk_buffer}, grad::Ptr{fk_buffer}, r_root::Ptr{fk_buffer},
+                                out::Ptr{fk_buffer}, flags::UInt32, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_per_sample_grads(a::Ptr{fk_buffer}, g::Ptr{fk_buffer}, out::Ptr{fk_buffer}, flags::UInt32,
+                            stream::Ptr{fk_stream})::Int32
+@fk_raw fk_per_sample_grad_norms(a::Ptr{fk_buffer}, g::Ptr{fk_buffer}, sq_norms::Ptr{fk_buffer},
+                                 stream::Ptr{fk_stream})::Int32
+@fk_raw fk_dp_clipped_grad_sum(a::Ptr{fk_buffer}, g::Ptr{fk_buffer}, max_norm::Cdouble, out::Ptr{fk_buffer},
+                               sq_norms::Ptr{fk_buffer}, flags::UInt32, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_context_memory_stats(ctx::Ptr{fk_context}, stats::Ptr{FkMemoryStats})::Int32
+@fk_raw fk_context_set_release_threshold(ctx::Ptr{fk_context}, bytes::UInt64)::Int32
+@fk_raw fk_context_trim(ctx::Ptr{fk_context}, keep_bytes::UInt64)::Int32
+@fk_raw fk_buffer_create_pinned(ctx::Ptr{fk_context}, dtype::Int32, ndim::Int32, shape::Ptr{Int64},
+                                out::Ptr{Ptr{fk_buffer}})::Int32
+@fk_raw fk_buffer_copy(dst::Ptr{fk_buffer}, src::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_device_can_access_peer(device::Int32, peer::Int32, out::Ptr{Int32})::Int32
+@fk_raw fk_event_create(ctx::Ptr{fk_context}, out::Ptr{Ptr{fk_event}})::Int32
+@fk_raw fk_event_destroy(event::Ptr{fk_event})::Int32
+@fk_raw fk_event_record(event::Ptr{fk_event}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_stream_wait_event(stream::Ptr{fk_stream}, event::Ptr{fk_event})::Int32
+@fk_raw fk_event_synchronize(event::Ptr{fk_event})::Int32
+@fk_raw fk_event_query(event::Ptr{fk_event}, done::Ptr{Int32})::Int32
+@fk_raw fk_event_elapsed_ms(start::Ptr{fk_event}, end_::Ptr{fk_event}, ms::Ptr{Cfloat})::Int32
+@fk_raw fk_comm_unique_id(out::Ptr{UInt8})::Int32
+@fk_raw fk_comm_init_rank(ctx::Ptr{fk_context}, nranks::Int32, id::Ptr{UInt8}, rank::Int32,
+                          out::Ptr{Ptr{fk_comm}})::Int32
+@fk_raw fk_comm_init_all(ctxs::Ptr{Ptr{fk_context}}, n::Int32, comms_out::Ptr{Ptr{fk_comm}})::Int32
+@fk_raw fk_comm_destroy(comm::Ptr{fk_comm})::Int32
+@fk_raw fk_comm_rank(comm::Ptr{fk_comm}, out::Ptr{Int32})::Int32
+@fk_raw fk_comm_size(comm::Ptr{fk_comm}, out::Ptr{Int32})::Int32
+@fk_raw fk_comm_group_start()::Int32
+@fk_raw fk_comm_group_end()::Int32
+@fk_raw fk_all_reduce(comm::Ptr{fk_comm}, send::Ptr{fk_buffer}, recv::Ptr{fk_buffer}, op::Int32,
+                      stream::Ptr{fk_stream})::Int32
+@fk_raw fk_broadcast(comm::Ptr{fk_comm}, send::Ptr{fk_buffer}, recv::Ptr{fk_buffer}, root::Int32,
+                     stream::Ptr{fk_stream})::Int32
+@fk_raw fk_all_gather(comm::Ptr{fk_comm}, send::Ptr{fk_buffer}, recv::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_reduce_scatter(comm::Ptr{fk_comm}, send::Ptr{fk_buffer}, recv::Ptr{fk_buffer}, op::Int32,
+                          stream::Ptr{fk_stream})::Int32

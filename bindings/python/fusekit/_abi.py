@@ -195,69 +195,57 @@ def _struct_repr(self) -> str:
     return f"{type(self).__name__}({fields})"
 
 
-class fk_buffer(Structure):
-    """Opaque ``fk_buffer`` (only pointers to it exist)."""
+def _struct(name: str, fields: list | None = None, doc: str | None = None) -> type:
+    """The ctypes Structure class of C struct `name`: opaque (only pointers to it
+    exist) without `fields`, else with these fields and a repr that lists them."""
+    if fields is None:
+        return type(name, (Structure,), {"__doc__": f"Opaque ``{name}`` (only pointers to it exist).",
+                                         "__module__": __name__})
+    ns = {"__doc__": doc, "__module__": __name__, "_fields_": fields, "__repr__": _struct_repr}
+    return type(name, (Structure,), ns)
 
 
-class fk_comm(Structure):
-    """Opaque ``fk_comm`` (only pointers to it exist)."""
+fk_buffer = _struct("fk_buffer")
+fk_comm = _struct("fk_comm")
+fk_context = _struct("fk_context")
+fk_event = _struct("fk_event")
+fk_stream = _struct("fk_stream")
 
+fk_scalar = _struct("fk_scalar", [
+    ("re", c_double),
+    ("im", c_double),
+], "``fk_scalar``: A scalar argument: a complex number `re + i*im`.")
 
-class fk_context(Structure):
-    """Opaque ``fk_context`` (only pointers to it exist)."""
+fk_matpow_report = _struct("fk_matpow_report", [
+    ("method", fk_matpow_method),
+    ("iterations", c_int32),
+    ("converged", c_int32),
+    ("reserved", c_int32),
+    ("residual", c_double),
+    ("min_eigenvalue", c_double),
+], "``fk_matpow_report``: What `fk_matrix_power` did (filled when the caller passes a non-NULL pointer).")
 
+fk_memory_stats = _struct("fk_memory_stats", [
+    ("size", c_size_t),
+    ("allocated_bytes", c_uint64),
+    ("peak_allocated_bytes", c_uint64),
+    ("reserved_bytes", c_uint64),
+    ("peak_reserved_bytes", c_uint64),
+    ("pool_used_bytes", c_uint64),
+    ("live_allocations", c_uint64),
+    ("device_free_bytes", c_uint64),
+    ("device_total_bytes", c_uint64),
+    ("release_threshold_bytes", c_uint64),
+    ("pinned_bytes", c_uint64),
+    ("pinned_allocations", c_uint64),
+], "``fk_memory_stats``: Memory statistics of a context (`fk_context_memory_stats`).")
 
-class fk_event(Structure):
-    """Opaque ``fk_event`` (only pointers to it exist)."""
-
-
-class fk_stream(Structure):
-    """Opaque ``fk_stream`` (only pointers to it exist)."""
-
-
-class fk_scalar(Structure):
-    """``fk_scalar``: A scalar argument: a complex number `re + i*im`."""
-
-    _fields_ = [
-        ("re", c_double),
-        ("im", c_double),
-    ]
-    __repr__ = _struct_repr
-
-
-class fk_matpow_report(Structure):
-    """``fk_matpow_report``: What `fk_matrix_power` did (filled when the caller passes a non-NULL pointer)."""
-
-    _fields_ = [
-        ("method", fk_matpow_method),
-        ("iterations", c_int32),
-        ("converged", c_int32),
-        ("reserved", c_int32),
-        ("residual", c_double),
-        ("min_eigenvalue", c_double),
-    ]
-    __repr__ = _struct_repr
-
-
-class fk_memory_stats(Structure):
-    """``fk_memory_stats``: Memory statistics of a context (`fk_context_memory_stats`)."""
-
-    _fields_ = [
-        ("size", c_size_t),
-        ("allocated_bytes", c_uint64),
-        ("peak_allocated_bytes", c_uint64),
-        ("reserved_bytes", c_uint64),
-        ("peak_reserved_bytes", c_uint64),
-        ("pool_used_bytes", c_uint64),
-        ("live_allocations", c_uint64),
-        ("device_free_bytes", c_uint64),
-        ("device_total_bytes", c_uint64),
-        ("release_threshold_bytes", c_uint64),
-        ("pinned_bytes", c_uint64),
-        ("pinned_allocations", c_uint64),
-    ]
-    __repr__ = _struct_repr
-
+# the handle pointers PROTOTYPES names (POINTER(fk_buffer) is _buffer_p)
+_buffer_p = POINTER(fk_buffer)
+_comm_p = POINTER(fk_comm)
+_context_p = POINTER(fk_context)
+_event_p = POINTER(fk_event)
+_stream_p = POINTER(fk_stream)
 
 #: name -> (restype, argtypes) of every fk_ function of the header, in header order.
 PROTOTYPES: dict = {
@@ -268,276 +256,112 @@ PROTOTYPES: dict = {
     "fk_last_error_message_copy": (fk_status, [c_char_p, c_size_t, POINTER(c_size_t)]),
     "fk_dtype_size": (fk_status, [fk_dtype, POINTER(c_size_t)]),
     "fk_device_count": (fk_status, [POINTER(c_int32)]),
-    "fk_context_create": (fk_status, [c_uint32, fk_device_kind, c_int32, POINTER(POINTER(fk_context))]),
-    "fk_context_destroy": (fk_status, [POINTER(fk_context)]),
-    "fk_context_device": (fk_status, [POINTER(fk_context), POINTER(fk_device_kind), POINTER(c_int32)]),
-    "fk_context_name": (fk_status, [POINTER(fk_context), c_char_p, c_size_t, POINTER(c_size_t)]),
-    "fk_context_compute_capability": (fk_status, [POINTER(fk_context), POINTER(c_int32), POINTER(c_int32)]),
-    "fk_context_memory": (fk_status, [POINTER(fk_context), POINTER(c_uint64), POINTER(c_uint64)]),
-    "fk_context_warmup": (fk_status, [POINTER(fk_context)]),
-    "fk_stream_create": (fk_status, [POINTER(fk_context), POINTER(POINTER(fk_stream))]),
-    "fk_stream_wrap": (fk_status, [POINTER(fk_context), c_void_p, POINTER(POINTER(fk_stream))]),
-    "fk_stream_destroy": (fk_status, [POINTER(fk_stream)]),
-    "fk_stream_synchronize": (fk_status, [POINTER(fk_stream)]),
-    "fk_stream_handle": (fk_status, [POINTER(fk_stream), POINTER(c_void_p)]),
-    "fk_buffer_create": (
-        fk_status,
-        [
-            POINTER(fk_context), fk_dtype, c_int32, POINTER(c_int64), POINTER(fk_stream),
-            POINTER(POINTER(fk_buffer)),
-        ],
-    ),
-    "fk_buffer_wrap": (
-        fk_status,
-        [
-            POINTER(fk_context), c_void_p, fk_dtype, c_int32, POINTER(c_int64), POINTER(c_int64),
-            POINTER(POINTER(fk_buffer)),
-        ],
-    ),
-    "fk_buffer_destroy": (fk_status, [POINTER(fk_buffer)]),
-    "fk_buffer_from_dlpack": (fk_status, [POINTER(fk_context), c_void_p, POINTER(POINTER(fk_buffer))]),
-    "fk_buffer_to_dlpack": (fk_status, [POINTER(fk_buffer), POINTER(c_void_p)]),
-    "fk_buffer_copy_from_host": (fk_status, [POINTER(fk_buffer), c_void_p, c_size_t, POINTER(fk_stream)]),
-    "fk_buffer_copy_from_host_async": (
-        fk_status,
-        [
-            POINTER(fk_buffer), c_void_p, c_size_t, POINTER(fk_stream),
-        ],
-    ),
-    "fk_buffer_copy_to_host": (fk_status, [POINTER(fk_buffer), c_void_p, c_size_t, POINTER(fk_stream)]),
-    "fk_buffer_copy_to_host_async": (fk_status, [POINTER(fk_buffer), c_void_p, c_size_t, POINTER(fk_stream)]),
-    "fk_buffer_dtype": (fk_status, [POINTER(fk_buffer), POINTER(fk_dtype)]),
-    "fk_buffer_ndim": (fk_status, [POINTER(fk_buffer), POINTER(c_int32)]),
-    "fk_buffer_shape": (fk_status, [POINTER(fk_buffer), POINTER(c_int64)]),
-    "fk_buffer_strides": (fk_status, [POINTER(fk_buffer), POINTER(c_int64)]),
-    "fk_buffer_data": (fk_status, [POINTER(fk_buffer), POINTER(c_void_p)]),
-    "fk_buffer_device": (fk_status, [POINTER(fk_buffer), POINTER(fk_device_kind), POINTER(c_int32)]),
-    "fk_buffer_numel": (fk_status, [POINTER(fk_buffer), POINTER(c_int64)]),
-    "fk_buffer_nbytes": (fk_status, [POINTER(fk_buffer), POINTER(c_size_t)]),
-    "fk_buffer_is_contiguous": (fk_status, [POINTER(fk_buffer), POINTER(c_int32)]),
-    "fk_add": (fk_status, [POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream)]),
-    "fk_sub": (fk_status, [POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream)]),
-    "fk_mul": (fk_status, [POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream)]),
-    "fk_div": (fk_status, [POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream)]),
-    "fk_axpby": (
-        fk_status,
-        [
-            fk_scalar, POINTER(fk_buffer), fk_scalar, POINTER(fk_buffer), POINTER(fk_buffer),
-            POINTER(fk_stream),
-        ],
-    ),
-    "fk_scalar_add": (fk_status, [POINTER(fk_buffer), fk_scalar, POINTER(fk_buffer), POINTER(fk_stream)]),
-    "fk_scalar_mul": (fk_status, [POINTER(fk_buffer), fk_scalar, POINTER(fk_buffer), POINTER(fk_stream)]),
-    "fk_neg": (fk_status, [POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream)]),
-    "fk_abs": (fk_status, [POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream)]),
-    "fk_exp": (fk_status, [POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream)]),
-    "fk_log": (fk_status, [POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream)]),
-    "fk_sqrt": (fk_status, [POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream)]),
-    "fk_sin": (fk_status, [POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream)]),
-    "fk_cos": (fk_status, [POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream)]),
-    "fk_tanh": (fk_status, [POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream)]),
-    "fk_sigmoid": (fk_status, [POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream)]),
-    "fk_relu": (fk_status, [POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream)]),
-    "fk_copy": (fk_status, [POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream)]),
-    "fk_mahalanobis_forward": (
-        fk_status,
-        [
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), c_double, POINTER(fk_buffer),
-            POINTER(fk_stream),
-        ],
-    ),
-    "fk_mahalanobis_backward": (
-        fk_status,
-        [
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), c_double, POINTER(fk_buffer),
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer),
-            POINTER(fk_stream),
-        ],
-    ),
-    "fk_gaussian_field_forward": (
-        fk_status,
-        [
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), c_double,
-            POINTER(fk_buffer), POINTER(fk_stream),
-        ],
-    ),
-    "fk_gaussian_field_backward": (
-        fk_status,
-        [
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), c_double,
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer),
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream),
-        ],
-    ),
-    "fk_gaussian_backward_workspace_size": (
-        fk_status,
-        [
-            POINTER(fk_context), fk_dtype, c_int64, c_int64, POINTER(c_size_t),
-        ],
-    ),
-    "fk_christoffel_forward": (
-        fk_status,
-        [
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), c_double, c_uint32,
-            POINTER(fk_buffer), POINTER(fk_stream),
-        ],
-    ),
-    "fk_christoffel_backward": (
-        fk_status,
-        [
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), c_double,
-            c_uint32, POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream),
-        ],
-    ),
-    "fk_leapfrog_forward": (
-        fk_status,
-        [
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer),
-            POINTER(fk_buffer), POINTER(fk_buffer), c_double, c_int64, c_double, c_uint32,
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream),
-        ],
-    ),
-    "fk_leapfrog_backward": (
-        fk_status,
-        [
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer),
-            POINTER(fk_buffer), c_double, c_int64, c_double, c_uint32, POINTER(fk_buffer),
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer),
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream),
-        ],
-    ),
-    "fk_gemm": (
-        fk_status,
-        [
-            fk_op, fk_op, fk_scalar, POINTER(fk_buffer), POINTER(fk_buffer), fk_scalar, POINTER(fk_buffer),
-            c_uint32, POINTER(fk_stream),
-        ],
-    ),
-    "fk_gemm_chunked": (
-        fk_status,
-        [
-            fk_op, fk_op, fk_scalar, POINTER(fk_buffer), POINTER(fk_buffer), fk_scalar, POINTER(fk_buffer),
-            c_uint64, c_uint32, POINTER(fk_stream),
-        ],
-    ),
+    "fk_context_create": (fk_status, [c_uint32, fk_device_kind, c_int32, POINTER(_context_p)]),
+    "fk_context_destroy": (fk_status, [_context_p]),
+    "fk_context_device": (fk_status, [_context_p, POINTER(fk_device_kind), POINTER(c_int32)]),
+    "fk_context_name": (fk_status, [_context_p, c_char_p, c_size_t, POINTER(c_size_t)]),
+    "fk_context_compute_capability": (fk_status, [_context_p, POINTER(c_int32), POINTER(c_int32)]),
+    "fk_context_memory": (fk_status, [_context_p, POINTER(c_uint64), POINTER(c_uint64)]),
+    "fk_context_warmup": (fk_status, [_context_p]),
+    "fk_stream_create": (fk_status, [_context_p, POINTER(_stream_p)]),
+    "fk_stream_wrap": (fk_status, [_context_p, c_void_p, POINTER(_stream_p)]),
+    "fk_stream_destroy": (fk_status, [_stream_p]),
+    "fk_stream_synchronize": (fk_status, [_stream_p]),
+    "fk_stream_handle": (fk_status, [_stream_p, POINTER(c_void_p)]),
+    "fk_buffer_create": (fk_status, [_context_p, fk_dtype, c_int32, POINTER(c_int64), _stream_p, POINTER(_buffer_p)]),
+    "fk_buffer_wrap": (fk_status, [_context_p, c_void_p, fk_dtype, c_int32, POINTER(c_int64), POINTER(c_int64),
+                                   POINTER(_buffer_p)]),
+    "fk_buffer_destroy": (fk_status, [_buffer_p]),
+    "fk_buffer_from_dlpack": (fk_status, [_context_p, c_void_p, POINTER(_buffer_p)]),
+    "fk_buffer_to_dlpack": (fk_status, [_buffer_p, POINTER(c_void_p)]),
+    "fk_buffer_copy_from_host": (fk_status, [_buffer_p, c_void_p, c_size_t, _stream_p]),
+    "fk_buffer_copy_from_host_async": (fk_status, [_buffer_p, c_void_p, c_size_t, _stream_p]),
+    "fk_buffer_copy_to_host": (fk_status, [_buffer_p, c_void_p, c_size_t, _stream_p]),
+    "fk_buffer_copy_to_host_async": (fk_status, [_buffer_p, c_void_p, c_size_t, _stream_p]),
+    "fk_buffer_dtype": (fk_status, [_buffer_p, POINTER(fk_dtype)]),
+    "fk_buffer_ndim": (fk_status, [_buffer_p, POINTER(c_int32)]),
+    "fk_buffer_shape": (fk_status, [_buffer_p, POINTER(c_int64)]),
+    "fk_buffer_strides": (fk_status, [_buffer_p, POINTER(c_int64)]),
+    "fk_buffer_data": (fk_status, [_buffer_p, POINTER(c_void_p)]),
+    "fk_buffer_device": (fk_status, [_buffer_p, POINTER(fk_device_kind), POINTER(c_int32)]),
+    "fk_buffer_numel": (fk_status, [_buffer_p, POINTER(c_int64)]),
+    "fk_buffer_nbytes": (fk_status, [_buffer_p, POINTER(c_size_t)]),
+    "fk_buffer_is_contiguous": (fk_status, [_buffer_p, POINTER(c_int32)]),
+    "fk_add": (fk_status, [_buffer_p, _buffer_p, _buffer_p, _stream_p]),
+    "fk_sub": (fk_status, [_buffer_p, _buffer_p, _buffer_p, _stream_p]),
+    "fk_mul": (fk_status, [_buffer_p, _buffer_p, _buffer_p, _stream_p]),
+    "fk_div": (fk_status, [_buffer_p, _buffer_p, _buffer_p, _stream_p]),
+    "fk_axpby": (fk_status, [fk_scalar, _buffer_p, fk_scalar, _buffer_p, _buffer_p, _stream_p]),
+    "fk_scalar_add": (fk_status, [_buffer_p, fk_scalar, _buffer_p, _stream_p]),
+    "fk_scalar_mul": (fk_status, [_buffer_p, fk_scalar, _buffer_p, _stream_p]),
+    "fk_neg": (fk_status, [_buffer_p, _buffer_p, _stream_p]),
+    "fk_abs": (fk_status, [_buffer_p, _buffer_p, _stream_p]),
+    "fk_exp": (fk_status, [_buffer_p, _buffer_p, _stream_p]),
+    "fk_log": (fk_status, [_buffer_p, _buffer_p, _stream_p]),
+    "fk_sqrt": (fk_status, [_buffer_p, _buffer_p, _stream_p]),
+    "fk_sin": (fk_status, [_buffer_p, _buffer_p, _stream_p]),
+    "fk_cos": (fk_status, [_buffer_p, _buffer_p, _stream_p]),
+    "fk_tanh": (fk_status, [_buffer_p, _buffer_p, _stream_p]),
+    "fk_sigmoid": (fk_status, [_buffer_p, _buffer_p, _stream_p]),
+    "fk_relu": (fk_status, [_buffer_p, _buffer_p, _stream_p]),
+    "fk_copy": (fk_status, [_buffer_p, _buffer_p, _stream_p]),
+    "fk_mahalanobis_forward": (fk_status, [_buffer_p, _buffer_p, _buffer_p, c_double, _buffer_p, _stream_p]),
+    "fk_mahalanobis_backward": (fk_status, [_buffer_p, _buffer_p, _buffer_p, c_double, _buffer_p, _buffer_p, _buffer_p,
+                                            _buffer_p, _buffer_p, _stream_p]),
+    "fk_gaussian_field_forward": (fk_status, [_buffer_p, _buffer_p, _buffer_p, _buffer_p, c_double, _buffer_p,
+                                              _stream_p]),
+    "fk_gaussian_field_backward": (fk_status, [_buffer_p, _buffer_p, _buffer_p, _buffer_p, c_double, _buffer_p,
+                                               _buffer_p, _buffer_p, _buffer_p, _buffer_p, _buffer_p, _stream_p]),
+    "fk_gaussian_backward_workspace_size": (fk_status, [_context_p, fk_dtype, c_int64, c_int64, POINTER(c_size_t)]),
+    "fk_christoffel_forward": (fk_status, [_buffer_p, _buffer_p, _buffer_p, c_double, c_uint32, _buffer_p, _stream_p]),
+    "fk_christoffel_backward": (fk_status, [_buffer_p, _buffer_p, _buffer_p, _buffer_p, c_double, c_uint32, _buffer_p,
+                                            _buffer_p, _buffer_p, _stream_p]),
+    "fk_leapfrog_forward": (fk_status, [_buffer_p, _buffer_p, _buffer_p, _buffer_p, _buffer_p, _buffer_p, c_double,
+                                        c_int64, c_double, c_uint32, _buffer_p, _buffer_p, _buffer_p, _stream_p]),
+    "fk_leapfrog_backward": (fk_status, [_buffer_p, _buffer_p, _buffer_p, _buffer_p, _buffer_p, c_double, c_int64,
+                                         c_double, c_uint32, _buffer_p, _buffer_p, _buffer_p, _buffer_p, _buffer_p,
+                                         _buffer_p, _buffer_p, _buffer_p, _stream_p]),
+    "fk_gemm": (fk_status, [fk_op, fk_op, fk_scalar, _buffer_p, _buffer_p, fk_scalar, _buffer_p, c_uint32, _stream_p]),
+    "fk_gemm_chunked": (fk_status, [fk_op, fk_op, fk_scalar, _buffer_p, _buffer_p, fk_scalar, _buffer_p, c_uint64,
+                                    c_uint32, _stream_p]),
     "fk_linear_aux_size": (fk_status, [fk_activation, fk_dtype, c_int64, c_int64, POINTER(c_size_t)]),
-    "fk_linear_forward": (
-        fk_status,
-        [
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), fk_activation, POINTER(fk_buffer),
-            POINTER(fk_buffer), POINTER(fk_stream),
-        ],
-    ),
-    "fk_linear_backward": (
-        fk_status,
-        [
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), fk_activation, POINTER(fk_buffer),
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream),
-        ],
-    ),
-    "fk_kron": (fk_status, [POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream)]),
-    "fk_matrix_power": (
-        fk_status,
-        [
-            POINTER(fk_buffer), c_double, c_double, fk_matpow_method, c_int32, c_double, c_uint32,
-            POINTER(fk_buffer), POINTER(fk_matpow_report), POINTER(fk_stream),
-        ],
-    ),
-    "fk_shampoo_stats": (
-        fk_status,
-        [
-            POINTER(fk_buffer), c_double, c_double, POINTER(fk_buffer), POINTER(fk_buffer),
-            POINTER(fk_stream),
-        ],
-    ),
-    "fk_shampoo_stats_ex": (
-        fk_status,
-        [
-            POINTER(fk_buffer), c_double, c_double, POINTER(fk_buffer), POINTER(fk_buffer), c_uint32,
-            POINTER(fk_stream),
-        ],
-    ),
-    "fk_shampoo_precondition": (
-        fk_status,
-        [
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), c_uint32,
-            POINTER(fk_stream),
-        ],
-    ),
-    "fk_per_sample_grads": (
-        fk_status,
-        [
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), c_uint32, POINTER(fk_stream),
-        ],
-    ),
-    "fk_per_sample_grad_norms": (
-        fk_status,
-        [
-            POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream),
-        ],
-    ),
-    "fk_dp_clipped_grad_sum": (
-        fk_status,
-        [
-            POINTER(fk_buffer), POINTER(fk_buffer), c_double, POINTER(fk_buffer), POINTER(fk_buffer),
-            c_uint32, POINTER(fk_stream),
-        ],
-    ),
-    "fk_context_memory_stats": (fk_status, [POINTER(fk_context), POINTER(fk_memory_stats)]),
-    "fk_context_set_release_threshold": (fk_status, [POINTER(fk_context), c_uint64]),
-    "fk_context_trim": (fk_status, [POINTER(fk_context), c_uint64]),
-    "fk_buffer_create_pinned": (
-        fk_status,
-        [
-            POINTER(fk_context), fk_dtype, c_int32, POINTER(c_int64), POINTER(POINTER(fk_buffer)),
-        ],
-    ),
-    "fk_buffer_copy": (fk_status, [POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream)]),
+    "fk_linear_forward": (fk_status, [_buffer_p, _buffer_p, _buffer_p, fk_activation, _buffer_p, _buffer_p, _stream_p]),
+    "fk_linear_backward": (fk_status, [_buffer_p, _buffer_p, _buffer_p, fk_activation, _buffer_p, _buffer_p, _buffer_p,
+                                       _buffer_p, _stream_p]),
+    "fk_kron": (fk_status, [_buffer_p, _buffer_p, _buffer_p, _stream_p]),
+    "fk_matrix_power": (fk_status, [_buffer_p, c_double, c_double, fk_matpow_method, c_int32, c_double, c_uint32,
+                                    _buffer_p, POINTER(fk_matpow_report), _stream_p]),
+    "fk_shampoo_stats": (fk_status, [_buffer_p, c_double, c_double, _buffer_p, _buffer_p, _stream_p]),
+    "fk_shampoo_stats_ex": (fk_status, [_buffer_p, c_double, c_double, _buffer_p, _buffer_p, c_uint32, _stream_p]),
+    "fk_shampoo_precondition": (fk_status, [_buffer_p, _buffer_p, _buffer_p, _buffer_p, c_uint32, _stream_p]),
+    "fk_per_sample_grads": (fk_status, [_buffer_p, _buffer_p, _buffer_p, c_uint32, _stream_p]),
+    "fk_per_sample_grad_norms": (fk_status, [_buffer_p, _buffer_p, _buffer_p, _stream_p]),
+    "fk_dp_clipped_grad_sum": (fk_status, [_buffer_p, _buffer_p, c_double, _buffer_p, _buffer_p, c_uint32, _stream_p]),
+    "fk_context_memory_stats": (fk_status, [_context_p, POINTER(fk_memory_stats)]),
+    "fk_context_set_release_threshold": (fk_status, [_context_p, c_uint64]),
+    "fk_context_trim": (fk_status, [_context_p, c_uint64]),
+    "fk_buffer_create_pinned": (fk_status, [_context_p, fk_dtype, c_int32, POINTER(c_int64), POINTER(_buffer_p)]),
+    "fk_buffer_copy": (fk_status, [_buffer_p, _buffer_p, _stream_p]),
     "fk_device_can_access_peer": (fk_status, [c_int32, c_int32, POINTER(c_int32)]),
-    "fk_event_create": (fk_status, [POINTER(fk_context), POINTER(POINTER(fk_event))]),
-    "fk_event_destroy": (fk_status, [POINTER(fk_event)]),
-    "fk_event_record": (fk_status, [POINTER(fk_event), POINTER(fk_stream)]),
-    "fk_stream_wait_event": (fk_status, [POINTER(fk_stream), POINTER(fk_event)]),
-    "fk_event_synchronize": (fk_status, [POINTER(fk_event)]),
-    "fk_event_query": (fk_status, [POINTER(fk_event), POINTER(c_int32)]),
-    "fk_event_elapsed_ms": (fk_status, [POINTER(fk_event), POINTER(fk_event), POINTER(c_float)]),
+    "fk_event_create": (fk_status, [_context_p, POINTER(_event_p)]),
+    "fk_event_destroy": (fk_status, [_event_p]),
+    "fk_event_record": (fk_status, [_event_p, _stream_p]),
+    "fk_stream_wait_event": (fk_status, [_stream_p, _event_p]),
+    "fk_event_synchronize": (fk_status, [_event_p]),
+    "fk_event_query": (fk_status, [_event_p, POINTER(c_int32)]),
+    "fk_event_elapsed_ms": (fk_status, [_event_p, _event_p, POINTER(c_float)]),
     "fk_comm_unique_id": (fk_status, [POINTER(c_uint8)]),
-    "fk_comm_init_rank": (
-        fk_status,
-        [
-            POINTER(fk_context), c_int32, POINTER(c_uint8), c_int32, POINTER(POINTER(fk_comm)),
-        ],
-    ),
-    "fk_comm_init_all": (fk_status, [POINTER(POINTER(fk_context)), c_int32, POINTER(POINTER(fk_comm))]),
-    "fk_comm_destroy": (fk_status, [POINTER(fk_comm)]),
-    "fk_comm_rank": (fk_status, [POINTER(fk_comm), POINTER(c_int32)]),
-    "fk_comm_size": (fk_status, [POINTER(fk_comm), POINTER(c_int32)]),
+    "fk_comm_init_rank": (fk_status, [_context_p, c_int32, POINTER(c_uint8), c_int32, POINTER(_comm_p)]),
+    "fk_comm_init_all": (fk_status, [POINTER(_context_p), c_int32, POINTER(_comm_p)]),
+    "fk_comm_destroy": (fk_status, [_comm_p]),
+    "fk_comm_rank": (fk_status, [_comm_p, POINTER(c_int32)]),
+    "fk_comm_size": (fk_status, [_comm_p, POINTER(c_int32)]),
     "fk_comm_group_start": (fk_status, []),
     "fk_comm_group_end": (fk_status, []),
-    "fk_all_reduce": (
-        fk_status,
-        [
-            POINTER(fk_comm), POINTER(fk_buffer), POINTER(fk_buffer), fk_reduce_op, POINTER(fk_stream),
-        ],
-    ),
-    "fk_broadcast": (
-        fk_status,
-        [
-            POINTER(fk_comm), POINTER(fk_buffer), POINTER(fk_buffer), c_int32, POINTER(fk_stream),
-        ],
-    ),
-    "fk_all_gather": (
-        fk_status,
-        [
-            POINTER(fk_comm), POINTER(fk_buffer), POINTER(fk_buffer), POINTER(fk_stream),
-        ],
-    ),
-    "fk_reduce_scatter": (
-        fk_status,
-        [
-            POINTER(fk_comm), POINTER(fk_buffer), POINTER(fk_buffer), fk_reduce_op, POINTER(fk_stream),
-        ],
-    ),
+    "fk_all_reduce": (fk_status, [_comm_p, _buffer_p, _buffer_p, fk_reduce_op, _stream_p]),
+    "fk_broadcast": (fk_status, [_comm_p, _buffer_p, _buffer_p, c_int32, _stream_p]),
+    "fk_all_gather": (fk_status, [_comm_p, _buffer_p, _buffer_p, _stream_p]),
+    "fk_reduce_scatter": (fk_status, [_comm_p, _buffer_p, _buffer_p, fk_reduce_op, _stream_p]),
 }
 
 # ----------------------------------------------------------------------------

@@ -13,9 +13,9 @@ import numpy as np
 
 from . import _dlpack as dl
 from . import _lib
-from ._context import Context, _ctx_arg, _default_of, _device_str, _live_ctx, default_context
+from ._context import Context, _ctx_arg, _default_of, _live_ctx, _Placed, default_context
 from ._dtype import _FROM_DLPACK, _FROM_NUMPY, DType, _is_torch_tensor, _torch, as_dtype
-from ._handle import _Handle
+from ._handle import _readonly
 from ._lib import (
     ERROR_DEVICE_MISMATCH,
     ERROR_INVALID_ARGUMENT,
@@ -50,7 +50,7 @@ def _is_contiguous(shape, strides):
     return True
 
 
-class Buffer(_Handle):
+class Buffer(_Placed):
     """A fusekit buffer: owned device/host memory, or a zero-copy view of the
     caller's memory (numpy, torch, DLPack), which it keeps alive.
 
@@ -349,18 +349,9 @@ class Buffer(_Handle):
         self._owner = None
 
     # -- properties
-    @property
-    def dtype(self) -> DType:
-        return self._dtype
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._shape
-
-    @property
-    def strides(self) -> tuple[int, ...]:
-        """Strides in elements."""
-        return self._strides
+    dtype = _readonly("_dtype")
+    shape = _readonly("_shape")
+    strides = _readonly("_strides", """Strides in elements.""")
 
     @property
     def ndim(self) -> int:
@@ -383,18 +374,7 @@ class Buffer(_Handle):
     def nbytes(self) -> int:
         return self.size * self.itemsize
 
-    @property
-    def is_contiguous(self) -> bool:
-        return self._contiguous
-
-    @property
-    def device(self) -> str:
-        """``"cpu"`` or ``"cuda:N"``."""
-        return _device_str(self._kind, self._ordinal)
-
-    @property
-    def is_cuda(self) -> bool:
-        return self._kind == _lib.DEVICE_CUDA
+    is_contiguous = _readonly("_contiguous")
 
     @property
     def is_pinned(self) -> bool:
@@ -402,23 +382,10 @@ class Buffer(_Handle):
         device ``"cuda_host:N"``): a copy endpoint, not an operand of ops."""
         return self._kind == _lib.DEVICE_CUDA_HOST
 
-    @property
-    def data_ptr(self) -> int:
-        """Address of the first element (host or device)."""
-        return self._data
-
-    @property
-    def context(self) -> Context:
-        return self._context
-
-    @property
-    def readonly(self) -> bool:
-        return self._readonly
-
-    @property
-    def owner(self):
-        """The object whose memory this buffer views (None for owned memory)."""
-        return self._owner
+    data_ptr = _readonly("_data", """Address of the first element (host or device).""")
+    context = _readonly("_context")
+    readonly = _readonly("_readonly")
+    owner = _readonly("_owner", """The object whose memory this buffer views (None for owned memory).""")
 
     def __len__(self) -> int:
         if not self._shape:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 
 from . import _lib
 from ._dtype import _torch
-from ._handle import _Handle
+from ._handle import _Handle, _readonly
 from ._lib import ERROR_INVALID_ARGUMENT, lib, raise_error
 
 
@@ -98,7 +98,21 @@ def _device_str(kind: int, ordinal: int) -> str:
     return "cpu" if kind == _lib.DEVICE_CPU else f"cuda:{ordinal}"
 
 
-class Context(_Handle):
+class _Placed(_Handle):
+    """A handle on a device of its own, ``_kind`` and ``_ordinal`` (a Context, a
+    Buffer)."""
+
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``."""
+        return _device_str(self._kind, self._ordinal)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self._kind == _lib.DEVICE_CUDA
+
+
+class Context(_Placed):
     """A device context: ``Context("cpu")``, ``Context("cuda")``, ``Context("cuda:1")``
     or ``Context("auto")`` (CUDA when a usable GPU is present, else the CPU).
 
@@ -126,24 +140,9 @@ class Context(_Handle):
         return self._kind, self._ordinal
 
 
-    # -- queries
-    @property
-    def device(self) -> str:
-        """``"cpu"`` or ``"cuda:N"``."""
-        return _device_str(self._kind, self._ordinal)
-
-    @property
-    def is_cuda(self) -> bool:
-        return self._kind == _lib.DEVICE_CUDA
-
-    @property
-    def kind(self) -> int:
-        """``FK_DEVICE_CPU`` (1) or ``FK_DEVICE_CUDA`` (2)."""
-        return self._kind
-
-    @property
-    def ordinal(self) -> int:
-        return self._ordinal
+    # -- queries (also device, is_cuda)
+    kind = _readonly("_kind", """``FK_DEVICE_CPU`` (1) or ``FK_DEVICE_CUDA`` (2).""")
+    ordinal = _readonly("_ordinal")
 
     @property
     def name(self) -> str:

@@ -42,7 +42,7 @@ from ._context import (
     default_context,
 )
 from ._dtype import DType, _is_torch_dtype, _is_torch_tensor, _torch, as_dtype
-from ._handle import _Handle
+from ._handle import _Handle, _readonly
 from ._invocation import KIND_BUFFER, KIND_NUMPY, KIND_TORCH, Invocation, array_kind
 from ._stream import (
     Event,

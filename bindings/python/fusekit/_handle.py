@@ -1,9 +1,20 @@
 """The base of every object that owns one C handle (contexts, streams, buffers,
-and runtime.py's events and communicators)."""
+and runtime.py's events and communicators), and the read-only attributes they
+expose."""
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from ._lib import ERROR_INVALID_ARGUMENT, raise_error
+
+
+def _readonly(attr: str, doc: str | None = None) -> property:
+    """A read-only property whose value is ``self.<attr>`` (a dotted path too:
+    ``"_context.device"``)."""
+    p = property(attrgetter(attr))
+    p.__doc__ = doc  # not attrgetter's
+    return p
 
 
 class _Handle:
@@ -37,6 +48,14 @@ class _Handle:
 
     def _after_close(self) -> None:
         pass
+
+    @classmethod
+    def _arg(cls, obj, where: str, name: str):
+        """``obj`` when it is a ``cls``, else InvalidArgumentError "<name> must be a
+        fusekit.<cls>"."""
+        if not isinstance(obj, cls):
+            raise_error(ERROR_INVALID_ARGUMENT, where, f"{name} must be a fusekit.{cls.__name__}, got {type(obj).__name__}")
+        return obj
 
     def __enter__(self):
         return self

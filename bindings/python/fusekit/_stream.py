@@ -11,7 +11,7 @@ from ctypes import byref, c_float, c_int32, c_void_p
 from . import _lib
 from ._context import Context, _ctx_arg, default_context
 from ._dtype import _torch
-from ._handle import _Handle
+from ._handle import _Handle, _readonly
 from ._lib import ERROR_DEVICE_MISMATCH, ERROR_INVALID_ARGUMENT, lib, raise_error
 
 
@@ -50,13 +50,8 @@ class Stream(_Handle):
         lib().fk_stream_wrap(ctx.handle, c_void_p(raw or None), byref(h))
         return cls(ctx, _handle=h, _owned=False, _keepalive=keepalive if keepalive is not None else ka)
 
-    @property
-    def owned(self) -> bool:
-        return self._owned
-
-    @property
-    def context(self) -> Context:
-        return self._context
+    owned = _readonly("_owned")
+    context = _readonly("_context")
 
     @property
     def cuda_stream(self) -> int:
@@ -196,13 +191,8 @@ class Event(_Handle):
         self._handle = h
         self._destroy = L.fk_event_destroy
 
-    @property
-    def context(self) -> Context:
-        return self._context
-
-    @property
-    def device(self) -> str:
-        return self._context.device
+    context = _readonly("_context")
+    device = _readonly("_context.device")
 
     def record(self, stream=None) -> "Event":
         """Records the event on ``stream`` (a fusekit Stream, torch stream or raw
@@ -224,10 +214,7 @@ class Event(_Handle):
     def elapsed_ms(self, end: "Event") -> float:
         """Milliseconds from this event to ``end`` (blocks until ``end`` completes).
         InvalidArgumentError if either was never recorded."""
-        if not isinstance(end, Event):
-            raise_error(
-                ERROR_INVALID_ARGUMENT, "fusekit.Event.elapsed_ms", f"end must be a fusekit.Event, got {type(end).__name__}"
-            )
+        Event._arg(end, "fusekit.Event.elapsed_ms", "end")
         ms = c_float(0.0)
         lib().fk_event_elapsed_ms(self.handle, end.handle, byref(ms))
         return float(ms.value)
@@ -244,9 +231,7 @@ class Event(_Handle):
 
 
 def _event_arg(ev, where: str) -> Event:
-    if not isinstance(ev, Event):
-        raise_error(ERROR_INVALID_ARGUMENT, where, f"event must be a fusekit.Event, got {type(ev).__name__}")
-    return ev
+    return Event._arg(ev, where, "event")
 
 
 def stream_wait_event(stream, ev: Event) -> None:

@@ -40,6 +40,7 @@ from ._core import (
     _ctx_arg,
     _event_arg,
     _handle_of,
+    _readonly,
     as_buffer,
     default_context,
     resolve_stream,
@@ -328,21 +329,10 @@ class Comm(_Handle):
             raise
         lib().fk_comm_group_end()
 
-    @property
-    def context(self) -> Context:
-        return self._context
-
-    @property
-    def device(self) -> str:
-        return self._context.device
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def size(self) -> int:
-        return self._size
+    context = _readonly("_context")
+    device = _readonly("_context.device")
+    rank = _readonly("_rank")
+    size = _readonly("_size")
 
 
     def __repr__(self) -> str:
@@ -351,9 +341,7 @@ class Comm(_Handle):
 
 
 def _comm_arg(comm, where: str) -> Comm:
-    if not isinstance(comm, Comm):
-        raise_error(ERROR_INVALID_ARGUMENT, where, f"comm must be a fusekit.Comm, got {type(comm).__name__}")
-    return comm
+    return Comm._arg(comm, where, "comm")
 
 
 def comm_init_rank(ctx, nranks: int, uid: bytes, rank: int) -> Comm:

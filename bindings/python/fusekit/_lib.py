@@ -27,24 +27,8 @@ from pathlib import Path
 from . import _abi
 from ._abi import *  # noqa: F401,F403  (every constant, type and PROTOTYPES of the header)
 from ._abi import (
-    ERROR_ABI_MISMATCH,
-    ERROR_ALIASING,
-    ERROR_BUFFER_TOO_SMALL,
-    ERROR_CUDA,
-    ERROR_CUDA_UNAVAILABLE,
-    ERROR_DEVICE_MISMATCH,
-    ERROR_DTYPE_MISMATCH,
-    ERROR_INTERNAL,
     ERROR_INVALID_ARGUMENT,
-    ERROR_IO,
-    ERROR_KERNEL_COMPILE,
-    ERROR_LIBRARY_NOT_FOUND,
     ERROR_NOT_CONVERGED,
-    ERROR_NULL_POINTER,
-    ERROR_OUT_OF_MEMORY,
-    ERROR_SHAPE_MISMATCH,
-    ERROR_UNSUPPORTED,
-    ERROR_UNSUPPORTED_DTYPE,
     OK,
     PROTOTYPES,
     STATUS_NAMES,
@@ -103,50 +87,36 @@ class Error(Exception):
         super().__init__(f"{message} [{self.status_name}]")
 
 
-def _subclass(name: str, status: int, doc: str, *bases: type) -> type:
-    cls = type(name, (Error, *bases), {"status": status, "__doc__": doc, "__module__": "fusekit"})
-    return cls
+def _subclass(name: str, code: str, base: type, doc: str = "") -> type:
+    """The Error subclass `name` of status FK_ERROR_<code>, also a `base` (ValueError,
+    ...); its docstring is the status name, then `doc`."""
+    status_name = "FK_ERROR_" + code
+    doc = f"{status_name}: {doc}" if doc else status_name
+    ns = {"status": getattr(_abi, status_name[len("FK_"):]), "__doc__": doc, "__module__": "fusekit"}
+    return type(name, (Error, base), ns)
 
 
-InvalidArgumentError = _subclass(
-    "InvalidArgumentError", ERROR_INVALID_ARGUMENT, "FK_ERROR_INVALID_ARGUMENT", ValueError
-)
-NullPointerError = _subclass("NullPointerError", ERROR_NULL_POINTER, "FK_ERROR_NULL_POINTER", ValueError)
-UnsupportedDtypeError = _subclass(
-    "UnsupportedDtypeError", ERROR_UNSUPPORTED_DTYPE, "FK_ERROR_UNSUPPORTED_DTYPE", TypeError
-)
-ShapeMismatchError = _subclass(
-    "ShapeMismatchError", ERROR_SHAPE_MISMATCH, "FK_ERROR_SHAPE_MISMATCH", ValueError
-)
-DeviceMismatchError = _subclass(
-    "DeviceMismatchError", ERROR_DEVICE_MISMATCH, "FK_ERROR_DEVICE_MISMATCH", ValueError
-)
-AliasingError = _subclass("AliasingError", ERROR_ALIASING, "FK_ERROR_ALIASING", ValueError)
-OutOfMemoryError = _subclass("OutOfMemoryError", ERROR_OUT_OF_MEMORY, "FK_ERROR_OUT_OF_MEMORY", MemoryError)
-CudaUnavailableError = _subclass(
-    "CudaUnavailableError", ERROR_CUDA_UNAVAILABLE, "FK_ERROR_CUDA_UNAVAILABLE", RuntimeError
-)
+InvalidArgumentError = _subclass("InvalidArgumentError", "INVALID_ARGUMENT", ValueError)
+NullPointerError = _subclass("NullPointerError", "NULL_POINTER", ValueError)
+UnsupportedDtypeError = _subclass("UnsupportedDtypeError", "UNSUPPORTED_DTYPE", TypeError)
+ShapeMismatchError = _subclass("ShapeMismatchError", "SHAPE_MISMATCH", ValueError)
+DeviceMismatchError = _subclass("DeviceMismatchError", "DEVICE_MISMATCH", ValueError)
+AliasingError = _subclass("AliasingError", "ALIASING", ValueError)
+OutOfMemoryError = _subclass("OutOfMemoryError", "OUT_OF_MEMORY", MemoryError)
+CudaUnavailableError = _subclass("CudaUnavailableError", "CUDA_UNAVAILABLE", RuntimeError)
 LibraryNotFoundError = _subclass(
-    "LibraryNotFoundError",
-    ERROR_LIBRARY_NOT_FOUND,
-    "FK_ERROR_LIBRARY_NOT_FOUND: a run-time dependency of libfusekit (libnvrtc, the CUDA "
-    "headers, ...) is missing. (Failing to find libfusekit itself is LibraryLoadError.)",
-    RuntimeError,
+    "LibraryNotFoundError", "LIBRARY_NOT_FOUND", RuntimeError,
+    "a run-time dependency of libfusekit (libnvrtc, the CUDA headers, ...) is missing. (Failing to find "
+    "libfusekit itself is LibraryLoadError.)",
 )
-KernelCompileError = _subclass(
-    "KernelCompileError", ERROR_KERNEL_COMPILE, "FK_ERROR_KERNEL_COMPILE", RuntimeError
-)
-CudaError = _subclass("CudaError", ERROR_CUDA, "FK_ERROR_CUDA", RuntimeError)
-AbiMismatchError = _subclass("AbiMismatchError", ERROR_ABI_MISMATCH, "FK_ERROR_ABI_MISMATCH", RuntimeError)
-BufferTooSmallError = _subclass(
-    "BufferTooSmallError", ERROR_BUFFER_TOO_SMALL, "FK_ERROR_BUFFER_TOO_SMALL", ValueError
-)
-UnsupportedError = _subclass("UnsupportedError", ERROR_UNSUPPORTED, "FK_ERROR_UNSUPPORTED", RuntimeError)
-InternalError = _subclass("InternalError", ERROR_INTERNAL, "FK_ERROR_INTERNAL", RuntimeError)
-IoError = _subclass("IoError", ERROR_IO, "FK_ERROR_IO", OSError)
-DtypeMismatchError = _subclass(
-    "DtypeMismatchError", ERROR_DTYPE_MISMATCH, "FK_ERROR_DTYPE_MISMATCH", TypeError
-)
+KernelCompileError = _subclass("KernelCompileError", "KERNEL_COMPILE", RuntimeError)
+CudaError = _subclass("CudaError", "CUDA", RuntimeError)
+AbiMismatchError = _subclass("AbiMismatchError", "ABI_MISMATCH", RuntimeError)
+BufferTooSmallError = _subclass("BufferTooSmallError", "BUFFER_TOO_SMALL", ValueError)
+UnsupportedError = _subclass("UnsupportedError", "UNSUPPORTED", RuntimeError)
+InternalError = _subclass("InternalError", "INTERNAL", RuntimeError)
+IoError = _subclass("IoError", "IO", OSError)
+DtypeMismatchError = _subclass("DtypeMismatchError", "DTYPE_MISMATCH", TypeError)
 
 
 class NotConvergedError(Error, RuntimeError):

@@ -242,25 +242,24 @@ _IsValid_raw = ctypes.PYFUNCTYPE(c_int, c_void_p, c_char_p)(("PyCapsule_IsValid"
 _GetPointer_raw = ctypes.PYFUNCTYPE(c_void_p, c_void_p, c_char_p)(("PyCapsule_GetPointer", _papi))
 
 
-def _versioned_destructor(cap, _valid=_IsValid_raw, _get=_GetPointer_raw, _name=NAME_VERSIONED):
-    try:
-        if _valid(cap, _name):
-            managed = _get(cap, _name)
-            if managed:
-                call_deleter(DLManagedTensorVersioned.from_address(managed).deleter, managed)
-    except BaseException:  # never let an exception out of a destructor
-        pass
+def _capsule_destructor(name: bytes, managed_type):
+    """The destructor of capsules named `name` holding a `managed_type` pointer: calls
+    the tensor's deleter unless a consumer took the tensor (renamed the capsule)."""
+
+    def destructor(cap, _valid=_IsValid_raw, _get=_GetPointer_raw, _name=name, _managed=managed_type):
+        try:
+            if _valid(cap, _name):
+                managed = _get(cap, _name)
+                if managed:
+                    call_deleter(_managed.from_address(managed).deleter, managed)
+        except BaseException:  # never let an exception out of a destructor
+            pass
+
+    return destructor
 
 
-def _legacy_destructor(cap, _valid=_IsValid_raw, _get=_GetPointer_raw, _name=NAME_LEGACY):
-    try:
-        if _valid(cap, _name):
-            managed = _get(cap, _name)
-            if managed:
-                call_deleter(DLManagedTensor.from_address(managed).deleter, managed)
-    except BaseException:
-        pass
-
+_versioned_destructor = _capsule_destructor(NAME_VERSIONED, DLManagedTensorVersioned)
+_legacy_destructor = _capsule_destructor(NAME_LEGACY, DLManagedTensor)
 
 _DESTRUCTOR = ctypes.CFUNCTYPE(None, c_void_p)
 _versioned_destructor_c = _leak(_DESTRUCTOR(_versioned_destructor))
@@ -287,11 +286,11 @@ _wrapper_deleter_c = _leak(_DELETER(_wrapper_deleter))
 _wrapper_deleter_addr = ctypes.cast(_wrapper_deleter_c, c_void_p).value
 
 
-def _fallback_wrap_versioned(versioned_addr: int, keepalive, set_flags: int = 0) -> int:
+def _fallback_wrapper(w, versioned_addr: int, keepalive) -> int:
+    """Makes `w` (a new DLManagedTensorVersioned or DLManagedTensor) a wrapper of the
+    library's versioned tensor at `versioned_addr`: its dl_tensor, deleted by
+    _wrapper_deleter, kept with `keepalive` in _live until then. Returns its address."""
     v = DLManagedTensorVersioned.from_address(versioned_addr)
-    w = DLManagedTensorVersioned()
-    w.version = v.version
-    w.flags = v.flags | set_flags
     ctypes.memmove(ctypes.addressof(w.dl_tensor), ctypes.addressof(v.dl_tensor), ctypes.sizeof(DLTensor))
     w.manager_ctx = versioned_addr
     w.deleter = _wrapper_deleter_addr
@@ -301,15 +300,16 @@ def _fallback_wrap_versioned(versioned_addr: int, keepalive, set_flags: int = 0)
     return addr
 
 
-def _fallback_legacy_capsule(versioned_addr: int, keepalive):
+def _fallback_wrap_versioned(versioned_addr: int, keepalive, set_flags: int = 0) -> int:
     v = DLManagedTensorVersioned.from_address(versioned_addr)
-    w = DLManagedTensor()
-    ctypes.memmove(ctypes.addressof(w.dl_tensor), ctypes.addressof(v.dl_tensor), ctypes.sizeof(DLTensor))
-    w.manager_ctx = versioned_addr
-    w.deleter = _wrapper_deleter_addr
-    addr = ctypes.addressof(w)
-    with _live_lock:
-        _live[addr] = (w, keepalive)
+    w = DLManagedTensorVersioned()
+    w.version = v.version
+    w.flags = v.flags | set_flags
+    return _fallback_wrapper(w, versioned_addr, keepalive)
+
+
+def _fallback_legacy_capsule(versioned_addr: int, keepalive):
+    addr = _fallback_wrapper(DLManagedTensor(), versioned_addr, keepalive)
     return _PyCapsule_New(addr, NAME_LEGACY, _legacy_destructor_addr)
 
 

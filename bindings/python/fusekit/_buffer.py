@@ -399,6 +399,13 @@ class Buffer(_Placed):
         return f"<fusekit.Buffer {self._dtype.name}{list(self._shape)} {self.device} {kind}>"
 
     # -- copies
+    def _copy_stream(self, stream, where: str) -> Stream | None:
+        """The stream of a copy to or from the host: resolved as for ops on CUDA; on
+        the CPU a fusekit Stream given, else none."""
+        if self.is_cuda:
+            return resolve_stream(self._context, stream, where)
+        return stream if isinstance(stream, Stream) else None
+
     def contiguous(self, stream=None) -> "Buffer":
         """Itself if contiguous, else a contiguous copy (``fk_copy``)."""
         if self._contiguous:
@@ -419,9 +426,7 @@ class Buffer(_Placed):
                 where,
                 "numpy has no bfloat16; use torch.from_dlpack(buffer) (then .float() or .cpu())",
             )
-        s = resolve_stream(self._context, stream, where) if self.is_cuda else (
-            stream if isinstance(stream, Stream) else None
-        )
+        s = self._copy_stream(stream, where)
         src = self.contiguous(s)
         out = np.empty(self._shape, dtype=nd)
         try:
@@ -444,20 +449,14 @@ class Buffer(_Placed):
         where = "fusekit.Buffer.copy_from"
         if self._readonly:
             raise_error(ERROR_INVALID_ARGUMENT, where, "the buffer is read-only")
-        s = resolve_stream(self._context, stream, where) if self.is_cuda else (
-            stream if isinstance(stream, Stream) else None
-        )
+        s = self._copy_stream(stream, where)
         torch = _torch()
         if self.is_pinned and (isinstance(src, Buffer) or (torch is not None and isinstance(src, torch.Tensor))):
             # ops refuse pinned buffers: a buffer-to-buffer copy (same element count)
-            b = as_buffer(src, name="src", where=where, stream=s)
-            try:
+            with _Borrowed(src, name="src", where=where, stream=s) as b:
                 if b.is_cuda and s is None:
                     s = resolve_stream(b.context, stream, where)
                 lib().fk_buffer_copy(self.handle, b.handle, _handle_of(s))
-            finally:
-                if b is not src:
-                    b.close()
             self._last_stream = s
             return self
         same_device_obj = isinstance(src, Buffer) or (
@@ -469,12 +468,9 @@ class Buffer(_Placed):
         if same_device_obj or (not self.is_cuda and torch is not None and isinstance(src, torch.Tensor)):
             if torch is not None and isinstance(src, torch.Tensor) and src.dtype != self._dtype.torch:
                 src = src.to(self._dtype.torch)
-            b = as_buffer(src, ctx=_live_ctx(self._context) if not isinstance(src, Buffer) else None, name="src", where=where, stream=s)
-            try:
+            ctx = _live_ctx(self._context) if not isinstance(src, Buffer) else None
+            with _Borrowed(src, ctx, name="src", where=where, stream=s) as b:
                 lib().fk_copy(b.handle, self.handle, _handle_of(s))
-            finally:
-                if b is not src:
-                    b.close()
             self._last_stream = s
             return self
         # host data -> this buffer
@@ -638,6 +634,24 @@ def _temp_view(ctx: Context, ptr: int, shape: tuple, dt: DType, strides) -> Buff
                 _VIEWS.pop(k, None)
         _VIEWS[key] = b
     return b
+
+
+class _Borrowed:
+    """``with _Borrowed(obj, ...) as b``: ``b`` is ``as_buffer(obj, ...)`` for the
+    block; a view made for it is closed at the end (a Buffer given stays open)."""
+
+    __slots__ = ("obj", "buf")
+
+    def __init__(self, obj, *args, **kwargs):
+        self.obj = obj
+        self.buf = as_buffer(obj, *args, **kwargs)
+
+    def __enter__(self) -> Buffer:
+        return self.buf
+
+    def __exit__(self, *exc) -> None:
+        if self.buf is not self.obj:
+            self.buf.close()
 
 
 def as_buffer(obj, ctx=None, *, name: str = "array", where: str = "fusekit.as_buffer", stream=None) -> Buffer:

@@ -22,6 +22,7 @@ from __future__ import annotations
 # ruff: noqa: F401
 from ._buffer import (
     Buffer,
+    _Borrowed,
     _contiguous_strides,
     _ctx_for_dlpack_device,
     _is_contiguous,

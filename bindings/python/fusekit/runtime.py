@@ -31,6 +31,7 @@ from ctypes import byref, c_int32, c_uint8
 from . import _lib
 from ._core import (
     Buffer,
+    _Borrowed,
     _Handle,
     Context,
     Event,
@@ -153,22 +154,14 @@ def copy_buffer(dst, src, stream=None):
     where = "fusekit.copy_buffer"
     if isinstance(dst, Buffer) and dst.readonly:
         raise_error(ERROR_INVALID_ARGUMENT, where, "dst is a read-only buffer")
-    D = as_buffer(dst, name="dst", where=where)
-    try:
+    with _Borrowed(dst, name="dst", where=where) as D:
         if D.readonly:
             raise_error(ERROR_INVALID_ARGUMENT, where, "dst is read-only")
-        S = as_buffer(src, name="src", where=where)
-        try:
+        with _Borrowed(src, name="src", where=where) as S:
             s = _copy_stream(D, S, stream, where)
             lib().fk_buffer_copy(D.handle, S.handle, _handle_of(s))
             if isinstance(dst, Buffer):
                 dst._last_stream = s
-        finally:
-            if S is not src:
-                S.close()
-    finally:
-        if D is not dst:
-            D.close()
     return dst
 
 

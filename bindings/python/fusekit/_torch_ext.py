@@ -9,6 +9,7 @@ import importlib
 
 from . import torch as _torch_pkg
 from ._deprecated import moved
+from .torch import _ext
 from .torch._ext import NOT_BUILT, enable_route, plain, route, translate  # noqa: F401
 
 moved(__name__, "fusekit.torch._ext")
@@ -23,11 +24,7 @@ def load() -> str:
 
 def available() -> bool:
     """Whether the compiled ops load (and register); never raises."""
-    try:
-        load()
-        return True
-    except ImportError:
-        return False
+    return _ext.available(load)
 
 
 def library_path() -> str:

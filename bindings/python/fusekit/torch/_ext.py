@@ -92,10 +92,11 @@ def load() -> str:
         return path
 
 
-def available() -> bool:
-    """Whether the extension is (or can be) loaded; never raises."""
+def available(loader=None) -> bool:
+    """Whether the extension is (or can be) loaded (by ``loader``, default
+    :func:`load`); never raises."""
     try:
-        load()
+        (loader or load)()
         return True
     except ImportError:
         return False

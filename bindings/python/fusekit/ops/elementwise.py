@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from .._core import DType, Invocation
 from .._lib import lib, scalar
-from ..torch import _ext as _tx
+from ..torch._ext import plain as _plain  # torch tensors: the compiled ops
+from ..torch._ext import route as _route  # _route.elementwise: fusekit.torch.elementwise
 
-_route = _tx.route  # torch tensors: fusekit.torch.elementwise (the compiled ops)
 
 __all__ = [
     "add",
@@ -48,7 +48,7 @@ def _binary(entry: str, where: str, a, b, out, stream):
     if (t is not None and type(a) is t and type(b) is t and out is None and stream is None
             and not (a.requires_grad or b.requires_grad or a.is_complex() or b.is_complex())):
         return _route.elementwise.binary_new(entry, a, b)  # the common case, with the fewest checks
-    if stream is None and _tx.plain(a, b, out):
+    if stream is None and _plain(a, b, out):
         return _route.elementwise.binary(entry, where, a, b, out)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
@@ -62,7 +62,7 @@ def _unary(entry: str, where: str, a, out, stream, out_dtype=None):
     t = _route.tensor
     if t is not None and type(a) is t and out is None and stream is None and not (a.requires_grad or a.is_complex()):
         return _route.elementwise.unary_new(entry, a)  # the common case, with the fewest checks
-    if stream is None and _tx.plain(a, out):
+    if stream is None and _plain(a, out):
         return _route.elementwise.unary(entry, where, a, out)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
@@ -97,7 +97,7 @@ def axpby(alpha, a, beta, b, *, out=None, stream=None):
     where = "fusekit.axpby"
     sa = scalar(alpha, where, "alpha")
     sb = scalar(beta, where, "beta")
-    if stream is None and _tx.plain(a, b, out):
+    if stream is None and _plain(a, b, out):
         return _route.elementwise.axpby_c(where, sa, a, sb, b, out)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
@@ -109,7 +109,7 @@ def axpby(alpha, a, beta, b, *, out=None, stream=None):
 
 def _scalar_op(entry: str, where: str, a, s, out, stream):
     sc = scalar(s, where, "s")
-    if stream is None and _tx.plain(a, out):
+    if stream is None and _plain(a, out):
         return _route.elementwise.scalar(entry, where, a, sc, out)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")

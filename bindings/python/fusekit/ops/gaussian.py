@@ -22,9 +22,9 @@ from ctypes import byref, c_size_t
 
 from .._core import DType, Invocation, as_dtype, default_context
 from .._lib import lib
-from ..torch import _ext as _tx
+from ..torch._ext import plain as _plain  # torch tensors: the compiled ops
+from ..torch._ext import route as _route  # _route.gaussian: fusekit.torch.gaussian
 
-_route = _tx.route  # torch tensors: fusekit.torch.gaussian (the compiled ops)
 
 __all__ = [
     "DEFAULT_EPS",
@@ -67,7 +67,7 @@ def gaussian_backward_workspace_size(context, dtype, num_points: int, num_gaussi
 
 def mahalanobis_forward(points, means, chol, eps: float = DEFAULT_EPS, *, out=None, stream=None):
     """Squared Mahalanobis distances ``m[b,n] = |(L_n + eps I)^-1 (p_b - mu_n)|^2``, ``[B,N]``."""
-    if stream is None and _tx.plain(points, means, chol, out):
+    if stream is None and _plain(points, means, chol, out):
         return _route.gaussian.mahalanobis_forward("fusekit.mahalanobis_forward", points, means, chol, eps, out)
     with Invocation("fusekit.mahalanobis_forward", stream) as inv:
         P = inv.input(points, "points")
@@ -84,7 +84,7 @@ def mahalanobis_backward(
 ):
     """Given ``g = dL/dm [B,N]``: ``(dpoints [B,3], dmeans [N,3], dchol [N,3,3])``
     (exact full lower triangle of dchol; its upper part is 0)."""
-    if stream is None and _tx.plain(points, means, chol, g, workspace, *(out or ())):
+    if stream is None and _plain(points, means, chol, g, workspace, *(out or ())):
         return _route.gaussian.mahalanobis_backward("fusekit.mahalanobis_backward", points, means, chol, g, eps,
                                                     needs, out, workspace)
     with Invocation("fusekit.mahalanobis_backward", stream) as inv:
@@ -105,7 +105,7 @@ def mahalanobis_backward(
 
 def gaussian_field_forward(points, means, chol, weights, eps: float = DEFAULT_EPS, *, out=None, stream=None):
     """``out[b] = sum_n weights[n] exp(-0.5 m[b,n])``, ``[B]``, fused (no ``[B,N]`` array)."""
-    if stream is None and _tx.plain(points, means, chol, weights, out):
+    if stream is None and _plain(points, means, chol, weights, out):
         return _route.gaussian.field_forward("fusekit.gaussian_field_forward", points, means, chol, weights, eps, out)
     with Invocation("fusekit.gaussian_field_forward", stream) as inv:
         P = inv.input(points, "points")
@@ -124,7 +124,7 @@ def gaussian_field_backward(
     workspace=None, stream=None
 ):
     """Given ``dout = dL/dout [B]``: ``(dpoints, dmeans, dchol, dweights)``, fused."""
-    if stream is None and _tx.plain(points, means, chol, weights, dout, workspace, *(out or ())):
+    if stream is None and _plain(points, means, chol, weights, dout, workspace, *(out or ())):
         return _route.gaussian.field_backward("fusekit.gaussian_field_backward", points, means, chol, weights, dout,
                                               eps, needs, out, workspace)
     with Invocation("fusekit.gaussian_field_backward", stream) as inv:

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from .._core import Invocation
 from .._lib import GEO_ALLOW_TF32, GEO_ALLOW_TF32X3, GEO_FORCE_GENERIC, lib
-from ..torch import _ext as _tx
+from ..torch._ext import plain as _plain  # torch tensors: the compiled ops
+from ..torch._ext import route as _route  # _route.geodesic: fusekit.torch.geodesic
 
-_route = _tx.route  # torch tensors: fusekit.torch.geodesic (the compiled ops)
 
 __all__ = [
     "DEFAULT_C",
@@ -68,7 +68,7 @@ def _wanted(where: str, want, names) -> tuple:
 
 def christoffel_forward(v, U, W, c: float = DEFAULT_C, flags: int = 0, *, out=None, stream=None):
     """``gamma = clamp((v U)**2 W^T, -c, c)``, ``[B, D]`` (``out`` may be ``v``)."""
-    if stream is None and _tx.plain(v, U, W, out):
+    if stream is None and _plain(v, U, W, out):
         return _route.geodesic.christoffel_forward("fusekit.christoffel_forward", v, U, W, c, flags, out)
     with Invocation("fusekit.christoffel_forward", stream) as inv:
         V = inv.input(v, "v")
@@ -87,7 +87,7 @@ def christoffel_backward(
     a gradient not in ``want``. ``out``: optional 3-tuple of output arrays."""
     where = "fusekit.christoffel_backward"
     wanted = _wanted(where, want, ("v", "U", "W"))
-    if stream is None and _tx.plain(v, U, W, g, *(out or ())):
+    if stream is None and _plain(v, U, W, g, *(out or ())):
         return _route.geodesic.christoffel_backward(where, v, U, W, g, c, flags, wanted, out)
     with Invocation(where, stream) as inv:
         V = inv.input(v, "v")
@@ -112,7 +112,7 @@ def leapfrog_forward(
     t; pass it to :func:`leapfrog_backward`). ``out``: optional ``(x_out, v_out)``
     (``x_out`` may be ``x0`` and ``v_out`` ``v0``)."""
     traj_given = traj is not None and not isinstance(traj, bool)
-    if stream is None and _tx.plain(x0, v0, U, W, f, mu, *(out or ()), traj if traj_given else None):
+    if stream is None and _plain(x0, v0, U, W, f, mu, *(out or ()), traj if traj_given else None):
         return _route.geodesic.leapfrog_forward("fusekit.leapfrog_forward", x0, v0, U, W, dt, steps, f, mu, c, flags,
                                                 traj, out)
     with Invocation("fusekit.leapfrog_forward", stream) as inv:
@@ -153,7 +153,7 @@ def leapfrog_backward(
     are recomputed). ``out``: optional 5-tuple of output arrays."""
     where = "fusekit.leapfrog_backward"
     wanted = _wanted(where, want, ("x0", "v0", "f", "U", "W"))
-    if stream is None and _tx.plain(v0, U, W, f, mu, traj, gx, gv, *(out or ())):
+    if stream is None and _plain(v0, U, W, f, mu, traj, gx, gv, *(out or ())):
         return _route.geodesic.leapfrog_backward(where, v0, U, W, dt, steps, gx, gv, f, mu, traj, c, flags, wanted,
                                                  out)
     with Invocation(where, stream) as inv:

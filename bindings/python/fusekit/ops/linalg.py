@@ -33,9 +33,9 @@ import ctypes
 
 from .._core import Invocation, as_dtype
 from .._lib import ERROR_INVALID_ARGUMENT, lib, raise_error, scalar
-from ..torch import _ext as _tx
+from ..torch._ext import plain as _plain  # torch tensors: the compiled ops
+from ..torch._ext import route as _route  # _route.linalg: fusekit.torch.linalg
 
-_route = _tx.route  # torch tensors: fusekit.torch.linalg (the compiled ops)
 
 __all__ = ["gemm", "gemm_chunked", "linear_aux_size", "linear_forward", "linear_backward", "kron"]
 
@@ -88,7 +88,7 @@ def gemm(a, b, *, op_a="N", op_b="N", alpha=1.0, beta=0.0, c=None, allow_tf32=Fa
     oa, ob = _op(op_a), _op(op_b)
     if c is None and beta != 0:
         raise_error(ERROR_INVALID_ARGUMENT, where, "beta != 0 needs c")
-    if stream is None and _tx.plain(a, b, c):
+    if stream is None and _plain(a, b, c):
         return _route.linalg.gemm(where, oa, ob, sa, a, b, sb, c, allow_tf32)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
@@ -128,7 +128,7 @@ def linear_forward(x, w, b=None, *, act="relu", y=None, aux=None, want_aux=False
     """``y = act(x w^T + b)``. With ``want_aux=True`` (a GELU) or ``aux`` given, also
     the pre-activation for the backward: returns ``(y, aux)``; else ``y``."""
     a = _act(act)
-    if stream is None and _tx.plain(x, w, b, y, aux):
+    if stream is None and _plain(x, w, b, y, aux):
         return _route.linalg.linear_forward("fusekit.linear_forward", x, w, b, a, y, aux, want_aux)
     with Invocation("fusekit.linear_forward", stream) as inv:
         X = inv.input(x, "x")
@@ -153,7 +153,7 @@ def linear_backward(dy, x, w, *, act="relu", saved=None, dx=True, dw=True, db=Tr
     ``False``/``None`` (not wanted: None is returned in its place). ``saved``: y for
     relu, aux for the GELUs, unused for none."""
     given = tuple(o for o in (dx, dw, db) if o is not None and not isinstance(o, bool))
-    if stream is None and _tx.plain(dy, x, w, saved, *given):
+    if stream is None and _plain(dy, x, w, saved, *given):
         return _route.linalg.linear_backward("fusekit.linear_backward", dy, x, w, _act(act), saved, dx, dw, db)
     with Invocation("fusekit.linear_backward", stream) as inv:
         DY = inv.input(dy, "dy")
@@ -189,7 +189,7 @@ def _kron_shape(sa, sb):
 def kron(a, b, *, out=None, stream=None):
     """Batched Kronecker product: ``kron(a [m, n], b [p, q]) -> [m*p, n*q]``, or
     ``[batch, m*p, n*q]`` when either is 3-D (a batch of 1 broadcasts)."""
-    if stream is None and _tx.plain(a, b, out):
+    if stream is None and _plain(a, b, out):
         return _route.linalg.kron("fusekit.kron", a, b, out)
     with Invocation("fusekit.kron", stream) as inv:
         A = inv.input(a, "a")

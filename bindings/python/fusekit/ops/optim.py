@@ -46,9 +46,9 @@ from .._lib import (
     lib,
     raise_error,
 )
-from ..torch import _ext as _tx
+from ..torch._ext import plain as _plain  # torch tensors: the compiled ops
+from ..torch._ext import route as _route  # _route.optim: fusekit.torch.optim
 
-_route = _tx.route  # torch tensors: fusekit.torch.optim (the compiled ops)
 
 __all__ = [
     "MATPOW_AUTO",
@@ -194,7 +194,7 @@ def matrix_power(a, power, eps=0.0, *, method="auto", max_iter=100, tol=None, al
     m = _method(method, where)
     it = _int32(max_iter, where, "max_iter")
     tol = None if tol is None else _real(tol, where, "tol")
-    if stream is None and _tx.plain(a, out):
+    if stream is None and _plain(a, out):
         return _route.optim.matrix_power(where, a, p, e, m, it, tol, allow_tf32, out, return_report)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
@@ -229,7 +229,7 @@ def shampoo_stats(grad, l=None, r=None, alpha=1.0, beta=1.0, *, allow_tf32=False
     the rounded gradient, about 1e-3 relative error per element)."""
     where = "fusekit.shampoo_stats"
     sa, sb = _real(alpha, where, "alpha"), _real(beta, where, "beta")
-    if stream is None and _tx.plain(grad, l, r):
+    if stream is None and _plain(grad, l, r):
         return _route.optim.shampoo_stats(where, grad, l, r, sa, sb, allow_tf32)
     with Invocation(where, stream) as inv:
         G = inv.input(grad, "grad")
@@ -247,7 +247,7 @@ def shampoo_precondition(grad, l_root=None, r_root=None, *, out=None, allow_tf32
     batch of 1 shared by all), each optional (None = the identity), e.g. from
     :func:`matrix_power` with ``power = -1/4``. ``out`` has grad's shape."""
     where = "fusekit.shampoo_precondition"
-    if stream is None and _tx.plain(grad, l_root, r_root, out):
+    if stream is None and _plain(grad, l_root, r_root, out):
         return _route.optim.shampoo_precondition(where, grad, l_root, r_root, out, allow_tf32)
     with Invocation(where, stream) as inv:
         G = inv.input(grad, "grad")
@@ -275,7 +275,7 @@ def per_sample_grads(a, g, *, out=None, allow_tf32=False, stream=None):
     (sequences sum over T). ``allow_tf32`` applies to sequences (one step is an
     exact outer product)."""
     where = "fusekit.per_sample_grads"
-    if stream is None and _tx.plain(a, g, out):
+    if stream is None and _plain(a, g, out):
         return _route.optim.per_sample_grads(where, a, g, out, allow_tf32)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
@@ -291,7 +291,7 @@ def per_sample_grad_norms(a, g, *, out=None, stream=None):
     gradients, without materialising them (``a``, ``g`` as
     :func:`per_sample_grads`)."""
     where = "fusekit.per_sample_grad_norms"
-    if stream is None and _tx.plain(a, g, out):
+    if stream is None and _plain(a, g, out):
         return _route.optim.per_sample_grad_norms(where, a, g, out)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")
@@ -314,7 +314,7 @@ def dp_clipped_grad_sum(a, g, max_norm, *, out=None, sq_norms=None, allow_tf32=F
     c = _real(max_norm, where, "max_norm")
     want_norms = sq_norms is not None and sq_norms is not False
     given_norms = None if sq_norms is None or isinstance(sq_norms, bool) else sq_norms
-    if stream is None and _tx.plain(a, g, out, given_norms):
+    if stream is None and _plain(a, g, out, given_norms):
         return _route.optim.dp_clipped_grad_sum(where, a, g, c, out, sq_norms, allow_tf32)
     with Invocation(where, stream) as inv:
         A = inv.input(a, "a")

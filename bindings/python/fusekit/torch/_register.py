@@ -30,8 +30,8 @@ from torch import Tensor
 from .. import _lib
 from . import _ext
 
-__all__ = ["NAMESPACE", "register", "no_output", "eager_call", "want_bits", "reduce_to", "d", "new", "outputs",
-           "run", "call", "check_out"]
+__all__ = ["NAMESPACE", "register", "no_output", "eager_call", "want_bits", "fused_autograd", "reduce_to", "d", "new",
+           "outputs", "run", "call", "check_out"]
 
 NAMESPACE = "fusekit"
 
@@ -144,6 +144,24 @@ def eager_call(op, backward: Callable, setup_context: Callable, grad_args: tuple
 def want_bits(needs) -> int:
     """An op's ``want`` mask from flags in its outputs' order (bit i: output i)."""
     return sum(1 << i for i, n in enumerate(needs) if n)
+
+
+def fused_autograd(n: int, backward_op: str) -> tuple[Callable, Callable]:
+    """``(setup_context, backward)`` of a differentiable op whose first ``n`` inputs
+    are the tensors it differentiates and whose other inputs are numbers, with a
+    fused backward op ``fusekit::<backward_op>(*those tensors, grad, *the numbers,
+    want)`` returning one gradient per tensor (an empty one where not wanted)."""
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:n])
+        ctx.rest = inputs[n:]
+
+    def backward(ctx, grad):
+        need = ctx.needs_input_grad[:n]
+        grads = getattr(torch.ops.fusekit, backward_op)(*ctx.saved_tensors, grad, *ctx.rest, want_bits(need))
+        return (*[g if wanted else None for g, wanted in zip(grads, need)], *[None] * len(ctx.rest))
+
+    return setup_context, backward
 
 
 def reduce_to(grad: Tensor, shape) -> Tensor:

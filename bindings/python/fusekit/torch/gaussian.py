@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from ..ops.gaussian import DEFAULT_EPS, _lead
-from ._register import d, eager_call, new, no_output, outputs, register, run, want_bits
+from ._register import d, eager_call, fused_autograd, new, no_output, outputs, register, run
 
 __all__ = ["gaussian_field", "mahalanobis"]
 
@@ -101,21 +101,7 @@ def _field_fake(points, means, chol, weights, eps):
     return points.new_empty((points.shape[0],))
 
 
-def _field_setup(ctx, inputs, output):
-    points, means, chol, weights, eps = inputs
-    ctx.save_for_backward(points, means, chol, weights)
-    ctx.eps = eps
-
-
-def _field_backward(ctx, grad):
-    points, means, chol, weights = ctx.saved_tensors
-    need = ctx.needs_input_grad[:4]
-    dp, dm, dc, dw = torch.ops.fusekit.gaussian_field_backward(points, means, chol, weights, grad, ctx.eps,
-                                                               want_bits(need))
-    return (dp if need[0] else None, dm if need[1] else None, dc if need[2] else None,
-            dw if need[3] else None, None)
-
-
+_field_setup, _field_backward = fused_autograd(4, "gaussian_field_backward")
 _field = eager_call(register("gaussian_field", fake=_field_fake, backward=_field_backward, setup_context=_field_setup),
                     _field_backward, _field_setup, (0, 1, 2, 3))
 
@@ -138,19 +124,7 @@ def _maha_fake(points, means, chol, eps):
     return points.new_empty((points.shape[0], means.shape[0]))
 
 
-def _maha_setup(ctx, inputs, output):
-    points, means, chol, eps = inputs
-    ctx.save_for_backward(points, means, chol)
-    ctx.eps = eps
-
-
-def _maha_backward(ctx, grad):
-    points, means, chol = ctx.saved_tensors
-    need = ctx.needs_input_grad[:3]
-    dp, dm, dc = torch.ops.fusekit.mahalanobis_backward(points, means, chol, grad, ctx.eps, want_bits(need))
-    return dp if need[0] else None, dm if need[1] else None, dc if need[2] else None, None
-
-
+_maha_setup, _maha_backward = fused_autograd(3, "mahalanobis_backward")
 _maha = eager_call(register("mahalanobis", fake=_maha_fake, backward=_maha_backward, setup_context=_maha_setup),
                    _maha_backward, _maha_setup, (0, 1, 2))
 

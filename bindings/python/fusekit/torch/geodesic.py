@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from ..ops.geodesic import DEFAULT_C, _dims
-from ._register import d, eager_call, new, no_output, outputs, register, run, want_bits
+from ._register import d, eager_call, fused_autograd, new, no_output, outputs, register, run, want_bits
 
 __all__ = ["christoffel", "leapfrog"]
 
@@ -125,19 +125,7 @@ def _chr_fake(v, U, W, c):
     return v.new_empty(v.shape)
 
 
-def _chr_setup(ctx, inputs, output):
-    v, U, W, c = inputs
-    ctx.save_for_backward(v, U, W)
-    ctx.c = c
-
-
-def _chr_backward(ctx, grad):
-    v, U, W = ctx.saved_tensors
-    need = ctx.needs_input_grad[:3]
-    dv, dU, dW = torch.ops.fusekit.christoffel_backward(v, U, W, grad, ctx.c, want_bits(need))
-    return dv if need[0] else None, dU if need[1] else None, dW if need[2] else None, None
-
-
+_chr_setup, _chr_backward = fused_autograd(3, "christoffel_backward")
 _chr = eager_call(register("christoffel", fake=_chr_fake, backward=_chr_backward, setup_context=_chr_setup),
                   _chr_backward, _chr_setup, (0, 1, 2))
 

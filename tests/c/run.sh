@@ -32,8 +32,8 @@
 # line is "run.sh: N passed, M failed" (one count per step).
 set -uo pipefail
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=../common/paths.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../common/paths.sh"
 LIB_DIR="${FUSEKIT_LIB_DIR:-$ROOT/target/release}"
 LIB_DIR="$(cd "$LIB_DIR" 2>/dev/null && pwd || echo "$LIB_DIR")"
 export FK_C_BUILD_DIR="${FK_C_BUILD_DIR:-$ROOT/target/c-tests}"

@@ -5,10 +5,9 @@
 # catches indexing, reduction, split and synchronisation-order mistakes in the
 # kernel source itself. f32 and f64. Last line: "N passed, M failed".
 set -euo pipefail
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-BUILD="${FK_EMU_BUILD_DIR:-$ROOT/target/cuda-emu}"
-mkdir -p "$BUILD"
+# shellcheck source=../common/paths.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../common/paths.sh"
+BUILD="$(build_dir FK_EMU_BUILD_DIR target/cuda-emu)"
 cp "$HERE/emu.cuh" "$BUILD/common.cuh"
 (cd "$ROOT" && cargo build --release -q --example kernel_source)
 passed=0

@@ -6,10 +6,9 @@
 #   bash tests/emu/run.sh [--quick]
 # Needs g++ (C++17) and python3. Build output in ${FK_EMU_BUILD:-target/emu}.
 set -euo pipefail
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-B="${FK_EMU_BUILD:-$ROOT/target/emu}"
-mkdir -p "$B"
+# shellcheck source=../common/paths.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../common/paths.sh"
+B="$(build_dir FK_EMU_BUILD target/emu)"
 python3 "$HERE/gen_modules.py" "$B/gen"
 CXX="${CXX:-g++}"
 FLAGS=(-std=c++17 -O1 -g -I"$HERE" -Wno-unused-variable -Wno-unused-but-set-variable)

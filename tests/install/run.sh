@@ -18,8 +18,8 @@
 # "install: N passed, M failed"; exits non-zero when a step fails.
 set -uo pipefail
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=../common/paths.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../common/paths.sh"
 CC="${CC:-cc}"
 CXX="${CXX:-c++}"
 build_flag=()

@@ -183,6 +183,11 @@ struct Call {
     Buf in(const Tensor& t, const char* arg) const;  // on the first tensor's device
     Buf in(const OptTensor& t, const char* arg) const { return t.has_value() ? in(*t, arg) : Buf(); }
     Buf out(const Tensor& t, const char* arg) const { return Buf(ctx, t, where, arg); }
+    // Calls the entry point `fn` with `args` and this call's stream; throws its error.
+    template <class Fn, class... Args>
+    void run(Fn fn, Args... args) const {
+        check(fn(args..., stream), where);
+    }
 };
 
 // ---------------------------------------------------------------- tensors

@@ -67,7 +67,7 @@ void binary_out(Tensor a, Tensor b, int64_t op, Tensor out) {
     BinaryFn fn = binary_fn(op, &where);
     Call c(where, a);
     Buf A = c.in(a, "a"), B = c.in(b, "b"), O = c.in(out, "out");
-    check(fn(A.get(), B.get(), O.get(), c.stream), where);
+    c.run(fn, A.get(), B.get(), O.get());
 }
 
 Tensor binary(Tensor a, Tensor b, int64_t op) {
@@ -81,7 +81,7 @@ void unary_out(Tensor a, int64_t op, Tensor out) {
     UnaryFn fn = unary_fn(op, &where);
     Call c(where, a);
     Buf A = c.in(a, "a"), O = c.in(out, "out");
-    check(fn(A.get(), O.get(), c.stream), where);
+    c.run(fn, A.get(), O.get());
 }
 
 Tensor unary(Tensor a, int64_t op) {
@@ -96,7 +96,7 @@ void scalar_out(Tensor a, double re, double im, int64_t op, Tensor out) {
     ScalarFn fn = scalar_fn(op, &where);
     Call c(where, a);
     Buf A = c.in(a, "a"), O = c.in(out, "out");
-    check(fn(A.get(), fk_scalar{re, im}, O.get(), c.stream), where);
+    c.run(fn, A.get(), fk_scalar{re, im}, O.get());
 }
 
 Tensor scalar(Tensor a, double re, double im, int64_t op) {
@@ -108,7 +108,7 @@ Tensor scalar(Tensor a, double re, double im, int64_t op) {
 void axpby_c_out(Tensor a, Tensor b, double are, double aim, double bre, double bim, Tensor out) {
     Call c("fusekit.axpby", a);
     Buf A = c.in(a, "a"), B = c.in(b, "b"), O = c.in(out, "out");
-    check(api().fk_axpby(fk_scalar{are, aim}, A.get(), fk_scalar{bre, bim}, B.get(), O.get(), c.stream), c.where);
+    c.run(api().fk_axpby, fk_scalar{are, aim}, A.get(), fk_scalar{bre, bim}, B.get(), O.get());
 }
 
 Tensor axpby_c(Tensor a, Tensor b, double are, double aim, double bre, double bim) {

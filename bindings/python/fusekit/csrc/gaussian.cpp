@@ -17,14 +17,14 @@ namespace {
 void mahalanobis_forward_out(Tensor points, Tensor means, Tensor chol, double eps, Tensor out) {
     Call k("fusekit.mahalanobis_forward", points);
     Buf P = k.in(points, "points"), M = k.in(means, "means"), L = k.in(chol, "chol"), O = k.in(out, "out");
-    check(api().fk_mahalanobis_forward(P.get(), M.get(), L.get(), eps, O.get(), k.stream), k.where);
+    k.run(api().fk_mahalanobis_forward, P.get(), M.get(), L.get(), eps, O.get());
 }
 
 void gaussian_field_forward_out(Tensor points, Tensor means, Tensor chol, Tensor weights, double eps, Tensor out) {
     Call k("fusekit.gaussian_field_forward", points);
     Buf P = k.in(points, "points"), M = k.in(means, "means"), L = k.in(chol, "chol"), W = k.in(weights, "weights");
     Buf O = k.in(out, "out");
-    check(api().fk_gaussian_field_forward(P.get(), M.get(), L.get(), W.get(), eps, O.get(), k.stream), k.where);
+    k.run(api().fk_gaussian_field_forward, P.get(), M.get(), L.get(), W.get(), eps, O.get());
 }
 
 // The Gaussian backwards' workspace, from torch's allocator (0 bytes on the CPU: none).
@@ -51,9 +51,8 @@ void mahalanobis_backward_out(Tensor points, Tensor means, Tensor chol, double e
     Tensor keep;
     bool any = dpoints.has_value() || dmeans.has_value() || dchol.has_value();
     Buf WS = any ? workspace_of(k, workspace, points, means, keep) : k.in(workspace, "workspace");
-    check(api().fk_mahalanobis_backward(P.get(), M.get(), L.get(), eps, G.get(), DP.get(), DM.get(), DC.get(),
-                                        WS.get(), k.stream),
-          k.where);
+    k.run(api().fk_mahalanobis_backward, P.get(), M.get(), L.get(), eps, G.get(), DP.get(), DM.get(), DC.get(),
+          WS.get());
 }
 
 void gaussian_field_backward_out(Tensor points, Tensor means, Tensor chol, Tensor weights, double eps, Tensor dout,
@@ -67,9 +66,8 @@ void gaussian_field_backward_out(Tensor points, Tensor means, Tensor chol, Tenso
     Tensor keep;
     bool any = dpoints.has_value() || dmeans.has_value() || dchol.has_value() || dweights.has_value();
     Buf WS = any ? workspace_of(k, workspace, points, means, keep) : k.in(workspace, "workspace");
-    check(api().fk_gaussian_field_backward(P.get(), M.get(), L.get(), W.get(), eps, D.get(), DP.get(), DM.get(),
-                                           DC.get(), DW.get(), WS.get(), k.stream),
-          k.where);
+    k.run(api().fk_gaussian_field_backward, P.get(), M.get(), L.get(), W.get(), eps, D.get(), DP.get(), DM.get(),
+          DC.get(), DW.get(), WS.get());
 }
 
 Tensor gaussian_field(Tensor points, Tensor means, Tensor chol, Tensor weights, double eps) {

@@ -15,9 +15,7 @@ namespace {
 void christoffel_forward_out(Tensor v, Tensor U, Tensor W, double cl, int64_t flags, Tensor gamma) {
     Call k("fusekit.christoffel_forward", v);
     Buf V = k.in(v, "v"), Uh = k.in(U, "U"), Wh = k.in(W, "W"), G = k.in(gamma, "gamma");
-    check(api().fk_christoffel_forward(V.get(), Uh.get(), Wh.get(), cl, static_cast<uint32_t>(flags), G.get(),
-                                       k.stream),
-          k.where);
+    k.run(api().fk_christoffel_forward, V.get(), Uh.get(), Wh.get(), cl, static_cast<uint32_t>(flags), G.get());
 }
 
 void christoffel_backward_out(Tensor v, Tensor U, Tensor W, Tensor g, double cl, int64_t flags, OptTensor dv,
@@ -25,9 +23,8 @@ void christoffel_backward_out(Tensor v, Tensor U, Tensor W, Tensor g, double cl,
     Call k("fusekit.christoffel_backward", v);
     Buf V = k.in(v, "v"), Uh = k.in(U, "U"), Wh = k.in(W, "W"), G = k.in(g, "g");
     Buf DV = k.in(dv, "dv"), DU = k.in(dU, "dU"), DW = k.in(dW, "dW");
-    check(api().fk_christoffel_backward(V.get(), Uh.get(), Wh.get(), G.get(), cl, static_cast<uint32_t>(flags),
-                                        DV.get(), DU.get(), DW.get(), k.stream),
-          k.where);
+    k.run(api().fk_christoffel_backward, V.get(), Uh.get(), Wh.get(), G.get(), cl, static_cast<uint32_t>(flags),
+          DV.get(), DU.get(), DW.get());
 }
 
 void leapfrog_forward_out(Tensor x0, Tensor v0, OptTensor f, Tensor U, Tensor W, OptTensor mu, double dt,
@@ -35,9 +32,8 @@ void leapfrog_forward_out(Tensor x0, Tensor v0, OptTensor f, Tensor U, Tensor W,
     Call k("fusekit.leapfrog_forward", v0);
     Buf X0 = k.in(x0, "x0"), V0 = k.in(v0, "v0"), F = k.in(f, "f"), Uh = k.in(U, "U"), Wh = k.in(W, "W");
     Buf MU = k.in(mu, "mu"), X = k.in(x_out, "x_out"), V = k.in(v_out, "v_out"), T = k.in(traj, "traj");
-    check(api().fk_leapfrog_forward(X0.get(), V0.get(), F.get(), Uh.get(), Wh.get(), MU.get(), dt, steps, cl,
-                                    static_cast<uint32_t>(flags), X.get(), V.get(), T.get(), k.stream),
-          k.where);
+    k.run(api().fk_leapfrog_forward, X0.get(), V0.get(), F.get(), Uh.get(), Wh.get(), MU.get(), dt, steps, cl,
+          static_cast<uint32_t>(flags), X.get(), V.get(), T.get());
 }
 
 void leapfrog_backward_out(Tensor v0, OptTensor f, Tensor U, Tensor W, OptTensor mu, double dt, int64_t steps,
@@ -47,10 +43,9 @@ void leapfrog_backward_out(Tensor v0, OptTensor f, Tensor U, Tensor W, OptTensor
     Buf V0 = k.in(v0, "v0"), F = k.in(f, "f"), Uh = k.in(U, "U"), Wh = k.in(W, "W"), MU = k.in(mu, "mu");
     Buf T = k.in(traj, "traj"), GX = k.in(gx, "gx"), GV = k.in(gv, "gv");
     Buf DX0 = k.in(dx0, "dx0"), DV0 = k.in(dv0, "dv0"), DF = k.in(df, "df"), DU = k.in(dU, "dU"), DW = k.in(dW, "dW");
-    check(api().fk_leapfrog_backward(V0.get(), F.get(), Uh.get(), Wh.get(), MU.get(), dt, steps, cl,
-                                     static_cast<uint32_t>(flags), T.get(), GX.get(), GV.get(), DX0.get(), DV0.get(),
-                                     DF.get(), DU.get(), DW.get(), k.stream),
-          k.where);
+    k.run(api().fk_leapfrog_backward, V0.get(), F.get(), Uh.get(), Wh.get(), MU.get(), dt, steps, cl,
+          static_cast<uint32_t>(flags), T.get(), GX.get(), GV.get(), DX0.get(), DV0.get(), DF.get(), DU.get(),
+          DW.get());
 }
 
 Tensor christoffel(Tensor v, Tensor U, Tensor W, double cl) {

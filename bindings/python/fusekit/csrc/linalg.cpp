@@ -16,23 +16,20 @@ void gemm_(int64_t op_a, int64_t op_b, double are, double aim, Tensor a, Tensor 
            int64_t flags) {
     Call k("fusekit.gemm", c);
     Buf A = k.in(a, "a"), B = k.in(b, "b"), C = k.in(c, "c");
-    check(api().fk_gemm(static_cast<fk_op>(op_a), static_cast<fk_op>(op_b), fk_scalar{are, aim}, A.get(), B.get(),
-                        fk_scalar{bre, bim}, C.get(), static_cast<uint32_t>(flags), k.stream),
-          k.where);
+    k.run(api().fk_gemm, static_cast<fk_op>(op_a), static_cast<fk_op>(op_b), fk_scalar{are, aim}, A.get(), B.get(),
+          fk_scalar{bre, bim}, C.get(), static_cast<uint32_t>(flags));
 }
 
 void kron_out(Tensor a, Tensor b, Tensor out) {
     Call k("fusekit.kron", a);
     Buf A = k.in(a, "a"), B = k.in(b, "b"), O = k.in(out, "out");
-    check(api().fk_kron(A.get(), B.get(), O.get(), k.stream), k.where);
+    k.run(api().fk_kron, A.get(), B.get(), O.get());
 }
 
 void linear_forward_out(Tensor x, Tensor w, OptTensor b, int64_t act, Tensor y, OptTensor aux) {
     Call k("fusekit.linear_forward", x);
     Buf X = k.in(x, "x"), W = k.in(w, "w"), B = k.in(b, "b"), Y = k.in(y, "y"), A = k.in(aux, "aux");
-    check(api().fk_linear_forward(X.get(), W.get(), B.get(), static_cast<fk_activation>(act), Y.get(), A.get(),
-                                  k.stream),
-          k.where);
+    k.run(api().fk_linear_forward, X.get(), W.get(), B.get(), static_cast<fk_activation>(act), Y.get(), A.get());
 }
 
 void linear_backward_out(Tensor dy, Tensor x, Tensor w, int64_t act, OptTensor saved, OptTensor dx, OptTensor dw,
@@ -40,9 +37,8 @@ void linear_backward_out(Tensor dy, Tensor x, Tensor w, int64_t act, OptTensor s
     Call k("fusekit.linear_backward", dy);
     Buf DY = k.in(dy, "dy"), X = k.in(x, "x"), W = k.in(w, "w"), S = k.in(saved, "saved");
     Buf DX = k.in(dx, "dx"), DW = k.in(dw, "dw"), DB = k.in(db, "db");
-    check(api().fk_linear_backward(DY.get(), X.get(), W.get(), static_cast<fk_activation>(act), S.get(), DX.get(),
-                                   DW.get(), DB.get(), k.stream),
-          k.where);
+    k.run(api().fk_linear_backward, DY.get(), X.get(), W.get(), static_cast<fk_activation>(act), S.get(), DX.get(),
+          DW.get(), DB.get());
 }
 
 constexpr int64_t kActNone = FK_ACT_NONE;

@@ -32,35 +32,31 @@ void matrix_power_out(Tensor a, double power, double eps, int64_t method, int64_
 void shampoo_stats_(Tensor grad, OptTensor l, OptTensor r, double alpha, double beta, int64_t flags) {
     Call k("fusekit.shampoo_stats", grad);
     Buf G = k.in(grad, "grad"), L = k.in(l, "l"), R = k.in(r, "r");
-    check(api().fk_shampoo_stats_ex(G.get(), alpha, beta, L.get(), R.get(), static_cast<uint32_t>(flags), k.stream),
-          k.where);
+    k.run(api().fk_shampoo_stats_ex, G.get(), alpha, beta, L.get(), R.get(), static_cast<uint32_t>(flags));
 }
 
 void shampoo_precondition_out(Tensor grad, OptTensor l_root, OptTensor r_root, int64_t flags, Tensor out) {
     Call k("fusekit.shampoo_precondition", grad);
     Buf G = k.in(grad, "grad"), L = k.in(l_root, "l_root"), R = k.in(r_root, "r_root"), O = k.in(out, "out");
-    check(api().fk_shampoo_precondition(L.get(), G.get(), R.get(), O.get(), static_cast<uint32_t>(flags), k.stream),
-          k.where);
+    k.run(api().fk_shampoo_precondition, L.get(), G.get(), R.get(), O.get(), static_cast<uint32_t>(flags));
 }
 
 void per_sample_grads_out(Tensor a, Tensor g, int64_t flags, Tensor out) {
     Call k("fusekit.per_sample_grads", a);
     Buf A = k.in(a, "a"), G = k.in(g, "g"), O = k.in(out, "out");
-    check(api().fk_per_sample_grads(A.get(), G.get(), O.get(), static_cast<uint32_t>(flags), k.stream), k.where);
+    k.run(api().fk_per_sample_grads, A.get(), G.get(), O.get(), static_cast<uint32_t>(flags));
 }
 
 void per_sample_grad_norms_out(Tensor a, Tensor g, Tensor out) {
     Call k("fusekit.per_sample_grad_norms", a);
     Buf A = k.in(a, "a"), G = k.in(g, "g"), O = k.in(out, "sq_norms");
-    check(api().fk_per_sample_grad_norms(A.get(), G.get(), O.get(), k.stream), k.where);
+    k.run(api().fk_per_sample_grad_norms, A.get(), G.get(), O.get());
 }
 
 void dp_clipped_grad_sum_out(Tensor a, Tensor g, double max_norm, int64_t flags, Tensor out, OptTensor sq_norms) {
     Call k("fusekit.dp_clipped_grad_sum", a);
     Buf A = k.in(a, "a"), G = k.in(g, "g"), O = k.in(out, "out"), N = k.in(sq_norms, "sq_norms");
-    check(api().fk_dp_clipped_grad_sum(A.get(), G.get(), max_norm, O.get(), N.get(), static_cast<uint32_t>(flags),
-                                       k.stream),
-          k.where);
+    k.run(api().fk_dp_clipped_grad_sum, A.get(), G.get(), max_norm, O.get(), N.get(), static_cast<uint32_t>(flags));
 }
 
 // The family's ops: name, the rest of its schema, kernel (FK_TORCH_FAMILY in common.h).

@@ -69,12 +69,8 @@ from .ops.optim import __all__ as _optim_all
 Error.__module__ = "fusekit"
 LibraryLoadError.__module__ = "fusekit"
 
-float16 = DType.float16
-bfloat16 = DType.bfloat16
-float32 = DType.float32
-float64 = DType.float64
-complex64 = DType.complex64
-complex128 = DType.complex128
+# the dtypes as names of the package (fusekit.float32 is DType.float32), in DType's order
+float16, bfloat16, float32, float64, complex64, complex128 = DType
 
 try:  # written by setup.py from Cargo.toml's version (the one source)
     from ._version import __version__

@@ -63,6 +63,11 @@ def _twice(a, b, *, out=None, out2=None):
         return s, d
 
 
+def test_package_dtype_names_are_the_dtypes():
+    for dt in fk.DType:
+        assert getattr(fk, dt.name) is dt
+
+
 def test_output_array_is_each_outputs_array_in_the_callers_kind(rng):
     a, b = rng.standard_normal((3, 4)), rng.standard_normal(4)
     s, d = _twice(a, b)

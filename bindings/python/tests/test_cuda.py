@@ -2,9 +2,12 @@
 stream (default and non-default), explicit streams, DLPack on CUDA, the custom
 ops on CUDA. Skipped unless torch sees a GPU."""
 
+import functools
+
 import numpy as np
 import pytest
-from fk_testutil import assert_close
+from fk_testutil import TORCH_DTYPES, assert_close, torch_rand, torch_ref
+from fk_testutil import check_torch_binary, check_torch_unary, torch_elementwise_refs  # elementwise checks
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -13,7 +16,6 @@ if not torch.cuda.is_available():
 import fusekit as fk  # noqa: E402
 
 DEV = torch.device("cuda", 0)
-TORCH_DTYPES = ["float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
 # ~ tens of milliseconds of GPU time: long enough that a fusekit op racing ahead
 # of it (on the wrong stream) would read data not yet written.
 SLEEP_CYCLES = 200_000_000
@@ -26,17 +28,8 @@ def _warm_kernels():
     fk.default_context("cuda:0").warmup()
 
 
-def _rand(shape, dtype, positive=False, seed=0):
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    lo, hi = (0.1, 3.0) if positive else (-2.0, 2.0)
-    x = torch.rand(shape, generator=g, dtype=torch.float64, device=DEV) * (hi - lo) + lo
-    if dtype.startswith("complex"):
-        x = torch.complex(x, torch.rand(shape, generator=g, dtype=torch.float64, device=DEV) * (hi - lo) + lo)
-    return x.to(getattr(torch, dtype))
-
-
-def _ref(x):
-    return x.to(torch.complex128 if x.is_complex() else torch.float64)
+_rand = functools.partial(torch_rand, device=DEV)
+_ref = torch_ref
 
 
 def _np(x):
@@ -62,45 +55,22 @@ def test_cuda_context():
 # --- ops on torch CUDA tensors -------------------------------------------------------
 
 
-UNARY = {
-    "neg": torch.neg,
-    "abs": torch.abs,
-    "exp": torch.exp,
-    "log": torch.log,
-    "sqrt": torch.sqrt,
-    "sin": torch.sin,
-    "cos": torch.cos,
-    "tanh": torch.tanh,
-    "sigmoid": lambda x: 1 / (1 + torch.exp(-x)),
-    "relu": torch.relu,
-    "copy": lambda x: x.clone(),
-}
-BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
+UNARY, BINARY = torch_elementwise_refs()
 
 
 @pytest.mark.parametrize("dtype", TORCH_DTYPES)
 @pytest.mark.parametrize("name", sorted(BINARY))
 def test_binary_cuda(name, dtype):
-    a = _rand((257, 129), dtype, seed=1)
-    b = _rand((129,), dtype, positive=(name == "div"), seed=2)
-    out = getattr(fk, name)(a, b)
+    a, out = check_torch_binary(fk, name, dtype, (257, 129), (129,), device=DEV)
     assert out.is_cuda and out.dtype == a.dtype and out.shape == a.shape
-    assert_close(_np(_ref(out)), _np(BINARY[name](_ref(a), _ref(b))), dtype)
 
 
 @pytest.mark.parametrize("dtype", TORCH_DTYPES)
 @pytest.mark.parametrize("name", sorted(UNARY))
 def test_unary_cuda(name, dtype):
-    a = _rand((1000, 1003), dtype, positive=name in ("log", "sqrt"), seed=3)
-    if name == "tanh" and a.is_complex():
-        a = torch.complex(a.real, a.imag * 0.5)  # away from the poles (see test_ops_numpy)
-    if name == "relu" and a.is_complex():
-        with pytest.raises(fk.UnsupportedDtypeError):
-            fk.relu(a)
-        return
-    out = getattr(fk, name)(a)
-    assert out.is_cuda
-    assert_close(_np(_ref(out)), _np(UNARY[name](_ref(a))), dtype)
+    checked = check_torch_unary(fk, name, dtype, (1000, 1003), device=DEV)
+    if checked is not None:
+        assert checked[1].is_cuda
 
 
 @pytest.mark.parametrize("dtype", TORCH_DTYPES)

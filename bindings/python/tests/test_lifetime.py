@@ -14,19 +14,12 @@ import pytest
 
 import fusekit as fk
 from conftest import PKG_ROOT
+from fk_testutil import assert_kept_alive
 
 
 def test_wrapped_array_is_kept_alive():
-    a = np.arange(8.0)
-    r = weakref.ref(a)
-    b = fk.Buffer.from_numpy(a)
-    del a
-    gc.collect()
-    assert r() is not None
-    np.testing.assert_array_equal(fk.exp(b).to_numpy(), np.exp(np.arange(8.0)))
-    b.close()
-    gc.collect()
-    assert r() is None
+    assert_kept_alive(lambda: np.arange(8.0), fk.Buffer.from_numpy,
+                      lambda b: np.testing.assert_array_equal(fk.exp(b).to_numpy(), np.exp(np.arange(8.0))))
 
 
 def test_wrapped_array_released_by_gc():

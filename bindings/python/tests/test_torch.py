@@ -1,74 +1,39 @@
 """torch CPU tensors in and out (zero-copy), every dtype incl. bfloat16."""
 
-import gc
-import weakref
-
 import numpy as np
 import pytest
-from fk_testutil import assert_close
+from fk_testutil import TORCH_DTYPES, assert_close, assert_kept_alive, torch_rand, torch_ref
+from fk_testutil import check_torch_binary, check_torch_unary, torch_elementwise_refs  # elementwise checks
 
 torch = pytest.importorskip("torch")
 import fusekit as fk  # noqa: E402
 
-TORCH_DTYPES = ["float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
+_rand = torch_rand
+_ref = torch_ref
 
 
-def _rand(shape, dtype, positive=False, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    lo, hi = (0.1, 3.0) if positive else (-2.0, 2.0)
-    x = torch.rand(shape, generator=g, dtype=torch.float64) * (hi - lo) + lo
-    if dtype.startswith("complex"):
-        x = torch.complex(x, torch.rand(shape, generator=g, dtype=torch.float64) * (hi - lo) + lo)
-    return x.to(getattr(torch, dtype))
-
-
-def _ref(x):
-    return x.to(torch.complex128 if x.is_complex() else torch.float64)
-
-
-UNARY = {
-    "neg": torch.neg,
-    "abs": torch.abs,
-    "exp": torch.exp,
-    "log": torch.log,
-    "sqrt": torch.sqrt,
-    "sin": torch.sin,
-    "cos": torch.cos,
-    "tanh": torch.tanh,
-    "sigmoid": lambda x: 1 / (1 + torch.exp(-x)),
-    "relu": torch.relu,
-    "copy": lambda x: x.clone(),
-}
-BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
+UNARY, BINARY = torch_elementwise_refs()
 
 
 @pytest.mark.parametrize("dtype", TORCH_DTYPES)
 @pytest.mark.parametrize("name", sorted(BINARY))
 def test_binary(name, dtype):
-    a = _rand((5, 7), dtype, seed=1)
-    b = _rand((7,), dtype, positive=(name == "div"), seed=2)
-    out = getattr(fk, name)(a, b)
+    a, out = check_torch_binary(fk, name, dtype, (5, 7), (7,))
     assert isinstance(out, torch.Tensor) and out.dtype == a.dtype and out.shape == (5, 7)
-    assert_close(_ref(out).numpy(), BINARY[name](_ref(a), _ref(b)).numpy(), dtype)
 
 
 @pytest.mark.parametrize("dtype", TORCH_DTYPES)
 @pytest.mark.parametrize("name", sorted(UNARY))
 def test_unary(name, dtype):
-    a = _rand((4, 9), dtype, positive=name in ("log", "sqrt"), seed=3)
-    if name == "tanh" and a.is_complex():
-        a = torch.complex(a.real, a.imag * 0.5)  # away from the poles (see test_ops_numpy)
-    if name == "relu" and a.is_complex():
-        with pytest.raises(fk.UnsupportedDtypeError):
-            fk.relu(a)
+    checked = check_torch_unary(fk, name, dtype, (4, 9))
+    if checked is None:
         return
-    out = getattr(fk, name)(a)
+    a, out = checked
     assert isinstance(out, torch.Tensor)
     if name == "abs" and a.is_complex():
         assert out.dtype == a.real.dtype
     else:
         assert out.dtype == a.dtype
-    assert_close(_ref(out).numpy(), UNARY[name](_ref(a)).numpy(), dtype)
 
 
 @pytest.mark.parametrize("dtype", TORCH_DTYPES)
@@ -135,16 +100,10 @@ def test_mixed_numpy_and_torch_gives_torch():
 
 
 def test_wrapped_tensor_is_kept_alive():
-    t = torch.arange(4.0)
-    r = weakref.ref(t)
-    b = fk.Buffer.from_torch(t)
-    del t
-    gc.collect()
-    assert r() is not None
-    assert torch.equal(torch.from_dlpack(fk.neg(b)), -torch.arange(4.0))
-    b.close()
-    gc.collect()
-    assert r() is None
+    def use(b):
+        assert torch.equal(torch.from_dlpack(fk.neg(b)), -torch.arange(4.0))
+
+    assert_kept_alive(lambda: torch.arange(4.0), fk.Buffer.from_torch, use)
 
 
 def test_buffer_copy_from_torch_bfloat16():

@@ -103,13 +103,7 @@ status_string(status::Integer) = unsafe_string(fk_status_string(Int32(status)))
 last_error_message() = unsafe_string(fk_last_error_message())
 
 """The same message through the copy form (`fk_last_error_message_copy`)."""
-function last_error_message_copy()
-    needed = Ref{Csize_t}(0)
-    fk_last_error_message_copy(Ptr{UInt8}(C_NULL), Csize_t(0), needed)  # size query, always FK_OK
-    buf = Vector{UInt8}(undef, needed[])
-    fk_last_error_message_copy(buf, Csize_t(length(buf)), needed)
-    return String(buf[1:end-1])  # drop the NUL
-end
+last_error_message_copy() = _copy_string(fk_last_error_message_copy)
 
 """
     check(status)
@@ -122,17 +116,40 @@ function check(status::Integer)
     throw(FusekitError(Int32(status), status_string(status), last_error_message()))
 end
 
+# The out-parameters of the C call `f(args..., out...)`, one per type in `types`, after
+# checking its status: the value, or a tuple of them.
+function _query(f, types::Tuple, args...)
+    refs = map(T -> Ref{T}(), types)
+    check(f(args..., refs...))
+    values = map(r -> r[], refs)
+    return length(values) == 1 ? values[1] : values
+end
+
+# A string the C call `f(buf, capacity, needed)` copies out: asks its size, then copies.
+function _copy_string(f)
+    needed = Ref{Csize_t}(0)
+    check(f(Ptr{UInt8}(C_NULL), Csize_t(0), needed))
+    buf = Vector{UInt8}(undef, needed[])
+    check(f(buf, Csize_t(length(buf)), needed))
+    return String(buf[1:end-1])  # drop the NUL
+end
+
+# Releases the C handle `x.ptr` with `destroy` once (then C_NULL): the body of `destroy!`.
+function _release!(x, destroy)
+    if x.ptr != C_NULL
+        destroy(x.ptr)
+        x.ptr = C_NULL
+    end
+    return nothing
+end
+
 # ------------------------------------------------------------------ versions, dtypes, devices
 
 abi_version() = fk_abi_version()
 version() = unsafe_string(fk_version_string())
 
 """Number of usable CUDA devices (0 when there is no driver or GPU)."""
-function device_count()
-    n = Ref{Int32}(0)
-    check(fk_device_count(n))
-    return Int(n[])
-end
+device_count() = Int(_query(fk_device_count, (Int32,)))
 
 """Element types with a fusekit dtype. (bfloat16 has no Base type: use raw buffers.)"""
 const FkElement = Union{Float16,Float32,Float64,ComplexF32,ComplexF64}
@@ -154,11 +171,7 @@ function julia_type(dtype::Integer)
     throw(ArgumentError("unknown fusekit dtype $dtype"))
 end
 
-function dtype_size(dtype::Integer)
-    n = Ref{Csize_t}(0)
-    check(fk_dtype_size(Int32(dtype), n))
-    return Int(n[])
-end
+dtype_size(dtype::Integer) = Int(_query(fk_dtype_size, (Csize_t,), Int32(dtype)))
 
 # ------------------------------------------------------------------ Context
 
@@ -171,23 +184,14 @@ A device context (`fk_context_create`). `kind` is `FK_DEVICE_CPU`,
 mutable struct Context
     ptr::Ptr{fk_context}
     function Context(kind::Integer = FK_DEVICE_AUTO, ordinal::Integer = 0)
-        out = Ref{Ptr{fk_context}}(C_NULL)
-        check(fk_context_create(UInt32(FK_ABI_VERSION), Int32(kind), Int32(ordinal), out))
-        c = new(out[])
-        finalizer(destroy!, c)
-        return c
+        ptr = _query(fk_context_create, (Ptr{fk_context},), UInt32(FK_ABI_VERSION), Int32(kind), Int32(ordinal))
+        return finalizer(destroy!, new(ptr))
     end
 end
 
 Base.unsafe_convert(::Type{Ptr{fk_context}}, c::Context) = c.ptr
 
-function destroy!(c::Context)
-    if c.ptr != C_NULL
-        fk_context_destroy(c.ptr)
-        c.ptr = C_NULL
-    end
-    return nothing
-end
+destroy!(c::Context) = _release!(c, fk_context_destroy)
 
 const _CPU_CONTEXT = Ref{Union{Context,Nothing}}(nothing)
 """A process-wide CPU context, created on first use (used for Julia arrays)."""
@@ -199,40 +203,18 @@ function cpu_context()
 end
 
 """`(kind, ordinal)` of the context's device."""
-function device(c::Context)
-    k = Ref{Int32}(0)
-    o = Ref{Int32}(0)
-    check(fk_context_device(c, k, o))
-    return (Int(k[]), Int(o[]))
-end
+device(c::Context) = Int.(_query(fk_context_device, (Int32, Int32), c))
 
 is_cuda(c::Context) = device(c)[1] == FK_DEVICE_CUDA
-
-function _copy_string(f)
-    needed = Ref{Csize_t}(0)
-    check(f(Ptr{UInt8}(C_NULL), Csize_t(0), needed))
-    buf = Vector{UInt8}(undef, needed[])
-    check(f(buf, Csize_t(length(buf)), needed))
-    return String(buf[1:end-1])
-end
 
 """The device's name, e.g. `"NVIDIA H100 80GB HBM3"`."""
 name(c::Context) = _copy_string((buf, cap, needed) -> fk_context_name(c, buf, cap, needed))
 
-function compute_capability(c::Context)
-    major = Ref{Int32}(0)
-    minor = Ref{Int32}(0)
-    check(fk_context_compute_capability(c, major, minor))
-    return (Int(major[]), Int(minor[]))
-end
+"""`(major, minor)`; `(0, 0)` on the CPU."""
+compute_capability(c::Context) = Int.(_query(fk_context_compute_capability, (Int32, Int32), c))
 
 """`(free_bytes, total_bytes)` of the context's device."""
-function memory(c::Context)
-    f = Ref{UInt64}(0)
-    t = Ref{UInt64}(0)
-    check(fk_context_memory(c, f, t))
-    return (f[], t[])
-end
+memory(c::Context) = _query(fk_context_memory, (UInt64, UInt64), c)
 
 """Compiles every kernel module now (no-op on the CPU)."""
 warmup(c::Context) = (check(fk_context_warmup(c)); nothing)
@@ -248,40 +230,19 @@ Released by its finalizer or `destroy!`. A borrowed CUstream must outlive it.
 mutable struct Stream
     ptr::Ptr{fk_stream}
     ctx::Context
-    function Stream(ctx::Context)
-        out = Ref{Ptr{fk_stream}}(C_NULL)
-        check(fk_stream_create(ctx, out))
-        s = new(out[], ctx)
-        finalizer(destroy!, s)
-        return s
-    end
-    function Stream(ctx::Context, cu_stream::Ptr{Cvoid})
-        out = Ref{Ptr{fk_stream}}(C_NULL)
-        check(fk_stream_wrap(ctx, cu_stream, out))
-        s = new(out[], ctx)
-        finalizer(destroy!, s)
-        return s
-    end
+    Stream(ctx::Context) = finalizer(destroy!, new(_query(fk_stream_create, (Ptr{fk_stream},), ctx), ctx))
+    Stream(ctx::Context, cu_stream::Ptr{Cvoid}) =
+        finalizer(destroy!, new(_query(fk_stream_wrap, (Ptr{fk_stream},), ctx, cu_stream), ctx))
 end
 
 Base.unsafe_convert(::Type{Ptr{fk_stream}}, s::Stream) = s.ptr
 
-function destroy!(s::Stream)
-    if s.ptr != C_NULL
-        fk_stream_destroy(s.ptr)
-        s.ptr = C_NULL
-    end
-    return nothing
-end
+destroy!(s::Stream) = _release!(s, fk_stream_destroy)
 
 synchronize(s::Stream) = (check(fk_stream_synchronize(s)); nothing)
 
 """The raw CUstream (C_NULL for the legacy default stream and on the CPU)."""
-function handle(s::Stream)
-    p = Ref{Ptr{Cvoid}}(C_NULL)
-    check(fk_stream_handle(s, p))
-    return p[]
-end
+handle(s::Stream) = _query(fk_stream_handle, (Ptr{Cvoid},), s)
 
 # `stream = nothing` means the default stream (a NULL fk_stream*).
 _sptr(::Nothing) = Ptr{fk_stream}(C_NULL)
@@ -301,29 +262,23 @@ mutable struct Buffer
     ptr::Ptr{fk_buffer}
     ctx::Union{Context,Nothing}
     owner::Any
-    function Buffer(ptr::Ptr{fk_buffer}, ctx::Union{Context,Nothing}, owner)
-        b = new(ptr, ctx, owner)
-        finalizer(destroy!, b)
-        return b
-    end
+    Buffer(ptr::Ptr{fk_buffer}, ctx::Union{Context,Nothing}, owner) = finalizer(destroy!, new(ptr, ctx, owner))
 end
 
 Base.unsafe_convert(::Type{Ptr{fk_buffer}}, b::Buffer) = b.ptr
 
 function destroy!(b::Buffer)
-    if b.ptr != C_NULL
-        fk_buffer_destroy(b.ptr)
-        b.ptr = C_NULL
-    end
+    _release!(b, fk_buffer_destroy)
     b.owner = nothing
     return nothing
 end
 
+# A buffer the C call `f(args..., out)` makes on `ctx`, owning its memory or keeping `owner` alive.
+_new_buffer(f, ctx::Context, owner, args...) = Buffer(_query(f, (Ptr{fk_buffer},), args...), ctx, owner)
+
 function Buffer(ctx::Context, ::Type{T}, dims::Integer...; stream::Union{Stream,Nothing} = nothing) where {T}
     shape = Int64[reverse(dims)...]
-    out = Ref{Ptr{fk_buffer}}(C_NULL)
-    check(fk_buffer_create(ctx, dtype_of(T), Int32(length(shape)), shape, _sptr(stream), out))
-    return Buffer(out[], ctx, nothing)
+    return _new_buffer(fk_buffer_create, ctx, nothing, ctx, dtype_of(T), Int32(length(shape)), shape, _sptr(stream))
 end
 
 """
@@ -336,11 +291,8 @@ pinned memory).
 function borrow(ctx::Context, A::StridedArray{T}) where {T<:FkElement}
     shape = Int64[reverse(size(A))...]
     strd = Int64[reverse(strides(A))...]
-    out = Ref{Ptr{fk_buffer}}(C_NULL)
-    GC.@preserve A begin
-        check(fk_buffer_wrap(ctx, Ptr{Cvoid}(pointer(A)), dtype_of(T), Int32(ndims(A)), shape, strd, out))
-    end
-    return Buffer(out[], ctx, A)
+    return GC.@preserve A _new_buffer(fk_buffer_wrap, ctx, A, ctx, Ptr{Cvoid}(pointer(A)), dtype_of(T), Int32(ndims(A)),
+                                      shape, strd)
 end
 
 """
@@ -352,38 +304,20 @@ buffer. `dims` and `strides` are in Julia (column-major) order.
 function wrap(ctx::Context, ptr::Ptr, ::Type{T}, dims::Dims; strides::Union{Dims,Nothing} = nothing) where {T}
     shape = Int64[reverse(dims)...]
     strd = strides === nothing ? Int64[reverse(Base.size_to_strides(1, dims...))...] : Int64[reverse(strides)...]
-    out = Ref{Ptr{fk_buffer}}(C_NULL)
-    check(fk_buffer_wrap(ctx, Ptr{Cvoid}(ptr), dtype_of(T), Int32(length(shape)), shape, strd, out))
-    return Buffer(out[], ctx, nothing)
+    return _new_buffer(fk_buffer_wrap, ctx, nothing, ctx, Ptr{Cvoid}(ptr), dtype_of(T), Int32(length(shape)), shape, strd)
 end
 
 """Imports a `DLManagedTensorVersioned*`; on success the buffer owns it."""
-function from_dlpack(ctx::Context, managed::Ptr{Cvoid})
-    out = Ref{Ptr{fk_buffer}}(C_NULL)
-    check(fk_buffer_from_dlpack(ctx, managed, out))
-    return Buffer(out[], ctx, nothing)
-end
+from_dlpack(ctx::Context, managed::Ptr{Cvoid}) = _new_buffer(fk_buffer_from_dlpack, ctx, nothing, ctx, managed)
 
 """Exports a new `DLManagedTensorVersioned*` (the consumer must call its deleter once)."""
-function to_dlpack(b::Buffer)
-    p = Ref{Ptr{Cvoid}}(C_NULL)
-    check(fk_buffer_to_dlpack(b, p))
-    return p[]
-end
+to_dlpack(b::Buffer) = _query(fk_buffer_to_dlpack, (Ptr{Cvoid},), b)
 
-function dtype(b::Buffer)
-    r = Ref{Int32}(0)
-    check(fk_buffer_dtype(b, r))
-    return r[]
-end
+dtype(b::Buffer) = _query(fk_buffer_dtype, (Int32,), b)
 
 Base.eltype(b::Buffer) = julia_type(dtype(b))
 
-function Base.ndims(b::Buffer)
-    r = Ref{Int32}(0)
-    check(fk_buffer_ndim(b, r))
-    return Int(r[])
-end
+Base.ndims(b::Buffer) = Int(_query(fk_buffer_ndim, (Int32,), b))
 
 """The C (row-major) shape."""
 function shape(b::Buffer)
@@ -404,37 +338,17 @@ Base.size(b::Buffer) = Tuple(Int.(reverse(shape(b))))
 """Strides in Julia order (reverse of `cstrides`)."""
 Base.strides(b::Buffer) = Tuple(Int.(reverse(cstrides(b))))
 
-function Base.length(b::Buffer)
-    r = Ref{Int64}(0)
-    check(fk_buffer_numel(b, r))
-    return Int(r[])
-end
+Base.length(b::Buffer) = Int(_query(fk_buffer_numel, (Int64,), b))
 
-function Base.sizeof(b::Buffer)
-    r = Ref{Csize_t}(0)
-    check(fk_buffer_nbytes(b, r))
-    return Int(r[])
-end
+Base.sizeof(b::Buffer) = Int(_query(fk_buffer_nbytes, (Csize_t,), b))
 
-function is_contiguous(b::Buffer)
-    r = Ref{Int32}(0)
-    check(fk_buffer_is_contiguous(b, r))
-    return r[] != 0
-end
+is_contiguous(b::Buffer) = _query(fk_buffer_is_contiguous, (Int32,), b) != 0
 
 """Address of the first element (host or device)."""
-function data(b::Buffer)
-    r = Ref{Ptr{Cvoid}}(C_NULL)
-    check(fk_buffer_data(b, r))
-    return r[]
-end
+data(b::Buffer) = _query(fk_buffer_data, (Ptr{Cvoid},), b)
 
-function device(b::Buffer)
-    k = Ref{Int32}(0)
-    o = Ref{Int32}(0)
-    check(fk_buffer_device(b, k, o))
-    return (Int(k[]), Int(o[]))
-end
+"""`(kind, ordinal)` of the buffer's memory."""
+device(b::Buffer) = Int.(_query(fk_buffer_device, (Int32, Int32), b))
 
 function _check_eltype(b::Buffer, ::Type{T}) where {T}
     d = dtype(b)
@@ -529,11 +443,8 @@ function gemm_chunked!(c::Buffer, a::Buffer, b::Buffer, budget::Integer; op_a::I
 end
 
 """Bytes of the aux buffer `linear_forward!` fills for `act` (the pre-activation for the GELUs, else 0)."""
-function linear_aux_size(act::Integer, ::Type{T}, m::Integer, n::Integer) where {T}
-    r = Ref{Csize_t}(0)
-    check(fk_linear_aux_size(Int32(act), dtype_of(T), Int64(m), Int64(n), r))
-    return Int(r[])
-end
+linear_aux_size(act::Integer, ::Type{T}, m::Integer, n::Integer) where {T} =
+    Int(_query(fk_linear_aux_size, (Csize_t,), Int32(act), dtype_of(T), Int64(m), Int64(n)))
 
 """`y = act(x w^T + b)` (x `[..., k]`, w `[n, k]`, b `[n]` or nothing; aux: the GELUs' pre-activation or nothing)."""
 function linear_forward!(y::Buffer, x::Buffer, w::Buffer, b::Union{Buffer,Nothing}, act::Integer;
@@ -736,9 +647,7 @@ that ops refuse; an ordinary host buffer on a CPU context.
 """
 function pinned(ctx::Context, ::Type{T}, dims::Integer...) where {T}
     shape = Int64[reverse(dims)...]
-    out = Ref{Ptr{fk_buffer}}(C_NULL)
-    check(fk_buffer_create_pinned(ctx, dtype_of(T), Int32(length(shape)), shape, out))
-    return Buffer(out[], ctx, nothing)
+    return _new_buffer(fk_buffer_create_pinned, ctx, nothing, ctx, dtype_of(T), Int32(length(shape)), shape)
 end
 
 """`dst .= src` between any two contiguous buffers (`fk_buffer_copy`), queued on `stream`."""
@@ -748,11 +657,7 @@ function copy_buffer!(dst::Buffer, src::Buffer; stream::Union{Stream,Nothing} = 
 end
 
 """Whether CUDA device `device` can access memory of `peer` directly."""
-function can_access_peer(device::Integer, peer::Integer)
-    v = Ref{Int32}(0)
-    check(fk_device_can_access_peer(Int32(device), Int32(peer), v))
-    return v[] != 0
-end
+can_access_peer(device::Integer, peer::Integer) = _query(fk_device_can_access_peer, (Int32,), Int32(device), Int32(peer)) != 0
 
 """
     Event(ctx)
@@ -763,38 +668,18 @@ An event (`fk_event_create`): `record!(e, stream)`, `wait!(stream, e)`,
 mutable struct Event
     ptr::Ptr{fk_event}
     ctx::Context
-    function Event(ctx::Context)
-        out = Ref{Ptr{fk_event}}(C_NULL)
-        check(fk_event_create(ctx, out))
-        e = new(out[], ctx)
-        finalizer(destroy!, e)
-        return e
-    end
+    Event(ctx::Context) = finalizer(destroy!, new(_query(fk_event_create, (Ptr{fk_event},), ctx), ctx))
 end
 
 Base.unsafe_convert(::Type{Ptr{fk_event}}, e::Event) = e.ptr
 
-function destroy!(e::Event)
-    if e.ptr != C_NULL
-        fk_event_destroy(e.ptr)
-        e.ptr = C_NULL
-    end
-    return nothing
-end
+destroy!(e::Event) = _release!(e, fk_event_destroy)
 
 record!(e::Event, stream::Union{Stream,Nothing} = nothing) = (check(fk_event_record(e, _sptr(stream))); e)
 wait!(stream::Union{Stream,Nothing}, e::Event) = (check(fk_stream_wait_event(_sptr(stream), e)); nothing)
 synchronize(e::Event) = (check(fk_event_synchronize(e)); nothing)
-function isdone(e::Event)
-    d = Ref{Int32}(0)
-    check(fk_event_query(e, d))
-    return d[] != 0
-end
-function elapsed_ms(start::Event, stop::Event)
-    ms = Ref{Cfloat}(0)
-    check(fk_event_elapsed_ms(start, stop, ms))
-    return ms[]
-end
+isdone(e::Event) = _query(fk_event_query, (Int32,), e) != 0
+elapsed_ms(start::Event, stop::Event) = _query(fk_event_elapsed_ms, (Cfloat,), start, stop)
 
 """A new unique id for `Comm(ctx, nranks, id, rank)` (needs NCCL)."""
 function comm_unique_id()
@@ -814,18 +699,12 @@ One rank of a communicator. Collectives: `all_reduce!`, `comm_broadcast!`,
 mutable struct Comm
     ptr::Ptr{fk_comm}
     ctx::Context
-    function Comm(ptr::Ptr{fk_comm}, ctx::Context)
-        c = new(ptr, ctx)
-        finalizer(destroy!, c)
-        return c
-    end
+    Comm(ptr::Ptr{fk_comm}, ctx::Context) = finalizer(destroy!, new(ptr, ctx))
 end
 
 function Comm(ctx::Context, nranks::Integer, id::Vector{UInt8}, rank::Integer)
     length(id) == FK_COMM_ID_BYTES || throw(ArgumentError("id must have FK_COMM_ID_BYTES bytes"))
-    out = Ref{Ptr{fk_comm}}(C_NULL)
-    check(fk_comm_init_rank(ctx, Int32(nranks), id, Int32(rank), out))
-    return Comm(out[], ctx)
+    return Comm(_query(fk_comm_init_rank, (Ptr{fk_comm},), ctx, Int32(nranks), id, Int32(rank)), ctx)
 end
 
 function comm_init_all(ctxs::Vector{Context})
@@ -837,24 +716,10 @@ end
 
 Base.unsafe_convert(::Type{Ptr{fk_comm}}, c::Comm) = c.ptr
 
-function destroy!(c::Comm)
-    if c.ptr != C_NULL
-        fk_comm_destroy(c.ptr)
-        c.ptr = C_NULL
-    end
-    return nothing
-end
+destroy!(c::Comm) = _release!(c, fk_comm_destroy)
 
-function rank(c::Comm)
-    r = Ref{Int32}(0)
-    check(fk_comm_rank(c, r))
-    return Int(r[])
-end
-function nranks(c::Comm)
-    n = Ref{Int32}(0)
-    check(fk_comm_size(c, n))
-    return Int(n[])
-end
+rank(c::Comm) = Int(_query(fk_comm_rank, (Int32,), c))
+nranks(c::Comm) = Int(_query(fk_comm_size, (Int32,), c))
 
 function group(f)
     check(fk_comm_group_start())
@@ -864,9 +729,6 @@ function group(f)
         check(fk_comm_group_end())
     end
 end
-
-_bptr(::Nothing) = Ptr{fk_buffer}(C_NULL)
-_bptr(b::Buffer) = b.ptr
 
 all_reduce!(c::Comm, send::Buffer, recv::Buffer; op::Integer = FK_REDUCE_SUM, stream::Union{Stream,Nothing} = nothing) =
     (check(fk_all_reduce(c, send, recv, Int32(op), _sptr(stream))); recv)

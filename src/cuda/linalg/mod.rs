@@ -10,11 +10,13 @@
 mod chunked;
 mod kron;
 mod linear;
+mod mlp;
 mod tiles;
 
 pub use chunked::gemm_chunked;
 pub use kron::kron;
 pub use linear::{linear_backward, linear_forward};
+pub use mlp::{mlp_backward, mlp_forward, mlp_zero};
 
 use super::CudaDevice;
 use super::cublas::{self, Slot};

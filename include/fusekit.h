@@ -84,6 +84,11 @@
 #define FK_GEMM_ALLOW_TF32 1
 
 /**
+ * The most layers `fk_mlp_forward` / `fk_mlp_backward` take in one call.
+ */
+#define FK_MLP_MAX_LAYERS 64
+
+/**
  * Size in bytes of a communicator's unique id (`fk_comm_unique_id`).
  */
 #define FK_COMM_ID_BYTES 128
@@ -1402,6 +1407,109 @@ fk_status fk_kron(const fk_buffer *a,
                   const fk_buffer *b,
                   fk_buffer *out,
                   const fk_stream *stream);
+
+/**
+ * Bytes of the `saved` buffer `fk_mlp_forward` fills for `fk_mlp_backward`, for a
+ * network of `n_layers` layers with `widths` = `[k_0, n_0, n_1, ..., n_{L-1}]`
+ * (`n_layers + 1` entries: x's features, then each layer's outputs) over `rows`
+ * rows (x's leading dimensions multiplied), in `dtype`, on `ctx`'s backend.
+ * Allocate it (any dtype, contiguous) before the forward.
+ *
+ * What it holds, per layer (the layout is opaque and may differ between backends
+ * and versions): the activation's derivative information, as compact as the
+ * activation allows (ReLU: one bit per element, rows padded to 128 bits;
+ * the GELUs: the pre-activation in `dtype`, rows padded to 8 elements; none:
+ * nothing), and each hidden layer's output `h_{i+1}` (`rows * n_i` elements),
+ * which the weight gradients read. 0 for one layer with `FK_ACT_NONE`.
+ *
+ * Statuses: `FK_ERROR_NULL_POINTER` (`ctx`, `widths` or `bytes` NULL),
+ * `FK_ERROR_INVALID_ARGUMENT` (`n_layers` outside 1..=`FK_MLP_MAX_LAYERS`, an
+ * unknown activation or dtype value, negative `rows` or widths),
+ * `FK_ERROR_UNSUPPORTED_DTYPE` (not f16, bf16 or f32).
+ * - CUDA graphs: host-only, callable anywhere.
+ */
+fk_status fk_mlp_saved_size(const fk_context *ctx,
+                            int32_t n_layers,
+                            const int64_t *widths,
+                            int64_t rows,
+                            fk_dtype dtype,
+                            fk_activation hidden_act,
+                            fk_activation out_act,
+                            size_t *bytes);
+
+/**
+ * Forward of a multi-layer perceptron, `y = h_L` with
+ * `h_{i+1} = act_i(h_i W_i^T + b_i)` (see the module rules), every layer one
+ * fused product: on CUDA one cuBLASLt call per layer with its epilogue
+ * (`BIAS`, `RELU_AUX_BIAS`, `GELU_AUX_BIAS`, ...; the exact GELU as
+ * `fk_linear_forward` does it: `BIAS`, then fusekit's activation kernel; a GEMM
+ * plus that kernel where cuBLASLt declines).
+ *
+ * - `x`: `[..., k_0]`; `weights`: `n_layers` buffers, `weights[i]` `[n_i, k_i]`;
+ *   `biases`: optional array (NULL = no layer has a bias) whose entries are
+ *   optional (NULL = that layer has none), `biases[i]` `[n_i]`.
+ * - `hidden_act`, `out_act`: the activations below and on the last layer.
+ * - `flags`: 0 or `FK_GEMM_ALLOW_TF32`.
+ * - `y`: `[..., n_{L-1}]`, overwritten.
+ * - `saved`: optional (NULL for inference): at least `fk_mlp_saved_size` bytes,
+ *   receives what `fk_mlp_backward` needs. Without it the hidden activations live
+ *   in scratch memory of the call (on CUDA the stream's cached scratch, or under
+ *   capture a stream-ordered allocation of the call).
+ * - Statuses: see the module rules.
+ * - CUDA graphs: capturable from the first call on any stream (docs/abi.md, "CUDA graphs").
+ */
+fk_status fk_mlp_forward(const fk_buffer *x,
+                         int32_t n_layers,
+                         const fk_buffer *const *weights,
+                         const fk_buffer *const *biases,
+                         fk_activation hidden_act,
+                         fk_activation out_act,
+                         uint32_t flags,
+                         fk_buffer *y,
+                         fk_buffer *saved,
+                         const fk_stream *stream);
+
+/**
+ * Backward of `fk_mlp_forward`, given `dy = dL/dy`: every requested gradient in
+ * one call, overwritten (not accumulated). With `dz_i = dh_{i+1} * act_i'(z_i)`
+ * (`dh_L = dy`): `dweights[i] = dz_i^T h_i`, `dbiases[i] = sum over rows of
+ * dz_i`, `dh_i = dz_i W_i`, `dx = dh_0`.
+ *
+ * - `dy`: `y`'s shape; `x`, `n_layers`, `weights`, `hidden_act`, `out_act`: those
+ *   of the forward (biases are not needed).
+ * - `saved`: what `fk_mlp_forward` wrote for this network, rows, dtype and
+ *   activations; may be NULL only when `fk_mlp_saved_size` is 0.
+ * - `dx` (`x`'s shape), `dweights` (array of `n_layers`; `weights[i]`'s shapes),
+ *   `dbiases` (array of `n_layers`; `[n_i]`): each optional (NULL = not wanted;
+ *   NULL arrays: none of them), overwritten; nothing wanted is a no-op. Only the
+ *   layers down to the lowest requested gradient are computed. An empty batch
+ *   writes zero weight and bias gradients.
+ * - `flags`: 0 or `FK_GEMM_ALLOW_TF32`.
+ * - On CUDA each layer's data-gradient product applies the activation
+ *   derivative of the layer below and its bias gradient in the same cuBLASLt
+ *   call (`DRELU_BGRAD`, `DGELU_BGRAD`; fusekit's kernel for the exact GELU or
+ *   where cuBLASLt declines), and the weight-gradient products run on a second
+ *   stream of the context, forked from `stream` and joined back into it by
+ *   events before the call returns.
+ * - Statuses: see the module rules; `FK_ERROR_NULL_POINTER` also when `saved` is
+ *   NULL but needed.
+ * - CUDA graphs: capturable from the first call on any stream; under capture the
+ *   second stream joins the capture (the events become graph edges) and the
+ *   scratch memory is a stream-ordered allocation of the call (docs/abi.md, "CUDA
+ *   graphs").
+ */
+fk_status fk_mlp_backward(const fk_buffer *dy,
+                          const fk_buffer *x,
+                          int32_t n_layers,
+                          const fk_buffer *const *weights,
+                          fk_activation hidden_act,
+                          fk_activation out_act,
+                          uint32_t flags,
+                          const fk_buffer *saved,
+                          fk_buffer *dx,
+                          fk_buffer *const *dweights,
+                          fk_buffer *const *dbiases,
+                          const fk_stream *stream);
 
 /**
  * Matrix power of symmetric positive semi-definite matrices, batched:

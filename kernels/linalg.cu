@@ -8,6 +8,9 @@
 //                        after cuBLASLt's BIAS epilogue (cuBLASLt has only tanh)
 //   linear_dz_<t>        dz = dy * act'(saved) and per-split column sums of dz
 //   colsum_finish_<t>    db = sum of the column partials
+//   mlp_epilogue_<t>     an MLP layer's y = act(z + b) and its saved derivative
+//                        information (ReLU bit mask, padded pre-activation)
+//   mlp_dz_<t>           dz = g * act'(saved) and column partials, for the MLP
 //   kron_<t>_w<W>        batched Kronecker product, W-element (16-byte) stores
 // Activation codes (FK_LA_ACT_*) come from the prelude fusekit prepends from the Rust
 // enum in src/ops/linalg.rs. GELU_TANH is the tanh approximation (cuBLASLt's
@@ -95,28 +98,21 @@ static_assert(FK_LA_DZ_COLS == 32 && FK_LA_DZ_ROWS == 8 && FK_LA_DZ_COLS * FK_LA
               "linear_dz: block (32, 8): sh[8][33], 32 columns and 8 row lanes, __launch_bounds__(256)");
 
 // block (32, 8): 32 columns, 8 row lanes; grid (ceil(n / 32), splits). Each block
-// sums its rows of its 32 columns into partial[split, col] (f32).
-template <typename T> __device__ void linear_dz(const DzArgs& a) {
-    const T* dy = reinterpret_cast<const T*>(a.dy);
-    const T* sv = reinterpret_cast<const T*>(a.saved);
-    T* dz = reinterpret_cast<T*>(a.dz);
-    float* partial = reinterpret_cast<float*>(a.partial);
+// writes dz[r, col] = deriv(r, col, dy[r, col]) for its rows of its 32 columns (dz
+// NULL: not written; dz may be dy, in place) and sums them into partial[split, col]
+// (f32). Shared by linear_dz and mlp_dz, which differ in how they read act'.
+template <typename T, typename Deriv>
+__device__ void dz_colsums(i64 m, i64 n, i64 rows_per_split, const T* dy, T* dz, float* partial,
+                           Deriv deriv) {
     __shared__ float sh[8][33];
     i64 col = (i64)blockIdx.x * 32 + threadIdx.x;
-    i64 r0 = (i64)blockIdx.y * a.rows_per_split;
-    i64 r1 = r0 + a.rows_per_split < a.m ? r0 + a.rows_per_split : a.m;
+    i64 r0 = (i64)blockIdx.y * rows_per_split;
+    i64 r1 = r0 + rows_per_split < m ? r0 + rows_per_split : m;
     float acc = 0.0f;
-    if (col < a.n) {
+    if (col < n) {
         for (i64 r = r0 + threadIdx.y; r < r1; r += 8) {
-            i64 i = r * a.n + col;
-            float g = to_compute(dy[i]);
-            if (a.act == FK_LA_ACT_RELU) {
-                g = to_compute(sv[i]) > 0.0f ? g : 0.0f;
-            } else if (a.act == FK_LA_ACT_GELU_TANH) {
-                g *= gelu_tanh_grad_f(to_compute(sv[i]));
-            } else if (a.act == FK_LA_ACT_GELU_ERF) {
-                g *= gelu_erf_grad_f(to_compute(sv[i]));
-            }
+            i64 i = r * n + col;
+            float g = deriv(r, col, to_compute(dy[i]));
             if (dz) dz[i] = from_compute<T>(g);
             acc += g;
         }
@@ -124,12 +120,31 @@ template <typename T> __device__ void linear_dz(const DzArgs& a) {
     if (!partial) return;
     sh[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
-    if (threadIdx.y == 0 && col < a.n) {
+    if (threadIdx.y == 0 && col < n) {
         float s = 0.0f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) s += sh[j][threadIdx.x];
-        partial[(i64)blockIdx.y * a.n + col] = s;
+        partial[(i64)blockIdx.y * n + col] = s;
     }
+}
+
+// act'(z) times g; the ReLU's derivative from its output or its pre-activation
+// (z > 0; 0 where NaN).
+__device__ __forceinline__ float act_grad_f(int act, float z, float g) {
+    if (act == FK_LA_ACT_RELU) return z > 0.0f ? g : 0.0f;
+    if (act == FK_LA_ACT_GELU_TANH) return g * gelu_tanh_grad_f(z);
+    if (act == FK_LA_ACT_GELU_ERF) return g * gelu_erf_grad_f(z);
+    return g;
+}
+
+template <typename T> __device__ void linear_dz(const DzArgs& a) {
+    const T* sv = reinterpret_cast<const T*>(a.saved);
+    i64 n = a.n;
+    int act = a.act;
+    dz_colsums(a.m, n, a.rows_per_split, reinterpret_cast<const T*>(a.dy), reinterpret_cast<T*>(a.dz),
+               reinterpret_cast<float*>(a.partial), [=](i64 r, i64 col, float g) {
+                   return act == FK_LA_ACT_NONE ? g : act_grad_f(act, to_compute(sv[r * n + col]), g);
+               });
 }
 
 struct FinishArgs {
@@ -150,6 +165,88 @@ template <typename T> __device__ void colsum_finish(const FinishArgs& a) {
         for (i64 j = 0; j < a.splits; ++j) s += p[j * a.n + c];
         out[c] = from_compute<T>(s);
     }
+}
+
+// ---------------------------------------------------------------- MLP
+// The layers of src/cuda/linalg/mlp.rs keep each activation's derivative
+// information in the layout of src/ops/mlp.rs (SavedLayout), which cuBLASLt's
+// RELU_AUX / GELU_AUX epilogues write and its DRELU / DGELU ones read: for ReLU a
+// bit mask, row r's bit j (z > 0) at bit j % 8 of byte r * aux_ld / 8 + j / 8
+// (aux_ld in bits, a multiple of 128); for the GELUs z, row pitch aux_ld elements.
+
+// mlp_epilogue: y = act(src + b) over [m, n] (src row pitch src_ld, y dense; src
+// may be y, in place), and z = src + b into aux when given (the mask for ReLU,
+// padding bits 0). One thread per 8 columns of a row (a mask byte).
+struct MlpEpiArgs {
+    i64 m, n, src_ld, aux_ld;
+    u64 src, y, bias, aux;
+    int act;
+};
+// the layout src/cuda/linalg/mlp.rs asserts for its mirror
+FK_ARGS_LAYOUT(MlpEpiArgs, 72, m, 0);
+FK_ARGS_LAYOUT(MlpEpiArgs, 72, n, 8);
+FK_ARGS_LAYOUT(MlpEpiArgs, 72, src_ld, 16);
+FK_ARGS_LAYOUT(MlpEpiArgs, 72, aux_ld, 24);
+FK_ARGS_LAYOUT(MlpEpiArgs, 72, src, 32);
+FK_ARGS_LAYOUT(MlpEpiArgs, 72, y, 40);
+FK_ARGS_LAYOUT(MlpEpiArgs, 72, bias, 48);
+FK_ARGS_LAYOUT(MlpEpiArgs, 72, aux, 56);
+FK_ARGS_LAYOUT(MlpEpiArgs, 72, act, 64);
+
+template <typename T> __device__ void mlp_epilogue(const MlpEpiArgs& a) {
+    const T* src = reinterpret_cast<const T*>(a.src);
+    T* y = reinterpret_cast<T*>(a.y);
+    const T* b = reinterpret_cast<const T*>(a.bias);
+    bool mask = a.act == FK_LA_ACT_RELU && a.aux;
+    unsigned char* bits_out = reinterpret_cast<unsigned char*>(a.aux);
+    T* z_out = mask ? nullptr : reinterpret_cast<T*>(a.aux);
+    i64 groups = mask ? a.aux_ld / 8 : (a.n + 7) / 8;
+    i64 total = a.m * groups;
+    for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (i64)gridDim.x * blockDim.x) {
+        i64 r = t / groups, j0 = (t % groups) * 8;
+        unsigned bits = 0;
+        for (int u = 0; u < 8 && j0 + u < a.n; ++u) {
+            i64 j = j0 + u;
+            float z = to_compute(src[r * a.src_ld + j]);
+            if (b) z += to_compute(b[j]);
+            if (mask) bits |= (z > 0.0f ? 1u : 0u) << u;
+            if (z_out) z_out[r * a.aux_ld + j] = from_compute<T>(z);
+            y[r * a.n + j] = from_compute<T>(act_f(a.act, z));
+        }
+        if (mask) bits_out[r * (a.aux_ld / 8) + j0 / 8] = (unsigned char)bits;
+    }
+}
+
+// mlp_dz: dz = g * act'(z) over [m, n] (g and dz dense; dz may be g: in place),
+// act' from aux as mlp_epilogue writes it, and per-split column sums of dz
+// (dz_colsums; the launch of linear_dz).
+struct MlpDzArgs {
+    i64 m, n, rows_per_split, aux_ld;
+    u64 g, aux, dz, partial;
+    int act;
+};
+// the layout src/cuda/linalg/mlp.rs asserts for its mirror
+FK_ARGS_LAYOUT(MlpDzArgs, 72, m, 0);
+FK_ARGS_LAYOUT(MlpDzArgs, 72, n, 8);
+FK_ARGS_LAYOUT(MlpDzArgs, 72, rows_per_split, 16);
+FK_ARGS_LAYOUT(MlpDzArgs, 72, aux_ld, 24);
+FK_ARGS_LAYOUT(MlpDzArgs, 72, g, 32);
+FK_ARGS_LAYOUT(MlpDzArgs, 72, aux, 40);
+FK_ARGS_LAYOUT(MlpDzArgs, 72, dz, 48);
+FK_ARGS_LAYOUT(MlpDzArgs, 72, partial, 56);
+FK_ARGS_LAYOUT(MlpDzArgs, 72, act, 64);
+
+template <typename T> __device__ void mlp_dz(const MlpDzArgs& a) {
+    const unsigned char* bits = reinterpret_cast<const unsigned char*>(a.aux);
+    const T* z = reinterpret_cast<const T*>(a.aux);
+    i64 ld = a.aux_ld;
+    int act = a.act;
+    dz_colsums(a.m, a.n, a.rows_per_split, reinterpret_cast<const T*>(a.g), reinterpret_cast<T*>(a.dz),
+               reinterpret_cast<float*>(a.partial), [=](i64 r, i64 col, float g) {
+                   if (act == FK_LA_ACT_NONE) return g;
+                   if (act == FK_LA_ACT_RELU) return (bits[r * (ld / 8) + col / 8] >> (col % 8)) & 1u ? g : 0.0f;
+                   return act_grad_f(act, to_compute(z[r * ld + col]), g);
+               });
 }
 
 // ---------------------------------------------------------------- Kronecker
@@ -334,6 +431,13 @@ template <typename T, int W, bool SPLIT> __device__ void kron(const KronArgs& a)
 FK_LINEAR_KERNELS(f16)
 FK_LINEAR_KERNELS(bf16)
 FK_LINEAR_KERNELS(f32)
+
+#define FK_MLP_KERNELS(T)                                                                     \
+    extern "C" __global__ void mlp_epilogue_##T(MlpEpiArgs a) { mlp_epilogue<T>(a); }        \
+    extern "C" __global__ void __launch_bounds__(256) mlp_dz_##T(MlpDzArgs a) { mlp_dz<T>(a); }
+FK_MLP_KERNELS(f16)
+FK_MLP_KERNELS(bf16)
+FK_MLP_KERNELS(f32)
 
 // kron_<t>_w<W>: W elements per store (16 bytes at most); kron_<t>_split: complex
 // output aligned only to its components.

@@ -57,7 +57,7 @@ fi
 echo "GPUs: $NGPU; NCCL: ${FK_NCCL_PATH:-(fusekit search)}" | tee -a "$LOG"
 
 sel warmup && step warmup 600 python3 -c "import fusekit, time; t=time.time(); c=fusekit.Context('cuda'); c.warmup(); print('warmup', round(time.time()-t,1), 's')"
-for t in gpu_capture gpu_elementwise gpu_geodesic gpu_gaussian gpu_linalg gpu_optim gpu_runtime abi_core abi_elementwise abi_geodesic abi_gaussian abi_linalg abi_optim abi_runtime multigpu_runtime nccl_missing stress; do
+for t in gpu_capture gpu_elementwise gpu_geodesic gpu_gaussian gpu_linalg gpu_mlp gpu_optim gpu_runtime abi_core abi_elementwise abi_geodesic abi_gaussian abi_linalg abi_mlp abi_optim abi_runtime multigpu_runtime nccl_missing stress; do
   [ -x "$B/bin/$t" ] && sel "$t" && step "$t" 600 "$B/bin/$t" --test-threads=1 --nocapture
 done
 sel c_tests && step c_tests 300 env FK_TEST_DEVICE=cuda bash tests/c/run.sh
@@ -109,6 +109,8 @@ san memcheck && step memcheck 900 compute-sanitizer --tool memcheck --error-exit
 san racecheck && step racecheck 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_elementwise" --test-threads=1
 san memcheck_linalg && step memcheck_linalg 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_linalg" --test-threads=1
 san racecheck_linalg && step racecheck_linalg 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_linalg" --test-threads=1
+san memcheck_mlp && step memcheck_mlp 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_mlp" --test-threads=1
+san racecheck_mlp && step racecheck_mlp 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_mlp" --test-threads=1
 san memcheck_gaussian && step memcheck_gaussian 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_gaussian" --test-threads=1
 san racecheck_gaussian && step racecheck_gaussian 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_gaussian" --test-threads=1
 san memcheck_geodesic && step memcheck_geodesic 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_geodesic" --test-threads=1

@@ -14,6 +14,7 @@ const FK_GEO_ALLOW_TF32 = 1
 const FK_GEO_FORCE_GENERIC = 2
 const FK_GEO_ALLOW_TF32X3 = 4
 const FK_GEMM_ALLOW_TF32 = 1
+const FK_MLP_MAX_LAYERS = 64
 const FK_COMM_ID_BYTES = 128
 const FK_MAX_DIMS = 8
 const FK_OP_N = 0
@@ -213,6 +214,14 @@ end
 @fk_raw fk_linear_backward(dy::Ptr{fk_buffer}, x::Ptr{fk_buffer}, w::Ptr{fk_buffer}, act::Int32, saved::Ptr{fk_buffer},
                            dx::Ptr{fk_buffer}, dw::Ptr{fk_buffer}, db::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
 @fk_raw fk_kron(a::Ptr{fk_buffer}, b::Ptr{fk_buffer}, out::Ptr{fk_buffer}, stream::Ptr{fk_stream})::Int32
+@fk_raw fk_mlp_saved_size(ctx::Ptr{fk_context}, n_layers::Int32, widths::Ptr{Int64}, rows::Int64, dtype::Int32,
+                          hidden_act::Int32, out_act::Int32, bytes::Ptr{Csize_t})::Int32
+@fk_raw fk_mlp_forward(x::Ptr{fk_buffer}, n_layers::Int32, weights::Ptr{Ptr{fk_buffer}}, biases::Ptr{Ptr{fk_buffer}},
+                       hidden_act::Int32, out_act::Int32, flags::UInt32, y::Ptr{fk_buffer}, saved::Ptr{fk_buffer},
+                       stream::Ptr{fk_stream})::Int32
+@fk_raw fk_mlp_backward(dy::Ptr{fk_buffer}, x::Ptr{fk_buffer}, n_layers::Int32, weights::Ptr{Ptr{fk_buffer}},
+                        hidden_act::Int32, out_act::Int32, flags::UInt32, saved::Ptr{fk_buffer}, dx::Ptr{fk_buffer},
+                        dweights::Ptr{Ptr{fk_buffer}}, dbiases::Ptr{Ptr{fk_buffer}}, stream::Ptr{fk_stream})::Int32
 @fk_raw fk_matrix_power(a::Ptr{fk_buffer}, power::Cdouble, eps::Cdouble, method::Int32, max_iter::Int32, tol::Cdouble,
                         flags::UInt32, out::Ptr{fk_buffer}, report::Ptr{FkMatpowReport},
                         stream::Ptr{fk_stream})::Int32

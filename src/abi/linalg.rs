@@ -84,6 +84,11 @@ fn trans(v: fk_op, what: &str) -> Result<Trans> {
 }
 
 fn activation(v: fk_activation) -> Result<Activation> {
+    activation_arg(v, "act")
+}
+
+/// The activation argument `what` (`act`, `hidden_act`, ...).
+pub(super) fn activation_arg(v: fk_activation, what: &str) -> Result<Activation> {
     Ok(match v {
         FK_ACT_NONE => Activation::None,
         FK_ACT_RELU => Activation::Relu,
@@ -91,7 +96,7 @@ fn activation(v: fk_activation) -> Result<Activation> {
         FK_ACT_GELU_ERF => Activation::GeluErf,
         _ => crate::bail!(
             FK_ERROR_INVALID_ARGUMENT,
-            "act = {v} is not a valid fk_activation (FK_ACT_NONE=0, FK_ACT_RELU=1, FK_ACT_GELU_TANH=2, FK_ACT_GELU_ERF=3)"
+            "{what} = {v} is not a valid fk_activation (FK_ACT_NONE=0, FK_ACT_RELU=1, FK_ACT_GELU_TANH=2, FK_ACT_GELU_ERF=3)"
         ),
     })
 }

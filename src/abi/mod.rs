@@ -13,6 +13,7 @@ pub mod elementwise;
 pub mod gaussian;
 pub mod geodesic;
 pub mod linalg;
+pub mod mlp;
 pub mod optim;
 pub mod runtime;
 

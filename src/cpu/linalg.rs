@@ -466,7 +466,7 @@ pub fn gelu_erf_grad(z: f32) -> f32 {
     (cdf + z * pdf) as f32
 }
 
-fn act_fwd(act: Activation, z: f32) -> f32 {
+pub(super) fn act_fwd(act: Activation, z: f32) -> f32 {
     match act {
         Activation::None => z,
         // NaN propagates (as torch.relu and the kernels)
@@ -484,7 +484,7 @@ fn act_fwd(act: Activation, z: f32) -> f32 {
 
 /// The `n` elements of `dtype` (f16, bf16, f32) of a validated plan operand at
 /// `addr`, as f32.
-fn load_f32(dtype: DType, addr: Option<Addr>, n: usize) -> Vec<f32> {
+pub(super) fn load_f32(dtype: DType, addr: Option<Addr>, n: usize) -> Vec<f32> {
     fn widen<T: Half>(src: &[T]) -> Vec<f32> {
         let mut v = vec![0f32; src.len()];
         let chunk = 1 << 16;
@@ -508,7 +508,7 @@ fn load_f32(dtype: DType, addr: Option<Addr>, n: usize) -> Vec<f32> {
 
 /// Writes `src` rounded to `dtype` (f16, bf16, f32) into the validated plan output
 /// at `addr`.
-fn store_f32(dtype: DType, addr: Option<Addr>, src: &[f32]) {
+pub(super) fn store_f32(dtype: DType, addr: Option<Addr>, src: &[f32]) {
     fn narrow<T: Half>(dst: &mut [T], src: &[f32]) {
         let chunk = 1 << 16;
         super::for_chunks_mut(dst, chunk, |ci, dst| {
@@ -533,7 +533,7 @@ fn store_f32(dtype: DType, addr: Option<Addr>, src: &[f32]) {
 /// `C[m x n] = A B` in f32 on contiguous row-major slices, `A` viewed through
 /// `(ars, acs)` and `B` through `(brs, bcs)`.
 #[allow(clippy::too_many_arguments)]
-fn mm_f32(
+pub(super) fn mm_f32(
     m: usize,
     n: usize,
     k: usize,
@@ -605,6 +605,32 @@ pub fn linear_forward(p: &LinearPlan) -> Result<()> {
     Ok(())
 }
 
+/// The column sums of the row-major `[m, n]` matrix `dz` (a bias gradient),
+/// accumulated in f64, parallel over column blocks.
+pub(super) fn col_sums(dz: &[f32], m: usize, n: usize) -> Vec<f32> {
+    let mut db = vec![0f32; n];
+    let par = m * n >= super::PAR_MIN;
+    let col_block = |(cb, out): (usize, &mut [f32])| {
+        let j0 = cb * 64;
+        let mut acc = vec![0f64; out.len()];
+        for i in 0..m {
+            let row = &dz[i * n + j0..i * n + j0 + out.len()];
+            for (a, &v) in acc.iter_mut().zip(row) {
+                *a += v as f64;
+            }
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = a as f32;
+        }
+    };
+    if par {
+        db.par_chunks_mut(64).enumerate().for_each(col_block);
+    } else {
+        db.chunks_mut(64).enumerate().for_each(col_block);
+    }
+    db
+}
+
 /// `dz = dy * act'(saved)`, `dx = dz W`, `dW = dz^T x`, `db = sum_rows dz`.
 pub fn linear_backward(p: &LinearBwdPlan) -> Result<()> {
     let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
@@ -636,28 +662,7 @@ pub fn linear_backward(p: &LinearBwdPlan) -> Result<()> {
         }
     }
     if p.db.is_some() {
-        // column sums in f64, parallel over column blocks
-        let mut db = vec![0f32; n];
-        let par = m * n >= super::PAR_MIN;
-        let col_block = |(cb, out): (usize, &mut [f32])| {
-            let j0 = cb * 64;
-            let mut acc = vec![0f64; out.len()];
-            for i in 0..m {
-                let row = &dz[i * n + j0..i * n + j0 + out.len()];
-                for (a, &v) in acc.iter_mut().zip(row) {
-                    *a += v as f64;
-                }
-            }
-            for (o, a) in out.iter_mut().zip(acc) {
-                *o = a as f32;
-            }
-        };
-        if par {
-            db.par_chunks_mut(64).enumerate().for_each(col_block);
-        } else {
-            db.chunks_mut(64).enumerate().for_each(col_block);
-        }
-        store_f32(p.dtype, p.db, &db);
+        store_f32(p.dtype, p.db, &col_sums(&dz, m, n));
     }
     if p.dx.is_some() {
         let w = load_f32(p.dtype, p.w, n * k);

@@ -12,6 +12,7 @@ pub mod elementwise;
 pub mod gaussian;
 pub mod geodesic;
 pub mod linalg;
+pub mod mlp;
 pub mod optim;
 
 use std::convert::identity;

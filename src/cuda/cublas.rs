@@ -34,13 +34,13 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::sys as bs;
 use cudarc::cublaslt::sys as lt;
-use cudarc::driver::result as dr;
+use cudarc::driver::{result as dr, sys as ds};
 
 use super::CudaDevice;
 use super::cublas_api::{api, blas as bsf, lt as ltf};
 use crate::dtype::DType;
 use crate::error::{
-    Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result, lock,
+    CudaContext as _, Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result, lock,
 };
 use crate::ops::Addr;
 use crate::ops::addr::ptr;
@@ -171,6 +171,19 @@ pub struct Slot {
     scratch_bytes: usize,
     copy_stream: usize,
     download_stream: usize,
+    side: Option<SideLane>,
+}
+
+/// A second stream beside a slot's stream and the two events that fork it from
+/// and join it back into that stream (the MLP backward's weight gradients), made
+/// on first use and released with the slot. Recorded and waited on inside a call,
+/// so under a capture the events are graph edges and the second stream joins the
+/// capture until the join.
+#[derive(Clone, Copy)]
+pub struct SideLane {
+    pub stream: usize,
+    pub fork: ds::CUevent,
+    pub join: ds::CUevent,
 }
 
 // SAFETY: the slot's raw values are used only while its mutex is held, with the
@@ -249,6 +262,7 @@ impl BlasCache {
             scratch_bytes: 0,
             copy_stream: 0,
             download_stream: 0,
+            side: None,
         };
         let slot = Arc::new(Mutex::new(slot));
         let mut slots = lock(&self.slots);
@@ -394,6 +408,14 @@ impl Slot {
         self.workspace = 0;
         self.scratch = 0;
         self.scratch_bytes = 0;
+        if let Some(side) = self.side.take() {
+            for e in [side.fork, side.join] {
+                // SAFETY: created in side_lane, destroyed once (CUDA defers it
+                // until the work that records or waits on it is done).
+                unsafe { ds::cuEventDestroy_v2(e) };
+            }
+            dev.stream_destroy(side.stream);
+        }
         for s in [&mut self.copy_stream, &mut self.download_stream] {
             if *s != 0 {
                 dev.stream_destroy(*s);
@@ -444,6 +466,47 @@ impl Slot {
             self.copy_stream = dev.stream_create()?;
         }
         Ok(self.copy_stream)
+    }
+
+    /// The slot's side lane (created on first use, with the thread's capture mode
+    /// relaxed: stream and event creation touch no capturing stream).
+    pub fn side_lane(&mut self, dev: &CudaDevice) -> Result<SideLane> {
+        if let Some(s) = self.side {
+            return Ok(s);
+        }
+        dev.bind()?;
+        let _relaxed = super::RelaxedCapture::new();
+        let mut ev = [std::ptr::null_mut(); 2];
+        for (i, e) in ev.iter_mut().enumerate() {
+            // SAFETY: writes a new event of the current context.
+            let r = unsafe {
+                ds::cuEventCreate(e, ds::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+            };
+            if let Err(err) = r.result().cuda("cuEventCreate") {
+                for made in &ev[..i] {
+                    // SAFETY: created just above.
+                    unsafe { ds::cuEventDestroy_v2(*made) };
+                }
+                return Err(err);
+            }
+        }
+        let stream = match dev.stream_create() {
+            Ok(s) => s,
+            Err(e) => {
+                for made in ev {
+                    // SAFETY: created just above.
+                    unsafe { ds::cuEventDestroy_v2(made) };
+                }
+                return Err(e);
+            }
+        };
+        let lane = SideLane {
+            stream,
+            fork: ev[0],
+            join: ev[1],
+        };
+        self.side = Some(lane);
+        Ok(lane)
     }
 
     /// The download (device-to-host) copy stream of the chunked GEMM (created on
@@ -587,6 +650,16 @@ pub enum Epilogue {
     GeluBias = 36,
     GeluAux = 160,
     GeluAuxBias = 164,
+    /// ReLU keeping its bit mask in aux (`AUX_LD` in bits, a multiple of 128).
+    ReluAux = 130,
+    ReluAuxBias = 134,
+    /// `D = D * relu'(mask in aux)`; `_BGRAD` also writes the bias gradient (the
+    /// sums of D's rows, after the derivative) to the bias pointer.
+    DRelu = 136,
+    DReluBgrad = 152,
+    /// `D = D * gelu_tanh'(pre-activation in aux)`; `_BGRAD` as `DReluBgrad`.
+    DGelu = 192,
+    DGeluBgrad = 208,
 }
 
 /// One column-major cuBLASLt product `D = alpha op(A) op(B) (+ epilogue)`, with
@@ -609,6 +682,8 @@ pub struct LtCall {
     pub bias: Option<Addr>,
     pub aux: Option<Addr>,
     pub aux_ld: i64,
+    /// f32 products may use TF32 tensor cores (`CUBLAS_COMPUTE_32F_FAST_TF32`).
+    pub tf32: bool,
 }
 
 fn lt_type(d: DType) -> lt::cudaDataType_t {
@@ -709,6 +784,7 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
         alignment(d),
         alignment(bias),
         alignment(aux),
+        c.tf32 as i64,
     ]);
     let cached = dev.blas.cached_algo(&key);
     let describe = |what: &str| {
@@ -735,7 +811,11 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
             "cublasLtMatmulDescCreate",
             ltf::cublasLtMatmulDescCreate(
                 &mut descs.op,
-                lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                if c.tf32 && c.dtype == DType::F32 {
+                    lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+                } else {
+                    lt::cublasComputeType_t::CUBLAS_COMPUTE_32F
+                },
                 lt::cudaDataType_t::CUDA_R_32F,
             ),
         )?;

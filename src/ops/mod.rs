@@ -7,6 +7,7 @@ pub mod elementwise;
 pub mod gaussian;
 pub mod geodesic;
 pub mod linalg;
+pub mod mlp;
 pub mod optim;
 
 pub use addr::Addr;

@@ -30,6 +30,7 @@ __all__ = [
     "GEO_FORCE_GENERIC",
     "GEO_ALLOW_TF32X3",
     "GEMM_ALLOW_TF32",
+    "MLP_MAX_LAYERS",
     "COMM_ID_BYTES",
     "MAX_DIMS",
     "OP_N",
@@ -108,6 +109,7 @@ GEO_ALLOW_TF32 = 1
 GEO_FORCE_GENERIC = 2
 GEO_ALLOW_TF32X3 = 4
 GEMM_ALLOW_TF32 = 1
+MLP_MAX_LAYERS = 64
 COMM_ID_BYTES = 128
 MAX_DIMS = 8
 OP_N = 0
@@ -329,6 +331,13 @@ PROTOTYPES: dict = {
     "fk_linear_backward": (fk_status, [_buffer_p, _buffer_p, _buffer_p, fk_activation, _buffer_p, _buffer_p, _buffer_p,
                                        _buffer_p, _stream_p]),
     "fk_kron": (fk_status, [_buffer_p, _buffer_p, _buffer_p, _stream_p]),
+    "fk_mlp_saved_size": (fk_status, [_context_p, c_int32, POINTER(c_int64), c_int64, fk_dtype, fk_activation,
+                                      fk_activation, POINTER(c_size_t)]),
+    "fk_mlp_forward": (fk_status, [_buffer_p, c_int32, POINTER(_buffer_p), POINTER(_buffer_p), fk_activation,
+                                   fk_activation, c_uint32, _buffer_p, _buffer_p, _stream_p]),
+    "fk_mlp_backward": (fk_status, [_buffer_p, _buffer_p, c_int32, POINTER(_buffer_p), fk_activation, fk_activation,
+                                    c_uint32, _buffer_p, _buffer_p, POINTER(_buffer_p), POINTER(_buffer_p),
+                                    _stream_p]),
     "fk_matrix_power": (fk_status, [_buffer_p, c_double, c_double, fk_matpow_method, c_int32, c_double, c_uint32,
                                     _buffer_p, POINTER(fk_matpow_report), _stream_p]),
     "fk_shampoo_stats": (fk_status, [_buffer_p, c_double, c_double, _buffer_p, _buffer_p, _stream_p]),

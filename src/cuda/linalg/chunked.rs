@@ -56,14 +56,14 @@ impl Drop for Events {
     }
 }
 
-fn record(e: ds::CUevent, stream: usize) -> Result<()> {
+pub(super) fn record(e: ds::CUevent, stream: usize) -> Result<()> {
     // SAFETY: event and stream of the current context.
     unsafe { ds::cuEventRecord(e, stream as ds::CUstream) }
         .result()
         .cuda("cuEventRecord")
 }
 
-fn wait(stream: usize, e: ds::CUevent) -> Result<()> {
+pub(super) fn wait(stream: usize, e: ds::CUevent) -> Result<()> {
     // SAFETY: as above.
     unsafe { ds::cuStreamWaitEvent(stream as ds::CUstream, e, 0) }
         .result()

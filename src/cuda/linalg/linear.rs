@@ -9,6 +9,7 @@ use crate::cuda::cublas::{self, Epilogue, LtCall, Slot};
 use crate::cuda::launch::{BLOCK, Names, assert_layout, grid_for, launch, per_dtype};
 use crate::dtype::DType;
 use crate::error::{Result, lock};
+use crate::ops::Addr;
 use crate::ops::addr::raw;
 use crate::ops::linalg::{Activation, GemmPlan, LinearBwdPlan, LinearPlan, Mat, Trans, dense};
 use crate::stream::Stream;
@@ -62,17 +63,38 @@ fn epilogue_kernel(
     )
 }
 
-/// `c = op_a(a) op_b(b)` through cuBLAS: one matrix each, f32 accumulation, no TF32.
-fn product(
+/// The cuBLASLt epilogue of a forward layer `act(z + b)`: `has_bias`, and `aux`
+/// whether the layer keeps its derivative information (the pre-activation for the
+/// tanh GELU, the bit mask for ReLU). The exact GELU, which cuBLASLt lacks, gets
+/// the product and bias only (its activation is fusekit's kernel).
+pub(super) fn forward_epilogue(act: Activation, has_bias: bool, aux: bool) -> Epilogue {
+    match (act, has_bias, aux) {
+        (Activation::None | Activation::GeluErf, false, _) => Epilogue::Default,
+        (Activation::None | Activation::GeluErf, true, _) => Epilogue::Bias,
+        (Activation::Relu, false, false) => Epilogue::Relu,
+        (Activation::Relu, true, false) => Epilogue::ReluBias,
+        (Activation::Relu, false, true) => Epilogue::ReluAux,
+        (Activation::Relu, true, true) => Epilogue::ReluAuxBias,
+        (Activation::GeluTanh, false, false) => Epilogue::Gelu,
+        (Activation::GeluTanh, true, false) => Epilogue::GeluBias,
+        (Activation::GeluTanh, false, true) => Epilogue::GeluAux,
+        (Activation::GeluTanh, true, true) => Epilogue::GeluAuxBias,
+    }
+}
+
+/// `c = op_a(a) op_b(b)` through cuBLAS: one matrix each, f32 accumulation (TF32
+/// tensor cores for f32 when `tf32`).
+pub(super) fn product(
     g: &Slot,
     dtype: DType,
     (op_a, a): (Trans, Mat),
     (op_b, b): (Trans, Mat),
     c: Mat,
+    tf32: bool,
 ) -> Result<()> {
     cublas::gemm_ex(
         g,
-        &GemmPlan::new(dtype, op_a, a, op_b, b, c, 1.0, 0.0, 1, false),
+        &GemmPlan::new(dtype, op_a, a, op_b, b, c, 1.0, 0.0, 1, tf32),
     )
 }
 
@@ -85,16 +107,7 @@ pub fn linear_forward(dev: &CudaDevice, p: &LinearPlan, stream: &Stream) -> Resu
     let g = lock(&slot);
     let has_bias = p.bias.is_some();
     let erf = p.act == Activation::GeluErf;
-    let epilogue = match (p.act, has_bias, p.aux.is_some()) {
-        (Activation::None | Activation::GeluErf, false, _) => Epilogue::Default,
-        (Activation::None | Activation::GeluErf, true, _) => Epilogue::Bias,
-        (Activation::Relu, false, _) => Epilogue::Relu,
-        (Activation::Relu, true, _) => Epilogue::ReluBias,
-        (Activation::GeluTanh, false, false) => Epilogue::Gelu,
-        (Activation::GeluTanh, true, false) => Epilogue::GeluBias,
-        (Activation::GeluTanh, false, true) => Epilogue::GeluAux,
-        (Activation::GeluTanh, true, true) => Epilogue::GeluAuxBias,
-    };
+    let epilogue = forward_epilogue(p.act, has_bias, p.aux.is_some());
     // Column-major: y^T [n, m] = W [n, k] (stored as W^T [k, n], transposed) x^T [k, m].
     if p.k > 0 && !dev.linalg_fallback() {
         let d = if erf { p.aux.or(p.y) } else { p.y };
@@ -115,6 +128,7 @@ pub fn linear_forward(dev: &CudaDevice, p: &LinearPlan, stream: &Stream) -> Resu
             bias: p.bias,
             aux: if erf { None } else { p.aux },
             aux_ld: p.n,
+            tf32: false,
         };
         if cublas::lt_matmul(dev, &g, &call)? {
             if !erf {
@@ -139,6 +153,7 @@ pub fn linear_forward(dev: &CudaDevice, p: &LinearPlan, stream: &Stream) -> Resu
         (Trans::N, dense(p.x, p.m, p.k, 0)),
         (Trans::T, dense(p.w, p.n, p.k, 0)),
         dense(p.y, p.m, p.n, 0),
+        false,
     )?;
     if p.act == Activation::None && !has_bias && p.aux.is_none() {
         return Ok(());
@@ -195,6 +210,61 @@ assert_layout!(FinishArgs, 32, n = 0, splits = 8, partial = 16, out = 24);
 pub(super) const DZ_COLS: i64 = 32;
 pub(super) const DZ_ROWS: i64 = 8;
 
+/// How the column sums of an `[m, n]` gradient split (`linear_dz`, `mlp_dz`): `gx`
+/// blocks of `DZ_COLS` columns by `splits` blocks of `rows_per_split` rows, about 8
+/// blocks per multiprocessor with a row per row lane or more.
+pub(super) struct Splits {
+    pub gx: u64,
+    pub splits: u64,
+    pub rows_per_split: u64,
+}
+
+impl Splits {
+    pub fn new(dev: &CudaDevice, m: i64, n: i64) -> Splits {
+        let gx = (n as u64).div_ceil(DZ_COLS as u64).max(1);
+        let target = dev.sm_count.max(1) as u64 * 8;
+        let splits = target
+            .div_ceil(gx)
+            .clamp(1, (m as u64).div_ceil(DZ_ROWS as u64).max(1))
+            .min(65535);
+        let rows_per_split = (m as u64).div_ceil(splits).max(1);
+        let splits = (m as u64).div_ceil(rows_per_split).max(1);
+        Splits {
+            gx,
+            splits,
+            rows_per_split,
+        }
+    }
+}
+
+/// `colsum_finish`: `out[c] = sum over the splits of partial[split, c]`, `c < n`.
+pub(super) fn colsum_finish(
+    dev: &CudaDevice,
+    dtype: DType,
+    n: i64,
+    splits: u64,
+    partial: Option<Addr>,
+    out: Addr,
+    stream: &Stream,
+) -> Result<()> {
+    let mut a = FinishArgs {
+        n,
+        splits: splits as i64,
+        partial: raw(partial),
+        out: out.get(),
+    };
+    launch(
+        dev,
+        MODULE,
+        COLSUM_FINISH.get(dtype)?,
+        (grid_for(dev, n), 1, 1),
+        (BLOCK, 1, 1),
+        0,
+        stream.raw,
+        &mut [&mut a as *mut FinishArgs as *mut c_void],
+    )
+}
+
 /// The backward: `linear_dz` (dz and column partials of db, one pass over dy),
 /// `colsum_finish` (db), then cuBLAS for `dx = dz W` and `dW = dz^T x`.
 pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> Result<()> {
@@ -203,15 +273,11 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
     let es = p.dtype.size();
     let need_dz = p.dx.is_some() || p.dw.is_some();
     let write_dz = need_dz && p.act != Activation::None;
-    // column splits: about 8 blocks per multiprocessor, a row per row lane or more
-    let gx = (p.n as u64).div_ceil(DZ_COLS as u64).max(1);
-    let target = dev.sm_count.max(1) as u64 * 8;
-    let splits = target
-        .div_ceil(gx)
-        .clamp(1, (p.m as u64).div_ceil(DZ_ROWS as u64).max(1))
-        .min(65535);
-    let rows_per_split = (p.m as u64).div_ceil(splits).max(1);
-    let splits = (p.m as u64).div_ceil(rows_per_split).max(1);
+    let Splits {
+        gx,
+        splits,
+        rows_per_split,
+    } = Splits::new(dev, p.m, p.n);
     let dz_bytes = if write_dz {
         (p.m as usize * p.n as usize * es).next_multiple_of(256)
     } else {
@@ -257,23 +323,7 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
         )?;
     }
     if let Some(db) = p.db {
-        let mut a = FinishArgs {
-            n: p.n,
-            splits: splits as i64,
-            partial: raw(partial),
-            out: db.get(),
-        };
-        let grid = grid_for(dev, p.n);
-        launch(
-            dev,
-            MODULE,
-            COLSUM_FINISH.get(p.dtype)?,
-            (grid, 1, 1),
-            (BLOCK, 1, 1),
-            0,
-            stream.raw,
-            &mut [&mut a as *mut FinishArgs as *mut c_void],
-        )?;
+        colsum_finish(dev, p.dtype, p.n, splits, partial, db, stream)?;
     }
     if let Some(dx) = p.dx {
         // dx [m, k] = dz [m, n] W [n, k]
@@ -283,6 +333,7 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
             (Trans::N, dense(dz, p.m, p.n, 0)),
             (Trans::N, dense(p.w, p.n, p.k, 0)),
             dense(Some(dx), p.m, p.k, 0),
+            false,
         )?;
     }
     if let Some(dw) = p.dw {
@@ -293,6 +344,7 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
             (Trans::T, dense(dz, p.m, p.n, 0)),
             (Trans::N, dense(p.x, p.m, p.k, 0)),
             dense(Some(dw), p.n, p.k, 0),
+            false,
         )?;
     }
     Ok(())

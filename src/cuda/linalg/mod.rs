@@ -4,17 +4,21 @@
 //!   the plain GEMM;
 //! - `linear`: the fused linear layer (cuBLASLt epilogues, the epilogue fallback,
 //!   the backward's `dz` and column sums);
+//! - `mlp`: the multi-layer perceptron (per-layer cuBLASLt epilogues, the
+//!   backward's fused data-gradient chain and side-lane weight gradients);
 //! - `kron`: the batched Kronecker product's launch shape;
 //! - `tiles`: the chunked GEMM's tile choice; `chunked`: its copy/compute pipeline.
 
 mod chunked;
 mod kron;
 mod linear;
+mod mlp;
 mod tiles;
 
 pub use chunked::gemm_chunked;
 pub use kron::kron;
 pub use linear::{linear_backward, linear_forward};
+pub use mlp::{mlp_backward, mlp_forward, mlp_zero};
 
 use super::CudaDevice;
 use super::cublas::{self, Slot};
@@ -104,6 +108,8 @@ mod tests {
             "void linear_epilogue_##T(",
             "void __launch_bounds__(256) linear_dz_##T(",
             "void colsum_finish_##T(",
+            "void mlp_epilogue_##T(",
+            "void __launch_bounds__(256) mlp_dz_##T(",
             "kron_##T##_w##W(",
             "kron_##T##_split(",
         ] {
@@ -112,6 +118,11 @@ mod tests {
         let mut built = BTreeSet::new();
         for a in instances(&src, "FK_LINEAR_KERNELS") {
             for base in ["linear_epilogue", "linear_dz", "colsum_finish"] {
+                built.insert(format!("{base}_{}", a[0]));
+            }
+        }
+        for a in instances(&src, "FK_MLP_KERNELS") {
+            for base in ["mlp_epilogue", "mlp_dz"] {
                 built.insert(format!("{base}_{}", a[0]));
             }
         }
@@ -128,7 +139,13 @@ mod tests {
                 looked_up.insert(name.to_string());
             }
         };
-        for names in [&linear::EPILOGUE, &linear::DZ, &linear::COLSUM_FINISH] {
+        for names in [
+            &linear::EPILOGUE,
+            &linear::DZ,
+            &linear::COLSUM_FINISH,
+            &mlp::EPILOGUE,
+            &mlp::DZ,
+        ] {
             add(names, &|d| format!("{}_{}", names.base, kernel_suffix(d)));
         }
         for ((w, split), names) in &kron::KRON {
@@ -140,7 +157,7 @@ mod tests {
             add(names, &|d| format!("kron_{}_{store}", kernel_suffix(d)));
         }
         assert_eq!(looked_up, built);
-        assert_eq!(built.len(), 3 * 3 + 18);
+        assert_eq!(built.len(), 3 * 3 + 2 * 3 + 18);
     }
 
     /// A dtype or store without a kernel is an error, never another dtype's kernel.

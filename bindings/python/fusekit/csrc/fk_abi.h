@@ -90,6 +90,9 @@ _Static_assert(FK_ABI_VERSION == 1002, "fk_abi.h was generated from another fuse
     X(fk_linear_forward) \
     X(fk_linear_backward) \
     X(fk_kron) \
+    X(fk_mlp_saved_size) \
+    X(fk_mlp_forward) \
+    X(fk_mlp_backward) \
     X(fk_matrix_power) \
     X(fk_shampoo_stats) \
     X(fk_shampoo_stats_ex) \

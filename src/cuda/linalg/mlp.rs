@@ -1,0 +1,439 @@
+//! The multi-layer perceptron (docs/ops.md section 6) on the fused linear layer's
+//! pieces: per layer one cuBLASLt product with its epilogue (`linear`'s
+//! `forward_epilogue`), `mlp_epilogue` for the exact GELU and where cuBLASLt
+//! declines; the backward's data-gradient chain on the caller's stream, each
+//! product applying the lower layer's activation derivative and bias gradient
+//! (`DRELU_BGRAD`, `DGELU_BGRAD`, else the product then `mlp_dz` and
+//! `colsum_finish`), and the weight gradients on the slot's side lane, forked and
+//! joined by events.
+//!
+//! `saved` has the layout of `ops::mlp::SavedLayout`, which is what cuBLASLt's
+//! `RELU_AUX` (bit mask, `AUX_LD` in bits) and `GELU_AUX` (pre-activation) write.
+
+use std::ffi::c_void;
+
+use cudarc::driver::sys as ds;
+
+use super::chunked::{record, wait};
+use super::linear::{DZ_COLS, DZ_ROWS, Splits, colsum_finish, forward_epilogue, product};
+use super::{MODULE, slot_of};
+use crate::cuda::CudaDevice;
+use crate::cuda::cublas::{self, Epilogue, LtCall, Slot};
+use crate::cuda::launch::{BLOCK, Names, assert_layout, grid_for, launch, per_dtype};
+use crate::dtype::DType;
+use crate::error::{CudaContext as _, Result, lock};
+use crate::ops::Addr;
+use crate::ops::addr::raw;
+use crate::ops::linalg::{Activation, Trans, dense};
+use crate::ops::mlp::{Layer, MlpPlan};
+use crate::stream::Stream;
+
+/// The kernels of `FK_MLP_KERNELS` in `kernels/linalg.cu`.
+pub(super) const EPILOGUE: Names = per_dtype!("mlp_epilogue": f16, bf16, f32);
+pub(super) const DZ: Names = per_dtype!("mlp_dz": f16, bf16, f32);
+
+/// Mirrors `struct MlpEpiArgs`.
+#[repr(C)]
+struct MlpEpiArgs {
+    m: i64,
+    n: i64,
+    src_ld: i64,
+    aux_ld: i64,
+    src: u64,
+    y: u64,
+    bias: u64,
+    aux: u64,
+    act: i32,
+}
+assert_layout!(
+    MlpEpiArgs,
+    72,
+    m = 0,
+    n = 8,
+    src_ld = 16,
+    aux_ld = 24,
+    src = 32,
+    y = 40,
+    bias = 48,
+    aux = 56,
+    act = 64
+);
+
+/// Mirrors `struct MlpDzArgs`.
+#[repr(C)]
+struct MlpDzArgs {
+    m: i64,
+    n: i64,
+    rows_per_split: i64,
+    aux_ld: i64,
+    g: u64,
+    aux: u64,
+    dz: u64,
+    partial: u64,
+    act: i32,
+}
+assert_layout!(
+    MlpDzArgs,
+    72,
+    m = 0,
+    n = 8,
+    rows_per_split = 16,
+    aux_ld = 24,
+    g = 32,
+    aux = 40,
+    dz = 48,
+    partial = 56,
+    act = 64
+);
+
+/// `mlp_epilogue` over `[a.m, a.n]`: one thread per mask byte (8 columns).
+fn epilogue_kernel(dev: &CudaDevice, dtype: DType, mut a: MlpEpiArgs, stream: &Stream) -> Result<()> {
+    let groups = if a.act == Activation::Relu as i32 && a.aux != 0 {
+        a.aux_ld / 8
+    } else {
+        (a.n + 7) / 8
+    };
+    launch(
+        dev,
+        MODULE,
+        EPILOGUE.get(dtype)?,
+        (grid_for(dev, a.m * groups), 1, 1),
+        (BLOCK, 1, 1),
+        0,
+        stream.raw,
+        &mut [&mut a as *mut MlpEpiArgs as *mut c_void],
+    )
+}
+
+/// Layer `l` of the forward: `out = act(input W^T + b)` (`[m, n]`), its
+/// derivative information into `l.aux` when kept.
+fn forward_layer(
+    dev: &CudaDevice,
+    slot: &Slot,
+    p: &MlpPlan,
+    l: &Layer,
+    input: Option<Addr>,
+    out: Option<Addr>,
+    stream: &Stream,
+) -> Result<()> {
+    let (m, k, n) = (p.rows, l.k, l.n);
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let erf = l.act == Activation::GeluErf;
+    let act = l.act as i32;
+    // Column-major: out^T [n, m] = W [n, k] (stored as W^T [k, n], transposed) input^T [k, m].
+    if k > 0 && !dev.linalg_fallback() {
+        // the exact GELU: z (to aux when kept, at its pitch) then mlp_epilogue
+        let (d, ldd) = match (erf, l.aux) {
+            (true, Some(aux)) => (Some(aux), l.aux_ld),
+            _ => (out, n),
+        };
+        let call = LtCall {
+            dtype: p.dtype,
+            trans_a: true,
+            trans_b: false,
+            m: n as u64,
+            n: m as u64,
+            k: k as u64,
+            a: l.w,
+            lda: k,
+            b: input,
+            ldb: k,
+            d,
+            ldd,
+            epilogue: forward_epilogue(l.act, l.bias.is_some(), l.aux.is_some()),
+            bias: l.bias,
+            aux: if erf { None } else { l.aux },
+            aux_ld: l.aux_ld,
+            tf32: p.allow_tf32,
+        };
+        if cublas::lt_matmul(dev, slot, &call)? {
+            if !erf {
+                return Ok(());
+            }
+            let a = MlpEpiArgs {
+                m,
+                n,
+                src_ld: ldd,
+                aux_ld: 0,
+                src: raw(d),
+                y: raw(out),
+                bias: 0,
+                aux: 0,
+                act,
+            };
+            return epilogue_kernel(dev, p.dtype, a, stream);
+        }
+    }
+    // Fallback: z = input W^T into out, then bias, derivative information and
+    // activation in one pass.
+    product(
+        slot,
+        p.dtype,
+        (Trans::N, dense(input, m, k, 0)),
+        (Trans::T, dense(l.w, n, k, 0)),
+        dense(out, m, n, 0),
+        p.allow_tf32,
+    )?;
+    if l.act == Activation::None && l.bias.is_none() {
+        return Ok(());
+    }
+    let a = MlpEpiArgs {
+        m,
+        n,
+        src_ld: n,
+        aux_ld: l.aux_ld,
+        src: raw(out),
+        y: raw(out),
+        bias: raw(l.bias),
+        aux: raw(l.aux),
+        act,
+    };
+    epilogue_kernel(dev, p.dtype, a, stream)
+}
+
+/// The forward, layer by layer on the caller's stream. Without `saved` the hidden
+/// activations alternate between two regions of the call's scratch.
+pub fn mlp_forward(dev: &CudaDevice, p: &MlpPlan, stream: &Stream) -> Result<()> {
+    let slot = slot_of(dev, stream)?;
+    let mut g = lock(&slot);
+    let last = p.layers.len() - 1;
+    let hidden = &p.layers[..last];
+    let inference = hidden.iter().any(|l| l.hidden.is_none());
+    let widest = hidden.iter().map(|l| l.n).max().unwrap_or(0);
+    let region = (p.rows as u64 * widest as u64 * p.dtype.size() as u64).next_multiple_of(256);
+    // Lives to the end of the call (under capture: the call's own allocation).
+    let scratch_mem = if inference && region > 0 {
+        Some(g.scratch(dev, 2 * region as usize)?)
+    } else {
+        None
+    };
+    let scratch = scratch_mem.as_ref().and_then(|s| s.addr());
+    let mut input = p.x;
+    for (i, l) in p.layers.iter().enumerate() {
+        let out = if i == last {
+            p.y
+        } else {
+            // SAFETY: the scratch holds two regions of `region` bytes.
+            l.hidden
+                .or_else(|| scratch.map(|s| unsafe { s.byte_add((i % 2) as u64 * region) }))
+        };
+        forward_layer(dev, &g, p, l, input, out, stream)?;
+        input = out;
+    }
+    Ok(())
+}
+
+/// `mlp_dz` over `[m, l.n]`: `dz = g * act'` (`dz` None: not written, `g` is the
+/// gradient) and the column partials when `partial` is given, then
+/// `colsum_finish` into `db`.
+#[allow(clippy::too_many_arguments)]
+fn dz_and_db(
+    dev: &CudaDevice,
+    p: &MlpPlan,
+    l: &Layer,
+    g: Option<Addr>,
+    dz: Option<Addr>,
+    db: Option<Addr>,
+    partial: Option<Addr>,
+    stream: &Stream,
+) -> Result<()> {
+    let (m, n) = (p.rows, l.n);
+    let write = dz.is_some() && l.act != Activation::None;
+    if n == 0 || !write && db.is_none() {
+        return Ok(());
+    }
+    let s = Splits::new(dev, m, n);
+    let mut a = MlpDzArgs {
+        m,
+        n,
+        rows_per_split: s.rows_per_split as i64,
+        aux_ld: l.aux_ld,
+        g: raw(g),
+        aux: raw(l.aux),
+        dz: if write { raw(dz) } else { 0 },
+        partial: if db.is_some() { raw(partial) } else { 0 },
+        act: l.act as i32,
+    };
+    launch(
+        dev,
+        MODULE,
+        DZ.get(p.dtype)?,
+        (s.gx as u32, s.splits as u32, 1),
+        (DZ_COLS as u32, DZ_ROWS as u32, 1),
+        0,
+        stream.raw,
+        &mut [&mut a as *mut MlpDzArgs as *mut c_void],
+    )?;
+    match db {
+        Some(db) => colsum_finish(dev, p.dtype, n, s.splits, partial, db, stream),
+        None => Ok(()),
+    }
+}
+
+/// Layer `i`'s data gradient `dh_i = dz_i W_i` (`[m, k_i]`) into `out`, with the
+/// derivative of the layer below (`below`, when given) applied and its bias
+/// gradient written: one cuBLASLt call with `DRELU(_BGRAD)` / `DGELU(_BGRAD)`
+/// where it can, else the product and `mlp_dz` (in place) with `colsum_finish`.
+#[allow(clippy::too_many_arguments)]
+fn dgrad(
+    dev: &CudaDevice,
+    slot: &Slot,
+    p: &MlpPlan,
+    l: &Layer,
+    dz: Option<Addr>,
+    out: Option<Addr>,
+    below: Option<&Layer>,
+    partial: Option<Addr>,
+    stream: &Stream,
+) -> Result<()> {
+    let (m, k, n) = (p.rows, l.k, l.n);
+    if k == 0 {
+        return Ok(());
+    }
+    let fused = below.and_then(|b| match (b.act, b.aux, b.db.is_some()) {
+        (Activation::Relu, Some(_), false) => Some(Epilogue::DRelu),
+        (Activation::Relu, Some(_), true) => Some(Epilogue::DReluBgrad),
+        (Activation::GeluTanh, Some(_), false) => Some(Epilogue::DGelu),
+        (Activation::GeluTanh, Some(_), true) => Some(Epilogue::DGeluBgrad),
+        _ => None,
+    });
+    // Column-major: out^T [k, m] = W^T [k, n] (W stored row-major [n, k]) dz^T [n, m].
+    if let (Some(epilogue), Some(b), true) = (fused, below, n > 0 && !dev.linalg_fallback()) {
+        let call = LtCall {
+            dtype: p.dtype,
+            trans_a: false,
+            trans_b: false,
+            m: k as u64,
+            n: m as u64,
+            k: n as u64,
+            a: l.w,
+            lda: k,
+            b: dz,
+            ldb: n,
+            d: out,
+            ldd: k,
+            epilogue,
+            bias: b.db,
+            aux: b.aux,
+            aux_ld: b.aux_ld,
+            tf32: p.allow_tf32,
+        };
+        if cublas::lt_matmul(dev, slot, &call)? {
+            return Ok(());
+        }
+    }
+    product(
+        slot,
+        p.dtype,
+        (Trans::N, dense(dz, m, n, 0)),
+        (Trans::N, dense(l.w, n, k, 0)),
+        dense(out, m, k, 0),
+        p.allow_tf32,
+    )?;
+    match below {
+        Some(b) => dz_and_db(dev, p, b, out, out, b.db, partial, stream),
+        None => Ok(()),
+    }
+}
+
+/// Layer `l`'s weight gradient `dW = dz^T h` (`[n, k]`) on the side lane's slot.
+fn wgrad(side: &Slot, p: &MlpPlan, l: &Layer, dz: Option<Addr>, h: Option<Addr>) -> Result<()> {
+    let (m, k, n) = (p.rows, l.k, l.n);
+    if n == 0 || k == 0 {
+        return Ok(());
+    }
+    product(
+        side,
+        p.dtype,
+        (Trans::T, dense(dz, m, n, 0)),
+        (Trans::N, dense(h, m, k, 0)),
+        dense(l.dw, n, k, 0),
+        p.allow_tf32,
+    )
+}
+
+/// The backward: `dz` of the top layer (`mlp_dz` from `dy`), then for each layer
+/// from the top down to the lowest one wanted its weight gradient on the side
+/// lane (forked once `dz_i` is queued) and its data gradient on the caller's
+/// stream, which yields `dz_{i-1}` and `db_{i-1}`; the side lane joins back
+/// before the call returns.
+pub fn mlp_backward(dev: &CudaDevice, p: &MlpPlan, stream: &Stream) -> Result<()> {
+    let slot = slot_of(dev, stream)?;
+    let mut g = lock(&slot);
+    let (m, es) = (p.rows as u64, p.dtype.size() as u64);
+    let top = p.layers.len() - 1;
+    let lowest = p.lowest();
+    // scratch: dz_i of each layer from `lowest` up (the top one only when its
+    // activation changes dy), then one set of column partials
+    let mut dz_off = vec![None; p.layers.len()];
+    let mut at = 0u64;
+    for (i, l) in p.layers.iter().enumerate().skip(lowest) {
+        if i == top && l.act == Activation::None {
+            continue;
+        }
+        dz_off[i] = Some(at);
+        at += (m * l.n as u64 * es).next_multiple_of(256);
+    }
+    let partial_off = at;
+    let widest = p.layers.iter().map(|l| Splits::new(dev, p.rows, l.n));
+    let partial_bytes = widest
+        .zip(&p.layers)
+        .map(|(s, l)| s.splits * l.n as u64 * 4)
+        .max()
+        .unwrap_or(0);
+    let scratch_mem = g.scratch(dev, (at + partial_bytes).max(256) as usize)?;
+    let base = scratch_mem.addr();
+    // SAFETY (both): the scratch holds every dz region, then the partials.
+    let partial = base.map(|b| unsafe { b.byte_add(partial_off) });
+    let dz: Vec<Option<Addr>> = dz_off
+        .iter()
+        .map(|o| o.and_then(|o| base.map(|b| unsafe { b.byte_add(o) })))
+        .collect();
+    let dz_of = |i: usize| if i == top { dz[i].or(p.dy) } else { dz[i] };
+    let t = &p.layers[top];
+    dz_and_db(dev, p, t, p.dy, dz[top], t.db, partial, stream)?;
+    let side = if p.layers.iter().any(|l| l.dw.is_some()) {
+        Some(g.side_lane(dev)?)
+    } else {
+        None
+    };
+    let mut side_slot = None;
+    for i in (lowest..=top).rev() {
+        let l = &p.layers[i];
+        if let (Some(lane), Some(_)) = (side, l.dw) {
+            // fork: the side lane waits for dz_i (queued on the caller's stream)
+            record(lane.fork, stream.raw)?;
+            wait(lane.stream, lane.fork)?;
+            if side_slot.is_none() {
+                // after the fork: under a capture the side stream now captures too
+                side_slot = Some(dev.blas.slot(dev, lane.stream)?);
+            }
+            let s = side_slot.as_ref().unwrap();
+            wgrad(&lock(s), p, l, dz_of(i), p.input(i))?;
+        }
+        if i > lowest {
+            let below = &p.layers[i - 1];
+            dgrad(dev, &g, p, l, dz_of(i), dz[i - 1], Some(below), partial, stream)?;
+        } else if i == 0 && p.dx.is_some() {
+            dgrad(dev, &g, p, l, dz_of(i), p.dx, None, partial, stream)?;
+        }
+    }
+    if let (Some(lane), Some(_)) = (side, side_slot) {
+        // join: the caller's stream waits for the weight gradients
+        record(lane.join, lane.stream)?;
+        wait(stream.raw, lane.join)?;
+    }
+    drop(scratch_mem);
+    Ok(())
+}
+
+/// Zeroes `bytes` bytes at `addr` on `stream` (an empty batch's gradients).
+pub fn mlp_zero(dev: &CudaDevice, addr: Option<Addr>, bytes: usize, stream: &Stream) -> Result<()> {
+    dev.bind()?;
+    // SAFETY: a validated output of `bytes` bytes of this device.
+    unsafe { ds::cuMemsetD8Async(raw(addr), 0, bytes, stream.raw as ds::CUstream) }
+        .result()
+        .cuda("cuMemsetD8Async")
+}

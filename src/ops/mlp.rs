@@ -1,0 +1,615 @@
+//! The multi-layer perceptron (docs/ops.md section 6): validation, the layout of
+//! the `saved` buffer, then dispatch.
+//!
+//! Layer `i` of `L` computes `h_{i+1} = act_i(h_i W_i^T + b_i)` with `h_0 = x`,
+//! `act_i` the hidden activation below the last layer and the output activation
+//! on it. Widths: `k_0` (x's features), `n_i` (rows of `W_i`), `k_{i+1} = n_i`.
+//!
+//! `saved` (opaque to callers) holds, per layer, what the backward needs of it
+//! (`SavedLayout`): the activation's derivative information (a bit mask for ReLU,
+//! the pre-activation for the GELUs, nothing for none) and the hidden activation
+//! `h_{i+1}` the next layer's weight gradient reads.
+
+use crate::buffer::Buffer;
+use crate::context::{Context, Device};
+use crate::dtype::DType;
+use crate::error::{
+    Error, FK_ERROR_ALIASING, FK_ERROR_BUFFER_TOO_SMALL, FK_ERROR_INVALID_ARGUMENT,
+    FK_ERROR_NULL_POINTER, FK_ERROR_SHAPE_MISMATCH, Result,
+};
+use crate::ops::Addr;
+use crate::ops::check::{self, Named};
+use crate::ops::linalg::{Activation, gemm_flags, int32};
+use crate::stream::Stream;
+
+/// The most layers one call takes (`FK_MLP_MAX_LAYERS`; the ABI constant lives in
+/// `abi::mlp`).
+pub(crate) const MAX_LAYERS: usize = crate::abi::mlp::FK_MLP_MAX_LAYERS as usize;
+
+/// Offsets in `saved` start at multiples of this many bytes (cuBLASLt's preferred
+/// alignment), and `saved` itself must start at a multiple of `SAVED_ALIGN`.
+const REGION_ALIGN: u64 = 256;
+pub(crate) const SAVED_ALIGN: usize = 16;
+
+/// The ReLU mask's row pitch in bits is a multiple of this (cuBLASLt's rule for
+/// the `RELU_AUX` bit mask's leading dimension).
+pub(crate) const MASK_LD_BITS: i64 = 128;
+/// The saved pre-activation's row pitch in elements is a multiple of this
+/// (cuBLASLt's rule for the `GELU_AUX` input's leading dimension).
+pub(crate) const PREACT_LD: i64 = 8;
+
+/// Where layer `i`'s backward information lies in `saved`: byte offsets from
+/// `saved`'s start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SavedLayer {
+    /// The activation's derivative information, `None` for `FK_ACT_NONE`: for
+    /// ReLU a bit mask, row `r`'s bit `j` (`z[r, j] > 0`) at bit `j % 8` of byte
+    /// `r * aux_ld / 8 + j / 8` (`aux_ld` in bits); for the GELUs the
+    /// pre-activation `z` in the dtype, row pitch `aux_ld` elements.
+    pub aux: Option<u64>,
+    /// Row pitch of `aux`: bits (ReLU) or elements (GELU).
+    pub aux_ld: i64,
+    /// The layer's output `h_{i+1}` (`[rows, n_i]`, dense, in the dtype), `None`
+    /// on the last layer (its output is `y`).
+    pub hidden: Option<u64>,
+}
+
+/// The `saved` buffer's layout for one MLP shape (the same on every backend).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SavedLayout {
+    pub layers: Vec<SavedLayer>,
+    pub bytes: usize,
+}
+
+fn overflow(what: &str) -> Error {
+    Error::new(
+        FK_ERROR_INVALID_ARGUMENT,
+        format!("the saved buffer's size overflows for {what}"),
+    )
+}
+
+impl SavedLayout {
+    /// `widths` = `[k_0, n_0, ..., n_{L-1}]`; `acts[i]` layer `i`'s activation.
+    pub fn new(widths: &[i64], rows: i64, dtype: DType, acts: &[Activation]) -> Result<SavedLayout> {
+        let what = || format!("rows = {rows}, widths = {widths:?}");
+        let mut at: u64 = 0;
+        let mut take = |bytes: u128| -> Result<u64> {
+            let start = at;
+            let end = (start as u128 + bytes).next_multiple_of(REGION_ALIGN as u128);
+            at = u64::try_from(end).map_err(|_| overflow(&what()))?;
+            Ok(start)
+        };
+        let l = acts.len();
+        let mut layers = Vec::with_capacity(l);
+        for (i, &act) in acts.iter().enumerate() {
+            let n = widths[i + 1];
+            let (aux, aux_ld) = match act {
+                Activation::None => (None, 0),
+                Activation::Relu => {
+                    let ld = (n as u64).next_multiple_of(MASK_LD_BITS as u64).max(MASK_LD_BITS as u64) as i64;
+                    (Some(take(rows as u128 * ld as u128 / 8)?), ld)
+                }
+                Activation::GeluTanh | Activation::GeluErf => {
+                    let ld = (n as u64).next_multiple_of(PREACT_LD as u64).max(PREACT_LD as u64) as i64;
+                    let bytes = rows as u128 * ld as u128 * dtype.size() as u128;
+                    (Some(take(bytes)?), ld)
+                }
+            };
+            let hidden = if i + 1 < l {
+                Some(take(rows as u128 * n as u128 * dtype.size() as u128)?)
+            } else {
+                None
+            };
+            layers.push(SavedLayer {
+                aux,
+                aux_ld,
+                hidden,
+            });
+        }
+        let bytes = usize::try_from(at).map_err(|_| overflow(&what()))?;
+        Ok(SavedLayout { layers, bytes })
+    }
+}
+
+/// The activation of each of `n_layers` layers.
+pub fn layer_acts(n_layers: usize, hidden: Activation, out: Activation) -> Vec<Activation> {
+    (0..n_layers)
+        .map(|i| if i + 1 == n_layers { out } else { hidden })
+        .collect()
+}
+
+fn mlp_dtype(d: DType, what: &str) -> Result<()> {
+    crate::ensure!(
+        matches!(d, DType::F16 | DType::BF16 | DType::F32),
+        crate::error::FK_ERROR_UNSUPPORTED_DTYPE,
+        "{what} has dtype {d}; the MLP ops take f16, bf16 or f32 (f32 accumulation)"
+    );
+    Ok(())
+}
+
+fn n_layers_arg(n: i32) -> Result<usize> {
+    crate::ensure!(
+        n >= 1 && n as usize <= MAX_LAYERS,
+        FK_ERROR_INVALID_ARGUMENT,
+        "n_layers = {n} is outside 1..={MAX_LAYERS} (FK_MLP_MAX_LAYERS)"
+    );
+    Ok(n as usize)
+}
+
+/// Bytes of `saved` for an MLP of `widths` (`n_layers + 1` entries) over `rows`
+/// rows on `ctx` (`fk_mlp_saved_size`).
+pub fn saved_size(
+    _ctx: &Context,
+    widths: &[i64],
+    rows: i64,
+    dtype: DType,
+    hidden: Activation,
+    out: Activation,
+) -> Result<usize> {
+    let l = widths.len() - 1;
+    mlp_dtype(dtype, "dtype")?;
+    crate::ensure!(
+        rows >= 0,
+        FK_ERROR_INVALID_ARGUMENT,
+        "rows = {rows} must be >= 0"
+    );
+    for (i, &w) in widths.iter().enumerate() {
+        crate::ensure!(
+            w >= 0,
+            FK_ERROR_INVALID_ARGUMENT,
+            "widths[{i}] = {w} must be >= 0"
+        );
+    }
+    Ok(SavedLayout::new(widths, rows, dtype, &layer_acts(l, hidden, out))?.bytes)
+}
+
+/// Checks `n_layers` for the size query (`fk_mlp_saved_size` reads `n_layers + 1`
+/// widths once it is valid).
+pub fn check_n_layers(n: i32) -> Result<usize> {
+    n_layers_arg(n)
+}
+
+/// The shape of the network: `rows`, `widths` and the leading shape of `x`.
+struct Net {
+    rows: i64,
+    widths: Vec<i64>,
+}
+
+/// `x` and the weights chain: `weights[i]` is `[n_i, k_i]` with `k_0` x's last
+/// dimension and `k_{i+1} = n_i`; biases (each optional) are `[n_i]`.
+fn chain(
+    x: &Buffer,
+    weights: &[&Buffer],
+    biases: &[Option<&Buffer>],
+    bias_name: &str,
+) -> Result<Net> {
+    mlp_dtype(x.dtype, "x")?;
+    crate::ensure!(
+        !x.shape.is_empty(),
+        FK_ERROR_SHAPE_MISMATCH,
+        "x is 0-dimensional; it must be [..., features]"
+    );
+    let k0 = *x.shape.last().unwrap();
+    let rows: i64 = x.shape[..x.shape.len() - 1].iter().product();
+    let mut widths = vec![k0];
+    for (i, w) in weights.iter().enumerate() {
+        let name = format!("weights[{i}]");
+        check::same_dtype(w, &name, x.dtype, "x")?;
+        crate::ensure!(
+            w.shape.len() == 2,
+            FK_ERROR_SHAPE_MISMATCH,
+            "{name} has shape {:?}; layer {i}'s weight must be [out_features, in_features]",
+            w.shape
+        );
+        let k = widths[i];
+        let from = if i == 0 {
+            format!("x {:?} has {k} features", x.shape)
+        } else {
+            format!("layer {} gives {k}", i - 1)
+        };
+        crate::ensure!(
+            w.shape[1] == k,
+            FK_ERROR_SHAPE_MISMATCH,
+            "{name} has shape {:?} but layer {i} takes {k} inputs ({from})",
+            w.shape
+        );
+        widths.push(w.shape[0]);
+    }
+    for (i, b) in biases.iter().enumerate() {
+        let Some(b) = b else { continue };
+        let name = format!("{bias_name}[{i}]");
+        check::same_dtype(b, &name, x.dtype, "x")?;
+        let n = widths[i + 1];
+        crate::ensure!(
+            b.shape.as_slice() == [n],
+            FK_ERROR_SHAPE_MISMATCH,
+            "{name} has shape {:?} but layer {i} has {n} outputs (weights[{i}] is {:?}): it must be [{n}]",
+            b.shape,
+            weights[i].shape
+        );
+    }
+    Ok(Net { rows, widths })
+}
+
+/// `y`'s (and `dy`'s) shape: `x`'s leading shape and the last layer's width.
+fn out_shape(x: &Buffer, n: i64) -> Vec<i64> {
+    let mut s = x.shape.clone();
+    *s.last_mut().unwrap() = n;
+    s
+}
+
+/// The layer information of a validated call.
+#[derive(Debug, Clone, Copy)]
+pub struct Layer {
+    pub k: i64,
+    pub n: i64,
+    pub act: Activation,
+    pub w: Option<Addr>,
+    /// Forward: the bias (optional). Backward: unused.
+    pub bias: Option<Addr>,
+    /// Derivative information in `saved` (`SavedLayer::aux`), `None` when the
+    /// forward keeps nothing (inference, or `FK_ACT_NONE`).
+    pub aux: Option<Addr>,
+    pub aux_ld: i64,
+    /// `h_{i+1}` in `saved` (`None` on the last layer, or in inference).
+    pub hidden: Option<Addr>,
+    /// Backward: `dW_i` and `db_i`, each optional.
+    pub dw: Option<Addr>,
+    pub db: Option<Addr>,
+}
+
+/// What the backends execute: the forward (`dy`, `dx` unused) or the backward
+/// (`y` unused) of an MLP over `rows` rows.
+#[derive(Debug, Clone)]
+pub struct MlpPlan {
+    pub dtype: DType,
+    pub rows: i64,
+    pub allow_tf32: bool,
+    pub layers: Vec<Layer>,
+    pub x: Option<Addr>,
+    pub y: Option<Addr>,
+    pub dy: Option<Addr>,
+    pub dx: Option<Addr>,
+}
+
+impl MlpPlan {
+    /// The lowest layer whose `dz` the backward's requested gradients need (0 when
+    /// `dx` is wanted).
+    pub fn lowest(&self) -> usize {
+        if self.dx.is_some() {
+            return 0;
+        }
+        self.layers
+            .iter()
+            .position(|l| l.dw.is_some() || l.db.is_some())
+            .unwrap_or(self.layers.len() - 1)
+    }
+
+    /// The input `h_i` of layer `i` where the forward keeps it: `x` for layer 0,
+    /// else the previous layer's saved output.
+    pub fn input(&self, i: usize) -> Option<Addr> {
+        if i == 0 {
+            self.x
+        } else {
+            self.layers[i - 1].hidden
+        }
+    }
+}
+
+/// Fills each layer's saved addresses from the layout (`saved` `None`: inference).
+fn layers_of(
+    net: &Net,
+    acts: &[Activation],
+    layout: Option<(&SavedLayout, Addr)>,
+    weights: &[&Buffer],
+) -> Vec<Layer> {
+    acts.iter()
+        .enumerate()
+        .map(|(i, &act)| {
+            // SAFETY: `saved_arg` checked that saved holds the whole layout, so
+            // every region lies inside it.
+            let at = |off: Option<u64>| {
+                layout.and_then(|(_, base)| off.map(|o| unsafe { base.byte_add(o) }))
+            };
+            let sl = layout.map(|(l, _)| l.layers[i]);
+            Layer {
+                k: net.widths[i],
+                n: net.widths[i + 1],
+                act,
+                w: Addr::of(weights[i]),
+                bias: None,
+                aux: at(sl.and_then(|s| s.aux)),
+                aux_ld: sl.map_or(0, |s| s.aux_ld),
+                hidden: at(sl.and_then(|s| s.hidden)),
+                dw: None,
+                db: None,
+            }
+        })
+        .collect()
+}
+
+/// Checks `saved` against the layout: large enough, contiguous, aligned. Its
+/// address is `None` only for an empty buffer, which only an empty layout accepts.
+fn saved_arg(
+    saved: &Buffer,
+    layout: &SavedLayout,
+    net: &Net,
+    dtype: DType,
+) -> Result<Option<Addr>> {
+    check::contiguous(saved, "saved")?;
+    crate::ensure!(
+        saved.nbytes() >= layout.bytes,
+        FK_ERROR_BUFFER_TOO_SMALL,
+        "saved holds {} bytes but this call needs {} (fk_mlp_saved_size for rows = {}, widths = {:?}, dtype {dtype})",
+        saved.nbytes(),
+        layout.bytes,
+        net.rows,
+        net.widths
+    );
+    let base = Addr::of(saved);
+    crate::ensure!(
+        base.is_none_or(|a| a.get() % SAVED_ALIGN as u64 == 0),
+        FK_ERROR_INVALID_ARGUMENT,
+        "saved starts at {:#x}, which is not a multiple of {SAVED_ALIGN} bytes (buffers from fk_buffer_create are)",
+        crate::ops::addr::raw(base)
+    );
+    Ok(base)
+}
+
+/// Rows and sizes fit cuBLAS's `int`.
+fn cuda_sizes(net: &Net) -> Result<()> {
+    int32(net.rows, "rows (the leading dimensions of x multiplied)")?;
+    for (i, &w) in net.widths.iter().enumerate() {
+        int32(w, &format!("widths[{i}]"))?;
+    }
+    Ok(())
+}
+
+fn named<'a>(bufs: &[Option<&'a Buffer>], names: &'a [String]) -> Vec<(Option<&'a Buffer>, &'a str)> {
+    bufs.iter().zip(names).map(|(b, n)| (*b, n.as_str())).collect()
+}
+
+fn indexed(base: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{base}[{i}]")).collect()
+}
+
+/// `out` is contiguous, writable and overlaps none of `others` (first overlap
+/// named).
+fn output(out: &Buffer, name: &str, others: &[Named]) -> Result<()> {
+    check::contiguous(out, name)?;
+    out.check_writable(name)?;
+    for &(o, oname) in others {
+        crate::ensure!(
+            !out.overlaps(o),
+            FK_ERROR_ALIASING,
+            "{name} overlaps {oname}; outputs must not share memory with inputs or other outputs"
+        );
+    }
+    Ok(())
+}
+
+/// The forward (`fk_mlp_forward`).
+#[allow(clippy::too_many_arguments)]
+pub fn forward(
+    x: &Buffer,
+    weights: &[&Buffer],
+    biases: &[Option<&Buffer>],
+    hidden_act: Activation,
+    out_act: Activation,
+    flags: u32,
+    y: &Buffer,
+    saved: Option<&Buffer>,
+    stream: &Stream,
+) -> Result<()> {
+    let l = weights.len();
+    let device = y.device();
+    let tf32 = gemm_flags(flags)?;
+    let (wn, bn) = (indexed("weights", l), indexed("biases", l));
+    let mut devs = vec![(Some(x), "x"), (saved, "saved")];
+    devs.extend(named(&weights.iter().map(|w| Some(*w)).collect::<Vec<_>>(), &wn));
+    devs.extend(named(biases, &bn));
+    check::devices(device, &devs, stream)?;
+    let net = chain(x, weights, biases, "biases")?;
+    check::same_dtype(y, "y", x.dtype, "x")?;
+    let want = out_shape(x, net.widths[l]);
+    crate::ensure!(
+        y.shape == want,
+        FK_ERROR_SHAPE_MISMATCH,
+        "y has shape {:?} but must be {want:?} (x's leading shape {:?}, layer {} gives {})",
+        y.shape,
+        &x.shape[..x.shape.len() - 1],
+        l - 1,
+        net.widths[l]
+    );
+    let mut inputs: Vec<Named> = vec![(x, "x")];
+    inputs.extend(weights.iter().zip(&wn).map(|(w, n)| (*w, n.as_str())));
+    inputs.extend(
+        biases
+            .iter()
+            .zip(&bn)
+            .filter_map(|(b, n)| b.map(|b| (b, n.as_str()))),
+    );
+    for &(b, name) in &inputs {
+        check::contiguous(b, name)?;
+    }
+    output(y, "y", &inputs)?;
+    let acts = layer_acts(l, hidden_act, out_act);
+    let layout = SavedLayout::new(&net.widths, net.rows, x.dtype, &acts)?;
+    let saved_base = match saved {
+        Some(s) => {
+            s.check_writable("saved")?;
+            let base = saved_arg(s, &layout, &net, x.dtype)?;
+            inputs.push((y, "y"));
+            output(s, "saved", &inputs)?;
+            base.map(|b| (&layout, b))
+        }
+        None => None,
+    };
+    if net.rows == 0 || net.widths[l] == 0 && saved.is_none() {
+        return Ok(());
+    }
+    let mut layers = layers_of(&net, &acts, saved_base, weights);
+    for (layer, b) in layers.iter_mut().zip(biases) {
+        layer.bias = Addr::of_opt(*b);
+    }
+    let p = MlpPlan {
+        dtype: x.dtype,
+        rows: net.rows,
+        allow_tf32: tf32 && x.dtype == DType::F32,
+        layers,
+        x: Addr::of(x),
+        y: Addr::of(y),
+        dy: None,
+        dx: None,
+    };
+    match device {
+        Device::Cpu => crate::cpu::mlp::forward(&p),
+        Device::Cuda(_) => {
+            cuda_sizes(&net)?;
+            crate::cuda::linalg::mlp_forward(y.ctx.cuda_dev(), &p, stream)
+        }
+    }
+}
+
+/// The backward (`fk_mlp_backward`).
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    dy: &Buffer,
+    x: &Buffer,
+    weights: &[&Buffer],
+    hidden_act: Activation,
+    out_act: Activation,
+    flags: u32,
+    saved: Option<&Buffer>,
+    dx: Option<&Buffer>,
+    dweights: &[Option<&Buffer>],
+    dbiases: &[Option<&Buffer>],
+    stream: &Stream,
+) -> Result<()> {
+    let l = weights.len();
+    let device = dy.device();
+    let tf32 = gemm_flags(flags)?;
+    let (wn, dwn, dbn) = (
+        indexed("weights", l),
+        indexed("dweights", l),
+        indexed("dbiases", l),
+    );
+    let mut devs = vec![(Some(x), "x"), (saved, "saved"), (dx, "dx")];
+    devs.extend(named(&weights.iter().map(|w| Some(*w)).collect::<Vec<_>>(), &wn));
+    devs.extend(named(dweights, &dwn));
+    devs.extend(named(dbiases, &dbn));
+    check::devices(device, &devs, stream)?;
+    let net = chain(x, weights, dbiases, "dbiases")?;
+    check::same_dtype(dy, "dy", x.dtype, "x")?;
+    let want = out_shape(x, net.widths[l]);
+    crate::ensure!(
+        dy.shape == want,
+        FK_ERROR_SHAPE_MISMATCH,
+        "dy has shape {:?} but must be {want:?}, the shape of y (x's leading shape {:?}, layer {} gives {})",
+        dy.shape,
+        &x.shape[..x.shape.len() - 1],
+        l - 1,
+        net.widths[l]
+    );
+    if let Some(g) = dx {
+        check::same_dtype(g, "dx", x.dtype, "x")?;
+        crate::ensure!(
+            g.shape == x.shape,
+            FK_ERROR_SHAPE_MISMATCH,
+            "dx has shape {:?} but x has {:?}",
+            g.shape,
+            x.shape
+        );
+    }
+    for (i, g) in dweights.iter().enumerate() {
+        let Some(g) = g else { continue };
+        check::same_dtype(g, &dwn[i], x.dtype, "x")?;
+        crate::ensure!(
+            g.shape == weights[i].shape,
+            FK_ERROR_SHAPE_MISMATCH,
+            "dweights[{i}] has shape {:?} but weights[{i}] has {:?}",
+            g.shape,
+            weights[i].shape
+        );
+    }
+    let acts = layer_acts(l, hidden_act, out_act);
+    let layout = SavedLayout::new(&net.widths, net.rows, x.dtype, &acts)?;
+    let mut inputs: Vec<Named> = vec![(dy, "dy"), (x, "x")];
+    inputs.extend(weights.iter().zip(&wn).map(|(w, n)| (*w, n.as_str())));
+    let saved_base = match saved {
+        _ if layout.bytes == 0 => None,
+        None => crate::bail!(
+            FK_ERROR_NULL_POINTER,
+            "saved is NULL but the backward of this network ({} layers, hidden_act = {}, out_act = {}) needs the {} bytes fk_mlp_forward saved",
+            l,
+            hidden_act.name(),
+            out_act.name(),
+            layout.bytes
+        ),
+        Some(s) => {
+            let base = saved_arg(s, &layout, &net, x.dtype)?;
+            inputs.push((s, "saved"));
+            base.map(|b| (&layout, b))
+        }
+    };
+    for &(b, name) in &inputs {
+        check::contiguous(b, name)?;
+    }
+    // every output: contiguous, writable, disjoint from the inputs and the
+    // outputs named after it
+    let mut outs: Vec<Named> = Vec::new();
+    outs.extend(dx.map(|d| (d, "dx")));
+    for (i, (w, b)) in dweights.iter().zip(dbiases).enumerate() {
+        outs.extend(w.map(|w| (w, dwn[i].as_str())));
+        outs.extend(b.map(|b| (b, dbn[i].as_str())));
+    }
+    for (j, &(o, name)) in outs.iter().enumerate() {
+        let others: Vec<Named> = inputs.iter().chain(&outs[j + 1..]).copied().collect();
+        output(o, name, &others)?;
+    }
+    if outs.is_empty() || net.rows == 0 {
+        // nothing wanted, or no rows: the gradients of an empty batch are 0
+        return zero_grads(device, &outs, stream, dy);
+    }
+    let mut layers = layers_of(&net, &acts, saved_base, weights);
+    for (i, layer) in layers.iter_mut().enumerate() {
+        layer.dw = Addr::of_opt(dweights[i]);
+        layer.db = Addr::of_opt(dbiases[i]);
+    }
+    let p = MlpPlan {
+        dtype: x.dtype,
+        rows: net.rows,
+        allow_tf32: tf32 && x.dtype == DType::F32,
+        layers,
+        x: Addr::of(x),
+        y: None,
+        dy: Addr::of(dy),
+        dx: Addr::of_opt(dx),
+    };
+    match device {
+        Device::Cpu => crate::cpu::mlp::backward(&p),
+        Device::Cuda(_) => {
+            cuda_sizes(&net)?;
+            crate::cuda::linalg::mlp_backward(dy.ctx.cuda_dev(), &p, stream)
+        }
+    }
+}
+
+/// An empty batch: every wanted weight and bias gradient is 0 (`dx` is empty).
+fn zero_grads(device: Device, outs: &[Named], stream: &Stream, dy: &Buffer) -> Result<()> {
+    for &(o, _) in outs {
+        if o.numel() == 0 {
+            continue;
+        }
+        match device {
+            Device::Cpu => crate::cpu::mlp::zero(Addr::of(o), o.nbytes()),
+            Device::Cuda(_) => crate::cuda::linalg::mlp_zero(
+                dy.ctx.cuda_dev(),
+                Addr::of(o),
+                o.nbytes(),
+                stream,
+            )?,
+        }
+    }
+    Ok(())
+}

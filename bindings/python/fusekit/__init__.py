@@ -57,6 +57,8 @@ from .ops.elementwise import *  # noqa: F401,F403
 from .ops.elementwise import __all__ as _elementwise_all
 from .ops.linalg import *  # noqa: F401,F403
 from .ops.linalg import __all__ as _linalg_all
+from .ops.mlp import *  # noqa: F401,F403
+from .ops.mlp import __all__ as _mlp_all
 from .runtime import *  # noqa: F401,F403
 from .runtime import __all__ as _runtime_all
 from .ops.gaussian import *  # noqa: F401,F403
@@ -128,6 +130,7 @@ __all__ = [
     "complex128",
     *_elementwise_all,
     *_linalg_all,
+    *_mlp_all,
     *_runtime_all,
     *_gaussian_all,
     *_geodesic_all,

@@ -5,11 +5,11 @@ table (C name -> Python function), and lists it in ``FAMILIES`` below;
 """
 
 from .. import runtime
-from . import elementwise, gaussian, geodesic, linalg, optim
+from . import elementwise, gaussian, geodesic, linalg, mlp, optim
 
 #: Every op-family module (``fusekit.runtime``, the runtime API, included for its
 #: entry points).
-FAMILIES = (elementwise, gaussian, geodesic, linalg, optim, runtime)
+FAMILIES = (elementwise, gaussian, geodesic, linalg, mlp, optim, runtime)
 
 #: C entry point name -> public Python function, over all families.
 ENTRY_POINTS = {name: fn for fam in FAMILIES for name, fn in fam.ENTRY_POINTS.items()}

@@ -813,6 +813,61 @@ inline void kron(const Buffer& a, const Buffer& b, Buffer& out, StreamRef stream
     check(fk_kron(a.get(), b.get(), out.get(), stream.get()));
 }
 
+// ------------------------------------------------------------------ multi-layer perceptron
+
+namespace detail {
+/// The C array of handles of `bufs` (nullptr entries stay NULL).
+inline std::vector<fk_buffer*> handles(const std::vector<const Buffer*>& bufs) {
+    std::vector<fk_buffer*> h(bufs.size());
+    for (std::size_t i = 0; i < bufs.size(); ++i) h[i] = opt(bufs[i]);
+    return h;
+}
+inline std::vector<fk_buffer*> handles(const std::vector<Buffer*>& bufs) {
+    std::vector<fk_buffer*> h(bufs.size());
+    for (std::size_t i = 0; i < bufs.size(); ++i) h[i] = opt(bufs[i]);
+    return h;
+}
+/// nullptr for an empty vector (the C call then sees "no array").
+inline fk_buffer* const* data_or_null(const std::vector<fk_buffer*>& v) noexcept {
+    return v.empty() ? nullptr : v.data();
+}
+}  // namespace detail
+
+/// Bytes of the `saved` buffer mlp_forward fills for mlp_backward, for
+/// `widths` = {k_0, n_0, ..., n_{L-1}} over `rows` rows in `dtype` on `ctx`'s backend.
+inline std::size_t mlp_saved_size(const Context& ctx, const std::vector<std::int64_t>& widths, std::int64_t rows,
+                                  fk_dtype dtype, Act hidden_act, Act out_act) {
+    std::size_t bytes = 0;
+    check(fk_mlp_saved_size(ctx.get(), static_cast<std::int32_t>(widths.size()) - 1, widths.data(), rows, dtype,
+                            static_cast<fk_activation>(hidden_act), static_cast<fk_activation>(out_act), &bytes));
+    return bytes;
+}
+
+/// y = act_L(... act_0(x w_0^T + b_0) ...): `weights` one per layer, `biases` empty (no
+/// layer has one) or one per layer with nullptr entries for none; `saved` nullptr for
+/// inference, else at least mlp_saved_size bytes. `flags`: 0 or FK_GEMM_ALLOW_TF32.
+inline void mlp_forward(const Buffer& x, const std::vector<const Buffer*>& weights,
+                        const std::vector<const Buffer*>& biases, Act hidden_act, Act out_act, Buffer& y,
+                        Buffer* saved = nullptr, std::uint32_t flags = 0, StreamRef stream = {}) {
+    const auto w = detail::handles(weights), b = detail::handles(biases);
+    check(fk_mlp_forward(x.get(), static_cast<std::int32_t>(weights.size()), detail::data_or_null(w),
+                         detail::data_or_null(b), static_cast<fk_activation>(hidden_act),
+                         static_cast<fk_activation>(out_act), flags, y.get(), detail::opt(saved), stream.get()));
+}
+
+/// Backward of mlp_forward given dy: `dx` optional (nullptr), `dweights` / `dbiases`
+/// empty (none wanted) or one entry per layer (nullptr: not wanted); overwritten.
+inline void mlp_backward(const Buffer& dy, const Buffer& x, const std::vector<const Buffer*>& weights,
+                         Act hidden_act, Act out_act, const Buffer* saved, Buffer* dx,
+                         const std::vector<Buffer*>& dweights, const std::vector<Buffer*>& dbiases,
+                         std::uint32_t flags = 0, StreamRef stream = {}) {
+    const auto w = detail::handles(weights), dw = detail::handles(dweights), db = detail::handles(dbiases);
+    check(fk_mlp_backward(dy.get(), x.get(), static_cast<std::int32_t>(weights.size()), detail::data_or_null(w),
+                          static_cast<fk_activation>(hidden_act), static_cast<fk_activation>(out_act), flags,
+                          detail::opt(saved), detail::opt(dx), detail::data_or_null(dw), detail::data_or_null(db),
+                          stream.get()));
+}
+
 // ------------------------------------------------------------------ Gaussian field
 
 /// Bytes of workspace the Gaussian backwards need on `ctx` (0 on the CPU).

@@ -508,6 +508,43 @@ int main(int argc, char** argv) {
                 threw = e.status() == FK_ERROR_SHAPE_MISMATCH && contains(e.what(), "fk_gemm");
             }
             check(threw, "gemm shape mismatch throws fusekit::Error");
+
+            // ---- multi-layer perceptron: relu(x w^T + bias) w1^T, values by hand
+            // z0 = {-1.5, -1, -1.5, 2}, h1 = {0, 0, 0, 2}, y = h1 w1^T = {0, 4}
+            auto w1 = fusekit::Buffer::owned<float>(ctx, {1, 2});
+            w1.copy_from_host(std::vector<float>{1, 2});
+            const std::vector<std::int64_t> widths{3, 2, 1};
+            const std::size_t bytes =
+                fusekit::mlp_saved_size(ctx, widths, 2, FK_DTYPE_F32, fusekit::Act::Relu, fusekit::Act::None);
+            check(bytes > 0 && fusekit::mlp_saved_size(ctx, {3, 1}, 2, FK_DTYPE_F32, fusekit::Act::Relu,
+                                                       fusekit::Act::None) == 0,
+                  "mlp_saved_size");
+            auto saved = fusekit::Buffer::owned<float>(ctx, {static_cast<std::int64_t>((bytes + 3) / 4)});
+            auto my = fusekit::Buffer::owned<float>(ctx, {2, 1});
+            fusekit::mlp_forward(ma, {&w, &w1}, {&bias, nullptr}, fusekit::Act::Relu, fusekit::Act::None, my,
+                                 &saved);
+            check(my.to_vector<float>() == std::vector<float>{0, 4}, "mlp_forward relu, 2 layers");
+            auto mdy = fusekit::Buffer::owned<float>(ctx, {2, 1});
+            mdy.copy_from_host(std::vector<float>{1, 1});
+            auto mdx = fusekit::Buffer::owned<float>(ctx, {2, 3});
+            auto dw0 = fusekit::Buffer::owned<float>(ctx, {2, 3});
+            auto dw1 = fusekit::Buffer::owned<float>(ctx, {1, 2});
+            auto db0 = fusekit::Buffer::owned<float>(ctx, {2});
+            fusekit::mlp_backward(mdy, ma, {&w, &w1}, fusekit::Act::Relu, fusekit::Act::None, &saved, &mdx,
+                                  {&dw0, &dw1}, {&db0, nullptr});
+            check(mdx.to_vector<float>() == std::vector<float>{0, 0, 0, 0, 2, 0} &&
+                      dw0.to_vector<float>() == std::vector<float>{0, 0, 0, 8, 10, 12} &&
+                      dw1.to_vector<float>() == std::vector<float>{0, 2} &&
+                      db0.to_vector<float>() == std::vector<float>{0, 2},
+                  "mlp_backward dx, dweights, dbiases[0]");
+            threw = false;
+            try {
+                fusekit::mlp_forward(ma, {&w, &ma}, {}, fusekit::Act::Relu, fusekit::Act::None, my);
+            } catch (const fusekit::Error& e) {
+                threw = e.status() == FK_ERROR_SHAPE_MISMATCH && contains(e.what(), "fk_mlp_forward: weights[1]") &&
+                        contains(e.what(), "layer 1");
+            }
+            check(threw, "mlp_forward names the weight and layer of a shape mismatch");
         }
 
         // ---- Gaussian field and geodesic flow (values by hand)

@@ -467,6 +467,44 @@ function kron!(out::Buffer, a::Buffer, b::Buffer; stream::Union{Stream,Nothing} 
     return out
 end
 
+# ------------------------------------------------------------------ multi-layer perceptron on buffers
+
+# The C array of handles of `bufs` (`nothing` entries are NULL); an empty vector passes NULL.
+_bptrs(bufs::AbstractVector) = Ptr{fk_buffer}[b === nothing ? Ptr{fk_buffer}(C_NULL) : b.ptr for b in bufs]
+_arrptr(v::Vector{Ptr{fk_buffer}}) = isempty(v) ? Ptr{Ptr{fk_buffer}}(C_NULL) : pointer(v)
+
+"""Bytes of the `saved` buffer `mlp_forward!` fills, for `widths = [k_0, n_0, ..., n_{L-1}]` over `rows` rows."""
+mlp_saved_size(ctx::Context, widths::AbstractVector{<:Integer}, rows::Integer, ::Type{T}, hidden_act::Integer,
+               out_act::Integer) where {T} =
+    let w = Int64[widths...]
+        Int(GC.@preserve w _query(fk_mlp_saved_size, (Csize_t,), ctx, Int32(length(w) - 1), pointer(w), Int64(rows),
+                                  dtype_of(T), Int32(hidden_act), Int32(out_act)))
+    end
+
+"""`y = act_L(... act_0(x w_0^T + b_0) ...)`: `biases` empty (none) or one per layer (`nothing`: none);
+`saved` (at least `mlp_saved_size` bytes) for the backward, or nothing for inference."""
+function mlp_forward!(y::Buffer, x::Buffer, weights::AbstractVector, biases::AbstractVector, hidden_act::Integer,
+                      out_act::Integer; saved::Union{Buffer,Nothing} = nothing, flags::Integer = 0,
+                      stream::Union{Stream,Nothing} = nothing)
+    w, b = _bptrs(weights), _bptrs(biases)
+    GC.@preserve weights biases w b check(fk_mlp_forward(x, Int32(length(w)), _arrptr(w), _arrptr(b), Int32(hidden_act),
+                                                         Int32(out_act), UInt32(flags), y, _bptr(saved), _sptr(stream)))
+    return y
+end
+
+"""Backward of `mlp_forward!`: `dx` optional, `dweights` / `dbiases` empty (none) or one per layer
+(`nothing`: not wanted); overwritten."""
+function mlp_backward!(dy::Buffer, x::Buffer, weights::AbstractVector, hidden_act::Integer, out_act::Integer,
+                       saved::Union{Buffer,Nothing}; dx::Union{Buffer,Nothing} = nothing,
+                       dweights::AbstractVector = Buffer[], dbiases::AbstractVector = Buffer[], flags::Integer = 0,
+                       stream::Union{Stream,Nothing} = nothing)
+    w, dw, db = _bptrs(weights), _bptrs(dweights), _bptrs(dbiases)
+    GC.@preserve weights dweights dbiases w dw db check(
+        fk_mlp_backward(dy, x, Int32(length(w)), _arrptr(w), Int32(hidden_act), Int32(out_act), UInt32(flags),
+                        _bptr(saved), _bptr(dx), _arrptr(dw), _arrptr(db), _sptr(stream)))
+    return (dx, dweights, dbiases)
+end
+
 # ------------------------------------------------------------------ optimizer math on buffers
 #
 # Row-major buffers as for linear algebra. A Julia matrix borrowed as a buffer is

@@ -6,7 +6,10 @@ reason. Counted as calling `fk_x`, in the header's code (comments and string
 literals removed):
 
 - a call `fk_x(`;
-- `fk_x` as the deleter of an RAII handle class (`detail::Handle<fk_buffer, fk_buffer_destroy>`);
+- a call through `detail::query<T>(fk_x, args...)` (the checked call that returns its
+  out-parameter);
+- `fk_x` as the deleter of an RAII handle class (`detail::Handle<fk_buffer, fk_buffer_destroy>`,
+  `detail::Owner<Buffer, fk_buffer, fk_buffer_destroy>`);
 - an invocation `MACRO(x)` of a function-like macro whose body calls `fk_##PARAM`
   (`FUSEKIT_BINARY_OP(add)` calls fk_add).
 
@@ -47,7 +50,8 @@ def called_entry_points(hpp_text: str) -> set[str]:
     """The fk_ functions the wrapper's code calls (see the module docstring)."""
     code = strip_cpp_comments_and_strings(hpp_text)
     called = set(re.findall(r"\b(fk_\w+)\s*\(", code))
-    called |= set(re.findall(r"\bHandle\s*<\s*\w+\s*,\s*(fk_\w+)\s*>", code))
+    called |= set(re.findall(r"\bquery\s*<[^<>();]*>\s*\(\s*(fk_\w+)\s*[,)]", code))
+    called |= set(re.findall(r"\b(?:Handle|Owner)\s*<[^<>;]*,\s*(fk_\w+)\s*>", code))
     # function-like macros that paste fk_##PARAM into a call, and their invocations
     logical = code.replace("\\\n", " ")
     for m in re.finditer(r"^\s*#\s*define\s+(\w+)\(\s*(\w+)\s*\)(.*)$", logical, flags=re.M):
@@ -89,12 +93,14 @@ def test_the_scan_sees_each_way_of_calling():
     assert {"fk_gemm", "fk_last_error_message"} <= called  # plain calls
     assert "fk_comm_destroy" in called  # an RAII deleter
     assert {"fk_add", "fk_sigmoid", "fk_copy"} <= called  # macro-generated wrappers
-    # and it notices a removal: drop the RAII deleter, a macro invocation, a call
-    cut = hpp.replace("detail::Handle<fk_event, fk_event_destroy>", "detail::Handle<fk_event, nullptr>")
+    assert {"fk_buffer_ndim", "fk_context_create"} <= called  # through detail::query
+    # and it notices a removal: drop the RAII deleter, a macro invocation, a call, a query
+    cut = hpp.replace("detail::Owner<Event, fk_event, fk_event_destroy>", "detail::Owner<Event, fk_event, nullptr>")
     cut = re.sub(r"^FUSEKIT_UNARY_OP\(sigmoid\)$", "", cut, flags=re.M)
     cut = cut.replace("fk_kron(", "other_kron(")
+    cut = cut.replace("query<std::int32_t>(fk_buffer_ndim,", "query<std::int32_t>(other_ndim,")
     assert cut != hpp
     fns = read_header(ROOT / "include" / "fusekit.h").functions
-    assert missing_entry_points(fns, cut) == ["fk_event_destroy", "fk_kron", "fk_sigmoid"]
+    assert missing_entry_points(fns, cut) == ["fk_buffer_ndim", "fk_event_destroy", "fk_kron", "fk_sigmoid"]
     # a name only in a comment or a string is no call
     assert called_entry_points('// fk_add(a, b)\nconst char* s = "fk_sub(x)";\n') == set()

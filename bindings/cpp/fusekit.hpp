@@ -82,22 +82,26 @@ inline void check(fk_status status) {
     if (status != FK_OK) throw Error(status, last_error_message());
 }
 
+namespace detail {
+/// What the C call `fn(args..., &out)` gives through its last parameter, checked.
+template <class T, class Fn, class... Args>
+T query(Fn fn, Args... args) {
+    T out{};
+    check(fn(args..., &out));
+    return out;
+}
+}  // namespace detail
+
 // ------------------------------------------------------------------ versions, dtypes
 
 inline std::uint32_t abi_version() noexcept { return fk_abi_version(); }
 inline std::string version() { return fk_version_string(); }
 
 /// Number of usable CUDA devices (0 without a driver or GPU).
-inline int device_count() {
-    std::int32_t n = 0;
-    check(fk_device_count(&n));
-    return n;
-}
+inline int device_count() { return detail::query<std::int32_t>(fk_device_count); }
 
 inline std::size_t dtype_size(fk_dtype dtype) {
-    std::size_t n = 0;
-    check(fk_dtype_size(dtype, &n));
-    return n;
+    return detail::query<std::size_t>(fk_dtype_size, dtype);
 }
 
 /// IEEE binary16 stored as its bit pattern (arithmetic is up to the caller).
@@ -223,32 +227,42 @@ inline void require(const void* h, const char* what) {
     if (h == nullptr)
         throw Error(FK_ERROR_NULL_POINTER, std::string(what) + " is empty (moved-from or default)");
 }
+
+/// The handle-owning part of Context, Stream, Buffer, Event and Comm (`Derived`):
+/// `adopt`, `get`, `bool`, `release`; move-only.
+template <class Derived, class H, fk_status (*Destroy)(H*)>
+class Owner {
+public:
+    /// Takes ownership of a raw handle.
+    static Derived adopt(H* h) noexcept {
+        Derived x;
+        static_cast<Owner&>(x).h_ = Handle<H, Destroy>(h);
+        return x;
+    }
+    H* get() const noexcept { return h_.get(); }
+    explicit operator bool() const noexcept { return bool(h_); }
+    /// Gives up ownership: the caller must destroy the returned handle.
+    H* release() noexcept { return h_.release(); }
+
+protected:
+    Owner() noexcept = default;
+    explicit Owner(H* h) noexcept : h_(h) {}
+    Handle<H, Destroy> h_;
+};
 }  // namespace detail
 
 /// A device context (fk_context). Move-only.
-class Context {
+class Context : public detail::Owner<Context, fk_context, fk_context_destroy> {
 public:
     Context() noexcept = default;
     /// fk_context_create(FK_ABI_VERSION, kind, ordinal).
-    explicit Context(DeviceKind kind, int ordinal = 0) {
-        fk_context* c = nullptr;
-        check(fk_context_create(FK_ABI_VERSION, static_cast<fk_device_kind>(kind), ordinal, &c));
-        h_ = Handle(c);
-    }
+    explicit Context(DeviceKind kind, int ordinal = 0)
+        : Owner(detail::query<fk_context*>(fk_context_create, FK_ABI_VERSION, static_cast<fk_device_kind>(kind),
+                                           ordinal)) {}
     static Context cpu() { return Context(DeviceKind::Cpu); }
     static Context cuda(int ordinal = 0) { return Context(DeviceKind::Cuda, ordinal); }
     /// CUDA `ordinal` when a GPU is usable, else the CPU.
     static Context automatic(int ordinal = 0) { return Context(DeviceKind::Auto, ordinal); }
-    /// Takes ownership of a raw handle.
-    static Context adopt(fk_context* c) noexcept {
-        Context x;
-        x.h_ = Handle(c);
-        return x;
-    }
-
-    fk_context* get() const noexcept { return h_.get(); }
-    explicit operator bool() const noexcept { return bool(h_); }
-    fk_context* release() noexcept { return h_.release(); }
 
     Device device() const {
         fk_device_kind k = 0;
@@ -295,53 +309,28 @@ public:
     void trim(std::uint64_t keep_bytes = 0) const { check(fk_context_trim(checked(), keep_bytes)); }
 
 private:
-    using Handle = detail::Handle<fk_context, fk_context_destroy>;
     const fk_context* checked() const {
         detail::require(h_.get(), "fusekit::Context");
         return h_.get();
     }
-    Handle h_;
 };
 
 /// A stream (fk_stream): owned by fusekit (`Stream(ctx)`) or wrapping a caller's
 /// CUstream / cudaStream_t (`Stream::wrap`). Move-only.
-class Stream {
+class Stream : public detail::Owner<Stream, fk_stream, fk_stream_destroy> {
 public:
     Stream() noexcept = default;
     /// A new stream owned by fusekit (fk_stream_create).
-    explicit Stream(const Context& ctx) {
-        fk_stream* s = nullptr;
-        check(fk_stream_create(ctx.get(), &s));
-        h_ = Handle(s);
-    }
+    explicit Stream(const Context& ctx) : Owner(detail::query<fk_stream*>(fk_stream_create, ctx.get())) {}
     /// Borrows `cu_stream` (nullptr = the legacy default stream) without owning it;
     /// it must outlive this object. CUDA contexts only.
     static Stream wrap(const Context& ctx, void* cu_stream) {
-        fk_stream* s = nullptr;
-        check(fk_stream_wrap(ctx.get(), cu_stream, &s));
-        return adopt(s);
+        return adopt(detail::query<fk_stream*>(fk_stream_wrap, ctx.get(), cu_stream));
     }
-    static Stream adopt(fk_stream* s) noexcept {
-        Stream x;
-        x.h_ = Handle(s);
-        return x;
-    }
-
-    fk_stream* get() const noexcept { return h_.get(); }
-    explicit operator bool() const noexcept { return bool(h_); }
-    fk_stream* release() noexcept { return h_.release(); }
 
     void synchronize() const { check(fk_stream_synchronize(h_.get())); }
     /// The raw CUstream (nullptr for the legacy default stream and on the CPU).
-    void* handle() const {
-        void* p = nullptr;
-        check(fk_stream_handle(h_.get(), &p));
-        return p;
-    }
-
-private:
-    using Handle = detail::Handle<fk_stream, fk_stream_destroy>;
-    Handle h_;
+    void* handle() const { return detail::query<void*>(fk_stream_handle, h_.get()); }
 };
 
 /// Where an op or copy is queued: a Stream, or nothing (the default stream).
@@ -360,7 +349,7 @@ private:
 
 /// A buffer (fk_buffer): owned memory (`Buffer::owned`), a borrowed view of caller
 /// memory (`Buffer::borrowed`, no copy) or a DLPack import. Move-only.
-class Buffer {
+class Buffer : public detail::Owner<Buffer, fk_buffer, fk_buffer_destroy> {
 public:
     Buffer() noexcept = default;
 
@@ -368,10 +357,9 @@ public:
     /// on `stream` for CUDA.
     static Buffer owned(const Context& ctx, fk_dtype dtype, const std::vector<std::int64_t>& shape,
                         StreamRef stream = {}) {
-        fk_buffer* b = nullptr;
-        check(fk_buffer_create(ctx.get(), dtype, static_cast<std::int32_t>(shape.size()),
-                               shape.empty() ? nullptr : shape.data(), stream.get(), &b));
-        return adopt(b);
+        return adopt(detail::query<fk_buffer*>(fk_buffer_create, ctx.get(), dtype,
+                                               static_cast<std::int32_t>(shape.size()),
+                                               shape.empty() ? nullptr : shape.data(), stream.get()));
     }
     template <class T>
     static Buffer owned(const Context& ctx, const std::vector<std::int64_t>& shape,
@@ -389,11 +377,10 @@ public:
             throw Error(FK_ERROR_INVALID_ARGUMENT,
                         "fusekit::Buffer::borrowed: strides has " + std::to_string(strides.size()) +
                             " entries but shape has " + std::to_string(shape.size()));
-        fk_buffer* b = nullptr;
-        check(fk_buffer_wrap(ctx.get(), data, dtype, static_cast<std::int32_t>(shape.size()),
-                             shape.empty() ? nullptr : shape.data(),
-                             strides.empty() ? nullptr : strides.data(), &b));
-        return adopt(b);
+        return adopt(detail::query<fk_buffer*>(fk_buffer_wrap, ctx.get(), data, dtype,
+                                               static_cast<std::int32_t>(shape.size()),
+                                               shape.empty() ? nullptr : shape.data(),
+                                               strides.empty() ? nullptr : strides.data()));
     }
     template <class T>
     static Buffer borrowed(const Context& ctx, T* data, const std::vector<std::int64_t>& shape,
@@ -405,10 +392,9 @@ public:
     /// Page-locked host memory (fk_buffer_create_pinned): a copy endpoint, refused by
     /// ops; an ordinary host buffer on a CPU context.
     static Buffer pinned(const Context& ctx, fk_dtype dtype, const std::vector<std::int64_t>& shape) {
-        fk_buffer* b = nullptr;
-        check(fk_buffer_create_pinned(ctx.get(), dtype, static_cast<std::int32_t>(shape.size()),
-                                      shape.empty() ? nullptr : shape.data(), &b));
-        return adopt(b);
+        return adopt(detail::query<fk_buffer*>(fk_buffer_create_pinned, ctx.get(), dtype,
+                                               static_cast<std::int32_t>(shape.size()),
+                                               shape.empty() ? nullptr : shape.data()));
     }
     template <class T>
     static Buffer pinned(const Context& ctx, const std::vector<std::int64_t>& shape) {
@@ -424,31 +410,11 @@ public:
 
     /// Imports a DLManagedTensorVersioned; on success the buffer owns it.
     static Buffer from_dlpack(const Context& ctx, dl::DLManagedTensorVersioned* managed) {
-        fk_buffer* b = nullptr;
-        check(fk_buffer_from_dlpack(ctx.get(), managed, &b));
-        return adopt(b);
-    }
-    /// Takes ownership of a raw handle.
-    static Buffer adopt(fk_buffer* b) noexcept {
-        Buffer x;
-        x.h_ = Handle(b);
-        return x;
+        return adopt(detail::query<fk_buffer*>(fk_buffer_from_dlpack, ctx.get(), managed));
     }
 
-    fk_buffer* get() const noexcept { return h_.get(); }
-    explicit operator bool() const noexcept { return bool(h_); }
-    fk_buffer* release() noexcept { return h_.release(); }
-
-    fk_dtype dtype() const {
-        fk_dtype d = 0;
-        check(fk_buffer_dtype(h_.get(), &d));
-        return d;
-    }
-    int ndim() const {
-        std::int32_t n = 0;
-        check(fk_buffer_ndim(h_.get(), &n));
-        return n;
-    }
+    fk_dtype dtype() const { return detail::query<fk_dtype>(fk_buffer_dtype, h_.get()); }
+    int ndim() const { return detail::query<std::int32_t>(fk_buffer_ndim, h_.get()); }
     std::vector<std::int64_t> shape() const {
         std::vector<std::int64_t> v(static_cast<std::size_t>(ndim()));
         check(fk_buffer_shape(h_.get(), v.empty() ? nullptr : v.data()));
@@ -460,27 +426,11 @@ public:
         check(fk_buffer_strides(h_.get(), v.empty() ? nullptr : v.data()));
         return v;
     }
-    std::int64_t numel() const {
-        std::int64_t n = 0;
-        check(fk_buffer_numel(h_.get(), &n));
-        return n;
-    }
-    std::size_t nbytes() const {
-        std::size_t n = 0;
-        check(fk_buffer_nbytes(h_.get(), &n));
-        return n;
-    }
-    bool is_contiguous() const {
-        std::int32_t c = 0;
-        check(fk_buffer_is_contiguous(h_.get(), &c));
-        return c != 0;
-    }
+    std::int64_t numel() const { return detail::query<std::int64_t>(fk_buffer_numel, h_.get()); }
+    std::size_t nbytes() const { return detail::query<std::size_t>(fk_buffer_nbytes, h_.get()); }
+    bool is_contiguous() const { return detail::query<std::int32_t>(fk_buffer_is_contiguous, h_.get()) != 0; }
     /// Address of the first element (host or device).
-    void* data() const {
-        void* p = nullptr;
-        check(fk_buffer_data(h_.get(), &p));
-        return p;
-    }
+    void* data() const { return detail::query<void*>(fk_buffer_data, h_.get()); }
     Device device() const {
         fk_device_kind k = 0;
         std::int32_t o = 0;
@@ -528,13 +478,10 @@ public:
     /// Exports as a new DLPack 1.1 managed tensor. The caller must call its
     /// `deleter` exactly once; the memory stays valid until then.
     dl::DLManagedTensorVersioned* to_dlpack() const {
-        void* p = nullptr;
-        check(fk_buffer_to_dlpack(h_.get(), &p));
-        return static_cast<dl::DLManagedTensorVersioned*>(p);
+        return static_cast<dl::DLManagedTensorVersioned*>(detail::query<void*>(fk_buffer_to_dlpack, h_.get()));
     }
 
 private:
-    using Handle = detail::Handle<fk_buffer, fk_buffer_destroy>;
     template <class T>
     void require_dtype(const char* what) const {
         fk_dtype d = dtype();
@@ -544,7 +491,6 @@ private:
                             std::to_string(dtype_v<T>) + " but the buffer has dtype " +
                             std::to_string(d));
     }
-    Handle h_;
 };
 
 // ------------------------------------------------------------------ ops
@@ -609,40 +555,22 @@ inline void scalar_mul(const Buffer& a, Scalar s, Buffer& out, StreamRef stream 
 
 /// Whether CUDA device `device` can access memory of `peer` directly.
 inline bool can_access_peer(int device, int peer) {
-    std::int32_t v = 0;
-    check(fk_device_can_access_peer(device, peer, &v));
-    return v != 0;
+    return detail::query<std::int32_t>(fk_device_can_access_peer, device, peer) != 0;
 }
 
 /// An event (fk_event): a CUDA event, or a host timestamp on the CPU. Move-only.
-class Event {
+class Event : public detail::Owner<Event, fk_event, fk_event_destroy> {
 public:
     Event() noexcept = default;
-    explicit Event(const Context& ctx) {
-        fk_event* e = nullptr;
-        check(fk_event_create(ctx.get(), &e));
-        h_ = Handle(e);
-    }
-    fk_event* get() const noexcept { return h_.get(); }
-    explicit operator bool() const noexcept { return bool(h_); }
+    explicit Event(const Context& ctx) : Owner(detail::query<fk_event*>(fk_event_create, ctx.get())) {}
 
     void record(StreamRef stream = {}) const { check(fk_event_record(h_.get(), stream.get())); }
     void synchronize() const { check(fk_event_synchronize(h_.get())); }
-    bool query() const {
-        std::int32_t d = 0;
-        check(fk_event_query(h_.get(), &d));
-        return d != 0;
-    }
+    bool query() const { return detail::query<std::int32_t>(fk_event_query, h_.get()) != 0; }
     /// Milliseconds from this event to `end` (waits for `end`).
     float elapsed_ms(const Event& end) const {
-        float ms = 0;
-        check(fk_event_elapsed_ms(h_.get(), end.get(), &ms));
-        return ms;
+        return detail::query<float>(fk_event_elapsed_ms, h_.get(), end.get());
     }
-
-private:
-    using Handle = detail::Handle<fk_event, fk_event_destroy>;
-    Handle h_;
 };
 
 /// Makes work queued on `stream` after this call wait for `event`.
@@ -668,14 +596,12 @@ inline CommId comm_unique_id() {
 }
 
 /// One rank of a communicator (fk_comm). Move-only.
-class Comm {
+class Comm : public detail::Owner<Comm, fk_comm, fk_comm_destroy> {
 public:
     Comm() noexcept = default;
     /// Rank `rank` of `nranks` (blocks until all ranks joined, unless in a Group).
     static Comm init_rank(const Context& ctx, int nranks, const CommId& id, int rank) {
-        fk_comm* c = nullptr;
-        check(fk_comm_init_rank(ctx.get(), nranks, id.data(), rank, &c));
-        return adopt(c);
+        return adopt(detail::query<fk_comm*>(fk_comm_init_rank, ctx.get(), nranks, id.data(), rank));
     }
     /// One rank per context, rank i on ctxs[i] (distinct GPUs, or one CPU context).
     static std::vector<Comm> init_all(const std::vector<const Context*>& ctxs) {
@@ -689,27 +615,8 @@ public:
         for (fk_comm* c : out) v.push_back(adopt(c));
         return v;
     }
-    static Comm adopt(fk_comm* c) noexcept {
-        Comm x;
-        x.h_ = Handle(c);
-        return x;
-    }
-    fk_comm* get() const noexcept { return h_.get(); }
-    explicit operator bool() const noexcept { return bool(h_); }
-    int rank() const {
-        std::int32_t r = 0;
-        check(fk_comm_rank(h_.get(), &r));
-        return r;
-    }
-    int size() const {
-        std::int32_t n = 0;
-        check(fk_comm_size(h_.get(), &n));
-        return n;
-    }
-
-private:
-    using Handle = detail::Handle<fk_comm, fk_comm_destroy>;
-    Handle h_;
+    int rank() const { return detail::query<std::int32_t>(fk_comm_rank, h_.get()); }
+    int size() const { return detail::query<std::int32_t>(fk_comm_size, h_.get()); }
 };
 
 /// fk_comm_group_start in the constructor, fk_comm_group_end in close() or the
@@ -788,9 +695,7 @@ inline void gemm_chunked(const Buffer& a, const Buffer& b, Buffer& c, std::uint6
 
 /// Bytes of the aux buffer linear_forward fills (GELUs: the pre-activation; else 0).
 inline std::size_t linear_aux_size(Act act, fk_dtype dtype, std::int64_t m, std::int64_t n) {
-    std::size_t bytes = 0;
-    check(fk_linear_aux_size(static_cast<fk_activation>(act), dtype, m, n, &bytes));
-    return bytes;
+    return detail::query<std::size_t>(fk_linear_aux_size, static_cast<fk_activation>(act), dtype, m, n);
 }
 
 /// y = act(x w^T + b): x [..., k], w [n, k], b [n] (nullptr: none), aux (GELUs only) or nullptr.
@@ -837,10 +742,9 @@ inline fk_buffer* const* data_or_null(const std::vector<fk_buffer*>& v) noexcept
 /// `widths` = {k_0, n_0, ..., n_{L-1}} over `rows` rows in `dtype` on `ctx`'s backend.
 inline std::size_t mlp_saved_size(const Context& ctx, const std::vector<std::int64_t>& widths, std::int64_t rows,
                                   fk_dtype dtype, Act hidden_act, Act out_act) {
-    std::size_t bytes = 0;
-    check(fk_mlp_saved_size(ctx.get(), static_cast<std::int32_t>(widths.size()) - 1, widths.data(), rows, dtype,
-                            static_cast<fk_activation>(hidden_act), static_cast<fk_activation>(out_act), &bytes));
-    return bytes;
+    return detail::query<std::size_t>(fk_mlp_saved_size, ctx.get(), static_cast<std::int32_t>(widths.size()) - 1,
+                                      widths.data(), rows, dtype, static_cast<fk_activation>(hidden_act),
+                                      static_cast<fk_activation>(out_act));
 }
 
 /// y = act_L(... act_0(x w_0^T + b_0) ...): `weights` one per layer, `biases` empty (no
@@ -873,9 +777,8 @@ inline void mlp_backward(const Buffer& dy, const Buffer& x, const std::vector<co
 /// Bytes of workspace the Gaussian backwards need on `ctx` (0 on the CPU).
 inline std::size_t gaussian_backward_workspace_size(const Context& ctx, fk_dtype dtype, std::int64_t num_points,
                                                     std::int64_t num_gaussians) {
-    std::size_t bytes = 0;
-    check(fk_gaussian_backward_workspace_size(ctx.get(), dtype, num_points, num_gaussians, &bytes));
-    return bytes;
+    return detail::query<std::size_t>(fk_gaussian_backward_workspace_size, ctx.get(), dtype, num_points,
+                                      num_gaussians);
 }
 /// m[b,n] = |(L_n + eps I)^-1 (p_b - mu_n)|^2, out [B,N].
 inline void mahalanobis_forward(const Buffer& points, const Buffer& means, const Buffer& chol, double eps,

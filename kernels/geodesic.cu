@@ -53,72 +53,9 @@
 #define GEO_WANT_DF 8
 #define GEO_WANT_DX 16
 
-// Mirrors `GeoArgs` in src/cuda/geodesic/args.rs (passed by value).
-struct GeoArgs {
-    i64 B, D, R, steps;
-    double dt, c;
-    u64 x0, v0, f, u, w, mu, g, gx, gv;
-    u64 x_out, v_out, traj, gamma;
-    u64 dx, dv, df, du_part, dw_part;
-    u64 ws;          // workspace: per-block slabs of ws_per_cta elements
-    i64 ws_per_cta;
-    int want;        // GEO_WANT_* (backwards)
-    int vec_ok;      // rows of v start 16-byte aligned (cp.async path)
-    unsigned smem_bytes;
-    int pad_;
-};
-// The argument structs' layouts: the numbers src/cuda/geodesic/args.rs asserts for
-// its mirrors, every field (FK_ARGS_LAYOUT, kernels/common.cuh).
-FK_ARGS_LAYOUT(GeoArgs, 224, B, 0);
-FK_ARGS_LAYOUT(GeoArgs, 224, D, 8);
-FK_ARGS_LAYOUT(GeoArgs, 224, R, 16);
-FK_ARGS_LAYOUT(GeoArgs, 224, steps, 24);
-FK_ARGS_LAYOUT(GeoArgs, 224, dt, 32);
-FK_ARGS_LAYOUT(GeoArgs, 224, c, 40);
-FK_ARGS_LAYOUT(GeoArgs, 224, x0, 48);
-FK_ARGS_LAYOUT(GeoArgs, 224, v0, 56);
-FK_ARGS_LAYOUT(GeoArgs, 224, f, 64);
-FK_ARGS_LAYOUT(GeoArgs, 224, u, 72);
-FK_ARGS_LAYOUT(GeoArgs, 224, w, 80);
-FK_ARGS_LAYOUT(GeoArgs, 224, mu, 88);
-FK_ARGS_LAYOUT(GeoArgs, 224, g, 96);
-FK_ARGS_LAYOUT(GeoArgs, 224, gx, 104);
-FK_ARGS_LAYOUT(GeoArgs, 224, gv, 112);
-FK_ARGS_LAYOUT(GeoArgs, 224, x_out, 120);
-FK_ARGS_LAYOUT(GeoArgs, 224, v_out, 128);
-FK_ARGS_LAYOUT(GeoArgs, 224, traj, 136);
-FK_ARGS_LAYOUT(GeoArgs, 224, gamma, 144);
-FK_ARGS_LAYOUT(GeoArgs, 224, dx, 152);
-FK_ARGS_LAYOUT(GeoArgs, 224, dv, 160);
-FK_ARGS_LAYOUT(GeoArgs, 224, df, 168);
-FK_ARGS_LAYOUT(GeoArgs, 224, du_part, 176);
-FK_ARGS_LAYOUT(GeoArgs, 224, dw_part, 184);
-FK_ARGS_LAYOUT(GeoArgs, 224, ws, 192);
-FK_ARGS_LAYOUT(GeoArgs, 224, ws_per_cta, 200);
-FK_ARGS_LAYOUT(GeoArgs, 224, want, 208);
-FK_ARGS_LAYOUT(GeoArgs, 224, vec_ok, 212);
-FK_ARGS_LAYOUT(GeoArgs, 224, smem_bytes, 216);
-FK_ARGS_LAYOUT(GeoArgs, 224, pad_, 220);
+// struct GeoArgs: declared in src/cuda/geodesic/args.rs (kernel_args!), defined ahead of this source
 
-struct ReduceArgs {
-    u64 parts;  // [nparts][n]
-    u64 out;    // [D][R]
-    i64 nparts;
-    i64 n;      // elements per partial: D R, or DP RP in the coalesced parameter layout
-    i64 D, R;
-    int kw, pv, rq;  // the fast kernels' coalesced layout's Cfg::KW, PV, RQ (param_store); kw = 0: [D][R]
-    int pad;
-};
-FK_ARGS_LAYOUT(ReduceArgs, 64, parts, 0);
-FK_ARGS_LAYOUT(ReduceArgs, 64, out, 8);
-FK_ARGS_LAYOUT(ReduceArgs, 64, nparts, 16);
-FK_ARGS_LAYOUT(ReduceArgs, 64, n, 24);
-FK_ARGS_LAYOUT(ReduceArgs, 64, D, 32);
-FK_ARGS_LAYOUT(ReduceArgs, 64, R, 40);
-FK_ARGS_LAYOUT(ReduceArgs, 64, kw, 48);
-FK_ARGS_LAYOUT(ReduceArgs, 64, pv, 52);
-FK_ARGS_LAYOUT(ReduceArgs, 64, rq, 56);
-FK_ARGS_LAYOUT(ReduceArgs, 64, pad, 60);
+// struct ReduceArgs: declared in src/cuda/geodesic/args.rs (kernel_args!), defined ahead of this source
 
 extern __shared__ __align__(32) unsigned char geo_smem[];
 
@@ -2403,18 +2340,7 @@ template <int N> __device__ __forceinline__ void ld_opt(const GEO_T* p, i64 i, G
 }
 // GEO_EW(NAME, EXPR, RY): y[i] = EXPR(y[i], x[i], c) over n elements (x NULL: zeros;
 // y read only where RY)
-struct EwArgs {
-    u64 y, x;
-    i64 n;
-    double c;
-    int vec, pad_;
-};
-FK_ARGS_LAYOUT(EwArgs, 40, y, 0);
-FK_ARGS_LAYOUT(EwArgs, 40, x, 8);
-FK_ARGS_LAYOUT(EwArgs, 40, n, 16);
-FK_ARGS_LAYOUT(EwArgs, 40, c, 24);
-FK_ARGS_LAYOUT(EwArgs, 40, vec, 32);
-FK_ARGS_LAYOUT(EwArgs, 40, pad_, 36);
+// struct EwArgs: declared in src/cuda/geodesic/args.rs (kernel_args!), defined ahead of this source
 #define GEO_EW(NAME, EXPR, RY)                                                                \
     extern "C" __global__ void __launch_bounds__(GEO_NT) NAME(const EwArgs a) {             \
         GEO_T* y = reinterpret_cast<GEO_T*>(a.y);                                           \
@@ -2446,27 +2372,7 @@ GEO_EW(geo_mask, GEO_MASK, 1)  // g' = g 1[-c <= raw <= c] over raw
 GEO_EW(geo_clamp, GEO_CLAMP, 1)  // gamma = clamp(raw) in place
 #endif
 #if (defined(GEO_GENERIC) || defined(GEO_ALL))
-struct KickArgs {
-    i64 n, d;
-    u64 vin, x, v, raw, f, mu, tx, tv;  // x: 0 for no drift; f, mu, tx, tv optional
-    double h, dt, c;
-    int vec, pad_;
-};
-FK_ARGS_LAYOUT(KickArgs, 112, n, 0);
-FK_ARGS_LAYOUT(KickArgs, 112, d, 8);
-FK_ARGS_LAYOUT(KickArgs, 112, vin, 16);
-FK_ARGS_LAYOUT(KickArgs, 112, x, 24);
-FK_ARGS_LAYOUT(KickArgs, 112, v, 32);
-FK_ARGS_LAYOUT(KickArgs, 112, raw, 40);
-FK_ARGS_LAYOUT(KickArgs, 112, f, 48);
-FK_ARGS_LAYOUT(KickArgs, 112, mu, 56);
-FK_ARGS_LAYOUT(KickArgs, 112, tx, 64);
-FK_ARGS_LAYOUT(KickArgs, 112, tv, 72);
-FK_ARGS_LAYOUT(KickArgs, 112, h, 80);
-FK_ARGS_LAYOUT(KickArgs, 112, dt, 88);
-FK_ARGS_LAYOUT(KickArgs, 112, c, 96);
-FK_ARGS_LAYOUT(KickArgs, 112, vec, 104);
-FK_ARGS_LAYOUT(KickArgs, 112, pad_, 108);
+// struct KickArgs: declared in src/cuda/geodesic/args.rs (kernel_args!), defined ahead of this source
 // The route's second product with what follows it fused in (geo_sw): for a tile of
 // GEO_SW_M rows, raw = (P^2) W^T (P = v U from cuBLAS, squared here), then by `mode`:
 // gamma = clamp(raw) into k.v (GEO_SW_CLAMP, the Christoffel forward), the kick of
@@ -2480,18 +2386,7 @@ FK_ARGS_LAYOUT(KickArgs, 112, pad_, 108);
 // the same rows, so S is read as 16-byte broadcasts. The host takes this kernel where
 // that fits the device's shared memory and the products are strict
 // (src/cuda/geodesic/plan.rs, `sw_smem`).
-struct SwArgs {
-    KickArgs k;  // k.n = B*D, k.d = D
-    u64 p, w;    // P [B, R], W [D, R]
-    i64 r;
-    int mode, pad_;
-};
-FK_ARGS_LAYOUT(SwArgs, 144, k, 0);
-FK_ARGS_LAYOUT(SwArgs, 144, p, 112);
-FK_ARGS_LAYOUT(SwArgs, 144, w, 120);
-FK_ARGS_LAYOUT(SwArgs, 144, r, 128);
-FK_ARGS_LAYOUT(SwArgs, 144, mode, 136);
-FK_ARGS_LAYOUT(SwArgs, 144, pad_, 140);
+// struct SwArgs: declared in src/cuda/geodesic/args.rs (kernel_args!), defined ahead of this source
 #define GEO_SW_CLAMP 0
 #define GEO_SW_KICK 1
 #define GEO_SW_MASK 2
@@ -2706,26 +2601,7 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_kick(const KickArgs a) 
 #if (defined(GEO_GENERIC) || defined(GEO_ALL)) && defined(GEO_MODULE_LF_BWD)
 #define GEO_COPY(y_, x_, c_) (x != nullptr ? x_ : c_)
 GEO_EW(geo_copy, GEO_COPY, 0)  // dx0 = gx, or c (0) without gx
-struct AdjArgs {
-    i64 n, d;
-    u64 lv_in, lv, g, df, gx, mu;  // lv_in 0: zeros (no gv); df, gx, mu optional
-    double h, dt, c;
-    int df_init;  // the sweep's first update: df = h l instead of df += h l
-    int vec;
-};
-FK_ARGS_LAYOUT(AdjArgs, 96, n, 0);
-FK_ARGS_LAYOUT(AdjArgs, 96, d, 8);
-FK_ARGS_LAYOUT(AdjArgs, 96, lv_in, 16);
-FK_ARGS_LAYOUT(AdjArgs, 96, lv, 24);
-FK_ARGS_LAYOUT(AdjArgs, 96, g, 32);
-FK_ARGS_LAYOUT(AdjArgs, 96, df, 40);
-FK_ARGS_LAYOUT(AdjArgs, 96, gx, 48);
-FK_ARGS_LAYOUT(AdjArgs, 96, mu, 56);
-FK_ARGS_LAYOUT(AdjArgs, 96, h, 64);
-FK_ARGS_LAYOUT(AdjArgs, 96, dt, 72);
-FK_ARGS_LAYOUT(AdjArgs, 96, c, 80);
-FK_ARGS_LAYOUT(AdjArgs, 96, df_init, 88);
-FK_ARGS_LAYOUT(AdjArgs, 96, vec, 92);
+// struct AdjArgs: declared in src/cuda/geodesic/args.rs (kernel_args!), defined ahead of this source
 // The leapfrog backward's adjoint update at one kick (docs/geodesic.md, "Its
 // backward"), per element with l = lv_in[i] and g[i] = gamma_raw at the kick's input:
 // df += h l; g = 1[-c <= raw <= c] (-h l), the cotangent of the kick's Christoffel

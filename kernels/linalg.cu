@@ -46,19 +46,7 @@ __device__ __forceinline__ float act_f(int act, float z) {
 // ---------------------------------------------------------------- epilogue fallback
 // src: the GEMM's output (y itself: in place; or aux, already holding z when bias
 // is 0 and aux is 0 here).
-struct EpiArgs {
-    i64 m, n;
-    u64 src, y, bias, aux;
-    int act;
-};
-// the layout src/cuda/linalg/linear.rs asserts for its mirror
-FK_ARGS_LAYOUT(EpiArgs, 56, m, 0);
-FK_ARGS_LAYOUT(EpiArgs, 56, n, 8);
-FK_ARGS_LAYOUT(EpiArgs, 56, src, 16);
-FK_ARGS_LAYOUT(EpiArgs, 56, y, 24);
-FK_ARGS_LAYOUT(EpiArgs, 56, bias, 32);
-FK_ARGS_LAYOUT(EpiArgs, 56, aux, 40);
-FK_ARGS_LAYOUT(EpiArgs, 56, act, 48);
+// struct EpiArgs: declared in src/cuda/linalg/linear.rs (kernel_args!), defined ahead of this source
 
 template <typename T> __device__ void linear_epilogue(const EpiArgs& a) {
     const T* src = reinterpret_cast<const T*>(a.src);
@@ -75,21 +63,7 @@ template <typename T> __device__ void linear_epilogue(const EpiArgs& a) {
 }
 
 // ---------------------------------------------------------------- backward: dz, db
-struct DzArgs {
-    i64 m, n;
-    i64 rows_per_split;
-    u64 dy, saved, dz, partial;
-    int act;
-};
-// the layout src/cuda/linalg/linear.rs asserts for its mirror
-FK_ARGS_LAYOUT(DzArgs, 64, m, 0);
-FK_ARGS_LAYOUT(DzArgs, 64, n, 8);
-FK_ARGS_LAYOUT(DzArgs, 64, rows_per_split, 16);
-FK_ARGS_LAYOUT(DzArgs, 64, dy, 24);
-FK_ARGS_LAYOUT(DzArgs, 64, saved, 32);
-FK_ARGS_LAYOUT(DzArgs, 64, dz, 40);
-FK_ARGS_LAYOUT(DzArgs, 64, partial, 48);
-FK_ARGS_LAYOUT(DzArgs, 64, act, 56);
+// struct DzArgs: declared in src/cuda/linalg/linear.rs (kernel_args!), defined ahead of this source
 // linear_dz's block as src/cuda/linalg/linear.rs launches it (DZ_COLS, DZ_ROWS)
 static_assert(FK_LA_DZ_COLS == 32 && FK_LA_DZ_ROWS == 8 && FK_LA_DZ_COLS * FK_LA_DZ_ROWS == 256,
               "linear_dz: block (32, 8): sh[8][33], 32 columns and 8 row lanes, __launch_bounds__(256)");
@@ -132,15 +106,7 @@ template <typename T> __device__ void linear_dz(const DzArgs& a) {
     }
 }
 
-struct FinishArgs {
-    i64 n, splits;
-    u64 partial, out;
-};
-// the layout src/cuda/linalg/linear.rs asserts for its mirror
-FK_ARGS_LAYOUT(FinishArgs, 32, n, 0);
-FK_ARGS_LAYOUT(FinishArgs, 32, splits, 8);
-FK_ARGS_LAYOUT(FinishArgs, 32, partial, 16);
-FK_ARGS_LAYOUT(FinishArgs, 32, out, 24);
+// struct FinishArgs: declared in src/cuda/linalg/linear.rs (kernel_args!), defined ahead of this source
 
 template <typename T> __device__ void colsum_finish(const FinishArgs& a) {
     const float* p = reinterpret_cast<const float*>(a.partial);
@@ -174,45 +140,7 @@ template <typename T> __device__ void colsum_finish(const FinishArgs& a) {
 // SPLIT (complex output aligned only to its components): each element stored as its
 // two components. Loads of a and b go through the components too (an element's
 // alignment is never assumed beyond its components').
-struct KronArgs {
-    i64 batch, m, n, p, q;
-    i64 sa0, sa1, sa2, sb0, sb1, sb2;
-    u64 a, b, out;
-    i64 cols;      // n * q
-    i64 units;     // store units per output row (cols / W)
-    i64 rows;      // rows of a per lane and task
-    i64 s_blocks;  // ceil(p / bs)
-    i64 i_chunks;  // ceil(m / (rows * il))
-    i64 tasks;     // batch * i_chunks * s_blocks
-    int bs, il;    // blockDim.y = bs * il
-    int uniform;   // q % W == 0: the W columns of a unit lie in one segment (one a element)
-    int small;     // cols, tasks < 2^32: 32-bit divisions in the setup
-};
-// the layout src/cuda/linalg/kron.rs asserts for its mirror
-FK_ARGS_LAYOUT(KronArgs, 176, batch, 0);
-FK_ARGS_LAYOUT(KronArgs, 176, m, 8);
-FK_ARGS_LAYOUT(KronArgs, 176, n, 16);
-FK_ARGS_LAYOUT(KronArgs, 176, p, 24);
-FK_ARGS_LAYOUT(KronArgs, 176, q, 32);
-FK_ARGS_LAYOUT(KronArgs, 176, sa0, 40);
-FK_ARGS_LAYOUT(KronArgs, 176, sa1, 48);
-FK_ARGS_LAYOUT(KronArgs, 176, sa2, 56);
-FK_ARGS_LAYOUT(KronArgs, 176, sb0, 64);
-FK_ARGS_LAYOUT(KronArgs, 176, sb1, 72);
-FK_ARGS_LAYOUT(KronArgs, 176, sb2, 80);
-FK_ARGS_LAYOUT(KronArgs, 176, a, 88);
-FK_ARGS_LAYOUT(KronArgs, 176, b, 96);
-FK_ARGS_LAYOUT(KronArgs, 176, out, 104);
-FK_ARGS_LAYOUT(KronArgs, 176, cols, 112);
-FK_ARGS_LAYOUT(KronArgs, 176, units, 120);
-FK_ARGS_LAYOUT(KronArgs, 176, rows, 128);
-FK_ARGS_LAYOUT(KronArgs, 176, s_blocks, 136);
-FK_ARGS_LAYOUT(KronArgs, 176, i_chunks, 144);
-FK_ARGS_LAYOUT(KronArgs, 176, tasks, 152);
-FK_ARGS_LAYOUT(KronArgs, 176, bs, 160);
-FK_ARGS_LAYOUT(KronArgs, 176, il, 164);
-FK_ARGS_LAYOUT(KronArgs, 176, uniform, 168);
-FK_ARGS_LAYOUT(KronArgs, 176, small, 172);
+// struct KronArgs: declared in src/cuda/linalg/kron.rs (kernel_args!), defined ahead of this source
 // the block src/cuda/linalg/kron.rs launches has at most KRON_THREADS threads
 static_assert(FK_LA_KRON_THREADS == 256, "kron kernels: __launch_bounds__(256)");
 

@@ -97,18 +97,6 @@ pub fn defines(defs: &[(&str, i64)]) -> String {
         .collect()
 }
 
-/// `assert_layout!(BwdArgs, 120, b = 56, want_g = 112)`: a compile-time check of a
-/// `#[repr(C)]` kernel argument struct's size and field offsets, the Rust side of
-/// the pair whose kernel side is `FK_ARGS_LAYOUT` (kernels/common.cuh).
-macro_rules! assert_layout {
-    ($t:ty, $size:expr, $($f:ident = $o:expr),+ $(,)?) => {
-        const _: () = assert!(
-            std::mem::size_of::<$t>() == $size $(&& std::mem::offset_of!($t, $f) == $o)+
-        );
-    };
-}
-pub(crate) use assert_layout;
-
 /// Threads per block of the memory-bound grid-stride kernels.
 pub(crate) const BLOCK: u32 = 256;
 

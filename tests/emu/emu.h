@@ -30,9 +30,6 @@
 #define __align__(n) alignas(n)
 #define __restrict__
 #define __shared__ static
-// kernels/common.cuh's argument layout check (NVRTC spells offsetof __INTADDR__)
-#define FK_ARGS_LAYOUT(T, SIZE, FIELD, OFFSET) \
-    static_assert(sizeof(T) == (SIZE) && __builtin_offsetof(T, FIELD) == (OFFSET), #T)
 
 typedef long long i64;
 typedef unsigned long long u64;

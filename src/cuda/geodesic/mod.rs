@@ -8,7 +8,7 @@
 //!   the cuBLAS route (`route`), or the generic kernel when cuBLAS cannot be loaded, the
 //!   route's memory cannot be had, or with `FK_GEO_FORCE_GENERIC`. Also the workspace
 //!   layouts and the shared-memory sizes the kernel source checks.
-//! - `args`: the kernels' argument structs (layouts asserted on both sides).
+//! - `args`: the kernels' argument structs (declared once, `kernel_args!`).
 //! - `route`: the cuBLAS route's op sequences.
 //!
 //! `run` asks the plan, then packs the arguments, allocates the workspace and launches
@@ -96,9 +96,9 @@ fn run_kernel(dev: &CudaDevice, job: &Job, k: &KernelPlan, stream: &Stream) -> R
     let at = |off: Option<usize>| off.map_or(0, |o| base + o as u64);
     let (du_part, dw_part) = (at(k.du_part), at(k.dw_part));
     let mut args = GeoArgs {
-        b: job.b as i64,
-        d: job.d as i64,
-        r: job.r as i64,
+        B: job.b as i64,
+        D: job.d as i64,
+        R: job.r as i64,
         steps: job.steps as i64,
         dt: job.dt,
         c: job.c,
@@ -125,7 +125,7 @@ fn run_kernel(dev: &CudaDevice, job: &Job, k: &KernelPlan, stream: &Stream) -> R
         want: k.want,
         vec_ok: i32::from(raw(job.v0) % 16 == 0 && (job.d * job.dtype.size()) % 16 == 0),
         smem_bytes: k.smem as u32,
-        pad: 0,
+        pad_: 0,
     };
     let grid = k.grid as u32;
     launch_one(
@@ -149,8 +149,8 @@ fn reduce(dev: &CudaDevice, k: &KernelPlan, parts: u64, out: Addr, stream: &Stre
         out: out.get(),
         nparts: k.grid as i64,
         n: l.n as i64,
-        d: l.d as i64,
-        r: l.r as i64,
+        D: l.d as i64,
+        R: l.r as i64,
         kw: l.kw,
         pv: l.pv,
         rq: l.rq,

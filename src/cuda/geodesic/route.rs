@@ -84,7 +84,7 @@ pub(super) trait Steps {
             n,
             c,
             vec: ew_vec(j.dtype.size(), n, None, &[y, x]),
-            pad: 0,
+            pad_: 0,
         };
         self.launch(name, n, &mut a)
     }
@@ -159,7 +159,7 @@ pub(super) trait Steps {
             dt: j.dt,
             c: j.c,
             vec: self.bd_vec(&[vin, x, v, raw, at(j.f), tx, tv]),
-            pad: 0,
+            pad_: 0,
         }
     }
 
@@ -182,7 +182,7 @@ pub(super) trait Steps {
             w: addr::raw(j.w),
             r: j.r as i64,
             mode: mode as i32,
-            pad: 0,
+            pad_: 0,
         };
         self.sw(&mut a)
     }

@@ -1,4 +1,4 @@
-//! Launcher for `kernels/geodesic.cu` (docs/geodesic.md has the design).
+//! Launcher for the geodesic kernels, `kernels/geodesic/` (docs/geodesic.md has the design).
 //!
 //! - `names`: the modules (`geodesic_<op>_<dtype>_r<RP>_d<DJ>`, one fast kernel each,
 //!   and `geodesic_<op>_<dtype>_generic`) and kernel names, and each module's source.

@@ -14,7 +14,7 @@
 template <class C> __device__ void chr_fwd_tc(const GeoArgs& a) {
     static_assert(C::TC && C::M == 16 && C::KW % 16 == 0, "TF32 configuration");
     constexpr int KS = C::KW / 8, NR = C::RP / 8, NQ = C::KW / 16;
-    check_smem(C::SMEM_CHR_FWD_TC * sizeof(float), a);
+    check_smem(GEO_SMEM_TC, a);
     float* Uf = reinterpret_cast<float*>(geo_smem);
     float* Wf = Uf + C::DP * C::RP;
     const int grp = threadIdx.x / GEO_NT;
@@ -110,7 +110,7 @@ template <class C> __device__ void chr_fwd_tc(const GeoArgs& a) {
 template <class C> __device__ void chr_fwd_simt(const GeoArgs& a) {
     typedef typename C::T T;
     static_assert(!C::TC, "FFMA configuration");
-    check_smem(C::SMEM_CHR_FWD * sizeof(T), a);
+    check_smem(GEO_SMEM, a);
     T* Us = reinterpret_cast<T*>(geo_smem);
     T* Ws = Us + C::DP * C::SU;
     T* const vb = Ws + C::DP * C::SW;
@@ -170,7 +170,7 @@ template <class C> __device__ void chr_fwd_fast(const GeoArgs& a) {
 template <class C> __device__ void chr_bwd_fast(const GeoArgs& a) {
     typedef typename C::T T;
     typedef typename Rows<C>::Tile Tile;
-    check_smem(C::SMEM_CHR_BWD * sizeof(T), a);
+    check_smem(GEO_SMEM, a);
     T* Us = reinterpret_cast<T*>(geo_smem);
     T* Ws = Us + C::DP * C::SUZ;
     T* Vb = Ws + C::DP * C::SW;

@@ -48,16 +48,17 @@
 // helpers, vector loads, cp.async).
 #include "common.cuh"
 
-#define GEO_NT 256
-#define GEO_NW 8
-#define GEO_GROUPS 2  // thread groups of the Christoffel forward's TF32 kernel (chr_fwd_tc)
-#define GEN_RG 4
-
-#define GEO_WANT_DV 1
-#define GEO_WANT_DU 2
-#define GEO_WANT_DW 4
-#define GEO_WANT_DF 8
-#define GEO_WANT_DX 16
+// The constants the kernels share with the host, defined ahead of this source by
+// src/cuda/geodesic/plan.rs (`defines`), which states them once: GEO_NT threads (GEO_NW
+// warps) per group, GEO_GROUPS groups in the Christoffel forward's TF32 kernel
+// (chr_fwd_tc), GEN_RG rows per block iteration of the generic kernels, GEO_SMEM_MAX
+// the largest opt-in shared memory per block of the supported GPUs (configurations
+// above it are compiled as stubs and never chosen), GEO_SW_M rows per geo_sw tile, the
+// GEO_WANT_* bits of GeoArgs::want. A fast module also gets its tile's values (fast.cu).
+#if !defined(GEO_NT) || !defined(GEO_NW) || !defined(GEO_GROUPS) || !defined(GEN_RG) || !defined(GEO_SMEM_MAX) || \
+    !defined(GEO_SW_M) || !defined(GEO_WANT_DX)
+#error "the geodesic constants come from src/cuda/geodesic/plan.rs (fusekit::cuda::modules() has the full source)"
+#endif
 
 // struct GeoArgs: declared in src/cuda/geodesic/args.rs (kernel_args!), defined ahead of this source
 

@@ -2,17 +2,18 @@
 // common.cu for how a module's source is assembled): the configuration (Cfg), the
 // row layout, the GEMM phases, the TF32 tensor-core phases, the tile loads.
 // ---------------------------------------------------------------- fast path
-#if defined(GEO_MODULE_CHR_FWD) || defined(GEO_MODULE_LF_FWD) || defined(GEO_MODULE_CHR_BWD) || \
-    defined(GEO_MODULE_LF_BWD)
-#define GEO_VL_MODULE 1
-#else
-#define GEO_VL_MODULE 0
-#endif
-// The leapfrog forward's strict f32 kernel with U and W in registers (lf_fwd_rs)
-#if defined(GEO_MODULE_LF_FWD)
-#define GEO_RS_MODULE 1
-#else
-#define GEO_RS_MODULE 0
+// A fast module's tile values, from src/cuda/geodesic/plan.rs (`defines`, `smem`): the
+// FFMA kernel's rows per thread (GEO_MB; the TF32 kernels': GEO_TC_MB), whether it
+// takes the vector row layout (GEO_VL) and whether the module's leapfrog forward has
+// the variant with U and W in registers (GEO_RS), and the shared memory in bytes of
+// each kernel of the module: GEO_SMEM (the FFMA kernel), GEO_SMEM_TC (TF32),
+// GEO_SMEM_STAGE (the TF32 leapfrog forward's optional v stage), GEO_SMEM_TC3
+// (3xTF32), GEO_SMEM_RS (U and W in registers); 0 for a variant the module lacks. The
+// sizes are computed there only; the kernels check their launch against them
+// (check_smem).
+#if !defined(GEO_MB) || !defined(GEO_TC_MB) || !defined(GEO_VL) || !defined(GEO_RS) || !defined(GEO_SMEM) || \
+    !defined(GEO_SMEM_TC) || !defined(GEO_SMEM_STAGE) || !defined(GEO_SMEM_TC3) || !defined(GEO_SMEM_RS)
+#error "a fast module's tile values come from src/cuda/geodesic/plan.rs"
 #endif
 // The backwards' phase B also runs with U (dv = dp U^T): with VL their U is swizzled
 // as W, and phase A reads both swizzled (Cfg::UZ).
@@ -47,39 +48,20 @@ template <typename T_, int RP_, int DJ_, int MB_, bool TC_ = false, bool X3_ = f
     // The vector row layout (the FFMA kernels: both forwards and both backwards, f32,
     // RP = 32, DJ = 4 or 8): a thread's features are float4 groups (Rows, phase_b_v),
     // W swizzled in smem (w_swz; in the backward U too, UZ)
-    static constexpr bool VL = GEO_VL_MODULE && !TC && sizeof(T) == 4 && RP == 32 && (DJ == 4 || DJ == 8);
+    static constexpr bool VL = GEO_VL && !TC;
     static constexpr int TI = TC ? 2 : MB;     // row-layout tile per thread: rows
     static constexpr int TJ = TC ? 2 * DJ : DJ;  // and columns
-    // shared memory of each fast kernel, in elements (src/cuda/geodesic/plan.rs mirrors these)
-    // the FFMA forwards (chr_fwd_simt: one group, one tile buffer and S); with VL, W
-    // as [DP][RP] (swizzled, w_swz) instead of [DP][SU]
+    // the FFMA kernels' W as [DP][RP] (swizzled, w_swz) with VL instead of [DP][SU]
     static constexpr int SW = VL ? RP : SU;
     static constexpr bool UZ = VL && GEO_UZ_MODULE;  // U in w_swz order too
     static constexpr int SUZ = UZ ? RP : SU;         // U's row stride
-    static constexpr int SMEM_CHR_FWD = DP * SU + DP * SW + GEO_NW * SLICE + M * SU;
-    static constexpr int SMEM_LF_FWD = DP * SU + DP * SW + GEO_NW * SLICE + M * SU;
-    static constexpr int SMEM_LF_FWD_TC = GEO_NW * SLICE + M * SU + 2 * M * DP + DP;  // U, W in registers (RegFrags); x, hf stashed, 1 - h mu
-    static constexpr int SMEM_LF_STAGE = GEO_NW * SLICE;  // the leapfrog's optional v stage (lf_fwd_fast)
     // the strict f32 leapfrog forward with U and W in registers (lf_fwd_rs:
-    // 16 < R <= 32, 256 < D <= 512): two buffers of the tile's v, x, f, the warps'
-    // partials and S
-    static constexpr bool RS = GEO_RS_MODULE && !TC && sizeof(T) == 4 && RP == 32 && DJ == 8;
-    static constexpr int SMEM_LF_FWD_RS = 6 * M * DP + GEO_NW * M * RP + M * RP;
-    // X3: the partials, S's hi and lo parts, the stash, and U's and W's lo parts in
-    // fragment order (no v stage)
-    static constexpr int SMEM_LF_FWD_TC3 = GEO_NW * M * SU + 2 * M * SU + 2 * M * DP + DP + 2 * DP * RP;
-    // the TF32 Christoffel forward (chr_fwd_tc): U and W in fragment order, per group
-    // the warps' partials and S
-    static constexpr int SMEM_CHR_FWD_TC = 2 * DP * RP + GEO_GROUPS * (GEO_NW + 1) * M * SU;
-    static constexpr int SMEM_CHR_BWD = DP * SUZ + DP * SW + 2 * GEO_NW * SLICE + 3 * M * SU;
-    static constexpr int SMEM_LF_BWD = DP * SUZ + DP * SW + 2 * GEO_NW * SLICE + 5 * M * SU + 2 * M * DP;
+    // 16 < R <= 32, 256 < D <= 512)
+    static constexpr bool RS = GEO_RS && !TC;
     static_assert(!TC || (MB == 4 && DJ <= 8 && sizeof(T) == 4), "TF32 configurations: f32, M = 16, D <= 512");
     static_assert(!X3 || TC, "3xTF32 is a TF32 configuration");
 };
 
-// Largest opt-in shared memory per block of the supported GPUs (227 KB on sm_90);
-// configurations above it are compiled as stubs and never chosen by the host.
-#define GEO_SMEM_MAX 232448
 
 // TF32 helpers: round to TF32 (cvt.rna: nearest, ties away) and the warp-wide
 // D += A B of mma.sync.m16n8k8 (A 16x8 row-major, B 8x8 column-major, f32 accumulate).

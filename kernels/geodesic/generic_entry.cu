@@ -113,7 +113,6 @@ GEO_EW(geo_clamp, GEO_CLAMP, 1)  // gamma = clamp(raw) in place
 #define GEO_SW_CLAMP 0
 #define GEO_SW_KICK 1
 #define GEO_SW_MASK 2
-#define GEO_SW_M (sizeof(GEO_T) == 4 ? 32 : 16)  // rows per tile (f64: the accumulators take twice the registers)
 __device__ __forceinline__ int geo_sw_stride(i64 r) {
     const int q = (int)((r + 3) / 4);  // 16-byte chunks of a row
     return 4 * (q % 2 == 0 ? q + 1 : q);

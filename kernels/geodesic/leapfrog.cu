@@ -21,8 +21,8 @@
 //   two raw values per row.
 // Shared-memory loads per FFMA drop from 0.5 / 0.375 (the register-state leapfrog's
 // lane tiles) to 1/16 and 1/8 (docs/geodesic.md, "U and W in registers").
-__device__ __forceinline__ bool rs_ok(const GeoArgs& a, int smem_elems) {
-    return a.smem_bytes >= smem_elems * sizeof(float) &&
+__device__ __forceinline__ bool rs_ok(const GeoArgs& a, size_t smem_bytes) {
+    return a.smem_bytes >= smem_bytes &&
            ((a.x0 | a.v0 | a.f | a.x_out | a.v_out | a.traj | a.gamma | (u64)(a.D * sizeof(float))) & 15) == 0;
 }
 
@@ -146,7 +146,7 @@ __device__ __forceinline__ void rs_load(float* b, const float* const (&src)[N], 
 // lane's features in registers; kicks and drift in gamma_rs's epilogue.
 template <class C> __device__ void lf_fwd_rs(const GeoArgs& a) {
     constexpr int M = C::M, DP = C::DP, BUF = 3 * M * DP;
-    check_smem(C::SMEM_LF_FWD_RS * sizeof(float), a);
+    check_smem(GEO_SMEM_RS, a);
     float* const sm = reinterpret_cast<float*>(geo_smem);  // 2 buffers of [v, x, f][M][DP]
     float* const Part = sm + 2 * BUF;                         // [NW][M][RP]
     float* const S = Part + GEO_NW * M * C::RP;                // [M][RP]
@@ -332,7 +332,7 @@ template <class C> struct LfState<C, true> {
 // the FFMA kernel in registers, the TF32 one v in registers and x, h f in a
 // thread-private shared-memory stash (LfState), its registers holding the warp's U and
 // W fragments (RegFrags) for the launch instead. The TF32 kernel stages v: where the
-// launch gives it the room (`a.smem_bytes` covers SMEM_LF_STAGE more elements), the
+// launch gives it the room (`a.smem_bytes` covers GEO_SMEM_STAGE more bytes), the
 // next tile's v streams into a staging buffer (load_tile, cp.async) during this tile's
 // steps, so that a tile starts on v from shared memory; its x and f, only needed after
 // the first Gamma, stream into the stash (cp.async) while that Gamma runs. (The FFMA
@@ -340,16 +340,16 @@ template <class C> struct LfState<C, true> {
 // like x and f, asked for in L2 one tile ahead.)
 template <class C> __device__ void lf_fwd_fast(const GeoArgs& a) {
     if constexpr (C::RS) {
-        if (rs_ok(a, C::SMEM_LF_FWD_RS)) {
+        if (rs_ok(a, GEO_SMEM_RS)) {
             lf_fwd_rs<C>(a);
             return;
         }
     }
     typedef typename C::T T;
     typedef typename Rows<C>::Tile Tile;
-    constexpr int BASE = C::X3 ? C::SMEM_LF_FWD_TC3 : C::TC ? C::SMEM_LF_FWD_TC : C::SMEM_LF_FWD;
-    check_smem(BASE * sizeof(T), a);
-    const bool stage = C::TC && !C::X3 && a.smem_bytes >= (BASE + C::SMEM_LF_STAGE) * sizeof(T);
+    constexpr size_t BASE = C::X3 ? GEO_SMEM_TC3 : C::TC ? GEO_SMEM_TC : GEO_SMEM;  // bytes
+    check_smem(BASE, a);
+    const bool stage = C::TC && !C::X3 && a.smem_bytes >= BASE + GEO_SMEM_STAGE;
     // FFMA: U, W, the warp slices and S; TF32: the slices (partials), S, the state's
     // stash and the optional v stage; 3xTF32: the partials, S and its low parts, the
     // stash, and the low parts of U and W (in the v stage's place)
@@ -445,7 +445,7 @@ template <class C> __device__ void lf_bwd_fast(const GeoArgs& a) {
     typedef typename Rows<C>::Tile Tile;
     constexpr int E = C::TI * C::TJ;
     static_assert(E <= 32, "mask bits must fit one word");
-    check_smem(C::SMEM_LF_BWD * sizeof(T), a);
+    check_smem(GEO_SMEM, a);
     T* Us = reinterpret_cast<T*>(geo_smem);
     T* Ws = Us + C::DP * C::SUZ;
     T* Vb = Ws + C::DP * C::SW;

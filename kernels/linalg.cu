@@ -8,7 +8,7 @@
 //                        after cuBLASLt's BIAS epilogue (cuBLASLt has only tanh)
 //   linear_dz_<t>        dz = dy * act'(saved) and per-split column sums of dz
 //   colsum_finish_<t>    db = sum of the column partials
-//   kron_<t>_w<W>        batched Kronecker product, W-element (16-byte) stores
+//   kron_w<W>_<t>        batched Kronecker product, W-element (16-byte) stores
 // Activation codes (FK_LA_ACT_*) come from the prelude fusekit prepends from the Rust
 // enum in src/ops/linalg.rs. GELU_TANH is the tanh approximation (cuBLASLt's
 // formula), GELU_ERF the exact 0.5 z (1 + erf(z / sqrt 2)); src/cpu/linalg.rs
@@ -263,14 +263,14 @@ FK_LINEAR_KERNELS(f16)
 FK_LINEAR_KERNELS(bf16)
 FK_LINEAR_KERNELS(f32)
 
-// kron_<t>_w<W>: W elements per store (16 bytes at most); kron_<t>_split: complex
+// kron_w<W>_<t>: W elements per store (16 bytes at most); kron_split_<t>: complex
 // output aligned only to its components.
 #define FK_KRON_KERNEL(T, W)                                                               \
-    extern "C" __global__ void __launch_bounds__(256) kron_##T##_w##W(KronArgs a) {       \
+    extern "C" __global__ void __launch_bounds__(256) kron_w##W##_##T(KronArgs a) {       \
         kron<T, W, false>(a);                                                              \
     }
 #define FK_KRON_SPLIT(T) \
-    extern "C" __global__ void __launch_bounds__(256) kron_##T##_split(KronArgs a) { kron<T, 1, true>(a); }
+    extern "C" __global__ void __launch_bounds__(256) kron_split_##T(KronArgs a) { kron<T, 1, true>(a); }
 FK_KRON_KERNEL(f16, 8)
 FK_KRON_KERNEL(f16, 4)
 FK_KRON_KERNEL(f16, 2)

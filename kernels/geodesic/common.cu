@@ -64,6 +64,12 @@
 
 // struct ReduceArgs: declared in src/cuda/geodesic/args.rs (kernel_args!), defined ahead of this source
 
+// A kernel's name: `base` and the module's element type suffix (GEO_DT, f32 or f64),
+// `geo_reduce_f32`, as src/cuda/geodesic/names.rs names it.
+#define GEO_CAT_(a, b) a##b
+#define GEO_CAT(a, b) GEO_CAT_(a, b)
+#define GEO_NAME(base) GEO_CAT(base##_, GEO_DT)
+
 extern __shared__ __align__(32) unsigned char geo_smem[];
 
 template <typename T> __device__ __forceinline__ T clampc(T x, T c) {

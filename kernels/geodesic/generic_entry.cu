@@ -10,7 +10,7 @@
 // element q * GEO_NT + t holds accumulator q of thread t), mapped back to [D][R] here;
 // the other kernels' are [D][R] (`kw` = 0).
 #define GEO_REDUCE_KB 16
-extern "C" __global__ void __launch_bounds__(GEO_NT) geo_reduce(const ReduceArgs a) {
+extern "C" __global__ void __launch_bounds__(GEO_NT) GEO_NAME(geo_reduce)(const ReduceArgs a) {
     const GEO_T* parts = reinterpret_cast<const GEO_T*>(a.parts);
     GEO_T* out = reinterpret_cast<GEO_T*>(a.out);
     for (i64 i = (i64)blockIdx.x * GEO_NT + threadIdx.x; i < a.n; i += (i64)gridDim.x * GEO_NT) {
@@ -67,7 +67,7 @@ template <int N> __device__ __forceinline__ void ld_opt(const GEO_T* p, i64 i, G
 // y read only where RY)
 // struct EwArgs: declared in src/cuda/geodesic/args.rs (kernel_args!), defined ahead of this source
 #define GEO_EW(NAME, EXPR, RY)                                                                \
-    extern "C" __global__ void __launch_bounds__(GEO_NT) NAME(const EwArgs a) {             \
+    extern "C" __global__ void __launch_bounds__(GEO_NT) GEO_NAME(NAME)(const EwArgs a) {   \
         GEO_T* y = reinterpret_cast<GEO_T*>(a.y);                                           \
         const GEO_T* x = reinterpret_cast<const GEO_T*>(a.x);                               \
         const GEO_T c = (GEO_T)a.c;                                                         \
@@ -117,7 +117,7 @@ __device__ __forceinline__ int geo_sw_stride(i64 r) {
     const int q = (int)((r + 3) / 4);  // 16-byte chunks of a row
     return 4 * (q % 2 == 0 ? q + 1 : q);
 }
-extern "C" __global__ void __launch_bounds__(GEO_NT, 1) geo_sw(const SwArgs a) {
+extern "C" __global__ void __launch_bounds__(GEO_NT, 1) GEO_NAME(geo_sw)(const SwArgs a) {
     typedef GEO_T T;
     constexpr int M = GEO_SW_M;
     const i64 D = a.k.d, R = a.r, B = a.k.n / D;
@@ -288,7 +288,7 @@ extern "C" __global__ void __launch_bounds__(GEO_NT, 1) geo_sw(const SwArgs a) {
 // One kick of the leapfrog, v = vin + h (f - clamp(raw) - mu vin) (vin may be v: in
 // place), then (x given) the drift x += dt v, and (tx, tv) copies of the new x, v (the
 // trajectory). The backward uses it to recompute vh from v_t (vin = v_t, no drift).
-extern "C" __global__ void __launch_bounds__(GEO_NT) geo_kick(const KickArgs a) {
+extern "C" __global__ void __launch_bounds__(GEO_NT) GEO_NAME(geo_kick)(const KickArgs a) {
     typedef GEO_T T;
     const T h = (T)a.h, dt = (T)a.dt, c = (T)a.c;
     const T* vin = reinterpret_cast<const T*>(a.vin);
@@ -329,7 +329,7 @@ GEO_EW(geo_copy, GEO_COPY, 0)  // dx0 = gx, or c (0) without gx
 // vjp, whose dv cuBLAS then adds to lv; lv = l (1 - h mu) + dt gx (lv may be lv_in).
 // At the second kick (lv = dL/dv_{t+1}) this leaves lvh minus its vjp term in lv, at
 // the first (lv = lvh, gx = 0) lv_t minus its vjp term.
-extern "C" __global__ void __launch_bounds__(GEO_NT) geo_adj(const AdjArgs a) {
+extern "C" __global__ void __launch_bounds__(GEO_NT) GEO_NAME(geo_adj)(const AdjArgs a) {
     typedef GEO_T T;
     const T h = (T)a.h, dt = (T)a.dt, c = (T)a.c;
     const T* lv_in = reinterpret_cast<const T*>(a.lv_in);
@@ -365,11 +365,11 @@ extern "C" __global__ void __launch_bounds__(GEO_NT) geo_adj(const AdjArgs a) {
 
 // The generic kernel of the module's op.
 #if defined(GEO_MODULE_CHR_FWD)
-extern "C" __global__ void __launch_bounds__(GEO_NT) geo_chr_fwd_gen(const GeoArgs a) { chr_fwd_gen<GEO_T>(a); }
+extern "C" __global__ void __launch_bounds__(GEO_NT) GEO_NAME(geo_chr_fwd_gen)(const GeoArgs a) { chr_fwd_gen<GEO_T>(a); }
 #elif defined(GEO_MODULE_CHR_BWD)
-extern "C" __global__ void __launch_bounds__(GEO_NT) geo_chr_bwd_gen(const GeoArgs a) { chr_bwd_gen<GEO_T>(a); }
+extern "C" __global__ void __launch_bounds__(GEO_NT) GEO_NAME(geo_chr_bwd_gen)(const GeoArgs a) { chr_bwd_gen<GEO_T>(a); }
 #elif defined(GEO_MODULE_LF_FWD)
-extern "C" __global__ void __launch_bounds__(GEO_NT) geo_lf_fwd_gen(const GeoArgs a) { lf_fwd_gen<GEO_T>(a); }
+extern "C" __global__ void __launch_bounds__(GEO_NT) GEO_NAME(geo_lf_fwd_gen)(const GeoArgs a) { lf_fwd_gen<GEO_T>(a); }
 #elif defined(GEO_MODULE_LF_BWD)
-extern "C" __global__ void __launch_bounds__(GEO_NT) geo_lf_bwd_gen(const GeoArgs a) { lf_bwd_gen<GEO_T>(a); }
+extern "C" __global__ void __launch_bounds__(GEO_NT) GEO_NAME(geo_lf_bwd_gen)(const GeoArgs a) { lf_bwd_gen<GEO_T>(a); }
 #endif

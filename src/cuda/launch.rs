@@ -11,8 +11,10 @@ use crate::error::{CudaContext as _, FK_ERROR_UNSUPPORTED_DTYPE, Result};
 // ------------------------------------------------------------------ kernel names
 //
 // One naming scheme for every family: a kernel (or module) built once per element
-// type is named `{base}_{suffix}`, the suffix `kernel_suffix(dtype)`
-// (`gs_maha_fwd_f32`, `elementwise_c128`). `per_dtype!("base": f32, f64)` lists
+// type is named `{base}_{suffix}`, the suffix `kernel_suffix(dtype)` last and every
+// other qualifier (variant, store, tile) in the base (`gs_maha_fwd_f32`,
+// `elementwise_c128`, `kron_w4_f32`, `geo_chr_fwd_tc_r32_d8_f32`; docs/architecture.md).
+// `per_dtype!("base": f32, f64)` lists
 // the dtypes it is built for, as static strings; `Names::get` looks one up and an
 // element type it was not built for is an error, never another dtype's kernel.
 
@@ -56,9 +58,13 @@ impl Names {
 }
 
 /// `per_dtype!("gs_maha_fwd": f32, f64)`: the `Names` `gs_maha_fwd_f32`,
-/// `gs_maha_fwd_f64` (suffixes spelled as `kernel_suffix`, checked by a test).
+/// `gs_maha_fwd_f64` (suffixes spelled as `kernel_suffix`, checked by a test); a base
+/// built by `concat!` goes in brackets: `per_dtype!([concat!("kron_", "w8")]: f16)`.
 macro_rules! per_dtype {
     ($base:literal: $($dt:ident),+ $(,)?) => {
+        $crate::cuda::launch::per_dtype!([$base]: $($dt),+)
+    };
+    ([$base:expr]: $($dt:ident),+ $(,)?) => {
         $crate::cuda::launch::Names {
             base: $base,
             names: &[$(($crate::cuda::launch::per_dtype!(@dtype $dt), concat!($base, "_", stringify!($dt)))),+],

@@ -36,9 +36,9 @@ def modules():
                     names.append(f"geo_{kind}_tc_r{rp}_d{dj}")
                 if tf32 and kind == "lf_fwd":  # the 3xTF32 variant (FK_GEO_ALLOW_TF32X3)
                     names.append(f"geo_{kind}_tc3_r{rp}_d{dj}")
-                yield f"geodesic_{op}_{ty}_r{rp}_d{dj}", kind, ty, names
+                yield f"geodesic_{op}_r{rp}_d{dj}_{ty}", kind, ty, names
             names = [f"geo_{kind}_gen"] + (["geo_reduce"] if kind.endswith("bwd") else [])
-            yield f"geodesic_{op}_{ty}_generic", kind, ty, names
+            yield f"geodesic_{op}_generic_{ty}", kind, ty, names
 
 
 def write(path, content):
@@ -63,7 +63,8 @@ def main():
                  f"void register_{ns}(Registry& r) {{"]
         for n in names:
             arg = "ReduceArgs" if n == "geo_reduce" else "GeoArgs"
-            lines.append(f'    r["{kind}_{ty}/{n}"] = [](const void* a) {{ {ns}::{n}(*static_cast<const {ns}::{arg}*>(a)); }};')
+            # registered by the kernel's base name; the function is named `<base>_<dtype>`
+            lines.append(f'    r["{kind}_{ty}/{n}"] = [](const void* a) {{ {ns}::{n}_{ty}(*static_cast<const {ns}::{arg}*>(a)); }};')
         lines.append("}")
         write(out / f"{ns}.cpp", "\n".join(lines) + "\n")
         regs.setdefault((kind, ty), []).append(ns)

@@ -32,6 +32,7 @@ use self::plan::{KernelPlan, Limits, NT, PartLayout, Plan};
 use self::route::GemmRoute;
 use super::launch::{grid_for, launch};
 use super::{CudaDevice, Workspace};
+use crate::dtype::DType;
 use crate::error::{CudaContext as _, FK_ERROR_OUT_OF_MEMORY, Result};
 use crate::ops::addr::{Addr, raw};
 use crate::ops::geodesic::{Job, Kind};
@@ -132,17 +133,24 @@ fn run_kernel(dev: &CudaDevice, job: &Job, k: &KernelPlan, stream: &Stream) -> R
         dev, k.module, k.kernel, grid, k.threads, k.smem, stream, &mut args,
     )?;
     if let Some(du) = job.du {
-        reduce(dev, k, du_part, du, stream)?;
+        reduce(dev, k, job.dtype, du_part, du, stream)?;
     }
     if let Some(dw) = job.dw {
-        reduce(dev, k, dw_part, dw, stream)?;
+        reduce(dev, k, job.dtype, dw_part, dw, stream)?;
     }
     drop(ws);
     Ok(())
 }
 
 /// `geo_reduce`: `out` (`[D][R]`) = the sum of plan `k`'s `grid` partials at `parts`.
-fn reduce(dev: &CudaDevice, k: &KernelPlan, parts: u64, out: Addr, stream: &Stream) -> Result<()> {
+fn reduce(
+    dev: &CudaDevice,
+    k: &KernelPlan,
+    dtype: DType,
+    parts: u64,
+    out: Addr,
+    stream: &Stream,
+) -> Result<()> {
     let l: PartLayout = k.parts;
     let mut a = ReduceArgs {
         parts,
@@ -160,7 +168,7 @@ fn reduce(dev: &CudaDevice, k: &KernelPlan, parts: u64, out: Addr, stream: &Stre
     launch_one(
         dev,
         k.reduce_module,
-        "geo_reduce",
+        names::generic_kernel("geo_reduce", dtype)?,
         grid,
         NT,
         0,

@@ -13,6 +13,7 @@ use std::any::Any;
 
 use super::args::{AdjArgs, EwArgs, KickArgs, Sw, SwArgs};
 use super::launch_one;
+use super::names;
 use super::plan::{Layout, NT, RoutePlan, lf_bwd_sweeps, sw_m};
 use crate::cuda::launch::grid_for;
 use crate::cuda::{CudaDevice, Workspace, cublas};
@@ -353,7 +354,7 @@ impl Steps for GemmRoute<'_> {
         launch_one(
             self.dev,
             self.plan.module,
-            name,
+            names::generic_kernel(name, self.job.dtype)?,
             grid,
             NT,
             0,
@@ -387,7 +388,7 @@ impl Steps for GemmRoute<'_> {
         launch_one(
             self.dev,
             self.plan.module,
-            "geo_sw",
+            names::generic_kernel("geo_sw", self.job.dtype)?,
             grid as u32,
             NT,
             smem,

@@ -52,29 +52,19 @@ kernel_args! {
     }
 }
 
-/// `Names` of the Kronecker kernels of one kind of store: `kron_<t>_<store>`, the
-/// entry points `FK_KRON_KERNEL(t, W)` (store `w<W>`) and `FK_KRON_SPLIT(t)` (store
-/// `split`) of `kernels/linalg.cu`.
-macro_rules! kron_names {
-    ($store:literal: $($dt:ident),+) => {
-        Names {
-            base: "kron",
-            names: &[$((per_dtype!(@dtype $dt), concat!("kron_", stringify!($dt), "_", $store))),+],
-        }
-    };
-}
-
 /// The Kronecker kernels by `(W, split)`: `W` elements per store (`W * size <= 16`),
-/// or complex output aligned only to its components, stored as them (`split`).
+/// or complex output aligned only to its components, stored as them (`split`). Named
+/// `kron_<store>_<dtype>`: the entry points `FK_KRON_KERNEL(t, W)` (store `w<W>`) and
+/// `FK_KRON_SPLIT(t)` (store `split`) of `kernels/linalg.cu`.
 pub(super) const KRON: [((i64, bool), Names); 5] = [
-    ((8, false), kron_names!("w8": f16, bf16)),
-    ((4, false), kron_names!("w4": f16, bf16, f32)),
-    ((2, false), kron_names!("w2": f16, bf16, f32, f64, c64)),
+    ((8, false), per_dtype!("kron_w8": f16, bf16)),
+    ((4, false), per_dtype!("kron_w4": f16, bf16, f32)),
+    ((2, false), per_dtype!("kron_w2": f16, bf16, f32, f64, c64)),
     (
         (1, false),
-        kron_names!("w1": f16, bf16, f32, f64, c64, c128),
+        per_dtype!("kron_w1": f16, bf16, f32, f64, c64, c128),
     ),
-    ((1, true), kron_names!("split": c64, c128)),
+    ((1, true), per_dtype!("kron_split": c64, c128)),
 ];
 
 /// The kernel for `d` with `w` elements per store, or the split stores; an error

@@ -102,7 +102,7 @@ mod tests {
     }
 
     /// Every name the launchers look up is an entry point of `kernels/linalg.cu`
-    /// and every entry point is looked up, each `{base}_{suffix}` (`kron_{suffix}_{store}`)
+    /// and every entry point is looked up, each `{base}_{suffix}` (`kron_{store}_{suffix}`)
     /// with the dtype's `kernel_suffix`.
     #[test]
     fn kernel_names_are_the_entry_points() {
@@ -111,8 +111,8 @@ mod tests {
             "void linear_epilogue_##T(",
             "void __launch_bounds__(256) linear_dz_##T(",
             "void colsum_finish_##T(",
-            "kron_##T##_w##W(",
-            "kron_##T##_split(",
+            "kron_w##W##_##T(",
+            "kron_split_##T(",
         ] {
             assert!(src.contains(entry), "{entry}");
         }
@@ -123,10 +123,10 @@ mod tests {
             }
         }
         for a in instances(&src, "FK_KRON_KERNEL") {
-            built.insert(format!("kron_{}_w{}", a[0], a[1]));
+            built.insert(format!("kron_w{}_{}", a[1], a[0]));
         }
         for a in instances(&src, "FK_KRON_SPLIT") {
-            built.insert(format!("kron_{}_split", a[0]));
+            built.insert(format!("kron_split_{}", a[0]));
         }
         let mut looked_up = BTreeSet::new();
         let mut add = |names: &Names, name_of: &dyn Fn(DType) -> String| {
@@ -144,7 +144,7 @@ mod tests {
             } else {
                 format!("w{w}")
             };
-            add(names, &|d| format!("kron_{}_{store}", kernel_suffix(d)));
+            add(names, &|d| format!("kron_{store}_{}", kernel_suffix(d)));
         }
         assert_eq!(looked_up, built);
         assert_eq!(built.len(), 3 * 3 + 18);
@@ -178,7 +178,7 @@ mod tests {
         assert!(e.message.contains("3-element stores"), "{}", e.message);
         assert_eq!(
             kron::kron_name(DType::C128, 1, true).unwrap(),
-            "kron_c128_split"
+            "kron_split_c128"
         );
     }
 }

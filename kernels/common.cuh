@@ -9,14 +9,6 @@
 typedef long long i64;
 typedef unsigned long long u64;
 
-// Checks a kernel argument struct against its #[repr(C)] mirror in the launcher,
-// which asserts the same size and offset in Rust:
-// FK_ARGS_LAYOUT(GsBwdArgs, 120, want_g, 112). (NVRTC has neither offsetof nor
-// __builtin_offsetof; __INTADDR__ is its constant-expression form.)
-#define FK_ARGS_LAYOUT(T, SIZE, FIELD, OFFSET)                                   \
-    static_assert(sizeof(T) == (SIZE) && __INTADDR__(&((T*)0)->FIELD) == (OFFSET), \
-                  #T " does not match its #[repr(C)] mirror in the launcher")
-
 typedef __half f16;
 typedef __nv_bfloat16 bf16;
 typedef float f32;

@@ -20,21 +20,8 @@
 // 16-byte vectors per thread per iteration of the contiguous loops (bytes in flight)
 #define UNROLL 4
 
-struct EwArgs {
-    i64 n;
-    int ndim;
-    int op;
-    i64 shape[FK_MAX_DIMS];
-    i64 so[FK_MAX_DIMS];
-    i64 sa[FK_MAX_DIMS];
-    i64 sb[FK_MAX_DIMS];
-    u64 out, a, b;
-    double alpha_re, alpha_im, beta_re, beta_im;
-    int vec_ok;
-    int small_index;
-};
-FK_ARGS_LAYOUT(EwArgs, 336, out, 272);
-FK_ARGS_LAYOUT(EwArgs, 336, small_index, 332);
+// EwArgs, the kernels' argument: declared in src/cuda/elementwise.rs (kernel_args!),
+// its C definition ahead of this source.
 
 // ---------------------------------------------------------------- functors
 template <typename C> struct Scalars {

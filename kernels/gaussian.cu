@@ -139,14 +139,7 @@ __device__ __forceinline__ void backsolve(const Gauss<T>& g, T v0, T v1, T v2, T
 }
 
 // ---------------------------------------------------------------- Mahalanobis forward
-struct GsMahaFwdArgs {
-    u64 points, means, chol, out;
-    i64 B, N;
-    double eps;
-    int gx;        // threads along N (32..256, a power of two); GS_THREADS / gx along points
-    int pad;
-};
-FK_ARGS_LAYOUT(GsMahaFwdArgs, 64, gx, 56);
+// struct GsMahaFwdArgs: declared in src/cuda/gaussian.rs (kernel_args!), defined ahead of this source
 
 template <typename T>
 __device__ void maha_fwd(const GsMahaFwdArgs& a) {
@@ -179,14 +172,7 @@ __device__ void maha_fwd(const GsMahaFwdArgs& a) {
 }
 
 // ---------------------------------------------------------------- field forward
-struct GsFieldFwdArgs {
-    u64 points, means, chol, weights, out;
-    i64 B, N;
-    double eps, scale;
-    int gs;        // Gaussian splits inside a CTA: 1, 2, 4 or 8
-    int pad;
-};
-FK_ARGS_LAYOUT(GsFieldFwdArgs, 80, gs, 72);
+// struct GsFieldFwdArgs: declared in src/cuda/gaussian.rs (kernel_args!), defined ahead of this source
 
 template <typename T>
 __device__ void field_fwd(const GsFieldFwdArgs& a) {
@@ -257,20 +243,7 @@ __device__ void field_fwd(const GsFieldFwdArgs& a) {
 }
 
 // ---------------------------------------------------------------- backward
-struct GsBwdArgs {
-    u64 points, means, chol, weights;
-    u64 g;          // Mahalanobis: dL/dm [B,N]; field: dL/dout [B]
-    u64 part_p;     // [sg][3][B]: per-point sums of z' over split ig's Gaussians
-    u64 part_g;     // [sp][GS_K][N]: per-Gaussian sums over split ip's points
-    i64 B, N;
-    i64 n_pchunks;  // ceil(B / GS_BWD_CHUNK)
-    double eps, scale;
-    int n_gtiles;   // ceil(N / GS_BWD_TILE)
-    int sg, sp;     // splits of the Gaussian tiles (grid x) and point chunks (grid y)
-    int want_p, want_g;
-    int pad;
-};
-FK_ARGS_LAYOUT(GsBwdArgs, 120, want_g, 112);
+// struct GsBwdArgs: declared in src/cuda/gaussian.rs (kernel_args!), defined ahead of this source
 
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) {
@@ -441,14 +414,7 @@ __device__ void backward(const GsBwdArgs& a) {
 }
 
 // ---------------------------------------------------------------- finalize
-struct GsFinalizeArgs {
-    u64 part_p, part_g;
-    u64 dpoints, dmeans, dchol, dweights;   // each optional (0)
-    i64 B, N;
-    double inv_s, inv_s2;   // 1/s and 1/s^2 of the scaled coordinates
-    int sg, sp;
-};
-FK_ARGS_LAYOUT(GsFinalizeArgs, 88, sp, 84);
+// struct GsFinalizeArgs: declared in src/cuda/gaussian.rs (kernel_args!), defined ahead of this source
 
 template <typename T>
 __device__ void finalize(const GsFinalizeArgs& a) {

@@ -11,7 +11,7 @@
 //   mlp_epilogue_<t>     an MLP layer's y = act(z + b) and its saved derivative
 //                        information (ReLU bit mask, padded pre-activation)
 //   mlp_dz_<t>           dz = g * act'(saved) and column partials, for the MLP
-//   kron_<t>_w<W>        batched Kronecker product, W-element (16-byte) stores
+//   kron_w<W>_<t>        batched Kronecker product, W-element (16-byte) stores
 // Activation codes (FK_LA_ACT_*) come from the prelude fusekit prepends from the Rust
 // enum in src/ops/linalg.rs. GELU_TANH is the tanh approximation (cuBLASLt's
 // formula), GELU_ERF the exact 0.5 z (1 + erf(z / sqrt 2)); src/cpu/linalg.rs
@@ -49,19 +49,7 @@ __device__ __forceinline__ float act_f(int act, float z) {
 // ---------------------------------------------------------------- epilogue fallback
 // src: the GEMM's output (y itself: in place; or aux, already holding z when bias
 // is 0 and aux is 0 here).
-struct EpiArgs {
-    i64 m, n;
-    u64 src, y, bias, aux;
-    int act;
-};
-// the layout src/cuda/linalg/linear.rs asserts for its mirror
-FK_ARGS_LAYOUT(EpiArgs, 56, m, 0);
-FK_ARGS_LAYOUT(EpiArgs, 56, n, 8);
-FK_ARGS_LAYOUT(EpiArgs, 56, src, 16);
-FK_ARGS_LAYOUT(EpiArgs, 56, y, 24);
-FK_ARGS_LAYOUT(EpiArgs, 56, bias, 32);
-FK_ARGS_LAYOUT(EpiArgs, 56, aux, 40);
-FK_ARGS_LAYOUT(EpiArgs, 56, act, 48);
+// struct EpiArgs: declared in src/cuda/linalg/linear.rs (kernel_args!), defined ahead of this source
 
 template <typename T> __device__ void linear_epilogue(const EpiArgs& a) {
     const T* src = reinterpret_cast<const T*>(a.src);
@@ -78,21 +66,7 @@ template <typename T> __device__ void linear_epilogue(const EpiArgs& a) {
 }
 
 // ---------------------------------------------------------------- backward: dz, db
-struct DzArgs {
-    i64 m, n;
-    i64 rows_per_split;
-    u64 dy, saved, dz, partial;
-    int act;
-};
-// the layout src/cuda/linalg/linear.rs asserts for its mirror
-FK_ARGS_LAYOUT(DzArgs, 64, m, 0);
-FK_ARGS_LAYOUT(DzArgs, 64, n, 8);
-FK_ARGS_LAYOUT(DzArgs, 64, rows_per_split, 16);
-FK_ARGS_LAYOUT(DzArgs, 64, dy, 24);
-FK_ARGS_LAYOUT(DzArgs, 64, saved, 32);
-FK_ARGS_LAYOUT(DzArgs, 64, dz, 40);
-FK_ARGS_LAYOUT(DzArgs, 64, partial, 48);
-FK_ARGS_LAYOUT(DzArgs, 64, act, 56);
+// struct DzArgs: declared in src/cuda/linalg/linear.rs (kernel_args!), defined ahead of this source
 // linear_dz's block as src/cuda/linalg/linear.rs launches it (DZ_COLS, DZ_ROWS)
 static_assert(FK_LA_DZ_COLS == 32 && FK_LA_DZ_ROWS == 8 && FK_LA_DZ_COLS * FK_LA_DZ_ROWS == 256,
               "linear_dz: block (32, 8): sh[8][33], 32 columns and 8 row lanes, __launch_bounds__(256)");
@@ -147,15 +121,7 @@ template <typename T> __device__ void linear_dz(const DzArgs& a) {
                });
 }
 
-struct FinishArgs {
-    i64 n, splits;
-    u64 partial, out;
-};
-// the layout src/cuda/linalg/linear.rs asserts for its mirror
-FK_ARGS_LAYOUT(FinishArgs, 32, n, 0);
-FK_ARGS_LAYOUT(FinishArgs, 32, splits, 8);
-FK_ARGS_LAYOUT(FinishArgs, 32, partial, 16);
-FK_ARGS_LAYOUT(FinishArgs, 32, out, 24);
+// struct FinishArgs: declared in src/cuda/linalg/linear.rs (kernel_args!), defined ahead of this source
 
 template <typename T> __device__ void colsum_finish(const FinishArgs& a) {
     const float* p = reinterpret_cast<const float*>(a.partial);
@@ -177,21 +143,7 @@ template <typename T> __device__ void colsum_finish(const FinishArgs& a) {
 // mlp_epilogue: y = act(src + b) over [m, n] (src row pitch src_ld, y dense; src
 // may be y, in place), and z = src + b into aux when given (the mask for ReLU,
 // padding bits 0). One thread per 8 columns of a row (a mask byte).
-struct MlpEpiArgs {
-    i64 m, n, src_ld, aux_ld;
-    u64 src, y, bias, aux;
-    int act;
-};
-// the layout src/cuda/linalg/mlp.rs asserts for its mirror
-FK_ARGS_LAYOUT(MlpEpiArgs, 72, m, 0);
-FK_ARGS_LAYOUT(MlpEpiArgs, 72, n, 8);
-FK_ARGS_LAYOUT(MlpEpiArgs, 72, src_ld, 16);
-FK_ARGS_LAYOUT(MlpEpiArgs, 72, aux_ld, 24);
-FK_ARGS_LAYOUT(MlpEpiArgs, 72, src, 32);
-FK_ARGS_LAYOUT(MlpEpiArgs, 72, y, 40);
-FK_ARGS_LAYOUT(MlpEpiArgs, 72, bias, 48);
-FK_ARGS_LAYOUT(MlpEpiArgs, 72, aux, 56);
-FK_ARGS_LAYOUT(MlpEpiArgs, 72, act, 64);
+// struct MlpEpiArgs: declared in src/cuda/linalg/mlp.rs (kernel_args!), defined ahead of this source
 
 template <typename T> __device__ void mlp_epilogue(const MlpEpiArgs& a) {
     const T* src = reinterpret_cast<const T*>(a.src);
@@ -220,21 +172,7 @@ template <typename T> __device__ void mlp_epilogue(const MlpEpiArgs& a) {
 // mlp_dz: dz = g * act'(z) over [m, n] (g and dz dense; dz may be g: in place),
 // act' from aux as mlp_epilogue writes it, and per-split column sums of dz
 // (dz_colsums; the launch of linear_dz).
-struct MlpDzArgs {
-    i64 m, n, rows_per_split, aux_ld;
-    u64 g, aux, dz, partial;
-    int act;
-};
-// the layout src/cuda/linalg/mlp.rs asserts for its mirror
-FK_ARGS_LAYOUT(MlpDzArgs, 72, m, 0);
-FK_ARGS_LAYOUT(MlpDzArgs, 72, n, 8);
-FK_ARGS_LAYOUT(MlpDzArgs, 72, rows_per_split, 16);
-FK_ARGS_LAYOUT(MlpDzArgs, 72, aux_ld, 24);
-FK_ARGS_LAYOUT(MlpDzArgs, 72, g, 32);
-FK_ARGS_LAYOUT(MlpDzArgs, 72, aux, 40);
-FK_ARGS_LAYOUT(MlpDzArgs, 72, dz, 48);
-FK_ARGS_LAYOUT(MlpDzArgs, 72, partial, 56);
-FK_ARGS_LAYOUT(MlpDzArgs, 72, act, 64);
+// struct MlpDzArgs: declared in src/cuda/linalg/mlp.rs (kernel_args!), defined ahead of this source
 
 template <typename T> __device__ void mlp_dz(const MlpDzArgs& a) {
     const unsigned char* bits = reinterpret_cast<const unsigned char*>(a.aux);
@@ -271,45 +209,7 @@ template <typename T> __device__ void mlp_dz(const MlpDzArgs& a) {
 // SPLIT (complex output aligned only to its components): each element stored as its
 // two components. Loads of a and b go through the components too (an element's
 // alignment is never assumed beyond its components').
-struct KronArgs {
-    i64 batch, m, n, p, q;
-    i64 sa0, sa1, sa2, sb0, sb1, sb2;
-    u64 a, b, out;
-    i64 cols;      // n * q
-    i64 units;     // store units per output row (cols / W)
-    i64 rows;      // rows of a per lane and task
-    i64 s_blocks;  // ceil(p / bs)
-    i64 i_chunks;  // ceil(m / (rows * il))
-    i64 tasks;     // batch * i_chunks * s_blocks
-    int bs, il;    // blockDim.y = bs * il
-    int uniform;   // q % W == 0: the W columns of a unit lie in one segment (one a element)
-    int small;     // cols, tasks < 2^32: 32-bit divisions in the setup
-};
-// the layout src/cuda/linalg/kron.rs asserts for its mirror
-FK_ARGS_LAYOUT(KronArgs, 176, batch, 0);
-FK_ARGS_LAYOUT(KronArgs, 176, m, 8);
-FK_ARGS_LAYOUT(KronArgs, 176, n, 16);
-FK_ARGS_LAYOUT(KronArgs, 176, p, 24);
-FK_ARGS_LAYOUT(KronArgs, 176, q, 32);
-FK_ARGS_LAYOUT(KronArgs, 176, sa0, 40);
-FK_ARGS_LAYOUT(KronArgs, 176, sa1, 48);
-FK_ARGS_LAYOUT(KronArgs, 176, sa2, 56);
-FK_ARGS_LAYOUT(KronArgs, 176, sb0, 64);
-FK_ARGS_LAYOUT(KronArgs, 176, sb1, 72);
-FK_ARGS_LAYOUT(KronArgs, 176, sb2, 80);
-FK_ARGS_LAYOUT(KronArgs, 176, a, 88);
-FK_ARGS_LAYOUT(KronArgs, 176, b, 96);
-FK_ARGS_LAYOUT(KronArgs, 176, out, 104);
-FK_ARGS_LAYOUT(KronArgs, 176, cols, 112);
-FK_ARGS_LAYOUT(KronArgs, 176, units, 120);
-FK_ARGS_LAYOUT(KronArgs, 176, rows, 128);
-FK_ARGS_LAYOUT(KronArgs, 176, s_blocks, 136);
-FK_ARGS_LAYOUT(KronArgs, 176, i_chunks, 144);
-FK_ARGS_LAYOUT(KronArgs, 176, tasks, 152);
-FK_ARGS_LAYOUT(KronArgs, 176, bs, 160);
-FK_ARGS_LAYOUT(KronArgs, 176, il, 164);
-FK_ARGS_LAYOUT(KronArgs, 176, uniform, 168);
-FK_ARGS_LAYOUT(KronArgs, 176, small, 172);
+// struct KronArgs: declared in src/cuda/linalg/kron.rs (kernel_args!), defined ahead of this source
 // the block src/cuda/linalg/kron.rs launches has at most KRON_THREADS threads
 static_assert(FK_LA_KRON_THREADS == 256, "kron kernels: __launch_bounds__(256)");
 
@@ -439,14 +339,14 @@ FK_MLP_KERNELS(f16)
 FK_MLP_KERNELS(bf16)
 FK_MLP_KERNELS(f32)
 
-// kron_<t>_w<W>: W elements per store (16 bytes at most); kron_<t>_split: complex
+// kron_w<W>_<t>: W elements per store (16 bytes at most); kron_split_<t>: complex
 // output aligned only to its components.
 #define FK_KRON_KERNEL(T, W)                                                               \
-    extern "C" __global__ void __launch_bounds__(256) kron_##T##_w##W(KronArgs a) {       \
+    extern "C" __global__ void __launch_bounds__(256) kron_w##W##_##T(KronArgs a) {       \
         kron<T, W, false>(a);                                                              \
     }
 #define FK_KRON_SPLIT(T) \
-    extern "C" __global__ void __launch_bounds__(256) kron_##T##_split(KronArgs a) { kron<T, 1, true>(a); }
+    extern "C" __global__ void __launch_bounds__(256) kron_split_##T(KronArgs a) { kron<T, 1, true>(a); }
 FK_KRON_KERNEL(f16, 8)
 FK_KRON_KERNEL(f16, 4)
 FK_KRON_KERNEL(f16, 2)

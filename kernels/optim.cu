@@ -55,14 +55,7 @@ __device__ double block_reduce(double v, int is_max) {
 }
 
 // ---------------------------------------------------------------- Newton iteration
-struct PartialArgs {
-    i64 n, batch, chunks;
-    u64 src;
-    double shift;
-    u64 partial;  // double [batch, chunks]
-    int mode;     // 0: sum of squares, 1: max |v|
-};
-FK_ARGS_LAYOUT(PartialArgs, 56, mode, 48);
+// struct PartialArgs: declared in src/cuda/optim.rs (kernel_args!), defined ahead of this source
 
 // grid (chunks, min(batch, 65535)); chunk c takes rows c, c + chunks, ...
 template <typename T> __device__ void mp_partials(const PartialArgs& a) {
@@ -82,14 +75,7 @@ template <typename T> __device__ void mp_partials(const PartialArgs& a) {
     }
 }
 
-struct FinishArgs {
-    i64 batch, chunks;
-    u64 partial;
-    u64 out;  // mode 0: double [batch, 2] = (z, z^(1/p)); mode 1: double [batch]
-    int mode;
-    int p;
-};
-FK_ARGS_LAYOUT(FinishArgs, 40, p, 36);
+// struct FinishArgs: declared in src/cuda/optim.rs (kernel_args!), defined ahead of this source
 
 extern "C" __global__ void mp_finish(FinishArgs a) {
     for (i64 b = (i64)blockIdx.x * blockDim.x + threadIdx.x; b < a.batch; b += (i64)gridDim.x * blockDim.x) {
@@ -109,13 +95,7 @@ extern "C" __global__ void mp_finish(FinishArgs a) {
     }
 }
 
-struct StartArgs {
-    i64 n, batch;
-    u64 a, x, m;
-    u64 scale;  // double [batch, 2] from mp_finish
-    double eps;
-};
-FK_ARGS_LAYOUT(StartArgs, 56, eps, 48);
+// struct StartArgs: declared in src/cuda/optim.rs (kernel_args!), defined ahead of this source
 
 template <typename T> __device__ void mp_start(const StartArgs& a) {
     const i64 rows = a.batch * a.n;
@@ -133,12 +113,7 @@ template <typename T> __device__ void mp_start(const StartArgs& a) {
     }
 }
 
-struct AffineArgs {
-    i64 n, batch;
-    u64 m, t;
-    int p;
-};
-FK_ARGS_LAYOUT(AffineArgs, 40, p, 32);
+// struct AffineArgs: declared in src/cuda/optim.rs (kernel_args!), defined ahead of this source
 
 template <typename T> __device__ void mp_affine(const AffineArgs& a) {
     const i64 rows = a.batch * a.n;
@@ -152,12 +127,7 @@ template <typename T> __device__ void mp_affine(const AffineArgs& a) {
 }
 
 // ---------------------------------------------------------------- eigendecomposition
-struct EigPrepArgs {
-    i64 n, batch;
-    u64 a, q;
-    double eps;
-};
-FK_ARGS_LAYOUT(EigPrepArgs, 40, eps, 32);
+// struct EigPrepArgs: declared in src/cuda/optim.rs (kernel_args!), defined ahead of this source
 
 template <typename T> __device__ void eig_prepare(const EigPrepArgs& a) {
     const i64 rows = a.batch * a.n;
@@ -169,12 +139,7 @@ template <typename T> __device__ void eig_prepare(const EigPrepArgs& a) {
     }
 }
 
-struct EigScaleArgs {
-    i64 n, batch;
-    u64 q, w, s;
-    double power, eps;
-};
-FK_ARGS_LAYOUT(EigScaleArgs, 56, eps, 48);
+// struct EigScaleArgs: declared in src/cuda/optim.rs (kernel_args!), defined ahead of this source
 
 // Row j of matrix b of q is eigenvector j (cuSOLVER's column-major output); w holds
 // the eigenvalues in ascending order, so w[b][0] is the smallest.
@@ -193,11 +158,7 @@ template <typename T> __device__ void eig_scale(const EigScaleArgs& a) {
 }
 
 // ---------------------------------------------------------------- symmetric mirror
-struct MirrorArgs {
-    i64 n, batch, tiles;  // tiles per side
-    u64 m;
-};
-FK_ARGS_LAYOUT(MirrorArgs, 32, m, 24);
+// struct MirrorArgs: declared in src/cuda/optim.rs (kernel_args!), defined ahead of this source
 
 // Block (32, 8) per 32x32 tile (ti, tj) with ti >= tj (blockIdx.x enumerates the
 // lower tiles, blockIdx.y grid-strides the batch): tile (ti, tj) of the lower
@@ -227,12 +188,7 @@ template <typename T> __device__ void sym_mirror(const MirrorArgs& a) {
 }
 
 // ---------------------------------------------------------------- per-sample gradients
-struct OuterArgs {
-    i64 batch, din, dout;
-    u64 a, g, out;
-    int vec;  // 1: din % (16 / sizeof(T)) == 0 and every pointer 16-byte aligned
-};
-FK_ARGS_LAYOUT(OuterArgs, 56, vec, 48);
+// struct OuterArgs: declared in src/cuda/optim.rs (kernel_args!), defined ahead of this source
 
 template <typename T, typename V> __device__ void ps_outer(const OuterArgs& p) {
     const i64 rows = p.batch * p.dout;
@@ -258,14 +214,7 @@ template <typename T, typename V> __device__ void ps_outer(const OuterArgs& p) {
     }
 }
 
-struct NormArgs {
-    i64 batch, din, dout;
-    u64 a, g;
-    u64 norms;  // T [batch] or 0
-    u64 gs;     // T [batch, dout] scaled g, or 0 (norms only)
-    double max_norm;
-};
-FK_ARGS_LAYOUT(NormArgs, 64, max_norm, 56);
+// struct NormArgs: declared in src/cuda/optim.rs (kernel_args!), defined ahead of this source
 
 __device__ __forceinline__ double clip_scale(double sq, double max_norm) {
     double norm = sqrt(sq);
@@ -432,11 +381,7 @@ template <typename T, typename V> __device__ void ps_norms_warp(const NormArgs& 
     }
 }
 
-struct GramArgs {
-    i64 batch, tt;  // tt = T * T
-    u64 ga, gg, norms;
-};
-FK_ARGS_LAYOUT(GramArgs, 40, norms, 32);
+// struct GramArgs: declared in src/cuda/optim.rs (kernel_args!), defined ahead of this source
 
 template <typename T> __device__ void ps_gram_dot(const GramArgs& p) {
     for (i64 b = blockIdx.x; b < p.batch; b += gridDim.x) {
@@ -449,12 +394,7 @@ template <typename T> __device__ void ps_gram_dot(const GramArgs& p) {
     }
 }
 
-struct ScaleRowsArgs {
-    i64 batch, per_sample;  // elements of g per sample (T * dout)
-    u64 g, gs, norms;
-    double max_norm;
-};
-FK_ARGS_LAYOUT(ScaleRowsArgs, 48, max_norm, 40);
+// struct ScaleRowsArgs: declared in src/cuda/optim.rs (kernel_args!), defined ahead of this source
 
 template <typename T> __device__ void ps_scale_rows(const ScaleRowsArgs& p) {
     for (i64 b = blockIdx.x; b < p.batch; b += gridDim.x) {

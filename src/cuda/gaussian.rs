@@ -5,9 +5,8 @@ use std::ffi::c_void;
 use cudarc::driver::sys;
 
 use super::CudaDevice;
-use super::launch::{
-    Names, assert_layout, defines, dtype_modules, kernel_suffix, launch, per_dtype,
-};
+use super::kargs::{KernelArgs as _, c_structs, kernel_args};
+use super::launch::{Names, defines, dtype_modules, kernel_suffix, launch, per_dtype};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, FK_ERROR_NULL_POINTER, Result};
 use crate::ops::Addr;
@@ -42,8 +41,8 @@ const MAHA_CHUNK: i64 = 64;
 /// Per-Gaussian partial sums: z (3), z y^T lower (6), dweights.
 const K: i64 = 10;
 
-/// A module's source: the element type selector, the launch constants, then
-/// `kernels/gaussian.cu`.
+/// A module's source: the element type selector, the launch constants, the argument
+/// structs, then `kernels/gaussian.cu`.
 fn source(d: DType) -> String {
     format!("#define FK_GS_{} 1\n", kernel_suffix(d))
         + &defines(&[
@@ -55,6 +54,12 @@ fn source(d: DType) -> String {
             ("GS_BWD_CHUNK", BWD_CHUNK),
             ("GS_MAHA_CHUNK", MAHA_CHUNK),
             ("GS_K", K),
+        ])
+        + &c_structs(&[
+            GsMahaFwdArgs::c_struct,
+            GsFieldFwdArgs::c_struct,
+            GsBwdArgs::c_struct,
+            GsFinalizeArgs::c_struct,
         ])
         + include_str!("../../kernels/gaussian.cu")
 }
@@ -130,20 +135,21 @@ fn memset_zero(dev: &CudaDevice, ptr: Option<Addr>, bytes: usize, stream: &Strea
         .cuda("cuMemsetD8Async")
 }
 
-#[repr(C)]
-struct MahaFwdArgs {
-    points: u64,
-    means: u64,
-    chol: u64,
-    out: u64,
-    b: i64,
-    n: i64,
-    eps: f64,
-    gx: i32,
-    pad: i32,
+kernel_args! {
+    /// The Mahalanobis forward's argument.
+    struct GsMahaFwdArgs {
+        points: u64,
+        means: u64,
+        chol: u64,
+        out: u64,
+        B: i64,
+        N: i64,
+        eps: f64,
+        /// threads along N (32..256, a power of two); `GS_THREADS / gx` along points
+        gx: i32,
+        pad: i32,
+    }
 }
-// Mirrors `GsMahaFwdArgs` (kernels/gaussian.cu asserts the same layout).
-assert_layout! {MahaFwdArgs, 64, points = 0, means = 8, chol = 16, out = 24, b = 32, n = 40, eps = 48, gx = 56, pad = 60}
 
 pub fn mahalanobis_forward(
     dev: &CudaDevice,
@@ -155,13 +161,13 @@ pub fn mahalanobis_forward(
     let gx = (inp.n.clamp(1, THREADS as i64) as u64)
         .next_power_of_two()
         .max(32) as i64;
-    let mut a = MahaFwdArgs {
+    let mut a = GsMahaFwdArgs {
         points: raw(inp.points),
         means: raw(inp.means),
         chol: raw(inp.chol),
         out: raw(out),
-        b: inp.b,
-        n: inp.n,
+        B: inp.b,
+        N: inp.n,
         eps: inp.eps,
         gx: gx as i32,
         pad: 0,
@@ -169,7 +175,7 @@ pub fn mahalanobis_forward(
     let grid_x = (inp.n + gx - 1) / gx;
     let chunks = (inp.b + MAHA_CHUNK - 1) / MAHA_CHUNK;
     let grid_y = chunks.clamp(1, 65535);
-    let mut params = [&mut a as *mut MahaFwdArgs as *mut c_void];
+    let mut params = [&mut a as *mut GsMahaFwdArgs as *mut c_void];
     launch(
         dev,
         MODULE.get(inp.dtype)?,
@@ -182,22 +188,23 @@ pub fn mahalanobis_forward(
     )
 }
 
-#[repr(C)]
-struct FieldFwdArgs {
-    points: u64,
-    means: u64,
-    chol: u64,
-    weights: u64,
-    out: u64,
-    b: i64,
-    n: i64,
-    eps: f64,
-    scale: f64,
-    gs: i32,
-    pad: i32,
+kernel_args! {
+    /// The field forward's argument.
+    struct GsFieldFwdArgs {
+        points: u64,
+        means: u64,
+        chol: u64,
+        weights: u64,
+        out: u64,
+        B: i64,
+        N: i64,
+        eps: f64,
+        scale: f64,
+        /// Gaussian splits inside a CTA: 1, 2, 4 or 8
+        gs: i32,
+        pad: i32,
+    }
 }
-// Mirrors `GsFieldFwdArgs` (kernels/gaussian.cu asserts the same layout).
-assert_layout! {FieldFwdArgs, 80, points = 0, means = 8, chol = 16, weights = 24, out = 32, b = 40, n = 48, eps = 56, scale = 64, gs = 72, pad = 76}
 
 /// Gaussian splits inside a CTA of the field forward: the smallest of 1, 2, 4, 8
 /// that gives at least 256 CTAs (a function of `B` only).
@@ -221,21 +228,21 @@ pub fn field_forward(
 ) -> Result<()> {
     let gs = field_splits(inp.b);
     let per_cta = (THREADS as i64 / gs) * FWD_PPT;
-    let mut a = FieldFwdArgs {
+    let mut a = GsFieldFwdArgs {
         points: raw(inp.points),
         means: raw(inp.means),
         chol: raw(inp.chol),
         weights: raw(inp.weights),
         out: raw(out),
-        b: inp.b,
-        n: inp.n,
+        B: inp.b,
+        N: inp.n,
         eps: inp.eps,
         scale: field_scale(),
         gs: gs as i32,
         pad: 0,
     };
     let grid = (inp.b + per_cta - 1) / per_cta;
-    let mut params = [&mut a as *mut FieldFwdArgs as *mut c_void];
+    let mut params = [&mut a as *mut GsFieldFwdArgs as *mut c_void];
     launch(
         dev,
         MODULE.get(inp.dtype)?,
@@ -248,47 +255,57 @@ pub fn field_forward(
     )
 }
 
-#[repr(C)]
-struct BwdArgs {
-    points: u64,
-    means: u64,
-    chol: u64,
-    weights: u64,
-    g: u64,
-    part_p: u64,
-    part_g: u64,
-    b: i64,
-    n: i64,
-    n_pchunks: i64,
-    eps: f64,
-    scale: f64,
-    n_gtiles: i32,
-    sg: i32,
-    sp: i32,
-    want_p: i32,
-    want_g: i32,
-    pad: i32,
+kernel_args! {
+    /// Both backwards' argument.
+    struct GsBwdArgs {
+        points: u64,
+        means: u64,
+        chol: u64,
+        weights: u64,
+        /// Mahalanobis: dL/dm `[B,N]`; field: dL/dout `[B]`
+        g: u64,
+        /// `[sg][3][B]`: per-point sums of z' over split ig's Gaussians
+        part_p: u64,
+        /// `[sp][GS_K][N]`: per-Gaussian sums over split ip's points
+        part_g: u64,
+        B: i64,
+        N: i64,
+        /// ceil(B / GS_BWD_CHUNK)
+        n_pchunks: i64,
+        eps: f64,
+        scale: f64,
+        /// ceil(N / GS_BWD_TILE)
+        n_gtiles: i32,
+        /// splits of the Gaussian tiles (grid x)
+        sg: i32,
+        /// splits of the point chunks (grid y)
+        sp: i32,
+        want_p: i32,
+        want_g: i32,
+        pad: i32,
+    }
 }
-// Mirrors `GsBwdArgs` (kernels/gaussian.cu asserts the same layout).
-assert_layout! {BwdArgs, 120, points = 0, means = 8, chol = 16, weights = 24, g = 32, part_p = 40, part_g = 48, b = 56, n = 64, n_pchunks = 72, eps = 80, scale = 88, n_gtiles = 96, sg = 100, sp = 104, want_p = 108, want_g = 112, pad = 116}
 
-#[repr(C)]
-struct FinalizeArgs {
-    part_p: u64,
-    part_g: u64,
-    dpoints: u64,
-    dmeans: u64,
-    dchol: u64,
-    dweights: u64,
-    b: i64,
-    n: i64,
-    inv_s: f64,
-    inv_s2: f64,
-    sg: i32,
-    sp: i32,
+kernel_args! {
+    /// The backward's finalize kernel's argument.
+    struct GsFinalizeArgs {
+        part_p: u64,
+        part_g: u64,
+        /// each optional (0)
+        dpoints: u64,
+        dmeans: u64,
+        dchol: u64,
+        dweights: u64,
+        B: i64,
+        N: i64,
+        /// 1/s of the scaled coordinates
+        inv_s: f64,
+        /// 1/s^2
+        inv_s2: f64,
+        sg: i32,
+        sp: i32,
+    }
 }
-// Mirrors `GsFinalizeArgs` (kernels/gaussian.cu asserts the same layout).
-assert_layout! {FinalizeArgs, 88, part_p = 0, part_g = 8, dpoints = 16, dmeans = 24, dchol = 32, dweights = 40, b = 48, n = 56, inv_s = 64, inv_s2 = 72, sg = 80, sp = 84}
 
 /// Both backwards: `field` selects the fused field backward (`g` is `dout [B]`)
 /// over the Mahalanobis one (`g` is `[B,N]`). `ws` is the caller's workspace.
@@ -325,7 +342,7 @@ pub fn backward(
         (part_p, part_p.byte_add(pp_elems as u64 * sz as u64))
     };
     let scale = if field { field_scale() } else { 1.0 };
-    let mut a = BwdArgs {
+    let mut a = GsBwdArgs {
         points: raw(inp.points),
         means: raw(inp.means),
         chol: raw(inp.chol),
@@ -333,8 +350,8 @@ pub fn backward(
         g: raw(g),
         part_p: part_p.get(),
         part_g: part_g.get(),
-        b,
-        n,
+        B: b,
+        N: n,
         n_pchunks: plan.n_pchunks,
         eps: inp.eps,
         scale,
@@ -346,7 +363,7 @@ pub fn backward(
         pad: 0,
     };
     let kernel = if field { BWD_FIELD } else { BWD_MAHA }.get(inp.dtype)?;
-    let mut params = [&mut a as *mut BwdArgs as *mut c_void];
+    let mut params = [&mut a as *mut GsBwdArgs as *mut c_void];
     launch(
         dev,
         MODULE.get(inp.dtype)?,
@@ -357,15 +374,15 @@ pub fn backward(
         stream.raw,
         &mut params,
     )?;
-    let mut f = FinalizeArgs {
+    let mut f = GsFinalizeArgs {
         part_p: part_p.get(),
         part_g: part_g.get(),
         dpoints: raw(grads.dpoints),
         dmeans: raw(grads.dmeans),
         dchol: raw(grads.dchol),
         dweights: raw(grads.dweights),
-        b,
-        n,
+        B: b,
+        N: n,
         inv_s: 1.0 / scale,
         inv_s2: 1.0 / (scale * scale),
         sg: plan.sg as i32,
@@ -373,7 +390,7 @@ pub fn backward(
     };
     let items = (b * 3).max(n);
     let grid = super::launch::grid_for(dev, items);
-    let mut params = [&mut f as *mut FinalizeArgs as *mut c_void];
+    let mut params = [&mut f as *mut GsFinalizeArgs as *mut c_void];
     launch(
         dev,
         MODULE.get(inp.dtype)?,

@@ -11,8 +11,10 @@ use crate::error::{CudaContext as _, FK_ERROR_UNSUPPORTED_DTYPE, Result};
 // ------------------------------------------------------------------ kernel names
 //
 // One naming scheme for every family: a kernel (or module) built once per element
-// type is named `{base}_{suffix}`, the suffix `kernel_suffix(dtype)`
-// (`gs_maha_fwd_f32`, `elementwise_c128`). `per_dtype!("base": f32, f64)` lists
+// type is named `{base}_{suffix}`, the suffix `kernel_suffix(dtype)` last and every
+// other qualifier (variant, store, tile) in the base (`gs_maha_fwd_f32`,
+// `elementwise_c128`, `kron_w4_f32`, `geo_chr_fwd_tc_r32_d8_f32`; docs/architecture.md).
+// `per_dtype!("base": f32, f64)` lists
 // the dtypes it is built for, as static strings; `Names::get` looks one up and an
 // element type it was not built for is an error, never another dtype's kernel.
 
@@ -56,9 +58,13 @@ impl Names {
 }
 
 /// `per_dtype!("gs_maha_fwd": f32, f64)`: the `Names` `gs_maha_fwd_f32`,
-/// `gs_maha_fwd_f64` (suffixes spelled as `kernel_suffix`, checked by a test).
+/// `gs_maha_fwd_f64` (suffixes spelled as `kernel_suffix`, checked by a test); a base
+/// built by `concat!` goes in brackets: `per_dtype!([concat!("kron_", "w8")]: f16)`.
 macro_rules! per_dtype {
     ($base:literal: $($dt:ident),+ $(,)?) => {
+        $crate::cuda::launch::per_dtype!([$base]: $($dt),+)
+    };
+    ([$base:expr]: $($dt:ident),+ $(,)?) => {
         $crate::cuda::launch::Names {
             base: $base,
             names: &[$(($crate::cuda::launch::per_dtype!(@dtype $dt), concat!($base, "_", stringify!($dt)))),+],
@@ -96,18 +102,6 @@ pub fn defines(defs: &[(&str, i64)]) -> String {
         .map(|(name, v)| format!("#define {name} {v}\n"))
         .collect()
 }
-
-/// `assert_layout!(BwdArgs, 120, b = 56, want_g = 112)`: a compile-time check of a
-/// `#[repr(C)]` kernel argument struct's size and field offsets, the Rust side of
-/// the pair whose kernel side is `FK_ARGS_LAYOUT` (kernels/common.cuh).
-macro_rules! assert_layout {
-    ($t:ty, $size:expr, $($f:ident = $o:expr),+ $(,)?) => {
-        const _: () = assert!(
-            std::mem::size_of::<$t>() == $size $(&& std::mem::offset_of!($t, $f) == $o)+
-        );
-    };
-}
-pub(crate) use assert_layout;
 
 /// Threads per block of the memory-bound grid-stride kernels.
 pub(crate) const BLOCK: u32 = 256;

@@ -12,6 +12,7 @@ pub(crate) mod dynlib;
 pub mod elementwise;
 pub mod gaussian;
 pub mod geodesic;
+pub(crate) mod kargs;
 pub mod launch;
 pub mod linalg;
 pub mod nccl;

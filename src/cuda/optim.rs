@@ -10,7 +10,8 @@ use cudarc::driver::LaunchConfig;
 use cudarc::driver::sys as ds;
 
 use super::cublas::{self, Slot};
-use super::launch::{BLOCK, Names, assert_layout, defines, launch, launch_ex, per_dtype};
+use super::kargs::{KernelArgs as _, c_structs, kernel_args};
+use super::launch::{BLOCK, Names, defines, launch, launch_ex, per_dtype};
 use super::{CudaDevice, Workspace};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, Result};
@@ -29,11 +30,24 @@ pub const MODULES: [(&str, fn() -> String); 1] = [(MODULE, source)];
 /// row): its `__launch_bounds__`.
 const VEC_MAX_BLOCK: i64 = 1024;
 
-/// The module's source: the launch constants as #defines, then `kernels/optim.cu`.
+/// The module's source: the launch constants as #defines, the argument structs, then
+/// `kernels/optim.cu`.
 fn source() -> String {
     defines(&[
         ("FK_BLOCK", BLOCK as i64),
         ("PS_VEC_MAX_BLOCK", VEC_MAX_BLOCK),
+    ]) + &c_structs(&[
+        PartialArgs::c_struct,
+        FinishArgs::c_struct,
+        StartArgs::c_struct,
+        AffineArgs::c_struct,
+        EigPrepArgs::c_struct,
+        EigScaleArgs::c_struct,
+        MirrorArgs::c_struct,
+        OuterArgs::c_struct,
+        NormArgs::c_struct,
+        GramArgs::c_struct,
+        ScaleRowsArgs::c_struct,
     ]) + include_str!("../../kernels/optim.cu")
 }
 
@@ -49,6 +63,129 @@ const PS_NORMS_VEC: Names = per_dtype!("ps_norms_vec": f32, f64);
 const PS_NORMS_WARP: Names = per_dtype!("ps_norms_warp": f32, f64);
 const PS_GRAM_DOT: Names = per_dtype!("ps_gram_dot": f32, f64);
 const PS_SCALE_ROWS: Names = per_dtype!("ps_scale_rows": f32, f64);
+
+// The kernels' argument structs, in kernels/optim.cu's order.
+kernel_args! {
+    struct PartialArgs {
+        n: i64,
+        batch: i64,
+        chunks: i64,
+        src: u64,
+        shift: f64,
+        /// double [batch, chunks]
+        partial: u64,
+        /// 0: sum of squares, 1: max |v|
+        mode: i32,
+    }
+}
+kernel_args! {
+    struct FinishArgs {
+        batch: i64,
+        chunks: i64,
+        partial: u64,
+        /// mode 0: double [batch, 2] = (z, z^(1/p)); mode 1: double [batch]
+        out: u64,
+        mode: i32,
+        p: i32,
+    }
+}
+kernel_args! {
+    struct StartArgs {
+        n: i64,
+        batch: i64,
+        a: u64,
+        x: u64,
+        m: u64,
+        /// double [batch, 2] from mp_finish
+        scale: u64,
+        eps: f64,
+    }
+}
+kernel_args! {
+    struct AffineArgs {
+        n: i64,
+        batch: i64,
+        m: u64,
+        t: u64,
+        p: i32,
+    }
+}
+kernel_args! {
+    struct EigPrepArgs {
+        n: i64,
+        batch: i64,
+        a: u64,
+        q: u64,
+        eps: f64,
+    }
+}
+kernel_args! {
+    struct EigScaleArgs {
+        n: i64,
+        batch: i64,
+        q: u64,
+        w: u64,
+        s: u64,
+        power: f64,
+        eps: f64,
+    }
+}
+kernel_args! {
+    struct MirrorArgs {
+        /// tiles per side
+        n: i64,
+        batch: i64,
+        tiles: i64,
+        m: u64,
+    }
+}
+kernel_args! {
+    struct OuterArgs {
+        batch: i64,
+        din: i64,
+        dout: i64,
+        a: u64,
+        g: u64,
+        out: u64,
+        /// 1: din % (16 / sizeof(T)) == 0 and every pointer 16-byte aligned
+        vec: i32,
+    }
+}
+kernel_args! {
+    struct NormArgs {
+        batch: i64,
+        din: i64,
+        dout: i64,
+        a: u64,
+        g: u64,
+        /// T [batch] or 0
+        norms: u64,
+        /// T [batch, dout] scaled g, or 0 (norms only)
+        gs: u64,
+        max_norm: f64,
+    }
+}
+kernel_args! {
+    struct GramArgs {
+        /// tt = T * T
+        batch: i64,
+        tt: i64,
+        ga: u64,
+        gg: u64,
+        norms: u64,
+    }
+}
+kernel_args! {
+    struct ScaleRowsArgs {
+        /// elements of g per sample (T * dout)
+        batch: i64,
+        per_sample: i64,
+        g: u64,
+        gs: u64,
+        norms: u64,
+        max_norm: f64,
+    }
+}
 
 /// Blocks of a row loop over `rows` rows (each block takes whole rows).
 fn row_grid(dev: &CudaDevice, rows: i64) -> u32 {
@@ -91,15 +228,6 @@ fn run<A>(
 
 /// `q = A + eps I` (kernel `eig_prepare`).
 fn shifted(dev: &CudaDevice, plan: &PowPlan, q: Addr, stream: usize) -> Result<()> {
-    #[repr(C)]
-    struct EigPrepArgs {
-        n: i64,
-        batch: i64,
-        a: u64,
-        q: u64,
-        eps: f64,
-    }
-    assert_layout! {EigPrepArgs, 40, n = 0, batch = 8, a = 16, q = 24, eps = 32}
     let mut pa = EigPrepArgs {
         n: plan.n,
         batch: plan.batch,
@@ -165,17 +293,6 @@ impl<'a> Ops<'a> {
             .clamp(1, plan.n.max(1))
             .min(256);
         let partial = self.alloc((plan.batch * chunks) as usize * 8)?;
-        #[repr(C)]
-        struct PartialArgs {
-            n: i64,
-            batch: i64,
-            chunks: i64,
-            src: u64,
-            shift: f64,
-            partial: u64,
-            mode: i32,
-        }
-        assert_layout! {PartialArgs, 56, n = 0, batch = 8, chunks = 16, src = 24, shift = 32, partial = 40, mode = 48}
         let mut a = PartialArgs {
             n: plan.n,
             batch: plan.batch,
@@ -194,16 +311,6 @@ impl<'a> Ops<'a> {
             self.stream,
             &mut a,
         )?;
-        #[repr(C)]
-        struct FinishArgs {
-            batch: i64,
-            chunks: i64,
-            partial: u64,
-            out: u64,
-            mode: i32,
-            p: i32,
-        }
-        assert_layout! {FinishArgs, 40, batch = 0, chunks = 8, partial = 16, out = 24, mode = 32, p = 36}
         let mut f = FinishArgs {
             batch: plan.batch,
             chunks,
@@ -237,17 +344,6 @@ impl crate::ops::optim::MatOps for Ops<'_> {
     fn newton_start(&self, plan: &PowPlan, p: u32, x: Addr, m: Addr) -> Result<()> {
         let scale = self.alloc(plan.batch as usize * 16)?;
         self.reduce(plan, plan.a, plan.eps, 0, p, scale.addr)?;
-        #[repr(C)]
-        struct StartArgs {
-            n: i64,
-            batch: i64,
-            a: u64,
-            x: u64,
-            m: u64,
-            scale: u64,
-            eps: f64,
-        }
-        assert_layout! {StartArgs, 56, n = 0, batch = 8, a = 16, x = 24, m = 32, scale = 40, eps = 48}
         let mut a = StartArgs {
             n: plan.n,
             batch: plan.batch,
@@ -272,15 +368,6 @@ impl crate::ops::optim::MatOps for Ops<'_> {
     }
 
     fn newton_step_matrix(&self, plan: &PowPlan, p: u32, m: Addr, t: Addr) -> Result<()> {
-        #[repr(C)]
-        struct AffineArgs {
-            n: i64,
-            batch: i64,
-            m: u64,
-            t: u64,
-            p: i32,
-        }
-        assert_layout! {AffineArgs, 40, n = 0, batch = 8, m = 16, t = 24, p = 32}
         let mut a = AffineArgs {
             n: plan.n,
             batch: plan.batch,
@@ -339,17 +426,6 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
     let info = super::cusolver::syev_batched(
         dev, stream.raw, plan.dtype, plan.n, plan.batch, q.addr, w.addr,
     )?;
-    #[repr(C)]
-    struct EigScaleArgs {
-        n: i64,
-        batch: i64,
-        q: u64,
-        w: u64,
-        s: u64,
-        power: f64,
-        eps: f64,
-    }
-    assert_layout! {EigScaleArgs, 56, n = 0, batch = 8, q = 16, w = 24, s = 32, power = 40, eps = 48}
     let mut sa = EigScaleArgs {
         n: plan.n,
         batch: plan.batch,
@@ -420,14 +496,6 @@ fn mirror(
     if n <= 1 {
         return Ok(());
     }
-    #[repr(C)]
-    struct MirrorArgs {
-        n: i64,
-        batch: i64,
-        tiles: i64,
-        m: u64,
-    }
-    assert_layout! {MirrorArgs, 32, n = 0, batch = 8, tiles = 16, m = 24}
     let tiles = (n + 31) / 32;
     let mut a = MirrorArgs {
         n,
@@ -550,17 +618,6 @@ pub fn per_sample_grads(
         let ops = Ops::new(dev, stream)?;
         return crate::ops::optim::MatOps::gemm(&ops, &p.grads_gemm(out));
     }
-    #[repr(C)]
-    struct OuterArgs {
-        batch: i64,
-        din: i64,
-        dout: i64,
-        a: u64,
-        g: u64,
-        out: u64,
-        vec: i32,
-    }
-    assert_layout! {OuterArgs, 56, batch = 0, din = 8, dout = 16, a = 24, g = 32, out = 40, vec = 48}
     let w = 16 / p.dtype.size() as i64;
     let vec = p.din % w == 0 && raw(p.a) % 16 == 0 && raw(out) % 16 == 0;
     let mut a = OuterArgs {
@@ -574,19 +631,6 @@ pub fn per_sample_grads(
     };
     run_rows(dev, PS_OUTER, p.dtype, p.batch * p.dout, stream.raw, &mut a)
 }
-
-#[repr(C)]
-struct NormArgs {
-    batch: i64,
-    din: i64,
-    dout: i64,
-    a: u64,
-    g: u64,
-    norms: u64,
-    gs: u64,
-    max_norm: f64,
-}
-assert_layout! {NormArgs, 64, batch = 0, din = 8, dout = 16, a = 24, g = 32, norms = 40, gs = 48, max_norm = 56}
 
 /// The one-step kernel `ps_norms`: squared norms into `norms` (None: not wanted) and,
 /// when `gs` is given, `g` scaled by the clipping factor for `max_norm` into `gs`.
@@ -670,15 +714,6 @@ fn norms_into(ops: &Ops, p: &SamplePlan, norms: Option<Addr>) -> Result<()> {
             ),
         )?;
     }
-    #[repr(C)]
-    struct GramArgs {
-        batch: i64,
-        tt: i64,
-        ga: u64,
-        gg: u64,
-        norms: u64,
-    }
-    assert_layout! {GramArgs, 40, batch = 0, tt = 8, ga = 16, gg = 24, norms = 32}
     let mut a = GramArgs {
         batch: p.batch,
         tt: t * t,
@@ -732,16 +767,6 @@ pub fn dp_clipped_sum(
         // SAFETY: the scratch holds gs_bytes, then sq_bytes for the norms.
         let nptr = norms.unwrap_or(unsafe { gs.byte_add(gs_bytes as u64) });
         norms_into(&ops, p, Some(nptr))?;
-        #[repr(C)]
-        struct ScaleRowsArgs {
-            batch: i64,
-            per_sample: i64,
-            g: u64,
-            gs: u64,
-            norms: u64,
-            max_norm: f64,
-        }
-        assert_layout! {ScaleRowsArgs, 48, batch = 0, per_sample = 8, g = 16, gs = 24, norms = 32, max_norm = 40}
         let mut a = ScaleRowsArgs {
             batch: p.batch,
             per_sample: p.steps * p.dout,

@@ -22,9 +22,6 @@ typedef double f64;
 #define __forceinline__ inline
 #define __shared__ static
 #define __launch_bounds__(...)
-// kernels/common.cuh's argument layout check (NVRTC spells offsetof __INTADDR__)
-#define FK_ARGS_LAYOUT(T, SIZE, FIELD, OFFSET) \
-    static_assert(sizeof(T) == (SIZE) && __builtin_offsetof(T, FIELD) == (OFFSET), #T)
 #define __align__(n) __attribute__((aligned(n)))
 
 using std::fma;

@@ -27,13 +27,13 @@ typedef void (*Kernel)(KronArgs);
 
 static const std::map<std::string, Kernel>& kernels() {
     static const std::map<std::string, Kernel> k = {
-        {"kron_f16_w8", kron_f16_w8},   {"kron_f16_w4", kron_f16_w4},   {"kron_f16_w2", kron_f16_w2},
-        {"kron_f16_w1", kron_f16_w1},   {"kron_bf16_w8", kron_bf16_w8}, {"kron_bf16_w4", kron_bf16_w4},
-        {"kron_bf16_w2", kron_bf16_w2}, {"kron_bf16_w1", kron_bf16_w1}, {"kron_f32_w4", kron_f32_w4},
-        {"kron_f32_w2", kron_f32_w2},   {"kron_f32_w1", kron_f32_w1},   {"kron_f64_w2", kron_f64_w2},
-        {"kron_f64_w1", kron_f64_w1},   {"kron_c64_w2", kron_c64_w2},   {"kron_c64_w1", kron_c64_w1},
-        {"kron_c64_split", kron_c64_split}, {"kron_c128_w1", kron_c128_w1},
-        {"kron_c128_split", kron_c128_split},
+        {"kron_w8_f16", kron_w8_f16},   {"kron_w4_f16", kron_w4_f16},   {"kron_w2_f16", kron_w2_f16},
+        {"kron_w1_f16", kron_w1_f16},   {"kron_w8_bf16", kron_w8_bf16}, {"kron_w4_bf16", kron_w4_bf16},
+        {"kron_w2_bf16", kron_w2_bf16}, {"kron_w1_bf16", kron_w1_bf16}, {"kron_w4_f32", kron_w4_f32},
+        {"kron_w2_f32", kron_w2_f32},   {"kron_w1_f32", kron_w1_f32},   {"kron_w2_f64", kron_w2_f64},
+        {"kron_w1_f64", kron_w1_f64},   {"kron_w2_c64", kron_w2_c64},   {"kron_w1_c64", kron_w1_c64},
+        {"kron_split_c64", kron_split_c64}, {"kron_w1_c128", kron_w1_c128},
+        {"kron_split_c128", kron_split_c128},
     };
     return k;
 }

@@ -1,5 +1,5 @@
-// A small CPU emulator of the CUDA subset that kernels/geodesic.cu uses, to run its
-// kernels without a GPU (tests/emu/run.sh). Each CUDA thread of a block is a
+// A small CPU emulator of the CUDA subset that the geodesic kernels (kernels/geodesic/)
+// use, to run them without a GPU (tests/emu/run.sh). Each CUDA thread of a block is a
 // coroutine (ucontext) on one OS thread; `__syncthreads` and `__syncwarp` are
 // scheduling points, and the scheduler runs the ready threads in a random order
 // (seeded), so a missing barrier shows up as results that change with the seed.
@@ -30,9 +30,6 @@
 #define __align__(n) alignas(n)
 #define __restrict__
 #define __shared__ static
-// kernels/common.cuh's argument layout check (NVRTC spells offsetof __INTADDR__)
-#define FK_ARGS_LAYOUT(T, SIZE, FIELD, OFFSET) \
-    static_assert(sizeof(T) == (SIZE) && __builtin_offsetof(T, FIELD) == (OFFSET), #T)
 
 typedef long long i64;
 typedef unsigned long long u64;
@@ -61,7 +58,7 @@ inline void __syncthreads() { emu::sync_block(); }
 inline void __syncwarp() { emu::sync_warp(); }
 #define __trap() emu::trap()
 
-// TF32 (kernels/geodesic.cu calls these where a GPU build uses PTX): cvt.rna.tf32.f32,
+// TF32 (the geodesic kernels call these where a GPU build uses PTX): cvt.rna.tf32.f32,
 // and the warp-collective mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32 (D += A B; every
 // lane of the warp must call it; operands' low 13 mantissa bits are ignored).
 float geo_tf32(float x);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "args.h"  // the argument structs of src/cuda/geodesic/args.rs (gen_modules.py)
 #include "registry.h"
 
 #define DECL(k)                              \
@@ -19,26 +20,7 @@ DECL(lf_bwd)
 
 static Registry REG;
 
-// ------------------------------------------------------------------ host side (mirrors src/cuda/geodesic.rs)
-struct GeoArgs {
-    i64 B, D, R, steps;
-    double dt, c;
-    u64 x0, v0, f, u, w, mu, g, gx, gv;
-    u64 x_out, v_out, traj, gamma;
-    u64 dx, dv, df, du_part, dw_part;
-    u64 ws;
-    i64 ws_per_cta;
-    int want;
-    int vec_ok;
-    unsigned smem_bytes;
-    int pad_;
-};
-struct ReduceArgs {
-    u64 parts, out;
-    i64 nparts, n;
-    i64 D, R;
-    int kw, pv, rq, pad;
-};
+// ------------------------------------------------------------------ host side (mirrors src/cuda/geodesic/)
 
 enum Kind { CHR_FWD, CHR_BWD, LF_FWD, LF_BWD };
 static const char* KNAME[] = {"chr_fwd", "chr_bwd", "lf_fwd", "lf_bwd"};

@@ -1,123 +1,117 @@
-//! The kernels' argument structs, passed by value: each mirrors the `struct` of the same
-//! name in `kernels/geodesic.cu`. Their sizes and field offsets are asserted here at
-//! compile time (`kernel_args!`, through `assert_layout!`) and by `FK_ARGS_LAYOUT`
-//! beside the C structs with the same numbers, so a field added or moved on one side
-//! only fails to build.
+//! The kernels' argument structs, passed by value, declared once (`kernel_args!`):
+//! every module's source defines them ahead of the kernel text (`names::source`).
 
-use crate::cuda::launch::assert_layout;
-
-/// `kernel_args! { struct Name(size) { field: type = offset, .. } }`: a `#[repr(C)]`
-/// argument struct, each field stated once with its byte offset, and its layout check
-/// (`assert_layout!`: the size and every offset).
-macro_rules! kernel_args {
-    ($(#[$m:meta])* struct $name:ident($size:literal) {
-        $($f:ident: $t:ty = $o:literal),+ $(,)?
-    }) => {
-        $(#[$m])*
-        #[repr(C)]
-        pub(super) struct $name {
-            $(pub $f: $t),+
-        }
-        assert_layout!($name, $size, $($f = $o),+);
-    };
-}
+use crate::cuda::kargs::kernel_args;
 
 kernel_args! {
     /// `struct GeoArgs`: the fast and generic kernels.
     #[derive(Default)]
-    struct GeoArgs(224) {
-        b: i64 = 0,
-        d: i64 = 8,
-        r: i64 = 16,
-        steps: i64 = 24,
-        dt: f64 = 32,
-        c: f64 = 40,
-        x0: u64 = 48,
-        v0: u64 = 56,
-        f: u64 = 64,
-        u: u64 = 72,
-        w: u64 = 80,
-        mu: u64 = 88,
-        g: u64 = 96,
-        gx: u64 = 104,
-        gv: u64 = 112,
-        x_out: u64 = 120,
-        v_out: u64 = 128,
-        traj: u64 = 136,
-        gamma: u64 = 144,
-        dx: u64 = 152,
-        dv: u64 = 160,
-        df: u64 = 168,
-        du_part: u64 = 176,
-        dw_part: u64 = 184,
-        ws: u64 = 192,
-        ws_per_cta: i64 = 200,
-        want: i32 = 208,
-        vec_ok: i32 = 212,
-        smem_bytes: u32 = 216,
-        pad: i32 = 220,
+    pub(super) struct GeoArgs {
+        B: i64,
+        D: i64,
+        R: i64,
+        steps: i64,
+        dt: f64,
+        c: f64,
+        x0: u64,
+        v0: u64,
+        f: u64,
+        u: u64,
+        w: u64,
+        mu: u64,
+        g: u64,
+        gx: u64,
+        gv: u64,
+        x_out: u64,
+        v_out: u64,
+        traj: u64,
+        gamma: u64,
+        dx: u64,
+        dv: u64,
+        df: u64,
+        du_part: u64,
+        dw_part: u64,
+        /// workspace: per-block slabs of `ws_per_cta` elements
+        ws: u64,
+        ws_per_cta: i64,
+        /// `GEO_WANT_*` (backwards)
+        want: i32,
+        /// rows of v start 16-byte aligned (cp.async path)
+        vec_ok: i32,
+        smem_bytes: u32,
+        pad_: i32,
     }
 }
 
 kernel_args! {
     /// `struct ReduceArgs`: `geo_reduce`.
-    struct ReduceArgs(64) {
-        parts: u64 = 0,
-        out: u64 = 8,
-        nparts: i64 = 16,
-        n: i64 = 24,
-        d: i64 = 32,
-        r: i64 = 40,
-        kw: i32 = 48,
-        pv: i32 = 52,
-        rq: i32 = 56,
-        pad: i32 = 60,
+    pub(super) struct ReduceArgs {
+        /// `[nparts][n]`
+        parts: u64,
+        /// `[D][R]`
+        out: u64,
+        nparts: i64,
+        /// elements per partial: D R, or DP RP in the coalesced parameter layout
+        n: i64,
+        D: i64,
+        R: i64,
+        /// the fast kernels' coalesced layout's `Cfg::KW`, `PV`, `RQ` (`param_store`);
+        /// kw = 0: `[D][R]`
+        kw: i32,
+        pv: i32,
+        rq: i32,
+        pad: i32,
     }
 }
 
 kernel_args! {
     /// `struct EwArgs`: the `GEO_EW` kernels (`y[i]` from `y[i]`, `x[i]`, `c`).
-    struct EwArgs(40) {
-        y: u64 = 0,
-        x: u64 = 8,
-        n: i64 = 16,
-        c: f64 = 24,
-        vec: i32 = 32,
-        pad: i32 = 36,
+    pub(super) struct EwArgs {
+        y: u64,
+        x: u64,
+        n: i64,
+        c: f64,
+        vec: i32,
+        pad_: i32,
     }
 }
 
 kernel_args! {
     /// `struct KickArgs`: `geo_kick`.
     #[derive(Clone, Copy)]
-    struct KickArgs(112) {
-        n: i64 = 0,
-        d: i64 = 8,
-        vin: u64 = 16,
-        x: u64 = 24,
-        v: u64 = 32,
-        raw: u64 = 40,
-        f: u64 = 48,
-        mu: u64 = 56,
-        tx: u64 = 64,
-        tv: u64 = 72,
-        h: f64 = 80,
-        dt: f64 = 88,
-        c: f64 = 96,
-        vec: i32 = 104,
-        pad: i32 = 108,
+    pub(super) struct KickArgs {
+        n: i64,
+        d: i64,
+        vin: u64,
+        /// 0 for no drift
+        x: u64,
+        v: u64,
+        raw: u64,
+        /// `f`, `mu`, `tx`, `tv` optional
+        f: u64,
+        mu: u64,
+        tx: u64,
+        tv: u64,
+        h: f64,
+        dt: f64,
+        c: f64,
+        vec: i32,
+        pad_: i32,
     }
 }
 
 kernel_args! {
     /// `struct SwArgs`: `geo_sw`.
-    struct SwArgs(144) {
-        k: KickArgs = 0,
-        p: u64 = 112,
-        w: u64 = 120,
-        r: i64 = 128,
-        mode: i32 = 136,
-        pad: i32 = 140,
+    pub(super) struct SwArgs {
+        /// `k.n` = B*D, `k.d` = D
+        k: KickArgs,
+        /// P `[B, R]`
+        p: u64,
+        /// W `[D, R]`
+        w: u64,
+        r: i64,
+        mode: i32,
+        pad_: i32,
     }
 }
 
@@ -134,19 +128,22 @@ pub(super) enum Sw {
 
 kernel_args! {
     /// `struct AdjArgs`: `geo_adj`.
-    struct AdjArgs(96) {
-        n: i64 = 0,
-        d: i64 = 8,
-        lv_in: u64 = 16,
-        lv: u64 = 24,
-        g: u64 = 32,
-        df: u64 = 40,
-        gx: u64 = 48,
-        mu: u64 = 56,
-        h: f64 = 64,
-        dt: f64 = 72,
-        c: f64 = 80,
-        df_init: i32 = 88,
-        vec: i32 = 92,
+    pub(super) struct AdjArgs {
+        n: i64,
+        d: i64,
+        /// 0: zeros (no gv)
+        lv_in: u64,
+        lv: u64,
+        g: u64,
+        /// `df`, `gx`, `mu` optional
+        df: u64,
+        gx: u64,
+        mu: u64,
+        h: f64,
+        dt: f64,
+        c: f64,
+        /// the sweep's first update: df = h l instead of df += h l
+        df_init: i32,
+        vec: i32,
     }
 }

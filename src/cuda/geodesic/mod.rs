@@ -1,4 +1,4 @@
-//! Launcher for `kernels/geodesic.cu` (docs/geodesic.md has the design).
+//! Launcher for the geodesic kernels, `kernels/geodesic/` (docs/geodesic.md has the design).
 //!
 //! - `names`: the modules (`geodesic_<op>_<dtype>_r<RP>_d<DJ>`, one fast kernel each,
 //!   and `geodesic_<op>_<dtype>_generic`) and kernel names, and each module's source.
@@ -8,7 +8,7 @@
 //!   the cuBLAS route (`route`), or the generic kernel when cuBLAS cannot be loaded, the
 //!   route's memory cannot be had, or with `FK_GEO_FORCE_GENERIC`. Also the workspace
 //!   layouts and the shared-memory sizes the kernel source checks.
-//! - `args`: the kernels' argument structs (layouts asserted on both sides).
+//! - `args`: the kernels' argument structs (declared once, `kernel_args!`).
 //! - `route`: the cuBLAS route's op sequences.
 //!
 //! `run` asks the plan, then packs the arguments, allocates the workspace and launches
@@ -32,6 +32,7 @@ use self::plan::{KernelPlan, Limits, NT, PartLayout, Plan};
 use self::route::GemmRoute;
 use super::launch::{grid_for, launch};
 use super::{CudaDevice, Workspace};
+use crate::dtype::DType;
 use crate::error::{CudaContext as _, FK_ERROR_OUT_OF_MEMORY, Result};
 use crate::ops::addr::{Addr, raw};
 use crate::ops::geodesic::{Job, Kind};
@@ -101,9 +102,9 @@ fn run_kernel(dev: &CudaDevice, job: &Job, k: &KernelPlan, stream: &Stream) -> R
     };
     let (du_part, dw_part) = (at(k.du_part), at(k.dw_part));
     let mut args = GeoArgs {
-        b: job.b as i64,
-        d: job.d as i64,
-        r: job.r as i64,
+        B: job.b as i64,
+        D: job.d as i64,
+        R: job.r as i64,
         steps: job.steps as i64,
         dt: job.dt,
         c: job.c,
@@ -130,32 +131,39 @@ fn run_kernel(dev: &CudaDevice, job: &Job, k: &KernelPlan, stream: &Stream) -> R
         want: k.want,
         vec_ok: i32::from(raw(job.v0) % 16 == 0 && (job.d * job.dtype.size()) % 16 == 0),
         smem_bytes: k.smem as u32,
-        pad: 0,
+        pad_: 0,
     };
     let grid = k.grid as u32;
     launch_one(
         dev, k.module, k.kernel, grid, k.threads, k.smem, stream, &mut args,
     )?;
     if let Some(du) = job.du {
-        reduce(dev, k, du_part, du, stream)?;
+        reduce(dev, k, job.dtype, du_part, du, stream)?;
     }
     if let Some(dw) = job.dw {
-        reduce(dev, k, dw_part, dw, stream)?;
+        reduce(dev, k, job.dtype, dw_part, dw, stream)?;
     }
     drop(ws);
     Ok(())
 }
 
 /// `geo_reduce`: `out` (`[D][R]`) = the sum of plan `k`'s `grid` partials at `parts`.
-fn reduce(dev: &CudaDevice, k: &KernelPlan, parts: u64, out: Addr, stream: &Stream) -> Result<()> {
+fn reduce(
+    dev: &CudaDevice,
+    k: &KernelPlan,
+    dtype: DType,
+    parts: u64,
+    out: Addr,
+    stream: &Stream,
+) -> Result<()> {
     let l: PartLayout = k.parts;
     let mut a = ReduceArgs {
         parts,
         out: out.get(),
         nparts: k.grid as i64,
         n: l.n as i64,
-        d: l.d as i64,
-        r: l.r as i64,
+        D: l.d as i64,
+        R: l.r as i64,
         kw: l.kw,
         pv: l.pv,
         rq: l.rq,
@@ -165,7 +173,7 @@ fn reduce(dev: &CudaDevice, k: &KernelPlan, parts: u64, out: Addr, stream: &Stre
     launch_one(
         dev,
         k.reduce_module,
-        "geo_reduce",
+        names::generic_kernel("geo_reduce", dtype)?,
         grid,
         NT,
         0,

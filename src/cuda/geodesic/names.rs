@@ -1,23 +1,30 @@
-//! The family's one naming scheme, for modules and kernels:
+//! The family's modules and kernels, named as every family's (`launch.rs`): `{base}_{dtype}`,
+//! the element type's suffix last:
 //!
-//! - module `geodesic_<op>_<dtype>_<cfg>`: `<op>` `christoffel_fwd`, `christoffel_bwd`,
-//!   `leapfrog_fwd`, `leapfrog_bwd`; `<dtype>` `f32` or `f64`; `<cfg>` the fast tile
-//!   `r<RP>_d<DJ>` (one fast kernel per module, a program compiles only those it uses)
-//!   or `generic` (the generic kernel, the route's elementwise kernels and, for the
-//!   backwards, `geo_reduce`);
-//! - kernel `geo_<k><variant>_r<RP>_d<DJ>` (fast) or `geo_<k>_gen` (generic): `<k>`
-//!   `chr_fwd`, `chr_bwd`, `lf_fwd`, `lf_bwd`; `<variant>` empty (strict), `_tc` (TF32,
-//!   the f32 forwards' modules) or `_tc3` (3xTF32, the f32 leapfrog forward's).
+//! - module `geodesic_<op>_<cfg>_<dtype>`: `<op>` `christoffel_fwd`, `christoffel_bwd`,
+//!   `leapfrog_fwd`, `leapfrog_bwd`; `<cfg>` the fast tile `r<RP>_d<DJ>` (one fast
+//!   kernel per module, a program compiles only those it uses) or `generic` (the
+//!   generic kernel, the route's elementwise kernels and, for the backwards,
+//!   `geo_reduce`); `<dtype>` `f32` or `f64`;
+//! - kernel `geo_<k><variant>_r<RP>_d<DJ>_<dtype>` (fast) or `geo_<k>_gen_<dtype>`
+//!   (generic): `<k>` `chr_fwd`, `chr_bwd`, `lf_fwd`, `lf_bwd`; `<variant>` empty
+//!   (strict), `_tc` (TF32, the f32 forwards' modules) or `_tc3` (3xTF32, the f32
+//!   leapfrog forward's); the generic modules' other kernels `<base>_<dtype>`
+//!   (`geo_reduce`, `geo_square`, `geo_sw`, ...: `generic_kernel`). The kernel source
+//!   spells the suffix with `GEO_NAME(base)` (`GEO_DT`, defined by `source`).
 //!
-//! `concat!` builds the tables at compile time (the launcher takes `&'static str`); a
-//! unit test checks every entry against the scheme written out with `format!`. Only
-//! f32 and f64 have kernels: any other dtype is an error, never another dtype's module.
+//! `concat!` and `per_dtype!` build the tables at compile time (the launcher takes
+//! `&'static str`); a unit test checks every entry against the scheme written out with
+//! `format!`. Only f32 and f64 have kernels: any other dtype is an error, never another
+//! dtype's module or kernel.
 
-use crate::cuda::launch::{Names, per_dtype};
+use crate::cuda::kargs::{KernelArgs as _, c_structs};
+use crate::cuda::launch::{Names, kernel_suffix, per_dtype};
 use crate::dtype::DType;
 use crate::error::{FK_ERROR_INTERNAL, Result};
 use crate::ops::geodesic::Kind;
 
+use super::args::{AdjArgs, EwArgs, GeoArgs, KickArgs, ReduceArgs, SwArgs};
 use super::plan::{self, Tile, Variant};
 
 /// `[$m!(args.., RP, DJ)]` over the 12 fast tiles in `Tile::index` order.
@@ -37,7 +44,7 @@ type Module = (&'static str, fn() -> String);
 macro_rules! fast_module {
     ($kind:ident, $op:literal, $dt:ident, $t:literal, $rp:literal, $dj:literal) => {
         (
-            concat!("geodesic_", $op, "_", $t, "_r", $rp, "_d", $dj),
+            concat!("geodesic_", $op, "_r", $rp, "_d", $dj, "_", $t),
             (|| source(Kind::$kind, DType::$dt, Some(Tile { rp: $rp, dj: $dj }))) as fn() -> String,
         )
     };
@@ -48,7 +55,7 @@ macro_rules! op_modules {
     ($kind:ident, $op:literal, $dt:ident, $t:literal) => {
         with_generic(
             per_tile!(fast_module, $kind, $op, $dt, $t),
-            (concat!("geodesic_", $op, "_", $t, "_generic"), || {
+            (concat!("geodesic_", $op, "_generic_", $t), || {
                 source(Kind::$kind, DType::$dt, None)
             }),
         )
@@ -100,30 +107,43 @@ pub const MODULES: [Module; 4 * 2 * PER] = {
 };
 
 macro_rules! fast_kernel {
-    ($k:literal, $v:literal, $rp:literal, $dj:literal) => {
-        concat!("geo_", $k, $v, "_r", $rp, "_d", $dj)
+    ($k:literal, $v:literal, [$($dt:ident),+], $rp:literal, $dj:literal) => {
+        per_dtype!([concat!("geo_", $k, $v, "_r", $rp, "_d", $dj)]: $($dt),+)
     };
 }
 
 /// The fast kernels by `kind_index` and `Tile::index`.
-const FAST: [[&str; PER - 1]; 4] = [
-    per_tile!(fast_kernel, "chr_fwd", ""),
-    per_tile!(fast_kernel, "chr_bwd", ""),
-    per_tile!(fast_kernel, "lf_fwd", ""),
-    per_tile!(fast_kernel, "lf_bwd", ""),
+const FAST: [[Names; PER - 1]; 4] = [
+    per_tile!(fast_kernel, "chr_fwd", "", [f32, f64]),
+    per_tile!(fast_kernel, "chr_bwd", "", [f32, f64]),
+    per_tile!(fast_kernel, "lf_fwd", "", [f32, f64]),
+    per_tile!(fast_kernel, "lf_bwd", "", [f32, f64]),
 ];
 /// The TF32 variants of the f32 forwards (Christoffel, leapfrog).
-const FAST_TC: [[&str; PER - 1]; 2] = [
-    per_tile!(fast_kernel, "chr_fwd", "_tc"),
-    per_tile!(fast_kernel, "lf_fwd", "_tc"),
+const FAST_TC: [[Names; PER - 1]; 2] = [
+    per_tile!(fast_kernel, "chr_fwd", "_tc", [f32]),
+    per_tile!(fast_kernel, "lf_fwd", "_tc", [f32]),
 ];
 /// The 3xTF32 variants of the f32 leapfrog forward (in its TF32 module).
-const FAST_TC3: [&str; PER - 1] = per_tile!(fast_kernel, "lf_fwd", "_tc3");
-const GENERIC: [&str; 4] = [
-    "geo_chr_fwd_gen",
-    "geo_chr_bwd_gen",
-    "geo_lf_fwd_gen",
-    "geo_lf_bwd_gen",
+const FAST_TC3: [Names; PER - 1] = per_tile!(fast_kernel, "lf_fwd", "_tc3", [f32]);
+const GENERIC: [Names; 4] = [
+    per_dtype!("geo_chr_fwd_gen": f32, f64),
+    per_dtype!("geo_chr_bwd_gen": f32, f64),
+    per_dtype!("geo_lf_fwd_gen": f32, f64),
+    per_dtype!("geo_lf_bwd_gen": f32, f64),
+];
+/// The generic modules' other kernels: `geo_reduce` (the backwards) and the GEMM
+/// route's (`generic_kernel`).
+const GENERIC_OTHERS: [Names; 9] = [
+    per_dtype!("geo_reduce": f32, f64),
+    per_dtype!("geo_square": f32, f64),
+    per_dtype!("geo_dp": f32, f64),
+    per_dtype!("geo_mask": f32, f64),
+    per_dtype!("geo_clamp": f32, f64),
+    per_dtype!("geo_sw": f32, f64),
+    per_dtype!("geo_kick": f32, f64),
+    per_dtype!("geo_copy": f32, f64),
+    per_dtype!("geo_adj": f32, f64),
 ];
 
 /// `GEO_MODULE_<define>` of an op's sources.
@@ -165,10 +185,16 @@ pub(super) fn module(kind: Kind, dtype: DType, tile: Option<Tile>) -> Result<&'s
     Ok(OPS[kind_index(kind)][dtype_index(dtype)?][j].0)
 }
 
-/// The kernel of `kind`'s `variant` at `tile` (`None` for the generic kernel).
-pub(super) fn kernel(kind: Kind, variant: Variant, tile: Option<Tile>) -> Result<&'static str> {
+/// The kernel of `kind`'s `variant` at `tile` (`None` for the generic kernel) for
+/// `dtype`.
+pub(super) fn kernel(
+    kind: Kind,
+    dtype: DType,
+    variant: Variant,
+    tile: Option<Tile>,
+) -> Result<&'static str> {
     let k = kind_index(kind);
-    let name = match (variant, tile) {
+    let names = match (variant, tile) {
         (Variant::Generic, None) => Some(GENERIC[k]),
         (Variant::Strict | Variant::StrictRegisters, Some(t)) => Some(FAST[k][t.index()]),
         (Variant::Tf32 | Variant::Tf32Staged, Some(t)) => match kind {
@@ -179,8 +205,8 @@ pub(super) fn kernel(kind: Kind, variant: Variant, tile: Option<Tile>) -> Result
         (Variant::Tf32x3, Some(t)) if kind == Kind::LeapfrogForward => Some(FAST_TC3[t.index()]),
         _ => None,
     };
-    match name {
-        Some(n) => Ok(n),
+    match names {
+        Some(n) => n.get(dtype),
         None => crate::bail!(
             FK_ERROR_INTERNAL,
             "no geodesic kernel {variant:?} for {kind:?} at {tile:?}"
@@ -188,8 +214,46 @@ pub(super) fn kernel(kind: Kind, variant: Variant, tile: Option<Tile>) -> Result
     }
 }
 
-/// A module's source: the op, the element type, the tile (`None`: generic), `GEO_TF32`
-/// for the f32 forwards, the plan's definitions (`plan::defines`), then the kernels.
+/// The generic module's kernel `base` (`geo_reduce` or one of the GEMM route's:
+/// `geo_square`, `geo_dp`, `geo_mask`, `geo_clamp`, `geo_sw`, `geo_kick`, `geo_copy`,
+/// `geo_adj`) for `dtype`.
+pub(super) fn generic_kernel(base: &str, dtype: DType) -> Result<&'static str> {
+    match GENERIC_OTHERS.iter().find(|n| n.base == base) {
+        Some(n) => n.get(dtype),
+        None => crate::bail!(FK_ERROR_INTERNAL, "no geodesic kernel {base}"),
+    }
+}
+
+/// The pieces of `kernels/geodesic/` a module's source is made of (kernels/geodesic/
+/// common.cu says what each holds).
+mod piece {
+    pub const COMMON: &str = include_str!("../../../kernels/geodesic/common.cu");
+    pub const FAST: &str = include_str!("../../../kernels/geodesic/fast.cu");
+    pub const CHRISTOFFEL: &str = include_str!("../../../kernels/geodesic/christoffel.cu");
+    pub const LEAPFROG: &str = include_str!("../../../kernels/geodesic/leapfrog.cu");
+    pub const FAST_ENTRY: &str = include_str!("../../../kernels/geodesic/fast_entry.cu");
+    pub const GENERIC: &str = include_str!("../../../kernels/geodesic/generic.cu");
+    pub const GENERIC_ENTRY: &str = include_str!("../../../kernels/geodesic/generic_entry.cu");
+}
+
+/// The pieces of the module of `kind` at `tile` (`None`: generic), in order: a fast
+/// module's tile kernel with the fast machinery and its op's fast kernels, or the
+/// generic kernels with the route's and `geo_reduce`.
+fn pieces(kind: Kind, tile: Option<Tile>) -> [&'static str; 4] {
+    let fast_op = match kind {
+        Kind::ChristoffelForward | Kind::ChristoffelBackward => piece::CHRISTOFFEL,
+        Kind::LeapfrogForward | Kind::LeapfrogBackward => piece::LEAPFROG,
+    };
+    match tile {
+        Some(_) => [piece::COMMON, piece::FAST, fast_op, piece::FAST_ENTRY],
+        None => [piece::COMMON, piece::GENERIC, piece::GENERIC_ENTRY, ""],
+    }
+}
+
+/// A module's source: the op, the element type (`GEO_T`, and `GEO_DT` its suffix in
+/// kernel names), the tile (`None`: generic), `GEO_TF32`
+/// for the f32 forwards, the plan's definitions (`plan::defines`), the argument
+/// structs, then the module's pieces of `kernels/geodesic/` (`pieces`).
 fn source(kind: Kind, dtype: DType, tile: Option<Tile>) -> String {
     let t = if dtype == DType::F32 {
         "float"
@@ -205,18 +269,29 @@ fn source(kind: Kind, dtype: DType, tile: Option<Tile>) -> String {
     } else {
         ""
     };
-    format!(
-        "// generated by src/cuda/geodesic/names.rs\n#define GEO_MODULE_{} 1\n#define GEO_T {t}\n{cfg}{tf32}{}{}",
+    let mut s = format!(
+        "// generated by src/cuda/geodesic/names.rs\n#define GEO_MODULE_{} 1\n#define GEO_T {t}\n#define GEO_DT {}\n{cfg}{tf32}{}{}",
         define(kind),
+        kernel_suffix(dtype),
         plan::defines(kind, dtype, tile),
-        include_str!("../../../kernels/geodesic.cu")
-    )
+        c_structs(&[
+            GeoArgs::c_struct,
+            ReduceArgs::c_struct,
+            EwArgs::c_struct,
+            KickArgs::c_struct,
+            SwArgs::c_struct,
+            AdjArgs::c_struct,
+        ]),
+    );
+    for p in pieces(kind, tile) {
+        s.push_str(p);
+    }
+    s
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::launch::kernel_suffix;
     use crate::error::FK_ERROR_UNSUPPORTED_DTYPE;
 
     const KINDS: [Kind; 4] = [
@@ -248,7 +323,7 @@ mod tests {
                 for &tile in &tiles {
                     let name = module(kind, dtype, tile).unwrap();
                     let dt = kernel_suffix(dtype);
-                    assert_eq!(name, format!("geodesic_{op}_{dt}_{}", cfg_name(tile)));
+                    assert_eq!(name, format!("geodesic_{op}_{}_{dt}", cfg_name(tile)));
                     assert!(seen.insert(name), "{name} twice");
                     let src = MODULES.iter().find(|m| m.0 == name).unwrap().1();
                     let t = if dtype == DType::F32 {
@@ -256,8 +331,10 @@ mod tests {
                     } else {
                         "double"
                     };
-                    let head =
-                        format!("#define GEO_MODULE_{} 1\n#define GEO_T {t}\n", define(kind));
+                    let head = format!(
+                        "#define GEO_MODULE_{} 1\n#define GEO_T {t}\n#define GEO_DT {dt}\n",
+                        define(kind)
+                    );
                     assert!(src.contains(&head), "{name}");
                     let cfg = tile.map_or("#define GEO_GENERIC 1\n".into(), |t| {
                         format!("#define GEO_CFG_RP {}\n#define GEO_CFG_DJ {}\n", t.rp, t.dj)
@@ -269,31 +346,38 @@ mod tests {
                     );
                 }
             }
-            assert_eq!(
-                kernel(kind, Variant::Generic, None).unwrap(),
-                format!("geo_{}_gen", k)
-            );
-            for t in Tile::all() {
-                let fast = |v: &str| format!("geo_{}{v}_r{}_d{}", k, t.rp, t.dj);
-                for v in [Variant::Strict, Variant::StrictRegisters] {
-                    assert_eq!(kernel(kind, v, Some(t)).unwrap(), fast(""));
-                }
-                let fwd = matches!(kind, Kind::ChristoffelForward | Kind::LeapfrogForward);
-                for v in [Variant::Tf32, Variant::Tf32Staged] {
-                    assert_eq!(
-                        kernel(kind, v, Some(t)).ok(),
-                        fwd.then(|| fast("_tc")).as_deref()
-                    );
-                }
+            for dtype in [DType::F32, DType::F64] {
+                let dt = kernel_suffix(dtype);
+                let f32 = dtype == DType::F32;
                 assert_eq!(
-                    kernel(kind, Variant::Tf32x3, Some(t)).ok(),
-                    (kind == Kind::LeapfrogForward)
-                        .then(|| fast("_tc3"))
-                        .as_deref()
+                    kernel(kind, dtype, Variant::Generic, None).unwrap(),
+                    format!("geo_{k}_gen_{dt}")
                 );
-                assert!(kernel(kind, Variant::Generic, Some(t)).is_err());
+                for t in Tile::all() {
+                    let fast = |v: &str| format!("geo_{k}{v}_r{}_d{}_{dt}", t.rp, t.dj);
+                    for v in [Variant::Strict, Variant::StrictRegisters] {
+                        assert_eq!(kernel(kind, dtype, v, Some(t)).unwrap(), fast(""));
+                    }
+                    let fwd = matches!(kind, Kind::ChristoffelForward | Kind::LeapfrogForward);
+                    for v in [Variant::Tf32, Variant::Tf32Staged] {
+                        assert_eq!(
+                            kernel(kind, dtype, v, Some(t)).ok(),
+                            (fwd && f32).then(|| fast("_tc")).as_deref()
+                        );
+                    }
+                    assert_eq!(
+                        kernel(kind, dtype, Variant::Tf32x3, Some(t)).ok(),
+                        (kind == Kind::LeapfrogForward && f32)
+                            .then(|| fast("_tc3"))
+                            .as_deref()
+                    );
+                    assert!(kernel(kind, dtype, Variant::Generic, Some(t)).is_err());
+                }
+                assert!(kernel(kind, dtype, Variant::Strict, None).is_err());
+                for base in ["geo_reduce", "geo_square", "geo_sw", "geo_adj"] {
+                    assert_eq!(generic_kernel(base, dtype).unwrap(), format!("{base}_{dt}"));
+                }
             }
-            assert!(kernel(kind, Variant::Strict, None).is_err());
         }
         assert_eq!(seen.len(), MODULES.len());
         assert_eq!(
@@ -303,7 +387,7 @@ mod tests {
                 Some(Tile { rp: 32, dj: 16 })
             )
             .unwrap(),
-            "geodesic_leapfrog_bwd_f64_r32_d16"
+            "geodesic_leapfrog_bwd_r32_d16_f64"
         );
         assert!(
             MODULES[0].1()
@@ -311,7 +395,7 @@ mod tests {
         );
     }
 
-    /// No module of another dtype for a dtype without kernels.
+    /// No module or kernel of another dtype for a dtype without kernels.
     #[test]
     fn no_dtype_fallback() {
         for dtype in [DType::F16, DType::BF16, DType::C64, DType::C128] {

@@ -5,10 +5,10 @@
 //! launches what the plan says. docs/geodesic.md has the measurements behind the
 //! choices.
 //!
-//! The shared-memory sizes of the fast kernels are computed here only (`Smem`); every
-//! fast module's source states them as `GEO_PLAN_*` definitions (`defines`), and the
-//! kernel source `static_assert`s its own `Cfg::SMEM_*` against them, so an NVRTC
-//! compile (tests/kernels_compile.rs) fails where the two disagree.
+//! The shared-memory sizes of the fast kernels are computed here only (`Smem`): every
+//! fast module's source gets them as `#define`s (`defines`), with the tile rows and
+//! layout flags they follow from and the constants the kernels share with the host,
+//! and the kernels use those values (they check their launch against them).
 
 use crate::dtype::DType;
 use crate::error::{FK_ERROR_INTERNAL, Result};
@@ -21,7 +21,7 @@ pub(super) const NT: u32 = 256;
 const NW: usize = 8;
 /// Thread groups of `NT` per block of the Christoffel forward's TF32 kernel
 /// (`GEO_GROUPS`): each group runs its own tiles with its own buffers. The FFMA
-/// kernel runs one group with tiles of twice the rows (`GEO_MB_CF`).
+/// kernel runs one group with tiles of twice the rows (`mb`).
 const CHR_FWD_GROUPS: usize = 2;
 /// Rows per block iteration of the generic kernels (`GEN_RG`).
 const GEN_RG: usize = 4;
@@ -31,9 +31,11 @@ pub(super) const DJS: [usize; 4] = [2, 4, 8, 16];
 /// Upper bound for one op's workspace (state slabs, parameter partials); the grid
 /// shrinks to respect it.
 const WS_BUDGET: usize = 512 << 20;
-/// `GEO_SMEM_MAX` in the kernel source: configurations above it are stubs.
+/// The largest opt-in shared memory per block of the supported GPUs (227 KB on sm_90),
+/// `GEO_SMEM_MAX` of the kernel source: configurations above it are compiled as stubs
+/// and never chosen.
 const SMEM_MAX: usize = 232_448;
-/// Rows per tile of the TF32 kernels (`Cfg<float, RP, DJ, 4, true>`).
+/// Rows per tile of the TF32 kernels (`GEO_TC_MB` = `TC_M / 4` rows per thread).
 const TC_M: usize = 16;
 
 /// `GeoArgs::want` bits (`GEO_WANT_*`): the backwards' outputs.
@@ -86,41 +88,44 @@ pub(super) enum Variant {
     Generic,
     /// The fast FFMA kernel (strict arithmetic).
     Strict,
-    /// The strict f32 leapfrog forward given `SMEM_LF_FWD_RS` bytes: U and W in
+    /// The strict f32 leapfrog forward given `GEO_SMEM_RS` bytes: U and W in
     /// registers (`lf_fwd_rs`; the kernel falls back to `Strict`'s code where the rows
     /// are not 16-byte aligned).
     StrictRegisters,
     /// TF32 tensor cores (`FK_GEO_ALLOW_TF32`, f32 forwards with D <= 512).
     Tf32,
-    /// `Tf32` of the leapfrog forward with room for its v stage (`SMEM_LF_STAGE`).
+    /// `Tf32` of the leapfrog forward with room for its v stage (`GEO_SMEM_STAGE`).
     Tf32Staged,
     /// 3xTF32 (`FK_GEO_ALLOW_TF32X3`, the f32 leapfrog forward, T >= 2).
     Tf32x3,
 }
 
-/// Shared memory in bytes of one fast module's kernels (`Cfg::SMEM_*` times the element
-/// size), and the variants the module holds (`None`: not in it).
+/// Shared memory in bytes of one fast module's kernels (the module's `GEO_SMEM*`), and
+/// the variants the module holds (`None`: not in it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Smem {
     /// rows per tile of the FFMA kernel (`Cfg::M`)
     pub m: usize,
     /// the FFMA kernel's vector row layout (`Cfg::VL`)
     pub vl: bool,
-    /// the FFMA kernel (`SMEM_CHR_FWD`, `SMEM_CHR_BWD`, `SMEM_LF_FWD`, `SMEM_LF_BWD`)
+    /// the FFMA kernel (`GEO_SMEM`)
     pub strict: usize,
-    /// the TF32 kernel (`SMEM_CHR_FWD_TC`, `SMEM_LF_FWD_TC`; f32 forwards, DJ <= 8),
+    /// the TF32 kernel (`GEO_SMEM_TC`; f32 forwards, DJ <= 8),
     /// tiles of `TC_M` rows
     pub tc: Option<usize>,
-    /// the TF32 leapfrog forward's optional v stage (`SMEM_LF_STAGE`)
+    /// the TF32 leapfrog forward's optional v stage (`GEO_SMEM_STAGE`)
     pub stage: Option<usize>,
-    /// 3xTF32 (`SMEM_LF_FWD_TC3`, the f32 leapfrog forward, DJ <= 8)
+    /// 3xTF32 (`GEO_SMEM_TC3`, the f32 leapfrog forward, DJ <= 8)
     pub tc3: Option<usize>,
-    /// U and W in registers (`SMEM_LF_FWD_RS`, `Cfg::RS`: the f32 leapfrog forward,
+    /// U and W in registers (`GEO_SMEM_RS`, `Cfg::RS`: the f32 leapfrog forward,
     /// RP = 32, DJ = 8)
     pub rs: Option<usize>,
 }
 
-/// Rows per thread of the FFMA kernel (`GEO_MB_CF`, `GEO_MB_A`, `GEO_MB_B`).
+/// Rows per thread of a fast module's FFMA kernel (`GEO_MB`): forwards and the
+/// Christoffel backward use tiles of 16 rows (8 for DJ = 16), the FFMA Christoffel
+/// forward (one group) twice that, the leapfrog backward, which also keeps its adjoints
+/// and the dU, dW accumulators in registers, half of that.
 fn mb(kind: Kind, dj: usize) -> usize {
     let wide = dj <= 8;
     match kind {
@@ -439,7 +444,7 @@ fn kernel(kind: Kind, job: &Job, fast: Option<Fast>, sms: usize) -> Result<Kerne
         variant,
         fast,
         module: names::module(kind, job.dtype, tile)?,
-        kernel: names::kernel(kind, variant, tile)?,
+        kernel: names::kernel(kind, job.dtype, variant, tile)?,
         reduce_module: names::module(kind, job.dtype, None)?,
         grid,
         // the Christoffel forward's TF32 kernel runs CHR_FWD_GROUPS groups of NT threads
@@ -579,43 +584,42 @@ pub(super) fn lf_bwd_sweeps(job: &Job) -> bool {
     job.dv.is_some() || job.df.is_some() || job.du.is_some() || job.dw.is_some()
 }
 
-/// The definitions a module's source gets from the plan (before the kernel text):
-/// the constants the kernel source defines itself, and for a fast module its tile rows,
-/// vector layout and each variant's shared memory in bytes (`Smem`). The kernel source
-/// `static_assert`s that they equal its own values.
+/// The definitions a module's source gets from the plan (before the kernel text), which
+/// the kernels use as they are: the constants they share with the host (`GEO_NT`,
+/// `GEO_NW`, `GEO_GROUPS`, `GEN_RG`, `GEO_SMEM_MAX`, `GEO_SW_M`, `GEO_WANT_*`), and for a
+/// fast module its tile's values: the FFMA kernel's rows per thread (`GEO_MB`; the TF32
+/// kernels' `GEO_TC_MB`), vector row layout (`GEO_VL`), whether it has the register
+/// leapfrog forward (`GEO_RS`), and each variant's shared memory in bytes (`smem`:
+/// `GEO_SMEM`, `GEO_SMEM_TC`, `GEO_SMEM_STAGE`, `GEO_SMEM_TC3`, `GEO_SMEM_RS`; 0 for a
+/// variant the module lacks).
 pub(super) fn defines(kind: Kind, dtype: DType, tile: Option<Tile>) -> String {
     let n = |v: usize| v as i64;
     let mut defs = vec![
-        ("GEO_PLAN_NT", i64::from(NT)),
-        ("GEO_PLAN_NW", n(NW)),
-        ("GEO_PLAN_GROUPS", n(CHR_FWD_GROUPS)),
-        ("GEO_PLAN_RG", n(GEN_RG)),
-        ("GEO_PLAN_SMEM_MAX", n(SMEM_MAX)),
-        ("GEO_PLAN_SW_M", n(sw_m(dtype))),
-        ("GEO_PLAN_WANT_DV", i64::from(WANT_DV)),
-        ("GEO_PLAN_WANT_DU", i64::from(WANT_DU)),
-        ("GEO_PLAN_WANT_DW", i64::from(WANT_DW)),
-        ("GEO_PLAN_WANT_DF", i64::from(WANT_DF)),
-        ("GEO_PLAN_WANT_DX", i64::from(WANT_DX)),
+        ("GEO_NT", i64::from(NT)),
+        ("GEO_NW", n(NW)),
+        ("GEO_GROUPS", n(CHR_FWD_GROUPS)),
+        ("GEN_RG", n(GEN_RG)),
+        ("GEO_SMEM_MAX", n(SMEM_MAX)),
+        ("GEO_SW_M", n(sw_m(dtype))),
+        ("GEO_WANT_DV", i64::from(WANT_DV)),
+        ("GEO_WANT_DU", i64::from(WANT_DU)),
+        ("GEO_WANT_DW", i64::from(WANT_DW)),
+        ("GEO_WANT_DF", i64::from(WANT_DF)),
+        ("GEO_WANT_DX", i64::from(WANT_DX)),
     ];
     if let Some(t) = tile {
         let z = smem(kind, t, dtype);
         defs.extend([
-            ("GEO_PLAN_M", n(z.m)),
-            ("GEO_PLAN_VL", i64::from(z.vl)),
-            ("GEO_PLAN_SMEM", n(z.strict)),
+            ("GEO_MB", n(mb(kind, t.dj))),
+            ("GEO_TC_MB", n(TC_M / 4)),
+            ("GEO_VL", i64::from(z.vl)),
+            ("GEO_RS", i64::from(z.rs.is_some())),
+            ("GEO_SMEM", n(z.strict)),
+            ("GEO_SMEM_TC", n(z.tc.unwrap_or(0))),
+            ("GEO_SMEM_STAGE", n(z.stage.unwrap_or(0))),
+            ("GEO_SMEM_TC3", n(z.tc3.unwrap_or(0))),
+            ("GEO_SMEM_RS", n(z.rs.unwrap_or(0))),
         ]);
-        if z.tc.is_some() {
-            defs.push(("GEO_PLAN_TC_M", n(TC_M)));
-        }
-        for (name, v) in [
-            ("GEO_PLAN_SMEM_TC", z.tc),
-            ("GEO_PLAN_SMEM_STAGE", z.stage),
-            ("GEO_PLAN_SMEM_TC3", z.tc3),
-            ("GEO_PLAN_SMEM_RS", z.rs),
-        ] {
-            defs.extend(v.map(|v| (name, n(v))));
-        }
     }
     crate::cuda::launch::defines(&defs)
 }
@@ -755,8 +759,8 @@ mod tests {
                 geo(65536, 512, 32, 1, 0),
                 true,
                 false,
-                "geo_chr_fwd_r32_d8",
-                "geodesic_christoffel_fwd_f32_r32_d8",
+                "geo_chr_fwd_r32_d8_f32",
+                "geodesic_christoffel_fwd_r32_d8_f32",
                 132,
                 256,
                 213_504,
@@ -766,8 +770,8 @@ mod tests {
                 geo(65536, 512, 32, 1, GEO_ALLOW_TF32),
                 true,
                 false,
-                "geo_chr_fwd_tc_r32_d8",
-                "geodesic_christoffel_fwd_f32_r32_d8",
+                "geo_chr_fwd_tc_r32_d8_f32",
+                "geodesic_christoffel_fwd_r32_d8_f32",
                 132,
                 512,
                 4 * (2 * 512 * 32 + 2 * 9 * 16 * 36),
@@ -777,8 +781,8 @@ mod tests {
                 geo(65536, 512, 32, 8, GEO_ALLOW_TF32X3),
                 true,
                 false,
-                "geo_lf_fwd_tc3_r32_d8",
-                "geodesic_leapfrog_fwd_f32_r32_d8",
+                "geo_lf_fwd_tc3_r32_d8_f32",
+                "geodesic_leapfrog_fwd_r32_d8_f32",
                 132,
                 256,
                 221_696,
@@ -788,8 +792,8 @@ mod tests {
                 geo(10, 100, 3, 2, 0),
                 true,
                 false,
-                "geo_lf_fwd_r8_d2",
-                "geodesic_leapfrog_fwd_f32_r8_d2",
+                "geo_lf_fwd_r8_d2_f32",
+                "geodesic_leapfrog_fwd_r8_d2_f32",
                 1,
                 256,
                 4 * (128 * 12 * 2 + 8 * 16 * 20 + 16 * 12),
@@ -800,8 +804,8 @@ mod tests {
                 geo(1000, 512, 64, 2, 0),
                 true,
                 true,
-                "geo_lf_bwd_gen",
-                "geodesic_leapfrog_bwd_f32_generic",
+                "geo_lf_bwd_gen_f32",
+                "geodesic_leapfrog_bwd_generic_f32",
                 250,
                 256,
                 0,
@@ -811,8 +815,8 @@ mod tests {
                 geo(1000, 512, 64, 2, 0),
                 false,
                 false,
-                "geo_lf_bwd_gen",
-                "geodesic_leapfrog_bwd_f32_generic",
+                "geo_lf_bwd_gen_f32",
+                "geodesic_leapfrog_bwd_generic_f32",
                 250,
                 256,
                 0,
@@ -823,8 +827,8 @@ mod tests {
                 geo(1000, 64, 8, 1, GEO_FORCE_GENERIC),
                 true,
                 false,
-                "geo_chr_bwd_gen",
-                "geodesic_christoffel_bwd_f32_generic",
+                "geo_chr_bwd_gen_f32",
+                "geodesic_christoffel_bwd_generic_f32",
                 250,
                 256,
                 0,
@@ -834,8 +838,8 @@ mod tests {
                 geo(0, 2000, 8, 1, 0),
                 true,
                 false,
-                "geo_chr_bwd_gen",
-                "geodesic_christoffel_bwd_f32_generic",
+                "geo_chr_bwd_gen_f32",
+                "geodesic_christoffel_bwd_generic_f32",
                 1,
                 256,
                 0,

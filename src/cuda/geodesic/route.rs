@@ -13,6 +13,7 @@ use std::any::Any;
 
 use super::args::{AdjArgs, EwArgs, KickArgs, Sw, SwArgs};
 use super::launch_one;
+use super::names;
 use super::plan::{Layout, NT, RoutePlan, lf_bwd_sweeps, sw_m};
 use crate::cuda::launch::grid_for;
 use crate::cuda::{CudaDevice, Workspace, cublas};
@@ -91,7 +92,7 @@ pub(super) trait Steps {
             n,
             c,
             vec: ew_vec(j.dtype.size(), n, None, &[y, x]),
-            pad: 0,
+            pad_: 0,
         };
         self.launch(name, n, &mut a)
     }
@@ -166,7 +167,7 @@ pub(super) trait Steps {
             dt: j.dt,
             c: j.c,
             vec: self.bd_vec(&[vin, x, v, raw, at(j.f), tx, tv]),
-            pad: 0,
+            pad_: 0,
         }
     }
 
@@ -189,7 +190,7 @@ pub(super) trait Steps {
             w: addr::raw(j.w),
             r: j.r as i64,
             mode: mode as i32,
-            pad: 0,
+            pad_: 0,
         };
         self.sw(&mut a)
     }
@@ -360,7 +361,7 @@ impl Steps for GemmRoute<'_> {
         launch_one(
             self.dev,
             self.plan.module,
-            name,
+            names::generic_kernel(name, self.job.dtype)?,
             grid,
             NT,
             0,
@@ -394,7 +395,7 @@ impl Steps for GemmRoute<'_> {
         launch_one(
             self.dev,
             self.plan.module,
-            "geo_sw",
+            names::generic_kernel("geo_sw", self.job.dtype)?,
             grid as u32,
             NT,
             smem,

@@ -4,94 +4,67 @@ use std::ffi::c_void;
 
 use super::MODULE;
 use crate::cuda::CudaDevice;
-use crate::cuda::launch::{Names, assert_layout, launch, per_dtype};
+use crate::cuda::kargs::kernel_args;
+use crate::cuda::launch::{Names, launch, per_dtype};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::addr::raw;
 use crate::ops::linalg::KronPlan;
 use crate::stream::Stream;
 
-/// Mirrors `struct KronArgs`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct KronArgs {
-    batch: i64,
-    m: i64,
-    n: i64,
-    p: i64,
-    q: i64,
-    sa0: i64,
-    sa1: i64,
-    sa2: i64,
-    sb0: i64,
-    sb1: i64,
-    sb2: i64,
-    a: u64,
-    b: u64,
-    out: u64,
-    cols: i64,
-    units: i64,
-    rows: i64,
-    s_blocks: i64,
-    i_chunks: i64,
-    tasks: i64,
-    bs: i32,
-    il: i32,
-    uniform: i32,
-    small: i32,
-}
-assert_layout!(
-    KronArgs,
-    176,
-    batch = 0,
-    m = 8,
-    n = 16,
-    p = 24,
-    q = 32,
-    sa0 = 40,
-    sa1 = 48,
-    sa2 = 56,
-    sb0 = 64,
-    sb1 = 72,
-    sb2 = 80,
-    a = 88,
-    b = 96,
-    out = 104,
-    cols = 112,
-    units = 120,
-    rows = 128,
-    s_blocks = 136,
-    i_chunks = 144,
-    tasks = 152,
-    bs = 160,
-    il = 164,
-    uniform = 168,
-    small = 172
-);
-
-/// `Names` of the Kronecker kernels of one kind of store: `kron_<t>_<store>`, the
-/// entry points `FK_KRON_KERNEL(t, W)` (store `w<W>`) and `FK_KRON_SPLIT(t)` (store
-/// `split`) of `kernels/linalg.cu`.
-macro_rules! kron_names {
-    ($store:literal: $($dt:ident),+) => {
-        Names {
-            base: "kron",
-            names: &[$((per_dtype!(@dtype $dt), concat!("kron_", stringify!($dt), "_", $store))),+],
-        }
-    };
+kernel_args! {
+    /// The Kronecker kernels' argument.
+    #[derive(Debug, Clone, Copy)]
+    pub(super) struct KronArgs {
+        batch: i64,
+        m: i64,
+        n: i64,
+        p: i64,
+        q: i64,
+        sa0: i64,
+        sa1: i64,
+        sa2: i64,
+        sb0: i64,
+        sb1: i64,
+        sb2: i64,
+        a: u64,
+        b: u64,
+        out: u64,
+        /// n * q
+        cols: i64,
+        /// store units per output row (cols / W)
+        units: i64,
+        /// rows of a per lane and task
+        rows: i64,
+        /// ceil(p / bs)
+        s_blocks: i64,
+        /// ceil(m / (rows * il))
+        i_chunks: i64,
+        /// batch * i_chunks * s_blocks
+        tasks: i64,
+        /// blockDim.y = bs * il
+        bs: i32,
+        il: i32,
+        /// q % W == 0: the W columns of a unit lie in one segment (one a element)
+        uniform: i32,
+        /// cols, tasks < 2^32: 32-bit divisions in the setup
+        small: i32,
+    }
 }
 
 /// The Kronecker kernels by `(W, split)`: `W` elements per store (`W * size <= 16`),
-/// or complex output aligned only to its components, stored as them (`split`).
+/// or complex output aligned only to its components, stored as them (`split`). Named
+/// `kron_<store>_<dtype>`: the entry points `FK_KRON_KERNEL(t, W)` (store `w<W>`) and
+/// `FK_KRON_SPLIT(t)` (store `split`) of `kernels/linalg.cu`.
 pub(super) const KRON: [((i64, bool), Names); 5] = [
-    ((8, false), kron_names!("w8": f16, bf16)),
-    ((4, false), kron_names!("w4": f16, bf16, f32)),
-    ((2, false), kron_names!("w2": f16, bf16, f32, f64, c64)),
+    ((8, false), per_dtype!("kron_w8": f16, bf16)),
+    ((4, false), per_dtype!("kron_w4": f16, bf16, f32)),
+    ((2, false), per_dtype!("kron_w2": f16, bf16, f32, f64, c64)),
     (
         (1, false),
-        kron_names!("w1": f16, bf16, f32, f64, c64, c128),
+        per_dtype!("kron_w1": f16, bf16, f32, f64, c64, c128),
     ),
-    ((1, true), kron_names!("split": c64, c128)),
+    ((1, true), per_dtype!("kron_split": c64, c128)),
 ];
 
 /// The kernel for `d` with `w` elements per store, or the split stores; an error

@@ -6,7 +6,8 @@ use std::ffi::c_void;
 use super::{MODULE, slot_of};
 use crate::cuda::CudaDevice;
 use crate::cuda::cublas::{self, Epilogue, LtCall, Slot};
-use crate::cuda::launch::{BLOCK, Names, assert_layout, grid_for, launch, per_dtype};
+use crate::cuda::kargs::kernel_args;
+use crate::cuda::launch::{BLOCK, Names, grid_for, launch, per_dtype};
 use crate::dtype::DType;
 use crate::error::{Result, lock};
 use crate::ops::Addr;
@@ -20,29 +21,19 @@ pub(super) const EPILOGUE: Names = per_dtype!("linear_epilogue": f16, bf16, f32)
 pub(super) const DZ: Names = per_dtype!("linear_dz": f16, bf16, f32);
 pub(super) const COLSUM_FINISH: Names = per_dtype!("colsum_finish": f16, bf16, f32);
 
-/// Mirrors `struct EpiArgs`.
-#[repr(C)]
-struct EpiArgs {
-    m: i64,
-    n: i64,
-    src: u64,
-    y: u64,
-    bias: u64,
-    aux: u64,
-    act: i32,
+kernel_args! {
+    /// `linear_epilogue`'s argument; `src`: the GEMM's output (`y` itself: in place; or
+    /// `aux`, already holding z when `bias` is 0 and `aux` is 0 here).
+    pub(super) struct EpiArgs {
+        m: i64,
+        n: i64,
+        src: u64,
+        y: u64,
+        bias: u64,
+        aux: u64,
+        act: i32,
+    }
 }
-assert_layout!(
-    EpiArgs,
-    56,
-    m = 0,
-    n = 8,
-    src = 16,
-    y = 24,
-    bias = 32,
-    aux = 40,
-    act = 48
-);
-
 /// `linear_epilogue`: `y = act(src + b)`, `aux = src + b` (bias, aux optional).
 fn epilogue_kernel(
     dev: &CudaDevice,
@@ -170,41 +161,28 @@ pub fn linear_forward(dev: &CudaDevice, p: &LinearPlan, stream: &Stream) -> Resu
     epilogue_kernel(dev, p, a, stream)
 }
 
-/// Mirrors `struct DzArgs`.
-#[repr(C)]
-struct DzArgs {
-    m: i64,
-    n: i64,
-    rows_per_split: i64,
-    dy: u64,
-    saved: u64,
-    dz: u64,
-    partial: u64,
-    act: i32,
+kernel_args! {
+    /// `linear_dz`'s argument.
+    pub(super) struct DzArgs {
+        m: i64,
+        n: i64,
+        rows_per_split: i64,
+        dy: u64,
+        saved: u64,
+        dz: u64,
+        partial: u64,
+        act: i32,
+    }
 }
-assert_layout!(
-    DzArgs,
-    64,
-    m = 0,
-    n = 8,
-    rows_per_split = 16,
-    dy = 24,
-    saved = 32,
-    dz = 40,
-    partial = 48,
-    act = 56
-);
-
-/// Mirrors `struct FinishArgs`.
-#[repr(C)]
-struct FinishArgs {
-    n: i64,
-    splits: i64,
-    partial: u64,
-    out: u64,
+kernel_args! {
+    /// `colsum_finish`'s argument.
+    pub(super) struct FinishArgs {
+        n: i64,
+        splits: i64,
+        partial: u64,
+        out: u64,
+    }
 }
-assert_layout!(FinishArgs, 32, n = 0, splits = 8, partial = 16, out = 24);
-
 /// `linear_dz`'s block: `DZ_COLS` columns by `DZ_ROWS` row lanes (its
 /// `__launch_bounds__` and shared tile; `kernels/linalg.cu` asserts the numbers).
 pub(super) const DZ_COLS: i64 = 32;

@@ -19,7 +19,8 @@ use super::linear::{DZ_COLS, DZ_ROWS, Splits, colsum_finish, forward_epilogue, p
 use super::{MODULE, slot_of};
 use crate::cuda::CudaDevice;
 use crate::cuda::cublas::{self, Epilogue, LtCall, Slot};
-use crate::cuda::launch::{BLOCK, Names, assert_layout, grid_for, launch, per_dtype};
+use crate::cuda::kargs::kernel_args;
+use crate::cuda::launch::{BLOCK, Names, grid_for, launch, per_dtype};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, Result, lock};
 use crate::ops::Addr;
@@ -32,59 +33,34 @@ use crate::stream::Stream;
 pub(super) const EPILOGUE: Names = per_dtype!("mlp_epilogue": f16, bf16, f32);
 pub(super) const DZ: Names = per_dtype!("mlp_dz": f16, bf16, f32);
 
-/// Mirrors `struct MlpEpiArgs`.
-#[repr(C)]
-struct MlpEpiArgs {
-    m: i64,
-    n: i64,
-    src_ld: i64,
-    aux_ld: i64,
-    src: u64,
-    y: u64,
-    bias: u64,
-    aux: u64,
-    act: i32,
+kernel_args! {
+    /// `mlp_epilogue`'s argument.
+    pub(super) struct MlpEpiArgs {
+        m: i64,
+        n: i64,
+        src_ld: i64,
+        aux_ld: i64,
+        src: u64,
+        y: u64,
+        bias: u64,
+        aux: u64,
+        act: i32,
+    }
 }
-assert_layout!(
-    MlpEpiArgs,
-    72,
-    m = 0,
-    n = 8,
-    src_ld = 16,
-    aux_ld = 24,
-    src = 32,
-    y = 40,
-    bias = 48,
-    aux = 56,
-    act = 64
-);
-
-/// Mirrors `struct MlpDzArgs`.
-#[repr(C)]
-struct MlpDzArgs {
-    m: i64,
-    n: i64,
-    rows_per_split: i64,
-    aux_ld: i64,
-    g: u64,
-    aux: u64,
-    dz: u64,
-    partial: u64,
-    act: i32,
+kernel_args! {
+    /// `mlp_dz`'s argument.
+    pub(super) struct MlpDzArgs {
+        m: i64,
+        n: i64,
+        rows_per_split: i64,
+        aux_ld: i64,
+        g: u64,
+        aux: u64,
+        dz: u64,
+        partial: u64,
+        act: i32,
+    }
 }
-assert_layout!(
-    MlpDzArgs,
-    72,
-    m = 0,
-    n = 8,
-    rows_per_split = 16,
-    aux_ld = 24,
-    g = 32,
-    aux = 40,
-    dz = 48,
-    partial = 56,
-    act = 64
-);
 
 /// `mlp_epilogue` over `[a.m, a.n]`: one thread per mask byte (8 columns).
 fn epilogue_kernel(dev: &CudaDevice, dtype: DType, mut a: MlpEpiArgs, stream: &Stream) -> Result<()> {

@@ -50,16 +50,14 @@ fn plan(
 fn check_invariants(p: &KronPlan, l: &KronLaunch, what: &str) {
     let a = &l.args;
     let es = p.dtype.size() as i64;
-    let w = l
-        .name
-        .rsplit("_w")
-        .next()
-        .and_then(|x| x.parse::<i64>().ok());
+    // kron_<store>_<dtype>, the store w<W> or split
+    let store = l.name.split('_').nth(1).unwrap_or_default();
+    let w = store.strip_prefix('w').and_then(|x| x.parse::<i64>().ok());
     let (w, split) = match w {
         Some(w) => (w, false),
         None => (1, true),
     };
-    assert!(l.name.ends_with("split") == split, "{what}: {}", l.name);
+    assert!((store == "split") == split, "{what}: {}", l.name);
     assert!(w * es <= 16, "{what}");
     assert_eq!(a.cols % w, 0, "{what}");
     assert_eq!(a.units, a.cols / w, "{what}");
@@ -105,7 +103,7 @@ fn kron_launch_shapes() {
     );
     let l = kron_config(&p, 132).unwrap();
     check_invariants(&p, &l, "64x64 (x) 64x64");
-    assert_eq!(l.name, "kron_f32_w4");
+    assert_eq!(l.name, "kron_w4_f32");
     assert!(l.grid.0 as u64 * l.grid.1 as u64 >= 132 * 8, "{l:?}");
     let p = plan(
         DType::F32,
@@ -117,7 +115,7 @@ fn kron_launch_shapes() {
     );
     let l = kron_config(&p, 132).unwrap();
     check_invariants(&p, &l, "32 x 16x16 (x) 16x16");
-    assert_eq!((l.name, l.block), ("kron_f32_w4", (64, 4, 1)));
+    assert_eq!((l.name, l.block), ("kron_w4_f32", (64, 4, 1)));
     // misaligned output rows: narrower stores; complex aligned to components: split
     let p = plan(
         DType::F16,
@@ -127,7 +125,7 @@ fn kron_launch_shapes() {
         ("contiguous", "contiguous"),
         (0, 0, 4),
     );
-    assert_eq!(kron_config(&p, 132).unwrap().name, "kron_f16_w2");
+    assert_eq!(kron_config(&p, 132).unwrap().name, "kron_w2_f16");
     let p = plan(
         DType::C128,
         1,
@@ -136,7 +134,7 @@ fn kron_launch_shapes() {
         ("contiguous", "contiguous"),
         (0, 0, 8),
     );
-    assert_eq!(kron_config(&p, 132).unwrap().name, "kron_c128_split");
+    assert_eq!(kron_config(&p, 132).unwrap().name, "kron_split_c128");
     // a pointer not aligned to its components is refused, not faulted on
     let p = plan(
         DType::F32,

@@ -85,6 +85,9 @@ want gelu && step gelu 900 bash -c '"$0/bin/gpu_linalg" linear --test-threads=1 
   "$0/bin/gpu_capture" capture_linear --test-threads=1 --nocapture &&
   python3 -m pytest -q bindings/python/tests/test_linalg.py bindings/python/tests/test_linalg_torch.py \
     bindings/python/tests/test_torch_graphs.py -k "linear or gelu"' "$B"
+# fusekit.jax alone (the "python" step runs it too): the XLA FFI handlers under jit/grad/vmap on
+# CUDA jax, CUDA against the CPU handlers, and replay from XLA's CUDA graphs (-s: the counts)
+want jax && step jax 600 python3 -m pytest -q -s bindings/python/tests/test_jax.py bindings/python/tests/test_jax_gpu.py
 # fusekit.nn alone (the "python" step runs it too): CUDA values, graph capture, reduce-overhead
 want nn && step nn 900 python3 -m pytest -q bindings/python/tests/test_nn.py
 # fusekit.optim.Shampoo alone (the "python" step runs it too): the fast root path on CUDA

@@ -82,7 +82,7 @@ def test_torch_package_imports_without_torch():
 
 
 def test_families_are_reachable_from_the_package():
-    assert fusekit.torch.FAMILIES == ("elementwise", "linalg", "gaussian", "geodesic", "optim")
+    assert fusekit.torch.FAMILIES == ("elementwise", "linalg", "mlp", "gaussian", "geodesic", "optim")
     assert fusekit.torch.load() == _ext.load()
     fusekit.add(torch.ones(2), torch.ones(2))  # takes the route: the family modules are its
     assert _ext.route.tensor is torch.Tensor

@@ -387,6 +387,17 @@ def _modules():
             h = fusekit.torch.linalg.linear(h, self.w2, self.b2, "gelu")
             return fusekit.torch.linalg.linear(h, self.w3, self.b3, "none")
 
+    class MLP(nn.Module):  # fusekit.torch.mlp.mlp: the network FusedMLP runs, one op each way
+        def __init__(self, dev, g):
+            super().__init__()
+            r = lambda *s, sc=1.0: torch.randn(*s, generator=g, device=dev) * sc  # noqa: E731
+            self.w1, self.b1 = P(r(64, 33, sc=33 ** -0.5)), P(r(64, sc=0.1))
+            self.w2 = P(r(48, 64, sc=0.125))
+            self.w3, self.b3 = P(r(16, 48, sc=48 ** -0.5)), P(r(16, sc=0.1))
+
+        def forward(self, x):
+            return fusekit.torch.mlp.mlp(x, [self.w1, self.w2, self.w3], [self.b1, None, self.b3], "relu", "none")
+
     class Gaussian(nn.Module):
         def __init__(self, dev, g, n=40):
             super().__init__()
@@ -420,12 +431,13 @@ def _modules():
     return {
         "elementwise": (Elementwise, inputs_ew),
         "linear": (Linear, inputs_ew),
+        "mlp": (MLP, inputs_ew),
         "gaussian": (Gaussian, inputs_pts),
         "geodesic": (Geodesic, inputs_ew),
     }
 
 
-FAMILIES = ["elementwise", "linear", "gaussian", "geodesic"]
+FAMILIES = ["elementwise", "linear", "mlp", "gaussian", "geodesic"]
 
 
 def _rel(a, b):

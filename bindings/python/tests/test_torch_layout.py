@@ -10,7 +10,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "fusekit"  # the source tree, also when testing a wheel
 CSRC = SRC / "csrc"
-FAMILIES = ("elementwise", "linalg", "gaussian", "geodesic", "optim")
+FAMILIES = ("elementwise", "linalg", "mlp", "gaussian", "geodesic", "optim")
 
 
 def _strip_comments(text: str) -> str:

@@ -7,6 +7,8 @@ route its plain functions take for torch tensors:
   differentiable ``axpby``, ``scalar_mul``, ``relu``
 - :mod:`fusekit.torch.linalg`: ``gemm``, ``kron``, ``linear_forward`` /
   ``linear_backward`` on tensors; the differentiable fused ``linear``
+- :mod:`fusekit.torch.mlp`: the differentiable multi-layer perceptron ``mlp.mlp`` (one
+  op each way, behind ``fusekit.nn.FusedMLP``)
 - :mod:`fusekit.torch.gaussian`: differentiable ``gaussian_field``, ``mahalanobis``
 - :mod:`fusekit.torch.geodesic`: differentiable ``christoffel``, ``leapfrog``
 - :mod:`fusekit.torch.optim`: ``matrix_power``, Shampoo and per-sample ops on tensors

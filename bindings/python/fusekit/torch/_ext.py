@@ -131,7 +131,7 @@ class _Route:
     """``tensor``: the torch.Tensor class once the extension is loaded (None before,
     and for good when it cannot load: the plain functions then take the ctypes
     path, with one warning). Then one attribute per op family (``elementwise``,
-    ``linalg``, ``gaussian``, ``geodesic``, ``optim``): the family's module of
+    ``linalg``, ``mlp``, ``gaussian``, ``geodesic``, ``optim``): the family's module of
     ``fusekit.torch``, whose functions run the plain functions on tensors."""
 
     tensor = None
@@ -141,7 +141,7 @@ class _Route:
 route = _Route()
 
 #: The op families of the C ABI, one module each here and in ``fusekit.ops``.
-FAMILIES = ("elementwise", "linalg", "gaussian", "geodesic", "optim")
+FAMILIES = ("elementwise", "linalg", "mlp", "gaussian", "geodesic", "optim")
 
 
 def enable_route() -> bool:

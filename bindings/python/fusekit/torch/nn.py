@@ -38,9 +38,10 @@ from ..ops import geodesic as _geodesic
 from .gaussian import gaussian_field  # (the family modules load the compiled ops: ImportError when not built)
 from .geodesic import christoffel, leapfrog
 from .linalg import linear
+from .mlp import mlp
 
 __all__ = [
-    "ACTIVATIONS", "DEFAULT_FRICTION", "FusedLinear", "GaussianField", "LowRankChristoffel", "LeapfrogIntegrator",
+    "ACTIVATIONS", "DEFAULT_FRICTION", "FusedLinear", "FusedMLP", "GaussianField", "LowRankChristoffel", "LeapfrogIntegrator",
 ]
 
 #: The activations of :class:`FusedLinear`, named as torch names them: ``"gelu"`` is
@@ -174,6 +175,158 @@ class FusedLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, activation={self.activation!r}")
+
+
+class FusedMLP(nn.Module):
+    """A multi-layer perceptron ``Linear -> act -> ... -> Linear [-> out act]`` as
+    one fused fusekit op each way (``torch.ops.fusekit.mlp`` / ``mlp_backward``:
+    ``fk_mlp_forward`` / ``fk_mlp_backward``, every layer's GEMM, bias and
+    activation in one call, the backward's weight gradients overlapped on CUDA):
+    one autograd node and one compiled-op call per direction, whatever the depth.
+
+    The layers are ``nn.Linear`` children named as ``nn.Sequential(Linear, ReLU,
+    Linear, ..., Linear)`` names them (``"0"``, ``"2"``, ``"4"``, ...; ``"0"``,
+    ``"1"``, ... when ``hidden_activation="none"``), so the parameters are
+    ``0.weight``, ``0.bias``, ``2.weight``, ... and the two load each other's
+    ``state_dict``; they are initialised as that Sequential initialises them (the
+    same values for the same RNG state). :meth:`from_sequential` converts such a
+    Sequential, :meth:`to_sequential` goes back.
+
+    Args:
+        widths: ``[in_features, hidden_1, ..., out_features]`` (2 to 65 entries,
+            each >= 1): one layer per consecutive pair.
+        bias: whether the layers have biases (a bool for all, or one per layer).
+        hidden_activation: the activation after every layer but the last, one of
+            :data:`ACTIVATIONS` (default ``"relu"``).
+        out_activation: the activation after the last layer (default ``"none"``).
+        allow_tf32: let float32 products use TF32 tensor cores on CUDA.
+        device, dtype: of the parameters; float16, bfloat16 or float32.
+
+    Input ``[..., in_features]`` of the parameters' dtype and device; output
+    ``[..., out_features]``. Each layer accumulates in float32, applies bias and
+    activation in float32 and rounds once to the dtype (docs/ops.md section 6).
+    The forward keeps for the backward only ReLU's one-bit masks (the GELUs'
+    pre-activations) and the hidden outputs.
+    """
+
+    __constants__ = ["widths", "hidden_activation", "out_activation", "allow_tf32"]
+
+    def __init__(self, widths: Sequence[int], bias: Union[bool, Sequence[bool]] = True,
+                 hidden_activation: str = "relu", out_activation: str = "none", allow_tf32: bool = False,
+                 device=None, dtype=None):
+        super().__init__()
+        where = "FusedMLP"
+        if isinstance(widths, (str, bytes)) or not isinstance(widths, Sequence):
+            raise TypeError(f"{where}: widths must be a sequence of ints, not {type(widths).__name__}")
+        if not 2 <= len(widths) <= 65:
+            raise ValueError(f"{where}: widths must have 2 to 65 entries (1 to 64 layers), got {len(widths)}")
+        self.widths = tuple(_int(where, f"widths[{i}]", w, 1) for i, w in enumerate(widths))
+        n = len(self.widths) - 1
+        biases = [bias] * n if isinstance(bias, bool) else list(bias)
+        if len(biases) != n:
+            raise ValueError(f"{where}: bias has {len(biases)} entries but there are {n} layers")
+        for i, b in enumerate(biases):
+            _bool(where, f"bias[{i}]", b)
+        self.hidden_activation = _activation(where, hidden_activation)
+        self.out_activation = _activation(where, out_activation)
+        self.allow_tf32 = _bool(where, "allow_tf32", allow_tf32)
+        kw = {"device": device, "dtype": _dtype(where, dtype, _LINEAR_DTYPES)}
+        stride = 1 if self.hidden_activation == "none" else 2
+        self._layer_names = [str(stride * i) for i in range(n)]
+        for name, k, m, b in zip(self._layer_names, self.widths[:-1], self.widths[1:], biases):
+            self.add_module(name, nn.Linear(k, m, bias=b, **kw))
+
+    @property
+    def layers(self) -> list:
+        """The ``nn.Linear`` layers, in order."""
+        return [getattr(self, name) for name in self._layer_names]
+
+    def reset_parameters(self) -> None:
+        """``nn.Linear``'s initialisation of every layer."""
+        for layer in self.layers:
+            layer.reset_parameters()
+
+    @classmethod
+    def from_sequential(cls, seq: nn.Sequential, allow_tf32: bool = False) -> "FusedMLP":
+        """A FusedMLP with copies of the parameters of ``seq`` = ``nn.Sequential(Linear,
+        act, Linear, act, ..., Linear[, out_act])`` (the same activation between all
+        layers: ``nn.ReLU``, ``nn.GELU`` of either approximation, or none at all;
+        same device, dtype and ``requires_grad``)."""
+        where = "FusedMLP.from_sequential"
+        if not isinstance(seq, nn.Sequential):
+            raise TypeError(f"{where}: seq must be a torch.nn.Sequential, not {type(seq).__name__}")
+        mods = list(seq)
+        linears, acts = [], []  # acts[i]: the activation module after linear i (None: none)
+        i = 0
+        while i < len(mods):
+            if not isinstance(mods[i], nn.Linear):
+                raise ValueError(f"{where}: module {i} is a {type(mods[i]).__name__}, expected nn.Linear")
+            linears.append(mods[i])
+            act = None
+            if i + 1 < len(mods) and not isinstance(mods[i + 1], nn.Linear):
+                act = _module_activation(where, i + 1, mods[i + 1])
+                i += 1
+            acts.append(act)
+            i += 1
+        if not linears:
+            raise ValueError(f"{where}: seq holds no nn.Linear")
+        hidden = set(acts[:-1])
+        if len(hidden) > 1:
+            raise ValueError(f"{where}: the hidden layers' activations differ ({sorted(map(str, hidden))}); "
+                             "FusedMLP applies one activation between all layers")
+        hidden_act = hidden.pop() if hidden else "relu"
+        hidden_act = hidden_act or "none"
+        w0 = linears[0].weight
+        m = cls([linears[0].in_features] + [lin.out_features for lin in linears],
+                bias=[lin.bias is not None for lin in linears], hidden_activation=hidden_act,
+                out_activation=acts[-1] or "none", allow_tf32=allow_tf32, device=w0.device, dtype=w0.dtype)
+        for i, lin in enumerate(linears):
+            if lin.in_features != m.widths[i]:
+                raise ValueError(f"{where}: layer {i} takes {lin.in_features} inputs but layer {i - 1} gives "
+                                 f"{m.widths[i]}")
+        with torch.no_grad():
+            for src, dst in zip(linears, m.layers):
+                for name in ("weight", "bias"):
+                    s, t = getattr(src, name), getattr(dst, name)
+                    if s is not None:
+                        t.copy_(s)
+                        t.requires_grad_(s.requires_grad)
+        return m
+
+    def to_sequential(self) -> nn.Sequential:
+        """The equivalent ``nn.Sequential`` (copies of the parameters)."""
+        mods = []
+        for i, layer in enumerate(self.layers):
+            lin = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
+                            device=layer.weight.device, dtype=layer.weight.dtype)
+            lin.load_state_dict(layer.state_dict())
+            mods.append(lin)
+            act = self.out_activation if i == len(self._layer_names) - 1 else self.hidden_activation
+            if act != "none":
+                mods.append(_ACTIVATION_MODULES[act]())
+        return nn.Sequential(*mods)
+
+    def forward(self, x: Tensor) -> Tensor:
+        layers = self.layers
+        biases = [layer.bias for layer in layers]
+        return mlp(x, [layer.weight for layer in layers], biases if any(b is not None for b in biases) else None,
+                   self.hidden_activation, self.out_activation, allow_tf32=self.allow_tf32)
+
+    def extra_repr(self) -> str:
+        return (f"widths={list(self.widths)}, hidden_activation={self.hidden_activation!r}, "
+                f"out_activation={self.out_activation!r}")
+
+
+_ACTIVATION_MODULES = {"relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh")}
+
+
+def _module_activation(where: str, index: int, mod) -> str:
+    if isinstance(mod, nn.ReLU):
+        return "relu"
+    if isinstance(mod, nn.GELU):
+        return "gelu_tanh" if mod.approximate == "tanh" else "gelu"
+    raise ValueError(f"{where}: module {index} is a {type(mod).__name__}; FusedMLP takes nn.ReLU or nn.GELU "
+                     "between the nn.Linear layers")
 
 
 def _activation(where: str, activation) -> str:

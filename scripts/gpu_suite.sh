@@ -149,12 +149,13 @@ unset FK_SANITIZE
 { sel bench || sel bench_geodesic; } && step bench_geodesic 900 python3 benches/bench_geodesic.py --json "$OUT/bench_geodesic.json"
 { sel bench || sel bench_gaussian; } && step bench_gaussian 900 python3 benches/bench_gaussian.py --json "$OUT/bench_gaussian.json"
 { sel bench || sel bench_torch_path; } && step bench_torch_path 900 python3 benches/bench_torch_path.py --json "$OUT/bench_torch_path.json"
+{ sel bench || sel bench_mlp; } && step bench_mlp 900 python3 benches/bench_mlp.py --json "$OUT/bench_mlp.json"
 { sel scale || sel scale_gaussian; } && step scale_gaussian 900 env FK_SCALE_TEST=1 "$B/bin/gpu_gaussian" scale_field --nocapture
 want huge && step chunked_huge 900 env FK_TEST_HUGE=1 "$B/bin/gpu_linalg" chunked_gemm_larger_than_gpu_memory --nocapture
 
 echo
 echo "---- benchmark rows"
-grep -E "^(device|add|mul|axpby|host|driver|device-to-device|cuda: pooled|overlap|all-reduce|torch.distributed|fusekit busbw|relu|gelu|gemm|chunked|kron|field_|mahalanobis_|christoffel|leapfrog|float64 check|inverse|per-sample|ghost|DP clipped|DP-SGD|  check: fusekit vs Opacus|Shampoo|torch.add|fusekit.add|  fusekit.ops|  torch.ops|  PyTorch eager|torch_path)" "$LOG" | grep -v "^===" | head -140
+grep -E "^(device|add|mul|axpby|host|driver|device-to-device|cuda: pooled|overlap|all-reduce|torch.distributed|fusekit busbw|relu|gelu|gemm|chunked|kron|field_|mahalanobis_|christoffel|leapfrog|float64 check|inverse|per-sample|ghost|DP clipped|DP-SGD|  check: fusekit vs Opacus|Shampoo|torch.add|fusekit.add|  fusekit.ops|  torch.ops|  PyTorch eager|torch_path|bench_mlp)" "$LOG" | grep -v "^===" | head -140
 echo
 echo "---- GPU suite summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
 printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"

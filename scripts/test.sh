@@ -92,6 +92,8 @@ echo "==> Python host time per call (CPU backend; a smoke run of benches/host_ov
 src_py benches/host_overhead.py
 echo "==> the torch path's benchmark (CPU smoke run of benches/bench_torch_path.py)"
 src_py benches/bench_torch_path.py --smoke --no-compile
+echo "==> the MLP benchmark (CPU smoke run of benches/bench_mlp.py)"
+src_py benches/bench_mlp.py --smoke --no-compile
 echo "==> examples/gaussian_field_fit.py (fusekit.nn.GaussianField + Adam; CPU smoke run, writes its PNG)"
 rm -f "$ROOT/target/gaussian_field_fit.png"
 src_py examples/gaussian_field_fit.py --smoke \

@@ -103,6 +103,7 @@ def test_partial_gradients():
     torch.testing.assert_close(m.layers[1].weight.grad, seq[2].weight.grad, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore:Input #.* is not a double precision")
 @pytest.mark.parametrize("hidden,out", [("gelu", "none"), ("gelu_tanh", "gelu")])
 def test_gradcheck_f32(hidden, out):
     # The op has no float64 kernel (fk_mlp_forward: f16, bf16, f32): gradcheck in

@@ -63,10 +63,14 @@ __all__ = [
     "linear",
     "mahalanobis",
     "gaussian_field",
+    "DEFAULT_C",
+    "christoffel",
+    "leapfrog",
     "warmup",
     "call_count",
     "count_calls",
     "allow_tf32",
+    "precision_mode",
 ]
 
 #: The jax versions this module accepts: ``[low, high)``.
@@ -110,6 +114,7 @@ _HANDLERS = {
     "mahalanobis_backward": "mahalanobis_backward",
     "field_forward": "gaussian_field_forward",
     "field_backward": "gaussian_field_backward",
+    **{op: op for op in ("christoffel_forward", "christoffel_backward", "leapfrog_forward", "leapfrog_backward")},
 }
 
 _lock = threading.Lock()
@@ -194,7 +199,7 @@ def _unify(*xs):
     return tuple(out)
 
 
-def _call(op: str, results, *args, vmap_method: str, **attrs):
+def _call(op: str, results, *args, vmap_method: str, aliases=None, **attrs):
     _register()
     args = _unify(*args)
     if args and _varying(args[0]):
@@ -207,7 +212,8 @@ def _call(op: str, results, *args, vmap_method: str, **attrs):
             for r in ([results] if one else results)
         ]
         results = results[0] if one else results
-    return jax.ffi.ffi_call(_target(op), results, vmap_method=vmap_method)(*args, **attrs)
+    call = jax.ffi.ffi_call(_target(op), results, vmap_method=vmap_method, input_output_aliases=aliases)
+    return call(*args, **attrs)
 
 
 def _check(status: int, where: str) -> None:
@@ -295,8 +301,7 @@ def _shape(x, name: str, want: tuple, form: str, where: str):
 # Precision (f32 products: strict or TF32)
 # ---------------------------------------------------------------------------
 
-_STRICT = {"highest", "float32", "high", "f32_f32_f32", "bf16_bf16_f32_x3", "bf16_bf16_f32_x6",
-           "bf16_bf16_f32_x9", "tf32_tf32_f32_x3", "f64_f64_f64"}
+_STRICT = {"highest", "float32", "f32_f32_f32", "bf16_bf16_f32_x6", "bf16_bf16_f32_x9", "f64_f64_f64"}
 _TF32 = {"default", "fastest", "bfloat16", "tensorfloat32", "tf32_tf32_f32", "bf16_bf16_f32",
          "bf16_bf16_bf16", "f16_f16_f32", "f16_f16_f16"}
 
@@ -310,6 +315,46 @@ def _config_precision():
         return jax.config.jax_default_matmul_precision
 
 
+#: the settings that ask for about f32 accuracy from three passes: 3xTF32 where an
+#: op has it (the leapfrog forward), strict f32 elsewhere
+_X3 = {"high", "tf32_tf32_f32_x3", "bf16_bf16_f32_x3"}
+
+
+def precision_mode(precision=None) -> str:
+    """The f32 product mode that ``precision`` asks for: ``"tf32"``, ``"tf32x3"`` or
+    ``"strict"``. None reads ``jax.config.jax_default_matmul_precision`` (the
+    ``jax.default_matmul_precision`` context included).
+
+    - ``"tf32"``: ``"default"``, ``"fastest"``, ``"bfloat16"``, ``"tensorfloat32"``,
+      ``"TF32_TF32_F32"`` and the other one-pass presets, ``jax.lax.Precision.DEFAULT``,
+      ``True``;
+    - ``"tf32x3"``: ``"high"``, ``"TF32_TF32_F32_X3"``, ``"BF16_BF16_F32_X3"``,
+      ``jax.lax.Precision.HIGH`` (3xTF32 where an op has it, the leapfrog forward;
+      strict f32 elsewhere);
+    - ``"strict"``: unset (None), ``"highest"``, ``"float32"``, ``"F32_F32_F32"``,
+      the ``_X6`` / ``_X9`` presets, ``jax.lax.Precision.HIGHEST``, ``False``.
+    """
+    p = _config_precision() if precision is None else precision
+    if p is None:
+        return "strict"
+    if isinstance(p, bool):
+        return "tf32" if p else "strict"
+    if isinstance(p, jax.lax.Precision):
+        return {jax.lax.Precision.DEFAULT: "tf32", jax.lax.Precision.HIGH: "tf32x3"}.get(p, "strict")
+    if isinstance(p, str):
+        s = p.lower()
+        if s in _TF32:
+            return "tf32"
+        if s in _X3:
+            return "tf32x3"
+        if s in _STRICT:
+            return "strict"
+    raise ValueError(
+        f"fusekit.jax: precision {p!r} is not understood; use True/False, a jax.lax.Precision, "
+        "or one of jax_default_matmul_precision's values"
+    )
+
+
 def allow_tf32(precision=None) -> bool:
     """Whether f32 products may use TF32 tensor cores (CUDA; the CPU is always
     strict), from ``precision`` or, when it is None, from
@@ -318,25 +363,10 @@ def allow_tf32(precision=None) -> bool:
     ``"default"``, ``"fastest"``, ``"bfloat16"``, ``"tensorfloat32"``,
     ``"TF32_TF32_F32"``, ``jax.lax.Precision.DEFAULT`` or ``True``. Unset (None),
     ``"highest"``, ``"float32"``, ``"high"``, the ``_X3`` presets,
-    ``jax.lax.Precision.HIGH`` / ``HIGHEST`` or ``False`` are strict.
+    ``jax.lax.Precision.HIGH`` / ``HIGHEST`` or ``False`` are strict (see
+    :func:`precision_mode` for the ops that have 3xTF32).
     """
-    p = _config_precision() if precision is None else precision
-    if p is None:
-        return False
-    if isinstance(p, bool):
-        return p
-    if isinstance(p, jax.lax.Precision):
-        return p == jax.lax.Precision.DEFAULT
-    if isinstance(p, str):
-        s = p.lower()
-        if s in _TF32:
-            return True
-        if s in _STRICT:
-            return False
-    raise ValueError(
-        f"fusekit.jax: precision {p!r} is not understood; use True/False, a jax.lax.Precision, "
-        "or one of jax_default_matmul_precision's values"
-    )
+    return precision_mode(precision) == "tf32"
 
 
 # ---------------------------------------------------------------------------
@@ -779,3 +809,186 @@ def gaussian_field(points, means, chol, weights, eps: float = 0.0):
     intermediate)."""
     points, means, chol, weights = _gaussian_inputs("gaussian_field", points, means, chol, weights)
     return _field(*_unify(points, means, chol, weights), _eps(eps, "gaussian_field"))
+
+
+# ---------------------------------------------------------------------------
+# Geodesic flow
+# ---------------------------------------------------------------------------
+
+#: The clamp bound the bindings default to (the source model's value).
+DEFAULT_C = 5.0
+
+_GEO_ALLOW_TF32, _GEO_ALLOW_TF32X3 = 1, 4
+_GEO_REAL = (jnp.float32, jnp.float64)
+
+
+def _geo_flags(precision, x3: bool) -> int:
+    """The geodesic ``flags`` for a forward: TF32, 3xTF32 where the op has it
+    (``x3``: the leapfrog forward), else strict."""
+    mode = precision_mode(precision)
+    if mode == "tf32":
+        return _GEO_ALLOW_TF32
+    if mode == "tf32x3" and x3:
+        return _GEO_ALLOW_TF32X3
+    return 0
+
+
+def _static(x, name: str, where: str, kind=float):
+    ok = (int, np.integer) if kind is int else (int, float, np.floating, np.integer)
+    if isinstance(x, bool) or not isinstance(x, ok):
+        what = "an integer" if kind is int else "a Python number"
+        raise TypeError(f"fusekit.jax.{where}: {name} must be {what} (static), got {type(x).__name__}")
+    return kind(x)
+
+
+def _geo_inputs(where: str, vname: str, v, U, W, **rows):
+    """Checks ``v [B, D]``, ``U``/``W`` ``[D, R]`` and the ``[B, D]`` arrays in
+    ``rows`` (None skipped); returns them as arrays, in order."""
+    v, U, W = _arr(v, vname, where), _arr(U, "U", where), _arr(W, "W", where)
+    _dtype_in(v, vname, _GEO_REAL, where)
+    rows = {k: (None if x is None else _arr(x, k, where)) for k, x in rows.items()}
+    _same_dtype(where, **{vname: v, "U": U, "W": W}, **{k: x for k, x in rows.items() if x is not None})
+    _shape(v, vname, (None, None), "[B, D]", where)
+    b, d = v.shape
+    _shape(U, "U", (d, None), f"[D, R] with D = {d} from {vname}", where)
+    _shape(W, "W", tuple(U.shape), f"[D, R] = {list(U.shape)} like U", where)
+    for k, x in rows.items():
+        if x is not None:
+            _shape(x, k, (b, d), f"[B, D] = [{b}, {d}] like {vname}", where)
+    return (v, U, W, *rows.values())
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _christoffel(v, U, W, c, flags):
+    return _call(
+        "christoffel_forward",
+        jax.ShapeDtypeStruct(v.shape, v.dtype),
+        v,
+        U,
+        W,
+        vmap_method="sequential",
+        c=np.float64(c),
+        flags=np.int64(flags),
+    )
+
+
+def _christoffel_fwd(v, U, W, c, flags):
+    return _christoffel(v, U, W, c, flags), (v, U, W)
+
+
+def _christoffel_bwd(c, flags, res, g):
+    v, U, W = res
+    outs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (v, U, W)]
+    # the backward is strict whatever the forward's flags (fusekit ignores them there)
+    dv, dU, dW = _call(
+        "christoffel_backward", outs, v, U, W, g, vmap_method="sequential", c=np.float64(c), want=np.int64(7)
+    )
+    return dv, dU, dW
+
+
+_christoffel.defvjp(_christoffel_fwd, _christoffel_bwd)
+
+
+def christoffel(v, U, W, c: float = DEFAULT_C, *, precision=None):
+    """The clamped low-rank Christoffel map ``clamp((v U)^2 W^T, -c, c)``
+    (fk_christoffel_forward): ``v [B, D]``, ``U``, ``W`` ``[D, R]``, f32 or f64
+    (one dtype); ``c`` static (``inf`` disables the clamp; NaN passes it). The
+    gradient (``v``, ``U``, ``W``) is fusekit's fused backward
+    (fk_christoffel_backward; strict f32). ``precision`` (see
+    :func:`precision_mode`): TF32 lets the f32 CUDA forward use tensor cores
+    (``FK_GEO_ALLOW_TF32``, ~5e-4 relative); None follows
+    ``jax_default_matmul_precision``. Under ``vmap`` it runs once per batch
+    element: fold a batch into ``B`` for one call. Rows are independent, so it
+    shards along ``B`` (``shard_map``)."""
+    v, U, W = _geo_inputs("christoffel", "v", v, U, W)
+    c = _static(c, "c", "christoffel")
+    return _christoffel(*_unify(v, U, W), c, _geo_flags(precision, x3=False))
+
+
+def _leapfrog_attrs(f, mu, dt, steps, c, flags):
+    return dict(
+        has_f=np.int64(f is not None),
+        has_mu=np.int64(mu is not None),
+        dt=np.float64(dt),
+        steps=np.int64(steps),
+        c=np.float64(c),
+        flags=np.int64(flags),
+    )
+
+
+def _leapfrog_call(x0, v0, U, W, f, mu, dt, steps, c, flags, traj: bool):
+    res = [jax.ShapeDtypeStruct(x0.shape, x0.dtype), jax.ShapeDtypeStruct(v0.shape, v0.dtype)]
+    if traj:
+        res.append(jax.ShapeDtypeStruct((steps, 2) + tuple(v0.shape), v0.dtype))
+    args = [x for x in (x0, v0, U, W, f, mu) if x is not None]
+    return _call("leapfrog_forward", res, *args, vmap_method="sequential",
+                 **_leapfrog_attrs(f, mu, dt, steps, c, flags))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
+def _leapfrog(x0, v0, U, W, f, mu, dt, steps, c, flags, save_traj):
+    x, v = _leapfrog_call(x0, v0, U, W, f, mu, dt, steps, c, flags, traj=False)
+    return x, v
+
+
+def _leapfrog_fwd(x0, v0, U, W, f, mu, dt, steps, c, flags, save_traj):
+    out = _leapfrog_call(x0, v0, U, W, f, mu, dt, steps, c, flags, traj=save_traj)
+    traj = out[2] if save_traj else None
+    return (out[0], out[1]), (v0, U, W, f, mu, traj)
+
+
+def _leapfrog_bwd(dt, steps, c, flags, save_traj, res, gs):
+    v0, U, W, f, mu, traj = res
+    gx, gv = gs
+    # dx0 = gx (x enters x_T only additively); the others from fusekit's backward
+    # (strict; its recomputed forward too)
+    want = 2 | (4 if f is not None else 0) | 8 | 16
+    outs = [jax.ShapeDtypeStruct(v0.shape, v0.dtype)]
+    if f is not None:
+        outs.append(jax.ShapeDtypeStruct(f.shape, f.dtype))
+    outs += [jax.ShapeDtypeStruct(U.shape, U.dtype), jax.ShapeDtypeStruct(W.shape, W.dtype)]
+    args = [x for x in (v0, U, W, f, mu, traj) if x is not None] + [gx, gv]
+    attrs = _leapfrog_attrs(f, mu, dt, steps, c, 0)
+    grads = list(_call("leapfrog_backward", outs, *args, vmap_method="sequential",
+                       has_traj=np.int64(traj is not None), want=np.int64(want), **attrs))
+    dv0 = grads.pop(0)
+    df = grads.pop(0) if f is not None else None
+    dU, dW = grads
+    # mu gets no gradient (fusekit's backward has none; leapfrog stops it)
+    return gx, dv0, dU, dW, df, (None if mu is None else jnp.zeros_like(mu))
+
+
+_leapfrog.defvjp(_leapfrog_fwd, _leapfrog_bwd)
+
+
+def leapfrog(x0, v0, U, W, dt: float, steps: int, f=None, mu=None, c: float = DEFAULT_C, *,
+             save_traj: bool = True, precision=None):
+    """``steps`` fused kick-drift-kick steps (fk_leapfrog_forward): returns
+    ``(x_T, v_T)``. ``x0``, ``v0`` ``[B, D]``, ``U``, ``W`` ``[D, R]``, ``f`` ``[B, D]``
+    (a constant force) and ``mu`` ``[D]`` (per-feature friction) optional; f32 or
+    f64 (one dtype); ``dt``, ``steps``, ``c`` static.
+
+    Differentiable with respect to ``x0``, ``v0``, ``U``, ``W`` and ``f`` through
+    fusekit's backward (fk_leapfrog_backward, strict). ``mu`` gets no gradient
+    (fusekit has none: it is wrapped in ``jax.lax.stop_gradient``). With
+    ``save_traj`` (the default) the differentiated forward also writes the
+    trajectory ``[steps, 2, B, D]`` for the backward to read; ``False`` saves that
+    memory and the backward recomputes it. ``precision`` (see
+    :func:`precision_mode`): TF32 (``FK_GEO_ALLOW_TF32``) or 3xTF32
+    (``FK_GEO_ALLOW_TF32X3``, f32-level accuracy) for the f32 CUDA forward; None
+    follows ``jax_default_matmul_precision``. ``vmap``: a loop, as
+    :func:`christoffel`; rows are independent, so it shards along ``B``."""
+    where = "leapfrog"
+    v0, U, W, x0, f = _geo_inputs(where, "v0", v0, U, W, x0=x0, f=f)
+    if mu is not None:
+        mu = _arr(mu, "mu", where)
+        _same_dtype(where, v0=v0, mu=mu)
+        _shape(mu, "mu", (v0.shape[1],), f"[D] with D = {v0.shape[1]} from v0", where)
+        mu = jax.lax.stop_gradient(mu)
+    dt = _static(dt, "dt", where)
+    steps = _static(steps, "steps", where, int)
+    if steps < 1:
+        raise ValueError(f"fusekit.jax.leapfrog: steps must be >= 1, got {steps}")
+    c = _static(c, "c", where)
+    x0, v0, U, W, f, mu = _unify(x0, v0, U, W, f, mu)
+    return _leapfrog(x0, v0, U, W, f, mu, dt, steps, c, _geo_flags(precision, x3=True), bool(save_traj))

@@ -285,6 +285,146 @@ def test_handler_validates_like_the_c_abi(rng):
         jax.block_until_ready(call(a, a))
 
 
+# ---------------------------------------------------------------- geodesic flow
+
+HP = jax.lax.Precision.HIGHEST
+
+
+def geo_problem(rng, b, d, r, dtype, force=True):
+    x0, v0 = rand(rng, (b, d), dtype), 0.5 * rand(rng, (b, d), dtype)
+    U, W = 0.4 * rand(rng, (d, r), dtype), 0.4 * rand(rng, (d, r), dtype)
+    f = 0.3 * rand(rng, (b, d), dtype) if force else None
+    mu = jnp.asarray(0.1 * rng.random(d), dtype)
+    return x0, v0, U, W, f, mu
+
+
+def chr_ref(v, U, W, c):
+    return jnp.clip(jnp.matmul(jnp.matmul(v, U, precision=HP) ** 2, W.T, precision=HP), -c, c)
+
+
+def leapfrog_ref(x, v, U, W, dt, steps, f=None, mu=None, c=fkj.DEFAULT_C):
+    h = dt / 2
+    f = 0 if f is None else f
+    mu = 0 if mu is None else mu
+    for _ in range(steps):
+        vh = v + h * (f - chr_ref(v, U, W, c) - mu * v)
+        x = x + dt * vh
+        v = vh + h * (f - chr_ref(vh, U, W, c) - mu * vh)
+    return x, v
+
+
+def rel_close(got, want, tol):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert np.abs(got - want).max() <= tol * max(np.abs(want).max(), 1e-30), (np.abs(got - want).max(), tol)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_christoffel_values(rng, dtype):
+    _, v, U, W, _, _ = geo_problem(rng, 9, 6, 3, dtype)
+    tol = 2e-5 if dtype == jnp.float32 else 1e-13
+    for c in (fkj.DEFAULT_C, 0.02, float("inf")):
+        got = jax.jit(fkj.christoffel, static_argnums=3)(v, U, W, c)
+        assert got.dtype == dtype
+        close(got, chr_ref(v, U, W, c), tol)
+
+
+def test_christoffel_grads_are_fusekits_backward(rng):
+    _, v, U, W, _, _ = geo_problem(rng, 7, 5, 3, jnp.float64)
+    check_grads(lambda *a: fkj.christoffel(*a, c=float("inf")), (v, U, W), order=1, modes=["rev"])
+    # with the clamp active on some entries: against jax.grad of the jnp reference
+    g = rand(rng, v.shape, jnp.float64)
+    loss = lambda fn: lambda *a: (fn(*a, 0.02) * g).sum()  # noqa: E731
+    got = jax.jit(jax.grad(loss(fkj.christoffel), argnums=(0, 1, 2)))(v, U, W)
+    want = jax.grad(loss(chr_ref), argnums=(0, 1, 2))(v, U, W)
+    assert 0 < float((jnp.abs(chr_ref(v, U, W, float("inf"))) > 0.02).mean()) < 1
+    for a, b in zip(got, want):
+        rel_close(a, b, 1e-10)
+    with fkj.count_calls() as n:
+        jax.block_until_ready(jax.jit(jax.grad(loss(fkj.christoffel), argnums=(0, 1, 2)))(v, U, W))
+    assert n() == 1  # one fused backward for the three gradients
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_leapfrog_values(rng, dtype):
+    x0, v0, U, W, f, mu = geo_problem(rng, 6, 5, 3, dtype)
+    tol = 5e-5 if dtype == jnp.float32 else 1e-12
+    fn = jax.jit(fkj.leapfrog, static_argnums=(4, 5), static_argnames=("c",))
+    for args in ((f, mu), (f, None), (None, mu), (None, None)):
+        x, v = fn(x0, v0, U, W, 0.1, 3, *args, c=0.5)
+        xr, vr = leapfrog_ref(x0, v0, U, W, 0.1, 3, *args, c=0.5)
+        close(x, xr, tol)
+        close(v, vr, tol)
+
+
+@pytest.mark.parametrize("save_traj", [True, False])
+def test_leapfrog_grads_are_fusekits_backward(rng, save_traj):
+    x0, v0, U, W, f, mu = geo_problem(rng, 5, 4, 2, jnp.float64)
+    gx, gv = rand(rng, x0.shape, jnp.float64), rand(rng, v0.shape, jnp.float64)
+
+    def loss(fn, **kw):
+        def lf(x0, v0, U, W, f):
+            x, v = fn(x0, v0, U, W, 0.1, 3, f, mu, 0.3, **kw)
+            return (x * gx).sum() + (v * gv).sum()
+
+        return lf
+
+    got = jax.jit(jax.grad(loss(fkj.leapfrog, save_traj=save_traj), argnums=(0, 1, 2, 3, 4)))(x0, v0, U, W, f)
+    want = jax.grad(loss(leapfrog_ref), argnums=(0, 1, 2, 3, 4))(x0, v0, U, W, f)
+    for a, b in zip(got, want):
+        rel_close(a, b, 1e-10)
+    check_grads(lambda x0, v0, U, W, f: fkj.leapfrog(x0, v0, U, W, 0.1, 2, f, c=float("inf"), save_traj=save_traj),
+                (x0, v0, U, W, f), order=1, modes=["rev"])
+    # mu gets no gradient (fusekit's backward has none): stopped, so zero
+    dmu = jax.grad(lambda m: fkj.leapfrog(x0, v0, U, W, 0.1, 2, f, m)[1].sum())(mu)
+    assert not np.asarray(dmu).any()
+
+
+def test_geodesic_precision_flags(rng):
+    _, v, U, W, _, _ = geo_problem(rng, 4, 4, 2, jnp.float32)
+    chr_ = lambda v: fkj.christoffel(v, U, W)  # noqa: E731
+    lf = lambda v: fkj.leapfrog(v, v, U, W, 0.1, 2)[1]  # noqa: E731
+    assert _flags_in_hlo(chr_, v) == {"0"} and _flags_in_hlo(lf, v) == {"0"}
+    with jax.default_matmul_precision("tensorfloat32"):
+        assert _flags_in_hlo(chr_, v) == {"1"} and _flags_in_hlo(lf, v) == {"1"}
+    with jax.default_matmul_precision("high"):  # 3xTF32 where the op has it: the leapfrog forward
+        assert _flags_in_hlo(chr_, v) == {"0"} and _flags_in_hlo(lf, v) == {"4"}
+    assert _flags_in_hlo(lambda v: fkj.christoffel(v, U, W, precision=True), v) == {"1"}
+    assert _flags_in_hlo(lambda v: fkj.leapfrog(v, v, U, W, 0.1, 2, precision="TF32_TF32_F32_X3")[0], v) == {"4"}
+    assert fkj.precision_mode(jax.lax.Precision.HIGH) == "tf32x3" and not fkj.allow_tf32("high")
+    # CPU results do not depend on it
+    with jax.default_matmul_precision("tensorfloat32"):
+        close(fkj.christoffel(v, U, W), chr_ref(v, U, W, fkj.DEFAULT_C), 2e-5)
+
+
+def test_geodesic_vmap_and_errors(rng):
+    x0, v0, U, W, f, mu = geo_problem(rng, 4, 5, 3, jnp.float64)
+    vs = jnp.stack([v0, 2 * v0, -v0])
+    close(jax.vmap(lambda v: fkj.christoffel(v, U, W))(vs), jnp.stack([chr_ref(v, U, W, 5.0) for v in vs]), 1e-13)
+    got = jax.vmap(lambda v: fkj.leapfrog(x0, v, U, W, 0.1, 2, f)[1])(vs)
+    close(got, jnp.stack([leapfrog_ref(x0, v, U, W, 0.1, 2, f)[1] for v in vs]), 1e-12)
+    with pytest.raises(ValueError, match=r"christoffel: U must be \[D, R\] with D = 5 from v, got shape \(4, 3\)"):
+        fkj.christoffel(v0, U[:4], W)
+    with pytest.raises(ValueError, match=r"W must be \[D, R\] = \[5, 3\] like U"):
+        fkj.christoffel(v0, U, W[:, :2])
+    with pytest.raises(TypeError, match="v has dtype float64 but W has dtype float32"):
+        fkj.christoffel(v0, U, W.astype(jnp.float32))
+    with pytest.raises(TypeError, match="v has dtype int32; this op takes float32, float64"):
+        fkj.christoffel(v0.astype(jnp.int32), U, W)
+    with pytest.raises(ValueError, match=r"leapfrog: f must be \[B, D\] = \[4, 5\] like v0"):
+        fkj.leapfrog(x0, v0, U, W, 0.1, 2, f[:3])
+    with pytest.raises(ValueError, match=r"mu must be \[D\] with D = 5"):
+        fkj.leapfrog(x0, v0, U, W, 0.1, 2, mu=mu[:2])
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        fkj.leapfrog(x0, v0, U, W, 0.1, 0)
+    with pytest.raises(TypeError, match="steps must be an integer"):
+        fkj.leapfrog(x0, v0, U, W, 0.1, 2.0)
+    # what only fusekit checks comes from the handler, in fusekit's words
+    with pytest.raises(Exception, match=r"fk_xla_christoffel_forward_(cpu|cuda): c = -1.*FK_ERROR_INVALID_ARGUMENT"):
+        jax.block_until_ready(fkj.christoffel(v0, U, W, c=-1.0))
+    with pytest.raises(Exception, match=r"fk_xla_leapfrog_forward_(cpu|cuda): dt = inf must be finite"):
+        jax.block_until_ready(fkj.leapfrog(x0, v0, U, W, float("inf"), 2))
+
+
 # ---------------------------------------------------------------- the rest
 
 

@@ -30,6 +30,7 @@ mod elementwise;
 mod gaussian;
 mod geodesic;
 mod linalg;
+mod optim;
 
 use std::ffi::{CString, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -57,7 +58,6 @@ pub(crate) enum Platform {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Graph {
     Capturable,
-    #[allow(dead_code)]
     NotCapturable,
 }
 

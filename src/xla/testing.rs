@@ -291,6 +291,7 @@ mod tests {
     use crate::xla::gaussian::*;
     use crate::xla::geodesic::*;
     use crate::xla::linalg::*;
+    use crate::xla::optim::*;
 
     fn close(a: &[f64], b: &[f64], tol: f64) {
         assert_eq!(a.len(), b.len());
@@ -318,7 +319,9 @@ mod tests {
                 fk_xla_gaussian_field_backward_cpu,
                 XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
             ),
-            // docs/abi.md's "CUDA graphs" table: the geodesic ops are capturable
+            // docs/abi.md's "CUDA graphs" table: the geodesic ops, Shampoo, the
+            // per-sample ops and Newton with tol <= 0 are capturable; the
+            // eigendecomposition reads cuSOLVER's flags on the host: not
             (
                 fk_xla_christoffel_forward_cuda,
                 XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
@@ -333,6 +336,32 @@ mod tests {
             ),
             (
                 fk_xla_leapfrog_backward_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (
+                fk_xla_matrix_power_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (fk_xla_matrix_power_eigh_cuda, 0),
+            (fk_xla_matrix_power_eigh_cpu, 0),
+            (
+                fk_xla_shampoo_stats_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (
+                fk_xla_shampoo_precondition_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (
+                fk_xla_per_sample_grads_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (
+                fk_xla_per_sample_grad_norms_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (
+                fk_xla_dp_clipped_grad_sum_cuda,
                 XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
             ),
         ] {
@@ -912,6 +941,141 @@ mod tests {
         assert_eq!(
             e.msg,
             "fk_xla_leapfrog_forward_cpu: steps (T) = 0 must be >= 1 (FK_ERROR_INVALID_ARGUMENT)"
+        );
+    }
+
+    // ------------------------------------------------------------ optimizer math
+
+    #[test]
+    fn matrix_power_newton_and_eigh_on_the_cpu() {
+        // a batch of two SPD matrices: diag(4, 9) and [[2, 1], [1, 2]]
+        let a = [4.0, 0.0, 0.0, 9.0, 2.0, 1.0, 1.0, 2.0];
+        let mut c = FakeCall::new()
+            .arg_f64(&a, &[2, 2, 2])
+            .ret_f64(&[2, 2, 2])
+            .attr_f64("power", -0.5)
+            .attr_i64("max_iter", 40);
+        assert!(c.call(fk_xla_matrix_power_cpu).is_none());
+        // [[2,1],[1,2]]^(-1/2) = Q diag(3^-1/2, 1) Q^T with Q the (1,1), (1,-1) axes
+        let (p, q) = (
+            0.5 * (1.0 / 3f64.sqrt() + 1.0),
+            0.5 * (1.0 / 3f64.sqrt() - 1.0),
+        );
+        let want = [0.5, 0.0, 0.0, 1.0 / 3.0, p, q, q, p];
+        close(&c.out_f64(0), &want, 1e-12);
+        let mut c = FakeCall::new()
+            .arg_f64(&a, &[2, 2, 2])
+            .ret_f64(&[2, 2, 2])
+            .attr_f64("power", -0.5);
+        assert!(c.call(fk_xla_matrix_power_eigh_cpu).is_none());
+        close(&c.out_f64(0), &want, 1e-13);
+        // Newton computes inverse roots only: fusekit's message
+        let mut c = FakeCall::new()
+            .arg_f64(&a, &[2, 2, 2])
+            .ret_f64(&[2, 2, 2])
+            .attr_f64("power", 0.5)
+            .attr_i64("max_iter", 40);
+        let e = c.call(fk_xla_matrix_power_cpu).expect("an error");
+        assert!(
+            e.msg.starts_with("fk_xla_matrix_power_cpu: power = 0.5: the Newton method computes inverse roots only"),
+            "{}",
+            e.msg
+        );
+    }
+
+    #[test]
+    fn shampoo_and_per_sample_ops_on_the_cpu() {
+        // G [2, 3]; L = 0.5 L0 + 2 G G^T, R = 0.5 R0 + 2 G^T G
+        let g = [1.0, 2.0, 0.0, -1.0, 0.5, 3.0];
+        let l0 = [1.0, 0.5, 0.5, 2.0];
+        let r0: Vec<f64> = (0..9).map(|i| if i % 4 == 0 { 1.0 } else { 0.0 }).collect();
+        let mut c = FakeCall::new()
+            .arg_f64(&g, &[2, 3])
+            .arg_f64(&l0, &[2, 2])
+            .arg_f64(&r0, &[3, 3])
+            .ret_f64(&[2, 2])
+            .ret_f64(&[3, 3])
+            .attr_i64("has_l", 1)
+            .attr_i64("has_r", 1)
+            .attr_f64("alpha", 2.0)
+            .attr_f64("beta", 0.5);
+        assert!(c.call(fk_xla_shampoo_stats_cpu).is_none());
+        let gg = |i: usize, j: usize| (0..3).map(|k| g[i * 3 + k] * g[j * 3 + k]).sum::<f64>();
+        let l: Vec<f64> = (0..4)
+            .map(|e| 0.5 * l0[e] + 2.0 * gg(e / 2, e % 2))
+            .collect();
+        close(&c.out_f64(0), &l, 1e-14);
+        let gtg = |i: usize, j: usize| (0..2).map(|k| g[k * 3 + i] * g[k * 3 + j]).sum::<f64>();
+        let r: Vec<f64> = (0..9)
+            .map(|e| 0.5 * r0[e] + 2.0 * gtg(e / 3, e % 3))
+            .collect();
+        close(&c.out_f64(1), &r, 1e-14);
+        // only R; beta = 0 reads nothing of R0 (NaN there is ignored)
+        let mut c = FakeCall::new()
+            .arg_f64(&g, &[2, 3])
+            .arg_f64(&[f64::NAN; 9], &[3, 3])
+            .ret_f64(&[3, 3])
+            .attr_i64("has_r", 1)
+            .attr_f64("alpha", 1.0)
+            .attr_f64("beta", 0.0);
+        assert!(c.call(fk_xla_shampoo_stats_cpu).is_none());
+        let r: Vec<f64> = (0..9).map(|e| gtg(e / 3, e % 3)).collect();
+        close(&c.out_f64(0), &r, 1e-14);
+
+        // precondition with the left root only: out = L G
+        let mut c = FakeCall::new()
+            .arg_f64(&g, &[2, 3])
+            .arg_f64(&l0, &[2, 2])
+            .ret_f64(&[2, 3])
+            .attr_i64("has_l", 1);
+        assert!(c.call(fk_xla_shampoo_precondition_cpu).is_none());
+        let lg: Vec<f64> = (0..6)
+            .map(|e| (0..2).map(|k| l0[(e / 3) * 2 + k] * g[k * 3 + e % 3]).sum())
+            .collect();
+        close(&c.out_f64(0), &lg, 1e-14);
+
+        // per-sample: a [2, 3], g [2, 2]; |G_b|^2 = |g_b|^2 |a_b|^2
+        let a = [1.0, 2.0, 2.0, 0.0, 3.0, 4.0];
+        let gs = [3.0, 4.0, 1.0, 0.0];
+        let mut c = FakeCall::new()
+            .arg_f64(&a, &[2, 3])
+            .arg_f64(&gs, &[2, 2])
+            .ret_f64(&[2]);
+        assert!(c.call(fk_xla_per_sample_grad_norms_cpu).is_none());
+        close(&c.out_f64(0), &[225.0, 25.0], 1e-14);
+        let mut c = FakeCall::new()
+            .arg_f64(&a, &[2, 3])
+            .arg_f64(&gs, &[2, 2])
+            .ret_f64(&[2, 2, 3]);
+        assert!(c.call(fk_xla_per_sample_grads_cpu).is_none());
+        assert_eq!(&c.out_f64(0)[..6], &[3.0, 6.0, 6.0, 4.0, 8.0, 8.0]);
+        // clipped at 5: sample 0 (norm 15) scaled by 1/3, sample 1 (norm 5) kept
+        let mut c = FakeCall::new()
+            .arg_f64(&a, &[2, 3])
+            .arg_f64(&gs, &[2, 2])
+            .ret_f64(&[2, 3])
+            .ret_f64(&[2])
+            .attr_f64("max_norm", 5.0);
+        assert!(c.call(fk_xla_dp_clipped_grad_sum_cpu).is_none());
+        let want: Vec<f64> = (0..6)
+            .map(|e| {
+                let (o, i) = (e / 3, e % 3);
+                gs[o] * a[i] / 3.0 + gs[2 + o] * a[3 + i]
+            })
+            .collect();
+        close(&c.out_f64(0), &want, 1e-14);
+        close(&c.out_f64(1), &[225.0, 25.0], 1e-14);
+        let mut c = FakeCall::new()
+            .arg_f64(&a, &[2, 3])
+            .arg_f64(&gs, &[2, 2])
+            .ret_f64(&[2, 3])
+            .attr_f64("max_norm", -1.0);
+        let e = c.call(fk_xla_dp_clipped_grad_sum_cpu).expect("an error");
+        assert!(
+            e.msg
+                .starts_with("fk_xla_dp_clipped_grad_sum_cpu: max_norm"),
+            "{}",
+            e.msg
         );
     }
 }

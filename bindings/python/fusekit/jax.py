@@ -66,6 +66,12 @@ __all__ = [
     "DEFAULT_C",
     "christoffel",
     "leapfrog",
+    "matrix_power",
+    "shampoo_stats",
+    "shampoo_precondition",
+    "per_sample_grads",
+    "per_sample_grad_norms",
+    "dp_clipped_grad_sum",
     "warmup",
     "call_count",
     "count_calls",
@@ -115,6 +121,8 @@ _HANDLERS = {
     "field_forward": "gaussian_field_forward",
     "field_backward": "gaussian_field_backward",
     **{op: op for op in ("christoffel_forward", "christoffel_backward", "leapfrog_forward", "leapfrog_backward")},
+    **{op: op for op in ("matrix_power", "matrix_power_eigh", "shampoo_stats", "shampoo_precondition",
+                         "per_sample_grads", "per_sample_grad_norms", "dp_clipped_grad_sum")},
 }
 
 _lock = threading.Lock()
@@ -992,3 +1000,315 @@ def leapfrog(x0, v0, U, W, dt: float, steps: int, f=None, mu=None, c: float = DE
     c = _static(c, "c", where)
     x0, v0, U, W, f, mu = _unify(x0, v0, U, W, f, mu)
     return _leapfrog(x0, v0, U, W, f, mu, dt, steps, c, _geo_flags(precision, x3=True), bool(save_traj))
+
+
+# ---------------------------------------------------------------------------
+# Optimizer math
+# ---------------------------------------------------------------------------
+
+_GEMM_ALLOW_TF32 = 1
+
+
+def _mats(x, name: str, where: str):
+    """``[rows, cols]`` or ``[batch, rows, cols]``."""
+    if x.ndim not in (2, 3):
+        raise ValueError(f"fusekit.jax.{where}: {name} must be [rows, cols] or [batch, rows, cols], "
+                         f"got shape {tuple(x.shape)}")
+
+
+def _not_differentiable(where: str, why: str):
+    """A custom_vjp rule whose backward refuses, at trace time, with a message."""
+
+    def bwd(*_):
+        raise TypeError(f"fusekit.jax.{where} is not differentiable: {why}")
+
+    return bwd
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5))
+def _matrix_power(a, power, eps, method, max_iter, flags):
+    vm = "expand_dims" if a.ndim == 2 else "sequential"
+    out = jax.ShapeDtypeStruct(a.shape, a.dtype)
+    if method == "eigh":
+        return _call("matrix_power_eigh", out, a, vmap_method=vm, power=np.float64(power), eps=np.float64(eps))
+    return _call("matrix_power", out, a, vmap_method=vm, power=np.float64(power), eps=np.float64(eps),
+                 max_iter=np.int64(max_iter), flags=np.int64(flags))
+
+
+_matrix_power.defvjp(
+    lambda a, *rest: (_matrix_power(a, *rest), None),
+    _not_differentiable("matrix_power", "fusekit has no backward for fk_matrix_power"),
+)
+
+
+def matrix_power(a, power: float, eps: float = 0.0, *, method: str = "newton", max_iter: int = 20,
+                 precision=None):
+    """``(A + eps I)^power`` of symmetric positive (semi-)definite matrices
+    (fk_matrix_power): ``a [n, n]`` or ``[batch, n, n]``, f32 or f64; ``power``,
+    ``eps`` static.
+
+    - ``method="newton"`` (default): the coupled Newton iteration for inverse roots
+      (``power = -1/p``, integer ``1 <= p <= 64``), exactly ``max_iter`` iterations
+      with no residual check (``tol = 0``): nothing is read on the host, so the
+      handler is capturable into XLA's CUDA graphs. All of ``a`` is read (it must
+      be symmetric) and ``A + eps I`` must be positive definite; 20 iterations
+      reach f32 accuracy for condition numbers up to about 1e6, f64 needs a few
+      more. ``precision``: TF32 GEMMs (f32 on CUDA, ~1e-3 relative) or strict.
+    - ``method="eigh"``: the eigendecomposition, any real power, reads the upper
+      triangle and shifts a spectrum whose minimum is below ``eps`` up to ``eps``.
+      It reads cuSOLVER's flags on the host, so its handler is declared not
+      capturable (XLA runs it outside its CUDA graphs).
+
+    Not differentiable (fusekit has no backward; ``jax.grad`` raises). ``vmap``:
+    one call for a 2-D ``a`` (a batch), a loop for a 3-D one."""
+    where = "matrix_power"
+    a = _arr(a, "a", where)
+    _dtype_in(a, "a", _GEO_REAL, where)
+    _mats(a, "a", where)
+    if a.shape[-1] != a.shape[-2]:
+        raise ValueError(f"fusekit.jax.matrix_power: a must hold square matrices, got shape {tuple(a.shape)}")
+    if method not in ("newton", "eigh"):
+        raise ValueError(f"fusekit.jax.matrix_power: method {method!r} is not 'newton' or 'eigh'")
+    power, eps = _static(power, "power", where), _static(eps, "eps", where)
+    max_iter = _static(max_iter, "max_iter", where, int)
+    flags = _GEMM_ALLOW_TF32 if method == "newton" and allow_tf32(precision) else 0
+    return _matrix_power(a, power, eps, method, max_iter, flags)
+
+
+def _sym_upper(x):
+    """The symmetric matrix whose upper triangle is ``x``'s (what fusekit reads)."""
+    u = jnp.triu(x)
+    return u + jnp.swapaxes(jnp.triu(x, 1), -1, -2)
+
+
+def _stats_ref(grad, l, r, alpha, beta):
+    hp = jax.lax.Precision.HIGHEST
+    gt = jnp.swapaxes(grad, -1, -2)
+    lo = None if l is None else beta * _sym_upper(l) + alpha * jnp.matmul(grad, gt, precision=hp)
+    ro = None if r is None else beta * _sym_upper(r) + alpha * jnp.matmul(gt, grad, precision=hp)
+    return lo, ro
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _shampoo_stats(grad, l, r, alpha, beta, flags):
+    outs, args, aliases = [], [grad], {}
+    for x in (l, r):
+        if x is not None:
+            aliases[len(args)] = len(outs)
+            args.append(x)
+            outs.append(jax.ShapeDtypeStruct(x.shape, x.dtype))
+    vm = "broadcast_all" if grad.ndim == 2 else "sequential"
+    res = _call("shampoo_stats", outs, *args, vmap_method=vm, aliases=aliases,
+                has_l=np.int64(l is not None), has_r=np.int64(r is not None),
+                alpha=np.float64(alpha), beta=np.float64(beta), flags=np.int64(flags))
+    res = list(res)
+    return (res.pop(0) if l is not None else None), (res.pop(0) if r is not None else None)
+
+
+def _shampoo_stats_fwd(grad, l, r, alpha, beta, flags):
+    return _shampoo_stats(grad, l, r, alpha, beta, flags), (grad, l, r)
+
+
+def _shampoo_stats_bwd(alpha, beta, flags, res, g):
+    grad, l, r = res
+    return jax.vjp(lambda *p: _stats_ref(*p, alpha, beta), grad, l, r)[1](g)
+
+
+_shampoo_stats.defvjp(_shampoo_stats_fwd, _shampoo_stats_bwd)
+
+
+def shampoo_stats(grad, l=None, r=None, alpha: float = 1.0, beta: float = 1.0, *, precision=None):
+    """Shampoo's statistics (fk_shampoo_stats_ex): returns ``(L', R')`` with
+    ``L' = beta L + alpha G G^T`` and ``R' = beta R + alpha G^T G``; ``grad``
+    ``[m, n]`` or ``[batch, m, n]``, ``l`` ``[(batch,) m, m]`` and ``r``
+    ``[(batch,) n, n]``, each optional (None: not computed, None returned) but not
+    both; f32 or f64. Only the upper triangles of ``l`` and ``r`` are read; the
+    results are exactly symmetric. ``alpha``, ``beta`` static. The update is in
+    place in XLA's terms (``input_output_aliases``: ``l`` and ``r`` are donated to
+    the results where XLA can). ``precision``: TF32 products for f32 on CUDA.
+    Differentiable (JAX's rule of the formula); ``vmap``: one call for a 2-D
+    ``grad``, a loop for a 3-D one."""
+    where = "shampoo_stats"
+    grad = _arr(grad, "grad", where)
+    _dtype_in(grad, "grad", _GEO_REAL, where)
+    _mats(grad, "grad", where)
+    if l is None and r is None:
+        raise ValueError("fusekit.jax.shampoo_stats: give l, r or both (the statistics to update)")
+    arrays = {"grad": grad}
+    m, n = grad.shape[-2:]
+    lead = tuple(grad.shape[:-2])
+    l = None if l is None else _arr(l, "l", where)
+    r = None if r is None else _arr(r, "r", where)
+    for name, x, k in (("l", l, m), ("r", r, n)):
+        if x is not None:
+            arrays[name] = x
+            want = lead + (k, k)
+            _shape(x, name, want, f"[{', '.join(map(str, want))}] for grad of shape {tuple(grad.shape)}", where)
+    _same_dtype(where, **arrays)
+    alpha, beta = _static(alpha, "alpha", where), _static(beta, "beta", where)
+    flags = _GEMM_ALLOW_TF32 if allow_tf32(precision) else 0
+    grad, l, r = _unify(grad, l, r)
+    return _shampoo_stats(grad, l, r, alpha, beta, flags)
+
+
+def _precondition_ref(grad, l, r):
+    hp = jax.lax.Precision.HIGHEST
+    out = grad if r is None else jnp.matmul(grad, r, precision=hp)
+    return out if l is None else jnp.matmul(l, out, precision=hp)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _precondition(grad, l, r, flags):
+    vm = "broadcast_all" if grad.ndim == 2 else "sequential"
+    args = [x for x in (grad, l, r) if x is not None]
+    return _call("shampoo_precondition", jax.ShapeDtypeStruct(grad.shape, grad.dtype), *args, vmap_method=vm,
+                 has_l=np.int64(l is not None), has_r=np.int64(r is not None), flags=np.int64(flags))
+
+
+def _precondition_fwd(grad, l, r, flags):
+    return _precondition(grad, l, r, flags), (grad, l, r)
+
+
+def _precondition_bwd(flags, res, g):
+    return jax.vjp(_precondition_ref, *res)[1](g)
+
+
+_precondition.defvjp(_precondition_fwd, _precondition_bwd)
+
+
+def shampoo_precondition(grad, l_root=None, r_root=None, *, precision=None):
+    """Shampoo's preconditioned direction ``L_root grad R_root``
+    (fk_shampoo_precondition): ``grad`` ``[m, n]`` or ``[batch, m, n]``, ``l_root``
+    ``[m, m]`` and ``r_root`` ``[n, n]`` (or with grad's batch), each optional
+    (None: the identity); f32 or f64. ``precision``: TF32 products for f32 on
+    CUDA. Differentiable (JAX's rule of the products); ``vmap``: one call for a 2-D
+    ``grad``, a loop for a 3-D one."""
+    where = "shampoo_precondition"
+    grad = _arr(grad, "grad", where)
+    _dtype_in(grad, "grad", _GEO_REAL, where)
+    _mats(grad, "grad", where)
+    m, n = grad.shape[-2:]
+    arrays = {"grad": grad}
+    roots = []
+    for name, x, k in (("l_root", l_root, m), ("r_root", r_root, n)):
+        if x is not None:
+            x = _arr(x, name, where)
+            arrays[name] = x
+            ok = x.shape[-2:] == (k, k) and (x.ndim == 2 or (x.ndim == 3 and grad.ndim == 3
+                                                                and x.shape[0] in (1, grad.shape[0])))
+            if not ok:
+                raise ValueError(f"fusekit.jax.shampoo_precondition: {name} must be [{k}, {k}] (or with grad's "
+                                 f"batch), got shape {tuple(x.shape)} for grad of shape {tuple(grad.shape)}")
+        roots.append(x)
+    _same_dtype(where, **arrays)
+    flags = _GEMM_ALLOW_TF32 if allow_tf32(precision) else 0
+    grad, l, r = _unify(grad, *roots)
+    return _precondition(grad, l, r, flags)
+
+
+def _psg_inputs(where: str, a, g):
+    a, g = _arr(a, "a", where), _arr(g, "g", where)
+    _dtype_in(a, "a", _GEO_REAL, where)
+    _same_dtype(where, a=a, g=g)
+    if a.ndim not in (2, 3) or g.ndim != a.ndim or a.shape[:-1] != g.shape[:-1]:
+        raise ValueError(
+            f"fusekit.jax.{where}: a must be [B, in] or [B, T, in] and g [B, out] or [B, T, out] with the same "
+            f"leading dimensions, got {tuple(a.shape)} and {tuple(g.shape)}"
+        )
+    return _unify(a, g)
+
+
+def _psg_ref(a, g):
+    hp = jax.lax.Precision.HIGHEST
+    if a.ndim == 2:
+        return jnp.einsum("bo,bi->boi", g, a, precision=hp)
+    return jnp.einsum("bto,bti->boi", g, a, precision=hp)
+
+
+def _norms_ref(a, g):
+    hp = jax.lax.Precision.HIGHEST
+    if a.ndim == 2:
+        return (g * g).sum(-1) * (a * a).sum(-1)
+    aa = jnp.einsum("bti,bsi->bts", a, a, precision=hp)
+    gg = jnp.einsum("bto,bso->bts", g, g, precision=hp)
+    return (aa * gg).sum((-1, -2))
+
+
+def _clipped_ref(a, g, max_norm):
+    sq = _norms_ref(a, g)
+    norm = jnp.sqrt(sq)
+    s = jnp.where(norm > max_norm, max_norm / jnp.where(norm > 0, norm, 1), 1.0)
+    hp = jax.lax.Precision.HIGHEST
+    gs = g * (s[:, None] if g.ndim == 2 else s[:, None, None])
+    out = jnp.einsum("bo,bi->oi" if a.ndim == 2 else "bto,bti->oi", gs, a, precision=hp)
+    return out, sq
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _per_sample_grads(a, g, flags):
+    shape = (a.shape[0], g.shape[-1], a.shape[-1])
+    return _call("per_sample_grads", jax.ShapeDtypeStruct(shape, a.dtype), a, g, vmap_method="sequential",
+                 flags=np.int64(flags))
+
+
+_per_sample_grads.defvjp(
+    lambda a, g, flags: (_per_sample_grads(a, g, flags), (a, g)),
+    lambda flags, res, ct: jax.vjp(_psg_ref, *res)[1](ct),
+)
+
+
+def per_sample_grads(a, g, *, precision=None):
+    """Per-sample gradients of a linear layer ``y = a W^T``, materialised
+    (fk_per_sample_grads): ``out[b] = g_b^T a_b`` ``[B, out, in]`` for ``a``
+    ``[B, in]`` or ``[B, T, in]`` and ``g`` ``[B, out]`` or ``[B, T, out]``; f32 or
+    f64. ``precision``: TF32 for f32 sequences on CUDA. Differentiable (JAX's
+    rule); ``vmap``: a loop; shards along ``B``."""
+    a, g = _psg_inputs("per_sample_grads", a, g)
+    return _per_sample_grads(a, g, _GEMM_ALLOW_TF32 if allow_tf32(precision) else 0)
+
+
+@jax.custom_vjp
+def _norms(a, g):
+    return _call("per_sample_grad_norms", jax.ShapeDtypeStruct((a.shape[0],), a.dtype), a, g,
+                 vmap_method="sequential")
+
+
+_norms.defvjp(lambda a, g: (_norms(a, g), (a, g)), lambda res, ct: jax.vjp(_norms_ref, *res)[1](ct))
+
+
+def per_sample_grad_norms(a, g):
+    """Squared Frobenius norms ``|g_b^T a_b|_F^2`` ``[B]`` of a linear layer's
+    per-sample gradients without forming them (fk_per_sample_grad_norms): ``a``,
+    ``g`` as :func:`per_sample_grads` (``|g_b|^2 |a_b|^2``, or the Gram form for
+    sequences). Differentiable (JAX's rule of the formula); ``vmap``: a loop.
+    Samples are independent: it shards along ``B`` (``shard_map``)."""
+    a, g = _psg_inputs("per_sample_grad_norms", a, g)
+    return _norms(a, g)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _clipped(a, g, max_norm, flags):
+    res = [jax.ShapeDtypeStruct((g.shape[-1], a.shape[-1]), a.dtype), jax.ShapeDtypeStruct((a.shape[0],), a.dtype)]
+    out, sq = _call("dp_clipped_grad_sum", res, a, g, vmap_method="sequential", max_norm=np.float64(max_norm),
+                    flags=np.int64(flags))
+    return out, sq
+
+
+_clipped.defvjp(
+    lambda a, g, max_norm, flags: (_clipped(a, g, max_norm, flags), (a, g)),
+    lambda max_norm, flags, res, ct: jax.vjp(lambda a, g: _clipped_ref(a, g, max_norm), *res)[1](ct),
+)
+
+
+def dp_clipped_grad_sum(a, g, max_norm: float, *, return_norms: bool = False, precision=None):
+    """The DP-SGD clipped sum ``sum_b min(1, C / |G_b|_F) G_b`` ``[out, in]`` with
+    ``G_b = g_b^T a_b`` and ``C = max_norm`` (static), never forming the ``G_b``
+    (fk_dp_clipped_grad_sum); ``a``, ``g`` as :func:`per_sample_grads`. With
+    ``return_norms`` also the squared norms ``[B]``. ``precision``: TF32 for the
+    final f32 GEMM on CUDA. Differentiable (JAX's rule of the formula); ``vmap``: a
+    loop. Under ``shard_map`` along ``B`` each shard sums its samples: ``psum``
+    the result."""
+    a, g = _psg_inputs("dp_clipped_grad_sum", a, g)
+    max_norm = _static(max_norm, "max_norm", "dp_clipped_grad_sum")
+    out, sq = _clipped(a, g, max_norm, _GEMM_ALLOW_TF32 if allow_tf32(precision) else 0)
+    return (out, sq) if return_norms else out

@@ -425,6 +425,133 @@ def test_geodesic_vmap_and_errors(rng):
         jax.block_until_ready(fkj.leapfrog(x0, v0, U, W, float("inf"), 2))
 
 
+# ---------------------------------------------------------------- optimizer math
+
+
+def spd(rng, n, dtype, batch=(), cond=30.0):
+    q, _ = np.linalg.qr(rng.standard_normal(batch + (n, n)))
+    lam = np.geomspace(1.0, cond, n)
+    return jnp.asarray((q * lam[..., None, :]) @ np.swapaxes(q, -1, -2), dtype)
+
+
+def power_ref(a, p, eps=0.0):
+    a = np.asarray(a, np.float64) + eps * np.eye(a.shape[-1])
+    lam, q = np.linalg.eigh(a)
+    return (q * lam[..., None, :] ** p) @ np.swapaxes(q, -1, -2)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_matrix_power_newton_and_eigh(rng, dtype):
+    a = spd(rng, 6, dtype, batch=(3,))
+    tol = 2e-5 if dtype == jnp.float32 else 1e-11
+    for p in (-0.5, -0.25):
+        got = jax.jit(fkj.matrix_power, static_argnums=(1, 2), static_argnames="max_iter")(a, p, 1e-3, max_iter=30)
+        rel_close(got, power_ref(a, p, 1e-3), tol)
+    for p in (0.5, -1 / 3, 2.0):
+        rel_close(fkj.matrix_power(a, p, method="eigh"), power_ref(a, p), tol)
+    # one call under vmap for 2-D matrices (a batch of them)
+    with fkj.count_calls() as n:
+        got = jax.block_until_ready(jax.jit(jax.vmap(lambda m: fkj.matrix_power(m, -0.5, max_iter=30)))(a))
+    assert n() == 1
+    rel_close(got, power_ref(a, -0.5), tol)
+
+
+def test_matrix_power_errors(rng):
+    a = spd(rng, 4, jnp.float64)
+    with pytest.raises(ValueError, match=r"a must hold square matrices, got shape \(4, 3\)"):
+        fkj.matrix_power(a[:, :3], -0.5)
+    with pytest.raises(ValueError, match="method 'qr'"):
+        fkj.matrix_power(a, -0.5, method="qr")
+    with pytest.raises(TypeError, match="a has dtype int32"):
+        fkj.matrix_power(a.astype(jnp.int32), -0.5)
+    msg = r"fk_xla_matrix_power_(cpu|cuda): power = 0.5: the Newton method computes inverse roots only"
+    with pytest.raises(Exception, match=msg):
+        jax.block_until_ready(fkj.matrix_power(a, 0.5))
+    with pytest.raises(TypeError, match="fusekit.jax.matrix_power is not differentiable"):
+        jax.grad(lambda m: fkj.matrix_power(m, -0.5).sum())(a)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_shampoo_stats_values(rng, dtype):
+    tol = 2e-5 if dtype == jnp.float32 else 1e-12
+    for batch in ((), (2,)):
+        g = rand(rng, batch + (3, 5), dtype)
+        l, r = spd(rng, 3, dtype, batch), spd(rng, 5, dtype, batch)
+        lu = jnp.triu(l) + 7 * jnp.tril(l, -1)  # only the upper triangle is read
+        lo, ro = jax.jit(fkj.shampoo_stats, static_argnums=(3, 4))(g, lu, r, 0.25, 0.9)
+        wl, wr = fkj._stats_ref(g, l, r, 0.25, 0.9)
+        close(lo, wl, tol)
+        close(ro, wr, tol)
+        assert np.array_equal(np.asarray(lo), np.swapaxes(np.asarray(lo), -1, -2))
+        lo, ro = fkj.shampoo_stats(g, None, r, beta=0.0)
+        assert lo is None
+        close(ro, fkj._stats_ref(g, None, r, 1.0, 0.0)[1], tol)
+    # the update is in place in XLA's terms: donating l makes it the result's buffer
+    g, l = rand(rng, (3, 5), jnp.float64), spd(rng, 3, jnp.float64)
+    want = fkj._stats_ref(g, l, None, 1.0, 1.0)[0]
+    step = jax.jit(lambda g, l: fkj.shampoo_stats(g, l)[0], donate_argnums=1)
+    close(step(g, jnp.array(l)), want, 1e-12)
+
+
+def test_shampoo_grads_and_vmap(rng):
+    g = rand(rng, (3, 4), jnp.float64)
+    l, r = spd(rng, 3, jnp.float64), spd(rng, 4, jnp.float64)
+    check_grads(lambda *a: fkj.shampoo_stats(*a, alpha=0.5, beta=0.9), (g, l, r), order=1, modes=["rev"])
+    check_grads(fkj.shampoo_precondition, (g, l, r), order=1, modes=["rev"])
+    hp = dict(precision=HP)
+    close(fkj.shampoo_precondition(g, l, r), jnp.matmul(jnp.matmul(l, g, **hp), r, **hp), 1e-12)
+    close(fkj.shampoo_precondition(g, l), jnp.matmul(l, g, **hp), 1e-12)
+    gs = rand(rng, (5, 3, 4), jnp.float64)
+    want = jnp.matmul(jnp.matmul(l, gs, **hp), r, **hp)
+    close(jax.vmap(lambda x: fkj.shampoo_precondition(x, l, r))(gs), want, 1e-12)
+    close(fkj.shampoo_precondition(gs, l[None], r), want, 1e-12)
+    ls = jnp.stack([l] * 5)
+    lo = jax.vmap(lambda x, m: fkj.shampoo_stats(x, m)[0])(gs, ls)
+    close(lo, fkj._stats_ref(gs, ls, None, 1.0, 1.0)[0], 1e-12)
+    with pytest.raises(ValueError, match="give l, r or both"):
+        fkj.shampoo_stats(g)
+    with pytest.raises(ValueError, match=r"r must be \[4, 4\] for grad of shape \(3, 4\)"):
+        fkj.shampoo_stats(g, r=l)
+    with pytest.raises(ValueError, match=r"l_root must be \[3, 3\]"):
+        fkj.shampoo_precondition(g, r)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("seq", [False, True])
+def test_per_sample_ops(rng, dtype, seq):
+    lead = (6, 3) if seq else (6,)
+    a, g = rand(rng, lead + (5,), dtype), rand(rng, lead + (4,), dtype)
+    tol = 5e-5 if dtype == jnp.float32 else 1e-12
+    G = fkj._psg_ref(a, g)
+    close(jax.jit(fkj.per_sample_grads)(a, g), G, tol)
+    sq = (G**2).sum((-1, -2))
+    rel_close(jax.jit(fkj.per_sample_grad_norms)(a, g), sq, tol)
+    C = float(np.median(np.sqrt(np.asarray(sq))))
+    s = jnp.minimum(1.0, C / jnp.sqrt(sq))
+    out, sq2 = jax.jit(fkj.dp_clipped_grad_sum, static_argnums=2, static_argnames="return_norms")(
+        a, g, C, return_norms=True)
+    rel_close(out, (s[:, None, None] * G).sum(0), tol)
+    rel_close(sq2, sq, tol)
+
+
+def test_per_sample_grads_and_errors(rng):
+    a, g = rand(rng, (5, 3), jnp.float64), rand(rng, (5, 2), jnp.float64)
+    check_grads(fkj.per_sample_grads, (a, g), order=1, modes=["rev"])
+    check_grads(fkj.per_sample_grad_norms, (a, g), order=1, modes=["rev"])
+    check_grads(lambda a, g: fkj.dp_clipped_grad_sum(a, g, 1.0), (a, g), order=1, modes=["rev"])
+    at, gt = rand(rng, (3, 2, 3), jnp.float64), rand(rng, (3, 2, 2), jnp.float64)
+    got = jax.grad(lambda a: fkj.per_sample_grad_norms(a, gt).sum())(at)
+    rel_close(got, jax.grad(lambda a: fkj._norms_ref(a, gt).sum())(at), 1e-12)
+    ab = jnp.stack([a, 2 * a])
+    close(jax.vmap(lambda x: fkj.per_sample_grad_norms(x, g))(ab), jnp.stack([fkj._norms_ref(x, g) for x in ab]), 1e-12)
+    with pytest.raises(ValueError, match=r"same leading dimensions, got \(5, 3\) and \(4, 2\)"):
+        fkj.per_sample_grad_norms(a, g[:4])
+    with pytest.raises(TypeError, match="a has dtype float64 but g has dtype float32"):
+        fkj.dp_clipped_grad_sum(a, g.astype(jnp.float32), 1.0)
+    with pytest.raises(Exception, match=r"fk_xla_dp_clipped_grad_sum_(cpu|cuda): max_norm = -1"):
+        jax.block_until_ready(fkj.dp_clipped_grad_sum(a, g, -1.0))
+
+
 # ---------------------------------------------------------------- the rest
 
 

@@ -629,3 +629,86 @@ def test_shard_map_over_four_cpu_devices(tmp_path):
     r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SHARD_MAP_OK 4" in r.stdout
+
+
+SHARD_MAP_BATCH_SCRIPT = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, PartitionSpec as P
+    jax.config.update("jax_enable_x64", True)
+    import fusekit.jax as fkj
+    assert len(jax.devices()) == 4, jax.devices()
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    shard_map = getattr(jax, "shard_map", None)
+    if shard_map is None:
+        from jax.experimental.shard_map import shard_map
+    rng = np.random.default_rng(1)
+    r = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float64)
+    x0, v0, f = r(16, 6), 0.5 * r(16, 6), 0.3 * r(16, 6)
+    U, W = 0.4 * r(6, 3), 0.4 * r(6, 3)
+    a, g = r(16, 5), r(16, 4)
+    HP = jax.lax.Precision.HIGHEST
+
+    def chr_ref(v, U, W, c):
+        return jnp.clip(jnp.matmul(jnp.matmul(v, U, precision=HP) ** 2, W.T, precision=HP), -c, c)
+
+    def lf_ref(x, v, U, W, f):
+        for _ in range(2):
+            vh = v + 0.05 * (f - chr_ref(v, U, W, 5.0))
+            x = x + 0.1 * vh
+            v = vh + 0.05 * (f - chr_ref(vh, U, W, 5.0))
+        return x, v
+
+    # batch-parallel ops along the batch (rows / samples) of the mesh
+    def local(v, x, f, a, g):
+        return fkj.christoffel(v, U, W), fkj.leapfrog(x, v, U, W, 0.1, 2, f), fkj.per_sample_grad_norms(a, g)
+
+    spec = P("d")
+    fn = jax.jit(shard_map(local, mesh=mesh, in_specs=(spec,) * 5, out_specs=(spec, (spec, spec), spec)))
+    gam, (xT, vT), sq = fn(v0, x0, f, a, g)
+    np.testing.assert_allclose(gam, chr_ref(v0, U, W, 5.0), rtol=1e-12, atol=1e-12)
+    xr, vr = lf_ref(x0, v0, U, W, f)
+    np.testing.assert_allclose(xT, xr, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(vT, vr, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(sq, (a * a).sum(-1) * (g * g).sum(-1), rtol=1e-12)
+    assert len({s.device for s in sq.addressable_shards}) == 4
+
+    # U, W replicated: their gradients are the sums over the shards of the batch;
+    # the DP clipped sum per shard, psum'ed
+    def loss(U_, W_, x, v, f):
+        xT, vT = fkj.leapfrog(x, v, U_, W_, 0.1, 2, f)
+        return (xT ** 2).sum() + (fkj.christoffel(v, U_, W_) * vT).sum()
+
+    gspec = (P(), P(), spec, spec, spec)
+    grads = jax.jit(shard_map(jax.grad(loss, argnums=(0, 1, 3)), mesh=mesh, in_specs=gspec,
+                              out_specs=(P(), P(), spec)))(U, W, x0, v0, f)
+
+    def loss_ref(U_, W_, x, v, f):
+        xT, vT = lf_ref(x, v, U_, W_, f)
+        return (xT ** 2).sum() + (chr_ref(v, U_, W_, 5.0) * vT).sum()
+
+    want = jax.grad(loss_ref, argnums=(0, 1, 3))(U, W, x0, v0, f)
+    for got_, want_ in zip(grads, want):
+        np.testing.assert_allclose(got_, want_, rtol=1e-10, atol=1e-12)
+
+    clip = jax.jit(shard_map(lambda a, g: jax.lax.psum(fkj.dp_clipped_grad_sum(a, g, 1.0), "d"), mesh=mesh,
+                             in_specs=(spec, spec), out_specs=P()))
+    np.testing.assert_allclose(clip(a, g), fkj.dp_clipped_grad_sum(a, g, 1.0), rtol=1e-12, atol=1e-12)
+    print("SHARD_MAP_BATCH_OK")
+    """
+)
+
+
+def test_shard_map_batch_parallel_ops_over_four_cpu_devices(tmp_path):
+    """The geodesic ops and the per-sample ops sharded along their batch over four
+    host devices: values, and the replicated parameters' gradients summed over the
+    shards by JAX (f64, against jnp)."""
+    script = tmp_path / "shard_batch.py"
+    script.write_text(SHARD_MAP_BATCH_SCRIPT)
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p])
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SHARD_MAP_BATCH_OK" in r.stdout

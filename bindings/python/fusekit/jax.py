@@ -13,9 +13,11 @@ Each op is an XLA custom call (``jax.ffi.ffi_call``) to a handler in ``libfuseki
 ``jax.ffi.pycapsule``; nothing is compiled against jaxlib). The handlers take
 XLA's buffers without copying, XLA's CUDA stream, and run the op through the
 same validation as the C ABI. Gradients are ``jax.custom_vjp`` rules: the fused
-linear layer and the Gaussian ops call fusekit's fused backwards; elementwise
-ops and ``matmul`` differentiate with JAX's own rules around fusekit's forward
-(``matmul``'s products are fusekit GEMMs). docs/jax.md is the reference.
+linear layer, the Gaussian ops, ``christoffel`` and ``leapfrog`` call fusekit's
+fused backwards; elementwise ops and ``matmul`` differentiate with JAX's own
+rules around fusekit's forward (``matmul``'s products are fusekit GEMMs), the
+Shampoo and per-sample ops with JAX's rule of their formulas; ``matrix_power``
+is not differentiable. docs/jax.md is the reference.
 
 Supported jax: see :data:`SUPPORTED_JAX`; importing this module with another
 version raises ``ImportError`` (set ``FUSEKIT_JAX_ANY_VERSION=1`` to try anyway).

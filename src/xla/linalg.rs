@@ -94,12 +94,7 @@ fn gemm(c: &Call) -> Result<()> {
         re: c.attr_f64_or("alpha", Some(1.0))?,
         im: 0.0,
     };
-    let flags = c.attr_i64_or("flags", Some(0))?;
-    crate::ensure!(
-        (0..=u32::MAX as i64).contains(&flags),
-        FK_ERROR_INVALID_ARGUMENT,
-        "flags = {flags} is not a 32-bit set of flags"
-    );
+    let flags = c.attr_flags("flags")?;
     let (a, b, out) = (c.arg(0, "a")?, c.arg(1, "b")?, c.ret(0, "c")?);
     la::gemm(
         ta,
@@ -109,7 +104,7 @@ fn gemm(c: &Call) -> Result<()> {
         &b,
         Scalar::default(),
         &out,
-        flags as u32,
+        flags,
         &c.stream,
     )
 }

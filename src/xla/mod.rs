@@ -28,7 +28,9 @@
 pub mod api;
 mod elementwise;
 mod gaussian;
+mod geodesic;
 mod linalg;
+mod optim;
 
 use std::ffi::{CString, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -56,7 +58,6 @@ pub(crate) enum Platform {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Graph {
     Capturable,
-    #[allow(dead_code)]
     NotCapturable,
 }
 
@@ -389,6 +390,82 @@ impl<'a> Call<'a> {
 
     pub fn attr_f64(&self, name: &str) -> Result<f64> {
         self.attr_f64_or(name, None)
+    }
+
+    /// A 32-bit set of flags (`flags` of the C ABI), 0 when absent.
+    pub fn attr_flags(&self, name: &str) -> Result<u32> {
+        let v = self.attr_i64_or(name, Some(0))?;
+        u32::try_from(v).map_err(|_| invalid(format!("{name} = {v} is not a 32-bit set of flags")))
+    }
+
+    /// A boolean attribute (0 or 1), `default` when absent.
+    pub fn attr_bool(&self, name: &str, default: bool) -> Result<bool> {
+        match self.attr_i64_or(name, Some(default as i64))? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => crate::bail!(
+                FK_ERROR_INVALID_ARGUMENT,
+                "attribute {name} = {v} must be 0 or 1"
+            ),
+        }
+    }
+
+    /// Operands in order, some of them optional: see `Operands`.
+    pub fn operands(&self) -> Operands<'_, 'a> {
+        Operands {
+            call: self,
+            next: 0,
+        }
+    }
+
+    /// Results in order, some of them optional: see `Operands`.
+    pub fn results(&self) -> Results<'_, 'a> {
+        Results {
+            call: self,
+            next: 0,
+        }
+    }
+}
+
+/// A cursor over a call's operands, for handlers whose optional operands are
+/// present or not as attributes say (`has_f`, ...): each `next` / `opt` takes the
+/// following operand.
+pub(crate) struct Operands<'c, 'a> {
+    call: &'c Call<'a>,
+    next: usize,
+}
+
+impl Operands<'_, '_> {
+    pub fn next(&mut self, what: &str) -> Result<Buffer> {
+        self.next += 1;
+        self.call.arg(self.next - 1, what)
+    }
+    pub fn opt(&mut self, present: bool, what: &str) -> Result<Option<Buffer>> {
+        if present {
+            self.next(what).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+/// A cursor over a call's results (as `Operands`).
+pub(crate) struct Results<'c, 'a> {
+    call: &'c Call<'a>,
+    next: usize,
+}
+
+impl Results<'_, '_> {
+    pub fn next(&mut self, what: &str) -> Result<Buffer> {
+        self.next += 1;
+        self.call.ret(self.next - 1, what)
+    }
+    pub fn opt(&mut self, present: bool, what: &str) -> Result<Option<Buffer>> {
+        if present {
+            self.next(what).map(Some)
+        } else {
+            Ok(None)
+        }
     }
 }
 

@@ -289,7 +289,9 @@ mod tests {
     use super::*;
     use crate::xla::elementwise::*;
     use crate::xla::gaussian::*;
+    use crate::xla::geodesic::*;
     use crate::xla::linalg::*;
+    use crate::xla::optim::*;
 
     fn close(a: &[f64], b: &[f64], tol: f64) {
         assert_eq!(a.len(), b.len());
@@ -315,6 +317,51 @@ mod tests {
             ),
             (
                 fk_xla_gaussian_field_backward_cpu,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            // docs/abi.md's "CUDA graphs" table: the geodesic ops, Shampoo, the
+            // per-sample ops and Newton with tol <= 0 are capturable; the
+            // eigendecomposition reads cuSOLVER's flags on the host: not
+            (
+                fk_xla_christoffel_forward_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (
+                fk_xla_christoffel_backward_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (
+                fk_xla_leapfrog_forward_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (
+                fk_xla_leapfrog_backward_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (
+                fk_xla_matrix_power_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (fk_xla_matrix_power_eigh_cuda, 0),
+            (fk_xla_matrix_power_eigh_cpu, 0),
+            (
+                fk_xla_shampoo_stats_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (
+                fk_xla_shampoo_precondition_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (
+                fk_xla_per_sample_grads_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (
+                fk_xla_per_sample_grad_norms_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (
+                fk_xla_dp_clipped_grad_sum_cuda,
                 XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
             ),
         ] {
@@ -615,5 +662,420 @@ mod tests {
         );
         let s = unsafe { crate::xla::fk_xla_gaussian_workspace_bytes(2, 1, 100, 10, &mut v) };
         assert_eq!(s, crate::error::FK_ERROR_UNSUPPORTED_DTYPE);
+    }
+
+    // ------------------------------------------------------------ geodesic
+
+    /// `clamp((v U)^2 W^T, -c, c)` for one row.
+    fn gamma_row(v: &[f64], u: &[f64], w: &[f64], r: usize, c: f64) -> Vec<f64> {
+        let d = v.len();
+        let s: Vec<f64> = (0..r)
+            .map(|j| (0..d).map(|i| v[i] * u[i * r + j]).sum::<f64>().powi(2))
+            .collect();
+        (0..d)
+            .map(|i| {
+                (0..r)
+                    .map(|j| s[j] * w[i * r + j])
+                    .sum::<f64>()
+                    .clamp(-c, c)
+            })
+            .collect()
+    }
+
+    fn geo_problem() -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+        // B = 2, D = 3, R = 2
+        let v = vec![0.3, -0.2, 0.5, 0.1, 0.4, -0.3];
+        let u = vec![0.5, -0.1, 0.2, 0.3, -0.4, 0.6];
+        let w = vec![0.7, 0.2, -0.5, 0.1, 0.3, -0.8];
+        let x = vec![1.0, 2.0, 3.0, -1.0, 0.0, 0.5];
+        (v, u, w, x)
+    }
+
+    #[test]
+    fn christoffel_forward_and_backward_on_the_cpu() {
+        let (v, u, w, _) = geo_problem();
+        let mut c = FakeCall::new()
+            .arg_f64(&v, &[2, 3])
+            .arg_f64(&u, &[3, 2])
+            .arg_f64(&w, &[3, 2])
+            .ret_f64(&[2, 3])
+            .attr_f64("c", 0.05)
+            .attr_i64("flags", 0);
+        assert!(c.call(fk_xla_christoffel_forward_cpu).is_none());
+        let want: Vec<f64> = (0..2)
+            .flat_map(|b| gamma_row(&v[b * 3..b * 3 + 3], &u, &w, 2, 0.05))
+            .collect();
+        close(&c.out_f64(0), &want, 1e-14);
+
+        // want = 4: dW alone, the only result; d(sum gamma)/dW[d, r] = sum_b s[b, r]
+        // over the unclamped (d, b) (c = inf: all)
+        let mut c = FakeCall::new()
+            .arg_f64(&v, &[2, 3])
+            .arg_f64(&u, &[3, 2])
+            .arg_f64(&w, &[3, 2])
+            .arg_f64(&[1.0; 6], &[2, 3])
+            .ret_f64(&[3, 2])
+            .attr_f64("c", f64::INFINITY)
+            .attr_i64("want", 4);
+        assert!(c.call(fk_xla_christoffel_backward_cpu).is_none());
+        let s: Vec<f64> = (0..4)
+            .map(|e| {
+                let (b, j) = (e / 2, e % 2);
+                (0..3)
+                    .map(|i| v[b * 3 + i] * u[i * 2 + j])
+                    .sum::<f64>()
+                    .powi(2)
+            })
+            .collect();
+        let dw: Vec<f64> = (0..3)
+            .flat_map(|_| (0..2).map(|j| s[j] + s[2 + j]))
+            .collect();
+        close(&c.out_f64(0), &dw, 1e-14);
+
+        // dv against central differences of sum(gamma * g)
+        let g = [0.5, -1.0, 2.0, 1.5, 0.25, -0.75];
+        let mut c = FakeCall::new()
+            .arg_f64(&v, &[2, 3])
+            .arg_f64(&u, &[3, 2])
+            .arg_f64(&w, &[3, 2])
+            .arg_f64(&g, &[2, 3])
+            .ret_f64(&[2, 3])
+            .ret_f64(&[3, 2])
+            .ret_f64(&[3, 2])
+            .attr_f64("c", 5.0);
+        assert!(c.call(fk_xla_christoffel_backward_cpu).is_none());
+        let loss = |v: &[f64]| -> f64 {
+            (0..2)
+                .flat_map(|b| gamma_row(&v[b * 3..b * 3 + 3], &u, &w, 2, 5.0))
+                .zip(g)
+                .map(|(a, b)| a * b)
+                .sum()
+        };
+        let h = 1e-6;
+        let fd: Vec<f64> = (0..6)
+            .map(|i| {
+                let (mut p, mut m) = (v.clone(), v.clone());
+                p[i] += h;
+                m[i] -= h;
+                (loss(&p) - loss(&m)) / (2.0 * h)
+            })
+            .collect();
+        close(&c.out_f64(0), &fd, 1e-8);
+    }
+
+    #[test]
+    fn leapfrog_forward_and_backward_on_the_cpu() {
+        let (v, u, w, x) = geo_problem();
+        let f = [0.1, 0.0, -0.2, 0.3, 0.1, 0.0];
+        let mu = [0.1, 0.2, 0.0];
+        let (dt, steps, cl) = (0.1, 3i64, 5.0);
+        let forward = |traj: bool| {
+            let mut c = FakeCall::new()
+                .arg_f64(&x, &[2, 3])
+                .arg_f64(&v, &[2, 3])
+                .arg_f64(&u, &[3, 2])
+                .arg_f64(&w, &[3, 2])
+                .arg_f64(&f, &[2, 3])
+                .arg_f64(&mu, &[3])
+                .ret_f64(&[2, 3])
+                .ret_f64(&[2, 3])
+                .attr_i64("has_f", 1)
+                .attr_i64("has_mu", 1)
+                .attr_f64("dt", dt)
+                .attr_i64("steps", steps)
+                .attr_f64("c", cl);
+            if traj {
+                c = c.ret_f64(&[steps, 2, 2, 3]);
+            }
+            assert!(c.call(fk_xla_leapfrog_forward_cpu).is_none());
+            c
+        };
+        // the reference: the kick-drift-kick loop per row
+        let (mut xr, mut vr) = (x.clone(), v.clone());
+        let h = dt / 2.0;
+        for _ in 0..steps {
+            for b in 0..2 {
+                let r = b * 3..b * 3 + 3;
+                let gm = gamma_row(&vr[r.clone()], &u, &w, 2, cl);
+                let vh: Vec<f64> = (0..3)
+                    .map(|i| vr[b * 3 + i] + h * (f[b * 3 + i] - gm[i] - mu[i] * vr[b * 3 + i]))
+                    .collect();
+                let gh = gamma_row(&vh, &u, &w, 2, cl);
+                for i in 0..3 {
+                    xr[b * 3 + i] += dt * vh[i];
+                    vr[b * 3 + i] = vh[i] + h * (f[b * 3 + i] - gh[i] - mu[i] * vh[i]);
+                }
+            }
+        }
+        let c = forward(true);
+        close(&c.out_f64(0), &xr, 1e-14);
+        close(&c.out_f64(1), &vr, 1e-14);
+        let traj = c.out_f64(2);
+        close(&traj[(steps as usize - 1) * 12..][..6], &xr, 0.0);
+        close(&forward(false).out_f64(1), &vr, 0.0);
+
+        // backward, from the trajectory and recomputed: the same gradients; want =
+        // 2 | 4 | 8 (dv0, df, dU)
+        let gx = [1.0, 0.5, -0.5, 0.0, 2.0, 1.0];
+        let gv = [0.2, -0.3, 0.1, 0.4, 0.0, -0.1];
+        let backward = |traj: Option<&[f64]>| {
+            let mut c = FakeCall::new()
+                .arg_f64(&v, &[2, 3])
+                .arg_f64(&u, &[3, 2])
+                .arg_f64(&w, &[3, 2])
+                .arg_f64(&f, &[2, 3])
+                .arg_f64(&mu, &[3]);
+            if let Some(t) = traj {
+                c = c.arg_f64(t, &[steps, 2, 2, 3]).attr_i64("has_traj", 1);
+            }
+            let mut c = c
+                .arg_f64(&gx, &[2, 3])
+                .arg_f64(&gv, &[2, 3])
+                .ret_f64(&[2, 3])
+                .ret_f64(&[2, 3])
+                .ret_f64(&[3, 2])
+                .attr_i64("has_f", 1)
+                .attr_i64("has_mu", 1)
+                .attr_f64("dt", dt)
+                .attr_i64("steps", steps)
+                .attr_f64("c", cl)
+                .attr_i64("want", 2 | 4 | 8);
+            assert!(c.call(fk_xla_leapfrog_backward_cpu).is_none());
+            c
+        };
+        let a = backward(Some(&traj));
+        let b = backward(None);
+        for i in 0..3 {
+            close(&a.out_f64(i), &b.out_f64(i), 1e-13);
+        }
+        // dv0 against central differences of <gx, x_T> + <gv, v_T>
+        let loss = |v0: &[f64]| -> f64 {
+            let mut c = FakeCall::new()
+                .arg_f64(&x, &[2, 3])
+                .arg_f64(v0, &[2, 3])
+                .arg_f64(&u, &[3, 2])
+                .arg_f64(&w, &[3, 2])
+                .arg_f64(&f, &[2, 3])
+                .arg_f64(&mu, &[3])
+                .ret_f64(&[2, 3])
+                .ret_f64(&[2, 3])
+                .attr_i64("has_f", 1)
+                .attr_i64("has_mu", 1)
+                .attr_f64("dt", dt)
+                .attr_i64("steps", steps)
+                .attr_f64("c", cl);
+            assert!(c.call(fk_xla_leapfrog_forward_cpu).is_none());
+            let (xt, vt) = (c.out_f64(0), c.out_f64(1));
+            (0..6).map(|i| gx[i] * xt[i] + gv[i] * vt[i]).sum()
+        };
+        let e = 1e-6;
+        let fd: Vec<f64> = (0..6)
+            .map(|i| {
+                let (mut p, mut m) = (v.clone(), v.clone());
+                p[i] += e;
+                m[i] -= e;
+                (loss(&p) - loss(&m)) / (2.0 * e)
+            })
+            .collect();
+        close(&a.out_f64(0), &fd, 1e-8);
+    }
+
+    #[test]
+    fn geodesic_errors_are_fusekits() {
+        let (v, u, w, x) = geo_problem();
+        let mut c = FakeCall::new()
+            .arg_f64(&v, &[2, 3])
+            .arg_f64(&u, &[3, 2])
+            .arg_f64(&w, &[3, 2])
+            .ret_f64(&[2, 3])
+            .attr_f64("c", -1.0);
+        let e = c.call(fk_xla_christoffel_forward_cpu).expect("an error");
+        assert!(
+            e.msg.starts_with("fk_xla_christoffel_forward_cpu: c = -1")
+                && e.msg.ends_with("(FK_ERROR_INVALID_ARGUMENT)"),
+            "{}",
+            e.msg
+        );
+        // want names more results than the call has
+        let mut c = FakeCall::new()
+            .arg_f64(&v, &[2, 3])
+            .arg_f64(&u, &[3, 2])
+            .arg_f64(&w, &[3, 2])
+            .arg_f64(&v, &[2, 3])
+            .ret_f64(&[2, 3])
+            .attr_f64("c", 1.0)
+            .attr_i64("want", 3);
+        let e = c.call(fk_xla_christoffel_backward_cpu).expect("an error");
+        assert!(
+            e.msg.contains(
+                "the call has 4 operands and 1 results; this handler takes 4 operands and 2 results"
+            ),
+            "{}",
+            e.msg
+        );
+        // has_f says f is there but the operands end early
+        let mut c = FakeCall::new()
+            .arg_f64(&x, &[2, 3])
+            .arg_f64(&v, &[2, 3])
+            .arg_f64(&u, &[3, 2])
+            .arg_f64(&w, &[3, 2])
+            .ret_f64(&[2, 3])
+            .ret_f64(&[2, 3])
+            .attr_i64("has_f", 1)
+            .attr_f64("dt", 0.1)
+            .attr_i64("steps", 0)
+            .attr_f64("c", 1.0);
+        let e = c.call(fk_xla_leapfrog_forward_cpu).expect("an error");
+        assert!(e.msg.contains("this handler takes 5 operands"), "{}", e.msg);
+        let mut c = FakeCall::new()
+            .arg_f64(&x, &[2, 3])
+            .arg_f64(&v, &[2, 3])
+            .arg_f64(&u, &[3, 2])
+            .arg_f64(&w, &[3, 2])
+            .ret_f64(&[2, 3])
+            .ret_f64(&[2, 3])
+            .attr_f64("dt", 0.1)
+            .attr_i64("steps", 0)
+            .attr_f64("c", 1.0);
+        let e = c.call(fk_xla_leapfrog_forward_cpu).expect("an error");
+        assert_eq!(
+            e.msg,
+            "fk_xla_leapfrog_forward_cpu: steps (T) = 0 must be >= 1 (FK_ERROR_INVALID_ARGUMENT)"
+        );
+    }
+
+    // ------------------------------------------------------------ optimizer math
+
+    #[test]
+    fn matrix_power_newton_and_eigh_on_the_cpu() {
+        // a batch of two SPD matrices: diag(4, 9) and [[2, 1], [1, 2]]
+        let a = [4.0, 0.0, 0.0, 9.0, 2.0, 1.0, 1.0, 2.0];
+        let mut c = FakeCall::new()
+            .arg_f64(&a, &[2, 2, 2])
+            .ret_f64(&[2, 2, 2])
+            .attr_f64("power", -0.5)
+            .attr_i64("max_iter", 40);
+        assert!(c.call(fk_xla_matrix_power_cpu).is_none());
+        // [[2,1],[1,2]]^(-1/2) = Q diag(3^-1/2, 1) Q^T with Q the (1,1), (1,-1) axes
+        let (p, q) = (
+            0.5 * (1.0 / 3f64.sqrt() + 1.0),
+            0.5 * (1.0 / 3f64.sqrt() - 1.0),
+        );
+        let want = [0.5, 0.0, 0.0, 1.0 / 3.0, p, q, q, p];
+        close(&c.out_f64(0), &want, 1e-12);
+        let mut c = FakeCall::new()
+            .arg_f64(&a, &[2, 2, 2])
+            .ret_f64(&[2, 2, 2])
+            .attr_f64("power", -0.5);
+        assert!(c.call(fk_xla_matrix_power_eigh_cpu).is_none());
+        close(&c.out_f64(0), &want, 1e-13);
+        // Newton computes inverse roots only: fusekit's message
+        let mut c = FakeCall::new()
+            .arg_f64(&a, &[2, 2, 2])
+            .ret_f64(&[2, 2, 2])
+            .attr_f64("power", 0.5)
+            .attr_i64("max_iter", 40);
+        let e = c.call(fk_xla_matrix_power_cpu).expect("an error");
+        assert!(
+            e.msg.starts_with("fk_xla_matrix_power_cpu: power = 0.5: the Newton method computes inverse roots only"),
+            "{}",
+            e.msg
+        );
+    }
+
+    #[test]
+    fn shampoo_and_per_sample_ops_on_the_cpu() {
+        // G [2, 3]; L = 0.5 L0 + 2 G G^T, R = 0.5 R0 + 2 G^T G
+        let g = [1.0, 2.0, 0.0, -1.0, 0.5, 3.0];
+        let l0 = [1.0, 0.5, 0.5, 2.0];
+        let r0: Vec<f64> = (0..9).map(|i| if i % 4 == 0 { 1.0 } else { 0.0 }).collect();
+        let mut c = FakeCall::new()
+            .arg_f64(&g, &[2, 3])
+            .arg_f64(&l0, &[2, 2])
+            .arg_f64(&r0, &[3, 3])
+            .ret_f64(&[2, 2])
+            .ret_f64(&[3, 3])
+            .attr_i64("has_l", 1)
+            .attr_i64("has_r", 1)
+            .attr_f64("alpha", 2.0)
+            .attr_f64("beta", 0.5);
+        assert!(c.call(fk_xla_shampoo_stats_cpu).is_none());
+        let gg = |i: usize, j: usize| (0..3).map(|k| g[i * 3 + k] * g[j * 3 + k]).sum::<f64>();
+        let l: Vec<f64> = (0..4)
+            .map(|e| 0.5 * l0[e] + 2.0 * gg(e / 2, e % 2))
+            .collect();
+        close(&c.out_f64(0), &l, 1e-14);
+        let gtg = |i: usize, j: usize| (0..2).map(|k| g[k * 3 + i] * g[k * 3 + j]).sum::<f64>();
+        let r: Vec<f64> = (0..9)
+            .map(|e| 0.5 * r0[e] + 2.0 * gtg(e / 3, e % 3))
+            .collect();
+        close(&c.out_f64(1), &r, 1e-14);
+        // only R; beta = 0 reads nothing of R0 (NaN there is ignored)
+        let mut c = FakeCall::new()
+            .arg_f64(&g, &[2, 3])
+            .arg_f64(&[f64::NAN; 9], &[3, 3])
+            .ret_f64(&[3, 3])
+            .attr_i64("has_r", 1)
+            .attr_f64("alpha", 1.0)
+            .attr_f64("beta", 0.0);
+        assert!(c.call(fk_xla_shampoo_stats_cpu).is_none());
+        let r: Vec<f64> = (0..9).map(|e| gtg(e / 3, e % 3)).collect();
+        close(&c.out_f64(0), &r, 1e-14);
+
+        // precondition with the left root only: out = L G
+        let mut c = FakeCall::new()
+            .arg_f64(&g, &[2, 3])
+            .arg_f64(&l0, &[2, 2])
+            .ret_f64(&[2, 3])
+            .attr_i64("has_l", 1);
+        assert!(c.call(fk_xla_shampoo_precondition_cpu).is_none());
+        let lg: Vec<f64> = (0..6)
+            .map(|e| (0..2).map(|k| l0[(e / 3) * 2 + k] * g[k * 3 + e % 3]).sum())
+            .collect();
+        close(&c.out_f64(0), &lg, 1e-14);
+
+        // per-sample: a [2, 3], g [2, 2]; |G_b|^2 = |g_b|^2 |a_b|^2
+        let a = [1.0, 2.0, 2.0, 0.0, 3.0, 4.0];
+        let gs = [3.0, 4.0, 1.0, 0.0];
+        let mut c = FakeCall::new()
+            .arg_f64(&a, &[2, 3])
+            .arg_f64(&gs, &[2, 2])
+            .ret_f64(&[2]);
+        assert!(c.call(fk_xla_per_sample_grad_norms_cpu).is_none());
+        close(&c.out_f64(0), &[225.0, 25.0], 1e-14);
+        let mut c = FakeCall::new()
+            .arg_f64(&a, &[2, 3])
+            .arg_f64(&gs, &[2, 2])
+            .ret_f64(&[2, 2, 3]);
+        assert!(c.call(fk_xla_per_sample_grads_cpu).is_none());
+        assert_eq!(&c.out_f64(0)[..6], &[3.0, 6.0, 6.0, 4.0, 8.0, 8.0]);
+        // clipped at 5: sample 0 (norm 15) scaled by 1/3, sample 1 (norm 5) kept
+        let mut c = FakeCall::new()
+            .arg_f64(&a, &[2, 3])
+            .arg_f64(&gs, &[2, 2])
+            .ret_f64(&[2, 3])
+            .ret_f64(&[2])
+            .attr_f64("max_norm", 5.0);
+        assert!(c.call(fk_xla_dp_clipped_grad_sum_cpu).is_none());
+        let want: Vec<f64> = (0..6)
+            .map(|e| {
+                let (o, i) = (e / 3, e % 3);
+                gs[o] * a[i] / 3.0 + gs[2 + o] * a[3 + i]
+            })
+            .collect();
+        close(&c.out_f64(0), &want, 1e-14);
+        close(&c.out_f64(1), &[225.0, 25.0], 1e-14);
+        let mut c = FakeCall::new()
+            .arg_f64(&a, &[2, 3])
+            .arg_f64(&gs, &[2, 2])
+            .ret_f64(&[2, 3])
+            .attr_f64("max_norm", -1.0);
+        let e = c.call(fk_xla_dp_clipped_grad_sum_cpu).expect("an error");
+        assert!(
+            e.msg
+                .starts_with("fk_xla_dp_clipped_grad_sum_cpu: max_norm"),
+            "{}",
+            e.msg
+        );
     }
 }

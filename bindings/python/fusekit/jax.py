@@ -13,9 +13,11 @@ Each op is an XLA custom call (``jax.ffi.ffi_call``) to a handler in ``libfuseki
 ``jax.ffi.pycapsule``; nothing is compiled against jaxlib). The handlers take
 XLA's buffers without copying, XLA's CUDA stream, and run the op through the
 same validation as the C ABI. Gradients are ``jax.custom_vjp`` rules: the fused
-linear layer and the Gaussian ops call fusekit's fused backwards; elementwise
-ops and ``matmul`` differentiate with JAX's own rules around fusekit's forward
-(``matmul``'s products are fusekit GEMMs). docs/jax.md is the reference.
+linear layer, the Gaussian ops, ``christoffel`` and ``leapfrog`` call fusekit's
+fused backwards; elementwise ops and ``matmul`` differentiate with JAX's own
+rules around fusekit's forward (``matmul``'s products are fusekit GEMMs), the
+Shampoo and per-sample ops with JAX's rule of their formulas; ``matrix_power``
+is not differentiable. docs/jax.md is the reference.
 
 Supported jax: see :data:`SUPPORTED_JAX`; importing this module with another
 version raises ``ImportError`` (set ``FUSEKIT_JAX_ANY_VERSION=1`` to try anyway).
@@ -63,10 +65,20 @@ __all__ = [
     "linear",
     "mahalanobis",
     "gaussian_field",
+    "DEFAULT_C",
+    "christoffel",
+    "leapfrog",
+    "matrix_power",
+    "shampoo_stats",
+    "shampoo_precondition",
+    "per_sample_grads",
+    "per_sample_grad_norms",
+    "dp_clipped_grad_sum",
     "warmup",
     "call_count",
     "count_calls",
     "allow_tf32",
+    "precision_mode",
 ]
 
 #: The jax versions this module accepts: ``[low, high)``.
@@ -110,6 +122,9 @@ _HANDLERS = {
     "mahalanobis_backward": "mahalanobis_backward",
     "field_forward": "gaussian_field_forward",
     "field_backward": "gaussian_field_backward",
+    **{op: op for op in ("christoffel_forward", "christoffel_backward", "leapfrog_forward", "leapfrog_backward")},
+    **{op: op for op in ("matrix_power", "matrix_power_eigh", "shampoo_stats", "shampoo_precondition",
+                         "per_sample_grads", "per_sample_grad_norms", "dp_clipped_grad_sum")},
 }
 
 _lock = threading.Lock()
@@ -194,7 +209,7 @@ def _unify(*xs):
     return tuple(out)
 
 
-def _call(op: str, results, *args, vmap_method: str, **attrs):
+def _call(op: str, results, *args, vmap_method: str, aliases=None, **attrs):
     _register()
     args = _unify(*args)
     if args and _varying(args[0]):
@@ -207,7 +222,8 @@ def _call(op: str, results, *args, vmap_method: str, **attrs):
             for r in ([results] if one else results)
         ]
         results = results[0] if one else results
-    return jax.ffi.ffi_call(_target(op), results, vmap_method=vmap_method)(*args, **attrs)
+    call = jax.ffi.ffi_call(_target(op), results, vmap_method=vmap_method, input_output_aliases=aliases)
+    return call(*args, **attrs)
 
 
 def _check(status: int, where: str) -> None:
@@ -295,8 +311,7 @@ def _shape(x, name: str, want: tuple, form: str, where: str):
 # Precision (f32 products: strict or TF32)
 # ---------------------------------------------------------------------------
 
-_STRICT = {"highest", "float32", "high", "f32_f32_f32", "bf16_bf16_f32_x3", "bf16_bf16_f32_x6",
-           "bf16_bf16_f32_x9", "tf32_tf32_f32_x3", "f64_f64_f64"}
+_STRICT = {"highest", "float32", "f32_f32_f32", "bf16_bf16_f32_x6", "bf16_bf16_f32_x9", "f64_f64_f64"}
 _TF32 = {"default", "fastest", "bfloat16", "tensorfloat32", "tf32_tf32_f32", "bf16_bf16_f32",
          "bf16_bf16_bf16", "f16_f16_f32", "f16_f16_f16"}
 
@@ -310,6 +325,46 @@ def _config_precision():
         return jax.config.jax_default_matmul_precision
 
 
+#: the settings that ask for about f32 accuracy from three passes: 3xTF32 where an
+#: op has it (the leapfrog forward), strict f32 elsewhere
+_X3 = {"high", "tf32_tf32_f32_x3", "bf16_bf16_f32_x3"}
+
+
+def precision_mode(precision=None) -> str:
+    """The f32 product mode that ``precision`` asks for: ``"tf32"``, ``"tf32x3"`` or
+    ``"strict"``. None reads ``jax.config.jax_default_matmul_precision`` (the
+    ``jax.default_matmul_precision`` context included).
+
+    - ``"tf32"``: ``"default"``, ``"fastest"``, ``"bfloat16"``, ``"tensorfloat32"``,
+      ``"TF32_TF32_F32"`` and the other one-pass presets, ``jax.lax.Precision.DEFAULT``,
+      ``True``;
+    - ``"tf32x3"``: ``"high"``, ``"TF32_TF32_F32_X3"``, ``"BF16_BF16_F32_X3"``,
+      ``jax.lax.Precision.HIGH`` (3xTF32 where an op has it, the leapfrog forward;
+      strict f32 elsewhere);
+    - ``"strict"``: unset (None), ``"highest"``, ``"float32"``, ``"F32_F32_F32"``,
+      the ``_X6`` / ``_X9`` presets, ``jax.lax.Precision.HIGHEST``, ``False``.
+    """
+    p = _config_precision() if precision is None else precision
+    if p is None:
+        return "strict"
+    if isinstance(p, bool):
+        return "tf32" if p else "strict"
+    if isinstance(p, jax.lax.Precision):
+        return {jax.lax.Precision.DEFAULT: "tf32", jax.lax.Precision.HIGH: "tf32x3"}.get(p, "strict")
+    if isinstance(p, str):
+        s = p.lower()
+        if s in _TF32:
+            return "tf32"
+        if s in _X3:
+            return "tf32x3"
+        if s in _STRICT:
+            return "strict"
+    raise ValueError(
+        f"fusekit.jax: precision {p!r} is not understood; use True/False, a jax.lax.Precision, "
+        "or one of jax_default_matmul_precision's values"
+    )
+
+
 def allow_tf32(precision=None) -> bool:
     """Whether f32 products may use TF32 tensor cores (CUDA; the CPU is always
     strict), from ``precision`` or, when it is None, from
@@ -318,25 +373,10 @@ def allow_tf32(precision=None) -> bool:
     ``"default"``, ``"fastest"``, ``"bfloat16"``, ``"tensorfloat32"``,
     ``"TF32_TF32_F32"``, ``jax.lax.Precision.DEFAULT`` or ``True``. Unset (None),
     ``"highest"``, ``"float32"``, ``"high"``, the ``_X3`` presets,
-    ``jax.lax.Precision.HIGH`` / ``HIGHEST`` or ``False`` are strict.
+    ``jax.lax.Precision.HIGH`` / ``HIGHEST`` or ``False`` are strict (see
+    :func:`precision_mode` for the ops that have 3xTF32).
     """
-    p = _config_precision() if precision is None else precision
-    if p is None:
-        return False
-    if isinstance(p, bool):
-        return p
-    if isinstance(p, jax.lax.Precision):
-        return p == jax.lax.Precision.DEFAULT
-    if isinstance(p, str):
-        s = p.lower()
-        if s in _TF32:
-            return True
-        if s in _STRICT:
-            return False
-    raise ValueError(
-        f"fusekit.jax: precision {p!r} is not understood; use True/False, a jax.lax.Precision, "
-        "or one of jax_default_matmul_precision's values"
-    )
+    return precision_mode(precision) == "tf32"
 
 
 # ---------------------------------------------------------------------------
@@ -779,3 +819,498 @@ def gaussian_field(points, means, chol, weights, eps: float = 0.0):
     intermediate)."""
     points, means, chol, weights = _gaussian_inputs("gaussian_field", points, means, chol, weights)
     return _field(*_unify(points, means, chol, weights), _eps(eps, "gaussian_field"))
+
+
+# ---------------------------------------------------------------------------
+# Geodesic flow
+# ---------------------------------------------------------------------------
+
+#: The clamp bound the bindings default to (the source model's value).
+DEFAULT_C = 5.0
+
+_GEO_ALLOW_TF32, _GEO_ALLOW_TF32X3 = 1, 4
+_GEO_REAL = (jnp.float32, jnp.float64)
+
+
+def _geo_flags(precision, x3: bool) -> int:
+    """The geodesic ``flags`` for a forward: TF32, 3xTF32 where the op has it
+    (``x3``: the leapfrog forward), else strict."""
+    mode = precision_mode(precision)
+    if mode == "tf32":
+        return _GEO_ALLOW_TF32
+    if mode == "tf32x3" and x3:
+        return _GEO_ALLOW_TF32X3
+    return 0
+
+
+def _static(x, name: str, where: str, kind=float):
+    ok = (int, np.integer) if kind is int else (int, float, np.floating, np.integer)
+    if isinstance(x, bool) or not isinstance(x, ok):
+        what = "an integer" if kind is int else "a Python number"
+        raise TypeError(f"fusekit.jax.{where}: {name} must be {what} (static), got {type(x).__name__}")
+    return kind(x)
+
+
+def _geo_inputs(where: str, vname: str, v, U, W, **rows):
+    """Checks ``v [B, D]``, ``U``/``W`` ``[D, R]`` and the ``[B, D]`` arrays in
+    ``rows`` (None skipped); returns them as arrays, in order."""
+    v, U, W = _arr(v, vname, where), _arr(U, "U", where), _arr(W, "W", where)
+    _dtype_in(v, vname, _GEO_REAL, where)
+    rows = {k: (None if x is None else _arr(x, k, where)) for k, x in rows.items()}
+    _same_dtype(where, **{vname: v, "U": U, "W": W}, **{k: x for k, x in rows.items() if x is not None})
+    _shape(v, vname, (None, None), "[B, D]", where)
+    b, d = v.shape
+    _shape(U, "U", (d, None), f"[D, R] with D = {d} from {vname}", where)
+    _shape(W, "W", tuple(U.shape), f"[D, R] = {list(U.shape)} like U", where)
+    for k, x in rows.items():
+        if x is not None:
+            _shape(x, k, (b, d), f"[B, D] = [{b}, {d}] like {vname}", where)
+    return (v, U, W, *rows.values())
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _christoffel(v, U, W, c, flags):
+    return _call(
+        "christoffel_forward",
+        jax.ShapeDtypeStruct(v.shape, v.dtype),
+        v,
+        U,
+        W,
+        vmap_method="sequential",
+        c=np.float64(c),
+        flags=np.int64(flags),
+    )
+
+
+def _christoffel_fwd(v, U, W, c, flags):
+    return _christoffel(v, U, W, c, flags), (v, U, W)
+
+
+def _christoffel_bwd(c, flags, res, g):
+    v, U, W = res
+    outs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (v, U, W)]
+    # the backward is strict whatever the forward's flags (fusekit ignores them there)
+    dv, dU, dW = _call(
+        "christoffel_backward", outs, v, U, W, g, vmap_method="sequential", c=np.float64(c), want=np.int64(7)
+    )
+    return dv, dU, dW
+
+
+_christoffel.defvjp(_christoffel_fwd, _christoffel_bwd)
+
+
+def christoffel(v, U, W, c: float = DEFAULT_C, *, precision=None):
+    """The clamped low-rank Christoffel map ``clamp((v U)^2 W^T, -c, c)``
+    (fk_christoffel_forward): ``v [B, D]``, ``U``, ``W`` ``[D, R]``, f32 or f64
+    (one dtype); ``c`` static (``inf`` disables the clamp; NaN passes it). The
+    gradient (``v``, ``U``, ``W``) is fusekit's fused backward
+    (fk_christoffel_backward; strict f32). ``precision`` (see
+    :func:`precision_mode`): TF32 lets the f32 CUDA forward use tensor cores
+    (``FK_GEO_ALLOW_TF32``, ~5e-4 relative); None follows
+    ``jax_default_matmul_precision``. Under ``vmap`` it runs once per batch
+    element: fold a batch into ``B`` for one call. Rows are independent, so it
+    shards along ``B`` (``shard_map``)."""
+    v, U, W = _geo_inputs("christoffel", "v", v, U, W)
+    c = _static(c, "c", "christoffel")
+    return _christoffel(*_unify(v, U, W), c, _geo_flags(precision, x3=False))
+
+
+def _leapfrog_attrs(f, mu, dt, steps, c, flags):
+    return dict(
+        has_f=np.int64(f is not None),
+        has_mu=np.int64(mu is not None),
+        dt=np.float64(dt),
+        steps=np.int64(steps),
+        c=np.float64(c),
+        flags=np.int64(flags),
+    )
+
+
+def _leapfrog_call(x0, v0, U, W, f, mu, dt, steps, c, flags, traj: bool):
+    res = [jax.ShapeDtypeStruct(x0.shape, x0.dtype), jax.ShapeDtypeStruct(v0.shape, v0.dtype)]
+    if traj:
+        res.append(jax.ShapeDtypeStruct((steps, 2) + tuple(v0.shape), v0.dtype))
+    args = [x for x in (x0, v0, U, W, f, mu) if x is not None]
+    return _call("leapfrog_forward", res, *args, vmap_method="sequential",
+                 **_leapfrog_attrs(f, mu, dt, steps, c, flags))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
+def _leapfrog(x0, v0, U, W, f, mu, dt, steps, c, flags, save_traj):
+    x, v = _leapfrog_call(x0, v0, U, W, f, mu, dt, steps, c, flags, traj=False)
+    return x, v
+
+
+def _leapfrog_fwd(x0, v0, U, W, f, mu, dt, steps, c, flags, save_traj):
+    out = _leapfrog_call(x0, v0, U, W, f, mu, dt, steps, c, flags, traj=save_traj)
+    traj = out[2] if save_traj else None
+    return (out[0], out[1]), (v0, U, W, f, mu, traj)
+
+
+def _leapfrog_bwd(dt, steps, c, flags, save_traj, res, gs):
+    v0, U, W, f, mu, traj = res
+    gx, gv = gs
+    # dx0 = gx (x enters x_T only additively); the others from fusekit's backward
+    # (strict; its recomputed forward too)
+    want = 2 | (4 if f is not None else 0) | 8 | 16
+    outs = [jax.ShapeDtypeStruct(v0.shape, v0.dtype)]
+    if f is not None:
+        outs.append(jax.ShapeDtypeStruct(f.shape, f.dtype))
+    outs += [jax.ShapeDtypeStruct(U.shape, U.dtype), jax.ShapeDtypeStruct(W.shape, W.dtype)]
+    args = [x for x in (v0, U, W, f, mu, traj) if x is not None] + [gx, gv]
+    attrs = _leapfrog_attrs(f, mu, dt, steps, c, 0)
+    grads = list(_call("leapfrog_backward", outs, *args, vmap_method="sequential",
+                       has_traj=np.int64(traj is not None), want=np.int64(want), **attrs))
+    dv0 = grads.pop(0)
+    df = grads.pop(0) if f is not None else None
+    dU, dW = grads
+    # mu gets no gradient (fusekit's backward has none; leapfrog stops it)
+    return gx, dv0, dU, dW, df, (None if mu is None else jnp.zeros_like(mu))
+
+
+_leapfrog.defvjp(_leapfrog_fwd, _leapfrog_bwd)
+
+
+def leapfrog(x0, v0, U, W, dt: float, steps: int, f=None, mu=None, c: float = DEFAULT_C, *,
+             save_traj: bool = True, precision=None):
+    """``steps`` fused kick-drift-kick steps (fk_leapfrog_forward): returns
+    ``(x_T, v_T)``. ``x0``, ``v0`` ``[B, D]``, ``U``, ``W`` ``[D, R]``, ``f`` ``[B, D]``
+    (a constant force) and ``mu`` ``[D]`` (per-feature friction) optional; f32 or
+    f64 (one dtype); ``dt``, ``steps``, ``c`` static.
+
+    Differentiable with respect to ``x0``, ``v0``, ``U``, ``W`` and ``f`` through
+    fusekit's backward (fk_leapfrog_backward, strict). ``mu`` gets no gradient
+    (fusekit has none: it is wrapped in ``jax.lax.stop_gradient``). With
+    ``save_traj`` (the default) the differentiated forward also writes the
+    trajectory ``[steps, 2, B, D]`` for the backward to read; ``False`` saves that
+    memory and the backward recomputes it. ``precision`` (see
+    :func:`precision_mode`): TF32 (``FK_GEO_ALLOW_TF32``) or 3xTF32
+    (``FK_GEO_ALLOW_TF32X3``, f32-level accuracy) for the f32 CUDA forward; None
+    follows ``jax_default_matmul_precision``. ``vmap``: a loop, as
+    :func:`christoffel`; rows are independent, so it shards along ``B``."""
+    where = "leapfrog"
+    v0, U, W, x0, f = _geo_inputs(where, "v0", v0, U, W, x0=x0, f=f)
+    if mu is not None:
+        mu = _arr(mu, "mu", where)
+        _same_dtype(where, v0=v0, mu=mu)
+        _shape(mu, "mu", (v0.shape[1],), f"[D] with D = {v0.shape[1]} from v0", where)
+        mu = jax.lax.stop_gradient(mu)
+    dt = _static(dt, "dt", where)
+    steps = _static(steps, "steps", where, int)
+    if steps < 1:
+        raise ValueError(f"fusekit.jax.leapfrog: steps must be >= 1, got {steps}")
+    c = _static(c, "c", where)
+    x0, v0, U, W, f, mu = _unify(x0, v0, U, W, f, mu)
+    return _leapfrog(x0, v0, U, W, f, mu, dt, steps, c, _geo_flags(precision, x3=True), bool(save_traj))
+
+
+# ---------------------------------------------------------------------------
+# Optimizer math
+# ---------------------------------------------------------------------------
+
+_GEMM_ALLOW_TF32 = 1
+
+
+def _mats(x, name: str, where: str):
+    """``[rows, cols]`` or ``[batch, rows, cols]``."""
+    if x.ndim not in (2, 3):
+        raise ValueError(f"fusekit.jax.{where}: {name} must be [rows, cols] or [batch, rows, cols], "
+                         f"got shape {tuple(x.shape)}")
+
+
+def _not_differentiable(where: str, why: str):
+    """A custom_vjp rule whose backward refuses, at trace time, with a message."""
+
+    def bwd(*_):
+        raise TypeError(f"fusekit.jax.{where} is not differentiable: {why}")
+
+    return bwd
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5))
+def _matrix_power(a, power, eps, method, max_iter, flags):
+    vm = "expand_dims" if a.ndim == 2 else "sequential"
+    out = jax.ShapeDtypeStruct(a.shape, a.dtype)
+    if method == "eigh":
+        return _call("matrix_power_eigh", out, a, vmap_method=vm, power=np.float64(power), eps=np.float64(eps))
+    return _call("matrix_power", out, a, vmap_method=vm, power=np.float64(power), eps=np.float64(eps),
+                 max_iter=np.int64(max_iter), flags=np.int64(flags))
+
+
+_matrix_power.defvjp(
+    lambda a, *rest: (_matrix_power(a, *rest), None),
+    _not_differentiable("matrix_power", "fusekit has no backward for fk_matrix_power"),
+)
+
+
+def matrix_power(a, power: float, eps: float = 0.0, *, method: str = "newton", max_iter: int = 20,
+                 precision=None):
+    """``(A + eps I)^power`` of symmetric positive (semi-)definite matrices
+    (fk_matrix_power): ``a [n, n]`` or ``[batch, n, n]``, f32 or f64; ``power``,
+    ``eps`` static.
+
+    - ``method="newton"`` (default): the coupled Newton iteration for inverse roots
+      (``power = -1/p``, integer ``1 <= p <= 64``), exactly ``max_iter`` iterations
+      with no residual check (``tol = 0``): nothing is read on the host, so the
+      handler is capturable into XLA's CUDA graphs. All of ``a`` is read (it must
+      be symmetric) and ``A + eps I`` must be positive definite; 20 iterations
+      reach f32 accuracy for condition numbers up to about 1e6, f64 needs a few
+      more. ``precision``: TF32 GEMMs (f32 on CUDA, ~1e-3 relative) or strict.
+    - ``method="eigh"``: the eigendecomposition, any real power, reads the upper
+      triangle and shifts a spectrum whose minimum is below ``eps`` up to ``eps``.
+      It reads cuSOLVER's flags on the host, so its handler is declared not
+      capturable (XLA runs it outside its CUDA graphs).
+
+    Not differentiable (fusekit has no backward; ``jax.grad`` raises). ``vmap``:
+    one call for a 2-D ``a`` (a batch), a loop for a 3-D one."""
+    where = "matrix_power"
+    a = _arr(a, "a", where)
+    _dtype_in(a, "a", _GEO_REAL, where)
+    _mats(a, "a", where)
+    if a.shape[-1] != a.shape[-2]:
+        raise ValueError(f"fusekit.jax.matrix_power: a must hold square matrices, got shape {tuple(a.shape)}")
+    if method not in ("newton", "eigh"):
+        raise ValueError(f"fusekit.jax.matrix_power: method {method!r} is not 'newton' or 'eigh'")
+    power, eps = _static(power, "power", where), _static(eps, "eps", where)
+    max_iter = _static(max_iter, "max_iter", where, int)
+    flags = _GEMM_ALLOW_TF32 if method == "newton" and allow_tf32(precision) else 0
+    return _matrix_power(a, power, eps, method, max_iter, flags)
+
+
+def _sym_upper(x):
+    """The symmetric matrix whose upper triangle is ``x``'s (what fusekit reads)."""
+    u = jnp.triu(x)
+    return u + jnp.swapaxes(jnp.triu(x, 1), -1, -2)
+
+
+def _stats_ref(grad, l, r, alpha, beta):
+    hp = jax.lax.Precision.HIGHEST
+    gt = jnp.swapaxes(grad, -1, -2)
+    lo = None if l is None else beta * _sym_upper(l) + alpha * jnp.matmul(grad, gt, precision=hp)
+    ro = None if r is None else beta * _sym_upper(r) + alpha * jnp.matmul(gt, grad, precision=hp)
+    return lo, ro
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _shampoo_stats(grad, l, r, alpha, beta, flags):
+    outs, args, aliases = [], [grad], {}
+    for x in (l, r):
+        if x is not None:
+            aliases[len(args)] = len(outs)
+            args.append(x)
+            outs.append(jax.ShapeDtypeStruct(x.shape, x.dtype))
+    vm = "broadcast_all" if grad.ndim == 2 else "sequential"
+    res = _call("shampoo_stats", outs, *args, vmap_method=vm, aliases=aliases,
+                has_l=np.int64(l is not None), has_r=np.int64(r is not None),
+                alpha=np.float64(alpha), beta=np.float64(beta), flags=np.int64(flags))
+    res = list(res)
+    return (res.pop(0) if l is not None else None), (res.pop(0) if r is not None else None)
+
+
+def _shampoo_stats_fwd(grad, l, r, alpha, beta, flags):
+    return _shampoo_stats(grad, l, r, alpha, beta, flags), (grad, l, r)
+
+
+def _shampoo_stats_bwd(alpha, beta, flags, res, g):
+    grad, l, r = res
+    return jax.vjp(lambda *p: _stats_ref(*p, alpha, beta), grad, l, r)[1](g)
+
+
+_shampoo_stats.defvjp(_shampoo_stats_fwd, _shampoo_stats_bwd)
+
+
+def shampoo_stats(grad, l=None, r=None, alpha: float = 1.0, beta: float = 1.0, *, precision=None):
+    """Shampoo's statistics (fk_shampoo_stats_ex): returns ``(L', R')`` with
+    ``L' = beta L + alpha G G^T`` and ``R' = beta R + alpha G^T G``; ``grad``
+    ``[m, n]`` or ``[batch, m, n]``, ``l`` ``[(batch,) m, m]`` and ``r``
+    ``[(batch,) n, n]``, each optional (None: not computed, None returned) but not
+    both; f32 or f64. Only the upper triangles of ``l`` and ``r`` are read; the
+    results are exactly symmetric. ``alpha``, ``beta`` static. The update is in
+    place in XLA's terms (``input_output_aliases``: ``l`` and ``r`` are donated to
+    the results where XLA can). ``precision``: TF32 products for f32 on CUDA.
+    Differentiable (JAX's rule of the formula); ``vmap``: one call for a 2-D
+    ``grad``, a loop for a 3-D one."""
+    where = "shampoo_stats"
+    grad = _arr(grad, "grad", where)
+    _dtype_in(grad, "grad", _GEO_REAL, where)
+    _mats(grad, "grad", where)
+    if l is None and r is None:
+        raise ValueError("fusekit.jax.shampoo_stats: give l, r or both (the statistics to update)")
+    arrays = {"grad": grad}
+    m, n = grad.shape[-2:]
+    lead = tuple(grad.shape[:-2])
+    l = None if l is None else _arr(l, "l", where)
+    r = None if r is None else _arr(r, "r", where)
+    for name, x, k in (("l", l, m), ("r", r, n)):
+        if x is not None:
+            arrays[name] = x
+            want = lead + (k, k)
+            _shape(x, name, want, f"[{', '.join(map(str, want))}] for grad of shape {tuple(grad.shape)}", where)
+    _same_dtype(where, **arrays)
+    alpha, beta = _static(alpha, "alpha", where), _static(beta, "beta", where)
+    flags = _GEMM_ALLOW_TF32 if allow_tf32(precision) else 0
+    grad, l, r = _unify(grad, l, r)
+    return _shampoo_stats(grad, l, r, alpha, beta, flags)
+
+
+def _precondition_ref(grad, l, r):
+    hp = jax.lax.Precision.HIGHEST
+    out = grad if r is None else jnp.matmul(grad, r, precision=hp)
+    return out if l is None else jnp.matmul(l, out, precision=hp)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _precondition(grad, l, r, flags):
+    vm = "broadcast_all" if grad.ndim == 2 else "sequential"
+    args = [x for x in (grad, l, r) if x is not None]
+    return _call("shampoo_precondition", jax.ShapeDtypeStruct(grad.shape, grad.dtype), *args, vmap_method=vm,
+                 has_l=np.int64(l is not None), has_r=np.int64(r is not None), flags=np.int64(flags))
+
+
+def _precondition_fwd(grad, l, r, flags):
+    return _precondition(grad, l, r, flags), (grad, l, r)
+
+
+def _precondition_bwd(flags, res, g):
+    return jax.vjp(_precondition_ref, *res)[1](g)
+
+
+_precondition.defvjp(_precondition_fwd, _precondition_bwd)
+
+
+def shampoo_precondition(grad, l_root=None, r_root=None, *, precision=None):
+    """Shampoo's preconditioned direction ``L_root grad R_root``
+    (fk_shampoo_precondition): ``grad`` ``[m, n]`` or ``[batch, m, n]``, ``l_root``
+    ``[m, m]`` and ``r_root`` ``[n, n]`` (or with grad's batch), each optional
+    (None: the identity); f32 or f64. ``precision``: TF32 products for f32 on
+    CUDA. Differentiable (JAX's rule of the products); ``vmap``: one call for a 2-D
+    ``grad``, a loop for a 3-D one."""
+    where = "shampoo_precondition"
+    grad = _arr(grad, "grad", where)
+    _dtype_in(grad, "grad", _GEO_REAL, where)
+    _mats(grad, "grad", where)
+    m, n = grad.shape[-2:]
+    arrays = {"grad": grad}
+    roots = []
+    for name, x, k in (("l_root", l_root, m), ("r_root", r_root, n)):
+        if x is not None:
+            x = _arr(x, name, where)
+            arrays[name] = x
+            ok = x.shape[-2:] == (k, k) and (x.ndim == 2 or (x.ndim == 3 and grad.ndim == 3
+                                                                and x.shape[0] in (1, grad.shape[0])))
+            if not ok:
+                raise ValueError(f"fusekit.jax.shampoo_precondition: {name} must be [{k}, {k}] (or with grad's "
+                                 f"batch), got shape {tuple(x.shape)} for grad of shape {tuple(grad.shape)}")
+        roots.append(x)
+    _same_dtype(where, **arrays)
+    flags = _GEMM_ALLOW_TF32 if allow_tf32(precision) else 0
+    grad, l, r = _unify(grad, *roots)
+    return _precondition(grad, l, r, flags)
+
+
+def _psg_inputs(where: str, a, g):
+    a, g = _arr(a, "a", where), _arr(g, "g", where)
+    _dtype_in(a, "a", _GEO_REAL, where)
+    _same_dtype(where, a=a, g=g)
+    if a.ndim not in (2, 3) or g.ndim != a.ndim or a.shape[:-1] != g.shape[:-1]:
+        raise ValueError(
+            f"fusekit.jax.{where}: a must be [B, in] or [B, T, in] and g [B, out] or [B, T, out] with the same "
+            f"leading dimensions, got {tuple(a.shape)} and {tuple(g.shape)}"
+        )
+    return _unify(a, g)
+
+
+def _psg_ref(a, g):
+    hp = jax.lax.Precision.HIGHEST
+    if a.ndim == 2:
+        return jnp.einsum("bo,bi->boi", g, a, precision=hp)
+    return jnp.einsum("bto,bti->boi", g, a, precision=hp)
+
+
+def _norms_ref(a, g):
+    hp = jax.lax.Precision.HIGHEST
+    if a.ndim == 2:
+        return (g * g).sum(-1) * (a * a).sum(-1)
+    aa = jnp.einsum("bti,bsi->bts", a, a, precision=hp)
+    gg = jnp.einsum("bto,bso->bts", g, g, precision=hp)
+    return (aa * gg).sum((-1, -2))
+
+
+def _clipped_ref(a, g, max_norm):
+    sq = _norms_ref(a, g)
+    norm = jnp.sqrt(sq)
+    s = jnp.where(norm > max_norm, max_norm / jnp.where(norm > 0, norm, 1), 1.0)
+    hp = jax.lax.Precision.HIGHEST
+    gs = g * (s[:, None] if g.ndim == 2 else s[:, None, None])
+    out = jnp.einsum("bo,bi->oi" if a.ndim == 2 else "bto,bti->oi", gs, a, precision=hp)
+    return out, sq
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _per_sample_grads(a, g, flags):
+    shape = (a.shape[0], g.shape[-1], a.shape[-1])
+    return _call("per_sample_grads", jax.ShapeDtypeStruct(shape, a.dtype), a, g, vmap_method="sequential",
+                 flags=np.int64(flags))
+
+
+_per_sample_grads.defvjp(
+    lambda a, g, flags: (_per_sample_grads(a, g, flags), (a, g)),
+    lambda flags, res, ct: jax.vjp(_psg_ref, *res)[1](ct),
+)
+
+
+def per_sample_grads(a, g, *, precision=None):
+    """Per-sample gradients of a linear layer ``y = a W^T``, materialised
+    (fk_per_sample_grads): ``out[b] = g_b^T a_b`` ``[B, out, in]`` for ``a``
+    ``[B, in]`` or ``[B, T, in]`` and ``g`` ``[B, out]`` or ``[B, T, out]``; f32 or
+    f64. ``precision``: TF32 for f32 sequences on CUDA. Differentiable (JAX's
+    rule); ``vmap``: a loop; shards along ``B``."""
+    a, g = _psg_inputs("per_sample_grads", a, g)
+    return _per_sample_grads(a, g, _GEMM_ALLOW_TF32 if allow_tf32(precision) else 0)
+
+
+@jax.custom_vjp
+def _norms(a, g):
+    return _call("per_sample_grad_norms", jax.ShapeDtypeStruct((a.shape[0],), a.dtype), a, g,
+                 vmap_method="sequential")
+
+
+_norms.defvjp(lambda a, g: (_norms(a, g), (a, g)), lambda res, ct: jax.vjp(_norms_ref, *res)[1](ct))
+
+
+def per_sample_grad_norms(a, g):
+    """Squared Frobenius norms ``|g_b^T a_b|_F^2`` ``[B]`` of a linear layer's
+    per-sample gradients without forming them (fk_per_sample_grad_norms): ``a``,
+    ``g`` as :func:`per_sample_grads` (``|g_b|^2 |a_b|^2``, or the Gram form for
+    sequences). Differentiable (JAX's rule of the formula); ``vmap``: a loop.
+    Samples are independent: it shards along ``B`` (``shard_map``)."""
+    a, g = _psg_inputs("per_sample_grad_norms", a, g)
+    return _norms(a, g)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _clipped(a, g, max_norm, flags):
+    res = [jax.ShapeDtypeStruct((g.shape[-1], a.shape[-1]), a.dtype), jax.ShapeDtypeStruct((a.shape[0],), a.dtype)]
+    out, sq = _call("dp_clipped_grad_sum", res, a, g, vmap_method="sequential", max_norm=np.float64(max_norm),
+                    flags=np.int64(flags))
+    return out, sq
+
+
+_clipped.defvjp(
+    lambda a, g, max_norm, flags: (_clipped(a, g, max_norm, flags), (a, g)),
+    lambda max_norm, flags, res, ct: jax.vjp(lambda a, g: _clipped_ref(a, g, max_norm), *res)[1](ct),
+)
+
+
+def dp_clipped_grad_sum(a, g, max_norm: float, *, return_norms: bool = False, precision=None):
+    """The DP-SGD clipped sum ``sum_b min(1, C / |G_b|_F) G_b`` ``[out, in]`` with
+    ``G_b = g_b^T a_b`` and ``C = max_norm`` (static), never forming the ``G_b``
+    (fk_dp_clipped_grad_sum); ``a``, ``g`` as :func:`per_sample_grads`. With
+    ``return_norms`` also the squared norms ``[B]``. ``precision``: TF32 for the
+    final f32 GEMM on CUDA. Differentiable (JAX's rule of the formula); ``vmap``: a
+    loop. Under ``shard_map`` along ``B`` each shard sums its samples: ``psum``
+    the result."""
+    a, g = _psg_inputs("dp_clipped_grad_sum", a, g)
+    max_norm = _static(max_norm, "max_norm", "dp_clipped_grad_sum")
+    out, sq = _clipped(a, g, max_norm, _GEMM_ALLOW_TF32 if allow_tf32(precision) else 0)
+    return (out, sq) if return_norms else out

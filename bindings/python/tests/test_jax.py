@@ -285,6 +285,273 @@ def test_handler_validates_like_the_c_abi(rng):
         jax.block_until_ready(call(a, a))
 
 
+# ---------------------------------------------------------------- geodesic flow
+
+HP = jax.lax.Precision.HIGHEST
+
+
+def geo_problem(rng, b, d, r, dtype, force=True):
+    x0, v0 = rand(rng, (b, d), dtype), 0.5 * rand(rng, (b, d), dtype)
+    U, W = 0.4 * rand(rng, (d, r), dtype), 0.4 * rand(rng, (d, r), dtype)
+    f = 0.3 * rand(rng, (b, d), dtype) if force else None
+    mu = jnp.asarray(0.1 * rng.random(d), dtype)
+    return x0, v0, U, W, f, mu
+
+
+def chr_ref(v, U, W, c):
+    return jnp.clip(jnp.matmul(jnp.matmul(v, U, precision=HP) ** 2, W.T, precision=HP), -c, c)
+
+
+def leapfrog_ref(x, v, U, W, dt, steps, f=None, mu=None, c=fkj.DEFAULT_C):
+    h = dt / 2
+    f = 0 if f is None else f
+    mu = 0 if mu is None else mu
+    for _ in range(steps):
+        vh = v + h * (f - chr_ref(v, U, W, c) - mu * v)
+        x = x + dt * vh
+        v = vh + h * (f - chr_ref(vh, U, W, c) - mu * vh)
+    return x, v
+
+
+def rel_close(got, want, tol):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert np.abs(got - want).max() <= tol * max(np.abs(want).max(), 1e-30), (np.abs(got - want).max(), tol)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_christoffel_values(rng, dtype):
+    _, v, U, W, _, _ = geo_problem(rng, 9, 6, 3, dtype)
+    tol = 2e-5 if dtype == jnp.float32 else 1e-13
+    for c in (fkj.DEFAULT_C, 0.02, float("inf")):
+        got = jax.jit(fkj.christoffel, static_argnums=3)(v, U, W, c)
+        assert got.dtype == dtype
+        close(got, chr_ref(v, U, W, c), tol)
+
+
+def test_christoffel_grads_are_fusekits_backward(rng):
+    _, v, U, W, _, _ = geo_problem(rng, 7, 5, 3, jnp.float64)
+    check_grads(lambda *a: fkj.christoffel(*a, c=float("inf")), (v, U, W), order=1, modes=["rev"])
+    # with the clamp active on some entries: against jax.grad of the jnp reference
+    g = rand(rng, v.shape, jnp.float64)
+    loss = lambda fn: lambda *a: (fn(*a, 0.02) * g).sum()  # noqa: E731
+    got = jax.jit(jax.grad(loss(fkj.christoffel), argnums=(0, 1, 2)))(v, U, W)
+    want = jax.grad(loss(chr_ref), argnums=(0, 1, 2))(v, U, W)
+    assert 0 < float((jnp.abs(chr_ref(v, U, W, float("inf"))) > 0.02).mean()) < 1
+    for a, b in zip(got, want):
+        rel_close(a, b, 1e-10)
+    with fkj.count_calls() as n:
+        jax.block_until_ready(jax.jit(jax.grad(loss(fkj.christoffel), argnums=(0, 1, 2)))(v, U, W))
+    assert n() == 1  # one fused backward for the three gradients
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_leapfrog_values(rng, dtype):
+    x0, v0, U, W, f, mu = geo_problem(rng, 6, 5, 3, dtype)
+    tol = 5e-5 if dtype == jnp.float32 else 1e-12
+    fn = jax.jit(fkj.leapfrog, static_argnums=(4, 5), static_argnames=("c",))
+    for args in ((f, mu), (f, None), (None, mu), (None, None)):
+        x, v = fn(x0, v0, U, W, 0.1, 3, *args, c=0.5)
+        xr, vr = leapfrog_ref(x0, v0, U, W, 0.1, 3, *args, c=0.5)
+        close(x, xr, tol)
+        close(v, vr, tol)
+
+
+@pytest.mark.parametrize("save_traj", [True, False])
+def test_leapfrog_grads_are_fusekits_backward(rng, save_traj):
+    x0, v0, U, W, f, mu = geo_problem(rng, 5, 4, 2, jnp.float64)
+    gx, gv = rand(rng, x0.shape, jnp.float64), rand(rng, v0.shape, jnp.float64)
+
+    def loss(fn, **kw):
+        def lf(x0, v0, U, W, f):
+            x, v = fn(x0, v0, U, W, 0.1, 3, f, mu, 0.3, **kw)
+            return (x * gx).sum() + (v * gv).sum()
+
+        return lf
+
+    got = jax.jit(jax.grad(loss(fkj.leapfrog, save_traj=save_traj), argnums=(0, 1, 2, 3, 4)))(x0, v0, U, W, f)
+    want = jax.grad(loss(leapfrog_ref), argnums=(0, 1, 2, 3, 4))(x0, v0, U, W, f)
+    for a, b in zip(got, want):
+        rel_close(a, b, 1e-10)
+    check_grads(lambda x0, v0, U, W, f: fkj.leapfrog(x0, v0, U, W, 0.1, 2, f, c=float("inf"), save_traj=save_traj),
+                (x0, v0, U, W, f), order=1, modes=["rev"])
+    # mu gets no gradient (fusekit's backward has none): stopped, so zero
+    dmu = jax.grad(lambda m: fkj.leapfrog(x0, v0, U, W, 0.1, 2, f, m)[1].sum())(mu)
+    assert not np.asarray(dmu).any()
+
+
+def test_geodesic_precision_flags(rng):
+    _, v, U, W, _, _ = geo_problem(rng, 4, 4, 2, jnp.float32)
+    chr_ = lambda v: fkj.christoffel(v, U, W)  # noqa: E731
+    lf = lambda v: fkj.leapfrog(v, v, U, W, 0.1, 2)[1]  # noqa: E731
+    assert _flags_in_hlo(chr_, v) == {"0"} and _flags_in_hlo(lf, v) == {"0"}
+    with jax.default_matmul_precision("tensorfloat32"):
+        assert _flags_in_hlo(chr_, v) == {"1"} and _flags_in_hlo(lf, v) == {"1"}
+    with jax.default_matmul_precision("high"):  # 3xTF32 where the op has it: the leapfrog forward
+        assert _flags_in_hlo(chr_, v) == {"0"} and _flags_in_hlo(lf, v) == {"4"}
+    assert _flags_in_hlo(lambda v: fkj.christoffel(v, U, W, precision=True), v) == {"1"}
+    assert _flags_in_hlo(lambda v: fkj.leapfrog(v, v, U, W, 0.1, 2, precision="TF32_TF32_F32_X3")[0], v) == {"4"}
+    assert fkj.precision_mode(jax.lax.Precision.HIGH) == "tf32x3" and not fkj.allow_tf32("high")
+    # CPU results do not depend on it
+    with jax.default_matmul_precision("tensorfloat32"):
+        close(fkj.christoffel(v, U, W), chr_ref(v, U, W, fkj.DEFAULT_C), 2e-5)
+
+
+def test_geodesic_vmap_and_errors(rng):
+    x0, v0, U, W, f, mu = geo_problem(rng, 4, 5, 3, jnp.float64)
+    vs = jnp.stack([v0, 2 * v0, -v0])
+    close(jax.vmap(lambda v: fkj.christoffel(v, U, W))(vs), jnp.stack([chr_ref(v, U, W, 5.0) for v in vs]), 1e-13)
+    got = jax.vmap(lambda v: fkj.leapfrog(x0, v, U, W, 0.1, 2, f)[1])(vs)
+    close(got, jnp.stack([leapfrog_ref(x0, v, U, W, 0.1, 2, f)[1] for v in vs]), 1e-12)
+    with pytest.raises(ValueError, match=r"christoffel: U must be \[D, R\] with D = 5 from v, got shape \(4, 3\)"):
+        fkj.christoffel(v0, U[:4], W)
+    with pytest.raises(ValueError, match=r"W must be \[D, R\] = \[5, 3\] like U"):
+        fkj.christoffel(v0, U, W[:, :2])
+    with pytest.raises(TypeError, match="v has dtype float64 but W has dtype float32"):
+        fkj.christoffel(v0, U, W.astype(jnp.float32))
+    with pytest.raises(TypeError, match="v has dtype int32; this op takes float32, float64"):
+        fkj.christoffel(v0.astype(jnp.int32), U, W)
+    with pytest.raises(ValueError, match=r"leapfrog: f must be \[B, D\] = \[4, 5\] like v0"):
+        fkj.leapfrog(x0, v0, U, W, 0.1, 2, f[:3])
+    with pytest.raises(ValueError, match=r"mu must be \[D\] with D = 5"):
+        fkj.leapfrog(x0, v0, U, W, 0.1, 2, mu=mu[:2])
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        fkj.leapfrog(x0, v0, U, W, 0.1, 0)
+    with pytest.raises(TypeError, match="steps must be an integer"):
+        fkj.leapfrog(x0, v0, U, W, 0.1, 2.0)
+    # what only fusekit checks comes from the handler, in fusekit's words
+    with pytest.raises(Exception, match=r"fk_xla_christoffel_forward_(cpu|cuda): c = -1.*FK_ERROR_INVALID_ARGUMENT"):
+        jax.block_until_ready(fkj.christoffel(v0, U, W, c=-1.0))
+    with pytest.raises(Exception, match=r"fk_xla_leapfrog_forward_(cpu|cuda): dt = inf must be finite"):
+        jax.block_until_ready(fkj.leapfrog(x0, v0, U, W, float("inf"), 2))
+
+
+# ---------------------------------------------------------------- optimizer math
+
+
+def spd(rng, n, dtype, batch=(), cond=30.0):
+    q, _ = np.linalg.qr(rng.standard_normal(batch + (n, n)))
+    lam = np.geomspace(1.0, cond, n)
+    return jnp.asarray((q * lam[..., None, :]) @ np.swapaxes(q, -1, -2), dtype)
+
+
+def power_ref(a, p, eps=0.0):
+    a = np.asarray(a, np.float64) + eps * np.eye(a.shape[-1])
+    lam, q = np.linalg.eigh(a)
+    return (q * lam[..., None, :] ** p) @ np.swapaxes(q, -1, -2)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_matrix_power_newton_and_eigh(rng, dtype):
+    a = spd(rng, 6, dtype, batch=(3,))
+    tol = 2e-5 if dtype == jnp.float32 else 1e-11
+    for p in (-0.5, -0.25):
+        got = jax.jit(fkj.matrix_power, static_argnums=(1, 2), static_argnames="max_iter")(a, p, 1e-3, max_iter=30)
+        rel_close(got, power_ref(a, p, 1e-3), tol)
+    for p in (0.5, -1 / 3, 2.0):
+        rel_close(fkj.matrix_power(a, p, method="eigh"), power_ref(a, p), tol)
+    # one call under vmap for 2-D matrices (a batch of them)
+    with fkj.count_calls() as n:
+        got = jax.block_until_ready(jax.jit(jax.vmap(lambda m: fkj.matrix_power(m, -0.5, max_iter=30)))(a))
+    assert n() == 1
+    rel_close(got, power_ref(a, -0.5), tol)
+
+
+def test_matrix_power_errors(rng):
+    a = spd(rng, 4, jnp.float64)
+    with pytest.raises(ValueError, match=r"a must hold square matrices, got shape \(4, 3\)"):
+        fkj.matrix_power(a[:, :3], -0.5)
+    with pytest.raises(ValueError, match="method 'qr'"):
+        fkj.matrix_power(a, -0.5, method="qr")
+    with pytest.raises(TypeError, match="a has dtype int32"):
+        fkj.matrix_power(a.astype(jnp.int32), -0.5)
+    msg = r"fk_xla_matrix_power_(cpu|cuda): power = 0.5: the Newton method computes inverse roots only"
+    with pytest.raises(Exception, match=msg):
+        jax.block_until_ready(fkj.matrix_power(a, 0.5))
+    with pytest.raises(TypeError, match="fusekit.jax.matrix_power is not differentiable"):
+        jax.grad(lambda m: fkj.matrix_power(m, -0.5).sum())(a)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_shampoo_stats_values(rng, dtype):
+    tol = 2e-5 if dtype == jnp.float32 else 1e-12
+    for batch in ((), (2,)):
+        g = rand(rng, batch + (3, 5), dtype)
+        l, r = spd(rng, 3, dtype, batch), spd(rng, 5, dtype, batch)
+        lu = jnp.triu(l) + 7 * jnp.tril(l, -1)  # only the upper triangle is read
+        lo, ro = jax.jit(fkj.shampoo_stats, static_argnums=(3, 4))(g, lu, r, 0.25, 0.9)
+        wl, wr = fkj._stats_ref(g, l, r, 0.25, 0.9)
+        close(lo, wl, tol)
+        close(ro, wr, tol)
+        assert np.array_equal(np.asarray(lo), np.swapaxes(np.asarray(lo), -1, -2))
+        lo, ro = fkj.shampoo_stats(g, None, r, beta=0.0)
+        assert lo is None
+        close(ro, fkj._stats_ref(g, None, r, 1.0, 0.0)[1], tol)
+    # the update is in place in XLA's terms: donating l makes it the result's buffer
+    g, l = rand(rng, (3, 5), jnp.float64), spd(rng, 3, jnp.float64)
+    want = fkj._stats_ref(g, l, None, 1.0, 1.0)[0]
+    step = jax.jit(lambda g, l: fkj.shampoo_stats(g, l)[0], donate_argnums=1)
+    close(step(g, jnp.array(l)), want, 1e-12)
+
+
+def test_shampoo_grads_and_vmap(rng):
+    g = rand(rng, (3, 4), jnp.float64)
+    l, r = spd(rng, 3, jnp.float64), spd(rng, 4, jnp.float64)
+    check_grads(lambda *a: fkj.shampoo_stats(*a, alpha=0.5, beta=0.9), (g, l, r), order=1, modes=["rev"])
+    check_grads(fkj.shampoo_precondition, (g, l, r), order=1, modes=["rev"])
+    hp = dict(precision=HP)
+    close(fkj.shampoo_precondition(g, l, r), jnp.matmul(jnp.matmul(l, g, **hp), r, **hp), 1e-12)
+    close(fkj.shampoo_precondition(g, l), jnp.matmul(l, g, **hp), 1e-12)
+    gs = rand(rng, (5, 3, 4), jnp.float64)
+    want = jnp.matmul(jnp.matmul(l, gs, **hp), r, **hp)
+    close(jax.vmap(lambda x: fkj.shampoo_precondition(x, l, r))(gs), want, 1e-12)
+    close(fkj.shampoo_precondition(gs, l[None], r), want, 1e-12)
+    ls = jnp.stack([l] * 5)
+    lo = jax.vmap(lambda x, m: fkj.shampoo_stats(x, m)[0])(gs, ls)
+    close(lo, fkj._stats_ref(gs, ls, None, 1.0, 1.0)[0], 1e-12)
+    with pytest.raises(ValueError, match="give l, r or both"):
+        fkj.shampoo_stats(g)
+    with pytest.raises(ValueError, match=r"r must be \[4, 4\] for grad of shape \(3, 4\)"):
+        fkj.shampoo_stats(g, r=l)
+    with pytest.raises(ValueError, match=r"l_root must be \[3, 3\]"):
+        fkj.shampoo_precondition(g, r)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("seq", [False, True])
+def test_per_sample_ops(rng, dtype, seq):
+    lead = (6, 3) if seq else (6,)
+    a, g = rand(rng, lead + (5,), dtype), rand(rng, lead + (4,), dtype)
+    tol = 5e-5 if dtype == jnp.float32 else 1e-12
+    G = fkj._psg_ref(a, g)
+    close(jax.jit(fkj.per_sample_grads)(a, g), G, tol)
+    sq = (G**2).sum((-1, -2))
+    rel_close(jax.jit(fkj.per_sample_grad_norms)(a, g), sq, tol)
+    C = float(np.median(np.sqrt(np.asarray(sq))))
+    s = jnp.minimum(1.0, C / jnp.sqrt(sq))
+    out, sq2 = jax.jit(fkj.dp_clipped_grad_sum, static_argnums=2, static_argnames="return_norms")(
+        a, g, C, return_norms=True)
+    rel_close(out, (s[:, None, None] * G).sum(0), tol)
+    rel_close(sq2, sq, tol)
+
+
+def test_per_sample_grads_and_errors(rng):
+    a, g = rand(rng, (5, 3), jnp.float64), rand(rng, (5, 2), jnp.float64)
+    check_grads(fkj.per_sample_grads, (a, g), order=1, modes=["rev"])
+    check_grads(fkj.per_sample_grad_norms, (a, g), order=1, modes=["rev"])
+    check_grads(lambda a, g: fkj.dp_clipped_grad_sum(a, g, 1.0), (a, g), order=1, modes=["rev"])
+    at, gt = rand(rng, (3, 2, 3), jnp.float64), rand(rng, (3, 2, 2), jnp.float64)
+    got = jax.grad(lambda a: fkj.per_sample_grad_norms(a, gt).sum())(at)
+    rel_close(got, jax.grad(lambda a: fkj._norms_ref(a, gt).sum())(at), 1e-12)
+    ab = jnp.stack([a, 2 * a])
+    close(jax.vmap(lambda x: fkj.per_sample_grad_norms(x, g))(ab), jnp.stack([fkj._norms_ref(x, g) for x in ab]), 1e-12)
+    with pytest.raises(ValueError, match=r"same leading dimensions, got \(5, 3\) and \(4, 2\)"):
+        fkj.per_sample_grad_norms(a, g[:4])
+    with pytest.raises(TypeError, match="a has dtype float64 but g has dtype float32"):
+        fkj.dp_clipped_grad_sum(a, g.astype(jnp.float32), 1.0)
+    with pytest.raises(Exception, match=r"fk_xla_dp_clipped_grad_sum_(cpu|cuda): max_norm = -1"):
+        jax.block_until_ready(fkj.dp_clipped_grad_sum(a, g, -1.0))
+
+
 # ---------------------------------------------------------------- the rest
 
 
@@ -362,3 +629,86 @@ def test_shard_map_over_four_cpu_devices(tmp_path):
     r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SHARD_MAP_OK 4" in r.stdout
+
+
+SHARD_MAP_BATCH_SCRIPT = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, PartitionSpec as P
+    jax.config.update("jax_enable_x64", True)
+    import fusekit.jax as fkj
+    assert len(jax.devices()) == 4, jax.devices()
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    shard_map = getattr(jax, "shard_map", None)
+    if shard_map is None:
+        from jax.experimental.shard_map import shard_map
+    rng = np.random.default_rng(1)
+    r = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float64)
+    x0, v0, f = r(16, 6), 0.5 * r(16, 6), 0.3 * r(16, 6)
+    U, W = 0.4 * r(6, 3), 0.4 * r(6, 3)
+    a, g = r(16, 5), r(16, 4)
+    HP = jax.lax.Precision.HIGHEST
+
+    def chr_ref(v, U, W, c):
+        return jnp.clip(jnp.matmul(jnp.matmul(v, U, precision=HP) ** 2, W.T, precision=HP), -c, c)
+
+    def lf_ref(x, v, U, W, f):
+        for _ in range(2):
+            vh = v + 0.05 * (f - chr_ref(v, U, W, 5.0))
+            x = x + 0.1 * vh
+            v = vh + 0.05 * (f - chr_ref(vh, U, W, 5.0))
+        return x, v
+
+    # batch-parallel ops along the batch (rows / samples) of the mesh
+    def local(v, x, f, a, g):
+        return fkj.christoffel(v, U, W), fkj.leapfrog(x, v, U, W, 0.1, 2, f), fkj.per_sample_grad_norms(a, g)
+
+    spec = P("d")
+    fn = jax.jit(shard_map(local, mesh=mesh, in_specs=(spec,) * 5, out_specs=(spec, (spec, spec), spec)))
+    gam, (xT, vT), sq = fn(v0, x0, f, a, g)
+    np.testing.assert_allclose(gam, chr_ref(v0, U, W, 5.0), rtol=1e-12, atol=1e-12)
+    xr, vr = lf_ref(x0, v0, U, W, f)
+    np.testing.assert_allclose(xT, xr, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(vT, vr, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(sq, (a * a).sum(-1) * (g * g).sum(-1), rtol=1e-12)
+    assert len({s.device for s in sq.addressable_shards}) == 4
+
+    # U, W replicated: their gradients are the sums over the shards of the batch;
+    # the DP clipped sum per shard, psum'ed
+    def loss(U_, W_, x, v, f):
+        xT, vT = fkj.leapfrog(x, v, U_, W_, 0.1, 2, f)
+        return (xT ** 2).sum() + (fkj.christoffel(v, U_, W_) * vT).sum()
+
+    gspec = (P(), P(), spec, spec, spec)
+    grads = jax.jit(shard_map(jax.grad(loss, argnums=(0, 1, 3)), mesh=mesh, in_specs=gspec,
+                              out_specs=(P(), P(), spec)))(U, W, x0, v0, f)
+
+    def loss_ref(U_, W_, x, v, f):
+        xT, vT = lf_ref(x, v, U_, W_, f)
+        return (xT ** 2).sum() + (chr_ref(v, U_, W_, 5.0) * vT).sum()
+
+    want = jax.grad(loss_ref, argnums=(0, 1, 3))(U, W, x0, v0, f)
+    for got_, want_ in zip(grads, want):
+        np.testing.assert_allclose(got_, want_, rtol=1e-10, atol=1e-12)
+
+    clip = jax.jit(shard_map(lambda a, g: jax.lax.psum(fkj.dp_clipped_grad_sum(a, g, 1.0), "d"), mesh=mesh,
+                             in_specs=(spec, spec), out_specs=P()))
+    np.testing.assert_allclose(clip(a, g), fkj.dp_clipped_grad_sum(a, g, 1.0), rtol=1e-12, atol=1e-12)
+    print("SHARD_MAP_BATCH_OK")
+    """
+)
+
+
+def test_shard_map_batch_parallel_ops_over_four_cpu_devices(tmp_path):
+    """The geodesic ops and the per-sample ops sharded along their batch over four
+    host devices: values, and the replicated parameters' gradients summed over the
+    shards by JAX (f64, against jnp)."""
+    script = tmp_path / "shard_batch.py"
+    script.write_text(SHARD_MAP_BATCH_SCRIPT)
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p])
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SHARD_MAP_BATCH_OK" in r.stdout

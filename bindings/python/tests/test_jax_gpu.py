@@ -129,7 +129,7 @@ GRAPH_SCRIPT = textwrap.dedent(
 )
 
 
-def _graph_run(mode: str, graphs: bool):
+def _graph_run(mode: str, graphs: bool, script: str = GRAPH_SCRIPT):
     env = dict(os.environ)
     flags = (
         "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
@@ -139,7 +139,7 @@ def _graph_run(mode: str, graphs: bool):
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flags).strip()
     env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p])
     r = subprocess.run(
-        [sys.executable, "-c", GRAPH_SCRIPT, mode], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", script, mode], env=env, capture_output=True, text=True, timeout=600
     )
     assert r.returncode == 0, r.stdout + r.stderr
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("RUNS")][-1]
@@ -158,3 +158,160 @@ def test_handlers_are_replayed_from_cuda_graphs(mode):
     print(f"{mode}: {runs} runs, {per_run} handler calls per run; entries without graphs {plain}, with graphs {graphed}")
     assert plain == runs * per_run and per_run >= 5
     assert graphed <= 4 * per_run, "handlers were not replayed from XLA's CUDA graphs"
+
+
+# ---------------------------------------------------------------- geodesic and optimizer math
+
+
+def geo_problem(rng, b, d, r, dtype):
+    def n(*s, scale=1.0):
+        return jnp.asarray(scale * rng.standard_normal(s), dtype)
+
+    return n(b, d), n(b, d, scale=0.5), n(d, r, scale=0.3), n(d, r, scale=0.3), n(b, d, scale=0.3), \
+        jnp.asarray(0.1 * rng.random(d), dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("shape", [(300, 64, 16), (257, 96, 40)])  # a fast kernel; R > 32: the cuBLAS route
+def test_geodesic_cuda_matches_cpu(rng, dtype, shape):
+    x0, v0, U, W, f, mu = geo_problem(rng, *shape, dtype)
+    tol = 2e-4 if dtype == jnp.float32 else 1e-10
+    with jax.default_matmul_precision("highest"):
+        chr_ = jax.jit(lambda v, U, W: fkj.christoffel(v, U, W, 2.0))
+        close(chr_(*on(GPU, v0, U, W)), chr_(*on(CPU, v0, U, W)), tol)
+        g = jax.jit(jax.grad(lambda v, U, W: (fkj.christoffel(v, U, W, 2.0) ** 2).sum(), argnums=(0, 1, 2)))
+        for a, b in zip(g(*on(GPU, v0, U, W)), g(*on(CPU, v0, U, W))):
+            close(a, b, tol * float(jnp.abs(b).max() + 1))
+        for save in (True, False):
+            lf = jax.jit(lambda *p: fkj.leapfrog(*p[:4], 0.05, 4, p[4], p[5], save_traj=save))
+            for a, b in zip(lf(*on(GPU, x0, v0, U, W, f, mu)), lf(*on(CPU, x0, v0, U, W, f, mu))):
+                close(a, b, tol)
+
+            def loss(*p):
+                x, v = fkj.leapfrog(*p[:4], 0.05, 4, p[4], p[5], save_traj=save)
+                return (x**2).sum() + (v**2).sum()
+
+            g = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))
+            for a, b in zip(g(*on(GPU, x0, v0, U, W, f, mu)), g(*on(CPU, x0, v0, U, W, f, mu))):
+                close(a, b, tol * float(jnp.abs(b).max() + 1))
+
+
+def test_geodesic_precision_reaches_the_kernels(rng):
+    """TF32 for the Christoffel forward and the leapfrog forward, 3xTF32 for the
+    leapfrog forward, chosen by jax's matmul precision (f32, a fast-kernel shape)."""
+    x0, v0, U, W, f, _ = geo_problem(rng, 4096, 256, 32, jnp.float32)
+    want_chr = np.asarray(fkj.christoffel(*on(CPU, *(x.astype(jnp.float64) for x in (v0, U, W))), c=float("inf")))
+    x64 = on(CPU, *(x.astype(jnp.float64) for x in (x0, v0, U, W, f)))
+    want_lf = np.asarray(fkj.leapfrog(*x64[:4], 0.05, 8, x64[4], c=float("inf"))[1])
+    err_chr, err_lf = {}, {}
+    for prec in ("highest", "tensorfloat32", "high"):
+        with jax.default_matmul_precision(prec):
+            got = jax.jit(lambda v, U, W: fkj.christoffel(v, U, W, float("inf")))(*on(GPU, v0, U, W))
+            err_chr[prec] = float(np.abs(np.asarray(got, np.float64) - want_chr).max() / np.abs(want_chr).max())
+            got = jax.jit(lambda *p: fkj.leapfrog(*p[:4], 0.05, 8, p[4], c=float("inf"))[1])(
+                *on(GPU, x0, v0, U, W, f))
+            err_lf[prec] = float(np.abs(np.asarray(got, np.float64) - want_lf).max() / np.abs(want_lf).max())
+    print("relative errors, christoffel:", err_chr, "leapfrog:", err_lf)
+    assert err_chr["highest"] < 1e-5 and err_chr["tensorfloat32"] > 4 * err_chr["highest"]
+    assert err_chr["high"] == pytest.approx(err_chr["highest"], rel=0, abs=1e-6)  # no 3xTF32 Christoffel: strict
+    assert err_lf["highest"] < 1e-5 and err_lf["tensorfloat32"] > 4 * err_lf["highest"]
+    assert err_lf["high"] < 1e-5 and err_lf["tensorfloat32"] > 4 * err_lf["high"]  # 3xTF32: f32-level
+
+
+def spd(rng, n, dtype, batch=()):
+    q, _ = np.linalg.qr(rng.standard_normal(batch + (n, n)))
+    lam = np.geomspace(1.0, 100.0, n)
+    return jnp.asarray((q * lam[..., None, :]) @ np.swapaxes(q, -1, -2), dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_optim_cuda_matches_cpu(rng, dtype):
+    tol = 2e-4 if dtype == jnp.float32 else 1e-10
+    a = spd(rng, 48, dtype, (3,))
+    mp = jax.jit(lambda a: fkj.matrix_power(a, -0.25, 1e-4, max_iter=30))
+    close(mp(*on(GPU, a)), mp(*on(CPU, a)), tol)
+    eig = jax.jit(lambda a: fkj.matrix_power(a, 0.5, method="eigh"))
+    close(eig(*on(GPU, a)), eig(*on(CPU, a)), tol * 10)
+    g = jnp.asarray(rng.standard_normal((3, 48, 40)), dtype)
+    l, r = a, spd(rng, 40, dtype, (3,))
+    st = jax.jit(lambda g, l, r: fkj.shampoo_stats(g, l, r, 0.1, 0.9))
+    for x, y in zip(st(*on(GPU, g, l, r)), st(*on(CPU, g, l, r))):
+        close(x, y, tol * 10)
+    pc = jax.jit(fkj.shampoo_precondition)
+    close(pc(*on(GPU, g, l, r)), pc(*on(CPU, g, l, r)), tol * 10)
+    for lead in ((64,), (64, 5)):
+        pa = jnp.asarray(rng.standard_normal(lead + (96,)), dtype)
+        pg = jnp.asarray(rng.standard_normal(lead + (80,)), dtype)
+        for fn in (fkj.per_sample_grads, fkj.per_sample_grad_norms,
+                   lambda a, g: fkj.dp_clipped_grad_sum(a, g, 10.0, return_norms=True)):
+            for x, y in zip(jax.tree_util.tree_leaves(jax.jit(fn)(*on(GPU, pa, pg))),
+                            jax.tree_util.tree_leaves(jax.jit(fn)(*on(CPU, pa, pg)))):
+                close(x, y, tol * float(jnp.abs(y).max() + 1))
+
+
+GRAPH_SCRIPT_MORE = textwrap.dedent(
+    """
+    import sys, jax, jax.numpy as jnp, numpy as np
+    import fusekit.jax as fkj
+    mode = sys.argv[1]
+    fkj.warmup("cuda")
+    rng = np.random.default_rng(0)
+    r = lambda *s: jnp.asarray(0.3 * rng.standard_normal(s), jnp.float32)
+    q, _ = np.linalg.qr(rng.standard_normal((64, 64)))
+    A = jnp.asarray((q * np.geomspace(1, 50, 64)) @ q.T, jnp.float32)
+    args = (r(512, 128), r(512, 128), r(128, 16), r(128, 16), r(512, 128), r(64, 48), r(256, 96), r(256, 80), A)
+
+    def geodesic(x, v, U, W, f, *_):
+        def loss(x, v, U, W, f):
+            xT, vT = fkj.leapfrog(x, v, U, W, 0.05, 4, f)
+            return (xT ** 2).sum() + (fkj.christoffel(vT, U, W) ** 2).sum()
+        return jax.grad(loss, argnums=(0, 1, 2, 3, 4))(x, v, U, W, f)
+
+    def optim(*p):
+        G, a, g, A = p[5], p[6], p[7], p[8]
+        L, R = fkj.shampoo_stats(G, A, jnp.eye(48, dtype=jnp.float32), 0.1, 0.9)
+        Lr = fkj.matrix_power(L, -0.25, 1e-3, max_iter=25)
+        return (fkj.shampoo_precondition(G, Lr, R), fkj.per_sample_grad_norms(a, g),
+                fkj.dp_clipped_grad_sum(a, g, 1.0), fkj.per_sample_grads(a, g))
+
+    def eigh(*p):
+        # the eigendecomposition's handler is declared not capturable
+        return fkj.exp(fkj.matrix_power(p[8], 0.5, method="eigh"))
+
+    f = jax.jit({"geodesic": geodesic, "optim": optim, "eigh": eigh}[mode])
+    out = jax.block_until_ready(f(*args))
+    R = 40
+    with fkj.count_calls() as n:
+        for i in range(R):
+            out = jax.block_until_ready(f(*args))
+    calls = n()
+    want = f(*(jax.device_put(v, jax.devices("cpu")[0]) for v in args))
+    for got, exp in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(exp), rtol=2e-3, atol=2e-3 * float(np.abs(exp).max()))
+    print("RUNS", R, "HANDLER_ENTRIES", calls)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["geodesic", "optim"])
+def test_new_handlers_are_replayed_from_cuda_graphs(mode):
+    """The geodesic and optimizer handlers declared capturable (docs/abi.md's table:
+    all of them, matrix_power as Newton with tol = 0) are traced into XLA's CUDA
+    graphs and replayed."""
+    runs, plain = _graph_run(mode, graphs=False, script=GRAPH_SCRIPT_MORE)
+    _, graphed = _graph_run(mode, graphs=True, script=GRAPH_SCRIPT_MORE)
+    per_run = plain // runs
+    print(f"{mode}: {runs} runs, {per_run} handler calls per run; without graphs {plain}, with graphs {graphed}")
+    assert plain == runs * per_run and per_run >= 3
+    assert graphed <= 4 * per_run, "handlers were not replayed from XLA's CUDA graphs"
+
+
+def test_eigh_handler_is_kept_out_of_cuda_graphs():
+    """matrix_power(method="eigh") reads cuSOLVER's flags on the host: its handler
+    declares no command-buffer trait, so XLA runs it on every execution (and the
+    program still works with command buffers on)."""
+    runs, plain = _graph_run("eigh", graphs=False, script=GRAPH_SCRIPT_MORE)
+    _, graphed = _graph_run("eigh", graphs=True, script=GRAPH_SCRIPT_MORE)
+    print(f"eigh: {runs} runs; without graphs {plain}, with graphs {graphed}")
+    assert plain == 2 * runs  # matrix_power_eigh and exp
+    assert graphed >= runs  # the eigendecomposition is entered on every run

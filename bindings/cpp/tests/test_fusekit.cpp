@@ -44,6 +44,18 @@ bool close_all(const std::vector<T>& got, const std::vector<T>& ref, double tol)
 
 bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 
+// One check named `what`: `f()` throws an E for which `pred(e)` holds.
+template <class E, class F, class P>
+bool check_throws(F f, P pred, const std::string& what) {
+    bool caught = false;
+    try {
+        f();
+    } catch (const E& e) {
+        caught = pred(e);
+    }
+    return check(caught, what);
+}
+
 // Compile-time properties of the wrapper.
 static_assert(fusekit::dtype_v<float> == FK_DTYPE_F32);
 static_assert(fusekit::dtype_v<double> == FK_DTYPE_F64);
@@ -288,39 +300,35 @@ int main(int argc, char** argv) {
             check(caught, "shape mismatch throws fusekit::Error");
 
             auto od = fusekit::Buffer::owned<double>(ctx, {4});
-            caught = false;
-            try {
-                fusekit::neg(x, od);
-            } catch (const std::runtime_error& e) {  // catchable as std::runtime_error
-                caught = contains(e.what(), "FK_ERROR_DTYPE_MISMATCH");
-            }
-            check(caught, "dtype mismatch throws (caught as std::runtime_error)");
+            check_throws<std::runtime_error>(  // catchable as std::runtime_error
+                [&] { fusekit::neg(x, od); },
+                [&](const std::runtime_error& e) { return contains(e.what(), "FK_ERROR_DTYPE_MISMATCH"); },
+                "dtype mismatch throws (caught as std::runtime_error)");
 
-            caught = false;
-            try {
-                std::vector<double> wrong(4);
-                x.copy_from_host(wrong.data(), wrong.size());
-            } catch (const fusekit::Error& e) {
-                caught = e.status() == FK_ERROR_DTYPE_MISMATCH;
-            }
-            check(caught, "copy_from_host<double> into a float buffer throws FK_ERROR_DTYPE_MISMATCH");
+            check_throws<fusekit::Error>(
+                [&] {
+                    std::vector<double> wrong(4);
+                    x.copy_from_host(wrong.data(), wrong.size());
+                },
+                [&](const fusekit::Error& e) { return e.status() == FK_ERROR_DTYPE_MISMATCH; },
+                "copy_from_host<double> into a float buffer throws FK_ERROR_DTYPE_MISMATCH");
 
-            caught = false;
-            try {
-                std::vector<float> small(3);
-                x.copy_to_host(small.data(), small.size());
-            } catch (const fusekit::Error& e) {
-                caught = e.status() == FK_ERROR_SHAPE_MISMATCH && contains(e.message(), "bytes = 12");
-            }
-            check(caught, "copy_to_host with the wrong count throws FK_ERROR_SHAPE_MISMATCH");
+            check_throws<fusekit::Error>(
+                [&] {
+                    std::vector<float> small(3);
+                    x.copy_to_host(small.data(), small.size());
+                },
+                [&](const fusekit::Error& e) {
+                    return e.status() == FK_ERROR_SHAPE_MISMATCH && contains(e.message(), "bytes = 12");
+                },
+                "copy_to_host with the wrong count throws FK_ERROR_SHAPE_MISMATCH");
 
-            caught = false;
-            try {
-                fusekit::Context bad(static_cast<fusekit::DeviceKind>(42));
-            } catch (const fusekit::Error& e) {
-                caught = e.status() == FK_ERROR_INVALID_ARGUMENT && contains(e.message(), "kind");
-            }
-            check(caught, "Context with an invalid kind throws FK_ERROR_INVALID_ARGUMENT");
+            check_throws<fusekit::Error>(
+                [&] { fusekit::Context bad(static_cast<fusekit::DeviceKind>(42)); },
+                [&](const fusekit::Error& e) {
+                    return e.status() == FK_ERROR_INVALID_ARGUMENT && contains(e.message(), "kind");
+                },
+                "Context with an invalid kind throws FK_ERROR_INVALID_ARGUMENT");
             check(fusekit::last_error_message().find("fk_context_create") == 0,
                   "last_error_message() = " + fusekit::last_error_message());
             check(fusekit::last_error_message() == fusekit::last_error_c_str(),
@@ -336,13 +344,10 @@ int main(int argc, char** argv) {
             fusekit::Buffer m3 = fusekit::Buffer::owned<float>(ctx, {1});
             m3 = std::move(m2);  // releases m3's old buffer
             check(m3.get() == raw && !m2 && m3.numel() == 5, "Buffer move assignment");
-            bool threw = false;
-            try {
-                (void)m2.numel();
-            } catch (const fusekit::Error& e) {
-                threw = e.status() == FK_ERROR_NULL_POINTER;
-            }
-            check(threw, "using a moved-from Buffer throws FK_ERROR_NULL_POINTER");
+            check_throws<fusekit::Error>(
+                [&] { (void)m2.numel(); },
+                [&](const fusekit::Error& e) { return e.status() == FK_ERROR_NULL_POINTER; },
+                "using a moved-from Buffer throws FK_ERROR_NULL_POINTER");
             fk_buffer* rel = m3.release();
             check(!m3 && rel == raw, "release() gives up ownership");
             fusekit::Buffer back = fusekit::Buffer::adopt(rel);
@@ -351,13 +356,10 @@ int main(int argc, char** argv) {
             fusekit::Context c2 = fusekit::Context::cpu();
             fusekit::Context c3 = std::move(c2);
             check(!c2 && bool(c3) && c3.kind() == fusekit::DeviceKind::Cpu, "Context move");
-            bool ctx_threw = false;
-            try {
-                (void)c2.name();
-            } catch (const fusekit::Error& e) {
-                ctx_threw = e.status() == FK_ERROR_NULL_POINTER;
-            }
-            check(ctx_threw, "using a moved-from Context throws");
+            check_throws<fusekit::Error>(
+                [&] { (void)c2.name(); },
+                [&](const fusekit::Error& e) { return e.status() == FK_ERROR_NULL_POINTER; },
+                "using a moved-from Context throws");
             fusekit::Stream s2(c3);
             fusekit::Stream s3 = std::move(s2);
             check(!s2 && bool(s3), "Stream move");
@@ -402,13 +404,12 @@ int main(int argc, char** argv) {
             check(ok, "pinned -> device -> op -> pinned, ordered by an event");
             check(e0.elapsed_ms(e1) >= 0.0f, "Event::elapsed_ms >= 0");
             fusekit::wait(rs, e1);
-            bool refused = false;
-            try {
-                fusekit::Buffer::owned<float>(rc, {999}).copy_from(pin);
-            } catch (const fusekit::Error& e) {
-                refused = e.status() == FK_ERROR_SHAPE_MISMATCH && contains(e.message(), "fk_buffer_copy");
-            }
-            check(refused, "copy_from of another size throws FK_ERROR_SHAPE_MISMATCH");
+            check_throws<fusekit::Error>(
+                [&] { fusekit::Buffer::owned<float>(rc, {999}).copy_from(pin); },
+                [&](const fusekit::Error& e) {
+                    return e.status() == FK_ERROR_SHAPE_MISMATCH && contains(e.message(), "fk_buffer_copy");
+                },
+                "copy_from of another size throws FK_ERROR_SHAPE_MISMATCH");
             if (!rc.is_cuda()) {
                 fusekit::CommId id{};
                 auto comm = fusekit::Comm::init_rank(rc, 1, id, 0);
@@ -433,13 +434,10 @@ int main(int argc, char** argv) {
             fusekit::Stream legacy = fusekit::Stream::wrap(ctx, nullptr);
             check(legacy.handle() == nullptr, "Stream::wrap(nullptr) is the legacy default stream");
         } else {
-            bool threw = false;
-            try {
-                (void)fusekit::Stream::wrap(ctx, nullptr);
-            } catch (const fusekit::Error& e) {
-                threw = e.status() == FK_ERROR_UNSUPPORTED;
-            }
-            check(threw, "Stream::wrap on a CPU context throws FK_ERROR_UNSUPPORTED");
+            check_throws<fusekit::Error>(
+                [&] { (void)fusekit::Stream::wrap(ctx, nullptr); },
+                [&](const fusekit::Error& e) { return e.status() == FK_ERROR_UNSUPPORTED; },
+                "Stream::wrap on a CPU context throws FK_ERROR_UNSUPPORTED");
         }
         // ---- linear algebra
         {
@@ -501,13 +499,12 @@ int main(int argc, char** argv) {
             auto ko = fusekit::Buffer::owned<float>(ctx, {2, 2});
             fusekit::kron(k1, k2, ko);
             check(ko.to_vector<float>() == std::vector<float>{3, 6, 4, 8}, "kron [1,2] (x) [2,1]");
-            bool threw = false;
-            try {
-                fusekit::gemm(ma, ma, mc);
-            } catch (const fusekit::Error& e) {
-                threw = e.status() == FK_ERROR_SHAPE_MISMATCH && contains(e.what(), "fk_gemm");
-            }
-            check(threw, "gemm shape mismatch throws fusekit::Error");
+            check_throws<fusekit::Error>(
+                [&] { fusekit::gemm(ma, ma, mc); },
+                [&](const fusekit::Error& e) {
+                    return e.status() == FK_ERROR_SHAPE_MISMATCH && contains(e.what(), "fk_gemm");
+                },
+                "gemm shape mismatch throws fusekit::Error");
 
             // ---- multi-layer perceptron: relu(x w^T + bias) w1^T, values by hand
             // z0 = {-1.5, -1, -1.5, 2}, h1 = {0, 0, 0, 2}, y = h1 w1^T = {0, 4}
@@ -537,14 +534,13 @@ int main(int argc, char** argv) {
                       dw1.to_vector<float>() == std::vector<float>{0, 2} &&
                       db0.to_vector<float>() == std::vector<float>{0, 2},
                   "mlp_backward dx, dweights, dbiases[0]");
-            threw = false;
-            try {
-                fusekit::mlp_forward(ma, {&w, &ma}, {}, fusekit::Act::Relu, fusekit::Act::None, my);
-            } catch (const fusekit::Error& e) {
-                threw = e.status() == FK_ERROR_SHAPE_MISMATCH && contains(e.what(), "fk_mlp_forward: weights[1]") &&
-                        contains(e.what(), "layer 1");
-            }
-            check(threw, "mlp_forward names the weight and layer of a shape mismatch");
+            check_throws<fusekit::Error>(
+                [&] { fusekit::mlp_forward(ma, {&w, &ma}, {}, fusekit::Act::Relu, fusekit::Act::None, my); },
+                [&](const fusekit::Error& e) {
+                    return e.status() == FK_ERROR_SHAPE_MISMATCH &&
+                           contains(e.what(), "fk_mlp_forward: weights[1]") && contains(e.what(), "layer 1");
+                },
+                "mlp_forward names the weight and layer of a shape mismatch");
         }
 
         // ---- Gaussian field and geodesic flow (values by hand)
@@ -639,20 +635,16 @@ int main(int argc, char** argv) {
                          e.report().residual > 1e-14;
             }
             check(caught, "matrix_power non-convergence throws NotConverged with the report");
-            caught = false;
-            try {
-                fusekit::matrix_power(a, -0.5, 0.0, root, fusekit::MatpowMethod::Newton, 1, 1e-14);
-            } catch (const fusekit::Error& e) {  // also a fusekit::Error
-                caught = e.status() == FK_ERROR_NOT_CONVERGED;
-            }
-            check(caught, "NotConverged is caught as fusekit::Error");
-            caught = false;
-            try {
-                fusekit::matrix_power(a, 0.3, 0.0, root, fusekit::MatpowMethod::Newton);
-            } catch (const fusekit::Error& e) {
-                caught = e.status() == FK_ERROR_INVALID_ARGUMENT && contains(e.message(), "inverse roots");
-            }
-            check(caught, "matrix_power newton with a non-root power throws FK_ERROR_INVALID_ARGUMENT");
+            check_throws<fusekit::Error>(  // also a fusekit::Error
+                [&] { fusekit::matrix_power(a, -0.5, 0.0, root, fusekit::MatpowMethod::Newton, 1, 1e-14); },
+                [&](const fusekit::Error& e) { return e.status() == FK_ERROR_NOT_CONVERGED; },
+                "NotConverged is caught as fusekit::Error");
+            check_throws<fusekit::Error>(
+                [&] { fusekit::matrix_power(a, 0.3, 0.0, root, fusekit::MatpowMethod::Newton); },
+                [&](const fusekit::Error& e) {
+                    return e.status() == FK_ERROR_INVALID_ARGUMENT && contains(e.message(), "inverse roots");
+                },
+                "matrix_power newton with a non-root power throws FK_ERROR_INVALID_ARGUMENT");
 
             // Shampoo statistics: G [2, 3]
             auto g = fusekit::Buffer::owned<double>(ctx, {2, 3});
@@ -669,13 +661,12 @@ int main(int argc, char** argv) {
             for (double v : ggt) l15.push_back(1.5 * v);
             check(close_all(l.to_vector<double>(), l15, 1e-14) && close_all(r.to_vector<double>(), gtg, 1e-14),
                   "shampoo_stats accumulates L only");
-            caught = false;
-            try {
-                fusekit::shampoo_stats(g, 1.0, 1.0, nullptr, nullptr);
-            } catch (const fusekit::Error& e) {
-                caught = e.status() == FK_ERROR_NULL_POINTER && contains(e.message(), "fk_shampoo_stats");
-            }
-            check(caught, "shampoo_stats without l and r throws FK_ERROR_NULL_POINTER");
+            check_throws<fusekit::Error>(
+                [&] { fusekit::shampoo_stats(g, 1.0, 1.0, nullptr, nullptr); },
+                [&](const fusekit::Error& e) {
+                    return e.status() == FK_ERROR_NULL_POINTER && contains(e.message(), "fk_shampoo_stats");
+                },
+                "shampoo_stats without l and r throws FK_ERROR_NULL_POINTER");
             // preconditioning: diag(2, 3) G, then G with no roots
             auto lr = fusekit::Buffer::owned<double>(ctx, {2, 2});
             lr.copy_from_host(std::vector<double>{2, 0, 0, 3});
@@ -715,20 +706,18 @@ int main(int argc, char** argv) {
                       close_all(nrm2.to_vector<double>(), std::vector<double>{25, 18}, 1e-13),
                   "dp_clipped_grad_sum at max_norm 3 (both clipped) and its sq_norms");
             auto bad = fusekit::Buffer::owned<double>(ctx, {3, 2});
-            caught = false;
-            try {
-                fusekit::per_sample_grads(pa, bad, per);
-            } catch (const fusekit::Error& e) {
-                caught = e.status() == FK_ERROR_SHAPE_MISMATCH && contains(e.message(), "fk_per_sample_grads");
-            }
-            check(caught, "per_sample_grads with another batch throws FK_ERROR_SHAPE_MISMATCH");
-            caught = false;
-            try {
-                fusekit::dp_clipped_grad_sum(pa, pgr, -1.0, sum);
-            } catch (const fusekit::Error& e) {
-                caught = e.status() == FK_ERROR_INVALID_ARGUMENT && contains(e.message(), "max_norm");
-            }
-            check(caught, "dp_clipped_grad_sum with max_norm < 0 throws FK_ERROR_INVALID_ARGUMENT");
+            check_throws<fusekit::Error>(
+                [&] { fusekit::per_sample_grads(pa, bad, per); },
+                [&](const fusekit::Error& e) {
+                    return e.status() == FK_ERROR_SHAPE_MISMATCH && contains(e.message(), "fk_per_sample_grads");
+                },
+                "per_sample_grads with another batch throws FK_ERROR_SHAPE_MISMATCH");
+            check_throws<fusekit::Error>(
+                [&] { fusekit::dp_clipped_grad_sum(pa, pgr, -1.0, sum); },
+                [&](const fusekit::Error& e) {
+                    return e.status() == FK_ERROR_INVALID_ARGUMENT && contains(e.message(), "max_norm");
+                },
+                "dp_clipped_grad_sum with max_norm < 0 throws FK_ERROR_INVALID_ARGUMENT");
         }
     } catch (const fusekit::Error& e) {
         check(false, std::string("unexpected fusekit::Error: ") + e.what());

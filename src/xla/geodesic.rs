@@ -21,7 +21,7 @@
 //!   order, those of `dx0`, `dv0`, `df`, `dU`, `dW` that `want` names (bits 1, 2,
 //!   4, 8, 16; default 31).
 
-use super::{Call, Graph::Capturable, handlers};
+use super::{Call, Graph::NotCapturable, handlers};
 use crate::buffer::Buffer;
 use crate::error::{FK_ERROR_INVALID_ARGUMENT, Result};
 use crate::ops::geodesic as geo;
@@ -147,11 +147,11 @@ fn leapfrog_backward(c: &Call) -> Result<()> {
 
 handlers! {
     /// Clamped Christoffel map `gamma = clamp((v U)^2 W^T, -c, c)` (fk_christoffel_forward).
-    "christoffel_forward": fk_xla_christoffel_forward_cpu, fk_xla_christoffel_forward_cuda, Capturable, christoffel_forward;
+    "christoffel_forward": fk_xla_christoffel_forward_cpu, fk_xla_christoffel_forward_cuda, NotCapturable, christoffel_forward;
     /// Backward of the Christoffel map (fk_christoffel_backward).
-    "christoffel_backward": fk_xla_christoffel_backward_cpu, fk_xla_christoffel_backward_cuda, Capturable, christoffel_backward;
+    "christoffel_backward": fk_xla_christoffel_backward_cpu, fk_xla_christoffel_backward_cuda, NotCapturable, christoffel_backward;
     /// Fused kick-drift-kick leapfrog, `steps` steps (fk_leapfrog_forward).
-    "leapfrog_forward": fk_xla_leapfrog_forward_cpu, fk_xla_leapfrog_forward_cuda, Capturable, leapfrog_forward;
+    "leapfrog_forward": fk_xla_leapfrog_forward_cpu, fk_xla_leapfrog_forward_cuda, NotCapturable, leapfrog_forward;
     /// Backward of the leapfrog (fk_leapfrog_backward).
-    "leapfrog_backward": fk_xla_leapfrog_backward_cpu, fk_xla_leapfrog_backward_cuda, Capturable, leapfrog_backward;
+    "leapfrog_backward": fk_xla_leapfrog_backward_cpu, fk_xla_leapfrog_backward_cuda, NotCapturable, leapfrog_backward;
 }

@@ -10,7 +10,11 @@
 //! - `gemm`: operands `a`, `b`; result `c = alpha op_a(a) op_b(b)`; attributes
 //!   `op_a`, `op_b` (`FK_OP_*`), `alpha` (real), `flags` (`FK_GEMM_ALLOW_TF32`).
 
-use super::{Call, Graph::Capturable, handlers};
+use super::{
+    Call,
+    Graph::{Capturable, NotCapturable},
+    handlers,
+};
 use crate::error::{FK_ERROR_INVALID_ARGUMENT, Result};
 use crate::ops::elementwise::Scalar;
 use crate::ops::linalg::{self as la, Activation, Trans};
@@ -113,7 +117,7 @@ handlers! {
     /// Fused linear layer `y = act(x W^T + b)` (fk_linear_forward).
     "linear_forward": fk_xla_linear_forward_cpu, fk_xla_linear_forward_cuda, Capturable, linear_forward;
     /// Backward of the fused linear layer (fk_linear_backward).
-    "linear_backward": fk_xla_linear_backward_cpu, fk_xla_linear_backward_cuda, Capturable, linear_backward;
+    "linear_backward": fk_xla_linear_backward_cpu, fk_xla_linear_backward_cuda, NotCapturable, linear_backward;
     /// `c = alpha op_a(a) op_b(b)` (fk_gemm with beta = 0).
     "gemm": fk_xla_gemm_cpu, fk_xla_gemm_cuda, Capturable, gemm;
 }

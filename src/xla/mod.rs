@@ -9,8 +9,14 @@
 //! 1. **Metadata probe.** When the call frame's extension chain holds the metadata
 //!    extension (XLA does this once, at registration), the handler writes the API
 //!    version it implements (`api::API_MAJOR`.`api::API_MINOR`, 0.1) and its traits
-//!    (`XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE` exactly for the ops
-//!    docs/abi.md lists as capturable) and returns NULL.
+//!    (`XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE` exactly for the ops that
+//!    are capturable AND allocate nothing while captured: XLA nests a handler's
+//!    capture in its command buffer as a child graph, and CUDA refuses a child
+//!    graph that holds memory-allocation nodes (on the H100, the linear backward's
+//!    stream-ordered scratch failed with CUDA_ERROR_NOT_SUPPORTED, "Failed to create
+//!    a child graph node"). So the ops with stream-ordered scratch under capture
+//!    (linear backward, the geodesic and optimizer ops) declare no trait and XLA
+//!    runs them outside its graphs) and returns NULL.
 //! 2. **Decoding** (`Call`): arguments and results as fusekit buffers wrapping
 //!    XLA's memory (`Buffer::wrap`: a borrowed view, no copy), attributes by name
 //!    (scalars; ints as i64, floats as f64, either accepted where the other is

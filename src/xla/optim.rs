@@ -18,19 +18,19 @@
 //!   `L' = beta L + alpha G G^T`, `R' = beta R + alpha G^T G`. A result is first
 //!   copied from its operand (on the stream, an elementwise copy) unless XLA
 //!   aliased them (`input_output_aliases`) or `beta = 0`; then updated in place.
-//!   Attributes `alpha`, `beta`, `flags`. Capturable.
+//!   Attributes `alpha`, `beta`, `flags`. Not capturable (see mod.rs).
 //! - `shampoo_precondition`: operands `grad`, then `l_root` (`has_l`) and
-//!   `r_root` (`has_r`); result `out = L_root grad R_root`; `flags`. Capturable.
+//!   `r_root` (`has_r`); result `out = L_root grad R_root`; `flags`. Not capturable (see mod.rs).
 //! - `per_sample_grads`: operands `a [B,in]` / `[B,T,in]`, `g [B,out]` /
-//!   `[B,T,out]`; result `out [B,out,in]`; `flags`. Capturable.
+//!   `[B,T,out]`; result `out [B,out,in]`; `flags`. Not capturable (see mod.rs).
 //! - `per_sample_grad_norms`: operands `a`, `g`; result `sq_norms [B]`.
-//!   Capturable.
+//!   Not capturable (see mod.rs).
 //! - `dp_clipped_grad_sum`: operands `a`, `g`; results `out [out,in]` and
-//!   optionally `sq_norms [B]`; attributes `max_norm`, `flags`. Capturable.
+//!   optionally `sq_norms [B]`; attributes `max_norm`, `flags`. Not capturable (see mod.rs).
 
 use super::{
     Call,
-    Graph::{Capturable, NotCapturable},
+    Graph::NotCapturable,
     handlers,
 };
 use crate::buffer::Buffer;
@@ -169,17 +169,17 @@ fn dp_clipped_grad_sum(c: &Call) -> Result<()> {
 handlers! {
     /// Inverse p-th root by the coupled Newton iteration, `max_iter` iterations
     /// unchecked (fk_matrix_power with FK_MATPOW_NEWTON and tol = 0).
-    "matrix_power": fk_xla_matrix_power_cpu, fk_xla_matrix_power_cuda, Capturable, matrix_power;
+    "matrix_power": fk_xla_matrix_power_cpu, fk_xla_matrix_power_cuda, NotCapturable, matrix_power;
     /// Any real power by the eigendecomposition (fk_matrix_power with FK_MATPOW_EIGH).
     "matrix_power_eigh": fk_xla_matrix_power_eigh_cpu, fk_xla_matrix_power_eigh_cuda, NotCapturable, matrix_power_eigh;
     /// Shampoo statistics (fk_shampoo_stats_ex).
-    "shampoo_stats": fk_xla_shampoo_stats_cpu, fk_xla_shampoo_stats_cuda, Capturable, shampoo_stats;
+    "shampoo_stats": fk_xla_shampoo_stats_cpu, fk_xla_shampoo_stats_cuda, NotCapturable, shampoo_stats;
     /// Shampoo preconditioning `out = L_root grad R_root` (fk_shampoo_precondition).
-    "shampoo_precondition": fk_xla_shampoo_precondition_cpu, fk_xla_shampoo_precondition_cuda, Capturable, shampoo_precondition;
+    "shampoo_precondition": fk_xla_shampoo_precondition_cpu, fk_xla_shampoo_precondition_cuda, NotCapturable, shampoo_precondition;
     /// Per-sample gradients of a linear layer, materialised (fk_per_sample_grads).
-    "per_sample_grads": fk_xla_per_sample_grads_cpu, fk_xla_per_sample_grads_cuda, Capturable, per_sample_grads;
+    "per_sample_grads": fk_xla_per_sample_grads_cpu, fk_xla_per_sample_grads_cuda, NotCapturable, per_sample_grads;
     /// Squared norms of the per-sample gradients (fk_per_sample_grad_norms).
-    "per_sample_grad_norms": fk_xla_per_sample_grad_norms_cpu, fk_xla_per_sample_grad_norms_cuda, Capturable, per_sample_grad_norms;
+    "per_sample_grad_norms": fk_xla_per_sample_grad_norms_cpu, fk_xla_per_sample_grad_norms_cuda, NotCapturable, per_sample_grad_norms;
     /// The DP-SGD clipped sum (fk_dp_clipped_grad_sum).
-    "dp_clipped_grad_sum": fk_xla_dp_clipped_grad_sum_cpu, fk_xla_dp_clipped_grad_sum_cuda, Capturable, dp_clipped_grad_sum;
+    "dp_clipped_grad_sum": fk_xla_dp_clipped_grad_sum_cpu, fk_xla_dp_clipped_grad_sum_cuda, NotCapturable, dp_clipped_grad_sum;
 }

@@ -313,7 +313,7 @@ mod tests {
             ),
             (
                 fk_xla_linear_backward_cuda,
-                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+                0,
             ),
             (
                 fk_xla_gaussian_field_backward_cpu,
@@ -324,45 +324,45 @@ mod tests {
             // eigendecomposition reads cuSOLVER's flags on the host: not
             (
                 fk_xla_christoffel_forward_cuda,
-                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+                0,
             ),
             (
                 fk_xla_christoffel_backward_cuda,
-                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+                0,
             ),
             (
                 fk_xla_leapfrog_forward_cuda,
-                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+                0,
             ),
             (
                 fk_xla_leapfrog_backward_cuda,
-                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+                0,
             ),
             (
                 fk_xla_matrix_power_cuda,
-                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+                0,
             ),
             (fk_xla_matrix_power_eigh_cuda, 0),
             (fk_xla_matrix_power_eigh_cpu, 0),
             (
                 fk_xla_shampoo_stats_cuda,
-                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+                0,
             ),
             (
                 fk_xla_shampoo_precondition_cuda,
-                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+                0,
             ),
             (
                 fk_xla_per_sample_grads_cuda,
-                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+                0,
             ),
             (
                 fk_xla_per_sample_grad_norms_cuda,
-                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+                0,
             ),
             (
                 fk_xla_dp_clipped_grad_sum_cuda,
-                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+                0,
             ),
         ] {
             let mut m = blank_metadata();

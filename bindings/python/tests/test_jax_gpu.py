@@ -113,7 +113,9 @@ GRAPH_SCRIPT = textwrap.dedent(
         y, f = fwd(x, w, p, m, L, wt)
         return y.sum() + f.sum()
 
-    f = jax.jit(jax.grad(loss, argnums=(0, 1, 2)) if backward else fwd)
+    # backward: the Gaussian field's fused backward (workspace from XLA, capturable);
+    # the linear backward allocates scratch under capture and is kept out of graphs
+    f = jax.jit(jax.grad(loss, argnums=(2,)) if backward else fwd)
     args = (x, w, p, m, L, wt)
     out = jax.block_until_ready(f(*args))
     R = 40
@@ -156,7 +158,7 @@ def test_handlers_are_replayed_from_cuda_graphs(mode):
     _, graphed = _graph_run(mode, graphs=True)
     per_run = plain // runs
     print(f"{mode}: {runs} runs, {per_run} handler calls per run; entries without graphs {plain}, with graphs {graphed}")
-    assert plain == runs * per_run and per_run >= 5
+    assert plain == runs * per_run and per_run >= (5 if mode == "forward" else 2)
     assert graphed <= 4 * per_run, "handlers were not replayed from XLA's CUDA graphs"
 
 
@@ -294,16 +296,18 @@ GRAPH_SCRIPT_MORE = textwrap.dedent(
 
 
 @pytest.mark.parametrize("mode", ["geodesic", "optim"])
-def test_new_handlers_are_replayed_from_cuda_graphs(mode):
-    """The geodesic and optimizer handlers declared capturable (docs/abi.md's table:
-    all of them, matrix_power as Newton with tol = 0) are traced into XLA's CUDA
-    graphs and replayed."""
+def test_scratch_handlers_are_kept_out_of_cuda_graphs(mode):
+    """The geodesic and optimizer handlers take stream-ordered scratch while
+    captured, which CUDA refuses inside the child graph XLA nests a handler's
+    capture in (CUDA_ERROR_NOT_SUPPORTED, seen on the H100 for the linear
+    backward): they declare no command-buffer trait, so with command buffers on
+    the program still runs, matches the CPU, and enters them on every run."""
     runs, plain = _graph_run(mode, graphs=False, script=GRAPH_SCRIPT_MORE)
     _, graphed = _graph_run(mode, graphs=True, script=GRAPH_SCRIPT_MORE)
     per_run = plain // runs
     print(f"{mode}: {runs} runs, {per_run} handler calls per run; without graphs {plain}, with graphs {graphed}")
     assert plain == runs * per_run and per_run >= 3
-    assert graphed <= 4 * per_run, "handlers were not replayed from XLA's CUDA graphs"
+    assert graphed >= runs * per_run, "a handler with scratch under capture was traced into XLA's graphs"
 
 
 def test_eigh_handler_is_kept_out_of_cuda_graphs():

@@ -141,7 +141,8 @@ template <typename T> __device__ void colsum_finish(const FinishArgs& a) {
 // (aux_ld in bits, a multiple of 128); for the GELUs z, row pitch aux_ld elements.
 
 // mlp_epilogue: y = act(src + b) over [m, n] (src row pitch src_ld, y dense; src
-// may be y, in place), and z = src + b into aux when given (the mask for ReLU,
+// may be y, in place; y NULL: not written, for the ReLU mask of an output the
+// product already holds), and z = src + b into aux when given (the mask for ReLU,
 // padding bits 0). One thread per 8 columns of a row (a mask byte).
 // struct MlpEpiArgs: declared in src/cuda/linalg/mlp.rs (kernel_args!), defined ahead of this source
 
@@ -163,7 +164,7 @@ template <typename T> __device__ void mlp_epilogue(const MlpEpiArgs& a) {
             if (b) z += to_compute(b[j]);
             if (mask) bits |= (z > 0.0f ? 1u : 0u) << u;
             if (z_out) z_out[r * a.aux_ld + j] = from_compute<T>(z);
-            y[r * a.n + j] = from_compute<T>(act_f(a.act, z));
+            if (y) y[r * a.n + j] = from_compute<T>(act_f(a.act, z));
         }
         if (mask) bits_out[r * (a.aux_ld / 8) + j0 / 8] = (unsigned char)bits;
     }

@@ -8,7 +8,9 @@
 //! joined by events.
 //!
 //! `saved` has the layout of `ops::mlp::SavedLayout`, which is what cuBLASLt's
-//! `RELU_AUX` (bit mask, `AUX_LD` in bits) and `GELU_AUX` (pre-activation) write.
+//! `DRELU` (bit mask, `AUX_LD` in bits) and `DGELU` (pre-activation) read and
+//! `GELU_AUX` writes; the ReLU mask is written by `mlp_epilogue` from the output
+//! (`RELU_AUX`'s bit at z = 0 is not `z > 0`).
 
 use std::ffi::c_void;
 
@@ -105,6 +107,13 @@ fn forward_layer(
             (true, Some(aux)) => (Some(aux), l.aux_ld),
             _ => (out, n),
         };
+        // ReLU: cuBLASLt's RELU_AUX mask is not `z > 0` where z is exactly (+-)0
+        // (inferred, not documented: a width-1 ReLU layer below and no bias make
+        // whole rows of z 0, and the H100's first run had that layer's db off by
+        // 126% while its dW, blind to those rows, matched), so the product applies
+        // the ReLU alone and mlp_epilogue derives the mask from y = max(z, 0):
+        // y > 0 exactly where z > 0 (docs/ops.md section 6), NaN giving 0.
+        let relu_mask = l.act == Activation::Relu && l.aux.is_some();
         let call = LtCall {
             dtype: p.dtype,
             trans_a: true,
@@ -118,13 +127,28 @@ fn forward_layer(
             ldb: k,
             d,
             ldd,
-            epilogue: forward_epilogue(l.act, l.bias.is_some(), l.aux.is_some()),
+            epilogue: forward_epilogue(l.act, l.bias.is_some(), l.aux.is_some() && !relu_mask),
             bias: l.bias,
-            aux: if erf { None } else { l.aux },
+            aux: if erf || relu_mask { None } else { l.aux },
             aux_ld: l.aux_ld,
             tf32: p.allow_tf32,
         };
         if cublas::lt_matmul(dev, slot, &call)? {
+            if relu_mask {
+                // the mask of y (in place, y not rewritten: `y` 0)
+                let a = MlpEpiArgs {
+                    m,
+                    n,
+                    src_ld: n,
+                    aux_ld: l.aux_ld,
+                    src: raw(out),
+                    y: 0,
+                    bias: 0,
+                    aux: raw(l.aux),
+                    act,
+                };
+                return epilogue_kernel(dev, p.dtype, a, stream);
+            }
             if !erf {
                 return Ok(());
             }

@@ -141,8 +141,8 @@ template <typename T> __device__ void colsum_finish(const FinishArgs& a) {
 // (aux_ld in bits, a multiple of 128); for the GELUs z, row pitch aux_ld elements.
 
 // mlp_epilogue: y = act(src + b) over [m, n] (src row pitch src_ld, y dense; src
-// may be y, in place; y NULL: not written, for the ReLU mask of an output the
-// product already holds), and z = src + b into aux when given (the mask for ReLU,
+// may be y, in place; src NULL: zeros, to broadcast b into y; y NULL: not
+// written, for the ReLU mask of an output the product already holds), and z = src + b into aux when given (the mask for ReLU,
 // padding bits 0). One thread per 8 columns of a row (a mask byte).
 // struct MlpEpiArgs: declared in src/cuda/linalg/mlp.rs (kernel_args!), defined ahead of this source
 
@@ -160,7 +160,7 @@ template <typename T> __device__ void mlp_epilogue(const MlpEpiArgs& a) {
         unsigned bits = 0;
         for (int u = 0; u < 8 && j0 + u < a.n; ++u) {
             i64 j = j0 + u;
-            float z = to_compute(src[r * a.src_ld + j]);
+            float z = src ? to_compute(src[r * a.src_ld + j]) : 0.0f;
             if (b) z += to_compute(b[j]);
             if (mask) bits |= (z > 0.0f ? 1u : 0u) << u;
             if (z_out) z_out[r * a.aux_ld + j] = from_compute<T>(z);

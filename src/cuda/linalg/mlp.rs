@@ -27,7 +27,7 @@ use crate::dtype::DType;
 use crate::error::{CudaContext as _, Result, lock};
 use crate::ops::Addr;
 use crate::ops::addr::raw;
-use crate::ops::linalg::{Activation, Trans, dense};
+use crate::ops::linalg::{Activation, GemmPlan, Trans, dense};
 use crate::ops::mlp::{Layer, MlpPlan};
 use crate::stream::Stream;
 
@@ -166,17 +166,42 @@ fn forward_layer(
             return epilogue_kernel(dev, p.dtype, a, stream);
         }
     }
-    // Fallback: z = input W^T into out, then bias, derivative information and
-    // activation in one pass.
-    product(
+    // Fallback: z = input W^T + b into out in one rounding (the bias broadcast
+    // into out, then the product accumulating onto it, beta = 1: adding b to an
+    // already rounded z rounded twice, and for f16/bf16 moved ReLU masks near
+    // z = 0 off the CPU's and cuBLASLt's [z > 0]), then the derivative information
+    // and activation in one pass.
+    if let Some(bias) = l.bias {
+        let a = MlpEpiArgs {
+            m,
+            n,
+            src_ld: 0,
+            aux_ld: 0,
+            src: 0,
+            y: raw(out),
+            bias: raw(Some(bias)),
+            aux: 0,
+            act: Activation::None as i32,
+        };
+        epilogue_kernel(dev, p.dtype, a, stream)?;
+    }
+    let beta = if l.bias.is_some() { 1.0 } else { 0.0 };
+    cublas::gemm_ex(
         slot,
-        p.dtype,
-        (Trans::N, dense(input, m, k, 0)),
-        (Trans::T, dense(l.w, n, k, 0)),
-        dense(out, m, n, 0),
-        p.allow_tf32,
+        &GemmPlan::new(
+            p.dtype,
+            Trans::N,
+            dense(input, m, k, 0),
+            Trans::T,
+            dense(l.w, n, k, 0),
+            dense(out, m, n, 0),
+            1.0,
+            beta,
+            1,
+            p.allow_tf32,
+        ),
     )?;
-    if l.act == Activation::None && l.bias.is_none() {
+    if l.act == Activation::None {
         return Ok(());
     }
     let a = MlpEpiArgs {
@@ -186,7 +211,7 @@ fn forward_layer(
         aux_ld: l.aux_ld,
         src: raw(out),
         y: raw(out),
-        bias: raw(l.bias),
+        bias: 0,
         aux: raw(l.aux),
         act,
     };

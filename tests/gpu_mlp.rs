@@ -109,6 +109,23 @@ fn against_the_cpu(seed: u64, rounds: usize, fallback: (bool, bool)) {
                 let (yi, _) = c.forward(&g, &d, false, null());
                 assert_close_reals(&yi, &yc, tf, &format!("{what}: y without saved"));
                 set_fallback(&g, fallback.1);
+                if tf32 {
+                    // The gradients against the CPU's backward of the GPU's own
+                    // saved (ReLU masks, hidden activations), as the reference does
+                    // at the kink: TF32 (u = 2^-11) moves z by ~1e-3 of its scale,
+                    // so a ReLU bit where |z| is that small can differ from the
+                    // strict CPU's, an O(1) error in one dz element (one flip in
+                    // 62 x 24 elements is ~2.6% of dz's norm). A numpy model of the
+                    // case that failed on the H100 (widths [54, 32, 11, 62],
+                    // gelu_erf/relu, 24 rows, dx 3.1e-2 > 2e-2 on the fallback
+                    // path) flips a bit in 19% of draws, median dx error 2.9e-2
+                    // given a flip, at most 6.3e-4 (~1.3 u) without one. The y
+                    // checks above still test the GPU's forward; the strict f32,
+                    // f16 and bf16 rounds still compare the two saved masks.
+                    if let (Some(sc), Some(sg)) = (&sc, &sg) {
+                        sc.write_bytes(&sg.read_bytes());
+                    }
+                }
                 let want = random_want(&mut rng, c.layers());
                 let gc = c.backward(&cpu, &d, sc.as_ref(), &want, null());
                 let gg = c.backward(&g, &d, sg.as_ref(), &want, null());

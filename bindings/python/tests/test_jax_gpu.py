@@ -113,8 +113,9 @@ GRAPH_SCRIPT = textwrap.dedent(
         y, f = fwd(x, w, p, m, L, wt)
         return y.sum() + f.sum()
 
-    # backward: the Gaussian field's fused backward (workspace from XLA, capturable);
-    # the linear backward allocates scratch under capture and is kept out of graphs
+    # backward: the Gaussian field's fused backward (workspace from XLA, capturable;
+    # XLA keeps only that handler: one call per run); the linear backward allocates
+    # scratch under capture and is kept out of graphs
     f = jax.jit(jax.grad(loss, argnums=(2,)) if backward else fwd)
     args = (x, w, p, m, L, wt)
     out = jax.block_until_ready(f(*args))
@@ -158,7 +159,7 @@ def test_handlers_are_replayed_from_cuda_graphs(mode):
     _, graphed = _graph_run(mode, graphs=True)
     per_run = plain // runs
     print(f"{mode}: {runs} runs, {per_run} handler calls per run; entries without graphs {plain}, with graphs {graphed}")
-    assert plain == runs * per_run and per_run >= (5 if mode == "forward" else 2)
+    assert plain == runs * per_run and per_run >= (5 if mode == "forward" else 1)
     assert graphed <= 4 * per_run, "handlers were not replayed from XLA's CUDA graphs"
 
 

@@ -12,39 +12,10 @@
 //                        information (ReLU bit mask, padded pre-activation)
 //   mlp_dz_<t>           dz = g * act'(saved) and column partials, for the MLP
 //   kron_w<W>_<t>        batched Kronecker product, W-element (16-byte) stores
-// Activation codes (FK_LA_ACT_*) come from the prelude fusekit prepends from the Rust
-// enum in src/ops/linalg.rs. GELU_TANH is the tanh approximation (cuBLASLt's
-// formula), GELU_ERF the exact 0.5 z (1 + erf(z / sqrt 2)); src/cpu/linalg.rs
-// computes the same.
+// The activations (act_f, act_grad_f) are in activation.cuh, shared with the fused
+// MLP's kernels (kernels/mlp_fused.cu).
 #include "common.cuh"
-
-#define GELU_C 0.7978845608028654f
-#define GELU_A 0.044715f
-#define INV_SQRT2 0.7071067811865476f
-#define INV_SQRT_2PI 0.3989422804014327f
-static_assert(GELU_C == FK_LA_GELU_C && GELU_A == FK_LA_GELU_A,
-              "the tanh GELU's constants are GELU_TANH_C and GELU_TANH_A of src/ops/linalg.rs");
-
-__device__ __forceinline__ float gelu_tanh_f(float z) {
-    float u = GELU_C * (z + GELU_A * z * z * z);
-    return 0.5f * z * (1.0f + tanhf(u));
-}
-__device__ __forceinline__ float gelu_tanh_grad_f(float z) {
-    float u = GELU_C * (z + GELU_A * z * z * z);
-    float t = tanhf(u);
-    return 0.5f * (1.0f + t) + 0.5f * z * (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_A * z * z);
-}
-__device__ __forceinline__ float gelu_erf_f(float z) { return 0.5f * z * (1.0f + erff(z * INV_SQRT2)); }
-// Phi(z) + z phi(z)
-__device__ __forceinline__ float gelu_erf_grad_f(float z) {
-    return 0.5f * (1.0f + erff(z * INV_SQRT2)) + z * INV_SQRT_2PI * expf(-0.5f * z * z);
-}
-__device__ __forceinline__ float act_f(int act, float z) {
-    if (act == FK_LA_ACT_RELU) return z > 0.0f ? z : (z == z ? 0.0f : z);
-    if (act == FK_LA_ACT_GELU_TANH) return gelu_tanh_f(z);
-    if (act == FK_LA_ACT_GELU_ERF) return gelu_erf_f(z);
-    return z;
-}
+#include "activation.cuh"
 
 // ---------------------------------------------------------------- epilogue fallback
 // src: the GEMM's output (y itself: in place; or aux, already holding z when bias
@@ -100,15 +71,6 @@ __device__ void dz_colsums(i64 m, i64 n, i64 rows_per_split, const T* dy, T* dz,
         for (int j = 0; j < 8; ++j) s += sh[j][threadIdx.x];
         partial[(i64)blockIdx.y * n + col] = s;
     }
-}
-
-// act'(z) times g; the ReLU's derivative from its output or its pre-activation
-// (z > 0; 0 where NaN).
-__device__ __forceinline__ float act_grad_f(int act, float z, float g) {
-    if (act == FK_LA_ACT_RELU) return z > 0.0f ? g : 0.0f;
-    if (act == FK_LA_ACT_GELU_TANH) return g * gelu_tanh_grad_f(z);
-    if (act == FK_LA_ACT_GELU_ERF) return g * gelu_erf_grad_f(z);
-    return g;
 }
 
 template <typename T> __device__ void linear_dz(const DzArgs& a) {

@@ -46,7 +46,10 @@ pub fn modules() -> impl Iterator<Item = &'static (&'static str, fn() -> String)
 }
 
 /// Headers the module sources may `#include "..."` (resolved by NVRTC in memory).
-pub const HEADERS: &[(&str, &str)] = &[("common.cuh", include_str!("../../kernels/common.cuh"))];
+pub const HEADERS: &[(&str, &str)] = &[
+    ("common.cuh", include_str!("../../kernels/common.cuh")),
+    ("activation.cuh", include_str!("../../kernels/activation.cuh")),
+];
 
 /// Loads libcuda and initialises the driver once per process.
 pub fn driver() -> Result<()> {

@@ -238,7 +238,7 @@ fn kron_kernel_in_the_cpu_emulator() {
         return;
     }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    // FK_KRON_EMU_DIR: build there and keep it (linalg.cu, cases.txt, kron_emu)
+    // FK_KRON_EMU_DIR: build there and keep it (linalg.cu and its headers, cases.txt, kron_emu)
     let keep = std::env::var_os("FK_KRON_EMU_DIR");
     let dir = keep.clone().map_or_else(
         || std::env::temp_dir().join(format!("fusekit-kron-emu-{}", std::process::id())),
@@ -251,6 +251,7 @@ fn kron_kernel_in_the_cpu_emulator() {
         dir.join("common.cuh"),
     )
     .unwrap();
+    std::fs::copy(root.join("kernels/activation.cuh"), dir.join("activation.cuh")).unwrap();
     let exe = dir.join("kron_emu");
     let out = Command::new(&cxx)
         .args(["-std=c++20", "-O1", "-w"])

@@ -191,6 +191,8 @@ pub struct CudaDevice {
     pub(crate) debug_sync: bool,
     /// `FK_LINALG_FALLBACK=1`, or `set_linalg_fallback`: see there.
     linalg_fallback: AtomicBool,
+    /// Off with `FK_MLP_FUSED=0`, or `set_mlp_fused(false)`: see there.
+    mlp_fused: AtomicBool,
 }
 
 /// An environment switch: set, not empty and not `"0"`.
@@ -270,6 +272,7 @@ impl CudaDevice {
             checked: Mutex::new(Vec::new()),
             debug_sync: env_switch("FK_DEBUG_SYNC"),
             linalg_fallback: AtomicBool::new(env_switch("FK_LINALG_FALLBACK")),
+            mlp_fused: AtomicBool::new(std::env::var("FK_MLP_FUSED").as_deref() != Ok("0")),
         };
         dev.bind()?;
         Ok(dev)
@@ -286,6 +289,19 @@ impl CudaDevice {
     /// Whether the fused linear layer takes its fallback path (`set_linalg_fallback`).
     pub fn linalg_fallback(&self) -> bool {
         self.linalg_fallback.load(Ordering::Relaxed)
+    }
+
+    /// Lets this context's MLP calls take the fully fused path where it applies
+    /// (`on`, the default) or keeps them on the general path (per-layer cuBLASLt
+    /// calls); for tests and benchmarks. A context starts with it off when
+    /// `FK_MLP_FUSED=0` was set as the context was created.
+    pub fn set_mlp_fused(&self, on: bool) {
+        self.mlp_fused.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether MLP calls may take the fully fused path (`set_mlp_fused`).
+    pub fn mlp_fused(&self) -> bool {
+        self.mlp_fused.load(Ordering::Relaxed)
     }
 
     /// Makes the primary context current on the calling thread.

@@ -41,7 +41,7 @@ use crate::stream::Stream;
 pub use self::names::MODULES;
 
 /// The device's opt-in shared memory per block, cached per ordinal.
-fn max_smem(dev: &CudaDevice) -> Result<usize> {
+pub(crate) fn max_smem(dev: &CudaDevice) -> Result<usize> {
     static CACHE: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
     let mut g = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(v) = g.as_ref().and_then(|m| m.get(&dev.ordinal)) {

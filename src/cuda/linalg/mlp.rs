@@ -218,9 +218,13 @@ fn forward_layer(
     epilogue_kernel(dev, p.dtype, a, stream)
 }
 
-/// The forward, layer by layer on the caller's stream. Without `saved` the hidden
+/// The forward: the fused path's one kernel where it applies (`mlp_fused::takes`),
+/// else layer by layer on the caller's stream. Without `saved` the hidden
 /// activations alternate between two regions of the call's scratch.
 pub fn mlp_forward(dev: &CudaDevice, p: &MlpPlan, stream: &Stream) -> Result<()> {
+    if let Some(f) = super::mlp_fused::takes(dev, p)? {
+        return super::mlp_fused::forward(dev, f, p, stream);
+    }
     let slot = slot_of(dev, stream)?;
     let mut g = lock(&slot);
     let last = p.layers.len() - 1;
@@ -364,7 +368,7 @@ fn dgrad(
 }
 
 /// Layer `l`'s weight gradient `dW = dz^T h` (`[n, k]`) on the side lane's slot.
-fn wgrad(side: &Slot, p: &MlpPlan, l: &Layer, dz: Option<Addr>, h: Option<Addr>) -> Result<()> {
+pub(super) fn wgrad(side: &Slot, p: &MlpPlan, l: &Layer, dz: Option<Addr>, h: Option<Addr>) -> Result<()> {
     let (m, k, n) = (p.rows, l.k, l.n);
     if n == 0 || k == 0 {
         return Ok(());
@@ -379,12 +383,15 @@ fn wgrad(side: &Slot, p: &MlpPlan, l: &Layer, dz: Option<Addr>, h: Option<Addr>)
     )
 }
 
-/// The backward: `dz` of the top layer (`mlp_dz` from `dy`), then for each layer
+/// The backward: the fused path where it applies (`mlp_fused::takes`); else `dz` of the top layer (`mlp_dz` from `dy`), then for each layer
 /// from the top down to the lowest one wanted its weight gradient on the side
 /// lane (forked once `dz_i` is queued) and its data gradient on the caller's
 /// stream, which yields `dz_{i-1}` and `db_{i-1}`; the side lane joins back
 /// before the call returns.
 pub fn mlp_backward(dev: &CudaDevice, p: &MlpPlan, stream: &Stream) -> Result<()> {
+    if let Some(f) = super::mlp_fused::takes(dev, p)? {
+        return super::mlp_fused::backward(dev, f, p, stream);
+    }
     let slot = slot_of(dev, stream)?;
     let mut g = lock(&slot);
     let (m, es) = (p.rows as u64, p.dtype.size() as u64);

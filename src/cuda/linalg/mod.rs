@@ -6,6 +6,8 @@
 //!   the backward's `dz` and column sums);
 //! - `mlp`: the multi-layer perceptron (per-layer cuBLASLt epilogues, the
 //!   backward's fused data-gradient chain and side-lane weight gradients);
+//! - `mlp_fused`: its fully fused path for narrow networks (its own module,
+//!   `kernels/mlp_fused.cu`);
 //! - `kron`: the batched Kronecker product's launch shape;
 //! - `tiles`: the chunked GEMM's tile choice; `chunked`: its copy/compute pipeline.
 
@@ -13,6 +15,7 @@ mod chunked;
 mod kron;
 mod linear;
 mod mlp;
+mod mlp_fused;
 mod tiles;
 
 pub use chunked::gemm_chunked;
@@ -30,8 +33,8 @@ use crate::stream::Stream;
 
 const MODULE: &str = "linalg";
 
-/// One kernel module for the family: `(name, source)`.
-pub const MODULES: [(&str, fn() -> String); 1] = [(MODULE, source)];
+/// The family's kernel modules: `(name, source)`.
+pub const MODULES: [(&str, fn() -> String); 2] = [(MODULE, source), (mlp_fused::MODULE, mlp_fused::source)];
 
 /// The `#define`s `kernels/activation.cuh` reads: the activation codes from the
 /// Rust enum and the tanh GELU's constants of the Rust side (which the header

@@ -39,9 +39,10 @@ python -m pip install -q "nvidia-nccl-cu13==2.32.3"
 # jax on the CPU (the version fusekit.jax is tested with): test_jax.py runs fusekit's
 # XLA FFI handlers inside jax.jit instead of being skipped (about a minute)
 python -m pip install -q "jax[cpu]==0.10.2"
-# optax (the GPU machine has it too): fusekit.jax.optim's Shampoo is an optax
-# GradientTransformation; test_jax_optim.py and examples/jax_field_fit.py use it
-python -m pip install -q "optax==0.2.8"
+# optax and flax (the GPU machine has both): fusekit.jax.optim's Shampoo is an optax
+# GradientTransformation (test_jax_optim.py, examples/jax_field_fit.py); fusekit.jax.nnx
+# wraps the modules for flax.nnx (test_jax_nnx.py). flax 0.12.8: the last for Python 3.11
+python -m pip install -q "optax==0.2.8" "flax==0.12.8"
 
 echo "==> cargo build --release"
 cargo build --release

@@ -103,6 +103,10 @@ rm -f "$ROOT/target/gaussian_field_fit.png"
 src_py examples/gaussian_field_fit.py --smoke \
   --out "$ROOT/target/gaussian_field_fit.png"
 test -s "$ROOT/target/gaussian_field_fit.png"
+echo "==> examples/jax_field_fit.py (fusekit.jax.nn.GaussianField + fusekit.jax.optim.shampoo in one jax.jit; CPU smoke run, writes its PNG)"
+rm -f "$ROOT/target/jax_field_fit.png"
+src_py examples/jax_field_fit.py --smoke --out "$ROOT/target/jax_field_fit.png"
+test -s "$ROOT/target/jax_field_fit.png"
 echo "==> examples/mlp_shampoo.py (FusedLinear MLP + fusekit.optim.Shampoo; CPU run, writes its PNG)"
 rm -f "$ROOT/target/mlp_shampoo.png"
 src_py examples/mlp_shampoo.py --steps 60 \

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import fusekit
-from fusekit import _buffer
+from foreign_testutil import record_allocations
 
 jax = pytest.importorskip("jax")
 jax.config.update("jax_enable_x64", True)
@@ -48,8 +48,8 @@ class FakeNamespace:
 FAKE = FakeNamespace()
 
 
-class Fake:
-    """A foreign array over numpy memory (see the module documentation)."""
+class Producer:
+    """An object with nothing but DLPack over a numpy array (no library around it)."""
 
     def __init__(self, a):
         self._a = a
@@ -59,6 +59,10 @@ class Fake:
 
     def __dlpack_device__(self):
         return self._a.__dlpack_device__()
+
+
+class Fake(Producer):
+    """A foreign library's array over numpy memory (see the module documentation)."""
 
     def __array_namespace__(self, api_version=None):
         return FAKE
@@ -201,15 +205,7 @@ def test_cupy_like_arrays_never_reach_numpy(rng):
 def test_jax_results_are_zero_copy(monkeypatch, rng):
     """A jax result is fusekit's own allocation, taken by jax without a copy; a
     jax input is read in place."""
-    made = []
-    real = _buffer.Buffer.empty.__func__
-
-    def spy(cls, *a, **k):
-        b = real(cls, *a, **k)
-        made.append(b.data_ptr)
-        return b
-
-    monkeypatch.setattr(_buffer.Buffer, "empty", classmethod(spy))
+    made = record_allocations(monkeypatch)
     x = jnp.asarray(rng.standard_normal((64, 32)))
     y = fusekit.exp(x)
     assert made and y.unsafe_buffer_pointer() == made[-1]
@@ -294,18 +290,7 @@ def test_traced_jax_values_point_to_fusekit_jax():
 def test_a_library_without_from_dlpack_gets_a_buffer(rng):
     """An object with ``__dlpack__`` whose library has no ``from_dlpack`` anywhere
     still works: the result is a fusekit.Buffer, as before."""
-
-    class Bare:
-        def __init__(self, a):
-            self._a = a
-
-        def __dlpack__(self, **kw):
-            return self._a.__dlpack__(**kw)
-
-        def __dlpack_device__(self):
-            return self._a.__dlpack_device__()
-
     a = rng.standard_normal((3, 2))
-    got = fusekit.tanh(Bare(a))
+    got = fusekit.tanh(Producer(a))
     assert isinstance(got, fusekit.Buffer)
     close(got.to_numpy(), np.tanh(a))

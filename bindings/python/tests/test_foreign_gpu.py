@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fusekit
-from fusekit import _buffer
+from foreign_testutil import record_allocations
 
 
 def _cupy():
@@ -146,15 +146,7 @@ def test_jax_cuda_results_are_zero_copy_and_ready(monkeypatch, rng):
     import jax
     import jax.numpy as jnp
 
-    made = []
-    real = _buffer.Buffer.empty.__func__
-
-    def spy(cls, *a, **k):
-        b = real(cls, *a, **k)
-        made.append(b.data_ptr)
-        return b
-
-    monkeypatch.setattr(_buffer.Buffer, "empty", classmethod(spy))
+    made = record_allocations(monkeypatch)
     for _ in range(5):
         a = rng.standard_normal((2048, 1024))
         x = jax.device_put(a, GPU)

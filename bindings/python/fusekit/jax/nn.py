@@ -37,13 +37,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._args import ACTIVATIONS as _ACTIVATIONS
+from .._args import check_activation as _activation
+from .._args import check_bool as _bool
+from .._args import check_float as _float
+from .._args import check_int as _int
+from .._args import check_volume as _volume
 from . import DEFAULT_C, christoffel, gaussian_field, leapfrog, linear
 
 __all__ = ["ACTIVATIONS", "DEFAULT_EPS", "DEFAULT_FRICTION", "FusedLinear", "GaussianField", "LowRankChristoffel",
@@ -52,7 +57,7 @@ __all__ = ["ACTIVATIONS", "DEFAULT_EPS", "DEFAULT_FRICTION", "FusedLinear", "Gau
 #: The activations of :class:`FusedLinear`, named as ``fusekit.nn`` (torch) names
 #: them: ``"gelu"`` is the exact (erf) GELU, ``jax.nn.gelu(z, approximate=False)``;
 #: ``"gelu_tanh"`` the tanh approximation, ``jax.nn.gelu(z)``.
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "none")
+ACTIVATIONS = _ACTIVATIONS
 #: :class:`GaussianField`'s default ``eps`` (fusekit's ``FK_GAUSSIAN_DEFAULT_EPS``).
 DEFAULT_EPS = 1e-6
 #: The per-feature friction ``friction=True`` gives (as ``fusekit.nn.DEFAULT_FRICTION``).
@@ -63,33 +68,6 @@ _FIELD_DTYPES = (jnp.float32, jnp.float64)
 
 
 # ----------------------------------------------------------------------------- argument checks
-
-
-def _int(where: str, name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{where}: {name} must be an int, not {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{where}: {name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _float(where: str, name: str, value, *, positive=False, nonnegative=False, allow_inf=False) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{where}: {name} must be a float, not {type(value).__name__}")
-    v = float(value)
-    if math.isnan(v) or (math.isinf(v) and not allow_inf):
-        raise ValueError(f"{where}: {name} must be finite, got {v}")
-    if positive and not v > 0:
-        raise ValueError(f"{where}: {name} must be > 0, got {v}")
-    if nonnegative and not v >= 0:
-        raise ValueError(f"{where}: {name} must be >= 0, got {v}")
-    return v
-
-
-def _bool(where: str, name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{where}: {name} must be a bool, not {type(value).__name__}")
-    return value
 
 
 def _dtype(where: str, dtype, allowed) -> np.dtype:
@@ -164,15 +142,6 @@ class FusedLinear:
         return linear(x, params["weight"], params["bias"] if self.bias else None, self.activation)
 
     apply = __call__
-
-
-def _activation(where: str, activation) -> str:
-    if not isinstance(activation, str):
-        raise TypeError(f"{where}: activation must be a str (one of {', '.join(ACTIVATIONS)}), "
-                        f"not {type(activation).__name__}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"{where}: activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
-    return activation
 
 
 # ----------------------------------------------------------------------------- GaussianField
@@ -252,16 +221,6 @@ class GaussianField:
         return gaussian_field(points, params["means"], self.cholesky(params), params["weights"], self.eps)
 
     apply = __call__
-
-
-def _volume(where: str, volume_size) -> Tuple[float, float, float]:
-    if isinstance(volume_size, numbers.Real) and not isinstance(volume_size, bool):
-        sizes = (volume_size,) * 3
-    elif isinstance(volume_size, (tuple, list)) and len(volume_size) == 3:
-        sizes = tuple(volume_size)
-    else:
-        raise TypeError(f"{where}: volume_size must be a float or three floats, not {volume_size!r}")
-    return tuple(_float(where, "volume_size", s, positive=True) for s in sizes)
 
 
 # ----------------------------------------------------------------------------- geodesic flow

@@ -95,6 +95,8 @@ want nn && step nn 900 python3 -m pytest -q bindings/python/tests/test_nn.py
 want shampoo && step shampoo 600 python3 -m pytest -q bindings/python/tests/test_shampoo.py
 sel example_gaussian_field && step example_gaussian_field 300 python3 examples/gaussian_field_fit.py --device cuda \
   --gaussians 4096 --points 65536 --steps 500 --out "$OUT/gaussian_field_fit.png"
+sel example_jax_field && step example_jax_field 300 python3 examples/jax_field_fit.py --gaussians 2048 \
+  --points 32768 --steps 300 --out "$OUT/jax_field_fit.png"
 sel example_mlp_shampoo && step example_mlp_shampoo 300 python3 examples/mlp_shampoo.py --device cuda \
   --steps 300 --out "$OUT/mlp_shampoo.png"
 # distributed fusekit.optim.Shampoo under torchrun (two processes, fusekit NCCL) against one GPU

@@ -39,6 +39,10 @@ python -m pip install -q "nvidia-nccl-cu13==2.32.3"
 # jax on the CPU (the version fusekit.jax is tested with): test_jax.py runs fusekit's
 # XLA FFI handlers inside jax.jit instead of being skipped (about a minute)
 python -m pip install -q "jax[cpu]==0.10.2"
+# optax and flax (the GPU machine has both): fusekit.jax.optim's Shampoo is an optax
+# GradientTransformation (test_jax_optim.py, examples/jax_field_fit.py); fusekit.jax.nnx
+# wraps the modules for flax.nnx (test_jax_nnx.py). flax 0.12.8: the last for Python 3.11
+python -m pip install -q "optax==0.2.8" "flax==0.12.8"
 
 echo "==> cargo build --release"
 cargo build --release
@@ -99,6 +103,10 @@ rm -f "$ROOT/target/gaussian_field_fit.png"
 src_py examples/gaussian_field_fit.py --smoke \
   --out "$ROOT/target/gaussian_field_fit.png"
 test -s "$ROOT/target/gaussian_field_fit.png"
+echo "==> examples/jax_field_fit.py (fusekit.jax.nn.GaussianField + fusekit.jax.optim.shampoo in one jax.jit; CPU smoke run, writes its PNG)"
+rm -f "$ROOT/target/jax_field_fit.png"
+src_py examples/jax_field_fit.py --smoke --out "$ROOT/target/jax_field_fit.png"
+test -s "$ROOT/target/jax_field_fit.png"
 echo "==> examples/mlp_shampoo.py (FusedLinear MLP + fusekit.optim.Shampoo; CPU run, writes its PNG)"
 rm -f "$ROOT/target/mlp_shampoo.png"
 src_py examples/mlp_shampoo.py --steps 60 \

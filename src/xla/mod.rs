@@ -4,7 +4,7 @@
 //! Every handler is an `extern "C" fn(*mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error`,
 //! exported twice per op as `fk_xla_<op>_cpu` and `fk_xla_<op>_cuda` (XLA registers a
 //! handler per (name, platform), and nothing in the call frame says which platform
-//! calls; `fusekit/jax.py` registers each under its platform). One handler call:
+//! calls; `fusekit/jax/__init__.py` registers each under its platform). One handler call:
 //!
 //! 1. **Metadata probe.** When the call frame's extension chain holds the metadata
 //!    extension (XLA does this once, at registration), the handler writes the API

@@ -1,7 +1,7 @@
 """One op call: :class:`Invocation` adapts the caller's arrays to buffers, allocates
-the output in the caller's kind of array (torch, Buffer or numpy), picks the stream
-and closes the temporary handles. An op function is then a few lines (see
-``fusekit/ops/elementwise.py``)."""
+the output in the caller's kind of array (torch, another library's array through
+DLPack, Buffer or numpy), picks the stream and closes the temporary handles. An op
+function is then a few lines (see ``fusekit/ops/elementwise.py``)."""
 
 from __future__ import annotations
 
@@ -9,27 +9,35 @@ import numbers
 
 import numpy as np
 
-from ._buffer import Buffer, as_buffer
+from ._buffer import Buffer, _Borrowed, _ctx_for_dlpack_device, as_buffer
 from ._context import Context, _live_ctx
 from ._dtype import DType, _is_torch_tensor, _torch
-from ._lib import ERROR_INVALID_ARGUMENT, ERROR_SHAPE_MISMATCH, ERROR_UNSUPPORTED_DTYPE, raise_error
-from ._stream import Stream, _handle_of, resolve_stream
+from ._foreign import Foreign, is_jax_tracer, library_of
+from ._lib import ERROR_INVALID_ARGUMENT, ERROR_SHAPE_MISMATCH, ERROR_UNSUPPORTED_DTYPE, lib, raise_error
+from ._stream import Stream, _handle_of, _wrapped_stream, resolve_stream
 
 
 KIND_NUMPY = "numpy"
 KIND_TORCH = "torch"
 KIND_BUFFER = "buffer"
+#: another library's array (CuPy, JAX, any object with ``__dlpack__``): imported
+#: and handed back through DLPack
+KIND_FOREIGN = "foreign"
 
 
 def array_kind(obj) -> str | None:
+    """How an op sees an argument: a Buffer, a numpy array, a torch tensor,
+    another library's DLPack array, or None (anything else: lists and the like go
+    through ``numpy.asarray``). DLPack is asked before anything numpy would do
+    with the object: ``numpy.asarray`` of a CuPy array is no array of numbers."""
     if isinstance(obj, Buffer):
         return KIND_BUFFER
     if isinstance(obj, np.ndarray):
         return KIND_NUMPY
     if _is_torch_tensor(obj):
         return KIND_TORCH
-    if hasattr(obj, "__dlpack__"):
-        return KIND_BUFFER
+    if hasattr(obj, "__dlpack__") or is_jax_tracer(obj):
+        return KIND_FOREIGN
     return None
 
 
@@ -45,12 +53,14 @@ class Invocation:
             lib().fk_add(A.handle, B.handle, O.handle, inv.stream_handle)
             return inv.result()
 
-    The result is the caller's kind of array: torch in -> torch out, else
-    Buffer in -> Buffer out, else numpy. With ``out=`` given, ``out`` itself is
-    returned. :meth:`result` hands back the last output; an op with several
-    outputs reads each one's array from :attr:`output_array` after its
-    :meth:`output` call, and an op writing an input in place names it with
-    :meth:`set_result`.
+    The result is the caller's kind of array, by the first argument of the
+    highest rank: torch tensors, then other libraries' arrays (CuPy, JAX, any
+    DLPack producer: the first one's library, whose ``from_dlpack`` receives the
+    Buffer fusekit allocated, zero copy), then Buffers, then numpy arrays. With
+    ``out=`` given, ``out`` itself is returned (an ``out`` does not vote).
+    :meth:`result` hands back the last output; an op with several outputs reads
+    each one's array from :attr:`output_array` after its :meth:`output` call,
+    and an op writing an input in place names it with :meth:`set_result`.
     """
 
     def __init__(self, where: str, stream=None):
@@ -64,6 +74,8 @@ class Invocation:
         self._torch_ref = None  # first torch tensor seen (device and dtype for outputs)
         self._buffers: dict[str, Buffer] = {}
         self._torch_cuda: list = []
+        self._foreign: Foreign | None = None  # the first other library among the arguments
+        self._exports: list = []  # (buffer, the library's array, Foreign): results handed out
         self.ctx: Context | None = None
         self._result = None
 
@@ -85,7 +97,15 @@ class Invocation:
         if not self._stream_resolved:
             if self.ctx is None:
                 raise_error(ERROR_INVALID_ARGUMENT, self.where, "no array argument given")
-            self._stream = resolve_stream(self.ctx, self._stream_arg, self.where)
+            f = self._foreign
+            raw = None
+            if self._stream_arg is None and self.ctx.is_cuda and self._torch_ref is None and f is not None \
+                    and f.current_stream is not None:
+                raw = f.current_stream(self.ctx.ordinal)  # CuPy's current stream, as torch's for tensors
+            if raw is not None:
+                self._stream = _wrapped_stream(self.ctx, raw)
+            else:
+                self._stream = resolve_stream(self.ctx, self._stream_arg, self.where)
             self._stream_resolved = True
         return self._stream
 
@@ -106,11 +126,10 @@ class Invocation:
             b = Buffer.from_torch(obj, name=name, where=self.where, _temp=True)
         elif kind == KIND_NUMPY and isinstance(obj, np.ndarray):
             b = Buffer.from_numpy(obj, name=name, where=self.where, _temp=True)
+        elif kind == KIND_FOREIGN:
+            b = self._import(obj, name)
         else:
-            stream = self._stream_arg
-            if kind == KIND_BUFFER and not isinstance(obj, Buffer) and self.ctx is not None and self.ctx.is_cuda:
-                stream = self.stream
-            b = as_buffer(obj, name=name, where=self.where, stream=stream)
+            b = as_buffer(obj, name=name, where=self.where, stream=self._stream_arg)
         if b._shared:
             self._views.append(b)
         elif b is not obj:
@@ -121,6 +140,26 @@ class Invocation:
             self.ctx = b.context
         self._buffers[name] = b
         return b
+
+    def _import(self, obj, name: str) -> Buffer:
+        """Another library's array, imported through DLPack (zero copy); on CUDA its
+        library orders its work on it before the op's stream (DLPack's ``stream``)."""
+        if is_jax_tracer(obj):
+            raise_error(
+                ERROR_INVALID_ARGUMENT,
+                self.where,
+                f"{name} is a traced jax value (inside jax.jit, grad or vmap), which has no memory to hand "
+                f"to fusekit; use fusekit.jax.{self.where.rpartition('.')[2]} there (docs/jax.md)",
+            )
+        f = library_of(obj)
+        if self._foreign is None:
+            self._foreign = f
+        dev_type, dev_id = (int(v) for v in obj.__dlpack_device__())
+        ctx = _ctx_for_dlpack_device(dev_type, dev_id, self.where)
+        if self.ctx is None:
+            self.ctx = ctx
+        stream = self.stream if ctx.is_cuda and ctx is self.ctx else None
+        return Buffer.from_dlpack(obj, ctx, stream)
 
     def broadcast(self, *bufs: Buffer, names: tuple[str, ...] | None = None) -> tuple[int, ...]:
         """The NumPy broadcast shape of the buffers (ShapeMismatchError if none)."""
@@ -135,6 +174,8 @@ class Invocation:
     def result_kind(self) -> str:
         if KIND_TORCH in self._kinds:
             return KIND_TORCH
+        if KIND_FOREIGN in self._kinds:
+            return KIND_FOREIGN
         if KIND_BUFFER in self._kinds:
             return KIND_BUFFER
         return KIND_NUMPY
@@ -149,7 +190,15 @@ class Invocation:
                 raise_error(
                     ERROR_INVALID_ARGUMENT,
                     where,
-                    f"{name} must be a numpy array, a torch tensor or a fusekit.Buffer, got {type(out).__name__}",
+                    f"{name} must be a numpy array, a torch tensor, a fusekit.Buffer or an array with __dlpack__, "
+                    f"got {type(out).__name__}",
+                )
+            if kind == KIND_FOREIGN and not is_jax_tracer(out) and library_of(out).immutable:
+                raise_error(
+                    ERROR_INVALID_ARGUMENT,
+                    where,
+                    f"{name} is a {library_of(out).name} array, which cannot be written in place "
+                    f"({library_of(out).name} arrays are immutable); call without {name}= to get a new one",
                 )
             if kind == KIND_NUMPY and not out.flags.writeable:
                 raise_error(ERROR_INVALID_ARGUMENT, where, f"{name} is a read-only numpy array")
@@ -169,8 +218,15 @@ class Invocation:
                     )
             if kind == KIND_BUFFER and isinstance(out, Buffer) and out.readonly:
                 raise_error(ERROR_INVALID_ARGUMENT, where, f"{name} is a read-only buffer")
+            foreign = self._foreign
             b = self.input(out, name)
             self._kinds.pop()  # out does not vote on the result kind
+            if kind == KIND_FOREIGN:
+                self._foreign = foreign if foreign is not None else self._foreign
+                if b.readonly:
+                    raise_error(ERROR_INVALID_ARGUMENT, where,
+                                f"{name} is read-only (its library exported it as read-only through DLPack)")
+                self._exports.append((b, None, library_of(out)))
             self._result = out
             if kind == KIND_TORCH:
                 self._torch_out = out
@@ -188,9 +244,19 @@ class Invocation:
             if t.is_cuda:
                 self._torch_cuda.append(t)
             self._result = t
-        elif kind == KIND_BUFFER:
+        elif kind == KIND_BUFFER or (kind == KIND_FOREIGN and self._foreign.from_dlpack is None):
             b = Buffer.empty(_live_ctx(self.ctx), shape, dtype, self.stream)
             self._result = b
+        elif kind == KIND_FOREIGN:
+            # fusekit allocates, the caller's library takes it (zero copy) at once:
+            # ops read each output's array right after this call. result() makes the
+            # values the op writes later visible to that library (_finish_exports).
+            b = Buffer.empty(_live_ctx(self.ctx), shape, dtype, self.stream)
+            self._temps.append(b)  # the export keeps the memory; this handle goes at exit
+            f = self._foreign
+            arr = f.from_dlpack(b)
+            self._exports.append((b, arr, f))
+            self._result = arr
         else:
             nd = dtype.numpy
             if nd is None:
@@ -236,10 +302,13 @@ class Invocation:
         self._result = obj
 
     def result(self):
-        """The output in the caller's kind; records stream use for torch CUDA tensors."""
+        """The output in the caller's kind; records stream use for torch CUDA tensors
+        and orders other libraries' results after the op."""
         out = self._result
         if isinstance(out, Buffer):
             out._last_stream = self.stream
+        if self._exports:
+            self._finish_exports()
         t_out = getattr(self, "_torch_out", None)
         torch = _torch()
         if t_out is not None and torch is not None:
@@ -260,3 +329,27 @@ class Invocation:
                 for t in self._torch_cuda:
                     t.record_stream(arg)
         return out
+
+    def _finish_exports(self) -> None:
+        """After the op: other libraries' arrays hold its values. A library that
+        copied at the import (it did not take fusekit's memory) gets the values
+        copied in. On CUDA a library that orders by its current stream (CuPy) gets
+        an event on it; one that took the arrays as ready at the import (JAX, and
+        any library fusekit does not know) sees the op finished (the op's stream is
+        synchronised) before the call returns."""
+        exports, self._exports = self._exports, []
+        stream = self.stream
+        sync = False
+        for b, arr, f in exports:
+            if arr is not None and f.pointer(arr) != b.data_ptr:
+                with _Borrowed(arr, name="result", where=self.where, stream=stream) as dst:
+                    lib().fk_copy(b.handle, dst.handle, _handle_of(stream))
+            if not b.is_cuda:
+                continue
+            if f.ready_at_import or f.current_stream is None:
+                sync = True
+                continue
+            b._last_stream = stream
+            b._order_before(f.current_stream(b.context.ordinal))
+        if sync:
+            (stream if stream is not None else _wrapped_stream(self.ctx, 0)).synchronize()

@@ -7,10 +7,7 @@ are jax.numpy (f32 and f64, jax_enable_x64 on) or numpy in f64 where a product i
 involved (jnp's GPU matmul would use TF32).
 """
 
-import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -22,6 +19,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.test_util import check_grads  # noqa: E402
 
 import fusekit.jax as fkj  # noqa: E402
+from jax_testutil import run_script  # noqa: E402
 
 TOL = {jnp.float32: 2e-5, jnp.float64: 1e-12, jnp.complex64: 2e-5, jnp.complex128: 1e-12}
 
@@ -587,13 +585,8 @@ SHARD_MAP_SCRIPT = textwrap.dedent(
     shard_map = getattr(jax, "shard_map", None)
     if shard_map is None:
         from jax.experimental.shard_map import shard_map
-    rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.standard_normal((16, 8)), jnp.float32)
-    w = jnp.asarray(rng.standard_normal((5, 8)), jnp.float32)
-    p = jnp.asarray(rng.standard_normal((32, 3)), jnp.float32)
-    m = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
-    L = jnp.tile(jnp.eye(3, dtype=jnp.float32), (4, 1, 1))
-    wt = jnp.ones(4, jnp.float32)
+    from jax_testutil import linear_and_field_operands
+    x, w, p, m, L, wt = linear_and_field_operands(np.random.default_rng(0), 16, 8, 5, 32, 4)
 
     def local(x, p):
         y = fkj.linear(fkj.tanh(x), w, activation="relu")
@@ -617,18 +610,13 @@ SHARD_MAP_SCRIPT = textwrap.dedent(
 )
 
 
-def test_shard_map_over_four_cpu_devices(tmp_path):
-    """Four host devices (the XLA flag must be set before jax starts: a subprocess);
-    each shard's handlers run on XLA's threads, sharing fusekit's CPU context."""
-    script = tmp_path / "shard.py"
-    script.write_text(SHARD_MAP_SCRIPT)
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p])
-    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "SHARD_MAP_OK 4" in r.stdout
+#: four host devices (the XLA flag must be set before jax starts: a subprocess)
+FOUR_CPUS = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+
+
+def test_shard_map_over_four_cpu_devices():
+    """Each shard's handlers run on XLA's threads, sharing fusekit's CPU context."""
+    assert "SHARD_MAP_OK 4" in run_script(SHARD_MAP_SCRIPT, env=FOUR_CPUS, timeout=300)
 
 
 SHARD_MAP_BATCH_SCRIPT = textwrap.dedent(
@@ -699,16 +687,8 @@ SHARD_MAP_BATCH_SCRIPT = textwrap.dedent(
 )
 
 
-def test_shard_map_batch_parallel_ops_over_four_cpu_devices(tmp_path):
+def test_shard_map_batch_parallel_ops_over_four_cpu_devices():
     """The geodesic ops and the per-sample ops sharded along their batch over four
     host devices: values, and the replicated parameters' gradients summed over the
     shards by JAX (f64, against jnp)."""
-    script = tmp_path / "shard_batch.py"
-    script.write_text(SHARD_MAP_BATCH_SCRIPT)
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p])
-    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "SHARD_MAP_BATCH_OK" in r.stdout
+    assert "SHARD_MAP_BATCH_OK" in run_script(SHARD_MAP_BATCH_SCRIPT, env=FOUR_CPUS, timeout=300)

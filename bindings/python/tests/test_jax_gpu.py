@@ -8,8 +8,6 @@ On the GPU machine (jax with the CUDA plugin)::
 """
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -20,6 +18,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 
 import fusekit.jax as fkj  # noqa: E402
+from jax_testutil import run_script  # noqa: E402
 
 if not fkj._has_cuda():
     if os.environ.get("FK_REQUIRE_GPU") == "1":
@@ -95,15 +94,10 @@ GRAPH_SCRIPT = textwrap.dedent(
     """
     import sys, jax, jax.numpy as jnp, numpy as np
     import fusekit.jax as fkj
+    from jax_testutil import linear_and_field_operands, timed_runs
     backward = sys.argv[1] == "backward"
     fkj.warmup("cuda")  # no kernel compiles while XLA captures
-    rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.standard_normal((64, 32)), jnp.float32)
-    w = jnp.asarray(rng.standard_normal((16, 32)), jnp.float32)
-    p = jnp.asarray(rng.standard_normal((256, 3)), jnp.float32)
-    m = jnp.asarray(rng.standard_normal((8, 3)), jnp.float32)
-    L = jnp.tile(jnp.eye(3, dtype=jnp.float32), (8, 1, 1))
-    wt = jnp.ones(8, jnp.float32)
+    args = linear_and_field_operands(np.random.default_rng(0), 64, 32, 16, 256, 8)
 
     def fwd(x, w, p, m, L, wt):
         y = fkj.linear(fkj.tanh(fkj.add(x, 1.0)), w, activation="relu")
@@ -117,35 +111,19 @@ GRAPH_SCRIPT = textwrap.dedent(
     # XLA keeps only that handler: one call per run); the linear backward allocates
     # scratch under capture and is kept out of graphs
     f = jax.jit(jax.grad(loss, argnums=(2,)) if backward else fwd)
-    args = (x, w, p, m, L, wt)
-    out = jax.block_until_ready(f(*args))
-    R = 40
-    with fkj.count_calls() as n:
-        for i in range(R):
-            out = jax.block_until_ready(f(*args))
-    calls = n()
-    want = f(*(jax.device_put(v, jax.devices("cpu")[0]) for v in args))  # the CPU handlers
-    for got, exp in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(want)):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(exp), rtol=2e-3, atol=2e-3)
-    print("RUNS", R, "HANDLER_ENTRIES", calls)
+    timed_runs(f, args, lambda exp: 2e-3)
     """
 )
 
 
 def _graph_run(mode: str, graphs: bool, script: str = GRAPH_SCRIPT):
-    env = dict(os.environ)
     flags = (
         "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
         if graphs
         else "--xla_gpu_enable_command_buffer="
     )
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flags).strip()
-    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p])
-    r = subprocess.run(
-        [sys.executable, "-c", script, mode], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RUNS")][-1]
+    stdout = run_script(script, mode, env={"XLA_FLAGS": flags})
+    line = [ln for ln in stdout.splitlines() if ln.startswith("RUNS")][-1]
     _, runs, _, calls = line.split()
     return int(runs), int(calls)
 
@@ -256,6 +234,7 @@ GRAPH_SCRIPT_MORE = textwrap.dedent(
     """
     import sys, jax, jax.numpy as jnp, numpy as np
     import fusekit.jax as fkj
+    from jax_testutil import timed_runs
     mode = sys.argv[1]
     fkj.warmup("cuda")
     rng = np.random.default_rng(0)
@@ -282,16 +261,7 @@ GRAPH_SCRIPT_MORE = textwrap.dedent(
         return fkj.exp(fkj.matrix_power(p[8], 0.5, method="eigh"))
 
     f = jax.jit({"geodesic": geodesic, "optim": optim, "eigh": eigh}[mode])
-    out = jax.block_until_ready(f(*args))
-    R = 40
-    with fkj.count_calls() as n:
-        for i in range(R):
-            out = jax.block_until_ready(f(*args))
-    calls = n()
-    want = f(*(jax.device_put(v, jax.devices("cpu")[0]) for v in args))
-    for got, exp in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(want)):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(exp), rtol=2e-3, atol=2e-3 * float(np.abs(exp).max()))
-    print("RUNS", R, "HANDLER_ENTRIES", calls)
+    timed_runs(f, args, lambda exp: 2e-3 * float(np.abs(exp).max()))
     """
 )
 

@@ -26,13 +26,18 @@ each module; docs/ops.md gives the exact formulas of the ops underneath.
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from .._args import ACTIVATIONS  # noqa: F401 - the activations of FusedLinear (re-exported)
+from .._args import check_activation as _activation
+from .._args import check_bool as _bool
+from .._args import check_float as _float
+from .._args import check_int as _int
+from .._args import check_volume as _volume
 from ..ops import gaussian as _gaussian
 from ..ops import geodesic as _geodesic
 from .gaussian import gaussian_field  # (the family modules load the compiled ops: ImportError when not built)
@@ -44,42 +49,11 @@ __all__ = [
     "ACTIVATIONS", "DEFAULT_FRICTION", "FusedLinear", "FusedMLP", "GaussianField", "LowRankChristoffel", "LeapfrogIntegrator",
 ]
 
-#: The activations of :class:`FusedLinear`, named as torch names them: ``"gelu"`` is
-#: the exact (erf) GELU of ``F.gelu(x)``, ``"gelu_tanh"`` the tanh approximation of
-#: ``F.gelu(x, approximate="tanh")``.
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "none")
 
 _LINEAR_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _FIELD_DTYPES = (torch.float32, torch.float64)
 
 # ----------------------------------------------------------------------------- argument checks
-
-
-def _int(where: str, name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{where}: {name} must be an int, not {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{where}: {name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _float(where: str, name: str, value, *, positive=False, nonnegative=False, allow_inf=False) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{where}: {name} must be a float, not {type(value).__name__}")
-    v = float(value)
-    if math.isnan(v) or (math.isinf(v) and not allow_inf):
-        raise ValueError(f"{where}: {name} must be finite, got {v}")
-    if positive and not v > 0:
-        raise ValueError(f"{where}: {name} must be > 0, got {v}")
-    if nonnegative and not v >= 0:
-        raise ValueError(f"{where}: {name} must be >= 0, got {v}")
-    return v
-
-
-def _bool(where: str, name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{where}: {name} must be a bool, not {type(value).__name__}")
-    return value
 
 
 def _dtype(where: str, dtype, allowed) -> torch.dtype:
@@ -329,15 +303,6 @@ def _module_activation(where: str, index: int, mod) -> str:
                      "between the nn.Linear layers")
 
 
-def _activation(where: str, activation) -> str:
-    if not isinstance(activation, str):
-        raise TypeError(f"{where}: activation must be a str (one of {', '.join(ACTIVATIONS)}), "
-                        f"not {type(activation).__name__}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"{where}: activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
-    return activation
-
-
 # ----------------------------------------------------------------------------- GaussianField
 
 
@@ -435,16 +400,6 @@ class GaussianField(nn.Module):
         size = self.volume_size[0] if len(set(self.volume_size)) == 1 else self.volume_size
         return (f"num_gaussians={self.num_gaussians}, volume_size={size}, "
                 f"full_covariance={self.full_covariance}, eps={self.eps}")
-
-
-def _volume(where: str, volume_size) -> Tuple[float, float, float]:
-    if isinstance(volume_size, (numbers.Real,)) and not isinstance(volume_size, bool):
-        sizes = (volume_size,) * 3
-    elif isinstance(volume_size, (tuple, list)) and len(volume_size) == 3:
-        sizes = tuple(volume_size)
-    else:
-        raise TypeError(f"{where}: volume_size must be a float or three floats, not {volume_size!r}")
-    return tuple(_float(where, "volume_size", s, positive=True) for s in sizes)
 
 
 # ----------------------------------------------------------------------------- geodesic flow

@@ -41,44 +41,19 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "fusekit.jax needs jax: pip install 'jax[cpu]' (or 'jax[cuda13]' for GPUs)"
     ) from e
 
-from . import _lib
+from .. import _lib
+
+#: The elementwise ops, by arity: one handler pair each (fk_xla_<op>_cpu / _cuda).
+_BINARY_OPS = ("add", "sub", "mul", "div", "axpby")
+_UNARY_OPS = ("neg", "abs", "exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "relu")
+#: The optimizer-math ops, likewise.
+_OPTIM_OPS = ("matrix_power", "shampoo_stats", "shampoo_precondition", "per_sample_grads",
+              "per_sample_grad_norms", "dp_clipped_grad_sum")
 
 __all__ = [
-    "SUPPORTED_JAX",
-    "TESTED_WITH",
-    "add",
-    "sub",
-    "mul",
-    "div",
-    "axpby",
-    "neg",
-    "abs",
-    "exp",
-    "log",
-    "sqrt",
-    "sin",
-    "cos",
-    "tanh",
-    "sigmoid",
-    "relu",
-    "matmul",
-    "linear",
-    "mahalanobis",
-    "gaussian_field",
-    "DEFAULT_C",
-    "christoffel",
-    "leapfrog",
-    "matrix_power",
-    "shampoo_stats",
-    "shampoo_precondition",
-    "per_sample_grads",
-    "per_sample_grad_norms",
-    "dp_clipped_grad_sum",
-    "warmup",
-    "call_count",
-    "count_calls",
-    "allow_tf32",
-    "precision_mode",
+    "SUPPORTED_JAX", "TESTED_WITH", *_BINARY_OPS, *_UNARY_OPS, "matmul", "linear", "mahalanobis",
+    "gaussian_field", "DEFAULT_C", "christoffel", "leapfrog", *_OPTIM_OPS, "warmup", "call_count",
+    "count_calls", "allow_tf32", "precision_mode",
 ]
 
 #: The jax versions this module accepts: ``[low, high)``.
@@ -113,8 +88,7 @@ _check_version()
 
 #: op -> the handlers' symbol stem in libfusekit (fk_xla_<stem>_cpu / _cuda)
 _HANDLERS = {
-    **{op: op for op in ("add", "sub", "mul", "div", "axpby")},
-    **{op: op for op in ("neg", "abs", "exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "relu")},
+    **{op: op for op in _BINARY_OPS + _UNARY_OPS},
     "gemm": "gemm",
     "linear_forward": "linear_forward",
     "linear_backward": "linear_backward",
@@ -123,8 +97,7 @@ _HANDLERS = {
     "field_forward": "gaussian_field_forward",
     "field_backward": "gaussian_field_backward",
     **{op: op for op in ("christoffel_forward", "christoffel_backward", "leapfrog_forward", "leapfrog_backward")},
-    **{op: op for op in ("matrix_power", "matrix_power_eigh", "shampoo_stats", "shampoo_precondition",
-                         "per_sample_grads", "per_sample_grad_norms", "dp_clipped_grad_sum")},
+    **{op: op for op in _OPTIM_OPS + ("matrix_power_eigh",)},
 }
 
 _lock = threading.Lock()

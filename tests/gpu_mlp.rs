@@ -1,9 +1,11 @@
 //! The multi-layer perceptron (docs/ops.md section 6) on CUDA against the CPU
 //! oracle: random odd shapes for f32 strict, f32 with TF32, f16 and bf16, every
-//! activation pair, with cuBLASLt's fused epilogues and on the fallback path (a
-//! GEMM plus fusekit's kernels), and with the two mixed (a forward on one path,
-//! its backward on the other: the ReLU bit mask and the padded pre-activation
-//! must mean the same to cuBLASLt and to fusekit's kernels); and the forward and
+//! activation pair, with cuBLASLt's fused epilogues, on the fallback path (a
+//! GEMM plus fusekit's kernels) and on the fully fused path (f16 / bf16, widths up
+//! to 128: one kernel for every layer), and with the paths mixed (a forward on
+//! one, its backward on another: the ReLU bit mask and the padded pre-activation
+//! must mean the same to cuBLASLt and to fusekit's kernels); the fused path on
+//! large batches and deep networks, and against the general path; and the forward and
 //! backward captured into a CUDA graph as the first use of a fresh context and
 //! stream (global capture mode, as torch.cuda.graph), replayed on new inputs and
 //! compared with eager calls.
@@ -74,13 +76,27 @@ fn random_want(rng: &mut Rng, l: usize) -> Want {
     w
 }
 
-/// Sends `g`'s MLP (and fused linear) layers down the fallback path, or back.
-fn set_fallback(g: &Ctx, on: bool) {
-    unsafe { &*g.raw() }.context().cuda_dev().set_linalg_fallback(on);
+/// The CUDA paths of the MLP op.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Path {
+    /// Per-layer cuBLASLt products with their fused epilogues.
+    Lt,
+    /// Per-layer GEMMs plus fusekit's epilogue kernels (`set_linalg_fallback`).
+    Fallback,
+    /// The fully fused kernels where they apply (f16 / bf16, widths up to 128),
+    /// else `Lt`.
+    Fused,
 }
 
-/// CUDA against the CPU on random cases; `fallback` = (forward, backward) paths.
-fn against_the_cpu(seed: u64, rounds: usize, fallback: (bool, bool)) {
+/// Sends `g`'s MLP calls (and fused linear layers) down `path`.
+fn set_path(g: &Ctx, path: Path) {
+    let dev = unsafe { &*g.raw() }.context().cuda_dev();
+    dev.set_linalg_fallback(path == Path::Fallback);
+    dev.set_mlp_fused(path == Path::Fused);
+}
+
+/// CUDA against the CPU on random cases; `paths` = (forward, backward) paths.
+fn against_the_cpu(seed: u64, rounds: usize, paths: (Path, Path)) {
     let _s = serial();
     let Some((g, cpu, mut rng)) = gpu_oracle(seed) else {
         return;
@@ -102,13 +118,13 @@ fn against_the_cpu(seed: u64, rounds: usize, fallback: (bool, bool)) {
                 assert_eq!(c.saved_size(&g), c.saved_size(&cpu), "{what}: saved size");
                 let d = c.data(&mut rng);
                 let (yc, sc) = c.forward(&cpu, &d, true, null());
-                set_fallback(&g, fallback.0);
+                set_path(&g, paths.0);
                 let (yg, sg) = c.forward(&g, &d, true, null());
                 assert_close_reals(&yg, &yc, tf, &format!("{what}: y"));
                 // inference (no saved): the same y
                 let (yi, _) = c.forward(&g, &d, false, null());
                 assert_close_reals(&yi, &yc, tf, &format!("{what}: y without saved"));
-                set_fallback(&g, fallback.1);
+                set_path(&g, paths.1);
                 if tf32 {
                     // The gradients against the CPU's backward of the GPU's own
                     // saved (ReLU masks, hidden activations), as the reference does
@@ -135,25 +151,71 @@ fn against_the_cpu(seed: u64, rounds: usize, fallback: (bool, bool)) {
             }
         }
     }
-    set_fallback(&g, false);
+    set_path(&g, Path::Fused);
 }
 
 #[test]
 fn cuda_matches_the_cpu_with_cublaslt_epilogues() {
-    against_the_cpu(70, 2, (false, false));
+    against_the_cpu(70, 2, (Path::Lt, Path::Lt));
 }
 
 #[test]
 fn cuda_matches_the_cpu_on_the_fallback_path() {
-    against_the_cpu(71, 1, (true, true));
+    against_the_cpu(71, 1, (Path::Fallback, Path::Fallback));
 }
 
-/// A forward on one path and its backward on the other: the bit mask and padded
-/// pre-activation cuBLASLt writes are what fusekit's kernels read, and back.
+/// The fused kernels (f16 / bf16 rounds; every random width is at most 70).
 #[test]
-fn saved_is_the_same_on_both_paths() {
-    against_the_cpu(72, 1, (true, false));
-    against_the_cpu(73, 1, (false, true));
+fn cuda_matches_the_cpu_on_the_fused_path() {
+    against_the_cpu(77, 3, (Path::Fused, Path::Fused));
+}
+
+/// A forward on one path and its backward on another: the bit mask and padded
+/// pre-activation cuBLASLt writes are what fusekit's kernels (the fallback's and
+/// the fused path's) read, and back.
+#[test]
+fn saved_is_the_same_on_every_path() {
+    against_the_cpu(72, 1, (Path::Fallback, Path::Lt));
+    against_the_cpu(73, 1, (Path::Lt, Path::Fallback));
+    against_the_cpu(78, 1, (Path::Fused, Path::Lt));
+    against_the_cpu(79, 1, (Path::Lt, Path::Fused));
+}
+
+/// The fused path on the sizes it is built for: the neural-field network over a
+/// large batch (many blocks, each looping over row tiles), the widest instance,
+/// the most layers, widths that are not multiples of 16; against the CPU and
+/// against the general path on the same inputs.
+#[test]
+fn fused_path_on_large_batches_and_deep_networks() {
+    let _s = serial();
+    let Some((g, cpu, mut rng)) = gpu_oracle(80) else {
+        return;
+    };
+    let general = Ctx::cuda(0);
+    set_path(&general, Path::Lt);
+    let big = if sanitizing() { 700 } else { 65543 };
+    for (dtype, lead, widths, acts) in [
+        (FK_DTYPE_BF16, vec![big], vec![32, 64, 64, 64, 64, 16], (FK_ACT_RELU, FK_ACT_NONE)),
+        (FK_DTYPE_F16, vec![big / 8, 3], vec![3, 128, 128, 128, 1], (FK_ACT_GELU_ERF, FK_ACT_NONE)),
+        (FK_DTYPE_BF16, vec![999], vec![16; 17], (FK_ACT_GELU_TANH, FK_ACT_RELU)),
+        (FK_DTYPE_F16, vec![5001], vec![7, 33, 100, 65, 9], (FK_ACT_RELU, FK_ACT_GELU_TANH)),
+    ] {
+        let c = MlpCase::new(dtype, &lead, &widths, acts, true);
+        let what = c.describe();
+        let (tf, tb) = tols(dtype, false);
+        let d = c.data(&mut rng);
+        let want = Want::all(c.layers());
+        let (yc, sc) = c.forward(&cpu, &d, true, null());
+        let gc = c.backward(&cpu, &d, sc.as_ref(), &want, null());
+        let (yg, sg) = c.forward(&g, &d, true, null());
+        let gg = c.backward(&g, &d, sg.as_ref(), &want, null());
+        assert_close_reals(&yg, &yc, tf, &format!("{what}: fused y against the CPU"));
+        check_grads(&gg, &gc, tb, &format!("{what}: fused, against the CPU"));
+        let (ye, se) = c.forward(&general, &d, true, null());
+        let ge = c.backward(&general, &d, se.as_ref(), &want, null());
+        assert_close_reals(&yg, &ye, tf, &format!("{what}: fused y against the general path"));
+        check_grads(&gg, &ge, tb, &format!("{what}: fused, against the general path"));
+    }
 }
 
 /// Large layers (cuBLASLt's tiled kernels, several column splits) and deep nets.

@@ -272,6 +272,8 @@ fn blocks(
         Some(v) => v,
         None => {
             let f = dev.function_for_smem(MODULE, name, smem as u32)?;
+            // (a one-time query, also when the first call is being captured)
+            let _relaxed = crate::cuda::RelaxedCapture::new();
             // SAFETY: a function of this context, loaded above.
             let v = unsafe {
                 result::occupancy::max_active_block_per_multiprocessor(f, WARPS * 32, smem)

@@ -27,7 +27,14 @@ warmed up first (compilation and capture happen there), then:
 - peak: ``torch.cuda.max_memory_allocated`` over the variant's build, warm-up and
   timing (MiB; parameters, inputs and a graph's pool included);
 - ratio: gpu time over the best of torch eager / torch compile for the same
-  case and kind (step or forward); < 1 is faster.
+  case and kind (step or forward); < 1 is faster;
+- floor: the larger of the FLOPs at the tensor-core rate (the dtype's matrix
+  product measured at the start: 8192^3, f32 as TF32's ceiling) and the bytes at
+  the measured copy bandwidth (a 1 GiB device-to-device copy, bytes read plus
+  written). Forward: 2 B sum(k_i n_i) FLOPs; x read, y written. Training step: three
+  times the forward's FLOPs (forward, data and weight gradients); x read twice, y
+  written and dy read, every hidden activation written by the forward and read by
+  the backward.
 
 Correctness guard: before timing, each fusekit model's forward output and one step's
 gradients are compared with the Sequential's (relative error above 1e-2 for float32,
@@ -36,7 +43,15 @@ gradients are compared with the Sequential's (relative error above 1e-2 for floa
 Without CUDA (or with ``--smoke``) tiny cases run on the CPU in seconds (CI runs it
 so: torch.compile with backend "aot_eager", no CUDA graphs; timings meaningless).
 
-    python3 benches/bench_mlp.py [--json OUT] [--smoke] [--no-compile] [--cases REGEX] [--budget-s 480]
+    python3 benches/bench_mlp.py [--json OUT] [--smoke] [--no-compile] [--cases REGEX]
+                                 [--variants REGEX] [--tag NAME] [--budget-s 480]
+
+--variants: a regex on the variant keys (torch_eager, fk_mlp_graph, ...) to time only
+those. --tag: appended to the fusekit variants' keys in the rows and the summary, e.g.
+``FK_MLP_FUSED=0 python3 benches/bench_mlp.py --variants fk_mlp --tag general`` times
+FusedMLP on the general path (per-layer cuBLASLt calls) where the default run takes
+the fully fused kernels (f16 / bf16, widths up to 128; FK_MLP_FUSED is read when
+fusekit's CUDA context is made, so one process times one path).
 
 --budget-s: after this many seconds the remaining torch.compile variants are skipped
 (printed with the reason), so that the run fits scripts/gpu_suite.sh's 900 s step.
@@ -68,8 +83,8 @@ from host_overhead import host_us as _host_us  # noqa: E402
 import fusekit.nn as fnn  # noqa: E402
 
 PREFIX = "bench_mlp"  # the summary lines start with this
-TOL = {torch.float32: 1e-2, torch.bfloat16: 1e-1}
-DNAME = {torch.float32: "f32", torch.bfloat16: "bf16"}
+TOL = {torch.float32: 1e-2, torch.float16: 5e-2, torch.bfloat16: 1e-1}
+DNAME = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 ROWS = []
 
 
@@ -117,6 +132,48 @@ class Case:
         if which == "fk_mlp":
             return fnn.FusedMLP.from_sequential(seq)
         raise ValueError(which)
+
+
+CEIL = {}  # "bw": bytes/s, dtype: FLOP/s
+
+
+def ceilings():
+    """The copy bandwidth and each dtype's matrix-product rate, measured here."""
+    if not btp.CUDA:
+        return
+    a = torch.empty(2**28, dtype=torch.float32, device="cuda").uniform_()
+    b = torch.empty_like(a)
+    b.copy_(a)
+    t = btp.time_steps(lambda: b.copy_(a), 10, 5)[0]
+    CEIL["bw"] = 2 * a.numel() * 4 / (t * 1e-3)
+    del a, b
+    for dt in (torch.float16, torch.bfloat16, torch.float32):
+        n = 8192
+        x = torch.randn(n, n, device="cuda", dtype=dt)
+        y = torch.randn(n, n, device="cuda", dtype=dt)
+        prev = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        t = btp.time_steps(lambda: x @ y, 5, 5)[0]
+        torch.backends.cuda.matmul.allow_tf32 = prev
+        CEIL[dt] = 2 * n**3 / (t * 1e-3)
+        del x, y
+    torch.cuda.empty_cache()
+    log(f"ceilings: copy {CEIL['bw'] / 1e12:.2f} TB/s; matmul f16 {CEIL[torch.float16] / 1e12:.0f}, "
+        f"bf16 {CEIL[torch.bfloat16] / 1e12:.0f}, f32 (TF32) {CEIL[torch.float32] / 1e12:.0f} TFLOP/s")
+
+
+def floor_ms(case, kind):
+    """The case's floor (ms) for `kind`, from the measured ceilings (None without CUDA)."""
+    if not CEIL:
+        return None
+    w, b, es = case.widths, case.batch, torch.finfo(case.dtype).bits // 8
+    flops = 2 * b * sum(k * n for k, n in zip(w[:-1], w[1:]))
+    if kind == "fwd":
+        nbytes = es * b * (w[0] + w[-1])
+    else:
+        flops *= 3
+        nbytes = es * b * (2 * w[0] + 2 * w[-1] + 2 * sum(w[1:-1]))
+    return 1e3 * max(flops / CEIL[case.dtype], nbytes / CEIL["bw"])
 
 
 def mse(a, b):
@@ -214,9 +271,15 @@ VARIANTS = [  # key, (model, mode)
 def run_case(case, args, t_start):
     log(f"\n== {case.name} (widths {case.widths})")
     check(case)
-    res = {}
+    res = {("floor", k): floor_ms(case, k) for k in ("step", "fwd")}
+    log(f"  floor: step {fmt(res[('floor', 'step')], 8, 4)} ms, forward {fmt(res[('floor', 'fwd')], 8, 4)} ms")
+    ROWS.append(dict(case=case.name, floor_step_ms=res[("floor", "step")], floor_fwd_ms=res[("floor", "fwd")]))
     for kind in ("step", "fwd"):
         for key, variant in VARIANTS:
+            if not re.search(args.variants, key):
+                continue
+            if args.tag and key.startswith("fk_"):
+                key = f"{key}_{args.tag}"
             label = f"{key} {kind}"
             if variant[1] == "graph" and not btp.CUDA:
                 continue
@@ -269,7 +332,7 @@ def run_case(case, args, t_start):
         basis = "gpu_ms" if btp.CUDA else "wall_ms"
         best = [res.get((kind, k), {}).get(basis) for k in ("torch_eager", "torch_compile")]
         best = min((b for b in best if b is not None), default=None)
-        for key, _ in VARIANTS:
+        for key in [k for k, _ in VARIANTS] + [f"{k}_{args.tag}" for k, _ in VARIANTS if args.tag]:
             row = res.get((kind, key))
             if row is None or "error" in row:
                 continue
@@ -289,6 +352,8 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on whatever device (automatic without CUDA)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--cases", default=".", help="regex on case names")
+    ap.add_argument("--variants", default=".", help="regex on variant keys")
+    ap.add_argument("--tag", default="", help="suffix for the fusekit variants' keys")
     ap.add_argument("--budget-s", type=float, default=480.0, help="skip torch.compile variants after this")
     args = ap.parse_args()
     t_start = time.time()
@@ -298,16 +363,23 @@ def main():
         args.smoke = True
     btp.OPTIMIZER = "sgd"
     info = btp.header()
+    ceilings()
+    info["ceilings"] = {str(k): v for k, v in CEIL.items()}
     if hasattr(torch._dynamo.config, "cache_size_limit"):
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    f32, bf16 = torch.float32, torch.bfloat16
+    f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
+    field = [32, 64, 64, 64, 64, 16]  # width 64, 4 hidden layers, in 32, out 16
     if args.smoke:
         specs = [([16, 32, 32, 16], 8, f32), ([8, 16, 16, 16, 16, 4], 16, bf16)]
     else:
         specs = [([256] * 3, 64, f32),              # hidden 256, 2 layers, batch 64
                  ([1024] * 5, 256, f32),            # hidden 1024, 4 layers, batch 256
                  ([2048] * 5, 256, bf16),           # hidden 2048, 4 layers, batch 256
-                 ([32, 64, 64, 64, 64, 16], 2**18, bf16)]  # width 64, 4 hidden layers, in 32, out 16
+                 (field, 2**18, bf16),               # the issue's narrow-network goal case
+                 (field, 2**14, f16),
+                 (field, 2**21, bf16),
+                 ([32, 128, 128, 128, 128, 16], 2**18, bf16),
+                 ([4096] * 4, 8192, bf16)]          # hidden 4096, 3 layers, batch 8192
     results = []
     for widths, batch, dtype in specs:
         case = Case(widths, batch, dtype)
@@ -320,13 +392,15 @@ def main():
             torch.cuda.empty_cache()
 
     basis = "gpu" if btp.CUDA else "wall"
-    keys = [k for k, _ in VARIANTS]
+    keys = [k for k, _ in VARIANTS if re.search(args.variants, k)]
+    if args.tag:
+        keys = [f"{k}_{args.tag}" if k.startswith("fk_") else k for k in keys]
     log(f"\n{PREFIX} ---- summary on {info['device']} (torch {info['torch']}, {info['commit']})")
     for kind in ("step", "fwd"):
         log(f"{PREFIX} {kind} {basis} ms (ratio vs best of torch eager/compile)")
-        log(f"{PREFIX} {'case':<36} " + " | ".join(f"{k:>17}" for k in keys))
+        log(f"{PREFIX} {'case':<36} {'floor':>8} | " + " | ".join(f"{k:>17}" for k in keys))
         for name, res in results:
-            cells = []
+            cells = [fmt(res.get(("floor", kind)), 8, 4)]
             for k in keys:
                 row = res.get((kind, k), {})
                 v, r = row.get(f"{basis}_ms"), row.get("ratio_vs_best_torch")

@@ -88,6 +88,12 @@ want gelu && step gelu 900 bash -c '"$0/bin/gpu_linalg" linear --test-threads=1 
 # fusekit.jax alone (the "python" step runs it too): the XLA FFI handlers under jit/grad/vmap on
 # CUDA jax, CUDA against the CPU handlers, and replay from XLA's CUDA graphs (-s: the counts)
 want jax && step jax 600 python3 -m pytest -q -s bindings/python/tests/test_jax.py bindings/python/tests/test_jax_gpu.py
+# the MLP op alone (the "python" step runs it too): fusekit.mlp_* and FusedMLP on CUDA (the fully
+# fused path for f16 / bf16 networks up to width 128, the general path otherwise)
+want mlp && step mlp 600 python3 -m pytest -q bindings/python/tests/test_mlp.py bindings/python/tests/test_mlp_torch.py
+# other libraries' arrays alone (the "python" step runs it too): CuPy and JAX CUDA arrays through the
+# ctypes package, results of the caller's kind
+want foreign && step foreign 300 python3 -m pytest -q bindings/python/tests/test_foreign_gpu.py
 # fusekit.nn alone (the "python" step runs it too): CUDA values, graph capture, reduce-overhead
 want nn && step nn 900 python3 -m pytest -q bindings/python/tests/test_nn.py
 # fusekit.optim.Shampoo alone (the "python" step runs it too): the fast root path on CUDA
@@ -151,7 +157,12 @@ unset FK_SANITIZE
 { sel bench || sel bench_geodesic; } && step bench_geodesic 900 python3 benches/bench_geodesic.py --json "$OUT/bench_geodesic.json"
 { sel bench || sel bench_gaussian; } && step bench_gaussian 900 python3 benches/bench_gaussian.py --json "$OUT/bench_gaussian.json"
 { sel bench || sel bench_torch_path; } && step bench_torch_path 900 python3 benches/bench_torch_path.py --json "$OUT/bench_torch_path.json"
-{ sel bench || sel bench_mlp; } && step bench_mlp 900 python3 benches/bench_mlp.py --json "$OUT/bench_mlp.json"
+# FK_BENCH_MLP_ARGS: extra arguments (e.g. --cases 'w64' --no-compile); bench_mlp_general times
+# FusedMLP on the general path (FK_MLP_FUSED=0: per-layer cuBLASLt calls) beside the default run's
+# fully fused kernels
+{ sel bench || sel bench_mlp; } && step bench_mlp 900 python3 benches/bench_mlp.py --json "$OUT/bench_mlp.json" ${FK_BENCH_MLP_ARGS:-}
+{ sel bench || sel bench_mlp_general; } && step bench_mlp_general 600 env FK_MLP_FUSED=0 python3 benches/bench_mlp.py \
+  --variants '^fk_mlp' --tag general --json "$OUT/bench_mlp_general.json" ${FK_BENCH_MLP_ARGS:-}
 { sel scale || sel scale_gaussian; } && step scale_gaussian 900 env FK_SCALE_TEST=1 "$B/bin/gpu_gaussian" scale_field --nocapture
 want huge && step chunked_huge 900 env FK_TEST_HUGE=1 "$B/bin/gpu_linalg" chunked_gemm_larger_than_gpu_memory --nocapture
 

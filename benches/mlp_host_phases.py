@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Where the host time of an eager MLP training step goes: nn.Sequential(Linear,
+ReLU, ..., Linear) against fusekit.nn.FusedMLP, cumulative phases of the step
+(zero_grad; + forward; + MSE loss; + backward; + SGD(momentum=0.9) step), each
+timed as the mean host time of one call over many calls with the GPU never the
+bottleneck (a synchronisation every call, outside the timed region: the launch
+queue is empty at each call's start). The differences between rows are each
+phase's host cost.
+
+    python3 benches/mlp_host_phases.py [--widths 256,256,256] [--batch 64] [--dtype f32]
+
+Without CUDA it runs on the CPU (the fusekit CPU backend does the arithmetic there,
+so only the Python and dispatch differences mean anything).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch import nn
+
+import fusekit.nn as fnn
+
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def sequential(widths, dev, dtype):
+    mods = []
+    for i, (k, n) in enumerate(zip(widths[:-1], widths[1:])):
+        mods.append(nn.Linear(k, n, device=dev, dtype=dtype))
+        if i < len(widths) - 2:
+            mods.append(nn.ReLU())
+    return nn.Sequential(*mods)
+
+
+def phases(model, x, target):
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+    def upto(k):
+        def step():
+            opt.zero_grad(set_to_none=True)
+            if k < 1:
+                return
+            y = model(x)
+            if k < 2:
+                return
+            loss = (y.float() - target.float()).square().mean()
+            if k < 3:
+                return
+            loss.backward()
+            if k < 4:
+                return
+            opt.step()
+        return step
+    names = ["zero_grad", "+ forward", "+ loss", "+ backward", "+ optimizer step"]
+    return [(names[k], upto(k)) for k in range(5)]
+
+
+def host_us(step, sync, n):
+    ts = []
+    for _ in range(n):
+        sync()
+        t = time.perf_counter()
+        step()
+        ts.append(time.perf_counter() - t)
+    sync()
+    return statistics.median(ts) * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--widths", default="256,256,256")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--dtype", default="f32", choices=sorted(DTYPES))
+    ap.add_argument("--n", type=int, default=300)
+    args = ap.parse_args()
+    cuda = torch.cuda.is_available()
+    dev = "cuda" if cuda else "cpu"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    dtype = DTYPES[args.dtype]
+    widths = [int(w) for w in args.widths.split(",")]
+    torch.manual_seed(0)
+    x = torch.randn(args.batch, widths[0], device=dev).to(dtype)
+    target = torch.randn(args.batch, widths[-1], device=dev).to(dtype)
+    seq = sequential(widths, dev, dtype)
+    models = {"torch": seq, "fk_mlp": fnn.FusedMLP.from_sequential(sequential(widths, dev, dtype))}
+    print(f"device {torch.cuda.get_device_name() if cuda else 'cpu'}; torch {torch.__version__}; "
+          f"widths {widths}, batch {args.batch}, {args.dtype}; median host us per call of {args.n}")
+    table = {}
+    for name, m in models.items():
+        for phase, step in phases(m, x, target):
+            for _ in range(20):
+                step()
+            table.setdefault(phase, {})[name] = host_us(step, sync, args.n)
+    print(f"mlp_host_phases {'phase':<18} {'torch':>9} {'fk_mlp':>9}")
+    for phase, row in table.items():
+        print(f"mlp_host_phases {phase:<18} {row['torch']:9.1f} {row['fk_mlp']:9.1f}")
+
+
+if __name__ == "__main__":
+    main()

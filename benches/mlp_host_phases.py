@@ -7,7 +7,11 @@ bottleneck (a synchronisation every call, outside the timed region: the launch
 queue is empty at each call's start). The differences between rows are each
 phase's host cost.
 
-    python3 benches/mlp_host_phases.py [--widths 256,256,256] [--batch 64] [--dtype f32]
+    python3 benches/mlp_host_phases.py [--widths 256,256,256] [--batch 64] [--dtype f32] [--torch-one-layer]
+
+--torch-one-layer: the torch column is a single nn.Linear + nn.ReLU layer (widths[0] ->
+widths[1]) instead of the whole Sequential: the issue's host-cost goal compares one
+FusedMLP forward + backward of the whole network with that one PyTorch layer's.
 
 Without CUDA it runs on the CPU (the fusekit CPU backend does the arithmetic there,
 so only the Python and dispatch differences mean anything).
@@ -76,6 +80,7 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--dtype", default="f32", choices=sorted(DTYPES))
     ap.add_argument("--n", type=int, default=300)
+    ap.add_argument("--torch-one-layer", action="store_true")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
@@ -86,18 +91,23 @@ def main():
     x = torch.randn(args.batch, widths[0], device=dev).to(dtype)
     target = torch.randn(args.batch, widths[-1], device=dev).to(dtype)
     seq = sequential(widths, dev, dtype)
+    if args.torch_one_layer:
+        seq = nn.Sequential(nn.Linear(widths[0], widths[1], device=dev, dtype=dtype), nn.ReLU())
     models = {"torch": seq, "fk_mlp": fnn.FusedMLP.from_sequential(sequential(widths, dev, dtype))}
     print(f"device {torch.cuda.get_device_name() if cuda else 'cpu'}; torch {torch.__version__}; "
           f"widths {widths}, batch {args.batch}, {args.dtype}; median host us per call of {args.n}")
     table = {}
     for name, m in models.items():
-        for phase, step in phases(m, x, target):
+        tgt = target if not (args.torch_one_layer and name == "torch") else \
+            torch.randn(args.batch, widths[1], device=dev).to(dtype)
+        for phase, step in phases(m, x, tgt):
             for _ in range(20):
                 step()
             table.setdefault(phase, {})[name] = host_us(step, sync, args.n)
-    print(f"mlp_host_phases {'phase':<18} {'torch':>9} {'fk_mlp':>9}")
+    tname = "torch (1 layer)" if args.torch_one_layer else "torch"
+    print(f"mlp_host_phases {'phase':<18} {tname:>15} {'fk_mlp':>9}")
     for phase, row in table.items():
-        print(f"mlp_host_phases {phase:<18} {row['torch']:9.1f} {row['fk_mlp']:9.1f}")
+        print(f"mlp_host_phases {phase:<18} {row['torch']:15.1f} {row['fk_mlp']:9.1f}")
 
 
 if __name__ == "__main__":

@@ -384,6 +384,97 @@ impl MlpCase {
     }
 }
 
+/// One layer's regions of the saved buffer (docs/ops.md 6.2), byte offsets: the
+/// derivative information (`aux`: offset and row pitch, bits for a ReLU mask,
+/// elements for a GELU pre-activation) and the hidden output.
+pub struct SavedRegion {
+    pub aux: Option<(usize, usize)>,
+    pub mask: bool,
+    pub hidden: Option<usize>,
+}
+
+impl MlpCase {
+    /// The saved buffer's layout as docs/ops.md 6.2 states it: per layer, regions
+    /// starting at multiples of 256 bytes.
+    pub fn saved_layout(&self) -> Vec<SavedRegion> {
+        let (rows, es) = (self.rows(), dsize(self.dtype));
+        let mut at = 0usize;
+        let mut take = |bytes: usize| {
+            let o = at;
+            at = (at + bytes).next_multiple_of(256);
+            o
+        };
+        (0..self.layers())
+            .map(|i| {
+                let n = self.widths[i + 1] as usize;
+                let act = self.act(i);
+                let (aux, mask) = match act {
+                    FK_ACT_RELU => {
+                        let ld = n.next_multiple_of(128).max(128);
+                        (Some((take(rows * ld / 8), ld)), true)
+                    }
+                    FK_ACT_GELU_TANH | FK_ACT_GELU_ERF => {
+                        let ld = n.next_multiple_of(8).max(8);
+                        (Some((take(rows * ld * es), ld)), false)
+                    }
+                    _ => (None, false),
+                };
+                let hidden = (i + 1 < self.layers()).then(|| take(rows * n * es));
+                SavedRegion { aux, mask, hidden }
+            })
+            .collect()
+    }
+
+    /// A forward's saved buffer `got` (with its output `y_got`) against the CPU's
+    /// `want`: the hidden outputs and GELU pre-activations within `tol`; each ReLU
+    /// mask bit of `got` is the sign of its own layer's output (`h > 0`, `y > 0` on
+    /// the last layer), padding bits 0, and at most 1% of the bits differ from
+    /// `want`'s (flips where two backends' `z` straddle 0).
+    #[track_caller]
+    pub fn check_saved(&self, got: &[u8], want: &[u8], y_got: &[f64], tol: f64, what: &str) {
+        let (rows, es) = (self.rows(), dsize(self.dtype));
+        let layout = self.saved_layout();
+        let vals = |b: &[u8], off: usize, n: usize| -> Vec<f64> {
+            decode(self.dtype, &b[off..off + n * es]).iter().map(|c| c.re).collect()
+        };
+        for (i, r) in layout.iter().enumerate() {
+            let n = self.widths[i + 1] as usize;
+            let out = match r.hidden {
+                Some(h) => {
+                    let g = vals(got, h, rows * n);
+                    assert_close_reals(&g, &vals(want, h, rows * n), tol, &format!("{what}: saved h_{}", i + 1));
+                    g
+                }
+                None => y_got.to_vec(),
+            };
+            let Some((off, ld)) = r.aux else { continue };
+            if r.mask {
+                let mut flips = 0;
+                for row in 0..rows {
+                    for j in 0..ld {
+                        let bit = |b: &[u8]| b[off + row * ld / 8 + j / 8] >> (j % 8) & 1;
+                        let g = bit(got);
+                        let own = (j < n && out[row * n + j] > 0.0) as u8;
+                        assert_eq!(g, own, "{what}: layer {i}'s mask bit ({row}, {j}) is not its output's sign");
+                        flips += (g != bit(want)) as usize;
+                    }
+                }
+                assert!(
+                    flips * 100 <= (rows * n).max(100),
+                    "{what}: layer {i}'s ReLU mask differs from the CPU's in {flips} of {} bits",
+                    rows * n
+                );
+            } else {
+                let z = |b: &[u8]| -> Vec<f64> {
+                    let all = vals(b, off, rows * ld);
+                    (0..rows).flat_map(|row| all[row * ld..row * ld + n].to_vec()).collect()
+                };
+                assert_close_reals(&z(got), &z(want), tol, &format!("{what}: layer {i}'s saved pre-activation"));
+            }
+        }
+    }
+}
+
 /// Every (hidden, out) activation pair.
 pub fn act_pairs() -> Vec<(fk_activation, fk_activation)> {
     let acts = [FK_ACT_NONE, FK_ACT_RELU, FK_ACT_GELU_TANH, FK_ACT_GELU_ERF];

@@ -37,7 +37,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import PKG_ROOT  # noqa: E402  (the folder holding the fusekit under test)
+from conftest import PKG_ROOT, sgd_losses  # noqa: E402  (PKG_ROOT: the folder holding the fusekit under test)
 
 DRY = os.environ.get("FK_GRAPH_TEST_DRY") == "1"
 HAS_CUDA = torch.cuda.is_available()
@@ -473,17 +473,7 @@ def _train_losses(family, dev, compile_mode, steps=5):
         else:
             kw["mode"] = compile_mode
         fwd = torch.compile(mod, **kw)
-    opt = torch.optim.SGD(mod.parameters(), lr=0.05)
-    losses = []
-    for _ in range(steps):
-        if compile_mode == "reduce-overhead":
-            torch.compiler.cudagraph_mark_step_begin()
-        opt.zero_grad(set_to_none=True)
-        loss = (fwd(x) - target).square().mean()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return sgd_losses(mod, fwd, x, target, steps, mark_step=compile_mode == "reduce-overhead")
 
 
 @cuda_only

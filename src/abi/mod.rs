@@ -8,6 +8,18 @@
 #![allow(non_camel_case_types)]
 #![allow(clippy::missing_safety_doc)]
 
+/// The buffers behind an export's handle arguments, checked in the order written,
+/// each named in messages by its parameter's name: `buffers!(a, [b])` is
+/// `(buffer_ref(a, "a")?, opt_buffer(b, "b")?)`; a bracketed argument is optional
+/// (NULL gives `None`). One argument gives its buffer, not a 1-tuple. Used inside
+/// an `unsafe` block of a function returning `Result`.
+macro_rules! buffers {
+    (@arg [$p:ident]) => { $crate::abi::opt_buffer($p, stringify!($p))? };
+    (@arg $p:ident) => { $crate::abi::buffer_ref($p, stringify!($p))? };
+    ($arg:tt) => { buffers!(@arg $arg) };
+    ($($arg:tt),+) => { ($(buffers!(@arg $arg)),+) };
+}
+
 pub mod core;
 pub mod elementwise;
 pub mod gaussian;

@@ -741,32 +741,23 @@ pub(crate) unsafe fn entry(
 /// `handlers! { doc; op: cpu_symbol, cuda_symbol, Graph, body; ... }` exports each
 /// op's two handlers.
 macro_rules! handlers {
+    (@one $(#[$doc:meta])* $platform:ident $name:literal, $sym:ident, $graph:expr, $body:expr) => {
+        $(#[$doc])*
+        ///
+        #[doc = concat!(" XLA FFI handler for the ", $name, " platform (see `src/xla/mod.rs`).")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $sym(
+            frame: *mut $crate::xla::api::XLA_FFI_CallFrame,
+        ) -> *mut $crate::xla::api::XLA_FFI_Error {
+            // SAFETY: XLA's call frame.
+            unsafe {
+                $crate::xla::entry(frame, stringify!($sym), $crate::xla::Platform::$platform, $graph, $body)
+            }
+        }
+    };
     ($($(#[$doc:meta])* $op:literal: $cpu:ident, $cuda:ident, $graph:expr, $body:expr;)*) => {$(
-        $(#[$doc])*
-        ///
-        /// XLA FFI handler for the CPU platform (see `src/xla/mod.rs`).
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $cpu(
-            frame: *mut $crate::xla::api::XLA_FFI_CallFrame,
-        ) -> *mut $crate::xla::api::XLA_FFI_Error {
-            // SAFETY: XLA's call frame.
-            unsafe {
-                $crate::xla::entry(frame, stringify!($cpu), $crate::xla::Platform::Cpu, $graph, $body)
-            }
-        }
-
-        $(#[$doc])*
-        ///
-        /// XLA FFI handler for the CUDA platform (see `src/xla/mod.rs`).
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $cuda(
-            frame: *mut $crate::xla::api::XLA_FFI_CallFrame,
-        ) -> *mut $crate::xla::api::XLA_FFI_Error {
-            // SAFETY: XLA's call frame.
-            unsafe {
-                $crate::xla::entry(frame, stringify!($cuda), $crate::xla::Platform::Cuda, $graph, $body)
-            }
-        }
+        handlers!(@one $(#[$doc])* Cpu "CPU", $cpu, $graph, $body);
+        handlers!(@one $(#[$doc])* Cuda "CUDA", $cuda, $graph, $body);
     )*};
 }
 pub(crate) use handlers;

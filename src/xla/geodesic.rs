@@ -87,11 +87,7 @@ fn leapfrog_forward(c: &Call) -> Result<()> {
     let (u, w) = (args.next("U")?, args.next("W")?);
     let (f, mu) = (args.opt(has_f, "f")?, args.opt(has_mu, "mu")?);
     let (xo, vo) = (c.ret(0, "x_out")?, c.ret(1, "v_out")?);
-    let traj = if c.n_rets() == 3 {
-        Some(c.ret(2, "traj")?)
-    } else {
-        None
-    };
+    let traj = c.opt_ret(2, "traj")?;
     geo::leapfrog_forward(
         &x0,
         &v0,

@@ -118,17 +118,22 @@ pub(crate) fn guard<F: FnOnce() -> Result<()>>(name: &str, f: F) -> fk_status {
             e.status
         }
         Err(payload) => {
-            let msg = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
+            let msg = panic_message(payload.as_ref());
             set_last_error(&format!(
                 "{name}: internal error (caught panic: {msg}); please report it"
             ));
             FK_ERROR_INTERNAL
         }
     }
+}
+
+/// The message of a caught panic (its `&str` or `String` payload).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 fn null(what: &str) -> Error {

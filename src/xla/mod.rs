@@ -714,11 +714,7 @@ pub(crate) unsafe fn entry(
             format!("{name}: {} ({})", e.message, status_name(e.status)),
         ),
         Err(payload) => {
-            let m = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
+            let m = crate::abi::panic_message(payload.as_ref());
             (
                 XLA_FFI_ERROR_CODE_INTERNAL,
                 format!(

@@ -23,6 +23,11 @@ fn check_every_op(ctx: &Ctx, r: &mut Rng, views: &[(View, View, View)], stream: 
     }
 }
 
+/// `check_every_op` on a CPU context with operands drawn from `Rng::new(seed)`.
+fn check_every_op_on_cpu(seed: u64, views: &[(View, View, View)]) {
+    check_every_op(&Ctx::cpu(), &mut Rng::new(seed), views, null());
+}
+
 /// (a, b, out) all contiguous of `shape`.
 fn contiguous3(shape: &[i64]) -> [(View, View, View); 1] {
     let v = View::contiguous(shape);
@@ -97,8 +102,6 @@ fn unary_input_broadcasts_to_the_output_shape() {
 /// inputs, for every op and dtype; `b` gets a different layout than `a`.
 #[test]
 fn strided_inputs_of_every_layout() {
-    let ctx = Ctx::cpu();
-    let mut r = Rng::new(5);
     let shape = [4i64, 7];
     let ls = layouts(&shape, true);
     let views: Vec<_> = (0..ls.len())
@@ -107,21 +110,19 @@ fn strided_inputs_of_every_layout() {
             (ls[i].1.clone(), vb, View::contiguous(&shape))
         })
         .collect();
-    check_every_op(&ctx, &mut r, &views, null());
+    check_every_op_on_cpu(5, &views);
 }
 
 /// Outputs may have any non-self-overlapping strides; nothing outside the view is
 /// written (the poison around it survives).
 #[test]
 fn strided_outputs() {
-    let ctx = Ctx::cpu();
-    let mut r = Rng::new(6);
     let shape = [3i64, 5, 2];
     let views: Vec<_> = layouts(&shape, false)
         .into_iter()
         .map(|(_, vo)| (View::transposed(&shape), View::contiguous(&shape), vo))
         .collect();
-    check_every_op(&ctx, &mut r, &views, null());
+    check_every_op_on_cpu(6, &views);
 }
 
 #[test]

@@ -3,9 +3,34 @@
 
 mod common;
 
-use std::ptr::null;
+use std::ptr::{null, null_mut};
 
 use common::*;
+
+/// `fk_buffer_wrap` of caller memory `host` with `shape` and `strides`, as a C caller
+/// makes it: the status and the handle written (NULL where none is).
+fn wrap<T>(
+    ctx: &Ctx,
+    host: &mut [T],
+    dtype: fk_dtype,
+    shape: &[i64],
+    strides: &[i64],
+) -> (fk_status, *mut fk_buffer) {
+    let (rank, data) = (shape.len() as i32, host.as_mut_ptr().cast());
+    let mut out = null_mut();
+    let s = unsafe {
+        fk_buffer_wrap(
+            ctx.raw(),
+            data,
+            dtype,
+            rank,
+            shape.as_ptr(),
+            strides.as_ptr(),
+            &mut out,
+        )
+    };
+    (s, out)
+}
 
 /// fuzz/handles: an empty buffer whose non-zero dims multiply past i64 overflowed
 /// while its contiguous strides were computed (a panic in debug builds, wrapped
@@ -51,18 +76,8 @@ fn nbytes_of_a_huge_broadcast_view_saturates() {
     let mut host = [0f64; 2];
     let shape = [1i64 << 62];
     let strides = [0i64];
-    let mut out = std::ptr::null_mut();
-    ok(unsafe {
-        fk_buffer_wrap(
-            ctx.raw(),
-            host.as_mut_ptr().cast(),
-            FK_DTYPE_C128,
-            1,
-            shape.as_ptr(),
-            strides.as_ptr(),
-            &mut out,
-        )
-    });
+    let (s, out) = wrap(&ctx, &mut host, FK_DTYPE_C128, &shape, &strides);
+    ok(s);
     let mut nbytes = 0usize;
     ok(unsafe { fk_buffer_nbytes(out, &mut nbytes) });
     assert_eq!(nbytes, usize::MAX);
@@ -79,30 +94,10 @@ fn gemm_of_empty_batched_operands_with_huge_batch_stride() {
     let mut host = [0f64; 4];
     let (sa, ta) = ([2i64, 2, 0], [1i64 << 61, 1, 1]);
     let (sb, tb) = ([2i64, 0, 2], [1i64 << 61, 2, 1]);
-    let mut a = std::ptr::null_mut();
-    let mut b = std::ptr::null_mut();
-    ok(unsafe {
-        fk_buffer_wrap(
-            ctx.raw(),
-            host.as_mut_ptr().cast(),
-            FK_DTYPE_C128,
-            3,
-            sa.as_ptr(),
-            ta.as_ptr(),
-            &mut a,
-        )
-    });
-    ok(unsafe {
-        fk_buffer_wrap(
-            ctx.raw(),
-            host.as_mut_ptr().cast(),
-            FK_DTYPE_C128,
-            3,
-            sb.as_ptr(),
-            tb.as_ptr(),
-            &mut b,
-        )
-    });
+    let (s, a) = wrap(&ctx, &mut host, FK_DTYPE_C128, &sa, &ta);
+    ok(s);
+    let (s, b) = wrap(&ctx, &mut host, FK_DTYPE_C128, &sb, &tb);
+    ok(s);
     let c = Buf::new(&ctx, FK_DTYPE_C128, &[2, 2, 2]);
     let ones = [1f64; 16];
     ok(unsafe { fk_buffer_copy_from_host(c.raw(), ones.as_ptr().cast(), 128, null()) });
@@ -131,19 +126,9 @@ fn wrap_refuses_a_view_whose_addresses_overflow() {
         (vec![3i64], vec![-(1i64 << 61)]),
         (vec![2i64], vec![i64::MAX / 2]),
     ] {
-        let mut out = std::ptr::null_mut();
+        let (s, out) = wrap(&ctx, &mut host, FK_DTYPE_F32, &shape, &strides);
         expect_status(
-            unsafe {
-                fk_buffer_wrap(
-                    ctx.raw(),
-                    host.as_mut_ptr().cast(),
-                    FK_DTYPE_F32,
-                    shape.len() as i32,
-                    shape.as_ptr(),
-                    strides.as_ptr(),
-                    &mut out,
-                )
-            },
+            s,
             FK_ERROR_INVALID_ARGUMENT,
             &["fk_buffer_wrap", "spans addresses beyond 64 bits"],
         );
@@ -151,17 +136,7 @@ fn wrap_refuses_a_view_whose_addresses_overflow() {
     }
     // a large but representable view is still accepted (it is only wrapped)
     let (shape, strides) = ([2i64, 2], [1i64 << 40, 1]);
-    let mut out = std::ptr::null_mut();
-    ok(unsafe {
-        fk_buffer_wrap(
-            ctx.raw(),
-            host.as_mut_ptr().cast(),
-            FK_DTYPE_F32,
-            2,
-            shape.as_ptr(),
-            strides.as_ptr(),
-            &mut out,
-        )
-    });
+    let (s, out) = wrap(&ctx, &mut host, FK_DTYPE_F32, &shape, &strides);
+    ok(s);
     ok(unsafe { fk_buffer_destroy(out) });
 }

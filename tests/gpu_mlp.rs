@@ -355,42 +355,16 @@ impl Bufs {
     }
     /// The forward, then the backward of every gradient, queued on `s`.
     fn call(&self, c: &MlpCase, s: *const fk_stream) -> fk_status {
-        let l = c.layers() as i32;
         let wp: Vec<*const fk_buffer> = self.w.iter().map(|w| w.raw() as *const _).collect();
         let bp: Vec<*const fk_buffer> = self.b.iter().map(|b| raw_or_null(b) as *const _).collect();
         let dwp: Vec<*mut fk_buffer> = self.dw.iter().map(|b| b.raw()).collect();
         let dbp: Vec<*mut fk_buffer> = self.db.iter().map(|b| b.raw()).collect();
-        unsafe {
-            let st = fk_mlp_forward(
-                self.x.raw(),
-                l,
-                wp.as_ptr(),
-                bp.as_ptr(),
-                c.hidden,
-                c.out,
-                c.flags,
-                self.y.raw(),
-                self.saved.raw(),
-                s,
-            );
-            if st != FK_OK {
-                return st;
-            }
-            fk_mlp_backward(
-                self.dy.raw(),
-                self.x.raw(),
-                l,
-                wp.as_ptr(),
-                c.hidden,
-                c.out,
-                c.flags,
-                self.saved.raw(),
-                self.dx.raw(),
-                dwp.as_ptr(),
-                dbp.as_ptr(),
-                s,
-            )
+        let (x, saved) = (self.x.raw(), self.saved.raw());
+        let st = c.forward_call(x, &wp, &bp, self.y.raw(), saved, s);
+        if st != FK_OK {
+            return st;
         }
+        c.backward_call(self.dy.raw(), x, &wp, saved, self.dx.raw(), &dwp, &dbp, s)
     }
     fn read(&self, s: *const fk_stream) -> (Vec<f64>, Grads) {
         (

@@ -218,17 +218,22 @@ fn init_all_and_the_four_collectives() {
         let sync = || streams.iter().for_each(|s| s.sync());
         let n = 1027usize;
         for dtype in [FK_DTYPE_F32, FK_DTYPE_F64, FK_DTYPE_F16, FK_DTYPE_BF16] {
-            let sends: Vec<Buf> = (0..2)
-                .map(|r| Buf::from_vals(&ctxs[r], dtype, &[n as i64], &rank_vals(r, n)))
-                .collect();
+            // a buffer on each rank: new, or holding that rank's `rank_vals`
+            let new_per_rank = |shape: &[i64]| -> Vec<Buf> {
+                (0..2).map(|r| Buf::new(&ctxs[r], dtype, shape)).collect()
+            };
+            let vals_per_rank = |len: usize| -> Vec<Buf> {
+                (0..2)
+                    .map(|r| Buf::from_vals(&ctxs[r], dtype, &[len as i64], &rank_vals(r, len)))
+                    .collect()
+            };
+            let sends = vals_per_rank(n);
             for op in [FK_REDUCE_SUM, FK_REDUCE_PROD, FK_REDUCE_MAX, FK_REDUCE_MIN] {
                 let want: Vec<Cx> = (0..n)
                     .map(|i| re(reduce(op, rank_vals(0, n)[i].re, rank_vals(1, n)[i].re)))
                     .collect();
                 // all-reduce
-                let recvs: Vec<Buf> = (0..2)
-                    .map(|r| Buf::new(&ctxs[r], dtype, &[n as i64]))
-                    .collect();
+                let recvs = new_per_rank(&[n as i64]);
                 grouped(|r| unsafe {
                     fk_all_reduce(comms[r].0, sends[r].0, recvs[r].0, op, streams[r].0)
                 });
@@ -242,12 +247,8 @@ fn init_all_and_the_four_collectives() {
                     );
                 }
                 // reduce-scatter: send 2n, rank r gets slice r of the reduction
-                let big: Vec<Buf> = (0..2)
-                    .map(|r| Buf::from_vals(&ctxs[r], dtype, &[2 * n as i64], &rank_vals(r, 2 * n)))
-                    .collect();
-                let outs: Vec<Buf> = (0..2)
-                    .map(|r| Buf::new(&ctxs[r], dtype, &[n as i64]))
-                    .collect();
+                let big = vals_per_rank(2 * n);
+                let outs = new_per_rank(&[n as i64]);
                 grouped(|r| unsafe {
                     fk_reduce_scatter(comms[r].0, big[r].0, outs[r].0, op, streams[r].0)
                 });
@@ -271,9 +272,7 @@ fn init_all_and_the_four_collectives() {
                 }
             }
             // broadcast from rank 1 (rank 0 passes no send buffer)
-            let recvs: Vec<Buf> = (0..2)
-                .map(|r| Buf::new(&ctxs[r], dtype, &[n as i64]))
-                .collect();
+            let recvs = new_per_rank(&[n as i64]);
             grouped(|r| unsafe {
                 let send = if r == 1 {
                     sends[1].0 as *const fk_buffer
@@ -292,9 +291,7 @@ fn init_all_and_the_four_collectives() {
                 );
             }
             // all-gather: rank order
-            let gath: Vec<Buf> = (0..2)
-                .map(|r| Buf::new(&ctxs[r], dtype, &[2, n as i64]))
-                .collect();
+            let gath = new_per_rank(&[2, n as i64]);
             grouped(|r| unsafe { fk_all_gather(comms[r].0, sends[r].0, gath[r].0, streams[r].0) });
             sync();
             let mut want = rank_vals(0, n);
@@ -303,9 +300,7 @@ fn init_all_and_the_four_collectives() {
                 assert_eq!(gath[r].read(), want, "all-gather {} rank {r}", dname(dtype));
             }
             // in-place all-reduce (sum)
-            let inpl: Vec<Buf> = (0..2)
-                .map(|r| Buf::from_vals(&ctxs[r], dtype, &[n as i64], &rank_vals(r, n)))
-                .collect();
+            let inpl = vals_per_rank(n);
             grouped(|r| unsafe {
                 fk_all_reduce(
                     comms[r].0,

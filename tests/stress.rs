@@ -167,6 +167,17 @@ fn draw(rng: &mut Rng, dtype: fk_dtype, n: usize, lo: f64, hi: f64) -> Vec<f64> 
         .collect()
 }
 
+/// `draw` of one vector for each length in `lens`, in order.
+fn draws<const N: usize>(
+    rng: &mut Rng,
+    dtype: fk_dtype,
+    lens: [usize; N],
+    lo: f64,
+    hi: f64,
+) -> [Vec<f64>; N] {
+    lens.map(|n| draw(rng, dtype, n, lo, hi))
+}
+
 fn dims(rng: &mut Rng, lo: u64, hi: u64) -> usize {
     (lo + rng.below(hi - lo + 1)) as usize
 }
@@ -286,9 +297,7 @@ impl Job {
             Kind::Geodesic => {
                 let d = FK_DTYPE_F64;
                 let (b, dd, r) = (dims(rng, 1, 12), dims(rng, 1, 16), dims(rng, 1, 16));
-                let v = draw(rng, d, b * dd, 0.0, 1.0);
-                let u = draw(rng, d, dd * r, 0.0, 1.0);
-                let w = draw(rng, d, dd * r, 0.0, 1.0);
+                let [v, u, w] = draws(rng, d, [b * dd, dd * r, dd * r], 0.0, 1.0);
                 let c = 5.0;
                 let mut want = vec![0.0; b * dd];
                 for bi in 0..b {
@@ -313,9 +322,7 @@ impl Job {
             Kind::Gemm => {
                 let d = FK_DTYPE_F32;
                 let (m, n, k) = (dims(rng, 1, 24), dims(rng, 1, 24), dims(rng, 1, 32));
-                let a = draw(rng, d, m * k, 0.1, 1.0);
-                let bm = draw(rng, d, n * k, 0.1, 1.0);
-                let c0 = draw(rng, d, m * n, 0.1, 1.0);
+                let [a, bm, c0] = draws(rng, d, [m * k, n * k, m * n], 0.1, 1.0);
                 let (al, be) = (
                     quantize(d, re(rng.signed(0.5, 1.5))).re,
                     quantize(d, re(rng.signed(0.5, 1.5))).re,
@@ -336,9 +343,7 @@ impl Job {
             Kind::Linear => {
                 let d = FK_DTYPE_F32;
                 let (m, n, k) = (dims(rng, 1, 24), dims(rng, 1, 24), dims(rng, 1, 32));
-                let x = draw(rng, d, m * k, 0.1, 1.0);
-                let w = draw(rng, d, n * k, 0.1, 1.0);
-                let bias = draw(rng, d, n, 0.1, 1.0);
+                let [x, w, bias] = draws(rng, d, [m * k, n * k, n], 0.1, 1.0);
                 let mut want = vec![0.0; m * n];
                 for i in 0..m {
                     for j in 0..n {
@@ -357,8 +362,7 @@ impl Job {
             Kind::GradNorms => {
                 let d = FK_DTYPE_F64;
                 let (b, fi, fo) = (dims(rng, 1, 16), dims(rng, 1, 24), dims(rng, 1, 24));
-                let a = draw(rng, d, b * fi, 0.1, 1.0);
-                let g = draw(rng, d, b * fo, 0.1, 1.0);
+                let [a, g] = draws(rng, d, [b * fi, b * fo], 0.1, 1.0);
                 let want = (0..b)
                     .map(|i| {
                         let na: f64 = a[i * fi..(i + 1) * fi].iter().map(|x| x * x).sum();
@@ -398,9 +402,7 @@ impl Job {
             Kind::LinearBackward => {
                 let d = FK_DTYPE_F32;
                 let (m, n, k) = (dims(rng, 1, 24), dims(rng, 1, 24), dims(rng, 1, 32));
-                let dy = draw(rng, d, m * n, 0.1, 1.0);
-                let x = draw(rng, d, m * k, 0.1, 1.0);
-                let w = draw(rng, d, n * k, 0.1, 1.0);
+                let [dy, x, w] = draws(rng, d, [m * n, m * k, n * k], 0.1, 1.0);
                 // the forward's relu output: only y > 0 matters; at least one is
                 let mut y: Vec<f64> = (0..m * n)
                     .map(|_| {
@@ -433,8 +435,7 @@ impl Job {
             Kind::DpClip => {
                 let d = FK_DTYPE_F64;
                 let (b, fi, fo) = (dims(rng, 1, 16), dims(rng, 1, 24), dims(rng, 1, 24));
-                let a = draw(rng, d, b * fi, 0.1, 1.0);
-                let g = draw(rng, d, b * fo, 0.1, 1.0);
+                let [a, g] = draws(rng, d, [b * fi, b * fo], 0.1, 1.0);
                 let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
                 // |G_b| = |g_b| |a_b|; the bound clips the larger half or so
                 let norms: Vec<f64> = (0..b)

@@ -19,7 +19,7 @@
 //!   and on CUDA `FK_ERROR_LIBRARY_NOT_FOUND`, `FK_ERROR_KERNEL_COMPILE`,
 //!   `FK_ERROR_CUDA`.
 
-use super::{buffer_ref, fk_buffer, fk_scalar, fk_stream, guard, stream_or_default};
+use super::{fk_buffer, fk_scalar, fk_stream, guard, stream_or_default};
 use crate::error::{Result, fk_status};
 use crate::ops::elementwise::{self as ew, BinaryOp, Scalar, UnaryOp};
 
@@ -35,13 +35,7 @@ unsafe fn binary(
     beta: fk_scalar,
     stream: *const fk_stream,
 ) -> Result<()> {
-    let (a, b, o) = unsafe {
-        (
-            buffer_ref(a, "a")?,
-            buffer_ref(b, "b")?,
-            buffer_ref(out, "out")?,
-        )
-    };
+    let (a, b, o) = unsafe { buffers!(a, b, out) };
     let s = unsafe { stream_or_default(stream, &o.ctx) }?;
     ew::binary(op, a, b, o, Scalar::from(alpha), Scalar::from(beta), &s)
 }
@@ -53,7 +47,7 @@ unsafe fn unary(
     alpha: fk_scalar,
     stream: *const fk_stream,
 ) -> Result<()> {
-    let (a, o) = unsafe { (buffer_ref(a, "a")?, buffer_ref(out, "out")?) };
+    let (a, o) = unsafe { buffers!(a, out) };
     let s = unsafe { stream_or_default(stream, &o.ctx) }?;
     ew::unary(op, a, o, Scalar::from(alpha), &s)
 }

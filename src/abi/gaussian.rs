@@ -9,10 +9,7 @@
 //!   never read. No check is made that L_ii + eps is non-zero: a singular factor
 //!   gives inf/NaN as IEEE arithmetic does.
 
-use super::{
-    buffer_ref, context_ref, fk_buffer, fk_context, fk_stream, guard, opt_buffer,
-    stream_or_default, write_out,
-};
+use super::{context_ref, fk_buffer, fk_context, fk_stream, guard, stream_or_default, write_out};
 use crate::dtype::{DType, fk_dtype};
 use crate::error::fk_status;
 use crate::ops::gaussian as gs;
@@ -47,10 +44,7 @@ pub unsafe extern "C" fn fk_mahalanobis_forward(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_mahalanobis_forward", || unsafe {
-        let p = buffer_ref(points, "points")?;
-        let m = buffer_ref(means, "means")?;
-        let c = buffer_ref(chol, "chol")?;
-        let o = buffer_ref(out, "out")?;
+        let (p, m, c, o) = buffers!(points, means, chol, out);
         let s = stream_or_default(stream, &p.ctx)?;
         gs::mahalanobis_forward(p, m, c, eps, o, &s)
     })
@@ -91,14 +85,8 @@ pub unsafe extern "C" fn fk_mahalanobis_backward(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_mahalanobis_backward", || unsafe {
-        let p = buffer_ref(points, "points")?;
-        let m = buffer_ref(means, "means")?;
-        let c = buffer_ref(chol, "chol")?;
-        let gb = buffer_ref(g, "g")?;
-        let dp = opt_buffer(dpoints, "dpoints")?;
-        let dm = opt_buffer(dmeans, "dmeans")?;
-        let dc = opt_buffer(dchol, "dchol")?;
-        let ws = opt_buffer(workspace, "workspace")?;
+        let (p, m, c, gb) = buffers!(points, means, chol, g);
+        let (dp, dm, dc, ws) = buffers!([dpoints], [dmeans], [dchol], [workspace]);
         let s = stream_or_default(stream, &p.ctx)?;
         gs::mahalanobis_backward(p, m, c, eps, gb, dp, dm, dc, ws, &s)
     })
@@ -127,11 +115,7 @@ pub unsafe extern "C" fn fk_gaussian_field_forward(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_gaussian_field_forward", || unsafe {
-        let p = buffer_ref(points, "points")?;
-        let m = buffer_ref(means, "means")?;
-        let c = buffer_ref(chol, "chol")?;
-        let w = buffer_ref(weights, "weights")?;
-        let o = buffer_ref(out, "out")?;
+        let (p, m, c, w, o) = buffers!(points, means, chol, weights, out);
         let s = stream_or_default(stream, &p.ctx)?;
         gs::field_forward(p, m, c, w, eps, o, &s)
     })
@@ -168,16 +152,9 @@ pub unsafe extern "C" fn fk_gaussian_field_backward(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_gaussian_field_backward", || unsafe {
-        let p = buffer_ref(points, "points")?;
-        let m = buffer_ref(means, "means")?;
-        let c = buffer_ref(chol, "chol")?;
-        let w = buffer_ref(weights, "weights")?;
-        let d = buffer_ref(dout, "dout")?;
-        let dp = opt_buffer(dpoints, "dpoints")?;
-        let dm = opt_buffer(dmeans, "dmeans")?;
-        let dc = opt_buffer(dchol, "dchol")?;
-        let dw = opt_buffer(dweights, "dweights")?;
-        let ws = opt_buffer(workspace, "workspace")?;
+        let (p, m, c, w, d) = buffers!(points, means, chol, weights, dout);
+        let (dp, dm, dc, dw) = buffers!([dpoints], [dmeans], [dchol], [dweights]);
+        let ws = buffers!([workspace]);
         let s = stream_or_default(stream, &p.ctx)?;
         gs::field_backward(p, m, c, w, eps, d, dp, dm, dc, dw, ws, &s)
     })

@@ -35,7 +35,7 @@
 
 #![allow(non_snake_case)]
 
-use super::{buffer_ref, fk_buffer, fk_stream, guard, opt_buffer, stream_or_default};
+use super::{fk_buffer, fk_stream, guard, stream_or_default};
 use crate::error::fk_status;
 use crate::ops::geodesic as geo;
 
@@ -104,10 +104,7 @@ pub unsafe extern "C" fn fk_christoffel_forward(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_christoffel_forward", || unsafe {
-        let v = buffer_ref(v, "v")?;
-        let u = buffer_ref(U, "U")?;
-        let w = buffer_ref(W, "W")?;
-        let o = buffer_ref(gamma, "gamma")?;
+        let (v, u, w, o) = buffers!(v, U, W, gamma);
         let s = stream_or_default(stream, &v.ctx)?;
         geo::christoffel_forward(v, u, w, c, flags, o, &s)
     })
@@ -154,13 +151,8 @@ pub unsafe extern "C" fn fk_christoffel_backward(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_christoffel_backward", || unsafe {
-        let v = buffer_ref(v, "v")?;
-        let u = buffer_ref(U, "U")?;
-        let w = buffer_ref(W, "W")?;
-        let g = buffer_ref(g, "g")?;
-        let dv = opt_buffer(dv, "dv")?;
-        let du = opt_buffer(dU, "dU")?;
-        let dw = opt_buffer(dW, "dW")?;
+        let (v, u, w, g) = buffers!(v, U, W, g);
+        let (dv, du, dw) = buffers!([dv], [dU], [dW]);
         let s = stream_or_default(stream, &v.ctx)?;
         geo::christoffel_backward(v, u, w, g, c, flags, dv, du, dw, &s)
     })
@@ -215,15 +207,8 @@ pub unsafe extern "C" fn fk_leapfrog_forward(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_leapfrog_forward", || unsafe {
-        let x0 = buffer_ref(x0, "x0")?;
-        let v0 = buffer_ref(v0, "v0")?;
-        let f = opt_buffer(f, "f")?;
-        let u = buffer_ref(U, "U")?;
-        let w = buffer_ref(W, "W")?;
-        let mu = opt_buffer(mu, "mu")?;
-        let xo = buffer_ref(x_out, "x_out")?;
-        let vo = buffer_ref(v_out, "v_out")?;
-        let tr = opt_buffer(traj, "traj")?;
+        let (x0, v0, f, u, w, mu) = buffers!(x0, v0, [f], U, W, [mu]);
+        let (xo, vo, tr) = buffers!(x_out, v_out, [traj]);
         let s = stream_or_default(stream, &v0.ctx)?;
         geo::leapfrog_forward(x0, v0, f, u, w, mu, dt, steps, c, flags, xo, vo, tr, &s)
     })
@@ -285,19 +270,9 @@ pub unsafe extern "C" fn fk_leapfrog_backward(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_leapfrog_backward", || unsafe {
-        let v0 = buffer_ref(v0, "v0")?;
-        let f = opt_buffer(f, "f")?;
-        let u = buffer_ref(U, "U")?;
-        let w = buffer_ref(W, "W")?;
-        let mu = opt_buffer(mu, "mu")?;
-        let tr = opt_buffer(traj, "traj")?;
-        let gx = opt_buffer(gx, "gx")?;
-        let gv = opt_buffer(gv, "gv")?;
-        let dx0 = opt_buffer(dx0, "dx0")?;
-        let dv0 = opt_buffer(dv0, "dv0")?;
-        let df = opt_buffer(df, "df")?;
-        let du = opt_buffer(dU, "dU")?;
-        let dw = opt_buffer(dW, "dW")?;
+        let (v0, f, u, w, mu) = buffers!(v0, [f], U, W, [mu]);
+        let (tr, gx, gv) = buffers!([traj], [gx], [gv]);
+        let (dx0, dv0, df, du, dw) = buffers!([dx0], [dv0], [df], [dU], [dW]);
         let s = stream_or_default(stream, &v0.ctx)?;
         geo::leapfrog_backward(
             v0, f, u, w, mu, dt, steps, c, flags, tr, gx, gv, dx0, dv0, df, du, dw, &s,

@@ -33,9 +33,7 @@
 //!   `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_OUT_OF_MEMORY`, `FK_ERROR_CUDA` (a driver or
 //!   cuBLAS call failed: the message names it).
 
-use super::{
-    buffer_ref, fk_buffer, fk_scalar, fk_stream, guard, opt_buffer, stream_or_default, write_out,
-};
+use super::{fk_buffer, fk_scalar, fk_stream, guard, stream_or_default, write_out};
 use crate::dtype::{DType, fk_dtype};
 use crate::error::{FK_ERROR_INVALID_ARGUMENT, Result, fk_status};
 use crate::ops::elementwise::Scalar;
@@ -147,13 +145,7 @@ unsafe fn gemm(
     stream: *const fk_stream,
 ) -> Result<()> {
     let (ta, tb) = (trans(op_a, "op_a")?, trans(op_b, "op_b")?);
-    let (a, b, c) = unsafe {
-        (
-            buffer_ref(a, "a")?,
-            buffer_ref(b, "b")?,
-            buffer_ref(c, "c")?,
-        )
-    };
+    let (a, b, c) = unsafe { buffers!(a, b, c) };
     let s = unsafe { stream_or_default(stream, &c.ctx) }?;
     let (alpha, beta) = (Scalar::from(alpha), Scalar::from(beta));
     match budget {
@@ -255,13 +247,7 @@ pub unsafe extern "C" fn fk_linear_forward(
 ) -> fk_status {
     guard("fk_linear_forward", || unsafe {
         let act = activation(act)?;
-        let (x, w, y) = (
-            buffer_ref(x, "x")?,
-            buffer_ref(w, "w")?,
-            buffer_ref(y, "y")?,
-        );
-        let b = opt_buffer(b, "b")?;
-        let aux = opt_buffer(aux, "aux")?;
+        let (x, w, y, b, aux) = buffers!(x, w, y, [b], [aux]);
         let s = stream_or_default(stream, &y.ctx)?;
         la::linear_forward(x, w, b, act, y, aux, &s)
     })
@@ -299,17 +285,8 @@ pub unsafe extern "C" fn fk_linear_backward(
 ) -> fk_status {
     guard("fk_linear_backward", || unsafe {
         let act = activation(act)?;
-        let (dy, x, w) = (
-            buffer_ref(dy, "dy")?,
-            buffer_ref(x, "x")?,
-            buffer_ref(w, "w")?,
-        );
-        let saved = opt_buffer(saved, "saved")?;
-        let (dx, dw, db) = (
-            opt_buffer(dx, "dx")?,
-            opt_buffer(dw, "dw")?,
-            opt_buffer(db, "db")?,
-        );
+        let (dy, x, w, saved) = buffers!(dy, x, w, [saved]);
+        let (dx, dw, db) = buffers!([dx], [dw], [db]);
         let s = stream_or_default(stream, &dy.ctx)?;
         la::linear_backward(dy, x, w, act, saved, dx, dw, db, &s)
     })
@@ -335,11 +312,7 @@ pub unsafe extern "C" fn fk_kron(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_kron", || unsafe {
-        let (a, b, o) = (
-            buffer_ref(a, "a")?,
-            buffer_ref(b, "b")?,
-            buffer_ref(out, "out")?,
-        );
+        let (a, b, o) = buffers!(a, b, out);
         let s = stream_or_default(stream, &o.ctx)?;
         la::kron(a, b, o, &s)
     })

@@ -169,11 +169,11 @@ pub unsafe extern "C" fn fk_mlp_forward(
             activation_arg(hidden_act, "hidden_act")?,
             activation_arg(out_act, "out_act")?,
         );
-        let (x, y) = (buffer_ref(x, "x")?, buffer_ref(y, "y")?);
+        let (x, y) = buffers!(x, y);
         let l = mlp::check_n_layers(n_layers)?;
         let w = required(weights, l, "weights")?;
         let b = optional(biases, l, "biases")?;
-        let saved = opt_buffer(saved, "saved")?;
+        let saved = buffers!([saved]);
         let s = stream_or_default(stream, &y.ctx)?;
         mlp::forward(x, &w, &b, h, o, flags, y, saved, &s)
     })
@@ -227,11 +227,10 @@ pub unsafe extern "C" fn fk_mlp_backward(
             activation_arg(hidden_act, "hidden_act")?,
             activation_arg(out_act, "out_act")?,
         );
-        let (dy, x) = (buffer_ref(dy, "dy")?, buffer_ref(x, "x")?);
+        let (dy, x) = buffers!(dy, x);
         let l = mlp::check_n_layers(n_layers)?;
         let w = required(weights, l, "weights")?;
-        let saved = opt_buffer(saved, "saved")?;
-        let dx = opt_buffer(dx, "dx")?;
+        let (saved, dx) = buffers!([saved], [dx]);
         let dw = optional(dweights as *const *const fk_buffer, l, "dweights")?;
         let db = optional(dbiases as *const *const fk_buffer, l, "dbiases")?;
         let s = stream_or_default(stream, &dy.ctx)?;

@@ -8,6 +8,18 @@
 #![allow(non_camel_case_types)]
 #![allow(clippy::missing_safety_doc)]
 
+/// The buffers behind an export's handle arguments, checked in the order written,
+/// each named in messages by its parameter's name: `buffers!(a, [b])` is
+/// `(buffer_ref(a, "a")?, opt_buffer(b, "b")?)`; a bracketed argument is optional
+/// (NULL gives `None`). One argument gives its buffer, not a 1-tuple. Used inside
+/// an `unsafe` block of a function returning `Result`.
+macro_rules! buffers {
+    (@arg [$p:ident]) => { $crate::abi::opt_buffer($p, stringify!($p))? };
+    (@arg $p:ident) => { $crate::abi::buffer_ref($p, stringify!($p))? };
+    ($arg:tt) => { buffers!(@arg $arg) };
+    ($($arg:tt),+) => { ($(buffers!(@arg $arg)),+) };
+}
+
 pub mod core;
 pub mod elementwise;
 pub mod gaussian;
@@ -106,17 +118,22 @@ pub(crate) fn guard<F: FnOnce() -> Result<()>>(name: &str, f: F) -> fk_status {
             e.status
         }
         Err(payload) => {
-            let msg = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
+            let msg = panic_message(payload.as_ref());
             set_last_error(&format!(
                 "{name}: internal error (caught panic: {msg}); please report it"
             ));
             FK_ERROR_INTERNAL
         }
     }
+}
+
+/// The message of a caught panic (its `&str` or `String` payload).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 fn null(what: &str) -> Error {

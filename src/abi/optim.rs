@@ -25,7 +25,7 @@
 //!   install), `FK_ERROR_KERNEL_COMPILE`, `FK_ERROR_OUT_OF_MEMORY`, `FK_ERROR_CUDA`,
 //!   `FK_ERROR_UNSUPPORTED` (a size above 2^31 - 1).
 
-use super::{buffer_ref, fk_buffer, fk_stream, guard, opt_buffer, stream_or_default};
+use super::{fk_buffer, fk_stream, guard, stream_or_default};
 use crate::error::fk_status;
 use crate::ops::optim::{self as op, Method};
 
@@ -124,7 +124,7 @@ pub unsafe extern "C" fn fk_matrix_power(
 ) -> fk_status {
     guard("fk_matrix_power", || unsafe {
         let m = Method::from_abi(method)?;
-        let (a, o) = (buffer_ref(a, "a")?, buffer_ref(out, "out")?);
+        let (a, o) = buffers!(a, out);
         let s = stream_or_default(stream, &o.ctx)?;
         let fill = |r: &op::Report| {
             if !report.is_null() {
@@ -212,8 +212,7 @@ unsafe fn stats(
 ) -> crate::error::Result<()> {
     // SAFETY: the caller's handles, checked by the helpers.
     unsafe {
-        let g = buffer_ref(grad, "grad")?;
-        let (lb, rb) = (opt_buffer(l, "l")?, opt_buffer(r, "r")?);
+        let (g, lb, rb) = buffers!(grad, [l], [r]);
         let s = stream_or_default(stream, &g.ctx)?;
         op::shampoo_stats(g, alpha, beta, lb, rb, flags, &s)
     }
@@ -241,10 +240,7 @@ pub unsafe extern "C" fn fk_shampoo_precondition(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_shampoo_precondition", || unsafe {
-        let l = opt_buffer(l_root, "l_root")?;
-        let g = buffer_ref(grad, "grad")?;
-        let r = opt_buffer(r_root, "r_root")?;
-        let o = buffer_ref(out, "out")?;
+        let (l, g, r, o) = buffers!([l_root], grad, [r_root], out);
         let s = stream_or_default(stream, &o.ctx)?;
         op::shampoo_precondition(l, g, r, o, flags, &s)
     })
@@ -273,11 +269,7 @@ pub unsafe extern "C" fn fk_per_sample_grads(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_per_sample_grads", || unsafe {
-        let (a, g, o) = (
-            buffer_ref(a, "a")?,
-            buffer_ref(g, "g")?,
-            buffer_ref(out, "out")?,
-        );
+        let (a, g, o) = buffers!(a, g, out);
         let s = stream_or_default(stream, &o.ctx)?;
         op::per_sample_grads(a, g, o, flags, &s)
     })
@@ -303,11 +295,7 @@ pub unsafe extern "C" fn fk_per_sample_grad_norms(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_per_sample_grad_norms", || unsafe {
-        let (a, g, n) = (
-            buffer_ref(a, "a")?,
-            buffer_ref(g, "g")?,
-            buffer_ref(sq_norms, "sq_norms")?,
-        );
+        let (a, g, n) = buffers!(a, g, sq_norms);
         let s = stream_or_default(stream, &n.ctx)?;
         op::per_sample_grad_norms(a, g, n, &s)
     })
@@ -341,12 +329,7 @@ pub unsafe extern "C" fn fk_dp_clipped_grad_sum(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_dp_clipped_grad_sum", || unsafe {
-        let (a, g, o) = (
-            buffer_ref(a, "a")?,
-            buffer_ref(g, "g")?,
-            buffer_ref(out, "out")?,
-        );
-        let n = opt_buffer(sq_norms, "sq_norms")?;
+        let (a, g, o, n) = buffers!(a, g, out, [sq_norms]);
         let s = stream_or_default(stream, &o.ctx)?;
         op::dp_clipped_grad_sum(a, g, max_norm, o, n, flags, &s)
     })

@@ -252,37 +252,37 @@ mod tests {
     use super::*;
     use std::mem::{offset_of, size_of};
 
+    /// `offsets!(T { a: 8, b: 16 })`: the offset of each field of `T`, in bytes.
+    macro_rules! offsets {
+        ($t:ty { $($f:ident: $off:expr),+ $(,)? }) => {
+            $(assert_eq!(offset_of!($t, $f), $off, concat!(stringify!($t), ".", stringify!($f)));)+
+        };
+    }
+
     // The numbers below are those of c_api.h (jaxlib 0.10.2, API 0.3) on LP64:
     // pointers and size_t 8 bytes, enums 4.
 
     #[test]
     fn extension_and_version() {
         assert_eq!(size_of::<XLA_FFI_Extension_Base>(), 24);
-        assert_eq!(offset_of!(XLA_FFI_Extension_Base, type_), 8);
-        assert_eq!(offset_of!(XLA_FFI_Extension_Base, next), 16);
+        offsets!(XLA_FFI_Extension_Base { type_: 8, next: 16 });
         assert_eq!(size_of::<XLA_FFI_Api_Version>(), 24);
-        assert_eq!(offset_of!(XLA_FFI_Api_Version, major_version), 16);
-        assert_eq!(offset_of!(XLA_FFI_Api_Version, minor_version), 20);
+        offsets!(XLA_FFI_Api_Version { major_version: 16, minor_version: 20 });
     }
 
     #[test]
     fn error_and_stream_args() {
-        assert_eq!(offset_of!(XLA_FFI_Error_Create_Args, message), 16);
-        assert_eq!(offset_of!(XLA_FFI_Error_Create_Args, errc), 24);
+        offsets!(XLA_FFI_Error_Create_Args { message: 16, errc: 24 });
         assert_eq!(
             end_of!(XLA_FFI_Error_Create_Args, errc),
             XLA_FFI_ERROR_CREATE_ARGS_STRUCT_SIZE
         );
-        assert_eq!(offset_of!(XLA_FFI_Stream_Get_Args, ctx), 16);
-        assert_eq!(offset_of!(XLA_FFI_Stream_Get_Args, stream), 24);
+        offsets!(XLA_FFI_Stream_Get_Args { ctx: 16, stream: 24 });
         assert_eq!(
             end_of!(XLA_FFI_Stream_Get_Args, stream),
             XLA_FFI_STREAM_GET_ARGS_STRUCT_SIZE
         );
-        assert_eq!(
-            offset_of!(XLA_FFI_DeviceOrdinal_Get_Args, device_ordinal),
-            24
-        );
+        offsets!(XLA_FFI_DeviceOrdinal_Get_Args { device_ordinal: 24 });
         assert_eq!(
             end_of!(XLA_FFI_DeviceOrdinal_Get_Args, device_ordinal),
             XLA_FFI_DEVICE_ORDINAL_GET_ARGS_STRUCT_SIZE
@@ -292,35 +292,24 @@ mod tests {
     #[test]
     fn buffer_scalar_bytespan() {
         assert_eq!(size_of::<XLA_FFI_Buffer>(), 48);
-        assert_eq!(offset_of!(XLA_FFI_Buffer, dtype), 16);
-        assert_eq!(offset_of!(XLA_FFI_Buffer, data), 24);
-        assert_eq!(offset_of!(XLA_FFI_Buffer, rank), 32);
-        assert_eq!(offset_of!(XLA_FFI_Buffer, dims), 40);
+        offsets!(XLA_FFI_Buffer { dtype: 16, data: 24, rank: 32, dims: 40 });
         assert_eq!(size_of::<XLA_FFI_ByteSpan>(), 16);
-        assert_eq!(offset_of!(XLA_FFI_ByteSpan, len), 8);
+        offsets!(XLA_FFI_ByteSpan { len: 8 });
         assert_eq!(size_of::<XLA_FFI_Scalar>(), 16);
-        assert_eq!(offset_of!(XLA_FFI_Scalar, value), 8);
+        offsets!(XLA_FFI_Scalar { value: 8 });
     }
 
     #[test]
     fn call_frame() {
         assert_eq!(size_of::<XLA_FFI_Args>(), 40);
-        assert_eq!(offset_of!(XLA_FFI_Args, size), 16);
-        assert_eq!(offset_of!(XLA_FFI_Args, types), 24);
-        assert_eq!(offset_of!(XLA_FFI_Args, args), 32);
+        offsets!(XLA_FFI_Args { size: 16, types: 24, args: 32 });
         assert_eq!(size_of::<XLA_FFI_Rets>(), 40);
-        assert_eq!(offset_of!(XLA_FFI_Rets, rets), 32);
+        offsets!(XLA_FFI_Rets { rets: 32 });
         assert_eq!(size_of::<XLA_FFI_Attrs>(), 48);
-        assert_eq!(offset_of!(XLA_FFI_Attrs, types), 24);
-        assert_eq!(offset_of!(XLA_FFI_Attrs, names), 32);
-        assert_eq!(offset_of!(XLA_FFI_Attrs, attrs), 40);
-        assert_eq!(offset_of!(XLA_FFI_CallFrame, api), 16);
-        assert_eq!(offset_of!(XLA_FFI_CallFrame, ctx), 24);
-        assert_eq!(offset_of!(XLA_FFI_CallFrame, stage), 32);
-        assert_eq!(offset_of!(XLA_FFI_CallFrame, args), 40);
-        assert_eq!(offset_of!(XLA_FFI_CallFrame, rets), 80);
-        assert_eq!(offset_of!(XLA_FFI_CallFrame, attrs), 120);
-        assert_eq!(offset_of!(XLA_FFI_CallFrame, future), 168);
+        offsets!(XLA_FFI_Attrs { types: 24, names: 32, attrs: 40 });
+        offsets!(XLA_FFI_CallFrame {
+            api: 16, ctx: 24, stage: 32, args: 40, rets: 80, attrs: 120, future: 168,
+        });
         assert_eq!(size_of::<XLA_FFI_CallFrame>(), 176);
         assert_eq!(
             end_of!(XLA_FFI_CallFrame, attrs),
@@ -330,21 +319,19 @@ mod tests {
 
     #[test]
     fn metadata() {
-        assert_eq!(offset_of!(XLA_FFI_Metadata, api_version), 8);
-        assert_eq!(offset_of!(XLA_FFI_Metadata, traits), 32);
+        offsets!(XLA_FFI_Metadata { api_version: 8, traits: 32 });
         // XLA_FFI_Metadata_STRUCT_SIZE ends at traits
         assert_eq!(end_of!(XLA_FFI_Metadata, traits), 36);
-        assert_eq!(offset_of!(XLA_FFI_Metadata_Extension, metadata), 24);
+        offsets!(XLA_FFI_Metadata_Extension { metadata: 24 });
         assert_eq!(size_of::<XLA_FFI_Metadata_Extension>(), 32);
     }
 
     #[test]
     fn api_table() {
-        assert_eq!(offset_of!(XLA_FFI_Api, api_version), 16);
-        assert_eq!(offset_of!(XLA_FFI_Api, internal_api), 40);
-        assert_eq!(offset_of!(XLA_FFI_Api, error_create), 48);
-        assert_eq!(offset_of!(XLA_FFI_Api, stream_get), 80);
-        assert_eq!(offset_of!(XLA_FFI_Api, device_ordinal_get), 184);
+        offsets!(XLA_FFI_Api {
+            api_version: 16, internal_api: 40, error_create: 48, stream_get: 80,
+            device_ordinal_get: 184,
+        });
         // XLA_FFI_Api_STRUCT_SIZE of API 0.3 ends at XLA_FFI_DeviceOrdinal_Get
         assert_eq!(size_of::<XLA_FFI_Api>(), 192);
         assert_eq!(end_of!(XLA_FFI_Api, device_ordinal_get), 192);

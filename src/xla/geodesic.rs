@@ -50,6 +50,11 @@ fn wanted<const N: usize>(c: &Call, want: u32, names: [&str; N]) -> Result<[Opti
     Ok(out)
 }
 
+/// The leapfrog's attributes `dt`, `steps`, `c` and `flags`, read in that order.
+fn leapfrog_attrs(c: &Call) -> Result<(f64, i64, f64, u32)> {
+    Ok((c.attr_f64("dt")?, c.attr_i64("steps")?, c.attr_f64("c")?, c.attr_flags("flags")?))
+}
+
 fn christoffel_forward(c: &Call) -> Result<()> {
     c.expect((3, 3), (1, 1))?;
     let (v, u, w) = (c.arg(0, "v")?, c.arg(1, "U")?, c.arg(2, "W")?);
@@ -87,27 +92,10 @@ fn leapfrog_forward(c: &Call) -> Result<()> {
     let (u, w) = (args.next("U")?, args.next("W")?);
     let (f, mu) = (args.opt(has_f, "f")?, args.opt(has_mu, "mu")?);
     let (xo, vo) = (c.ret(0, "x_out")?, c.ret(1, "v_out")?);
-    let traj = if c.n_rets() == 3 {
-        Some(c.ret(2, "traj")?)
-    } else {
-        None
-    };
-    geo::leapfrog_forward(
-        &x0,
-        &v0,
-        f.as_ref(),
-        &u,
-        &w,
-        mu.as_ref(),
-        c.attr_f64("dt")?,
-        c.attr_i64("steps")?,
-        c.attr_f64("c")?,
-        c.attr_flags("flags")?,
-        &xo,
-        &vo,
-        traj.as_ref(),
-        &c.stream,
-    )
+    let traj = c.opt_ret(2, "traj")?;
+    let (dt, steps, cl, flags) = leapfrog_attrs(c)?;
+    let (f, mu, traj) = (f.as_ref(), mu.as_ref(), traj.as_ref());
+    geo::leapfrog_forward(&x0, &v0, f, &u, &w, mu, dt, steps, cl, flags, &xo, &vo, traj, &c.stream)
 }
 
 fn leapfrog_backward(c: &Call) -> Result<()> {
@@ -123,24 +111,11 @@ fn leapfrog_backward(c: &Call) -> Result<()> {
     let traj = args.opt(has_traj, "traj")?;
     let (gx, gv) = (args.next("gx")?, args.next("gv")?);
     let [dx0, dv0, df, du, dw] = wanted(c, want(c, 5)?, ["dx0", "dv0", "df", "dU", "dW"])?;
+    let (dt, steps, cl, flags) = leapfrog_attrs(c)?;
+    let (f, mu, traj) = (f.as_ref(), mu.as_ref(), traj.as_ref());
+    let (dx0, dv0, df, du, dw) = (dx0.as_ref(), dv0.as_ref(), df.as_ref(), du.as_ref(), dw.as_ref());
     geo::leapfrog_backward(
-        &v0,
-        f.as_ref(),
-        &u,
-        &w,
-        mu.as_ref(),
-        c.attr_f64("dt")?,
-        c.attr_i64("steps")?,
-        c.attr_f64("c")?,
-        c.attr_flags("flags")?,
-        traj.as_ref(),
-        Some(&gx),
-        Some(&gv),
-        dx0.as_ref(),
-        dv0.as_ref(),
-        df.as_ref(),
-        du.as_ref(),
-        dw.as_ref(),
+        &v0, f, &u, &w, mu, dt, steps, cl, flags, traj, Some(&gx), Some(&gv), dx0, dv0, df, du, dw,
         &c.stream,
     )
 }

@@ -49,16 +49,8 @@ fn linear_forward(c: &Call) -> Result<()> {
     let nr = if act.has_aux() { 2 } else { 1 };
     c.expect((2, 3), (nr, nr))?;
     let (x, w, y) = (c.arg(0, "x")?, c.arg(1, "w")?, c.ret(0, "y")?);
-    let b = if c.n_args() == 3 {
-        Some(c.arg(2, "b")?)
-    } else {
-        None
-    };
-    let aux = if act.has_aux() {
-        Some(c.ret(1, "aux")?)
-    } else {
-        None
-    };
+    // b when the call has 3 operands; aux when act has one (`nr` results)
+    let (b, aux) = (c.opt_arg(2, "b")?, c.opt_ret(1, "aux")?);
     la::linear_forward(&x, &w, b.as_ref(), act, &y, aux.as_ref(), &c.stream)
 }
 
@@ -67,17 +59,8 @@ fn linear_backward(c: &Call) -> Result<()> {
     let na = if act == Activation::None { 3 } else { 4 };
     c.expect((na, na), (2, 3))?;
     let (dy, x, w) = (c.arg(0, "dy")?, c.arg(1, "x")?, c.arg(2, "w")?);
-    let saved = if na == 4 {
-        Some(c.arg(3, "saved")?)
-    } else {
-        None
-    };
-    let (dx, dw) = (c.ret(0, "dx")?, c.ret(1, "dw")?);
-    let db = if c.n_rets() == 3 {
-        Some(c.ret(2, "db")?)
-    } else {
-        None
-    };
+    let saved = c.opt_arg(3, "saved")?;
+    let (dx, dw, db) = (c.ret(0, "dx")?, c.ret(1, "dw")?, c.opt_ret(2, "db")?);
     la::linear_backward(
         &dy,
         &x,

@@ -279,35 +279,45 @@ impl<'a> Call<'a> {
     /// Buffer operand `i`, named `what` in messages.
     pub fn arg(&self, i: usize, what: &str) -> Result<Buffer> {
         let a = &self.frame.args;
-        crate::ensure!(
-            i < self.n_args(),
-            FK_ERROR_INVALID_ARGUMENT,
-            "operand {i} ({what}) is missing"
-        );
-        // SAFETY: `types` and `args` hold `size` entries.
-        let (t, p) = unsafe { (*a.types.add(i), *a.args.add(i)) };
-        crate::ensure!(
-            t == XLA_FFI_ARGTYPE_BUFFER,
-            FK_ERROR_INVALID_ARGUMENT,
-            "operand {i} ({what}) is not a buffer"
-        );
-        self.wrap(p, what)
+        let list = (self.n_args(), a.types.cast_const(), a.args.cast_const());
+        self.buffer_in("operand", list, XLA_FFI_ARGTYPE_BUFFER, i, what)
     }
 
     /// Buffer result `i`, named `what` in messages.
     pub fn ret(&self, i: usize, what: &str) -> Result<Buffer> {
         let r = &self.frame.rets;
+        let list = (self.n_rets(), r.types.cast_const(), r.rets.cast_const());
+        self.buffer_in("result", list, XLA_FFI_RETTYPE_BUFFER, i, what)
+    }
+
+    /// Operand `i` when the call has it, None when it has fewer operands (a trailing
+    /// optional operand; `expect` bounds the count).
+    pub fn opt_arg(&self, i: usize, what: &str) -> Result<Option<Buffer>> {
+        if i < self.n_args() { self.arg(i, what).map(Some) } else { Ok(None) }
+    }
+
+    /// Result `i` when the call has it, None when it has fewer results (as `opt_arg`).
+    pub fn opt_ret(&self, i: usize, what: &str) -> Result<Option<Buffer>> {
+        if i < self.n_rets() { self.ret(i, what).map(Some) } else { Ok(None) }
+    }
+
+    /// Entry `i` of the frame's operands or results (`kind`), a list of `n` types
+    /// and pointers, as a buffer (`buffer`: the list's type of a buffer entry).
+    fn buffer_in(
+        &self,
+        kind: &str,
+        (n, types, ptrs): (usize, *const i32, *const *mut c_void),
+        buffer: i32,
+        i: usize,
+        what: &str,
+    ) -> Result<Buffer> {
+        crate::ensure!(i < n, FK_ERROR_INVALID_ARGUMENT, "{kind} {i} ({what}) is missing");
+        // SAFETY: `types` and the pointers hold `size` entries.
+        let (t, p) = unsafe { (*types.add(i), *ptrs.add(i)) };
         crate::ensure!(
-            i < self.n_rets(),
+            t == buffer,
             FK_ERROR_INVALID_ARGUMENT,
-            "result {i} ({what}) is missing"
-        );
-        // SAFETY: `types` and `rets` hold `size` entries.
-        let (t, p) = unsafe { (*r.types.add(i), *r.rets.add(i)) };
-        crate::ensure!(
-            t == XLA_FFI_RETTYPE_BUFFER,
-            FK_ERROR_INVALID_ARGUMENT,
-            "result {i} ({what}) is not a buffer"
+            "{kind} {i} ({what}) is not a buffer"
         );
         self.wrap(p, what)
     }
@@ -416,55 +426,38 @@ impl<'a> Call<'a> {
         }
     }
 
-    /// Operands in order, some of them optional: see `Operands`.
-    pub fn operands(&self) -> Operands<'_, 'a> {
-        Operands {
+    /// Operands in order, some of them optional: see `Cursor`.
+    pub fn operands(&self) -> Cursor<'_, 'a> {
+        Cursor {
             call: self,
             next: 0,
+            take: Call::arg,
         }
     }
 
-    /// Results in order, some of them optional: see `Operands`.
-    pub fn results(&self) -> Results<'_, 'a> {
-        Results {
+    /// Results in order, some of them optional: see `Cursor`.
+    pub fn results(&self) -> Cursor<'_, 'a> {
+        Cursor {
             call: self,
             next: 0,
+            take: Call::ret,
         }
     }
 }
 
-/// A cursor over a call's operands, for handlers whose optional operands are
-/// present or not as attributes say (`has_f`, ...): each `next` / `opt` takes the
-/// following operand.
-pub(crate) struct Operands<'c, 'a> {
+/// A cursor over a call's operands (or results), for handlers whose optional
+/// operands are present or not as attributes say (`has_f`, ...): each `next` /
+/// `opt` takes the following one.
+pub(crate) struct Cursor<'c, 'a> {
     call: &'c Call<'a>,
     next: usize,
+    take: fn(&Call<'a>, usize, &str) -> Result<Buffer>,
 }
 
-impl Operands<'_, '_> {
+impl Cursor<'_, '_> {
     pub fn next(&mut self, what: &str) -> Result<Buffer> {
         self.next += 1;
-        self.call.arg(self.next - 1, what)
-    }
-    pub fn opt(&mut self, present: bool, what: &str) -> Result<Option<Buffer>> {
-        if present {
-            self.next(what).map(Some)
-        } else {
-            Ok(None)
-        }
-    }
-}
-
-/// A cursor over a call's results (as `Operands`).
-pub(crate) struct Results<'c, 'a> {
-    call: &'c Call<'a>,
-    next: usize,
-}
-
-impl Results<'_, '_> {
-    pub fn next(&mut self, what: &str) -> Result<Buffer> {
-        self.next += 1;
-        self.call.ret(self.next - 1, what)
+        (self.take)(self.call, self.next - 1, what)
     }
     pub fn opt(&mut self, present: bool, what: &str) -> Result<Option<Buffer>> {
         if present {
@@ -721,11 +714,7 @@ pub(crate) unsafe fn entry(
             format!("{name}: {} ({})", e.message, status_name(e.status)),
         ),
         Err(payload) => {
-            let m = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
+            let m = crate::abi::panic_message(payload.as_ref());
             (
                 XLA_FFI_ERROR_CODE_INTERNAL,
                 format!(
@@ -741,32 +730,23 @@ pub(crate) unsafe fn entry(
 /// `handlers! { doc; op: cpu_symbol, cuda_symbol, Graph, body; ... }` exports each
 /// op's two handlers.
 macro_rules! handlers {
+    (@one $(#[$doc:meta])* $platform:ident $name:literal, $sym:ident, $graph:expr, $body:expr) => {
+        $(#[$doc])*
+        ///
+        #[doc = concat!(" XLA FFI handler for the ", $name, " platform (see `src/xla/mod.rs`).")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $sym(
+            frame: *mut $crate::xla::api::XLA_FFI_CallFrame,
+        ) -> *mut $crate::xla::api::XLA_FFI_Error {
+            // SAFETY: XLA's call frame.
+            unsafe {
+                $crate::xla::entry(frame, stringify!($sym), $crate::xla::Platform::$platform, $graph, $body)
+            }
+        }
+    };
     ($($(#[$doc:meta])* $op:literal: $cpu:ident, $cuda:ident, $graph:expr, $body:expr;)*) => {$(
-        $(#[$doc])*
-        ///
-        /// XLA FFI handler for the CPU platform (see `src/xla/mod.rs`).
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $cpu(
-            frame: *mut $crate::xla::api::XLA_FFI_CallFrame,
-        ) -> *mut $crate::xla::api::XLA_FFI_Error {
-            // SAFETY: XLA's call frame.
-            unsafe {
-                $crate::xla::entry(frame, stringify!($cpu), $crate::xla::Platform::Cpu, $graph, $body)
-            }
-        }
-
-        $(#[$doc])*
-        ///
-        /// XLA FFI handler for the CUDA platform (see `src/xla/mod.rs`).
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $cuda(
-            frame: *mut $crate::xla::api::XLA_FFI_CallFrame,
-        ) -> *mut $crate::xla::api::XLA_FFI_Error {
-            // SAFETY: XLA's call frame.
-            unsafe {
-                $crate::xla::entry(frame, stringify!($cuda), $crate::xla::Platform::Cuda, $graph, $body)
-            }
-        }
+        handlers!(@one $(#[$doc])* Cpu "CPU", $cpu, $graph, $body);
+        handlers!(@one $(#[$doc])* Cuda "CUDA", $cuda, $graph, $body);
     )*};
 }
 pub(crate) use handlers;

@@ -150,11 +150,7 @@ fn per_sample_grad_norms(c: &Call) -> Result<()> {
 fn dp_clipped_grad_sum(c: &Call) -> Result<()> {
     c.expect((2, 2), (1, 2))?;
     let (a, g, out) = (c.arg(0, "a")?, c.arg(1, "g")?, c.ret(0, "out")?);
-    let n = if c.n_rets() == 2 {
-        Some(c.ret(1, "sq_norms")?)
-    } else {
-        None
-    };
+    let n = c.opt_ret(1, "sq_norms")?;
     op::dp_clipped_grad_sum(
         &a,
         &g,

@@ -175,6 +175,42 @@ impl MlpCase {
         Buf::new_on(ctx, FK_DTYPE_F32, &[n], stream)
     }
 
+    /// `fk_mlp_forward` with this case's layer count, activations and flags on the
+    /// handles given (`w` and `b` one per layer; a NULL bias entry is no bias).
+    pub fn forward_call(
+        &self,
+        x: *const fk_buffer,
+        w: &[*const fk_buffer],
+        b: &[*const fk_buffer],
+        y: *mut fk_buffer,
+        saved: *mut fk_buffer,
+        stream: *const fk_stream,
+    ) -> fk_status {
+        let l = self.layers() as i32;
+        let (h, o, f) = (self.hidden, self.out, self.flags);
+        unsafe { fk_mlp_forward(x, l, w.as_ptr(), b.as_ptr(), h, o, f, y, saved, stream) }
+    }
+
+    /// `fk_mlp_backward` with this case's layer count, activations and flags on the
+    /// handles given (`dw` and `db` one per layer; a NULL entry: not wanted).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_call(
+        &self,
+        dy: *const fk_buffer,
+        x: *const fk_buffer,
+        w: &[*const fk_buffer],
+        saved: *const fk_buffer,
+        dx: *mut fk_buffer,
+        dw: &[*mut fk_buffer],
+        db: &[*mut fk_buffer],
+        stream: *const fk_stream,
+    ) -> fk_status {
+        let l = self.layers() as i32;
+        let (h, o, f) = (self.hidden, self.out, self.flags);
+        let (dw, db) = (dw.as_ptr(), db.as_ptr());
+        unsafe { fk_mlp_backward(dy, x, l, w.as_ptr(), h, o, f, saved, dx, dw, db, stream) }
+    }
+
     /// The forward on `ctx` (`y` poisoned first); with `keep`, also the saved buffer.
     pub fn forward(
         &self,
@@ -189,21 +225,9 @@ impl MlpCase {
         let saved = keep.then(|| self.saved_buf(ctx, stream));
         let wp: Vec<*const fk_buffer> = ws.iter().map(|w| w.raw() as *const _).collect();
         let bp: Vec<*const fk_buffer> = bs.iter().map(|b| raw_or_null(b) as *const _).collect();
+        let saved_p = saved.as_ref().map_or(null_mut(), |s| s.raw());
         ok_for(
-            unsafe {
-                fk_mlp_forward(
-                    x.raw(),
-                    self.layers() as i32,
-                    wp.as_ptr(),
-                    bp.as_ptr(),
-                    self.hidden,
-                    self.out,
-                    self.flags,
-                    y.raw(),
-                    saved.as_ref().map_or(null_mut(), |s| s.raw()),
-                    stream,
-                )
-            },
+            self.forward_call(x.raw(), &wp, &bp, y.raw(), saved_p, stream),
             self.describe(),
         );
         sync_stream(stream);
@@ -239,23 +263,9 @@ impl MlpCase {
         let wp: Vec<*const fk_buffer> = ws.iter().map(|w| w.raw() as *const _).collect();
         let dwp: Vec<*mut fk_buffer> = dw.iter().map(raw_or_null).collect();
         let dbp: Vec<*mut fk_buffer> = db.iter().map(raw_or_null).collect();
+        let (saved_p, dx_p) = (saved.map_or(null(), |s| s.raw() as *const _), raw_or_null(&dx));
         ok_for(
-            unsafe {
-                fk_mlp_backward(
-                    dy.raw(),
-                    x.raw(),
-                    l as i32,
-                    wp.as_ptr(),
-                    self.hidden,
-                    self.out,
-                    self.flags,
-                    saved.map_or(null(), |s| s.raw() as *const _),
-                    raw_or_null(&dx),
-                    dwp.as_ptr(),
-                    dbp.as_ptr(),
-                    stream,
-                )
-            },
+            self.backward_call(dy.raw(), x.raw(), &wp, saved_p, dx_p, &dwp, &dbp, stream),
             self.describe(),
         );
         sync_stream(stream);

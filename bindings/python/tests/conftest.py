@@ -41,6 +41,26 @@ def cpu():
     return fusekit.default_context("cpu")
 
 
+def sgd_losses(model, fwd, x, target, steps, mark_step=False):
+    """``steps`` steps of SGD (lr 0.05) on ``model``'s parameters, minimising the mean
+    squared error of ``fwd(x)`` against ``target``: the loss of each step. With
+    ``mark_step``, ``torch.compiler.cudagraph_mark_step_begin()`` before each step (a
+    torch.compile reduce-overhead model)."""
+    import torch
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    for _ in range(steps):
+        if mark_step:
+            torch.compiler.cudagraph_mark_step_begin()
+        opt.zero_grad(set_to_none=True)
+        loss = (fwd(x) - target).square().mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 def pytest_report_header(config):
     try:
         path = fusekit.library_path()

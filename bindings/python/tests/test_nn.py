@@ -18,6 +18,7 @@ from torch import nn  # noqa: E402
 
 import fusekit  # noqa: E402
 import fusekit.nn as fnn  # noqa: E402
+from conftest import sgd_losses  # noqa: E402
 
 PKG_ROOT = Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
@@ -523,20 +524,6 @@ class _Model(nn.Module):
         return self.field(q + p) + self.flow.christoffel(v).sum(-1)
 
 
-def _steps(model, fwd, pts, target, n, mark_step=False):
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    losses = []
-    for _ in range(n):
-        if mark_step:
-            torch.compiler.cudagraph_mark_step_begin()
-        opt.zero_grad(set_to_none=True)
-        loss = (fwd(pts) - target).square().mean()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
 def _model_and_data(device):
     torch.manual_seed(16)
     model = _Model(device)
@@ -553,8 +540,8 @@ def test_torch_compile_fullgraph_training_cpu():
     eager = copy.deepcopy(model)
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    got = _steps(model, compiled, pts, target, 3)
-    want = _steps(eager, eager, pts, target, 3)
+    got = sgd_losses(model, compiled, pts, target, 3)
+    want = sgd_losses(eager, eager, pts, target, 3)
     for a, b in zip(got, want):
         assert abs(a - b) <= 1e-6 * abs(b), (got, want)
     for (n, a), b in zip(model.named_parameters(), eager.parameters()):
@@ -614,11 +601,11 @@ def test_cuda_compile_reduce_overhead_training():
 
     model, pts, target = _model_and_data("cuda")
     eager = copy.deepcopy(model)
-    want = _steps(eager, eager, pts, target, 5)
+    want = sgd_losses(eager, eager, pts, target, 5)
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(model, fullgraph=True, mode="reduce-overhead")
-    got = _steps(model, compiled, pts, target, 5, mark_step=True)
+    got = sgd_losses(model, compiled, pts, target, 5, mark_step=True)
     skips = dict(counters["inductor"]).get("cudagraph_skips", 0)
     assert skips == 0, f"inductor skipped cudagraphs {skips} time(s)"
     for i, (a, b) in enumerate(zip(got, want)):

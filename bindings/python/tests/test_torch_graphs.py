@@ -37,7 +37,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import PKG_ROOT  # noqa: E402  (the folder holding the fusekit under test)
+from conftest import PKG_ROOT, sgd_losses  # noqa: E402  (PKG_ROOT: the folder holding the fusekit under test)
 
 DRY = os.environ.get("FK_GRAPH_TEST_DRY") == "1"
 HAS_CUDA = torch.cuda.is_available()
@@ -103,6 +103,16 @@ def to64(ts):
     return [t.detach().double().requires_grad_(t.requires_grad) for t in ts]
 
 
+def with_grads(f):
+    """A graph_test fn (or ref) from y = f(*inputs) for inputs = s[:-1] and the output
+    gradient gy = s[-1]: returns [y, dy/d each input]."""
+    def run(s):
+        *xs, gy = s
+        y = f(*xs)
+        return [y, *torch.autograd.grad(y, tuple(xs), gy)]
+    return run
+
+
 def graph_test(make, fn, ref, tol, replays=3, name=""):
     """make(): fresh random inputs (a list of tensors, same shapes every call);
     fn(inputs): the fusekit computation, a list of output tensors (results and
@@ -150,36 +160,22 @@ graph_test(make, fn, ref, 1e-6, name="fusekit.add")
     "axpby": r'''
 def make():
     return [rn(64, 33, grad=True), rn(33, grad=True), rn(64, 33)]
-def fn(s):
-    a, b, gy = s
-    y = torch.ops.fusekit.axpby(a, b, 2.0, -0.5)
-    return [y, *torch.autograd.grad(y, (a, b), gy)]
-def ref(s):
-    a, b, gy = s
-    y = 2.0 * a - 0.5 * b
-    return [y, *torch.autograd.grad(y, (a, b), gy)]
+fn = with_grads(lambda a, b: torch.ops.fusekit.axpby(a, b, 2.0, -0.5))
+ref = with_grads(lambda a, b: 2.0 * a - 0.5 * b)
 graph_test(make, fn, ref, 1e-6, name="axpby")
 ''',
     "relu": r'''
 def make():
     return [rn(1000, grad=True), rn(1000)]
-def fn(s):
-    y = torch.ops.fusekit.relu(s[0])
-    return [y, *torch.autograd.grad(y, (s[0],), s[1])]
-def ref(s):
-    y = torch.relu(s[0])
-    return [y, *torch.autograd.grad(y, (s[0],), s[1])]
+fn = with_grads(torch.ops.fusekit.relu)
+ref = with_grads(torch.relu)
 graph_test(make, fn, ref, 1e-6, name="relu")
 ''',
     "scalar_mul": r'''
 def make():
     return [rn(40, 25, grad=True), rn(40, 25)]
-def fn(s):
-    y = torch.ops.fusekit.scalar_mul(s[0], -1.75)
-    return [y, *torch.autograd.grad(y, (s[0],), s[1])]
-def ref(s):
-    y = s[0] * -1.75
-    return [y, *torch.autograd.grad(y, (s[0],), s[1])]
+fn = with_grads(lambda a: torch.ops.fusekit.scalar_mul(a, -1.75))
+ref = with_grads(lambda a: a * -1.75)
 graph_test(make, fn, ref, 1e-6, name="scalar_mul")
 ''',
     # ---- fused linear (forward + backward)
@@ -187,15 +183,11 @@ graph_test(make, fn, ref, 1e-6, name="scalar_mul")
 ACT = "relu"
 def make():
     return [rn(32, 64, grad=True), rn(48, 64, scale=0.125, grad=True), rn(48, scale=0.1, grad=True), rn(32, 48)]
-def fn(s):
-    x, w, b, gy = s
-    y = fusekit.torch.linalg.linear(x, w, b, ACT)
-    return [y, *torch.autograd.grad(y, (x, w, b), gy)]
-def ref(s):
-    x, w, b, gy = s
+def linear_ref(x, w, b):
     h = F.linear(x, w, b)
-    y = torch.relu(h) if ACT == "relu" else F.gelu(h, approximate="tanh" if ACT == "gelu_tanh" else "none")
-    return [y, *torch.autograd.grad(y, (x, w, b), gy)]
+    return torch.relu(h) if ACT == "relu" else F.gelu(h, approximate="tanh" if ACT == "gelu_tanh" else "none")
+fn = with_grads(lambda x, w, b: fusekit.torch.linalg.linear(x, w, b, ACT))
+ref = with_grads(linear_ref)
 graph_test(make, fn, ref, 2e-3, name="linear " + ACT)
 ''',
     # ---- Gaussian field (forward + backward)
@@ -218,14 +210,8 @@ def maha_ref(p, m, c, eps=1e-6):
     y1 = (d[..., 1] - L[:, 1, 0] * y0) / L[:, 1, 1]
     y2 = (d[..., 2] - L[:, 2, 0] * y0 - L[:, 2, 1] * y1) / L[:, 2, 2]
     return y0 ** 2 + y1 ** 2 + y2 ** 2
-def fn(s):
-    p, m, c, w, gy = s
-    y = gaussian_field(p, m, c, w)
-    return [y, *torch.autograd.grad(y, (p, m, c, w), gy)]
-def ref(s):
-    p, m, c, w, gy = s
-    y = (w * torch.exp(-0.5 * maha_ref(p, m, c))).sum(-1)
-    return [y, *torch.autograd.grad(y, (p, m, c, w), gy)]
+fn = with_grads(gaussian_field)
+ref = with_grads(lambda p, m, c, w: (w * torch.exp(-0.5 * maha_ref(p, m, c))).sum(-1))
 graph_test(make, fn, ref, 1e-4, name="gaussian_field")
 ''',
     "mahalanobis": None,  # filled below: gaussian_field's helpers, the mahalanobis op
@@ -237,14 +223,8 @@ def make():
 def chr_ref(v, U, W, c=5.0):
     p = v @ U
     return torch.clamp((p * p) @ W.T, -c, c)
-def fn(s):
-    v, U, W, gy = s
-    y = christoffel(v, U, W)
-    return [y, *torch.autograd.grad(y, (v, U, W), gy)]
-def ref(s):
-    v, U, W, gy = s
-    y = chr_ref(v, U, W)
-    return [y, *torch.autograd.grad(y, (v, U, W), gy)]
+fn = with_grads(christoffel)
+ref = with_grads(chr_ref)
 graph_test(make, fn, ref, 1e-4, name="christoffel")
 ''',
     "leapfrog_keep": r'''
@@ -310,17 +290,11 @@ CASES["linear_gelu_tanh"] = CASES["linear_relu"].replace('ACT = "relu"', 'ACT = 
 CASES["leapfrog_nokeep"] = CASES["leapfrog_keep"].replace("SAVE = True", "SAVE = False", 1)
 CASES["mahalanobis"] = (
     CASES["gaussian_field"]
-    .split("def fn(s):")[0]
+    .split("fn = with_grads(")[0]
     .replace("ru(N, lo=-1, hi=1.5, grad=True), rn(B)]", "rn(B, N)]")
     + r'''
-def fn(s):
-    p, m, c, gy = s
-    y = mahalanobis(p, m, c)
-    return [y, *torch.autograd.grad(y, (p, m, c), gy)]
-def ref(s):
-    p, m, c, gy = s
-    y = maha_ref(p, m, c)
-    return [y, *torch.autograd.grad(y, (p, m, c), gy)]
+fn = with_grads(mahalanobis)
+ref = with_grads(maha_ref)
 graph_test(make, fn, ref, 1e-4, name="mahalanobis")
 ''')
 
@@ -499,17 +473,7 @@ def _train_losses(family, dev, compile_mode, steps=5):
         else:
             kw["mode"] = compile_mode
         fwd = torch.compile(mod, **kw)
-    opt = torch.optim.SGD(mod.parameters(), lr=0.05)
-    losses = []
-    for _ in range(steps):
-        if compile_mode == "reduce-overhead":
-            torch.compiler.cudagraph_mark_step_begin()
-        opt.zero_grad(set_to_none=True)
-        loss = (fwd(x) - target).square().mean()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return sgd_losses(mod, fwd, x, target, steps, mark_step=compile_mode == "reduce-overhead")
 
 
 @cuda_only

@@ -10,18 +10,20 @@
 //                      bias gradient's per-block column partials, and dx
 // W (16, 32, 64, 128) is the widest layer padded to a multiple of 16.
 //
-// Design. Each warp carries 16 * MT rows (MT: the instance's row tiles per warp) of the batch through every layer in
-// registers: the accumulator fragment of one mma.sync m16n8k16 (rows g, g + 8,
-// columns 2t, 2t + 1 of an 8-column tile; g = lane / 4, t = lane % 4) is exactly
-// half of the A operand fragment of a 16-column tile, so a layer's output, with
-// bias and activation applied in f32 and rounded once to the dtype, becomes the
-// next layer's input without touching memory. The weights of every layer are
-// staged once per block in shared memory, zero-padded to multiples of 16 in both
-// dimensions (so any width up to 128 works, padded columns give act(0) = 0),
-// row pitch padded by 8 elements (conflict-free 32-bit operand loads); in the
-// backward they are staged transposed, so the B operand of dz W is read the
-// same way. Blocks loop over row tiles (grid-stride), so the weights are read
-// from L2 once per block; rows past m are zero inputs never stored.
+// Design. Each warp carries 16 * MT rows (MT: the instance's row tiles per warp)
+// of the batch through every layer in registers: the accumulator fragment of one
+// mma.sync m16n8k16 (rows g, g + 8, columns 2t, 2t + 1 of an 8-column tile;
+// g = lane / 4, t = lane % 4) is exactly half of the A operand fragment of a
+// 16-column tile, so a layer's output, with bias and activation applied in f32 and
+// rounded once to the dtype, becomes the next layer's input without touching
+// memory. The weights of every layer are staged once per block in shared memory,
+// zero-padded to the instance width W in both dimensions (so any width up to 128
+// works, padded columns give act(0) = 0, and every loop around an mma has
+// compile-time bounds: see mf_product), rows skewed by 8 elements (conflict-free
+// 32-bit operand loads); in the backward they are staged transposed, so the B
+// operand of dz W is read the same way. Blocks loop over row tiles (grid-stride),
+// so the weights are read from L2 once per block; rows past m are zero inputs
+// never stored.
 //
 // Everything the launcher decides (padded widths, pitches, shared-memory offsets,
 // the warps per block) comes in the argument struct or as #defines from
@@ -96,8 +98,9 @@ __device__ __forceinline__ float mf_deriv(const MfLayer& L, i64 r, int c, i64 m,
 }
 
 // Stages layer L's weights ([n, k], row-major) into shared memory, zero-padded to
-// [np, kp]: as they are (pitch kp + 8) for the forward, transposed ([kp, np],
-// pitch np + 8) for the backward. The whole block calls it.
+// [np, kp] (both the instance's width W): as they are (pitch kp + 8) for the
+// forward, transposed ([kp, np], pitch np + 8) for the backward. The whole block
+// calls it.
 template <typename T, bool TRANSPOSED> __device__ void mf_stage(const MfLayer& L, T* ws) {
     const T* w = reinterpret_cast<const T*>(L.w);
     T* dst = ws + L.w_smem;
@@ -112,19 +115,21 @@ template <typename T, bool TRANSPOSED> __device__ void mf_stage(const MfLayer& L
     }
 }
 
-// acc[mt][nt] += A[mt] (16 x KT*16) times B (KT*16 x NT*8) for the live tiles
-// (kt < kt_n, nt < nt_n): B's column j, rows kk..kk+1 are the 32-bit word at
-// bs[(nt*8 + g) * pitch + kt*16 + 2t (+ 8)].
+// acc[mt][nt] += A[mt] (16 x KT*16) times B (KT*16 x NT*8), every tile: B's column
+// j, rows kk..kk+1 are the 32-bit word at bs[(nt*8 + g) * pitch + kt*16 + 2t (+ 8)].
+// The loops have compile-time bounds and no exits (a layer narrower than the
+// instance multiplies the zeros of its staged padding): an mma.sync under control
+// flow that the compiler cannot prove warp-uniform (the layer table is indexed by
+// a run-time layer) is wrapped in a warp-collective sequence per instruction, which
+// on the H200 made the first version of these kernels 20x slower.
 template <typename T, int MT, int KT, int NT>
 __device__ __forceinline__ void mf_product(float (&acc)[MT][NT][4], const u32 (&A)[MT][KT][4], const T* bs,
-                                           int pitch, int kt_n, int nt_n, int g, int t) {
+                                           int pitch, int g, int t) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-        if (nt >= nt_n) break;
         const T* col = bs + (nt * 8 + g) * pitch + 2 * t;
 #pragma unroll
         for (int kt = 0; kt < KT; ++kt) {
-            if (kt >= kt_n) break;
             const u32 b0 = *reinterpret_cast<const u32*>(col + kt * 16);
             const u32 b1 = *reinterpret_cast<const u32*>(col + kt * 16 + 8);
 #pragma unroll
@@ -188,19 +193,18 @@ template <typename T, int MAXW, int MT> __device__ void mlpf_fwd(const MfArgs& a
         for (int l = 0; l < a.n_layers; ++l) {
             const MfLayer& L = a.layers[l];
             const bool last = l + 1 == a.n_layers;
-            const int kt_n = L.kp / 16, nt_n = L.np / 8;
             float acc[MT][NT][4];
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                const float b0 = nt < nt_n ? bs[L.b_smem + nt * 8 + 2 * t] : 0.0f;
-                const float b1 = nt < nt_n ? bs[L.b_smem + nt * 8 + 2 * t + 1] : 0.0f;
+                const float b0 = bs[L.b_smem + nt * 8 + 2 * t];
+                const float b1 = bs[L.b_smem + nt * 8 + 2 * t + 1];
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     acc[mt][nt][0] = acc[mt][nt][2] = b0;
                     acc[mt][nt][1] = acc[mt][nt][3] = b1;
                 }
             }
-            mf_product<T, MT, KT, NT>(acc, A, ws + L.w_smem, L.pitch, kt_n, nt_n, g, t);
+            mf_product<T, MT, KT, NT>(acc, A, ws + L.w_smem, L.pitch, g, t);
             // bias and activation applied in f32, one rounding; then what is kept
             T* out = reinterpret_cast<T*>(last ? a.y : L.hidden);
             T* zs = L.act == FK_LA_ACT_GELU_TANH || L.act == FK_LA_ACT_GELU_ERF ? reinterpret_cast<T*>(L.aux) : nullptr;
@@ -211,7 +215,6 @@ template <typename T, int MAXW, int MT> __device__ void mlpf_fwd(const MfArgs& a
                 const i64 ra = r0 + mt * 16 + g, rb = ra + 8;
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
-                    if (nt >= nt_n) break;
                     const int c = nt * 8 + 2 * t;
                     T h[4];
 #pragma unroll
@@ -243,9 +246,9 @@ template <typename T, int MAXW, int MT> __device__ void mlpf_fwd(const MfArgs& a
                     if (!last) mf_put<T, MT, KT>(A, mt, nt, h[0], h[1], h[2], h[3]);
                 }
                 if (bits && t == 0) {
-                    // the row's mask bytes past the padded width
+                    // the row's mask bytes past the instance's width
                     const i64 pitch = L.aux_ld / 8;
-                    for (int j = nt_n; j < pitch; ++j) {
+                    for (int j = NT; j < pitch; ++j) {
                         if (ra < m) bits[ra * pitch + j] = 0;
                         if (rb < m) bits[rb * pitch + j] = 0;
                     }
@@ -290,7 +293,6 @@ template <typename T, int MAXW, int MT> __device__ void mlpf_bwd(const MfArgs& a
         }
         for (int l = top;; --l) {
             const MfLayer& L = a.layers[l];
-            const int nt_n = L.np / 8;
             // dz rounded to T: into the scratch for the weight gradients, and as the
             // A operand of dh = dz W
             u32 A[MT][KT][4];
@@ -299,7 +301,6 @@ template <typename T, int MAXW, int MT> __device__ void mlpf_bwd(const MfArgs& a
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
-                    if (nt >= nt_n) break;
                     T dr[4];
 #pragma unroll
                     for (int e = 0; e < 4; ++e) dr[e] = from_compute<T>(d[mt][nt][e]);
@@ -316,7 +317,6 @@ template <typename T, int MAXW, int MT> __device__ void mlpf_bwd(const MfArgs& a
                 // the 8 lanes of a column reduce, lane t then adds columns 2t, 2t + 1
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
-                    if (nt >= nt_n) break;
                     float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
@@ -343,14 +343,13 @@ template <typename T, int MAXW, int MT> __device__ void mlpf_bwd(const MfArgs& a
                 for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
-            mf_product<T, MT, KT, NT>(acc, A, ws + L.w_smem, L.pitch, nt_n / 2, L.kp / 8, g, t);
+            mf_product<T, MT, KT, NT>(acc, A, ws + L.w_smem, L.pitch, g, t);
             if (l == 0) {
                 T* dx = reinterpret_cast<T*>(a.dx);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) {
-                        if (nt >= L.kp / 8) break;
                         const i64 ra = r0 + mt * 16 + g;
                         const int c = nt * 8 + 2 * t;
                         mf_st2(dx, ra, c, m, L.k, L.k, a.dx_vec != 0, from_compute<T>(acc[mt][nt][0]),
@@ -370,7 +369,7 @@ template <typename T, int MAXW, int MT> __device__ void mlpf_bwd(const MfArgs& a
                     for (int e = 0; e < 4; ++e) {
                         const i64 r = r0 + mt * 16 + g + 8 * (e >> 1);
                         const int c = nt * 8 + 2 * t + (e & 1);
-                        d[mt][nt][e] = nt < B.np / 8 ? mf_deriv<T>(B, r, c, m, acc[mt][nt][e]) : 0.0f;
+                        d[mt][nt][e] = mf_deriv<T>(B, r, c, m, acc[mt][nt][e]);
                     }
         }
     }

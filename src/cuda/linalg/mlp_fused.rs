@@ -127,6 +127,12 @@ fn pad(w: i64) -> i64 {
     (w + PAD - 1) / PAD * PAD
 }
 
+/// The instance's width: every layer is staged at `W x W` (see the kernel's
+/// `mf_product`).
+fn width(f: FusedShape) -> i64 {
+    INSTANCES[f.instance]
+}
+
 /// What the fused kernels need of a network: the instance (index into
 /// `INSTANCES`) and the shared memory of each kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,18 +154,15 @@ pub(super) struct Smem {
 }
 
 impl Smem {
-    /// The forward's: every layer's weights as they are (`[np, kp + 8]`), then the
-    /// biases in f32.
-    fn forward(widths: &[i64], es: usize) -> Smem {
-        let mut at = 0i64;
-        let mut offs = Vec::with_capacity(widths.len() - 1);
-        for w in widths.windows(2) {
-            let (kp, np) = (pad(w[0]), pad(w[1]));
-            offs.push((at, kp + ROW_SKEW));
-            at += np * (kp + ROW_SKEW);
-        }
-        let f32_at = (at as usize * es).next_multiple_of(16);
-        let stride: i64 = widths[1..].iter().map(|&n| pad(n)).sum();
+    /// The forward's: every layer's weights as they are, zero-padded to
+    /// `[w, w + 8]`, then `w` f32 biases per layer.
+    fn forward(layers: usize, w: i64, es: usize) -> Smem {
+        let per = w * (w + ROW_SKEW);
+        let offs = (0..layers as i64)
+            .map(|i| (i * per, w + ROW_SKEW))
+            .collect();
+        let f32_at = (layers * per as usize * es).next_multiple_of(16);
+        let stride = layers as i64 * w;
         Smem {
             offs,
             f32_at,
@@ -168,21 +171,27 @@ impl Smem {
         }
     }
 
-    /// The backward's, for layers `lowest..`: the transposed weights
-    /// (`[kp, np + 8]`) of each layer whose `dz W` it forms (`stage(i)`), then each
-    /// warp's bias-gradient accumulators.
-    fn backward(widths: &[i64], es: usize, lowest: usize, stage: impl Fn(usize) -> bool) -> Smem {
+    /// The backward's, for layers `lowest..`: the transposed weights (`[w, w + 8]`)
+    /// of each layer whose `dz W` it forms (`stage(i)`), then each warp's
+    /// bias-gradient accumulators (`w` floats per layer).
+    fn backward(
+        layers: usize,
+        w: i64,
+        es: usize,
+        lowest: usize,
+        stage: impl Fn(usize) -> bool,
+    ) -> Smem {
+        let per = w * (w + ROW_SKEW);
         let mut at = 0i64;
-        let mut offs = vec![(0, 0); widths.len() - 1];
-        for (i, w) in widths.windows(2).enumerate().skip(lowest) {
-            let (kp, np) = (pad(w[0]), pad(w[1]));
+        let mut offs = vec![(0, 0); layers];
+        for (i, o) in offs.iter_mut().enumerate().skip(lowest) {
             if stage(i) {
-                offs[i] = (at, np + ROW_SKEW);
-                at += kp * (np + ROW_SKEW);
+                *o = (at, w + ROW_SKEW);
+                at += per;
             }
         }
         let f32_at = (at as usize * es).next_multiple_of(16);
-        let stride: i64 = widths[lowest + 1..].iter().map(|&n| pad(n)).sum();
+        let stride = (layers - lowest) as i64 * w;
         Smem {
             offs,
             f32_at,
@@ -214,9 +223,9 @@ pub fn fused_shape(
     }
     let widest = widths.iter().map(|&w| pad(w)).max()?;
     let instance = INSTANCES.iter().position(|&w| w >= widest)?;
-    let es = dtype.size();
-    let fwd = Smem::forward(widths, es).bytes;
-    let bwd = Smem::backward(widths, es, 0, |_| true).bytes;
+    let (es, w) = (dtype.size(), INSTANCES[instance]);
+    let fwd = Smem::forward(layers, w, es).bytes;
+    let bwd = Smem::backward(layers, w, es, 0, |_| true).bytes;
     (fwd <= max_smem && bwd <= max_smem).then_some(FusedShape {
         instance,
         fwd_smem: fwd,
@@ -335,11 +344,11 @@ fn pairs(a: Option<Addr>, cols: i64) -> i32 {
 
 /// The forward's kernel, shared memory and argument.
 pub(super) fn forward_args(f: FusedShape, p: &MlpPlan) -> Result<(&'static str, usize, MfArgs)> {
-    let widths = widths_of(p);
-    let sm = Smem::forward(&widths, p.dtype.size());
+    let w = width(f);
+    let sm = Smem::forward(p.layers.len(), w, p.dtype.size());
     let mut a = empty_args(p);
     a.y = raw(p.y);
-    a.y_vec = pairs(p.y, *widths.last().unwrap());
+    a.y_vec = pairs(p.y, p.layers.last().unwrap().n);
     a.f32_smem = sm.f32_at as i32;
     let mut b_at = 0i64;
     for (i, l) in p.layers.iter().enumerate() {
@@ -351,20 +360,21 @@ pub(super) fn forward_args(f: FusedShape, p: &MlpPlan) -> Result<(&'static str, 
             pitch: sm.offs[i].1 as i32,
             w_smem: sm.offs[i].0 as i32,
             b_smem: b_at as i32,
-            ..layer(l)
+            ..layer(l, w)
         };
-        b_at += pad(l.n);
+        b_at += w;
     }
     Ok((FWD[f.instance].get(p.dtype)?, sm.bytes, a))
 }
 
-/// The sizes, activation and saved-derivative pitch of a layer (the rest 0).
-fn layer(l: &Layer) -> MfLayer {
+/// The sizes (staged at the instance's width `w`), activation and
+/// saved-derivative pitch of a layer (the rest 0).
+fn layer(l: &Layer, w: i64) -> MfLayer {
     MfLayer {
         k: l.k as i32,
         n: l.n as i32,
-        kp: pad(l.k) as i32,
-        np: pad(l.n) as i32,
+        kp: w as i32,
+        np: w as i32,
         aux_ld: l.aux_ld as i32,
         act: l.act as i32,
         ..MfLayer::default()
@@ -420,14 +430,21 @@ pub(super) fn bwd_scratch(p: &MlpPlan, grid: u32) -> BwdScratch {
 pub(super) fn backward_kernel(f: FusedShape, p: &MlpPlan) -> Result<(&'static str, Smem)> {
     let lowest = p.lowest();
     let want_dx = p.dx.is_some();
-    let sm = Smem::backward(&widths_of(p), p.dtype.size(), lowest, |i| {
+    let sm = Smem::backward(p.layers.len(), width(f), p.dtype.size(), lowest, |i| {
         i > lowest || want_dx
     });
     Ok((BWD[f.instance].get(p.dtype)?, sm))
 }
 
 /// The backward kernel's argument, its scratch at `base` laid out as `s`.
-pub(super) fn backward_args(p: &MlpPlan, sm: &Smem, s: &BwdScratch, base: Option<Addr>) -> MfArgs {
+pub(super) fn backward_args(
+    f: FusedShape,
+    p: &MlpPlan,
+    sm: &Smem,
+    s: &BwdScratch,
+    base: Option<Addr>,
+) -> MfArgs {
+    let w = width(f);
     let lowest = p.lowest();
     // SAFETY: every offset of `s` lies inside the scratch of `s.bytes` at `base`.
     let at = |o: u64| base.map(|b| unsafe { b.byte_add(o) });
@@ -451,10 +468,10 @@ pub(super) fn backward_args(p: &MlpPlan, sm: &Smem, s: &BwdScratch, base: Option
             w_smem: sm.offs[i].0 as i32,
             b_smem: if i >= lowest { b_at as i32 } else { 0 },
             db: (i >= lowest && l.db.is_some()) as i32,
-            ..layer(l)
+            ..layer(l, w)
         };
         if i >= lowest {
-            b_at += pad(l.n);
+            b_at += w;
         }
     }
     a
@@ -470,7 +487,7 @@ pub fn backward(dev: &CudaDevice, f: FusedShape, p: &MlpPlan, stream: &Stream) -
     let s = bwd_scratch(p, grid);
     let scratch_mem = g.scratch(dev, s.bytes)?;
     let base = scratch_mem.addr();
-    let mut a = backward_args(p, &sm, &s, base);
+    let mut a = backward_args(f, p, &sm, &s, base);
     launch(dev, name, grid, sm.bytes, &mut a, stream)?;
     // SAFETY (both): offsets inside the scratch, as `backward_args` uses them.
     let at = |o: u64| base.map(|b| unsafe { b.byte_add(o) });

@@ -54,9 +54,12 @@ fn the_fused_path_is_a_pure_function_of_widths_dtype_and_device() {
         fused_shape(&deep, DType::BF16, H100, need.fwd_smem.max(need.bwd_smem)),
         Some(need)
     );
-    // [np, kp + 8] per layer in the dtype, then np f32 biases
+    // [W, W + 8] per layer in the dtype (W the instance's width), then W f32
+    // biases per layer
     let two = fused_shape(&[3, 16, 1], DType::F16, H100, SMEM).unwrap();
     assert_eq!(two.fwd_smem, (16 * 24 + 16 * 24) * 2 + (16 + 16) * 4);
+    let five = fused_shape(&narrow, DType::BF16, H100, SMEM).unwrap();
+    assert_eq!(five.fwd_smem, 5 * 64 * 72 * 2 + 5 * 64 * 4);
 }
 
 /// One network for the emulator: shapes, activations, which biases and gradients,
@@ -453,7 +456,7 @@ fn mlp_fused_kernels_in_the_cpu_emulator() {
         let (fname, fsmem, fargs) = forward_args(f, &ef).unwrap();
         let (bname, sm) = backward_kernel(f, &eb).unwrap();
         let s = bwd_scratch(&eb, c.grid);
-        let bargs = backward_args(&eb, &sm, &s, emu.at(r.scratch));
+        let bargs = backward_args(f, &eb, &sm, &s, emu.at(r.scratch));
         let mut results = Vec::new();
         for seed in [1u32, 2] {
             let file = case_file(

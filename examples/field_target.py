@@ -8,6 +8,7 @@ import sys
 import time
 
 import numpy as np
+from plotting import loss_panel, pyplot
 
 BOX = (2.6, 2.6, 1.2)  # the sampled volume [-1.3, 1.3] x [-1.3, 1.3] x [-0.6, 0.6]
 
@@ -45,20 +46,11 @@ def slice_grid(px: int) -> np.ndarray:
 def write_plot(path, losses, tgt, fit, px, *, loss_title="loss", fit_title="GaussianField fit, z = 0") -> bool:
     """The loss curve and the z = 0 slices of the target and the fit (numpy
     ``[px*px]`` each) as a PNG; False (and a note) without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot written (pip install matplotlib)")
+    plt = pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(1, 3, figsize=(14, 4.2), layout="constrained")
-    ax[0].semilogy(range(len(losses)), losses)
-    ax[0].set_xlabel("step")
-    ax[0].set_ylabel("MSE loss")
-    ax[0].set_title(loss_title)
-    ax[0].grid(True, which="both", alpha=0.3)
+    loss_panel(ax[0], losses, loss_title)
     extent = (-BOX[0] / 2, BOX[0] / 2, -BOX[1] / 2, BOX[1] / 2)
     vmax = float(max(tgt.max(), fit.max()))
     for a, img, title in ((ax[1], tgt, "target, z = 0"), (ax[2], fit, fit_title)):

@@ -101,6 +101,9 @@ want nn && step nn 900 python3 -m pytest -q bindings/python/tests/test_nn.py
 want shampoo && step shampoo 600 python3 -m pytest -q bindings/python/tests/test_shampoo.py
 sel example_gaussian_field && step example_gaussian_field 300 python3 examples/gaussian_field_fit.py --device cuda \
   --gaussians 4096 --points 65536 --steps 500 --out "$OUT/gaussian_field_fit.png"
+# the coordinate network in bfloat16: FusedMLP [32, 64 x 4, 3] on the fully fused path, 2^16 pixels a step
+sel example_mlp_image && step example_mlp_image 300 python3 examples/mlp_image_fit.py --device cuda \
+  --image 512 --batch 65536 --steps 3000 --out "$OUT/mlp_image_fit.png"
 sel example_jax_field && step example_jax_field 300 python3 examples/jax_field_fit.py --gaussians 2048 \
   --points 32768 --steps 300 --out "$OUT/jax_field_fit.png"
 sel example_mlp_shampoo && step example_mlp_shampoo 300 python3 examples/mlp_shampoo.py --device cuda \

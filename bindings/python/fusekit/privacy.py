@@ -12,10 +12,12 @@
 
 Every trainable layer must be ``torch.nn.Linear`` or ``fusekit.nn.FusedLinear``;
 any other module holding a trainable parameter is refused when :class:`DPSGD` is
-made, by name. Forward hooks record each layer's input ``a`` and output; the
-backward of :meth:`DPSGD.backward` asks autograd for the gradients of the layer
-outputs only (``g``, so no weight gradient is computed by autograd), takes every
-sample's gradient norm from ``a`` and ``g`` (ghost norms: fusekit's
+made, by name, and so is a trainable ``fusekit.nn.FusedMLP`` (its layers are one
+op, with no per-layer input and output gradient to take; its ``to_sequential()``
+is a model DPSGD takes). Forward hooks record each layer's input ``a`` and
+output; the backward of :meth:`DPSGD.backward` asks autograd for the gradients
+of the layer outputs only (``g``, so no weight gradient is computed by
+autograd), takes every sample's gradient norm from ``a`` and ``g`` (ghost norms: fusekit's
 :func:`fusekit.per_sample_grad_norms` for the weights, ``|sum_t g_t|^2`` for the
 biases), clips each sample's whole gradient to ``max_grad_norm`` (flat clipping),
 and writes ``p.grad = (sum_i min(1, C/|G_i|) G_i + N(0, (sigma C)^2)) / B`` with
@@ -42,14 +44,14 @@ _WHERE = "fusekit.privacy"
 _FUSED_ACTS = ("none", "relu", "gelu", "gelu_tanh")
 
 
-def _fused_linear_class():
-    """``fusekit.torch.nn.FusedLinear`` when that module imports (torch and the
-    compiled ops present), else None."""
+def _fused_classes():
+    """``(fusekit.torch.nn.FusedLinear, fusekit.torch.nn.FusedMLP)`` when that module
+    imports (torch and the compiled ops present), else ``(None, None)``."""
     try:
-        from .torch.nn import FusedLinear
+        from .torch.nn import FusedLinear, FusedMLP
     except ImportError:
-        return None
-    return FusedLinear
+        return None, None
+    return FusedLinear, FusedMLP
 
 
 def _positive(value, name: str, allow_zero: bool) -> float:
@@ -77,7 +79,8 @@ class DPSGD:
     Args:
         model: the ``torch.nn.Module``; every module holding a parameter with
             ``requires_grad`` must be ``nn.Linear`` or ``fusekit.nn.FusedLinear``
-            (ValueError naming the first other one). Frozen parameters are ignored.
+            (ValueError naming the first other one; a ``fusekit.nn.FusedMLP`` with a
+            trainable parameter is refused too). Frozen parameters are ignored.
         optimizer: the optimizer :meth:`step` calls after writing the private
             gradients (None: use :meth:`backward` and step it yourself).
         max_grad_norm: the clipping norm ``C`` (finite, > 0). With
@@ -146,13 +149,20 @@ class DPSGD:
         self.model = model
         self.optimizer = optimizer
 
-        fused = _fused_linear_class()
+        fused, fused_mlp = _fused_classes()
         self._layers = []  # (name, module, activation or None for nn.Linear)
         for name, module in model.named_modules():
+            label = name or "<model>"
+            if fused_mlp is not None and isinstance(module, fused_mlp) \
+                    and any(p.requires_grad for p in module.parameters()):
+                # its nn.Linear children are never called: their hooks would record nothing
+                raise ValueError(f"{_WHERE}: layer {label!r} (FusedMLP) runs its {len(module.layers)} layers as one "
+                                 f"fused op, which keeps no per-layer inputs and output gradients for ghost "
+                                 f"clipping; use an nn.Sequential of nn.Linear or FusedLinear layers instead "
+                                 f"(FusedMLP.to_sequential() makes one with the same parameters), or freeze it")
             own = [p for p in module.parameters(recurse=False) if p.requires_grad]
             if not own:
                 continue
-            label = name or "<model>"
             if fused is not None and isinstance(module, fused):
                 act = _activation(module)
                 if act not in _FUSED_ACTS:

@@ -321,6 +321,62 @@ def test_fused_linear(device, act):
     torch.testing.assert_close(dp.per_sample_norms.double(), norms, rtol=2e-4, atol=0)
 
 
+def _fused_mlp():
+    try:
+        from fusekit.nn import FusedMLP
+    except ImportError as e:
+        pytest.skip(f"fusekit.nn.FusedMLP not available: {e}")
+    return FusedMLP
+
+
+def test_fused_mlp_is_refused_by_name_before_training():
+    """A trainable FusedMLP runs all its layers in one op: the per-layer inputs and
+    output gradients of ghost clipping do not exist, and the hooks on its nn.Linear
+    children would never fire. DPSGD refuses it when made, naming it, with nothing
+    hooked; a frozen one is fine, and to_sequential() is the way to train it."""
+    fused_mlp = _fused_mlp()
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), fused_mlp([8, 16, 16, 3]))
+    with pytest.raises(ValueError) as e:
+        privacy.DPSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), max_grad_norm=1.0, noise_multiplier=1.0)
+    assert str(e.value) == (
+        "fusekit.privacy: layer '2' (FusedMLP) runs its 3 layers as one fused op, which keeps no per-layer "
+        "inputs and output gradients for ghost clipping; use an nn.Sequential of nn.Linear or FusedLinear layers "
+        "instead (FusedMLP.to_sequential() makes one with the same parameters), or freeze it")
+    assert all(not m._forward_hooks for m in model.modules())  # refused before any hook was registered
+    alone = fused_mlp([4, 6, 2], hidden_activation="gelu")
+    alone.layers[0].requires_grad_(False)  # one trainable layer is enough to refuse
+    with pytest.raises(ValueError, match=r"^fusekit.privacy: layer '<model>' \(FusedMLP\) runs its 2 layers as one "
+                                         r"fused op"):
+        privacy.DPSGD(alone, None, max_grad_norm=1.0, noise_multiplier=1.0)
+
+    # the suggested alternative: the same network as nn.Linear layers, against per-sample gradients
+    seq = model[2].to_sequential().double()
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(10, 8, generator=g, dtype=torch.float64)
+    x[1] *= 20.0
+    y = torch.randint(0, 3, (10,), generator=g)
+    _, norms = reference_grads(seq, xent, x, y, 1.0)
+    check_against_reference(seq, x, y, norms.median().item())
+
+    # frozen: no parameter of its own to clip; the gradient reaches the layer below through the fused backward
+    model[2].requires_grad_(False)
+    plain = nn.Sequential(copy.deepcopy(model[0]), nn.ReLU(), model[2].to_sequential().requires_grad_(False))
+    x = torch.randn(12, 5, generator=g)
+    x[4] *= 20.0
+    y = torch.randint(0, 3, (12,), generator=g)
+    grads = []
+    for m in (model, plain):
+        dp = privacy.DPSGD(m, None, max_grad_norm=0.5, noise_multiplier=0.0)
+        dp.backward(xent(m(x), y, "mean"))
+        assert dp.clip_factors.min() < 1.0  # some samples clipped
+        grads.append((m[0].weight.grad.clone(), m[0].bias.grad.clone(), dp.per_sample_norms.clone()))
+        dp.remove()
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert all(p.grad is None for p in model[2].parameters())
+
+
 def test_import_without_torch():
     code = ("import sys; sys.modules['torch'] = None; import fusekit, fusekit.privacy; "
             "print(fusekit.privacy.SUPPORTED_LAYERS)")

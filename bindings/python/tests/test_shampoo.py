@@ -672,6 +672,65 @@ def test_blocking_and_one_dimensional_params():
     torch.testing.assert_close(st["R"][3], g[16:, 16:].T @ g[16:, 16:], rtol=1e-12, atol=1e-14)
 
 
+# ---------------------------------------------------------------------------
+# fusekit.nn.FusedMLP: the whole network is one op, its parameters nn.Linear's
+# ---------------------------------------------------------------------------
+
+
+GRAD_RTOL, PARAM_ATOL = 2e-5, 1e-5  # 10x and 60x the CPU's measured differences: room for CUDA's GEMMs
+
+
+def _fused_mlp():
+    fnn = pytest.importorskip("fusekit.nn")  # needs the compiled torch ops
+    return fnn.FusedMLP
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_trains_a_fused_mlp_as_its_sequential(device):
+    """A FusedMLP's parameters are its nn.Linear children's weights and biases, under
+    the equivalent nn.Sequential's names: Shampoo trains it as it trains that
+    Sequential, step for step (blocked 24 x 24 weights, 1-D biases, Adam grafting,
+    roots every 2 steps from step 2): the same losses, gradients and parameters up
+    to float32 rounding (the op's products accumulate in another order than
+    torch's; measured on the CPU over the 12 steps: losses 2e-7 apart relative,
+    gradients 2e-6 of their largest entry, parameters 1.5e-7), and the loss falls
+    (measured 11x). GELU, not ReLU: a rounding difference at ReLU's kink flips a
+    unit, a discontinuity of training rather than a difference of the optimizers
+    (docs/optim.md, "Distributed")."""
+    fused_mlp = _fused_mlp()
+    torch.manual_seed(0)
+    fused = fused_mlp([10, 24, 24, 3], hidden_activation="gelu", device=device)
+    seq = fused.to_sequential()
+    assert [n for n, _ in fused.named_parameters()] == [n for n, _ in seq.named_parameters()]
+    kw = dict(lr=0.02, betas=(0.9, 0.999), epsilon=1e-4, precondition_frequency=2, start_preconditioning_step=2,
+              max_preconditioner_dim=16, grafting="adam", weight_decay=1e-3)
+    opts = [Shampoo(m.parameters(), **kw) for m in (fused, seq)]
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(64, 10, generator=gen, dtype=torch.float64)
+    y = torch.sin(x @ torch.randn(10, 3, generator=gen, dtype=torch.float64) / 10 ** 0.5)
+    x, y = x.float().to(device), y.float().to(device)
+    losses = []
+    for step in range(12):
+        got = []
+        for m, opt in zip((fused, seq), opts):
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            got.append((loss.item(), [p.grad.clone() for p in m.parameters()]))
+            opt.step()
+        (lf, gf), (ls, gs) = got
+        assert lf == pytest.approx(ls, rel=GRAD_RTOL), step
+        for (name, p), q, a, b in zip(fused.named_parameters(), seq.parameters(), gf, gs):
+            torch.testing.assert_close(a, b, rtol=GRAD_RTOL, atol=GRAD_RTOL * b.abs().max().item(),
+                                       msg=lambda e: f"step {step}, {name}.grad: {e}")
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=PARAM_ATOL,
+                                       msg=lambda e: f"step {step}, {name}: {e}")
+        losses.append(lf)
+    assert losses[-1] < 0.2 * losses[0], losses
+    assert opts[0].root_stats["computed"] == opts[1].root_stats["computed"] > 0
+    assert [tuple(x.shape) for x in opts[0].state[fused.layers[1].weight]["L"]] == [(16, 16), (16, 16), (8, 8), (8, 8)]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("root_method", ["auto", "newton"])
 def test_state_dict_round_trip_continues_bit_identically(device, root_method):

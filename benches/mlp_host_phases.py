@@ -9,6 +9,8 @@ phase's host cost.
 
     python3 benches/mlp_host_phases.py [--widths 256,256,256] [--batch 64] [--dtype f32] [--torch-one-layer]
 
+--profile: also torch.profiler's table of each model's whole step (CPU self time per
+op over 50 steps, the 15 costliest), to see which calls the time goes to.
 --torch-one-layer: the torch column is a single nn.Linear + nn.ReLU layer (widths[0] ->
 widths[1]) instead of the whole Sequential: the issue's host-cost goal compares one
 FusedMLP forward + backward of the whole network with that one PyTorch layer's.
@@ -81,6 +83,7 @@ def main():
     ap.add_argument("--dtype", default="f32", choices=sorted(DTYPES))
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--torch-one-layer", action="store_true")
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
@@ -104,6 +107,20 @@ def main():
             for _ in range(20):
                 step()
             table.setdefault(phase, {})[name] = host_us(step, sync, args.n)
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        for name, m in models.items():
+            step = phases(m, x, target)[-1][1] if not (args.torch_one_layer and name == "torch") else None
+            if step is None:
+                continue
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+            with profile(activities=acts) as prof:
+                for _ in range(50):
+                    step()
+                sync()
+            print(f"mlp_host_phases profile of {name}'s step (50 steps)")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))
     tname = "torch (1 layer)" if args.torch_one_layer else "torch"
     print(f"mlp_host_phases {'phase':<18} {tname:>15} {'fk_mlp':>9}")
     for phase, row in table.items():

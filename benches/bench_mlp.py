@@ -48,9 +48,9 @@ so: torch.compile with backend "aot_eager", no CUDA graphs; timings meaningless)
 
 --variants: a regex on the variant keys (torch_eager, fk_mlp_graph, ...) to time only
 those. --tag: appended to the fusekit variants' keys in the rows and the summary, e.g.
-``FK_MLP_FUSED=0 python3 benches/bench_mlp.py --variants fk_mlp --tag general`` times
-FusedMLP on the general path (per-layer cuBLASLt calls) where the default run takes
-the fully fused kernels (f16 / bf16, widths up to 128; FK_MLP_FUSED is read when
+``FK_MLP_FUSED=1 python3 benches/bench_mlp.py --variants fk_mlp --tag fused`` times
+FusedMLP on the fully fused kernels (f16 / bf16, widths up to 128) where the default
+run takes the general path (per-layer cuBLASLt calls; FK_MLP_FUSED is read when
 fusekit's CUDA context is made, so one process times one path).
 
 --budget-s: after this many seconds the remaining torch.compile variants are skipped

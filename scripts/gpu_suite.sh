@@ -160,12 +160,12 @@ unset FK_SANITIZE
 { sel bench || sel bench_geodesic; } && step bench_geodesic 900 python3 benches/bench_geodesic.py --json "$OUT/bench_geodesic.json"
 { sel bench || sel bench_gaussian; } && step bench_gaussian 900 python3 benches/bench_gaussian.py --json "$OUT/bench_gaussian.json"
 { sel bench || sel bench_torch_path; } && step bench_torch_path 900 python3 benches/bench_torch_path.py --json "$OUT/bench_torch_path.json"
-# FK_BENCH_MLP_ARGS: extra arguments (e.g. --cases 'w64' --no-compile); bench_mlp_general times
-# FusedMLP on the general path (FK_MLP_FUSED=0: per-layer cuBLASLt calls) beside the default run's
-# fully fused kernels
+# FK_BENCH_MLP_ARGS: extra arguments (e.g. --cases 'w64' --no-compile); bench_mlp_fused times
+# FusedMLP on the fully fused kernels (FK_MLP_FUSED=1) beside the default run's general path
+# (per-layer cuBLASLt calls)
 { sel bench || sel bench_mlp; } && step bench_mlp 900 python3 benches/bench_mlp.py --json "$OUT/bench_mlp.json" ${FK_BENCH_MLP_ARGS:-}
-{ sel bench || sel bench_mlp_general; } && step bench_mlp_general 600 env FK_MLP_FUSED=0 python3 benches/bench_mlp.py \
-  --variants '^fk_mlp' --tag general --json "$OUT/bench_mlp_general.json" ${FK_BENCH_MLP_ARGS:-}
+{ sel bench || sel bench_mlp_fused; } && step bench_mlp_fused 600 env FK_MLP_FUSED=1 python3 benches/bench_mlp.py \
+  --variants '^fk_mlp' --tag fused --json "$OUT/bench_mlp_fused.json" ${FK_BENCH_MLP_ARGS:-}
 { sel scale || sel scale_gaussian; } && step scale_gaussian 900 env FK_SCALE_TEST=1 "$B/bin/gpu_gaussian" scale_field --nocapture
 want huge && step chunked_huge 900 env FK_TEST_HUGE=1 "$B/bin/gpu_linalg" chunked_gemm_larger_than_gpu_memory --nocapture
 

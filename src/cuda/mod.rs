@@ -191,7 +191,7 @@ pub struct CudaDevice {
     pub(crate) debug_sync: bool,
     /// `FK_LINALG_FALLBACK=1`, or `set_linalg_fallback`: see there.
     linalg_fallback: AtomicBool,
-    /// Off with `FK_MLP_FUSED=0`, or `set_mlp_fused(false)`: see there.
+    /// On with `FK_MLP_FUSED=1`, or `set_mlp_fused(true)`: see there.
     mlp_fused: AtomicBool,
 }
 
@@ -272,7 +272,7 @@ impl CudaDevice {
             checked: Mutex::new(Vec::new()),
             debug_sync: env_switch("FK_DEBUG_SYNC"),
             linalg_fallback: AtomicBool::new(env_switch("FK_LINALG_FALLBACK")),
-            mlp_fused: AtomicBool::new(std::env::var("FK_MLP_FUSED").as_deref() != Ok("0")),
+            mlp_fused: AtomicBool::new(env_switch("FK_MLP_FUSED")),
         };
         dev.bind()?;
         Ok(dev)
@@ -292,9 +292,10 @@ impl CudaDevice {
     }
 
     /// Lets this context's MLP calls take the fully fused path where it applies
-    /// (`on`, the default) or keeps them on the general path (per-layer cuBLASLt
-    /// calls); for tests and benchmarks. A context starts with it off when
-    /// `FK_MLP_FUSED=0` was set as the context was created.
+    /// (`on`), or keeps them on the general path (per-layer cuBLASLt calls, the
+    /// default: on the H200 the fused kernels are still slower, docs/ops.md 6.4).
+    /// A context starts with it on when `FK_MLP_FUSED=1` was set as the context
+    /// was created.
     pub fn set_mlp_fused(&self, on: bool) {
         self.mlp_fused.store(on, Ordering::Relaxed);
     }

@@ -218,7 +218,7 @@ fn forward_layer(
     epilogue_kernel(dev, p.dtype, a, stream)
 }
 
-/// The forward: the fused path's one kernel where it applies (`mlp_fused::takes`),
+/// The forward: the fused path's one kernel where it applies and is allowed (`mlp_fused::takes`),
 /// else layer by layer on the caller's stream. Without `saved` the hidden
 /// activations alternate between two regions of the call's scratch.
 pub fn mlp_forward(dev: &CudaDevice, p: &MlpPlan, stream: &Stream) -> Result<()> {

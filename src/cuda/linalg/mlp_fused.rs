@@ -245,7 +245,8 @@ pub(crate) fn max_smem(dev: &CudaDevice) -> Result<usize> {
     crate::cuda::geodesic::max_smem(dev)
 }
 
-/// Whether the plan takes the fused path on `dev` (off with `FK_MLP_FUSED=0`).
+/// Whether the plan takes the fused path on `dev`: where it applies, once the
+/// context allows it (`FK_MLP_FUSED=1`; off by default, docs/ops.md 6.4).
 pub fn takes(dev: &CudaDevice, p: &MlpPlan) -> Result<Option<FusedShape>> {
     if !dev.mlp_fused() {
         return Ok(None);

@@ -6,8 +6,10 @@ that library's arrays.
 library's ``from_dlpack`` (CuPy's, JAX's, else the array API namespace's
 ``x.__array_namespace__().from_dlpack``, else the ``from_dlpack`` of the
 package the type comes from; None when there is none: the result is then a
-fusekit Buffer), its current CUDA stream where it has one (CuPy), and two facts
-the ordering on CUDA depends on:
+fusekit Buffer), its current CUDA stream where it has one (CuPy), its allocator
+where fusekit knows one (CuPy's ``empty``: an out-of-place result is then the
+library's own array, allocated by it, written in place by the op; see
+``Invocation.output``), and two facts the ordering on CUDA depends on:
 
 - ``ready_at_import``: the consumer takes an imported array as ready once the
   work queued on its stream *at the import* is done (JAX's PJRT records its
@@ -32,13 +34,16 @@ from . import _dlpack as dl
 class Foreign:
     """What fusekit knows of one array library (see the module documentation)."""
 
-    __slots__ = ("name", "from_dlpack", "current_stream", "ready_at_import", "immutable", "pointer")
+    __slots__ = ("name", "from_dlpack", "current_stream", "empty", "ready_at_import", "immutable", "pointer")
 
-    def __init__(self, name, from_dlpack, *, current_stream=None, ready_at_import=True, immutable=False,
-                 pointer=None):
+    def __init__(self, name, from_dlpack, *, current_stream=None, empty=None, ready_at_import=True,
+                 immutable=False, pointer=None):
         self.name = name
         self.from_dlpack = from_dlpack  # buffer -> the library's array (None: results stay Buffers)
         self.current_stream = current_stream  # (CUDA ordinal) -> raw stream, or None
+        # (context, shape, DType) -> a new array of the library on that device, or
+        # None for a dtype it cannot hold; None: fusekit allocates results
+        self.empty = empty
         self.ready_at_import = ready_at_import
         self.immutable = immutable
         self.pointer = pointer or dlpack_data_pointer  # array -> address of its first element
@@ -70,7 +75,16 @@ def _cupy(mod) -> Foreign:
         with mod.cuda.Device(ordinal):
             return int(mod.cuda.get_current_stream().ptr)
 
-    return Foreign("cupy", mod.from_dlpack, current_stream=current, ready_at_import=False,
+    def empty(ctx, shape, dtype):
+        # numpy's dtype; bfloat16 is ml_dtypes' where that is loaded (a CuPy that
+        # knows it takes it; an older one raises)
+        nd = dtype.numpy if dtype.numpy is not None else getattr(sys.modules.get("ml_dtypes"), dtype.name, None)
+        if nd is None:
+            return None
+        with mod.cuda.Device(ctx.ordinal):
+            return mod.empty(tuple(shape), dtype=nd)
+
+    return Foreign("cupy", mod.from_dlpack, current_stream=current, empty=empty, ready_at_import=False,
                    pointer=lambda a: int(a.data.ptr))
 
 

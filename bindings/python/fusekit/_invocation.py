@@ -14,7 +14,7 @@ from ._context import Context, _live_ctx
 from ._dtype import DType, _is_torch_tensor, _torch
 from ._foreign import Foreign, is_jax_tracer, library_of
 from ._lib import ERROR_INVALID_ARGUMENT, ERROR_SHAPE_MISMATCH, ERROR_UNSUPPORTED_DTYPE, lib, raise_error
-from ._stream import Stream, _handle_of, _wrapped_stream, resolve_stream
+from ._stream import Stream, _handle_of, _stream_raw_of, _wrapped_stream, resolve_stream
 
 
 KIND_NUMPY = "numpy"
@@ -55,9 +55,17 @@ class Invocation:
 
     The result is the caller's kind of array, by the first argument of the
     highest rank: torch tensors, then other libraries' arrays (CuPy, JAX, any
-    DLPack producer: the first one's library, whose ``from_dlpack`` receives the
-    Buffer fusekit allocated, zero copy), then Buffers, then numpy arrays. With
-    ``out=`` given, ``out`` itself is returned (an ``out`` does not vote).
+    DLPack producer: the first one's library, which allocates the result itself
+    where fusekit knows its allocator (CuPy), else receives the Buffer fusekit
+    allocated through its ``from_dlpack``, zero copy), then Buffers, then numpy
+    arrays. With ``out=`` given, ``out`` itself is returned (an ``out`` does not
+    vote).
+
+    Memory fusekit allocates is freed stream-ordered on the stream it was
+    allocated on, possibly long after the call: :meth:`_empty` allocates only on
+    a stream that lives that long, and no Buffer keeps a stream that may not
+    (``_written``); see bindings/python/README.md, "CuPy, JAX and other DLPack
+    libraries".
     :meth:`result` hands back the last output; an op with several outputs reads
     each one's array from :attr:`output_array` after its :meth:`output` call,
     and an op writing an input in place names it with :meth:`set_result`.
@@ -68,6 +76,14 @@ class Invocation:
         self._stream_arg = stream
         self._stream: Stream | None = None
         self._stream_resolved = False
+        # the op's stream is a library's current stream (CuPy's), which the library
+        # destroys with its stream object: nothing fusekit keeps may use it
+        self._stream_from_library = False
+        # the op's stream outlives any memory allocated on it without the caller's
+        # word: the default stream, torch's current one (torch never destroys its
+        # streams), a stream fusekit owns (its memory keeps it)
+        self._stream_lasting = True
+        self._rehomed: list[Buffer] = []  # allocated on the default stream for a borrowed op stream
         self._temps: list[Buffer] = []
         self._views: list[Buffer] = []  # shared views in use (kept, not closed: _temp_view)
         self._kinds: list[str] = []
@@ -104,8 +120,12 @@ class Invocation:
                 raw = f.current_stream(self.ctx.ordinal)  # CuPy's current stream, as torch's for tensors
             if raw is not None:
                 self._stream = _wrapped_stream(self.ctx, raw)
+                self._stream_from_library = True
+                self._stream_lasting = False
             else:
-                self._stream = resolve_stream(self.ctx, self._stream_arg, self.where)
+                arg = self._stream_arg
+                self._stream = resolve_stream(self.ctx, arg, self.where)
+                self._stream_lasting = arg is None or (isinstance(arg, Stream) and arg.owned)
             self._stream_resolved = True
         return self._stream
 
@@ -244,14 +264,23 @@ class Invocation:
             if t.is_cuda:
                 self._torch_cuda.append(t)
             self._result = t
+        elif kind == KIND_FOREIGN and self._foreign.empty is not None:
+            # The caller's library allocates (CuPy): the result is its own array, its
+            # memory freed by its own allocator, written in place by the op as an
+            # out= (zero copy); nothing of fusekit outlives the call.
+            f = self._foreign
+            arr = f.empty(self.ctx, shape, dtype)
+            if arr is None:
+                raise_error(ERROR_UNSUPPORTED_DTYPE, where, f"{f.name} has no {dtype.name} arrays")
+            return self.output(arr, name, shape, dtype)
         elif kind == KIND_BUFFER or (kind == KIND_FOREIGN and self._foreign.from_dlpack is None):
-            b = Buffer.empty(_live_ctx(self.ctx), shape, dtype, self.stream)
+            b = self._empty(shape, dtype, handed_out=False)
             self._result = b
         elif kind == KIND_FOREIGN:
             # fusekit allocates, the caller's library takes it (zero copy) at once:
             # ops read each output's array right after this call. result() makes the
             # values the op writes later visible to that library (_finish_exports).
-            b = Buffer.empty(_live_ctx(self.ctx), shape, dtype, self.stream)
+            b = self._empty(shape, dtype, handed_out=True)
             self._temps.append(b)  # the export keeps the memory; this handle goes at exit
             f = self._foreign
             arr = f.from_dlpack(b)
@@ -267,6 +296,36 @@ class Invocation:
             self._result = arr
         self._out_buffer = b
         return b
+
+    def _empty(self, shape, dtype: DType, handed_out: bool) -> Buffer:
+        """A buffer fusekit allocates for an output. Its memory may outlive the call
+        and is freed on the stream it was allocated on, so that stream must live as
+        long: the op's stream when it is lasting (``_stream_lasting``), or, for a
+        Buffer result, when the caller named it (``stream=``: the caller's word,
+        as in the C ABI). Otherwise (memory handed to another library, whose
+        lifetime the caller does not control; a library's current stream) the
+        buffer is allocated on the context's default stream, which lives as long
+        as the context, and the op's stream waits for the allocation (an event);
+        :meth:`result` orders the op before the default stream again."""
+        s = self.stream
+        ctx = _live_ctx(self.ctx)
+        if s is None or self._stream_lasting or not (handed_out or self._stream_from_library):
+            return Buffer.empty(ctx, shape, dtype, s)
+        b = Buffer.empty(ctx, shape, dtype, _wrapped_stream(self.ctx, 0))
+        b._order_before(s.cuda_stream)
+        self._rehomed.append(b)
+        return b
+
+    def _written(self, b: Buffer, keep: bool) -> None:
+        """The op wrote ``b``: its last stream is the op's when ``keep``; else the
+        op is ordered before ``b``'s allocation stream (an event, now, while the
+        op's stream surely lives), which becomes its last stream."""
+        s = self.stream
+        b._last_stream = s
+        if not keep and s is not None:
+            home = b._stream
+            b._order_before(_stream_raw_of(home))
+            b._last_stream = home
 
     def outputs(self, specs, dtype: DType, wanted, out):
         """The outputs of an op with several, some optional: for each ``(name,
@@ -305,10 +364,12 @@ class Invocation:
         """The output in the caller's kind; records stream use for torch CUDA tensors
         and orders other libraries' results after the op."""
         out = self._result
-        if isinstance(out, Buffer):
-            out._last_stream = self.stream
+        if isinstance(out, Buffer) and out not in self._rehomed:  # (Buffers compare by identity)
+            self._written(out, keep=not self._stream_from_library)
         if self._exports:
             self._finish_exports()
+        for b in self._rehomed:  # after _finish_exports: its copies read them on the op's stream
+            self._written(b, keep=False)
         t_out = getattr(self, "_torch_out", None)
         torch = _torch()
         if t_out is not None and torch is not None:

@@ -8,15 +8,19 @@ stand-in for CuPy written here: an array type of its own over numpy memory with
 (``__array_namespace__``), and CuPy's refusals: ``numpy.asarray`` of it raises,
 and its ``asarray`` of an object it does not know goes through ``numpy.array``
 and raises CuPy's "Unsupported dtype object" unless that gives an array of
-numbers (a fusekit.Buffer gives dtype object). The CuPy and JAX
-CUDA arrays are in test_foreign_gpu.py.
+numbers (a fusekit.Buffer gives dtype object). CuPy's own path (fusekit knows
+its allocator: results are CuPy's arrays) runs on foreign_testutil.fake_cupy, a
+module named cupy over host memory. The CuPy and JAX CUDA arrays are in
+test_foreign_gpu.py.
 """
+
+import sys
 
 import numpy as np
 import pytest
 
 import fusekit
-from foreign_testutil import record_allocations
+from foreign_testutil import Producer, fake_cupy, record_allocations
 
 jax = pytest.importorskip("jax")
 jax.config.update("jax_enable_x64", True)
@@ -46,19 +50,6 @@ class FakeNamespace:
 
 
 FAKE = FakeNamespace()
-
-
-class Producer:
-    """An object with nothing but DLPack over a numpy array (no library around it)."""
-
-    def __init__(self, a):
-        self._a = a
-
-    def __dlpack__(self, **kwargs):
-        return self._a.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self._a.__dlpack_device__()
 
 
 class Fake(Producer):
@@ -294,3 +285,49 @@ def test_a_library_without_from_dlpack_gets_a_buffer(rng):
     got = fusekit.tanh(Producer(a))
     assert isinstance(got, fusekit.Buffer)
     close(got.to_numpy(), np.tanh(a))
+
+
+def test_cupy_results_are_cupys_own_arrays(monkeypatch, rng):
+    """A CuPy result is allocated by CuPy (``cupy.empty`` on the inputs' device)
+    and written in place by the op, zero copy: no fusekit allocation, no import
+    of fusekit memory, so CuPy's allocator frees it. (A fusekit allocation handed
+    to ``cupy.from_dlpack`` was freed on the stream it was allocated on, CuPy's
+    current one, which CuPy destroys with its Stream object: a crash on CUDA when
+    the result outlived the stream.)"""
+    cupy = fake_cupy(monkeypatch)
+    made = record_allocations(monkeypatch)
+    a, b = rng.standard_normal((6, 5)), rng.standard_normal(5)
+    y = fusekit.exp(cupy.ndarray(a.copy()))
+    assert y is cupy.made[-1] and cupy.devices == [0] and cupy.dtypes == [np.float64]
+    close(y.get(), np.exp(a))
+    for x, y in ((a, cupy.ndarray(b.copy())), (cupy.ndarray(a.copy()), jnp.asarray(b))):
+        got = fusekit.add(x, y)
+        assert got is cupy.made[-1]  # the first library among the arguments allocates
+        close(got.get(), a + b)
+    U, W = 0.3 * rng.standard_normal((5, 2)), 0.3 * rng.standard_normal((5, 2))
+    xT, vT = fusekit.leapfrog_forward(*(cupy.ndarray(v.copy()) for v in (a, 0.5 * a, U, W)), 0.1, 2)
+    assert xT is cupy.made[-2] and vT is cupy.made[-1]  # each output is CuPy's
+    x, v = reference("leapfrog_forward", {"v": a, "U": U, "W": W})
+    close(xT.get(), x)
+    close(vT.get(), v)
+    assert made == [] and cupy.imports == [0]
+    x = cupy.ndarray(a.copy())
+    assert fusekit.exp(x, out=x) is x and len(cupy.made) == 5  # out= allocates nothing
+
+
+def test_cupy_bfloat16_results(monkeypatch):
+    """bfloat16, which numpy lacks: CuPy is asked for ml_dtypes' bfloat16 where
+    ml_dtypes is loaded (a CuPy that knows it takes it), else the call is refused
+    before anything is allocated."""
+    torch = pytest.importorskip("torch")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    cupy = fake_cupy(monkeypatch)
+    made = record_allocations(monkeypatch)
+    t = torch.linspace(-1, 1, 8, dtype=torch.bfloat16)
+    y = fusekit.exp(cupy.ndarray(t))
+    assert y is cupy.made[-1] and cupy.dtypes == [ml_dtypes.bfloat16]
+    torch.testing.assert_close(y.get(), torch.exp(t))
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)
+    with pytest.raises(fusekit.UnsupportedDtypeError, match="cupy has no bfloat16 arrays"):
+        fusekit.exp(cupy.ndarray(t))
+    assert made == [] and len(cupy.made) == 1

@@ -1,18 +1,22 @@
 """CuPy and JAX CUDA arrays through the ctypes package's functions (``fusekit.add``
 & co.): results come back as the caller's kind of array on its GPU, zero copy,
-ordered with the caller's streams. The CPU side of the same rules is
-test_foreign_arrays.py.
+ordered with the caller's streams, their memory on a stream that outlives it (a
+CuPy result is CuPy's own allocation: it outlives CuPy's stream objects). The CPU
+side of the same rules is test_foreign_arrays.py.
 
 The CuPy tests need cupy with a CUDA device (``pip install cupy-cuda13x``), the
 JAX ones jax with its CUDA plugin; each group is skipped without. The GPU suite's
 ``python`` step runs this file.
 """
 
+import gc
+
 import numpy as np
 import pytest
 
 import fusekit
 from foreign_testutil import record_allocations
+from fusekit._stream import _stream_raw_of, resolve_stream
 
 
 def _cupy():
@@ -115,6 +119,76 @@ def test_cupy_runs_on_cupys_current_stream(rng):
 
 
 @need_cupy
+def test_cupy_results_are_cupys_own_memory(monkeypatch, rng):
+    """A result is CuPy's allocation (its memory pool), written in place by the
+    op: fusekit allocates nothing, CuPy's allocator frees it."""
+    made = record_allocations(monkeypatch)
+    pool = cp.get_default_memory_pool()
+    x = cp.random.rand(1 << 20)
+    with cp.cuda.Stream(non_blocking=True) as s:
+        before = pool.used_bytes()
+        y = fusekit.exp(x)
+        assert made == [] and pool.used_bytes() >= before + y.nbytes
+        s.synchronize()
+    close(y, np.exp(cp.asnumpy(x)), 1e-12)
+
+
+@need_cupy
+def test_cupy_result_outlives_cupys_current_stream(rng):
+    """test_cupy_runs_on_cupys_current_stream's sequence, then the stream object
+    goes (CuPy destroys the CUstream) before the result: nothing of fusekit
+    outlived the call on that stream (the crash: the result's memory was
+    fusekit's, freed on the destroyed stream)."""
+    x = cp.random.rand(1 << 22)
+    want = np.exp(cp.asnumpy(x))
+    with cp.cuda.Stream(non_blocking=True) as s:
+        y = fusekit.exp(x)
+        z = y * 2  # queued on s after fusekit's kernel
+        s.synchronize()
+    del s
+    gc.collect()
+    close(z, 2 * want, 1e-12)
+    close(y, want, 1e-12)
+    del y
+    gc.collect()
+    del z
+    gc.collect()
+    cp.cuda.Device().synchronize()
+
+
+@need_cupy
+def test_cupy_result_outlives_an_explicit_stream(rng):
+    """``stream=`` a CuPy stream that goes before the result."""
+    x = cp.random.rand(1 << 22)
+    other = cp.cuda.Stream(non_blocking=True)
+    y = fusekit.exp(x, stream=other.ptr)
+    total = float(y.sum())  # on CuPy's current stream, which waits for the op
+    del other
+    gc.collect()
+    assert total == pytest.approx(float(np.exp(cp.asnumpy(x)).sum()), rel=1e-12)
+    del y
+    gc.collect()
+    cp.cuda.Device().synchronize()
+
+
+@need_cupy
+def test_a_buffer_written_on_cupys_stream_keeps_no_reference_to_it(rng):
+    """``out=`` a fusekit.Buffer next to CuPy arrays: the op runs on CuPy's current
+    stream, but the buffer's last stream (where a later DLPack export records its
+    event) is the buffer's own, ordered after the op, not CuPy's, which may be
+    destroyed first."""
+    x = cp.random.rand(1 << 20)
+    out = fusekit.Buffer.empty(fusekit.default_context(f"cuda:{x.device.id}"), x.shape, "float64")
+    with cp.cuda.Stream(non_blocking=True) as s:
+        assert fusekit.exp(x, out=out) is out
+        ptr = s.ptr
+    del s
+    gc.collect()
+    assert _stream_raw_of(out._last_stream) == _stream_raw_of(out._stream) != ptr
+    close(cp.from_dlpack(out), np.exp(cp.asnumpy(x)), 1e-12)
+
+
+@need_cupy
 def test_cupy_sees_results_of_an_explicit_other_stream(rng):
     """``stream=`` another stream: CuPy's current stream waits for the op (an
     event), so CuPy's next kernel reads finished values."""
@@ -154,3 +228,29 @@ def test_jax_cuda_results_are_zero_copy_and_ready(monkeypatch, rng):
         assert y.unsafe_buffer_pointer() == made[-1]
         total = float(jnp.sum(y))  # jax's next kernel reads finished values
         assert total == pytest.approx(float(np.exp(a).sum()), rel=1e-10)
+
+
+@need_jax
+def test_jax_results_live_on_a_lasting_stream(monkeypatch, rng):
+    """A jax result is fusekit's memory, freed when jax lets go of it, on the
+    stream it was allocated on: the op's stream by default (the default stream or
+    torch's current one, which live as long), the default stream when the op runs
+    on a borrowed stream, here one destroyed before the result."""
+    import jax
+
+    streams = []
+    made = record_allocations(monkeypatch, streams)
+    ctx = fusekit.default_context(f"cuda:{GPU.id}")
+    a = rng.standard_normal((1024, 512))
+    y = fusekit.exp(jax.device_put(a, GPU))
+    assert y.unsafe_buffer_pointer() == made[-1] and streams[-1] == _stream_raw_of(resolve_stream(ctx, None))
+    own = fusekit.Stream(ctx)
+    raw = own.cuda_stream
+    y = fusekit.exp(jax.device_put(a, GPU), stream=raw)  # borrowed: a raw handle
+    assert y.unsafe_buffer_pointer() == made[-1] and streams[-1] == 0
+    own.close()  # the CUstream goes: nothing was allocated on it
+    gc.collect()
+    close(y, np.exp(a), 1e-12)
+    del y
+    gc.collect()
+    jax.effects_barrier()

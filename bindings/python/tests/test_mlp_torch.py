@@ -131,6 +131,38 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.fusekit.mlp_backward.default,
                           (dy, x.detach(), [w.detach() for w in ws], saved, relu, none, 0, [1, 3, 1]),
                           test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(torch.ops.fusekit.mlp_infer.default,
+                          (x.detach(), [w.detach() for w in ws], [bs[0].detach(), bs[1]], relu, none, 0),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_inference_keeps_nothing():
+    # no gradient wanted: fusekit::mlp_infer (the forward without saved), the same y
+    torch.manual_seed(5)
+    m = fnn.FusedMLP([5, 9, 7, 3], bias=[True, False, True], hidden_activation="gelu_tanh", out_activation="relu")
+    x = torch.randn(4, 2, 5)
+    y_train = m(x)
+    assert y_train.requires_grad
+    with torch.no_grad():
+        y = m(x)
+    assert not y.requires_grad
+    torch.testing.assert_close(y, y_train.detach(), rtol=0, atol=0)
+    seq = m.to_sequential()
+    torch.testing.assert_close(y.double(), seq.double()(x.double()), rtol=1e-5, atol=1e-5)
+    calls = []
+    real = torch.ops.fusekit.mlp_infer.default
+
+    def spy(*a):
+        calls.append(a)
+        return real(*a)
+    import fusekit.torch.mlp as fm
+    saved, fm._mlp_infer = fm._mlp_infer, spy
+    try:
+        with torch.no_grad():
+            m(x)
+    finally:
+        fm._mlp_infer = saved
+    assert len(calls) == 1
 
 
 def test_torch_compile_fullgraph():

@@ -9,6 +9,9 @@
 //   ceil(fk_mlp_saved_size / 4) elements (what the backward reads; 0 elements when
 //   the network needs nothing), allocated by torch (its caching allocator and
 //   CUDA-graph pools apply).
+// - fusekit::mlp_infer(x, weights, biases, hidden_act, out_act, flags) -> y: the
+//   forward without saved (fk_mlp_forward with saved NULL: nothing kept for a
+//   backward, the hidden activations in the call's scratch), for inference.
 // - fusekit::mlp_backward(dy, x, weights, saved, hidden_act, out_act, flags, want)
 //   -> (dx, dweights, dbiases): `want` has one entry for x then one per layer (bit 0:
 //   its weight gradient, bit 1: its bias gradient); a gradient not wanted comes back
@@ -43,8 +46,9 @@ size_t saved_bytes(const Call& k, const Tensor& x, const std::vector<Tensor>& we
 
 std::string indexed(const char* name, size_t i) { return std::string(name) + "[" + std::to_string(i) + "]"; }
 
-std::tuple<Tensor, Tensor> mlp(Tensor x, std::vector<Tensor> weights, std::vector<Tensor> biases,
-                               int64_t hidden_act, int64_t out_act, int64_t flags) {
+// The forward: y, and `saved` (keep) or nothing kept (an empty `saved`).
+std::tuple<Tensor, Tensor> forward(Tensor x, std::vector<Tensor> weights, std::vector<Tensor> biases,
+                                   int64_t hidden_act, int64_t out_act, int64_t flags, bool keep) {
     const char* where = "fusekit.mlp_forward";
     if (weights.empty() || weights.size() > kMaxLayers)
         bad(FK_ERROR_INVALID_ARGUMENT, std::string(where) + ": n_layers = " + std::to_string(weights.size()) +
@@ -60,7 +64,7 @@ std::tuple<Tensor, Tensor> mlp(Tensor x, std::vector<Tensor> weights, std::vecto
     if (ys.empty()) bad(FK_ERROR_SHAPE_MISMATCH, std::string(where) + ": x must be [..., k]");
     ys.back() = dim0(weights.back());
     Tensor y = new_tensor(ys, dtype_of(x), x);
-    const size_t bytes = saved_bytes(k, x, weights, hidden_act, out_act);
+    const size_t bytes = keep ? saved_bytes(k, x, weights, hidden_act, out_act) : 0;
     Tensor saved = new_tensor({static_cast<int64_t>((bytes + 3) / 4)}, codes().f32, x);
 
     Buf X = k.in(x, "x"), Y = k.in(y, "y");
@@ -79,6 +83,17 @@ std::tuple<Tensor, Tensor> mlp(Tensor x, std::vector<Tensor> weights, std::vecto
           static_cast<fk_activation>(hidden_act), static_cast<fk_activation>(out_act), static_cast<uint32_t>(flags),
           Y.get(), S.get());
     return {y, saved};
+}
+
+std::tuple<Tensor, Tensor> mlp(Tensor x, std::vector<Tensor> weights, std::vector<Tensor> biases,
+                               int64_t hidden_act, int64_t out_act, int64_t flags) {
+    return forward(std::move(x), std::move(weights), std::move(biases), hidden_act, out_act, flags, true);
+}
+
+Tensor mlp_infer(Tensor x, std::vector<Tensor> weights, std::vector<Tensor> biases, int64_t hidden_act,
+                 int64_t out_act, int64_t flags) {
+    return std::get<0>(
+        forward(std::move(x), std::move(weights), std::move(biases), hidden_act, out_act, flags, false));
 }
 
 std::tuple<Tensor, std::vector<Tensor>, std::vector<Tensor>> mlp_backward(
@@ -124,6 +139,8 @@ constexpr Op kOps[] = {
     // differentiable (autograd registered in Python) and its backward
     FK_TORCH_OP(mlp, "(Tensor x, Tensor[] weights, Tensor[] biases, int hidden_act, int out_act, int flags) "
                      "-> (Tensor, Tensor)"),
+    FK_TORCH_OP(mlp_infer, "(Tensor x, Tensor[] weights, Tensor[] biases, int hidden_act, int out_act, int flags) "
+                           "-> Tensor"),
     FK_TORCH_OP(mlp_backward, "(Tensor dy, Tensor x, Tensor[] weights, Tensor saved, int hidden_act, int out_act, "
                               "int flags, int[] want) -> (Tensor, Tensor[], Tensor[])"),
 };

@@ -9,6 +9,9 @@ network in one compiled op each way, behind :class:`fusekit.nn.FusedMLP`.
   (float32, what the backward reads: ReLU bit masks / GELU pre-activations and the hidden outputs,
   ``fk_mlp_saved_size`` bytes; 0 elements when nothing is needed) is not
   differentiable.
+- ``fusekit::mlp_infer(x, weights, biases, hidden_act, out_act, flags) -> y``: the
+  forward with nothing kept for a backward (``fk_mlp_forward`` without ``saved``),
+  which :func:`mlp` runs eagerly when no gradient is wanted.
 - ``fusekit::mlp_backward(dy, x, weights, saved, hidden_act, out_act, flags, want:
   int[]) -> (dx, dweights: Tensor[], dbiases: Tensor[])``: ``fk_mlp_backward``;
   ``want[0]`` for dx, ``want[1 + i]`` bits for layer i (1: weight, 2: bias); a
@@ -86,6 +89,13 @@ def _mlp_bwd_fake(dy, x, weights, saved, hidden_act, out_act, flags, want):
 
 
 _mlp_bwd = register("mlp_backward", fake=_mlp_bwd_fake)
+
+
+def _mlp_infer_fake(x, weights, biases, hidden_act, out_act, flags):
+    return _mlp_fake(x, weights, biases, hidden_act, out_act, flags)[0]
+
+
+_mlp_infer = register("mlp_infer", fake=_mlp_infer_fake)
 
 
 def _want(need_x, need_w, need_b, has_bias):
@@ -168,7 +178,7 @@ def mlp(x: Tensor, weights, biases=None, hidden_act="relu", out_act="none", *, a
         if torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)
                                         or any(b.requires_grad for b in biases)):
             return _MLPFn.apply(ha, oa, flags, len(weights), bool(biases), x, *weights, *biases)[0]
-        with _below_autograd():
-            return _mlp(x, weights, biases, ha, oa, flags)[0]
+        with _below_autograd():  # nothing kept for a backward
+            return _mlp_infer(x, weights, biases, ha, oa, flags)
     except RuntimeError as e:  # the library's errors as fusekit.Error subclasses
         raise _ext.translate(e) from None

@@ -34,9 +34,9 @@ use crate::stream::Stream;
 pub(super) const MODULE: &str = "mlp_fused";
 
 /// The widest layer (inputs or outputs) the fused path takes.
-pub const MAX_WIDTH: i64 = 128;
+pub(crate) const MAX_WIDTH: i64 = 128;
 /// The most layers it takes (the kernels' layer table).
-pub const MAX_LAYERS: usize = 16;
+pub(crate) const MAX_LAYERS: usize = 16;
 /// Warps per block of both kernels.
 const WARPS: i32 = 4;
 /// Widths are padded to multiples of this (the mma tile's k).

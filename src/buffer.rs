@@ -15,8 +15,8 @@ use crate::error::{
     FK_ERROR_OUT_OF_MEMORY, FK_ERROR_SHAPE_MISMATCH, FK_ERROR_UNSUPPORTED, Result,
 };
 use crate::layout;
-use crate::ops::Addr;
-use crate::ops::addr::{ptr, raw};
+use crate::addr::Addr;
+use crate::addr::{ptr, raw};
 use crate::stream::Stream;
 
 /// Who owns the memory behind a buffer.
@@ -85,7 +85,7 @@ pub struct Buffer {
     pub strides: Vec<i64>,
     /// Address of the element at index (0, .., 0): host or device memory, `None`
     /// for a buffer without memory (empty). Vouched for where the buffer is made
-    /// (`ops::addr`'s contract: live for the storage's life, valid for every element
+    /// (`addr`'s contract: live for the storage's life, valid for every element
     /// the shape and strides address).
     pub data: Option<Addr>,
     /// Set for DLPack imports flagged read-only; such a buffer is never an output.
@@ -582,5 +582,19 @@ pub fn copy(dst: &Buffer, src: &Buffer, stream: Option<&Arc<Stream>>) -> Result<
             dd.memcpy_peer_async(raw(dst.data), sd, raw(src.data), bytes, sdev, stream.raw)
         }
         _ => sdev.memcpy_async(raw(dst.data), raw(src.data), bytes, stream.raw),
+    }
+}
+
+// A buffer's address, for the plans: the operand's own (made where the buffer was).
+impl Addr {
+    /// The address of `buf`'s first element (`None` if it has no memory): vouched
+    /// for where the buffer was made.
+    pub fn of(buf: &Buffer) -> Option<Addr> {
+        buf.data
+    }
+
+    /// The address `buf` of an optional operand, `None` when it is absent.
+    pub fn of_opt(buf: Option<&Buffer>) -> Option<Addr> {
+        buf.and_then(Addr::of)
     }
 }

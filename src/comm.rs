@@ -30,7 +30,7 @@ use crate::error::{
     FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH, FK_ERROR_UNSUPPORTED,
     FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
-use crate::ops::addr::{ptr, raw};
+use crate::addr::{ptr, raw};
 use crate::stream::Stream;
 
 /// Size of an exported unique id (NCCL's `NCCL_UNIQUE_ID_BYTES`).

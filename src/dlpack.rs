@@ -16,8 +16,8 @@ use crate::error::{
     FK_ERROR_UNSUPPORTED, FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
 use crate::layout;
-use crate::ops::Addr;
-use crate::ops::addr::ptr;
+use crate::addr::Addr;
+use crate::addr::ptr;
 
 pub(crate) const DLPACK_MAJOR: u32 = 1;
 pub(crate) const DLPACK_MINOR: u32 = 1;

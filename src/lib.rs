@@ -25,6 +25,7 @@
 //! internals the integration tests, benches and examples call.
 
 pub mod abi;
+pub(crate) mod addr;
 pub(crate) mod buffer;
 pub(crate) mod comm;
 pub mod context;

@@ -597,7 +597,7 @@ unsafe fn write_array(out: *mut i64, v: &[i64]) -> crate::error::Result<()> {
 pub unsafe extern "C" fn fk_buffer_data(buf: *const fk_buffer, out: *mut *mut c_void) -> fk_status {
     unsafe {
         buffer_query("fk_buffer_data", buf, out, |b| {
-            crate::ops::addr::ptr(b.data)
+            crate::addr::ptr(b.data)
         })
     }
 }

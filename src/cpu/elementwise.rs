@@ -7,7 +7,7 @@ use rayon::prelude::*;
 use super::{Complex, Elem, Math};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ops::Addr;
+use crate::addr::Addr;
 use crate::ops::elementwise::{BinaryOp, Plan, UnaryOp};
 
 const CHUNK: i64 = 1 << 15;

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 pub use super::Real;
 use super::{host_slice, host_slice_mut};
 use crate::error::Result;
-use crate::ops::Addr;
+use crate::addr::Addr;
 use crate::ops::gaussian::{Grads, Inputs};
 
 // Safety of every `host_slice`/`host_slice_mut` below: `ops::gaussian` validated

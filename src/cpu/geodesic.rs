@@ -28,7 +28,7 @@ use rayon::prelude::*;
 use crate::cpu::{Real, element, host_slice, host_slice_mut};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ops::Addr;
+use crate::addr::Addr;
 use crate::ops::geodesic::{Job, Kind};
 
 /// Reads `n` elements at element offset `off` of the operand at `base` as f64 (zeros

@@ -9,8 +9,8 @@ use rayon::prelude::*;
 use super::{Complex, element, host_slice, host_slice_mut};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ops::Addr;
-use crate::ops::addr::ptr;
+use crate::addr::Addr;
+use crate::addr::ptr;
 use crate::ops::linalg::{
     Activation, GELU_TANH_A, GELU_TANH_C, GemmPlan, KronPlan, LinearBwdPlan, LinearPlan, Mat, Trans,
 };

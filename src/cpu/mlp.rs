@@ -12,7 +12,7 @@ use super::linalg::{
 use super::{host_slice, host_slice_mut};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ops::Addr;
+use crate::addr::Addr;
 use crate::ops::linalg::Activation;
 use crate::ops::mlp::{Layer, MlpPlan};
 

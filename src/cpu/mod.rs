@@ -2,8 +2,8 @@
 //! tested against. One module per op family; this module holds the element types'
 //! compute arithmetic shared by them.
 //!
-//! A plan's addresses (`ops::Addr`) were vouched for where they were made (see
-//! `ops::addr`), so the entry points take plans in safe signatures. Memory is
+//! A plan's addresses (`addr::Addr`) were vouched for where they were made (see
+//! `addr`), so the entry points take plans in safe signatures. Memory is
 //! reached only through `host_slice` / `host_slice_mut` or typed pointers
 //! (`Addr::ptr`, `addr::ptr`), offsets only through `element` (or `Mat::at` /
 //! `Mat::elem`), each `unsafe` with a `// SAFETY:` line; never by integer sums.
@@ -20,7 +20,7 @@ use std::convert::identity;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use crate::ops::Addr;
+use crate::addr::Addr;
 
 /// Below this many elements a loop runs on the calling thread: handing it to the
 /// rayon pool wakes the pool's threads and waits for them, which costs more than
@@ -97,7 +97,7 @@ pub unsafe fn host_slice_mut<'a, T>(addr: Option<Addr>, len: usize) -> &'a mut [
 /// # Safety
 ///
 /// Element `i` lies inside (or one past the end of) the memory `a` was vouched
-/// for (`ops::addr`): an element of the same operand or scratch.
+/// for (`addr`): an element of the same operand or scratch.
 pub(crate) unsafe fn element<T>(a: Option<Addr>, i: usize) -> Option<Addr> {
     // SAFETY: the caller's contract is `byte_add`'s.
     a.map(|a| unsafe { a.byte_add((i * size_of::<T>()) as u64) })

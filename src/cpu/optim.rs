@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use super::{Real, element, host_slice, host_slice_mut};
 use crate::error::Result;
-use crate::ops::Addr;
+use crate::addr::Addr;
 use crate::ops::linalg::{GemmPlan, Trans};
 use crate::ops::optim::{Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan, clip_scale};
 

@@ -42,8 +42,8 @@ use crate::dtype::DType;
 use crate::error::{
     CudaContext as _, Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result, lock,
 };
-use crate::ops::Addr;
-use crate::ops::addr::ptr;
+use crate::addr::Addr;
+use crate::addr::ptr;
 use crate::ops::linalg::{GemmPlan, Trans};
 
 /// cuBLAS workspace per stream (NVIDIA's recommendation for Hopper).

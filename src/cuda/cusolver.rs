@@ -20,8 +20,8 @@ use crate::dtype::DType;
 use crate::error::{
     Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result, lock,
 };
-use crate::ops::Addr;
-use crate::ops::addr::{ptr, raw};
+use crate::addr::Addr;
+use crate::addr::{ptr, raw};
 
 /// cuSOLVER's functions (cusolverDn.h), called through the library fusekit loaded
 /// (`dynlib`: one copy per process).

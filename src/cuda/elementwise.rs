@@ -10,7 +10,7 @@ use super::launch::{
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::layout::FK_MAX_DIMS;
-use crate::ops::addr::raw;
+use crate::addr::raw;
 use crate::ops::elementwise::{ALL_BINARY, ALL_UNARY, BinaryOp, Plan, UnaryOp};
 use crate::stream::Stream;
 

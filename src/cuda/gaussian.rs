@@ -9,8 +9,8 @@ use super::kargs::{KernelArgs as _, c_structs, kernel_args};
 use super::launch::{Names, defines, dtype_modules, kernel_suffix, launch, per_dtype};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, FK_ERROR_NULL_POINTER, Result};
-use crate::ops::Addr;
-use crate::ops::addr::raw;
+use crate::addr::Addr;
+use crate::addr::raw;
 use crate::ops::gaussian::{Grads, Inputs};
 use crate::stream::Stream;
 

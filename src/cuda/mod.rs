@@ -31,8 +31,8 @@ use crate::error::{
     CudaContext as _, Error, FK_ERROR_CUDA_UNAVAILABLE, FK_ERROR_DEVICE_MISMATCH,
     FK_ERROR_INVALID_ARGUMENT, Result, lock,
 };
-use crate::ops::Addr;
-use crate::ops::addr::raw;
+use crate::addr::Addr;
+use crate::addr::raw;
 
 /// Every kernel module: `(name, source)`; sources are embedded in the library.
 /// A new op family chains its launcher's `MODULES` here.

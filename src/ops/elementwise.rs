@@ -12,7 +12,8 @@ use crate::error::{
     FK_ERROR_DTYPE_MISMATCH, FK_ERROR_SHAPE_MISMATCH, FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
 use crate::layout::{self, Dims};
-use crate::ops::{Addr, check};
+use crate::addr::Addr;
+use crate::ops::check;
 use crate::stream::Stream;
 
 /// `op_codes! { enum Op, ALL: Name = code "NAME", ... }`: an op enum whose

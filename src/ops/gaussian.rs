@@ -24,7 +24,7 @@ use crate::error::{
     FK_ERROR_BUFFER_TOO_SMALL, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_NULL_POINTER,
     FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
-use crate::ops::Addr;
+use crate::addr::Addr;
 use crate::ops::check::{self, Named};
 use crate::stream::Stream;
 

@@ -17,7 +17,7 @@ use crate::buffer::Buffer;
 use crate::context::Device;
 use crate::dtype::DType;
 use crate::error::{FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH, Result};
-use crate::ops::Addr;
+use crate::addr::Addr;
 use crate::ops::check::{self, Named};
 use crate::stream::Stream;
 

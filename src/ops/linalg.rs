@@ -18,7 +18,7 @@ use crate::error::{
     FK_ERROR_DTYPE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH,
     FK_ERROR_UNSUPPORTED, FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
-use crate::ops::Addr;
+use crate::addr::Addr;
 use crate::ops::check::{self, Named};
 use crate::ops::elementwise::Scalar;
 use crate::stream::Stream;

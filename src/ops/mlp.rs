@@ -17,7 +17,7 @@ use crate::error::{
     Error, FK_ERROR_ALIASING, FK_ERROR_BUFFER_TOO_SMALL, FK_ERROR_INVALID_ARGUMENT,
     FK_ERROR_NULL_POINTER, FK_ERROR_SHAPE_MISMATCH, Result,
 };
-use crate::ops::Addr;
+use crate::addr::Addr;
 use crate::ops::check::{self, Named};
 use crate::ops::linalg::{Activation, gemm_flags, int32};
 use crate::stream::Stream;
@@ -351,7 +351,7 @@ fn saved_arg(
         base.is_none_or(|a| a.get() % SAVED_ALIGN as u64 == 0),
         FK_ERROR_INVALID_ARGUMENT,
         "saved starts at {:#x}, which is not a multiple of {SAVED_ALIGN} bytes (buffers from fk_buffer_create are)",
-        crate::ops::addr::raw(base)
+        crate::addr::raw(base)
     );
     Ok(base)
 }

@@ -1,7 +1,6 @@
 //! One module per op family: argument validation (shapes, dtypes, devices,
 //! aliasing), then dispatch to `cpu/` or `cuda/`.
 
-pub mod addr;
 pub mod check;
 pub mod elementwise;
 pub mod gaussian;
@@ -10,4 +9,3 @@ pub mod linalg;
 pub mod mlp;
 pub mod optim;
 
-pub use addr::Addr;

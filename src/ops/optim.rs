@@ -19,7 +19,8 @@ use crate::error::{
     Error, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_NOT_CONVERGED, FK_ERROR_SHAPE_MISMATCH, Result,
 };
 use crate::ops::linalg::{GemmPlan, Mat, Trans, dense, gemm_flags, int32};
-use crate::ops::{Addr, check};
+use crate::addr::Addr;
+use crate::ops::check;
 use crate::stream::Stream;
 
 // ------------------------------------------------------------------ shared checks

@@ -34,7 +34,7 @@ use super::launch::{grid_for, launch};
 use super::{CudaDevice, Workspace};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, FK_ERROR_OUT_OF_MEMORY, Result};
-use crate::ops::addr::{Addr, raw};
+use crate::addr::{Addr, raw};
 use crate::ops::geodesic::{Job, Kind};
 use crate::stream::Stream;
 

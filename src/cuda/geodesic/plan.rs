@@ -627,7 +627,7 @@ pub(super) fn defines(kind: Kind, dtype: DType, tile: Option<Tile>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::Addr;
+    use crate::addr::Addr;
 
     /// A stand-in address (the plan only asks whether an operand is present).
     fn some(a: u64) -> Option<Addr> {

@@ -18,7 +18,7 @@ use super::plan::{Layout, NT, RoutePlan, lf_bwd_sweeps, sw_m};
 use crate::cuda::launch::grid_for;
 use crate::cuda::{CudaDevice, Workspace, cublas};
 use crate::error::{FK_ERROR_INTERNAL, Result};
-use crate::ops::addr::{self, Addr};
+use crate::addr::{self, Addr};
 use crate::ops::geodesic::{Job, Kind};
 use crate::ops::linalg::{GemmPlan, Mat, Trans, dense};
 use crate::stream::Stream;

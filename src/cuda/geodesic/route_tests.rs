@@ -10,7 +10,7 @@ use super::plan::Layout;
 use super::route::{Steps, run_route};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ops::Addr;
+use crate::addr::Addr;
 use crate::ops::geodesic::{Job, Kind};
 use crate::ops::linalg::{GemmPlan, Mat, Trans};
 
@@ -148,7 +148,7 @@ impl HostRoute {
         let e = self.job.dtype.size();
         if m.rows > 0 && m.cols > 0 {
             self.check(
-                crate::ops::addr::raw(m.addr) as usize,
+                crate::addr::raw(m.addr) as usize,
                 ((m.rows - 1) * m.ld + m.cols) as usize * e,
             );
         }

@@ -8,7 +8,7 @@ use crate::cuda::kargs::kernel_args;
 use crate::cuda::launch::{Names, launch, per_dtype};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ops::addr::raw;
+use crate::addr::raw;
 use crate::ops::linalg::KronPlan;
 use crate::stream::Stream;
 

@@ -10,8 +10,8 @@ use crate::cuda::kargs::kernel_args;
 use crate::cuda::launch::{BLOCK, Names, grid_for, launch, per_dtype};
 use crate::dtype::DType;
 use crate::error::{Result, lock};
-use crate::ops::Addr;
-use crate::ops::addr::raw;
+use crate::addr::Addr;
+use crate::addr::raw;
 use crate::ops::linalg::{Activation, GemmPlan, LinearBwdPlan, LinearPlan, Mat, Trans, dense};
 use crate::stream::Stream;
 

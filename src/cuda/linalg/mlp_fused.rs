@@ -26,8 +26,8 @@ use crate::cuda::kargs::{KernelArgs as _, c_structs, kernel_args};
 use crate::cuda::launch::{Names, defines, per_dtype};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, Result, lock};
-use crate::ops::Addr;
-use crate::ops::addr::raw;
+use crate::addr::Addr;
+use crate::addr::raw;
 use crate::ops::mlp::{Layer, MlpPlan};
 use crate::stream::Stream;
 

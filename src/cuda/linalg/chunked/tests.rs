@@ -1,7 +1,7 @@
 use super::*;
 use crate::cuda::linalg::tiles::MAX_DEPTH;
 use crate::dtype::DType;
-use crate::ops::addr::{ptr, raw};
+use crate::addr::{ptr, raw};
 use crate::ops::elementwise::Scalar;
 use crate::ops::linalg::Trans;
 

@@ -2,7 +2,7 @@ use super::*;
 use crate::cuda::launch::kernel_suffix;
 use crate::cuda::linalg::source;
 use crate::dtype::ALL_DTYPES;
-use crate::ops::Addr;
+use crate::addr::Addr;
 
 /// A stand-in address: these plans only choose launches (their alignment is read,
 /// never their memory; the emulation gets the residues mod 64).

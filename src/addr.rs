@@ -31,8 +31,6 @@
 
 use std::num::NonZeroU64;
 
-use crate::buffer::Buffer;
-
 /// The non-zero address of memory that its maker vouched for (see the module
 /// documentation): device or host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -66,17 +64,6 @@ impl Addr {
     pub unsafe fn from_ptr<T>(p: *const T) -> Option<Addr> {
         // SAFETY: the caller's contract is `from_raw`'s.
         unsafe { Addr::from_raw(p as usize as u64) }
-    }
-
-    /// The address of `buf`'s first element (`None` if it has no memory): vouched
-    /// for where the buffer was made.
-    pub fn of(buf: &Buffer) -> Option<Addr> {
-        buf.data
-    }
-
-    /// The address `buf` of an optional operand, `None` when it is absent.
-    pub fn of_opt(buf: Option<&Buffer>) -> Option<Addr> {
-        buf.and_then(Addr::of)
     }
 
     /// The address as a number (a kernel argument, a driver call, an alignment

@@ -180,7 +180,7 @@ impl Context {
 
     pub fn name(&self) -> Result<String> {
         match &self.cuda {
-            None => Ok(crate::cpu::cpu_name()),
+            None => Ok(crate::host::cpu_name()),
             Some(d) => d.name(),
         }
     }
@@ -188,7 +188,7 @@ impl Context {
     /// `(free, total)` device memory in bytes; on the CPU, the host's memory.
     pub fn memory_info(&self) -> Result<(u64, u64)> {
         match &self.cuda {
-            None => Ok(crate::cpu::host_memory()),
+            None => Ok(crate::host::host_memory()),
             Some(d) => d.memory_info(),
         }
     }

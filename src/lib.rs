@@ -35,6 +35,7 @@ pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub(crate) mod event;
+pub(crate) mod host;
 pub(crate) mod layout;
 pub(crate) mod ops;
 pub(crate) mod stream;

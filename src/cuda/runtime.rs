@@ -138,7 +138,7 @@ impl CudaDevice {
             Ok(()) => Ok(p as *mut u8),
             Err(e) => {
                 let mut err = Error::from(e);
-                let (free, _) = crate::cpu::host_memory();
+                let (free, _) = crate::host::host_memory();
                 err.status = FK_ERROR_OUT_OF_MEMORY;
                 err.message = format!(
                     "cuMemHostAlloc of {bytes} bytes of pinned host memory failed ({free} bytes of host memory free): {}",

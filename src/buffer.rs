@@ -8,6 +8,8 @@
 use std::alloc::Layout;
 use std::sync::Arc;
 
+use crate::addr::Addr;
+use crate::addr::{ptr, raw};
 use crate::context::{Context, Device};
 use crate::dtype::DType;
 use crate::error::{
@@ -15,8 +17,6 @@ use crate::error::{
     FK_ERROR_OUT_OF_MEMORY, FK_ERROR_SHAPE_MISMATCH, FK_ERROR_UNSUPPORTED, Result,
 };
 use crate::layout;
-use crate::addr::Addr;
-use crate::addr::{ptr, raw};
 use crate::stream::Stream;
 
 /// Who owns the memory behind a buffer.

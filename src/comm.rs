@@ -21,6 +21,7 @@ use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
+use crate::addr::{ptr, raw};
 use crate::buffer::{Buffer, check_same_device};
 use crate::context::{Context, Device};
 use crate::cuda::nccl::{self, ncclComm_t, ncclUniqueId};
@@ -30,7 +31,6 @@ use crate::error::{
     FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH, FK_ERROR_UNSUPPORTED,
     FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
-use crate::addr::{ptr, raw};
 use crate::stream::Stream;
 
 /// Size of an exported unique id (NCCL's `NCCL_UNIQUE_ID_BYTES`).

@@ -8,6 +8,8 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
+use crate::addr::Addr;
+use crate::addr::ptr;
 use crate::buffer::{Buffer, Storage};
 use crate::context::{Context, Device};
 use crate::dtype::DType;
@@ -16,8 +18,6 @@ use crate::error::{
     FK_ERROR_UNSUPPORTED, FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
 use crate::layout;
-use crate::addr::Addr;
-use crate::addr::ptr;
 
 pub(crate) const DLPACK_MAJOR: u32 = 1;
 pub(crate) const DLPACK_MINOR: u32 = 1;

@@ -38,6 +38,7 @@ pub(crate) mod event;
 pub(crate) mod host;
 pub(crate) mod layout;
 pub(crate) mod ops;
+pub(crate) mod plan;
 pub(crate) mod stream;
 /** cbindgen:ignore */
 pub(crate) mod xla; // XLA FFI handlers (docs/jax.md), not in fusekit.h

@@ -595,11 +595,7 @@ unsafe fn write_array(out: *mut i64, v: &[i64]) -> crate::error::Result<()> {
 /// `FK_ERROR_NULL_POINTER`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_buffer_data(buf: *const fk_buffer, out: *mut *mut c_void) -> fk_status {
-    unsafe {
-        buffer_query("fk_buffer_data", buf, out, |b| {
-            crate::addr::ptr(b.data)
-        })
-    }
+    unsafe { buffer_query("fk_buffer_data", buf, out, |b| crate::addr::ptr(b.data)) }
 }
 
 /// The buffer's device (`kind`, `ordinal`; either may be NULL): the context's

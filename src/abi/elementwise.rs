@@ -21,7 +21,8 @@
 
 use super::{fk_buffer, fk_scalar, fk_stream, guard, stream_or_default};
 use crate::error::{Result, fk_status};
-use crate::ops::elementwise::{self as ew, BinaryOp, Scalar, UnaryOp};
+use crate::ops::elementwise as ew;
+use crate::plan::elementwise::{BinaryOp, Scalar, UnaryOp};
 
 const ZERO: fk_scalar = fk_scalar { re: 0.0, im: 0.0 };
 const ONE: fk_scalar = fk_scalar { re: 1.0, im: 0.0 };

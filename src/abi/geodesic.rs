@@ -38,6 +38,7 @@
 use super::{fk_buffer, fk_stream, guard, stream_or_default};
 use crate::error::fk_status;
 use crate::ops::geodesic as geo;
+use crate::plan::geodesic::{GEO_ALLOW_TF32, GEO_ALLOW_TF32X3, GEO_FORCE_GENERIC};
 
 /// `flags` bit of the geodesic ops: the CUDA forwards (`fk_christoffel_forward`,
 /// `fk_leapfrog_forward`) may use TF32 tensor cores (mma.sync) for the f32 products,
@@ -68,9 +69,9 @@ pub const FK_GEO_FORCE_GENERIC: u32 = 2;
 pub const FK_GEO_ALLOW_TF32X3: u32 = 4;
 
 // cbindgen copies literal values only; the crate's constants must agree.
-const _: () = assert!(FK_GEO_ALLOW_TF32 == geo::GEO_ALLOW_TF32);
-const _: () = assert!(FK_GEO_FORCE_GENERIC == geo::GEO_FORCE_GENERIC);
-const _: () = assert!(FK_GEO_ALLOW_TF32X3 == geo::GEO_ALLOW_TF32X3);
+const _: () = assert!(FK_GEO_ALLOW_TF32 == GEO_ALLOW_TF32);
+const _: () = assert!(FK_GEO_FORCE_GENERIC == GEO_FORCE_GENERIC);
+const _: () = assert!(FK_GEO_ALLOW_TF32X3 == GEO_ALLOW_TF32X3);
 
 /// Christoffel forward: `p = v U` `[B, R]`, `s = p*p`, `gamma_raw = s W^T` `[B, D]`,
 /// `gamma = clamp(gamma_raw, -c, c)` (`c = 5` in the source model; `INFINITY`

@@ -36,8 +36,9 @@
 use super::{fk_buffer, fk_scalar, fk_stream, guard, stream_or_default, write_out};
 use crate::dtype::{DType, fk_dtype};
 use crate::error::{FK_ERROR_INVALID_ARGUMENT, Result, fk_status};
-use crate::ops::elementwise::Scalar;
-use crate::ops::linalg::{self as la, Activation, Trans};
+use crate::ops::linalg as la;
+use crate::plan::elementwise::Scalar;
+use crate::plan::linalg::{Activation, Trans};
 
 /// Operation applied to a GEMM operand (`int32_t`). Values are part of the ABI.
 pub type fk_op = i32;
@@ -68,6 +69,9 @@ pub const FK_ACT_GELU_ERF: fk_activation = 3;
 /// rounded to a 10-bit mantissa, f32 accumulation; relative error ~1e-3). Ignored
 /// for other dtypes and on the CPU.
 pub const FK_GEMM_ALLOW_TF32: u32 = 1;
+
+// cbindgen copies literal values only; the crate's constant must agree.
+const _: () = assert!(FK_GEMM_ALLOW_TF32 == crate::plan::linalg::GEMM_ALLOW_TF32);
 
 fn trans(v: fk_op, what: &str) -> Result<Trans> {
     Ok(match v {

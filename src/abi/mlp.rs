@@ -49,6 +49,9 @@ use crate::ops::mlp;
 /// The most layers `fk_mlp_forward` / `fk_mlp_backward` take in one call.
 pub const FK_MLP_MAX_LAYERS: i32 = 64;
 
+// cbindgen copies literal values only; the crate's constant must agree.
+const _: () = assert!(FK_MLP_MAX_LAYERS as usize == crate::plan::mlp::MAX_LAYERS);
+
 /// `n_layers` checked, then the `n_layers` entries of the array `p` (`what`).
 unsafe fn array<'a, T>(p: *const T, n_layers: usize, what: &str) -> Result<&'a [T]> {
     crate::ensure!(!p.is_null(), FK_ERROR_NULL_POINTER, "{what} is NULL");

@@ -103,9 +103,9 @@ pub struct fk_scalar {
     pub im: f64,
 }
 
-impl From<fk_scalar> for crate::ops::elementwise::Scalar {
+impl From<fk_scalar> for crate::plan::elementwise::Scalar {
     fn from(s: fk_scalar) -> Self {
-        crate::ops::elementwise::Scalar { re: s.re, im: s.im }
+        crate::plan::elementwise::Scalar { re: s.re, im: s.im }
     }
 }
 

@@ -27,7 +27,8 @@
 
 use super::{fk_buffer, fk_stream, guard, stream_or_default};
 use crate::error::fk_status;
-use crate::ops::optim::{self as op, Method};
+use crate::ops::optim as op;
+use crate::plan::optim::{Method, Report};
 
 /// Method of `fk_matrix_power` (`int32_t`). Values are part of the ABI.
 pub type fk_matpow_method = i32;
@@ -126,7 +127,7 @@ pub unsafe extern "C" fn fk_matrix_power(
         let m = Method::from_abi(method)?;
         let (a, o) = buffers!(a, out);
         let s = stream_or_default(stream, &o.ctx)?;
-        let fill = |r: &op::Report| {
+        let fill = |r: &Report| {
             if !report.is_null() {
                 report.write(fk_matpow_report {
                     method: r.method as i32,

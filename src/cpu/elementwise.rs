@@ -5,10 +5,10 @@
 use rayon::prelude::*;
 
 use super::{Complex, Elem, Math};
+use crate::addr::Addr;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::addr::Addr;
-use crate::ops::elementwise::{BinaryOp, Plan, UnaryOp};
+use crate::plan::elementwise::{BinaryOp, Plan, UnaryOp};
 
 const CHUNK: i64 = 1 << 15;
 

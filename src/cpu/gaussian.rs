@@ -10,9 +10,9 @@ use rayon::prelude::*;
 
 pub use super::Real;
 use super::{host_slice, host_slice_mut};
-use crate::error::Result;
 use crate::addr::Addr;
-use crate::ops::gaussian::{Grads, Inputs};
+use crate::error::Result;
+use crate::plan::gaussian::{Grads, Inputs};
 
 // Safety of every `host_slice`/`host_slice_mut` below: `ops::gaussian` validated
 // each address as a contiguous host buffer of the call's dtype `T` and of the

@@ -25,11 +25,11 @@
 
 use rayon::prelude::*;
 
+use crate::addr::Addr;
 use crate::cpu::{Real, element, host_slice, host_slice_mut};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::addr::Addr;
-use crate::ops::geodesic::{Job, Kind};
+use crate::plan::geodesic::{Job, Kind};
 
 /// Reads `n` elements at element offset `off` of the operand at `base` as f64 (zeros
 /// where the operand is absent).

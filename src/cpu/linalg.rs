@@ -7,11 +7,11 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::{Complex, element, host_slice, host_slice_mut};
-use crate::dtype::DType;
-use crate::error::Result;
 use crate::addr::Addr;
 use crate::addr::ptr;
-use crate::ops::linalg::{
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::plan::linalg::{
     Activation, GELU_TANH_A, GELU_TANH_C, GemmPlan, KronPlan, LinearBwdPlan, LinearPlan, Mat, Trans,
 };
 

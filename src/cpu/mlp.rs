@@ -10,11 +10,11 @@ use super::linalg::{
     act_fwd, col_sums, gelu_erf_grad, gelu_tanh_grad, load_f32, mm_f32, store_f32,
 };
 use super::{host_slice, host_slice_mut};
+use crate::addr::Addr;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::addr::Addr;
-use crate::ops::linalg::Activation;
-use crate::ops::mlp::{Layer, MlpPlan};
+use crate::plan::linalg::Activation;
+use crate::plan::mlp::{Layer, MlpPlan};
 
 /// `v` rounded to what `dtype` holds.
 fn round(dtype: DType, v: f32) -> f32 {

@@ -8,10 +8,10 @@ use nalgebra::{DMatrix, SymmetricEigen};
 use rayon::prelude::*;
 
 use super::{Real, element, host_slice, host_slice_mut};
-use crate::error::Result;
 use crate::addr::Addr;
-use crate::ops::linalg::{GemmPlan, Trans};
-use crate::ops::optim::{Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan, clip_scale};
+use crate::error::Result;
+use crate::plan::linalg::{GemmPlan, Trans};
+use crate::plan::optim::{Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan, clip_scale};
 
 // Safety of every `load`, `store` and `each_matrix` below: the addresses are those
 // of buffers `ops::optim` validated (contiguous host memory of the plan's dtype `T`
@@ -66,7 +66,7 @@ unsafe fn each_matrix<T: Real>(addr: Addr, batch: i64, n: i64, f: impl Fn(usize,
 /// The CPU backend of the Newton iteration.
 pub struct Ops;
 
-impl crate::ops::optim::MatOps for Ops {
+impl crate::plan::optim::MatOps for Ops {
     fn scratch(&self, bytes: usize) -> Result<Scratch<'_>> {
         let mut v: Vec<u64> = Vec::new();
         v.try_reserve_exact(bytes.div_ceil(8)).map_err(|_| {

@@ -38,13 +38,14 @@ use cudarc::driver::{result as dr, sys as ds};
 
 use super::CudaDevice;
 use super::cublas_api::{api, blas as bsf, lt as ltf};
-use crate::dtype::DType;
-use crate::error::{
-    CudaContext as _, Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result, lock,
-};
 use crate::addr::Addr;
 use crate::addr::ptr;
-use crate::ops::linalg::{GemmPlan, Trans};
+use crate::dtype::DType;
+use crate::error::{
+    CudaContext as _, Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result,
+    lock,
+};
+use crate::plan::linalg::{GemmPlan, Trans};
 
 /// cuBLAS workspace per stream (NVIDIA's recommendation for Hopper).
 pub(crate) const WORKSPACE_BYTES: usize = 32 << 20;
@@ -479,9 +480,8 @@ impl Slot {
         let mut ev = [std::ptr::null_mut(); 2];
         for (i, e) in ev.iter_mut().enumerate() {
             // SAFETY: writes a new event of the current context.
-            let r = unsafe {
-                ds::cuEventCreate(e, ds::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
-            };
+            let r =
+                unsafe { ds::cuEventCreate(e, ds::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) };
             if let Err(err) = r.result().cuda("cuEventCreate") {
                 for made in &ev[..i] {
                     // SAFETY: created just above.

@@ -16,12 +16,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::cusolver::sys as sv;
 
 use super::{CudaDevice, Workspace};
+use crate::addr::Addr;
+use crate::addr::{ptr, raw};
 use crate::dtype::DType;
 use crate::error::{
     Error, FK_ERROR_CUDA, FK_ERROR_OUT_OF_MEMORY, FK_ERROR_UNSUPPORTED, Result, lock,
 };
-use crate::addr::Addr;
-use crate::addr::{ptr, raw};
 
 /// cuSOLVER's functions (cusolverDn.h), called through the library fusekit loaded
 /// (`dynlib`: one copy per process).

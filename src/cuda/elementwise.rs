@@ -7,11 +7,11 @@ use super::kargs::{KernelArgs as _, c_structs, kernel_args};
 use super::launch::{
     BLOCK, Names, defines, dtype_modules, grid_for, kernel_suffix, launch, per_dtype,
 };
+use crate::addr::raw;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::layout::FK_MAX_DIMS;
-use crate::addr::raw;
-use crate::ops::elementwise::{ALL_BINARY, ALL_UNARY, BinaryOp, Plan, UnaryOp};
+use crate::plan::elementwise::{ALL_BINARY, ALL_UNARY, BinaryOp, Plan, UnaryOp};
 use crate::stream::Stream;
 
 dtype_modules!(pub MODULES, MODULE = "elementwise", source: f16, bf16, f32, f64, c64, c128);

@@ -7,11 +7,11 @@ use cudarc::driver::sys;
 use super::CudaDevice;
 use super::kargs::{KernelArgs as _, c_structs, kernel_args};
 use super::launch::{Names, defines, dtype_modules, kernel_suffix, launch, per_dtype};
-use crate::dtype::DType;
-use crate::error::{CudaContext as _, FK_ERROR_NULL_POINTER, Result};
 use crate::addr::Addr;
 use crate::addr::raw;
-use crate::ops::gaussian::{Grads, Inputs};
+use crate::dtype::DType;
+use crate::error::{CudaContext as _, FK_ERROR_NULL_POINTER, Result};
+use crate::plan::gaussian::{Grads, Inputs};
 use crate::stream::Stream;
 
 dtype_modules!(pub MODULES, MODULE = "gaussian", source: f32, f64);

@@ -26,13 +26,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{result, sys};
 
+use crate::addr::Addr;
+use crate::addr::raw;
 use crate::buffer::HostMem;
 use crate::error::{
     CudaContext as _, Error, FK_ERROR_CUDA_UNAVAILABLE, FK_ERROR_DEVICE_MISMATCH,
     FK_ERROR_INVALID_ARGUMENT, Result, lock,
 };
-use crate::addr::Addr;
-use crate::addr::raw;
 
 /// Every kernel module: `(name, source)`; sources are embedded in the library.
 /// A new op family chains its launcher's `MODULES` here.
@@ -48,7 +48,10 @@ pub fn modules() -> impl Iterator<Item = &'static (&'static str, fn() -> String)
 /// Headers the module sources may `#include "..."` (resolved by NVRTC in memory).
 pub const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../kernels/common.cuh")),
-    ("activation.cuh", include_str!("../../kernels/activation.cuh")),
+    (
+        "activation.cuh",
+        include_str!("../../kernels/activation.cuh"),
+    ),
 ];
 
 /// Loads libcuda and initialises the driver once per process.

@@ -13,12 +13,12 @@ use super::cublas::{self, Slot};
 use super::kargs::{KernelArgs as _, c_structs, kernel_args};
 use super::launch::{BLOCK, Names, defines, launch, launch_ex, per_dtype};
 use super::{CudaDevice, Workspace};
-use crate::dtype::DType;
-use crate::error::{CudaContext as _, Result};
 use crate::addr::Addr;
 use crate::addr::{ptr, raw};
-use crate::ops::linalg::{GemmPlan, Trans, dense};
-use crate::ops::optim::{Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan};
+use crate::dtype::DType;
+use crate::error::{CudaContext as _, Result};
+use crate::plan::linalg::{GemmPlan, Trans, dense};
+use crate::plan::optim::{Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan};
 use crate::stream::Stream;
 
 const MODULE: &str = "optim";
@@ -331,7 +331,7 @@ impl<'a> Ops<'a> {
     }
 }
 
-impl crate::ops::optim::MatOps for Ops<'_> {
+impl crate::plan::optim::MatOps for Ops<'_> {
     fn scratch(&self, bytes: usize) -> Result<Scratch<'_>> {
         self.alloc(bytes)
     }
@@ -445,7 +445,7 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
     )?;
     // out = Q^T S (rows of Q are the eigenvectors)
     let m = |a: Addr| plan.mat(a);
-    crate::ops::optim::MatOps::gemm(
+    crate::plan::optim::MatOps::gemm(
         &ops,
         &GemmPlan::new(
             plan.dtype,
@@ -616,7 +616,7 @@ pub fn per_sample_grads(
 ) -> Result<()> {
     if p.steps != 1 {
         let ops = Ops::new(dev, stream)?;
-        return crate::ops::optim::MatOps::gemm(&ops, &p.grads_gemm(out));
+        return crate::plan::optim::MatOps::gemm(&ops, &p.grads_gemm(out));
     }
     let w = 16 / p.dtype.size() as i64;
     let vec = p.din % w == 0 && raw(p.a) % 16 == 0 && raw(out) % 16 == 0;
@@ -698,7 +698,7 @@ fn norms_into(ops: &Ops, p: &SamplePlan, norms: Option<Addr>) -> Result<()> {
     let gg = ops.alloc((p.batch * t * t) as usize * es)?;
     for (x, w, dst) in [(p.a, p.din, ga.addr), (p.g, p.dout, gg.addr)] {
         let xm = dense(x, t, w, t * w);
-        crate::ops::optim::MatOps::gemm(
+        crate::plan::optim::MatOps::gemm(
             ops,
             &GemmPlan::new(
                 p.dtype,
@@ -777,7 +777,7 @@ pub fn dp_clipped_sum(
         };
         run_rows(dev, PS_SCALE_ROWS, p.dtype, p.batch, stream.raw, &mut a)?;
     }
-    crate::ops::optim::MatOps::gemm(&ops, &p.sum_gemm(gs, out))?;
+    crate::plan::optim::MatOps::gemm(&ops, &p.sum_gemm(gs, out))?;
     drop(scratch);
     Ok(())
 }

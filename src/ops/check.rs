@@ -29,7 +29,7 @@ use crate::error::{
     FK_ERROR_ALIASING, FK_ERROR_DTYPE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH,
     FK_ERROR_UNSUPPORTED, FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
-use crate::ops::elementwise::Scalar;
+use crate::plan::elementwise::Scalar;
 use crate::stream::Stream;
 
 /// A named argument: `(buffer, name)`.

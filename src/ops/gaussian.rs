@@ -17,6 +17,7 @@
 //! backwards reduce over points and Gaussians deterministically through a
 //! caller-provided workspace (`backward_workspace_bytes`); see docs/gaussian.md.
 
+use crate::addr::Addr;
 use crate::buffer::Buffer;
 use crate::context::{Context, Device};
 use crate::dtype::DType;
@@ -24,44 +25,9 @@ use crate::error::{
     FK_ERROR_BUFFER_TOO_SMALL, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_NULL_POINTER,
     FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
-use crate::addr::Addr;
 use crate::ops::check::{self, Named};
+use crate::plan::gaussian::{Grads, Inputs};
 use crate::stream::Stream;
-
-/// Validated inputs, as addresses the backends read (`None`: an empty buffer, or
-/// no weights for the Mahalanobis ops).
-#[derive(Debug, Clone, Copy)]
-pub struct Inputs {
-    pub dtype: DType,
-    /// Number of points.
-    pub b: i64,
-    /// Number of Gaussians.
-    pub n: i64,
-    pub points: Option<Addr>,
-    pub means: Option<Addr>,
-    pub chol: Option<Addr>,
-    pub weights: Option<Addr>,
-    pub eps: f64,
-}
-
-/// Backward outputs; `None` = not wanted.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Grads {
-    pub dpoints: Option<Addr>,
-    pub dmeans: Option<Addr>,
-    pub dchol: Option<Addr>,
-    pub dweights: Option<Addr>,
-}
-
-impl Grads {
-    pub fn any(&self) -> bool {
-        self.dpoints.is_some() || self.per_gaussian()
-    }
-    /// Whether any per-Gaussian sum (over points) is wanted.
-    pub fn per_gaussian(&self) -> bool {
-        self.dmeans.is_some() || self.dchol.is_some() || self.dweights.is_some()
-    }
-}
 
 /// The element types of the Gaussian ops.
 const DTYPES: [DType; 2] = [DType::F32, DType::F64];

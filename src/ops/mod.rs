@@ -8,4 +8,3 @@ pub mod geodesic;
 pub mod linalg;
 pub mod mlp;
 pub mod optim;
-

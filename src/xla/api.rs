@@ -267,17 +267,26 @@ mod tests {
         assert_eq!(size_of::<XLA_FFI_Extension_Base>(), 24);
         offsets!(XLA_FFI_Extension_Base { type_: 8, next: 16 });
         assert_eq!(size_of::<XLA_FFI_Api_Version>(), 24);
-        offsets!(XLA_FFI_Api_Version { major_version: 16, minor_version: 20 });
+        offsets!(XLA_FFI_Api_Version {
+            major_version: 16,
+            minor_version: 20
+        });
     }
 
     #[test]
     fn error_and_stream_args() {
-        offsets!(XLA_FFI_Error_Create_Args { message: 16, errc: 24 });
+        offsets!(XLA_FFI_Error_Create_Args {
+            message: 16,
+            errc: 24
+        });
         assert_eq!(
             end_of!(XLA_FFI_Error_Create_Args, errc),
             XLA_FFI_ERROR_CREATE_ARGS_STRUCT_SIZE
         );
-        offsets!(XLA_FFI_Stream_Get_Args { ctx: 16, stream: 24 });
+        offsets!(XLA_FFI_Stream_Get_Args {
+            ctx: 16,
+            stream: 24
+        });
         assert_eq!(
             end_of!(XLA_FFI_Stream_Get_Args, stream),
             XLA_FFI_STREAM_GET_ARGS_STRUCT_SIZE
@@ -292,7 +301,12 @@ mod tests {
     #[test]
     fn buffer_scalar_bytespan() {
         assert_eq!(size_of::<XLA_FFI_Buffer>(), 48);
-        offsets!(XLA_FFI_Buffer { dtype: 16, data: 24, rank: 32, dims: 40 });
+        offsets!(XLA_FFI_Buffer {
+            dtype: 16,
+            data: 24,
+            rank: 32,
+            dims: 40
+        });
         assert_eq!(size_of::<XLA_FFI_ByteSpan>(), 16);
         offsets!(XLA_FFI_ByteSpan { len: 8 });
         assert_eq!(size_of::<XLA_FFI_Scalar>(), 16);
@@ -302,13 +316,27 @@ mod tests {
     #[test]
     fn call_frame() {
         assert_eq!(size_of::<XLA_FFI_Args>(), 40);
-        offsets!(XLA_FFI_Args { size: 16, types: 24, args: 32 });
+        offsets!(XLA_FFI_Args {
+            size: 16,
+            types: 24,
+            args: 32
+        });
         assert_eq!(size_of::<XLA_FFI_Rets>(), 40);
         offsets!(XLA_FFI_Rets { rets: 32 });
         assert_eq!(size_of::<XLA_FFI_Attrs>(), 48);
-        offsets!(XLA_FFI_Attrs { types: 24, names: 32, attrs: 40 });
+        offsets!(XLA_FFI_Attrs {
+            types: 24,
+            names: 32,
+            attrs: 40
+        });
         offsets!(XLA_FFI_CallFrame {
-            api: 16, ctx: 24, stage: 32, args: 40, rets: 80, attrs: 120, future: 168,
+            api: 16,
+            ctx: 24,
+            stage: 32,
+            args: 40,
+            rets: 80,
+            attrs: 120,
+            future: 168,
         });
         assert_eq!(size_of::<XLA_FFI_CallFrame>(), 176);
         assert_eq!(
@@ -319,7 +347,10 @@ mod tests {
 
     #[test]
     fn metadata() {
-        offsets!(XLA_FFI_Metadata { api_version: 8, traits: 32 });
+        offsets!(XLA_FFI_Metadata {
+            api_version: 8,
+            traits: 32
+        });
         // XLA_FFI_Metadata_STRUCT_SIZE ends at traits
         assert_eq!(end_of!(XLA_FFI_Metadata, traits), 36);
         offsets!(XLA_FFI_Metadata_Extension { metadata: 24 });
@@ -329,7 +360,10 @@ mod tests {
     #[test]
     fn api_table() {
         offsets!(XLA_FFI_Api {
-            api_version: 16, internal_api: 40, error_create: 48, stream_get: 80,
+            api_version: 16,
+            internal_api: 40,
+            error_create: 48,
+            stream_get: 80,
             device_ordinal_get: 184,
         });
         // XLA_FFI_Api_STRUCT_SIZE of API 0.3 ends at XLA_FFI_DeviceOrdinal_Get

@@ -7,7 +7,8 @@
 
 use super::{Call, Graph::Capturable, handlers};
 use crate::error::Result;
-use crate::ops::elementwise::{self as ew, BinaryOp, Scalar, UnaryOp};
+use crate::ops::elementwise as ew;
+use crate::plan::elementwise::{BinaryOp, Scalar, UnaryOp};
 
 const ONE: Scalar = Scalar { re: 1.0, im: 0.0 };
 

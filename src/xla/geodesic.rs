@@ -52,7 +52,12 @@ fn wanted<const N: usize>(c: &Call, want: u32, names: [&str; N]) -> Result<[Opti
 
 /// The leapfrog's attributes `dt`, `steps`, `c` and `flags`, read in that order.
 fn leapfrog_attrs(c: &Call) -> Result<(f64, i64, f64, u32)> {
-    Ok((c.attr_f64("dt")?, c.attr_i64("steps")?, c.attr_f64("c")?, c.attr_flags("flags")?))
+    Ok((
+        c.attr_f64("dt")?,
+        c.attr_i64("steps")?,
+        c.attr_f64("c")?,
+        c.attr_flags("flags")?,
+    ))
 }
 
 fn christoffel_forward(c: &Call) -> Result<()> {
@@ -95,7 +100,9 @@ fn leapfrog_forward(c: &Call) -> Result<()> {
     let traj = c.opt_ret(2, "traj")?;
     let (dt, steps, cl, flags) = leapfrog_attrs(c)?;
     let (f, mu, traj) = (f.as_ref(), mu.as_ref(), traj.as_ref());
-    geo::leapfrog_forward(&x0, &v0, f, &u, &w, mu, dt, steps, cl, flags, &xo, &vo, traj, &c.stream)
+    geo::leapfrog_forward(
+        &x0, &v0, f, &u, &w, mu, dt, steps, cl, flags, &xo, &vo, traj, &c.stream,
+    )
 }
 
 fn leapfrog_backward(c: &Call) -> Result<()> {
@@ -113,9 +120,31 @@ fn leapfrog_backward(c: &Call) -> Result<()> {
     let [dx0, dv0, df, du, dw] = wanted(c, want(c, 5)?, ["dx0", "dv0", "df", "dU", "dW"])?;
     let (dt, steps, cl, flags) = leapfrog_attrs(c)?;
     let (f, mu, traj) = (f.as_ref(), mu.as_ref(), traj.as_ref());
-    let (dx0, dv0, df, du, dw) = (dx0.as_ref(), dv0.as_ref(), df.as_ref(), du.as_ref(), dw.as_ref());
+    let (dx0, dv0, df, du, dw) = (
+        dx0.as_ref(),
+        dv0.as_ref(),
+        df.as_ref(),
+        du.as_ref(),
+        dw.as_ref(),
+    );
     geo::leapfrog_backward(
-        &v0, f, &u, &w, mu, dt, steps, cl, flags, traj, Some(&gx), Some(&gv), dx0, dv0, df, du, dw,
+        &v0,
+        f,
+        &u,
+        &w,
+        mu,
+        dt,
+        steps,
+        cl,
+        flags,
+        traj,
+        Some(&gx),
+        Some(&gv),
+        dx0,
+        dv0,
+        df,
+        du,
+        dw,
         &c.stream,
     )
 }

@@ -16,8 +16,9 @@ use super::{
     handlers,
 };
 use crate::error::{FK_ERROR_INVALID_ARGUMENT, Result};
-use crate::ops::elementwise::Scalar;
-use crate::ops::linalg::{self as la, Activation, Trans};
+use crate::ops::linalg as la;
+use crate::plan::elementwise::Scalar;
+use crate::plan::linalg::{Activation, Trans};
 
 fn activation(c: &Call) -> Result<Activation> {
     Ok(match c.attr_i64("act")? {

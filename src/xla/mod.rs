@@ -293,12 +293,20 @@ impl<'a> Call<'a> {
     /// Operand `i` when the call has it, None when it has fewer operands (a trailing
     /// optional operand; `expect` bounds the count).
     pub fn opt_arg(&self, i: usize, what: &str) -> Result<Option<Buffer>> {
-        if i < self.n_args() { self.arg(i, what).map(Some) } else { Ok(None) }
+        if i < self.n_args() {
+            self.arg(i, what).map(Some)
+        } else {
+            Ok(None)
+        }
     }
 
     /// Result `i` when the call has it, None when it has fewer results (as `opt_arg`).
     pub fn opt_ret(&self, i: usize, what: &str) -> Result<Option<Buffer>> {
-        if i < self.n_rets() { self.ret(i, what).map(Some) } else { Ok(None) }
+        if i < self.n_rets() {
+            self.ret(i, what).map(Some)
+        } else {
+            Ok(None)
+        }
     }
 
     /// Entry `i` of the frame's operands or results (`kind`), a list of `n` types
@@ -311,7 +319,11 @@ impl<'a> Call<'a> {
         i: usize,
         what: &str,
     ) -> Result<Buffer> {
-        crate::ensure!(i < n, FK_ERROR_INVALID_ARGUMENT, "{kind} {i} ({what}) is missing");
+        crate::ensure!(
+            i < n,
+            FK_ERROR_INVALID_ARGUMENT,
+            "{kind} {i} ({what}) is missing"
+        );
         // SAFETY: `types` and the pointers hold `size` entries.
         let (t, p) = unsafe { (*types.add(i), *ptrs.add(i)) };
         crate::ensure!(

@@ -28,15 +28,13 @@
 //! - `dp_clipped_grad_sum`: operands `a`, `g`; results `out [out,in]` and
 //!   optionally `sq_norms [B]`; attributes `max_norm`, `flags`. Not capturable (see mod.rs).
 
-use super::{
-    Call,
-    Graph::NotCapturable,
-    handlers,
-};
+use super::{Call, Graph::NotCapturable, handlers};
 use crate::buffer::Buffer;
 use crate::error::Result;
-use crate::ops::elementwise::{self as ew, Scalar, UnaryOp};
-use crate::ops::optim::{self as op, Method};
+use crate::ops::elementwise as ew;
+use crate::ops::optim as op;
+use crate::plan::elementwise::{Scalar, UnaryOp};
+use crate::plan::optim::Method;
 
 fn matrix_power(c: &Call) -> Result<()> {
     c.expect((1, 1), (1, 1))?;

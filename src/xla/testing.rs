@@ -129,7 +129,8 @@ impl FakeCall {
     /// (uninitialised, as XLA's may be).
     fn ret_filled<T: Copy>(mut self, dtype: i32, nan: T, dims: &[i64]) -> Self {
         let n: i64 = dims.iter().product();
-        self.rets.push(buf(dtype, bytes_of(&vec![nan; n as usize]), dims));
+        self.rets
+            .push(buf(dtype, bytes_of(&vec![nan; n as usize]), dims));
         self
     }
     pub fn ret_f64(self, dims: &[i64]) -> Self {
@@ -302,10 +303,7 @@ mod tests {
                 fk_xla_add_cuda,
                 XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
             ),
-            (
-                fk_xla_linear_backward_cuda,
-                0,
-            ),
+            (fk_xla_linear_backward_cuda, 0),
             (
                 fk_xla_gaussian_field_backward_cpu,
                 XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
@@ -313,48 +311,18 @@ mod tests {
             // docs/abi.md's "CUDA graphs" table: the geodesic ops, Shampoo, the
             // per-sample ops and Newton with tol <= 0 are capturable; the
             // eigendecomposition reads cuSOLVER's flags on the host: not
-            (
-                fk_xla_christoffel_forward_cuda,
-                0,
-            ),
-            (
-                fk_xla_christoffel_backward_cuda,
-                0,
-            ),
-            (
-                fk_xla_leapfrog_forward_cuda,
-                0,
-            ),
-            (
-                fk_xla_leapfrog_backward_cuda,
-                0,
-            ),
-            (
-                fk_xla_matrix_power_cuda,
-                0,
-            ),
+            (fk_xla_christoffel_forward_cuda, 0),
+            (fk_xla_christoffel_backward_cuda, 0),
+            (fk_xla_leapfrog_forward_cuda, 0),
+            (fk_xla_leapfrog_backward_cuda, 0),
+            (fk_xla_matrix_power_cuda, 0),
             (fk_xla_matrix_power_eigh_cuda, 0),
             (fk_xla_matrix_power_eigh_cpu, 0),
-            (
-                fk_xla_shampoo_stats_cuda,
-                0,
-            ),
-            (
-                fk_xla_shampoo_precondition_cuda,
-                0,
-            ),
-            (
-                fk_xla_per_sample_grads_cuda,
-                0,
-            ),
-            (
-                fk_xla_per_sample_grad_norms_cuda,
-                0,
-            ),
-            (
-                fk_xla_dp_clipped_grad_sum_cuda,
-                0,
-            ),
+            (fk_xla_shampoo_stats_cuda, 0),
+            (fk_xla_shampoo_precondition_cuda, 0),
+            (fk_xla_per_sample_grads_cuda, 0),
+            (fk_xla_per_sample_grad_norms_cuda, 0),
+            (fk_xla_dp_clipped_grad_sum_cuda, 0),
         ] {
             let mut m = blank_metadata();
             // the probe carries no operands: nothing is decoded or run
@@ -372,11 +340,15 @@ mod tests {
     impl FakeCall {
         /// The operands `points [3, 3]`, `means [2, 3]`, `chol [2, 3, 3]` of `gaussians`.
         fn args_pml(self, p: &[f64], m: &[f64], l: &[f64]) -> Self {
-            self.arg_f64(p, &[3, 3]).arg_f64(m, &[2, 3]).arg_f64(l, &[2, 3, 3])
+            self.arg_f64(p, &[3, 3])
+                .arg_f64(m, &[2, 3])
+                .arg_f64(l, &[2, 3, 3])
         }
         /// The operands `v [2, 3]`, `U [3, 2]`, `W [3, 2]` of `geo_problem`.
         fn args_vuw(self, v: &[f64], u: &[f64], w: &[f64]) -> Self {
-            self.arg_f64(v, &[2, 3]).arg_f64(u, &[3, 2]).arg_f64(w, &[3, 2])
+            self.arg_f64(v, &[2, 3])
+                .arg_f64(u, &[3, 2])
+                .arg_f64(w, &[3, 2])
         }
     }
 

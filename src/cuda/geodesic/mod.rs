@@ -32,10 +32,10 @@ use self::plan::{KernelPlan, Limits, NT, PartLayout, Plan};
 use self::route::GemmRoute;
 use super::launch::{grid_for, launch};
 use super::{CudaDevice, Workspace};
+use crate::addr::{Addr, raw};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, FK_ERROR_OUT_OF_MEMORY, Result};
-use crate::addr::{Addr, raw};
-use crate::ops::geodesic::{Job, Kind};
+use crate::plan::geodesic::{Job, Kind};
 use crate::stream::Stream;
 
 pub use self::names::MODULES;

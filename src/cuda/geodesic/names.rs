@@ -22,7 +22,7 @@ use crate::cuda::kargs::{KernelArgs as _, c_structs};
 use crate::cuda::launch::{Names, kernel_suffix, per_dtype};
 use crate::dtype::DType;
 use crate::error::{FK_ERROR_INTERNAL, Result};
-use crate::ops::geodesic::Kind;
+use crate::plan::geodesic::Kind;
 
 use super::args::{AdjArgs, EwArgs, GeoArgs, KickArgs, ReduceArgs, SwArgs};
 use super::plan::{self, Tile, Variant};

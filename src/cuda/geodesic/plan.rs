@@ -12,7 +12,7 @@
 
 use crate::dtype::DType;
 use crate::error::{FK_ERROR_INTERNAL, Result};
-use crate::ops::geodesic::{GEO_ALLOW_TF32, GEO_ALLOW_TF32X3, GEO_FORCE_GENERIC, Job, Kind};
+use crate::plan::geodesic::{GEO_ALLOW_TF32, GEO_ALLOW_TF32X3, GEO_FORCE_GENERIC, Job, Kind};
 
 use super::names;
 

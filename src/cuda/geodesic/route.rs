@@ -15,12 +15,12 @@ use super::args::{AdjArgs, EwArgs, KickArgs, Sw, SwArgs};
 use super::launch_one;
 use super::names;
 use super::plan::{Layout, NT, RoutePlan, lf_bwd_sweeps, sw_m};
+use crate::addr::{self, Addr};
 use crate::cuda::launch::grid_for;
 use crate::cuda::{CudaDevice, Workspace, cublas};
 use crate::error::{FK_ERROR_INTERNAL, Result};
-use crate::addr::{self, Addr};
-use crate::ops::geodesic::{Job, Kind};
-use crate::ops::linalg::{GemmPlan, Mat, Trans, dense};
+use crate::plan::geodesic::{Job, Kind};
+use crate::plan::linalg::{GemmPlan, Mat, Trans, dense};
 use crate::stream::Stream;
 
 /// The route's form of an operand's address: a number, 0 for an absent operand (the

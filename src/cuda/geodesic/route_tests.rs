@@ -8,11 +8,11 @@ use std::any::Any;
 use super::args::{AdjArgs, EwArgs, KickArgs, Sw, SwArgs};
 use super::plan::Layout;
 use super::route::{Steps, run_route};
+use crate::addr::Addr;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::addr::Addr;
-use crate::ops::geodesic::{Job, Kind};
-use crate::ops::linalg::{GemmPlan, Mat, Trans};
+use crate::plan::geodesic::{Job, Kind};
+use crate::plan::linalg::{GemmPlan, Mat, Trans};
 
 /// A host buffer of `n` elements of `dtype` (8-byte aligned storage).
 struct HostBuf {

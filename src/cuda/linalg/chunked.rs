@@ -8,13 +8,13 @@ use cudarc::driver::sys as ds;
 
 use super::tiles::{ChunkProblem, Tiles, choose_tiles};
 use super::{gemm, slot_of};
+use crate::addr::Addr;
+use crate::addr::{ptr, raw};
 use crate::cuda::CudaDevice;
 use crate::cuda::cublas::{self, Slot};
 use crate::error::{CudaContext as _, Result, lock};
-use crate::addr::Addr;
-use crate::addr::{ptr, raw};
-use crate::ops::elementwise::Scalar;
-use crate::ops::linalg::{GemmPlan, Mat, dense};
+use crate::plan::elementwise::Scalar;
+use crate::plan::linalg::{GemmPlan, Mat, dense};
 use crate::stream::Stream;
 
 /// Whether `addr` is host memory (pinned or registered) rather than device memory.

@@ -19,16 +19,16 @@ use cudarc::driver::sys as ds;
 use super::chunked::{record, wait};
 use super::linear::{DZ_COLS, DZ_ROWS, Splits, colsum_finish, forward_epilogue, product};
 use super::{MODULE, slot_of};
+use crate::addr::Addr;
+use crate::addr::raw;
 use crate::cuda::CudaDevice;
 use crate::cuda::cublas::{self, Epilogue, LtCall, Slot};
 use crate::cuda::kargs::kernel_args;
 use crate::cuda::launch::{BLOCK, Names, grid_for, launch, per_dtype};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, Result, lock};
-use crate::addr::Addr;
-use crate::addr::raw;
-use crate::ops::linalg::{Activation, GemmPlan, Trans, dense};
-use crate::ops::mlp::{Layer, MlpPlan};
+use crate::plan::linalg::{Activation, GemmPlan, Trans, dense};
+use crate::plan::mlp::{Layer, MlpPlan};
 use crate::stream::Stream;
 
 /// The kernels of `FK_MLP_KERNELS` in `kernels/linalg.cu`.
@@ -65,7 +65,12 @@ kernel_args! {
 }
 
 /// `mlp_epilogue` over `[a.m, a.n]`: one thread per mask byte (8 columns).
-fn epilogue_kernel(dev: &CudaDevice, dtype: DType, mut a: MlpEpiArgs, stream: &Stream) -> Result<()> {
+fn epilogue_kernel(
+    dev: &CudaDevice,
+    dtype: DType,
+    mut a: MlpEpiArgs,
+    stream: &Stream,
+) -> Result<()> {
     let groups = if a.act == Activation::Relu as i32 && a.aux != 0 {
         a.aux_ld / 8
     } else {
@@ -368,7 +373,13 @@ fn dgrad(
 }
 
 /// Layer `l`'s weight gradient `dW = dz^T h` (`[n, k]`) on the side lane's slot.
-pub(super) fn wgrad(side: &Slot, p: &MlpPlan, l: &Layer, dz: Option<Addr>, h: Option<Addr>) -> Result<()> {
+pub(super) fn wgrad(
+    side: &Slot,
+    p: &MlpPlan,
+    l: &Layer,
+    dz: Option<Addr>,
+    h: Option<Addr>,
+) -> Result<()> {
     let (m, k, n) = (p.rows, l.k, l.n);
     if n == 0 || k == 0 {
         return Ok(());
@@ -447,7 +458,17 @@ pub fn mlp_backward(dev: &CudaDevice, p: &MlpPlan, stream: &Stream) -> Result<()
         }
         if i > lowest {
             let below = &p.layers[i - 1];
-            dgrad(dev, &g, p, l, dz_of(i), dz[i - 1], Some(below), partial, stream)?;
+            dgrad(
+                dev,
+                &g,
+                p,
+                l,
+                dz_of(i),
+                dz[i - 1],
+                Some(below),
+                partial,
+                stream,
+            )?;
         } else if i == 0 && p.dx.is_some() {
             dgrad(dev, &g, p, l, dz_of(i), p.dx, None, partial, stream)?;
         }

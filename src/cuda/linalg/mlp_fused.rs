@@ -21,14 +21,14 @@ use super::chunked::{record, wait};
 use super::linear::colsum_finish;
 use super::mlp::wgrad;
 use super::slot_of;
+use crate::addr::Addr;
+use crate::addr::raw;
 use crate::cuda::CudaDevice;
 use crate::cuda::kargs::{KernelArgs as _, c_structs, kernel_args};
 use crate::cuda::launch::{Names, defines, per_dtype};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, Result, lock};
-use crate::addr::Addr;
-use crate::addr::raw;
-use crate::ops::mlp::{Layer, MlpPlan};
+use crate::plan::mlp::{Layer, MlpPlan};
 use crate::stream::Stream;
 
 pub(super) const MODULE: &str = "mlp_fused";

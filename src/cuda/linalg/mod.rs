@@ -28,13 +28,14 @@ use super::cublas::{self, Slot};
 use super::kargs::{KernelArgs as _, c_structs};
 use super::launch::defines;
 use crate::error::{Result, lock};
-use crate::ops::linalg::{Activation, GELU_TANH_A, GELU_TANH_C, GemmPlan};
+use crate::plan::linalg::{Activation, GELU_TANH_A, GELU_TANH_C, GemmPlan};
 use crate::stream::Stream;
 
 const MODULE: &str = "linalg";
 
 /// The family's kernel modules: `(name, source)`.
-pub const MODULES: [(&str, fn() -> String); 2] = [(MODULE, source), (mlp_fused::MODULE, mlp_fused::source)];
+pub const MODULES: [(&str, fn() -> String); 2] =
+    [(MODULE, source), (mlp_fused::MODULE, mlp_fused::source)];
 
 /// The `#define`s `kernels/activation.cuh` reads: the activation codes from the
 /// Rust enum and the tanh GELU's constants of the Rust side (which the header

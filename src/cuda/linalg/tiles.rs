@@ -3,7 +3,7 @@
 
 use crate::dtype::DType;
 use crate::error::{FK_ERROR_OUT_OF_MEMORY, Result};
-use crate::ops::linalg::GemmPlan;
+use crate::plan::linalg::GemmPlan;
 
 /// Smallest tile edge the chunked GEMM shrinks to (unless the matrix is smaller).
 const MIN_TILE: i64 = 128;

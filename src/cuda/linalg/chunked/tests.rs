@@ -1,9 +1,9 @@
 use super::*;
+use crate::addr::{ptr, raw};
 use crate::cuda::linalg::tiles::MAX_DEPTH;
 use crate::dtype::DType;
-use crate::addr::{ptr, raw};
-use crate::ops::elementwise::Scalar;
-use crate::ops::linalg::Trans;
+use crate::plan::elementwise::Scalar;
+use crate::plan::linalg::Trans;
 
 #[derive(Debug, Clone)]
 struct Access {

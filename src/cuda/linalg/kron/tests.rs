@@ -1,8 +1,8 @@
 use super::*;
+use crate::addr::Addr;
 use crate::cuda::launch::kernel_suffix;
 use crate::cuda::linalg::source;
 use crate::dtype::ALL_DTYPES;
-use crate::addr::Addr;
 
 /// A stand-in address: these plans only choose launches (their alignment is read,
 /// never their memory; the emulation gets the residues mod 64).
@@ -251,7 +251,11 @@ fn kron_kernel_in_the_cpu_emulator() {
         dir.join("common.cuh"),
     )
     .unwrap();
-    std::fs::copy(root.join("kernels/activation.cuh"), dir.join("activation.cuh")).unwrap();
+    std::fs::copy(
+        root.join("kernels/activation.cuh"),
+        dir.join("activation.cuh"),
+    )
+    .unwrap();
     let exe = dir.join("kron_emu");
     let out = Command::new(&cxx)
         .args(["-std=c++20", "-O1", "-w"])

@@ -3,8 +3,8 @@ use std::process::Command;
 use half::{bf16, f16};
 
 use super::*;
-use crate::ops::linalg::Activation;
-use crate::ops::mlp::{SavedLayout, layer_acts};
+use crate::plan::linalg::Activation;
+use crate::plan::mlp::{SavedLayout, layer_acts};
 
 const H100: (i32, i32) = (9, 0);
 const SMEM: usize = 227 << 10;

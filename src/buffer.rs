@@ -16,6 +16,7 @@ use crate::error::{
     FK_ERROR_DEVICE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_NULL_POINTER,
     FK_ERROR_OUT_OF_MEMORY, FK_ERROR_SHAPE_MISMATCH, FK_ERROR_UNSUPPORTED, Result,
 };
+use crate::gpu::HostMem;
 use crate::layout;
 use crate::stream::Stream;
 
@@ -398,15 +399,6 @@ impl Buffer {
         }
         Ok(())
     }
-}
-
-/// The host end of a copy with a buffer (`Buffer::copy_host`).
-#[derive(Debug, Clone, Copy)]
-pub enum HostMem {
-    /// Read into the buffer.
-    Src(*const u8),
-    /// Written from the buffer.
-    Dst(*mut u8),
 }
 
 /// Checks that every buffer lives on `device` (`names` label them for the message)

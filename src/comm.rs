@@ -24,13 +24,13 @@ use std::sync::Arc;
 use crate::addr::{ptr, raw};
 use crate::buffer::{Buffer, check_same_device};
 use crate::context::{Context, Device};
-use crate::cuda::nccl::{self, ncclComm_t, ncclUniqueId};
 use crate::dtype::DType;
 use crate::error::{
     FK_ERROR_ALIASING, FK_ERROR_DEVICE_MISMATCH, FK_ERROR_DTYPE_MISMATCH,
     FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH, FK_ERROR_UNSUPPORTED,
     FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
+use crate::gpu::nccl::{self, ncclComm_t, ncclUniqueId};
 use crate::stream::Stream;
 
 /// Size of an exported unique id (NCCL's `NCCL_UNIQUE_ID_BYTES`).

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::cuda::CudaDevice;
 use crate::error::{FK_ERROR_INVALID_ARGUMENT, Result};
+use crate::gpu::{CudaDevice, ModuleSource};
 
 /// Device kind selector (`int32_t`). Values are part of the ABI.
 #[allow(non_camel_case_types)]
@@ -140,7 +140,7 @@ impl Context {
                 Self::cuda(ordinal as usize)
             }
             FK_DEVICE_AUTO => {
-                if crate::cuda::device_count().unwrap_or(0) > 0 {
+                if crate::gpu::device_count().unwrap_or(0) > 0 {
                     Self::cuda(ordinal.max(0) as usize)
                 } else {
                     Ok(Self::cpu())
@@ -244,11 +244,12 @@ impl Context {
         }
     }
 
-    /// Compiles (or loads from the cache) every kernel module; no-op on the CPU.
-    pub fn warmup(&self) -> Result<()> {
+    /// Compiles (or loads from the cache) every kernel module of `all` (the family
+    /// layer's `cuda::modules()`); no-op on the CPU.
+    pub fn warmup<'m>(&self, all: impl Iterator<Item = &'m ModuleSource>) -> Result<()> {
         match &self.cuda {
             None => Ok(()),
-            Some(d) => d.warmup(),
+            Some(d) => d.warmup(all),
         }
     }
 }

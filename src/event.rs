@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::context::Context;
-use crate::cuda::runtime::RawEvent;
 use crate::error::{FK_ERROR_DEVICE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, Result, lock};
+use crate::gpu::runtime::RawEvent;
 use crate::stream::Stream;
 
 pub struct Event {

@@ -35,6 +35,7 @@ pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub(crate) mod event;
+pub(crate) mod gpu;
 pub(crate) mod host;
 pub(crate) mod layout;
 pub(crate) mod ops;
@@ -49,9 +50,9 @@ pub(crate) mod xla; // XLA FFI handlers (docs/jax.md), not in fusekit.h
 #[doc(hidden)]
 pub mod testing {
     pub use crate::cpu::linalg::{gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad};
-    pub use crate::cuda::cublas::{loaded_pair, lt_declines_on_this_thread};
     pub use crate::cuda::modules;
-    pub use crate::cuda::nvrtc::{
+    pub use crate::gpu::cublas::{loaded_pair, lt_declines_on_this_thread};
+    pub use crate::gpu::nvrtc::{
         compile, cuda_include_dir, expand_source, load_nvrtc, nvrtc_version, store_prebuilt,
     };
 }

@@ -7,12 +7,13 @@ use super::{
     buffer_ref, check_out, context_ref, destroy, fk_buffer, fk_context, fk_stream, guard, ndim_arg,
     new_buffer, new_context, new_stream, slice_in, stream_or_default, stream_ref, write_out,
 };
-use crate::buffer::{Buffer, HostMem};
+use crate::buffer::Buffer;
 use crate::context::{Context, fk_device_kind};
 use crate::dtype::{DType, fk_dtype};
 use crate::error::{
     FK_ERROR_ABI_MISMATCH, FK_ERROR_BUFFER_TOO_SMALL, FK_ERROR_NULL_POINTER, FK_OK, fk_status,
 };
+use crate::gpu::HostMem;
 use crate::stream::Stream;
 
 /// ABI version of this header: `major * 1000 + minor`. A library accepts callers
@@ -134,7 +135,7 @@ pub unsafe extern "C" fn fk_dtype_size(dtype: fk_dtype, out: *mut usize) -> fk_s
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_device_count(out: *mut i32) -> fk_status {
     guard("fk_device_count", || {
-        let n = crate::cuda::device_count().unwrap_or(0);
+        let n = crate::gpu::device_count().unwrap_or(0);
         unsafe { write_out(out, "out", n) }
     })
 }
@@ -273,7 +274,7 @@ pub unsafe extern "C" fn fk_context_memory(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fk_context_warmup(ctx: *const fk_context) -> fk_status {
     guard("fk_context_warmup", || {
-        unsafe { context_ref(ctx, "ctx") }?.warmup()
+        unsafe { context_ref(ctx, "ctx") }?.warmup(crate::cuda::modules())
     })
 }
 

@@ -236,7 +236,7 @@ pub unsafe extern "C" fn fk_device_can_access_peer(
 ) -> fk_status {
     guard("fk_device_can_access_peer", || {
         crate::ensure!(!out.is_null(), FK_ERROR_NULL_POINTER, "out is NULL");
-        let n = crate::cuda::device_count()?;
+        let n = crate::gpu::device_count()?;
         for (v, name) in [(device, "device"), (peer, "peer")] {
             crate::ensure!(
                 (0..n).contains(&v),
@@ -244,7 +244,7 @@ pub unsafe extern "C" fn fk_device_can_access_peer(
                 "{name} = {v} but {n} CUDA device(s) are present"
             );
         }
-        let yes = crate::cuda::runtime::can_access_peer(device as usize, peer as usize)?;
+        let yes = crate::gpu::runtime::can_access_peer(device as usize, peer as usize)?;
         unsafe { write_out(out, "out", yes as i32) }
     })
 }

@@ -2,14 +2,14 @@
 
 use std::ffi::c_void;
 
-use super::CudaDevice;
-use super::kargs::{KernelArgs as _, c_structs, kernel_args};
 use super::launch::{
     BLOCK, Names, defines, dtype_modules, grid_for, kernel_suffix, launch, per_dtype,
 };
 use crate::addr::raw;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::gpu::CudaDevice;
+use crate::gpu::kargs::{KernelArgs as _, c_structs, kernel_args};
 use crate::layout::FK_MAX_DIMS;
 use crate::plan::elementwise::{ALL_BINARY, ALL_UNARY, BinaryOp, Plan, UnaryOp};
 use crate::stream::Stream;

@@ -4,13 +4,13 @@ use std::ffi::c_void;
 
 use cudarc::driver::sys;
 
-use super::CudaDevice;
-use super::kargs::{KernelArgs as _, c_structs, kernel_args};
 use super::launch::{Names, defines, dtype_modules, kernel_suffix, launch, per_dtype};
 use crate::addr::Addr;
 use crate::addr::raw;
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, FK_ERROR_NULL_POINTER, Result};
+use crate::gpu::CudaDevice;
+use crate::gpu::kargs::{KernelArgs as _, c_structs, kernel_args};
 use crate::plan::gaussian::{Grads, Inputs};
 use crate::stream::Stream;
 

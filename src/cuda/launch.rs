@@ -4,9 +4,9 @@ use std::ffi::c_void;
 
 use cudarc::driver::{LaunchConfig, result, sys};
 
-use super::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, FK_ERROR_UNSUPPORTED_DTYPE, Result};
+use crate::gpu::CudaDevice;
 
 // ------------------------------------------------------------------ kernel names
 //
@@ -154,7 +154,7 @@ pub fn launch_ex(
         shared_mem_bytes: shared_bytes,
     } = config;
     // (opted in to `shared_bytes` of dynamic shared memory above 48 KB, once per size)
-    let f = dev.function_for_smem(module, function, shared_bytes)?;
+    let f = dev.function_for_smem(module, function, shared_bytes, super::source_of)?;
     dev.bind()?;
     // SAFETY: `params` match the kernel's signature (each launcher pairs a repr(C)
     // argument struct with its kernel), and the function belongs to this context.
@@ -192,7 +192,7 @@ pub fn launch_ex(
     }
     .cuda(&format!("launching {module}::{function}"))?;
     // (Not while the stream is being captured: a synchronisation would break it.)
-    if dev.debug_sync && !super::is_capturing(stream) {
+    if dev.debug_sync && !crate::gpu::is_capturing(stream) {
         dev.stream_synchronize(stream).map_err(|mut e| {
             e.message = format!(
                 "kernel {module}::{function} faulted (FK_DEBUG_SYNC): {}",

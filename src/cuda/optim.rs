@@ -9,14 +9,14 @@ use cudarc::cublas::sys as bs;
 use cudarc::driver::LaunchConfig;
 use cudarc::driver::sys as ds;
 
-use super::cublas::{self, Slot};
-use super::kargs::{KernelArgs as _, c_structs, kernel_args};
 use super::launch::{BLOCK, Names, defines, launch, launch_ex, per_dtype};
-use super::{CudaDevice, Workspace};
 use crate::addr::Addr;
 use crate::addr::{ptr, raw};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, Result};
+use crate::gpu::cublas::{self, Slot};
+use crate::gpu::kargs::{KernelArgs as _, c_structs, kernel_args};
+use crate::gpu::{CudaDevice, Workspace};
 use crate::plan::linalg::{GemmPlan, Trans, dense};
 use crate::plan::optim::{Method, PowPlan, Report, SamplePlan, Scratch, StatsPlan};
 use crate::stream::Stream;
@@ -423,7 +423,7 @@ pub fn eigh_power(dev: &CudaDevice, plan: &PowPlan, stream: &Stream) -> Result<R
     let s = ops.alloc(bytes)?;
     let w = ops.alloc((plan.batch * plan.n) as usize * es)?;
     shifted(dev, plan, q.addr, stream.raw)?;
-    let info = super::cusolver::syev_batched(
+    let info = crate::gpu::cusolver::syev_batched(
         dev, stream.raw, plan.dtype, plan.n, plan.batch, q.addr, w.addr,
     )?;
     let mut sa = EigScaleArgs {
@@ -554,7 +554,7 @@ fn rank_k(
     let s = unsafe {
         if dtype == DType::F32 {
             let (al, be) = (alpha as f32, beta as f32);
-            super::cublas_api::blas::cublasSsyrk_v2(
+            crate::gpu::cublas_api::blas::cublasSsyrk_v2(
                 h.blas(),
                 lower,
                 trans,
@@ -568,7 +568,7 @@ fn rank_k(
                 ni.max(1),
             )
         } else {
-            super::cublas_api::blas::cublasDsyrk_v2(
+            crate::gpu::cublas_api::blas::cublasDsyrk_v2(
                 h.blas(),
                 lower,
                 trans,

@@ -135,7 +135,7 @@ pub extern "C" fn fk_xla_warmup(kind: fk_device_kind, ordinal: i32) -> fk_status
             FK_ERROR_INVALID_ARGUMENT,
             "ordinal = {ordinal} must be >= 0"
         );
-        context(p, ordinal as usize)?.warmup()
+        context(p, ordinal as usize)?.warmup(crate::cuda::modules())
     })
 }
 
@@ -641,7 +641,7 @@ unsafe fn ordinal_of(
 fn stream_device_ordinal(stream: usize) -> Result<usize> {
     use crate::error::CudaContext;
     use cudarc::driver::sys;
-    crate::cuda::driver()?;
+    crate::gpu::driver()?;
     // SAFETY: plain driver queries on XLA's live stream; the pushed context is
     // popped before returning.
     unsafe {

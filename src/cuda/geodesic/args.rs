@@ -1,7 +1,7 @@
 //! The kernels' argument structs, passed by value, declared once (`kernel_args!`):
 //! every module's source defines them ahead of the kernel text (`names::source`).
 
-use crate::cuda::kargs::kernel_args;
+use crate::gpu::kargs::kernel_args;
 
 kernel_args! {
     /// `struct GeoArgs`: the fast and generic kernels.

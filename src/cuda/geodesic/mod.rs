@@ -31,10 +31,10 @@ use self::args::{GeoArgs, ReduceArgs};
 use self::plan::{KernelPlan, Limits, NT, PartLayout, Plan};
 use self::route::GemmRoute;
 use super::launch::{grid_for, launch};
-use super::{CudaDevice, Workspace};
 use crate::addr::{Addr, raw};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, FK_ERROR_OUT_OF_MEMORY, Result};
+use crate::gpu::{CudaDevice, Workspace};
 use crate::plan::geodesic::{Job, Kind};
 use crate::stream::Stream;
 
@@ -72,7 +72,7 @@ pub fn run(dev: &CudaDevice, kind: Kind, job: &Job, stream: &Stream) -> Result<(
         max_smem,
         sms: dev.sm_count.max(1) as usize,
         // cuBLAS is loaded only for an op that may take the route
-        cublas: plan::route_possible(kind, job, max_smem) && super::cublas::load().is_ok(),
+        cublas: plan::route_possible(kind, job, max_smem) && crate::gpu::cublas::load().is_ok(),
     };
     match plan::plan(kind, job, &lim)? {
         Plan::Kernel(k) => run_kernel(dev, job, &k, stream),

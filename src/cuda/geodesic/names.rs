@@ -18,10 +18,10 @@
 //! `format!`. Only f32 and f64 have kernels: any other dtype is an error, never another
 //! dtype's module or kernel.
 
-use crate::cuda::kargs::{KernelArgs as _, c_structs};
 use crate::cuda::launch::{Names, kernel_suffix, per_dtype};
 use crate::dtype::DType;
 use crate::error::{FK_ERROR_INTERNAL, Result};
+use crate::gpu::kargs::{KernelArgs as _, c_structs};
 use crate::plan::geodesic::Kind;
 
 use super::args::{AdjArgs, EwArgs, GeoArgs, KickArgs, ReduceArgs, SwArgs};

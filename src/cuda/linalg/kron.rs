@@ -4,11 +4,11 @@ use std::ffi::c_void;
 
 use super::MODULE;
 use crate::addr::raw;
-use crate::cuda::CudaDevice;
-use crate::cuda::kargs::kernel_args;
 use crate::cuda::launch::{Names, launch, per_dtype};
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::gpu::CudaDevice;
+use crate::gpu::kargs::kernel_args;
 use crate::plan::linalg::KronPlan;
 use crate::stream::Stream;
 

@@ -6,12 +6,12 @@ use std::ffi::c_void;
 use super::{MODULE, slot_of};
 use crate::addr::Addr;
 use crate::addr::raw;
-use crate::cuda::CudaDevice;
-use crate::cuda::cublas::{self, Epilogue, LtCall, Slot};
-use crate::cuda::kargs::kernel_args;
 use crate::cuda::launch::{BLOCK, Names, grid_for, launch, per_dtype};
 use crate::dtype::DType;
 use crate::error::{Result, lock};
+use crate::gpu::CudaDevice;
+use crate::gpu::cublas::{self, Epilogue, LtCall, Slot};
+use crate::gpu::kargs::kernel_args;
 use crate::plan::linalg::{Activation, GemmPlan, LinearBwdPlan, LinearPlan, Mat, Trans, dense};
 use crate::stream::Stream;
 

@@ -21,12 +21,12 @@ use super::linear::{DZ_COLS, DZ_ROWS, Splits, colsum_finish, forward_epilogue, p
 use super::{MODULE, slot_of};
 use crate::addr::Addr;
 use crate::addr::raw;
-use crate::cuda::CudaDevice;
-use crate::cuda::cublas::{self, Epilogue, LtCall, Slot};
-use crate::cuda::kargs::kernel_args;
 use crate::cuda::launch::{BLOCK, Names, grid_for, launch, per_dtype};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, Result, lock};
+use crate::gpu::CudaDevice;
+use crate::gpu::cublas::{self, Epilogue, LtCall, Slot};
+use crate::gpu::kargs::kernel_args;
 use crate::plan::linalg::{Activation, GemmPlan, Trans, dense};
 use crate::plan::mlp::{Layer, MlpPlan};
 use crate::stream::Stream;

@@ -23,11 +23,11 @@ use super::mlp::wgrad;
 use super::slot_of;
 use crate::addr::Addr;
 use crate::addr::raw;
-use crate::cuda::CudaDevice;
-use crate::cuda::kargs::{KernelArgs as _, c_structs, kernel_args};
 use crate::cuda::launch::{Names, defines, per_dtype};
 use crate::dtype::DType;
 use crate::error::{CudaContext as _, Result, lock};
+use crate::gpu::CudaDevice;
+use crate::gpu::kargs::{KernelArgs as _, c_structs, kernel_args};
 use crate::plan::mlp::{Layer, MlpPlan};
 use crate::stream::Stream;
 
@@ -281,9 +281,9 @@ fn blocks(
     let per_sm = match cached {
         Some(v) => v,
         None => {
-            let f = dev.function_for_smem(MODULE, name, smem as u32)?;
+            let f = dev.function_for_smem(MODULE, name, smem as u32, crate::cuda::source_of)?;
             // (a one-time query, also when the first call is being captured)
-            let _relaxed = crate::cuda::RelaxedCapture::new();
+            let _relaxed = crate::gpu::RelaxedCapture::new();
             // SAFETY: a function of this context, loaded above.
             let v = unsafe {
                 result::occupancy::max_active_block_per_multiprocessor(f, WARPS * 32, smem)

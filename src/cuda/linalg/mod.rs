@@ -23,11 +23,11 @@ pub use kron::kron;
 pub use linear::{linear_backward, linear_forward};
 pub use mlp::{mlp_backward, mlp_forward, mlp_zero};
 
-use super::CudaDevice;
-use super::cublas::{self, Slot};
-use super::kargs::{KernelArgs as _, c_structs};
 use super::launch::defines;
 use crate::error::{Result, lock};
+use crate::gpu::CudaDevice;
+use crate::gpu::cublas::{self, Slot};
+use crate::gpu::kargs::{KernelArgs as _, c_structs};
 use crate::plan::linalg::{Activation, GELU_TANH_A, GELU_TANH_C, GemmPlan};
 use crate::stream::Stream;
 

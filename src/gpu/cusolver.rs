@@ -30,7 +30,7 @@ mod api {
 
     use cudarc::cusolver::sys::*;
 
-    crate::cuda::dynlib::dyn_lib! {
+    crate::gpu::dynlib::dyn_lib! {
         pub(super) static FNS: Fns ("cuSOLVER");
         fn cusolverDnCreate(handle: *mut cusolverDnHandle_t) -> cusolverStatus_t;
         fn cusolverDnCreateParams(params: *mut cusolverDnParams_t) -> cusolverStatus_t;

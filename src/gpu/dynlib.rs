@@ -52,7 +52,7 @@ macro_rules! dyn_lib {
             ) -> $crate::error::Result<()> {
                 // SAFETY: forwarded to the caller.
                 let t = unsafe { $table::resolve(h) }.map_err(|sym| {
-                    $crate::cuda::dynlib::not_found(
+                    $crate::gpu::dynlib::not_found(
                         hint,
                         format!("the library found lacks `{sym}`"),
                     )
@@ -62,7 +62,7 @@ macro_rules! dyn_lib {
             }
         }
 
-        $crate::cuda::dynlib::dyn_lib! {
+        $crate::gpu::dynlib::dyn_lib! {
             $(#[$meta])*
             $vis struct $table, loaded by installed;
             $( fn $name ( $( $arg : $ty ),* ) -> $ret ; )*
@@ -92,7 +92,7 @@ macro_rules! dyn_lib {
                     $( $name: {
                         // SAFETY: a live handle and a NUL-terminated name.
                         let p = unsafe {
-                            $crate::cuda::dynlib::symbol(h, concat!(stringify!($name), "\0"))
+                            $crate::gpu::dynlib::symbol(h, concat!(stringify!($name), "\0"))
                         };
                         if p.is_null() {
                             return Err(stringify!($name));

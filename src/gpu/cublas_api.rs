@@ -59,7 +59,7 @@ pub(crate) mod blas {
         &super::loaded().blas
     }
 
-    crate::cuda::dynlib::dyn_lib! {
+    crate::gpu::dynlib::dyn_lib! {
         pub(crate) struct Fns, loaded by fns;
         fn cublasCreate_v2(handle: *mut cublasHandle_t) -> cublasStatus_t;
         fn cublasDestroy_v2(handle: cublasHandle_t) -> cublasStatus_t;
@@ -95,7 +95,7 @@ pub(crate) mod lt {
         &super::loaded().lt
     }
 
-    crate::cuda::dynlib::dyn_lib! {
+    crate::gpu::dynlib::dyn_lib! {
         pub(crate) struct Fns, loaded by fns;
         fn cublasLtCreate(handle: *mut cublasLtHandle_t) -> cublasStatus_t;
         fn cublasLtDestroy(handle: cublasLtHandle_t) -> cublasStatus_t;

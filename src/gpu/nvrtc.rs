@@ -148,7 +148,7 @@ mod api {
 
     use cudarc::nvrtc::sys::*;
 
-    crate::cuda::dynlib::dyn_lib! {
+    crate::gpu::dynlib::dyn_lib! {
         pub(super) static FNS: Fns ("NVRTC");
         fn nvrtcVersion(major: *mut c_int, minor: *mut c_int) -> nvrtcResult;
         fn nvrtcCreateProgram(

@@ -61,19 +61,19 @@ macro_rules! kernel_args {
         $vis struct $name {
             $($(#[$fm])* pub $f: $t),+
         }
-        impl $crate::cuda::kargs::KernelArgs for $name {
+        impl $crate::gpu::kargs::KernelArgs for $name {
             fn c_struct() -> String {
                 let mut s = String::from(concat!("struct ", stringify!($name), " {\n"));
                 $(
                     s.push_str("    ");
-                    s.push_str(&<$t as $crate::cuda::kargs::CType>::c_decl(stringify!($f)));
+                    s.push_str(&<$t as $crate::gpu::kargs::CType>::c_decl(stringify!($f)));
                     s.push_str(";\n");
                 )+
                 s.push_str("};\n");
                 s
             }
         }
-        impl $crate::cuda::kargs::CType for $name {
+        impl $crate::gpu::kargs::CType for $name {
             fn c_decl(name: &str) -> String {
                 format!(concat!(stringify!($name), " {}"), name)
             }

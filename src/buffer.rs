@@ -44,8 +44,9 @@ pub enum Storage {
     },
     /// Caller memory; fusekit never frees it.
     Borrowed,
-    /// An imported DLPack tensor; its deleter runs when the last view is gone.
-    DLPack(crate::dlpack::Imported),
+    /// Memory another library owns (an imported DLPack tensor): the box is its
+    /// release, dropped when the last view is gone.
+    Foreign(Box<dyn Send + Sync>),
 }
 
 // SAFETY: the pointers are plain addresses owned by this storage; all mutation of the
@@ -73,7 +74,7 @@ impl Drop for Storage {
                 }
                 ctx.mem.on_pinned_free(*bytes as u64);
             }
-            Storage::Borrowed | Storage::DLPack(_) => {}
+            Storage::Borrowed | Storage::Foreign(_) => {}
         }
     }
 }
@@ -496,7 +497,7 @@ fn route(dst: &Buffer, src: &Buffer) -> Route {
 /// across GPUs (`cuMemcpyPeerAsync`, direct when the devices are peer capable,
 /// staged through host memory by the driver otherwise).
 pub fn copy(dst: &Buffer, src: &Buffer, stream: Option<&Arc<Stream>>) -> Result<()> {
-    crate::ops::check::same_dtype(dst, "dst", src.dtype, "src")?;
+    same_dtype(dst, "dst", src.dtype, "src")?;
     crate::ensure!(
         dst.numel() == src.numel(),
         FK_ERROR_SHAPE_MISMATCH,
@@ -575,6 +576,17 @@ pub fn copy(dst: &Buffer, src: &Buffer, stream: Option<&Arc<Stream>>) -> Result<
         }
         _ => sdev.memcpy_async(raw(dst.data), raw(src.data), bytes, stream.raw),
     }
+}
+
+/// `buf` has the dtype `dtype` of the argument `other`.
+pub fn same_dtype(buf: &Buffer, name: &str, dtype: DType, other: &str) -> Result<()> {
+    crate::ensure!(
+        buf.dtype == dtype,
+        crate::error::FK_ERROR_DTYPE_MISMATCH,
+        "{name} has dtype {} but {other} has dtype {dtype}",
+        buf.dtype
+    );
+    Ok(())
 }
 
 // A buffer's address, for the plans: the operand's own (made where the buffer was).

@@ -70,8 +70,14 @@ pub struct DLManagedTensorVersioned {
     pub dl_tensor: DLTensor,
 }
 
-/// An imported managed tensor, deleted when dropped.
-pub struct Imported(*mut DLManagedTensorVersioned);
+/// An imported managed tensor, deleted when dropped (a buffer's storage keeps it
+/// as the owner of foreign memory).
+struct Imported(*mut DLManagedTensorVersioned);
+
+// SAFETY: the producer's tensor is plain memory plus a deleter that the DLPack
+// contract lets any thread call once; nothing else touches the pointer.
+unsafe impl Send for Imported {}
+unsafe impl Sync for Imported {}
 
 impl Drop for Imported {
     fn drop(&mut self) {
@@ -171,7 +177,7 @@ pub unsafe fn import(ctx: &Arc<Context>, managed: *mut DLManagedTensorVersioned)
     // `storage` (kept alive by the buffer) defers; a NULL data was refused above
     // unless the tensor is empty.
     let data = unsafe { Addr::from_raw(data_num as u64) };
-    let storage = Storage::DLPack(Imported(managed));
+    let storage = Storage::Foreign(Box::new(Imported(managed)));
     let mut b = Buffer::new(ctx, dtype, shape, strides, data, storage);
     b.read_only = m.flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0;
     Ok(b)

@@ -26,8 +26,8 @@ use crate::buffer::{Buffer, check_same_device};
 use crate::context::Device;
 use crate::dtype::DType;
 use crate::error::{
-    FK_ERROR_ALIASING, FK_ERROR_DTYPE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH,
-    FK_ERROR_UNSUPPORTED, FK_ERROR_UNSUPPORTED_DTYPE, Result,
+    FK_ERROR_ALIASING, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH, FK_ERROR_UNSUPPORTED,
+    FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
 use crate::plan::elementwise::Scalar;
 use crate::stream::Stream;
@@ -56,16 +56,9 @@ fn alternatives(allowed: &[DType]) -> String {
     }
 }
 
-/// `buf` has the dtype `dtype` of the argument `other`.
-pub fn same_dtype(buf: &Buffer, name: &str, dtype: DType, other: &str) -> Result<()> {
-    crate::ensure!(
-        buf.dtype == dtype,
-        FK_ERROR_DTYPE_MISMATCH,
-        "{name} has dtype {} but {other} has dtype {dtype}",
-        buf.dtype
-    );
-    Ok(())
-}
+/// `buf` has the dtype `dtype` of the argument `other` (a buffer-level check:
+/// copies between buffers make it too).
+pub use crate::buffer::same_dtype;
 
 /// Every buffer has the dtype of the first.
 pub fn same_dtypes(bufs: &[Named]) -> Result<()> {

@@ -5,18 +5,21 @@
 //! `include/fusekit.h`. Every op also runs on the CPU, the fallback without a GPU
 //! and the oracle the CUDA path is tested against.
 //!
-//! Module map:
-//! - `abi`: every `extern "C"` function (pointer checks, panic catching, statuses).
-//! - `error`: statuses, `Error`, the thread-local last message.
-//! - `dtype`, `layout`: element types; shapes, strides, broadcasting.
-//! - `context`, `stream`, `buffer`, `dlpack`: devices, queues, memory handles
-//!   (pool statistics, pinned buffers, copies between any two buffers).
-//! - `event`, `comm`: events (ordering, timing); communicators and collectives
-//!   (NCCL, or a single-rank CPU communicator).
-//! - `ops`: per op family, validation then dispatch.
-//! - `cpu`: CPU implementations (reference and fallback).
-//! - `cuda`: CUDA runtime (module cache, launch helpers) and per-family launchers.
-
+//! Module map, from the top down (a module imports only those below it):
+//! - `abi`, `xla`: every `extern "C"` function (pointer checks, panic catching,
+//!   statuses); the XLA FFI handlers.
+//! - `ops`: per op family, validation then dispatch to a backend.
+//! - `cpu`, `cuda`: the backends, one module per family each: the CPU
+//!   implementations (reference and fallback) and the CUDA launchers.
+//! - `context`, `stream`, `buffer`, `dlpack`, `event`, `comm`: devices, queues,
+//!   memory handles (pool statistics, pinned buffers, copies between any two
+//!   buffers), events, communicators and collectives (NCCL or a single-rank CPU
+//!   communicator).
+//! - `gpu`: the CUDA runtime (driver, device, memory pool, NVRTC and the module
+//!   cache, the loaded libraries), which knows no op family.
+//! - `plan`: per family, what validated code hands a backend.
+//! - `addr`, `dtype`, `layout`, `error`, `host`: addresses, element types, shapes
+//!   and broadcasting, statuses and the thread-local last message, host facts.
 //!
 //! The Rust library (rlib) exposes the C ABI (`abi`) and the modules whose
 //! constants and types it uses (`context`, `dlpack`, `dtype`, `error`); the rest is
@@ -45,14 +48,6 @@ pub(crate) mod stream;
 pub(crate) mod xla; // XLA FFI handlers (docs/jax.md), not in fusekit.h
 
 /// Internals the integration tests, benches and examples call (not part of the
-/// C ABI, no stability promise): the CPU's GELU formulas, the kernel modules and
-/// the NVRTC compiler, the loaded cuBLAS pair.
+/// C ABI, no stability promise).
 #[doc(hidden)]
-pub mod testing {
-    pub use crate::cpu::linalg::{gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad};
-    pub use crate::cuda::modules;
-    pub use crate::gpu::cublas::{loaded_pair, lt_declines_on_this_thread};
-    pub use crate::gpu::nvrtc::{
-        compile, cuda_include_dir, expand_source, load_nvrtc, nvrtc_version, store_prebuilt,
-    };
-}
+pub mod testing;

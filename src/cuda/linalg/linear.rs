@@ -13,6 +13,7 @@ use crate::gpu::CudaDevice;
 use crate::gpu::cublas::{self, Epilogue, LtCall, Slot};
 use crate::gpu::kargs::kernel_args;
 use crate::plan::linalg::{Activation, GemmPlan, LinearBwdPlan, LinearPlan, Mat, Trans, dense};
+use crate::plan::mlp::{Layer, MlpPlan};
 use crate::stream::Stream;
 
 /// The kernels of `FK_LINEAR_KERNELS` in `kernels/linalg.cu`, one per dtype the
@@ -326,4 +327,27 @@ pub fn linear_backward(dev: &CudaDevice, p: &LinearBwdPlan, stream: &Stream) -> 
         )?;
     }
     Ok(())
+}
+
+/// Layer `l`'s weight gradient `dW = dz^T h` (`[n, k]`) on the side lane's slot (the
+/// MLP op's general and fused backwards).
+pub(super) fn wgrad(
+    side: &Slot,
+    p: &MlpPlan,
+    l: &Layer,
+    dz: Option<Addr>,
+    h: Option<Addr>,
+) -> Result<()> {
+    let (m, k, n) = (p.rows, l.k, l.n);
+    if n == 0 || k == 0 {
+        return Ok(());
+    }
+    product(
+        side,
+        p.dtype,
+        (Trans::T, dense(dz, m, n, 0)),
+        (Trans::N, dense(h, m, k, 0)),
+        dense(l.dw, n, k, 0),
+        p.allow_tf32,
+    )
 }

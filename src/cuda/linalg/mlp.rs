@@ -17,7 +17,7 @@ use std::ffi::c_void;
 use cudarc::driver::sys as ds;
 
 use super::chunked::{record, wait};
-use super::linear::{DZ_COLS, DZ_ROWS, Splits, colsum_finish, forward_epilogue, product};
+use super::linear::{DZ_COLS, DZ_ROWS, Splits, colsum_finish, forward_epilogue, product, wgrad};
 use super::{MODULE, slot_of};
 use crate::addr::Addr;
 use crate::addr::raw;
@@ -370,28 +370,6 @@ fn dgrad(
         Some(b) => dz_and_db(dev, p, b, out, out, b.db, partial, stream),
         None => Ok(()),
     }
-}
-
-/// Layer `l`'s weight gradient `dW = dz^T h` (`[n, k]`) on the side lane's slot.
-pub(super) fn wgrad(
-    side: &Slot,
-    p: &MlpPlan,
-    l: &Layer,
-    dz: Option<Addr>,
-    h: Option<Addr>,
-) -> Result<()> {
-    let (m, k, n) = (p.rows, l.k, l.n);
-    if n == 0 || k == 0 {
-        return Ok(());
-    }
-    product(
-        side,
-        p.dtype,
-        (Trans::T, dense(dz, m, n, 0)),
-        (Trans::N, dense(h, m, k, 0)),
-        dense(l.dw, n, k, 0),
-        p.allow_tf32,
-    )
 }
 
 /// The backward: the fused path where it applies (`mlp_fused::takes`); else `dz` of the top layer (`mlp_dz` from `dy`), then for each layer

@@ -19,7 +19,7 @@ use cudarc::driver::result;
 
 use super::chunked::{record, wait};
 use super::linear::colsum_finish;
-use super::mlp::wgrad;
+use super::linear::wgrad;
 use super::slot_of;
 use crate::addr::Addr;
 use crate::addr::raw;

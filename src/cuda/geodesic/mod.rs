@@ -15,6 +15,7 @@
 //! (for the backwards' fast and generic kernels, `geo_reduce` sums the dU, dW partials).
 
 mod args;
+mod config;
 mod names;
 mod plan;
 mod route;
@@ -28,7 +29,8 @@ use std::sync::Mutex;
 use cudarc::driver::{result, sys};
 
 use self::args::{GeoArgs, ReduceArgs};
-use self::plan::{KernelPlan, Limits, NT, PartLayout, Plan};
+use self::config::NT;
+use self::plan::{KernelPlan, Limits, PartLayout, Plan};
 use self::route::GemmRoute;
 use super::launch::{grid_for, launch};
 use crate::addr::{Addr, raw};

@@ -12,9 +12,10 @@
 use std::any::Any;
 
 use super::args::{AdjArgs, EwArgs, KickArgs, Sw, SwArgs};
+use super::config::{NT, sw_m};
 use super::launch_one;
 use super::names;
-use super::plan::{Layout, NT, RoutePlan, lf_bwd_sweeps, sw_m};
+use super::plan::{Layout, RoutePlan, lf_bwd_sweeps};
 use crate::addr::{self, Addr};
 use crate::cuda::launch::grid_for;
 use crate::error::{FK_ERROR_INTERNAL, Result};

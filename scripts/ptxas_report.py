@@ -10,7 +10,7 @@ e.g. gaussian_f32, or one op, dtype and configuration of the geodesic family) or
 family, as FK_KERNELS of tests/kernels_compile.rs takes it: `geodesic` is every
 module whose name starts with `geodesic_`. Without MODULE, every module. The source
 of each module is the library's own, with its headers inlined, exactly as
-`fusekit::cuda::nvrtc::compile` hands it to NVRTC (`cargo run --release --example
+`fusekit::testing::compile` hands it to NVRTC (`cargo run --release --example
 kernel_source -- --expanded MODULE` prints it; this script builds and runs that
 example, or takes a built one with --kernel-source). Module and kernel names come
 from the library, so a renamed or split module needs nothing here. `--define`
@@ -97,7 +97,7 @@ class Nvrtc:
         rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), f"{name}.cu".encode(),
                                     0, None, None)
         assert rc == 0, rc
-        # src/cuda/nvrtc.rs `options`, plus the ptxas report
+        # src/gpu/nvrtc.rs `options`, plus the ptxas report
         opts = [f"--gpu-architecture={arch}", "--std=c++17", f"--include-path={self.include}",
                 "--device-as-default-execution-space", "-DFK_NVRTC=1", "-Xptxas", "-v"]
         arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])

@@ -21,7 +21,7 @@
 //! - `Buffer` construction (`buffer.rs`: owned and pinned allocations, `wrap`'s
 //!   caller memory under `fk_buffer_wrap`'s contract; `dlpack.rs`: an import under
 //!   the DLPack contract); plans take them through `Addr::of`;
-//! - scratch allocations: `cuda::Workspace` (a fresh pool allocation) and the CPU
+//! - scratch allocations: `gpu::Workspace` (a fresh pool allocation) and the CPU
 //!   backend's `Vec` scratch (`Addr::from_ptr` over a vector kept alive while used);
 //! - offsets inside a vouched allocation (a batch's matrix, a tile's corner, a
 //!   workspace piece), whose callers state why the offset stays inside.

@@ -10,7 +10,7 @@
 //! The CPU backend implements a single-rank communicator (`nranks == 1`): every
 //! collective becomes a copy of `send` into `recv`, so the API is usable and
 //! testable without GPUs. NCCL is loaded only for CUDA communicators and
-//! `unique_id` (see `cuda::nccl`).
+//! `unique_id` (see `gpu::nccl`).
 //!
 //! Element types: f16, bf16, f32, f64 for every collective and reduction.
 //! Complex buffers (complex64, complex128) are reduced as pairs of reals: that is

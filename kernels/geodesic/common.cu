@@ -49,7 +49,7 @@
 #include "common.cuh"
 
 // The constants the kernels share with the host, defined ahead of this source by
-// src/cuda/geodesic/plan.rs (`defines`), which states them once: GEO_NT threads (GEO_NW
+// src/cuda/geodesic/config.rs (`defines`), which states them once: GEO_NT threads (GEO_NW
 // warps) per group, GEO_GROUPS groups in the Christoffel forward's TF32 kernel
 // (chr_fwd_tc), GEN_RG rows per block iteration of the generic kernels, GEO_SMEM_MAX
 // the largest opt-in shared memory per block of the supported GPUs (configurations
@@ -57,7 +57,7 @@
 // GEO_WANT_* bits of GeoArgs::want. A fast module also gets its tile's values (fast.cu).
 #if !defined(GEO_NT) || !defined(GEO_NW) || !defined(GEO_GROUPS) || !defined(GEN_RG) || !defined(GEO_SMEM_MAX) || \
     !defined(GEO_SW_M) || !defined(GEO_WANT_DX)
-#error "the geodesic constants come from src/cuda/geodesic/plan.rs (fusekit::cuda::modules() has the full source)"
+#error "the geodesic constants come from src/cuda/geodesic/config.rs (fusekit::cuda::modules() has the full source)"
 #endif
 
 // struct GeoArgs: declared in src/cuda/geodesic/args.rs (kernel_args!), defined ahead of this source

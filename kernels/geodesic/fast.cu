@@ -2,7 +2,7 @@
 // common.cu for how a module's source is assembled): the configuration (Cfg), the
 // row layout, the GEMM phases, the TF32 tensor-core phases, the tile loads.
 // ---------------------------------------------------------------- fast path
-// A fast module's tile values, from src/cuda/geodesic/plan.rs (`defines`, `smem`): the
+// A fast module's tile values, from src/cuda/geodesic/config.rs (`defines`, `smem`): the
 // FFMA kernel's rows per thread (GEO_MB; the TF32 kernels': GEO_TC_MB), whether it
 // takes the vector row layout (GEO_VL) and whether the module's leapfrog forward has
 // the variant with U and W in registers (GEO_RS), and the shared memory in bytes of
@@ -13,7 +13,7 @@
 // (check_smem).
 #if !defined(GEO_MB) || !defined(GEO_TC_MB) || !defined(GEO_VL) || !defined(GEO_RS) || !defined(GEO_SMEM) || \
     !defined(GEO_SMEM_TC) || !defined(GEO_SMEM_STAGE) || !defined(GEO_SMEM_TC3) || !defined(GEO_SMEM_RS)
-#error "a fast module's tile values come from src/cuda/geodesic/plan.rs"
+#error "a fast module's tile values come from src/cuda/geodesic/config.rs"
 #endif
 // The backwards' phase B also runs with U (dv = dp U^T): with VL their U is swizzled
 // as W, and phase A reads both swizzled (Cfg::UZ).

@@ -45,8 +45,8 @@ torch setting    mode                       flags of the forwards
 ``"medium"``     ``"tf32x3"`` (as "high")   as ``"high"``
 ===============  =========================  ===================================
 
-``"tf32"`` (``GEO_ALLOW_TF32`` for both forwards, about 5e-4 relative error) is
-only had by asking for it. The setting is read on every eager call, and under
+``"tf32"`` (``GEO_ALLOW_TF32`` for both forwards; about 5e-4 relative error in the
+Christoffel term) is only had by asking for it. The setting is read on every eager call, and under
 ``torch.compile`` when the call is traced: torch.compile re-traces when TF32 is
 switched on or off (its guard on global state), which is the only change that
 alters this mapping. :func:`geo_flags` resolves ``precision`` and a raw ``flags``
@@ -339,8 +339,7 @@ def leapfrog(
     or no input requiring grad) writes no trajectory. ``return_traj`` implies it.
 
     ``precision``: "strict", "tf32x3" (3xTF32 tensor-core products, f32-level
-    accuracy) or "tf32" (TF32, about 5e-4 relative error per product) for the f32
-    forward on CUDA; None (default) follows ``torch.get_float32_matmul_precision()``
+    accuracy) or "tf32" (TF32; 1.4e-4 relative at T = 8) for the f32 forward on CUDA; None (default) follows ``torch.get_float32_matmul_precision()``
     (see the module's table). ``flags``: the raw forward flags instead (``GEO_*``;
     see :func:`geo_flags`). The backward, including a recomputed trajectory, is
     strict."""

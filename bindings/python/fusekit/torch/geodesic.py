@@ -46,10 +46,10 @@ torch setting    mode                       flags of the forwards
 ===============  =========================  ===================================
 
 ``"tf32"`` (``GEO_ALLOW_TF32`` for both forwards; about 5e-4 relative error in the
-Christoffel term) is only had by asking for it. The setting is read on every eager call, and under
-``torch.compile`` when the call is traced: torch.compile re-traces when TF32 is
-switched on or off (its guard on global state), which is the only change that
-alters this mapping. :func:`geo_flags` resolves ``precision`` and a raw ``flags``
+Christoffel term) is only had by asking for it. The setting is read on every eager
+call, and under ``torch.compile`` when the call is traced: torch.compile re-traces
+when TF32 is switched on or off (its guard on global state), which is the only
+change that alters this mapping. :func:`geo_flags` resolves ``precision`` and a raw ``flags``
 word (``GEO_*`` bits, e.g. ``GEO_FORCE_GENERIC``) into the forward's flags;
 docs/geodesic.md ("Precision in torch and JAX") gives the reasons.
 
@@ -80,6 +80,7 @@ PRECISIONS = ("strict", "tf32x3", "tf32")
 #: products where a fast algorithm with them exists and otherwise for "high"
 #: (torch's definition); the geodesic ops have none, so it is "high".
 TORCH_MODES = {"highest": "strict", "high": "tf32x3", "medium": "tf32x3"}
+
 
 def mode_for_torch_setting(setting: str) -> str:
     """The mode (one of :data:`PRECISIONS`) for a value of
@@ -339,8 +340,9 @@ def leapfrog(
     or no input requiring grad) writes no trajectory. ``return_traj`` implies it.
 
     ``precision``: "strict", "tf32x3" (3xTF32 tensor-core products, f32-level
-    accuracy) or "tf32" (TF32; 1.4e-4 relative at T = 8) for the f32 forward on CUDA; None (default) follows ``torch.get_float32_matmul_precision()``
-    (see the module's table). ``flags``: the raw forward flags instead (``GEO_*``;
+    accuracy) or "tf32" (TF32; 1.4e-4 relative at T = 8) for the f32 forward on
+    CUDA; None (default) follows ``torch.get_float32_matmul_precision()`` (see the
+    module's table). ``flags``: the raw forward flags instead (``GEO_*``;
     see :func:`geo_flags`). The backward, including a recomputed trajectory, is
     strict."""
     fl = geo_flags(precision, flags, x3=True, where="fusekit.torch.geodesic.leapfrog")

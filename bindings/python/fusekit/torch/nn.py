@@ -500,7 +500,8 @@ class LeapfrogIntegrator(nn.Module):
             ``torch.get_float32_matmul_precision()``: "highest" strict, "high" and
             "medium" 3xTF32; read at each call, or when torch.compile traces it),
             "strict", "tf32x3" (3xTF32, f32-level accuracy) or "tf32" (TF32, about
-            1e-4 relative error); see ``fusekit.torch.geodesic`` and docs/geodesic.md. The backward is strict. The attribute
+            1e-4 relative error); see ``fusekit.torch.geodesic`` and
+            docs/geodesic.md. The backward is strict. The attribute
             ``precision`` (checked when set) is the submodule ``christoffel``'s:
             one setting for both.
         device, dtype: of the parameters; float32 or float64.

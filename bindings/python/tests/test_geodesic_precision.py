@@ -376,3 +376,28 @@ def test_module_compile_fullgraph_training_matches_eager(setting):
     for a, b in zip((*got, *gg), (*want, *gw)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     torch._dynamo.reset()
+
+
+# ------------------------------------------------------------------ CUDA (where a GPU is usable)
+
+
+@pytest.mark.skipif(fusekit.device_count() == 0 or not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("setting,mode,tol", [("highest", None, 1e-5), ("high", None, 1e-5), ("medium", None, 1e-5),
+                                              ("highest", "tf32x3", 1e-5), ("highest", "tf32", 5e-3)])
+def test_cuda_modes_against_cpu(setting, mode, tol):
+    """f32 on CUDA in each mode against the CPU's strict result (tolerances of
+    tests/gpu_geodesic.rs: TF32 5e-3; strict and 3xTF32 at f32 level), gradients
+    (strict backwards) included."""
+    torch.set_float32_matmul_precision(setting)
+    cpu = _problem(b=64, d=128, r=16, seed=7)
+    gpu = [t.detach().cuda().requires_grad_(t.requires_grad) for t in cpu]
+
+    def run(x, v, U, W, f, mu):
+        xT, vT = geo.leapfrog(x, v, U, W, 0.05, 4, f=f, mu=mu, precision=mode)
+        g = geo.christoffel(v, U, W, precision=mode)
+        outs = (xT, vT, g)
+        return (*outs, *torch.autograd.grad(sum((o * o).sum() for o in outs), (x, v, U, W, f)))
+
+    for a, b in zip(run(*gpu), run(*cpu)):
+        a = a.double().cpu()
+        assert ((a - b.double()).abs().max() / b.double().abs().max()).item() <= tol

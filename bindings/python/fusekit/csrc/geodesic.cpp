@@ -48,10 +48,12 @@ void leapfrog_backward_out(Tensor v0, OptTensor f, Tensor U, Tensor W, OptTensor
           DW.get());
 }
 
-Tensor christoffel(Tensor v, Tensor U, Tensor W, double cl) {
+// flags: the forward's FK_GEO_* word (fusekit/torch/geodesic.py chooses it; the
+// backwards below run with 0: the C ABI's backwards are strict IEEE).
+Tensor christoffel(Tensor v, Tensor U, Tensor W, double cl, int64_t flags) {
     contig_all(v, U, W);
     Tensor gamma = new_like(v);
-    christoffel_forward_out(v, U, W, cl, 0, gamma);
+    christoffel_forward_out(v, U, W, cl, flags, gamma);
     return gamma;
 }
 
@@ -65,12 +67,13 @@ std::tuple<Tensor, Tensor, Tensor> christoffel_backward(Tensor v, Tensor U, Tens
 }
 
 std::tuple<Tensor, Tensor, Tensor> leapfrog(Tensor x0, Tensor v0, Tensor U, Tensor W, OptTensor f, OptTensor mu,
-                                            double dt, int64_t steps, double cl, bool keep_traj) {
+                                            double dt, int64_t steps, double cl, bool keep_traj,
+                                            int64_t flags) {
     contig_all(x0, v0, U, W, f, mu);
     Tensor x = new_like(x0), v = new_like(v0);
     int64_t b = v0.dim() > 0 ? v0.size(0) : 0, d = v0.dim() > 1 ? v0.size(1) : 0;
     Tensor traj = new_tensor({keep_traj ? steps : 0, 2, b, d}, dtype_of(v0), v0);
-    leapfrog_forward_out(x0, v0, f, U, W, mu, dt, steps, cl, 0, x, v, arg_if(keep_traj, traj));
+    leapfrog_forward_out(x0, v0, f, U, W, mu, dt, steps, cl, flags, x, v, arg_if(keep_traj, traj));
     return {x, v, traj};
 }
 
@@ -100,11 +103,11 @@ constexpr Op kOps[] = {
                                        "float c, int flags, Tensor? traj, Tensor? gx, Tensor? gv, Tensor(a!)? dx0, "
                                        "Tensor(b!)? dv0, Tensor(c!)? df, Tensor(d!)? dU, Tensor(e!)? dW) -> ()"),
     // differentiable ops (autograd registered in Python) and their backwards
-    FK_TORCH_OP(christoffel, "(Tensor v, Tensor U, Tensor W, float c) -> Tensor"),
+    FK_TORCH_OP(christoffel, "(Tensor v, Tensor U, Tensor W, float c, int flags=0) -> Tensor"),
     FK_TORCH_OP(christoffel_backward, "(Tensor v, Tensor U, Tensor W, Tensor g, float c, int want=7) "
                                       "-> (Tensor, Tensor, Tensor)"),
     FK_TORCH_OP(leapfrog, "(Tensor x0, Tensor v0, Tensor U, Tensor W, Tensor? f, Tensor? mu, float dt, int steps, "
-                          "float c, bool keep_traj=True) -> (Tensor, Tensor, Tensor)"),
+                          "float c, bool keep_traj=True, int flags=0) -> (Tensor, Tensor, Tensor)"),
     FK_TORCH_OP(leapfrog_backward, "(Tensor v0, Tensor U, Tensor W, Tensor? f, Tensor? mu, Tensor? traj, Tensor? gx, "
                                    "Tensor? gv, float dt, int steps, float c, int want=31) "
                                    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)"),

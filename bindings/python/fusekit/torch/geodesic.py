@@ -30,6 +30,29 @@ The tensor route of the plain functions of ``fusekit.ops.geodesic``
 :func:`leapfrog_forward`, :func:`leapfrog_backward`) runs their C entry points
 one to one through the ``*_out`` ops (every output given; None = not wanted).
 
+**Precision** (the f32 forwards on CUDA; the CPU, float64 and the backwards are
+always strict): :func:`christoffel` and :func:`leapfrog` take ``precision``, one
+of :data:`PRECISIONS` (``"strict"``, ``"tf32x3"``, ``"tf32"``, the modes of
+``fusekit.jax.precision_mode``), or None (default) to follow
+``torch.get_float32_matmul_precision()`` through :func:`mode_for_torch_setting`:
+
+===============  =========================  ===================================
+torch setting    mode                       flags of the forwards
+===============  =========================  ===================================
+``"highest"``    ``"strict"``               0 (both)
+``"high"``       ``"tf32x3"``               leapfrog ``GEO_ALLOW_TF32X3``;
+                                            christoffel 0 (it has no 3xTF32)
+``"medium"``     ``"tf32x3"`` (as "high")   as ``"high"``
+===============  =========================  ===================================
+
+``"tf32"`` (``GEO_ALLOW_TF32`` for both forwards; about 5e-4 relative error in the
+Christoffel term) is only had by asking for it. The setting is read on every eager
+call, and under ``torch.compile`` when the call is traced: torch.compile re-traces
+when TF32 is switched on or off (its guard on global state), which is the only
+change that alters this mapping. :func:`geo_flags` resolves ``precision`` and a raw ``flags``
+word (``GEO_*`` bits, e.g. ``GEO_FORCE_GENERIC``) into the forward's flags;
+docs/geodesic.md ("Precision in torch and JAX") gives the reasons.
+
 This module gives the compiled kernels their fake implementations and autograd
 formulas (``_register``). Double backward is not supported (the backward ops have
 no autograd formula).
@@ -40,10 +63,106 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..ops.geodesic import DEFAULT_C, _dims
-from ._register import d, eager_call, fused_autograd, new, no_output, outputs, register, run, want_bits
+from ..ops.geodesic import DEFAULT_C, GEO_ALLOW_TF32, GEO_ALLOW_TF32X3, _dims
+from ._register import d, eager_call, new, no_output, outputs, register, run, want_bits
 
-__all__ = ["christoffel", "leapfrog"]
+__all__ = ["christoffel", "leapfrog", "PRECISIONS", "TORCH_MODES", "mode_for_torch_setting", "precision_mode",
+           "geo_flags"]
+
+
+# --- precision: fusekit's modes and torch's float32 matmul setting --------------------
+
+#: The values of ``precision`` (None: follow torch): strict f32, 3xTF32 where an op
+#: has it (the leapfrog forward; strict elsewhere), TF32.
+PRECISIONS = ("strict", "tf32x3", "tf32")
+
+#: ``torch.get_float32_matmul_precision()`` -> mode. "medium" asks for bfloat16
+#: products where a fast algorithm with them exists and otherwise for "high"
+#: (torch's definition); the geodesic ops have none, so it is "high".
+TORCH_MODES = {"highest": "strict", "high": "tf32x3", "medium": "tf32x3"}
+
+
+def mode_for_torch_setting(setting: str) -> str:
+    """The mode (one of :data:`PRECISIONS`) for a value of
+    ``torch.get_float32_matmul_precision()``: "highest" -> "strict", "high" and
+    "medium" -> "tf32x3" (:data:`TORCH_MODES`). Another value is a ValueError."""
+    try:
+        return TORCH_MODES[setting]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"fusekit.torch.geodesic: torch's float32 matmul precision {setting!r} is not one of "
+            f"{', '.join(map(repr, TORCH_MODES))}"
+        ) from None
+
+
+@torch.compiler.assume_constant_result
+def _torch_setting() -> str:
+    """``torch.get_float32_matmul_precision()``; under torch.compile a constant of the
+    trace (torch's guard on global state re-traces when TF32 is switched on or off,
+    the one change that alters the mode). Where the legacy and the new precision APIs
+    were mixed torch refuses to name one setting; then the CUDA matmul backend's
+    setting of the new API decides ("tf32": "high", else "highest")."""
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:
+        p = torch.backends.cuda.matmul.fp32_precision
+        if p == "none":  # inherited from the generic setting
+            p = torch.backends.fp32_precision
+        return "high" if p == "tf32" else "highest"
+
+
+def _check_precision(where: str, precision) -> str:
+    if isinstance(precision, str) and precision in PRECISIONS:
+        return precision
+    raise ValueError(
+        f"{where}: precision must be None (follow torch.get_float32_matmul_precision()) or one of "
+        f"{', '.join(map(repr, PRECISIONS))}, got {precision!r}"
+    )
+
+
+def precision_mode(precision: Optional[str] = None, where: str = "fusekit.torch.geodesic") -> str:
+    """``precision`` checked (one of :data:`PRECISIONS`), or, when None, the mode of
+    ``torch.get_float32_matmul_precision()`` (:func:`mode_for_torch_setting`), read
+    now (eager) or when torch.compile traces the call."""
+    if precision is None:
+        return mode_for_torch_setting(_torch_setting())
+    return _check_precision(where, precision)
+
+
+def _effective(mode: str, x3: bool) -> str:
+    """What a mode does to an op (``x3``: the op has 3xTF32, the leapfrog forward)."""
+    return "strict" if mode == "tf32x3" and not x3 else mode
+
+
+def _flags_mode(flags: int, x3: bool) -> str:
+    """The mode a raw flags word gives an op (TF32 wins over 3xTF32, as in the C ABI)."""
+    if flags & GEO_ALLOW_TF32:
+        return "tf32"
+    return "tf32x3" if flags & GEO_ALLOW_TF32X3 and x3 else "strict"
+
+
+def geo_flags(precision: Optional[str] = None, flags: Optional[int] = None, *, x3: bool,
+              where: str = "fusekit.torch.geodesic") -> int:
+    """The ``flags`` word of a geodesic forward (``x3``: the op has 3xTF32, i.e. the
+    leapfrog forward; the Christoffel forward has not).
+
+    - ``flags`` given (raw ``GEO_*`` bits): used as given; with ``precision`` also
+      given, the two must ask the op for the same mode, else a ValueError.
+    - else ``precision`` (see :func:`precision_mode`; None follows torch): "tf32" ->
+      ``GEO_ALLOW_TF32``, "tf32x3" -> ``GEO_ALLOW_TF32X3`` where ``x3``, else 0."""
+    if flags is not None:
+        if isinstance(flags, bool) or not isinstance(flags, int):
+            raise TypeError(f"{where}: flags must be an int (GEO_* bits), not {type(flags).__name__}")
+        if not 0 <= flags < 1 << 32:  # the C ABI's uint32_t; it rejects unknown bits itself
+            raise ValueError(f"{where}: flags must be in [0, 2**32) (GEO_* bits), got {flags}")
+        if precision is not None:
+            asked, given = _effective(_check_precision(where, precision), x3), _flags_mode(flags, x3)
+            if asked != given:
+                raise ValueError(f"{where}: precision={precision!r} and flags={flags:#x} disagree "
+                                 f"(the flags ask this op for {given!r}, the precision for {asked!r}); give one")
+        return flags
+    mode = _effective(precision_mode(precision, where), x3)
+    return GEO_ALLOW_TF32 if mode == "tf32" else (GEO_ALLOW_TF32X3 if mode == "tf32x3" else 0)
 
 
 # The backward ops' ``want`` bits: the Christoffel backward's gradients (v, U, W) and
@@ -119,13 +238,23 @@ register("christoffel_backward", fake=_chr_bwd_fake)
 # --- fusekit::christoffel ------------------------------------------------------------------
 
 
-def _chr_fake(v, U, W, c):
+def _chr_fake(v, U, W, c, flags=0):
     torch._check(v.dim() == 2, lambda: "fusekit::christoffel: v must be [B,D]")
     torch._check(U.dim() == 2 and W.dim() == 2, lambda: "fusekit::christoffel: U and W must be [D,R]")
     return v.new_empty(v.shape)
 
 
-_chr_setup, _chr_backward = fused_autograd(3, "christoffel_backward")
+def _chr_setup(ctx, inputs, output):
+    v, U, W, c, flags = inputs  # flags: the forward's only (the backward is strict)
+    ctx.save_for_backward(v, U, W)
+    ctx.c = c
+
+
+def _chr_backward(ctx, grad):
+    need = ctx.needs_input_grad[:3]
+    grads = torch.ops.fusekit.christoffel_backward(*ctx.saved_tensors, grad, ctx.c, want_bits(need))
+    return (*[g if wanted else None for g, wanted in zip(grads, need)], None, None)
+
 _chr = eager_call(register("christoffel", fake=_chr_fake, backward=_chr_backward, setup_context=_chr_setup),
                   _chr_backward, _chr_setup, (0, 1, 2))
 
@@ -143,7 +272,7 @@ register("leapfrog_backward", fake=_lf_bwd_fake)
 # --- fusekit::leapfrog --------------------------------------------------------------------------
 
 
-def _lf_fake(x0, v0, U, W, f, mu, dt, steps, c, keep_traj=True):
+def _lf_fake(x0, v0, U, W, f, mu, dt, steps, c, keep_traj=True, flags=0):
     torch._check(v0.dim() == 2, lambda: "fusekit::leapfrog: v0 must be [B,D]")
     torch._check(steps >= 1, lambda: "fusekit::leapfrog: steps must be >= 1")
     b, d = v0.shape
@@ -151,7 +280,7 @@ def _lf_fake(x0, v0, U, W, f, mu, dt, steps, c, keep_traj=True):
 
 
 def _lf_setup(ctx, inputs, output):
-    x0, v0, U, W, f, mu, dt, steps, c, keep_traj = inputs
+    x0, v0, U, W, f, mu, dt, steps, c, keep_traj, flags = inputs  # flags: the forward's only
     ctx.save_for_backward(v0, U, W, f, mu, output[2] if keep_traj else None)
     ctx.dt, ctx.steps, ctx.c = dt, steps, c
 
@@ -164,7 +293,7 @@ def _lf_backward(ctx, gx, gv, gtraj):
         v0, U, W, f, mu, traj, gx, gv, ctx.dt, ctx.steps, ctx.c, want
     )
     return (dx0 if need[0] else None, dv0 if need[1] else None, dU if need[2] else None, dW if need[3] else None,
-            df if need[4] else None, None, None, None, None, None)
+            df if need[4] else None, None, None, None, None, None, None)
 
 
 _lf = eager_call(register("leapfrog", fake=_lf_fake, backward=_lf_backward, setup_context=_lf_setup),
@@ -174,9 +303,16 @@ _lf = eager_call(register("leapfrog", fake=_lf_fake, backward=_lf_backward, setu
 # --- wrappers with the default c ----------------------------------------------------------------
 
 
-def christoffel(v: Tensor, U: Tensor, W: Tensor, c: float = DEFAULT_C) -> Tensor:
-    """Differentiable clamped Christoffel term ``[B,D]`` (``torch.ops.fusekit.christoffel``)."""
-    return _chr(v, U, W, float(c))
+def christoffel(v: Tensor, U: Tensor, W: Tensor, c: float = DEFAULT_C, *, precision: Optional[str] = None,
+                flags: Optional[int] = None) -> Tensor:
+    """Differentiable clamped Christoffel term ``[B,D]`` (``torch.ops.fusekit.christoffel``).
+
+    ``precision``: "strict" or "tf32" (TF32 tensor cores for the f32 forward on
+    CUDA); "tf32x3" is strict here (the op has no 3xTF32); None (default) follows
+    ``torch.get_float32_matmul_precision()`` (see the module's table). ``flags``:
+    the raw forward flags instead (``GEO_*``; see :func:`geo_flags`). The backward
+    is strict."""
+    return _chr(v, U, W, float(c), geo_flags(precision, flags, x3=False, where="fusekit.torch.geodesic.christoffel"))
 
 
 def _keep_traj(save_traj: Optional[bool], return_traj: bool, differentiable) -> bool:
@@ -191,7 +327,7 @@ def _keep_traj(save_traj: Optional[bool], return_traj: bool, differentiable) -> 
 def leapfrog(
     x0: Tensor, v0: Tensor, U: Tensor, W: Tensor, dt: float, steps: int, f: Optional[Tensor] = None,
     mu: Optional[Tensor] = None, c: float = DEFAULT_C, return_traj: bool = False,
-    save_traj: Optional[bool] = None
+    save_traj: Optional[bool] = None, *, precision: Optional[str] = None, flags: Optional[int] = None
 ):
     """Differentiable fused leapfrog (``torch.ops.fusekit.leapfrog``): ``(x_T, v_T)``,
     plus the trajectory ``[steps,2,B,D]`` when ``return_traj``.
@@ -201,7 +337,15 @@ def leapfrog(
     it on chip (about 1.3x its time at the benchmark shape, no extra memory). The
     default (None) saves it exactly when a gradient can be asked for: grad mode on
     and one of ``x0, v0, U, W, f`` requiring grad; so inference (``torch.no_grad()``,
-    or no input requiring grad) writes no trajectory. ``return_traj`` implies it."""
+    or no input requiring grad) writes no trajectory. ``return_traj`` implies it.
+
+    ``precision``: "strict", "tf32x3" (3xTF32 tensor-core products, f32-level
+    accuracy) or "tf32" (TF32; 1.4e-4 relative at T = 8) for the f32 forward on
+    CUDA; None (default) follows ``torch.get_float32_matmul_precision()`` (see the
+    module's table). ``flags``: the raw forward flags instead (``GEO_*``;
+    see :func:`geo_flags`). The backward, including a recomputed trajectory, is
+    strict."""
+    fl = geo_flags(precision, flags, x3=True, where="fusekit.torch.geodesic.leapfrog")
     keep = _keep_traj(save_traj, return_traj, (x0, v0, U, W, f))
-    x, v, traj = _lf(x0, v0, U, W, f, mu, float(dt), int(steps), float(c), keep)
+    x, v, traj = _lf(x0, v0, U, W, f, mu, float(dt), int(steps), float(c), keep, fl)
     return (x, v, traj) if return_traj else (x, v)

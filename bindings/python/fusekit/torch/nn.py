@@ -41,7 +41,7 @@ from .._args import check_volume as _volume
 from ..ops import gaussian as _gaussian
 from ..ops import geodesic as _geodesic
 from .gaussian import gaussian_field  # (the family modules load the compiled ops: ImportError when not built)
-from .geodesic import christoffel, leapfrog
+from .geodesic import _check_precision, christoffel, leapfrog
 from .linalg import linear
 from .mlp import mlp
 
@@ -420,19 +420,35 @@ class LowRankChristoffel(nn.Module):
         dim: D >= 1, the feature dimension.
         rank: R >= 1.
         clamp: the bound ``c`` >= 0 of the clamp (``math.inf``: none); default 5.0.
+        precision: of the f32 forward on CUDA: None (default: follow
+            ``torch.get_float32_matmul_precision()``, read at each call, or when
+            torch.compile traces it), "strict", "tf32" or "tf32x3" (strict here: the
+            op has no 3xTF32); see ``fusekit.torch.geodesic`` and docs/geodesic.md.
+            The attribute ``precision`` can be set later (checked when set).
         device, dtype: of the parameters; float32 or float64.
     """
 
-    def __init__(self, dim: int, rank: int, clamp: float = _geodesic.DEFAULT_C, device=None, dtype=None):
+    def __init__(self, dim: int, rank: int, clamp: float = _geodesic.DEFAULT_C, device=None, dtype=None,
+                 precision: Optional[str] = None):
         super().__init__()
         where = "LowRankChristoffel"
         self.dim = _int(where, "dim", dim, 1)
         self.rank = _int(where, "rank", rank, 1)
         self.clamp = _float(where, "clamp", clamp, nonnegative=True, allow_inf=True)
+        self.precision = precision
         kw = {"device": device, "dtype": _dtype(where, dtype, _FIELD_DTYPES)}
         self.U = nn.Parameter(torch.empty((self.dim, self.rank), **kw))
         self.W = nn.Parameter(torch.empty((self.dim, self.rank), **kw))
         self.reset_parameters()
+
+    @property
+    def precision(self) -> Optional[str]:
+        """None (follow torch), "strict", "tf32x3" or "tf32"; checked when set."""
+        return self._precision
+
+    @precision.setter
+    def precision(self, value: Optional[str]) -> None:
+        self._precision = None if value is None else _check_precision(type(self).__name__, value)
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
@@ -442,10 +458,11 @@ class LowRankChristoffel(nn.Module):
     def forward(self, v: Tensor) -> Tensor:
         _check_input("LowRankChristoffel", "v", v, self.U,
                      isinstance(v, Tensor) and v.dim() == 2 and v.shape[-1] == self.dim, f"[B, {self.dim}]")
-        return christoffel(v, self.U, self.W, self.clamp)
+        return christoffel(v, self.U, self.W, self.clamp, precision=self.precision)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, rank={self.rank}, clamp={self.clamp}"
+        prec = "" if self.precision is None else f", precision={self.precision!r}"
+        return f"dim={self.dim}, rank={self.rank}, clamp={self.clamp}{prec}"
 
 
 #: The per-feature friction coefficient ``friction=True`` starts from.
@@ -479,6 +496,14 @@ class LeapfrogIntegrator(nn.Module):
             parameter requiring grad), and the backward reads it; False never
             writes it (the backward recomputes it on chip: no extra memory, about
             1.3x the backward's time); True always writes it.
+        precision: of the f32 forward on CUDA: None (default: follow
+            ``torch.get_float32_matmul_precision()``: "highest" strict, "high" and
+            "medium" 3xTF32; read at each call, or when torch.compile traces it),
+            "strict", "tf32x3" (3xTF32, f32-level accuracy) or "tf32" (TF32, about
+            1e-4 relative error); see ``fusekit.torch.geodesic`` and
+            docs/geodesic.md. The backward is strict. The attribute
+            ``precision`` (checked when set) is the submodule ``christoffel``'s:
+            one setting for both.
         device, dtype: of the parameters; float32 or float64.
 
     ``forward(x, v, force=None) -> (x_T, v_T)``: ``x``, ``v`` and the optional
@@ -487,10 +512,12 @@ class LeapfrogIntegrator(nn.Module):
     """
 
     def __init__(self, dim: int, rank: int, dt: float, steps: int, friction: Union[bool, float] = False,
-                 clamp: float = _geodesic.DEFAULT_C, save_traj: Optional[bool] = None, device=None, dtype=None):
+                 clamp: float = _geodesic.DEFAULT_C, save_traj: Optional[bool] = None, device=None, dtype=None,
+                 precision: Optional[str] = None):
         super().__init__()
         where = "LeapfrogIntegrator"
         self.christoffel = LowRankChristoffel(dim, rank, clamp, device=device, dtype=dtype)
+        self.precision = precision
         self.dt = _float(where, "dt", dt)
         self.steps = _int(where, "steps", steps, 1)
         if save_traj is not None:
@@ -505,6 +532,15 @@ class LeapfrogIntegrator(nn.Module):
         else:
             self.register_buffer("mu", torch.full((self.christoffel.dim,), mu0, dtype=self.christoffel.U.dtype,
                                                   device=self.christoffel.U.device))
+
+    @property
+    def precision(self) -> Optional[str]:
+        """The submodule ``christoffel``'s precision (one setting for both); checked when set."""
+        return self.christoffel.precision
+
+    @precision.setter
+    def precision(self, value: Optional[str]) -> None:
+        self.christoffel._precision = None if value is None else _check_precision(type(self).__name__, value)
 
     @property
     def dim(self) -> int:
@@ -523,8 +559,9 @@ class LeapfrogIntegrator(nn.Module):
             _check_input(where, "force", force, U, isinstance(force, Tensor) and force.shape == v.shape,
                          f"{tuple(v.shape)} (v's shape)")
         return leapfrog(x, v, U, self.christoffel.W, self.dt, self.steps, f=force, mu=self.mu,
-                        c=self.christoffel.clamp, save_traj=self.save_traj)
+                        c=self.christoffel.clamp, save_traj=self.save_traj, precision=self.precision)
 
     def extra_repr(self) -> str:
         mu = "False" if self.mu is None else "True"
-        return f"dt={self.dt}, steps={self.steps}, friction={mu}, save_traj={self.save_traj}"
+        prec = "" if self.precision is None else f", precision={self.precision!r}"
+        return f"dt={self.dt}, steps={self.steps}, friction={mu}, save_traj={self.save_traj}{prec}"

@@ -68,7 +68,10 @@ fn forward_batches_of_1_7_1000_leading_ranks_and_partial_biases() {
         (vec![2, 5, 3], vec![6, 11, 6]),
         (vec![10, 100], vec![4, 3]),
     ] {
-        for acts in [(FK_ACT_RELU, FK_ACT_NONE), (FK_ACT_GELU_ERF, FK_ACT_GELU_TANH)] {
+        for acts in [
+            (FK_ACT_RELU, FK_ACT_NONE),
+            (FK_ACT_GELU_ERF, FK_ACT_GELU_TANH),
+        ] {
             let mut c = MlpCase::new(FK_DTYPE_F32, &lead, &widths, acts, true);
             // every other layer without a bias
             for (i, b) in c.bias.iter_mut().enumerate() {
@@ -109,8 +112,16 @@ fn backward_on_large_batches_and_odd_widths() {
     let ctx = Ctx::cpu();
     let mut rng = Rng::new(63);
     for (lead, widths, acts) in [
-        (vec![1000], vec![13, 31, 9, 5], (FK_ACT_RELU, FK_ACT_GELU_ERF)),
-        (vec![7, 3, 2], vec![8, 129, 3], (FK_ACT_GELU_TANH, FK_ACT_RELU)),
+        (
+            vec![1000],
+            vec![13, 31, 9, 5],
+            (FK_ACT_RELU, FK_ACT_GELU_ERF),
+        ),
+        (
+            vec![7, 3, 2],
+            vec![8, 129, 3],
+            (FK_ACT_GELU_TANH, FK_ACT_RELU),
+        ),
     ] {
         let c = MlpCase::new(FK_DTYPE_F32, &lead, &widths, acts, false);
         let d = c.data(&mut rng);
@@ -129,7 +140,12 @@ fn gradients_match_finite_differences() {
     // loss = sum(dy * y)
     let loss = |c: &MlpCase, d: &MlpData| -> f64 {
         let (hs, _) = c.reference(d);
-        hs.last().unwrap().iter().zip(&d.dy).map(|(a, b)| a * b).sum()
+        hs.last()
+            .unwrap()
+            .iter()
+            .zip(&d.dy)
+            .map(|(a, b)| a * b)
+            .sum()
     };
     for acts in act_pairs() {
         // f32 data; the reference runs in f64 without rounding f32 outputs
@@ -265,7 +281,10 @@ fn skipped_and_partial_gradients() {
         let g = c.backward(&ctx, &d, saved.as_ref(), w, null());
         assert_eq!(g.dx.is_some(), w.dx);
         // same bits as the full backward for every gradient asked for
-        let bits = |v: &Option<Vec<f64>>| v.as_ref().map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        let bits = |v: &Option<Vec<f64>>| {
+            v.as_ref()
+                .map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+        };
         if w.dx {
             assert_eq!(bits(&g.dx), bits(&full.dx), "want {j}: dx");
         }
@@ -305,11 +324,22 @@ fn skipped_and_partial_gradients() {
 fn one_plain_layer_needs_no_saved_and_tf32_is_ignored_on_the_cpu() {
     let ctx = Ctx::cpu();
     let mut rng = Rng::new(66);
-    let mut c = MlpCase::new(FK_DTYPE_F32, &[4, 2], &[5, 3], (FK_ACT_RELU, FK_ACT_NONE), true);
+    let mut c = MlpCase::new(
+        FK_DTYPE_F32,
+        &[4, 2],
+        &[5, 3],
+        (FK_ACT_RELU, FK_ACT_NONE),
+        true,
+    );
     assert_eq!(c.saved_size(&ctx), 0);
     let d = c.data(&mut rng);
     let g = c.backward(&ctx, &d, None, &Want::all(1), null());
-    check_grads(&g, &c.reference_grads_on(&ctx, &d), 2e-5, "one layer, saved NULL");
+    check_grads(
+        &g,
+        &c.reference_grads_on(&ctx, &d),
+        2e-5,
+        "one layer, saved NULL",
+    );
     c.flags = FK_GEMM_ALLOW_TF32;
     let (y, _) = c.forward(&ctx, &d, false, null());
     let (hs, _) = c.reference(&d);
@@ -361,11 +391,20 @@ fn saved_size_query() {
         (s, b)
     };
     // one plain layer: nothing
-    assert_eq!(size(&[5, 3], 10, FK_DTYPE_F32, FK_ACT_RELU, FK_ACT_NONE), (FK_OK, 0));
+    assert_eq!(
+        size(&[5, 3], 10, FK_DTYPE_F32, FK_ACT_RELU, FK_ACT_NONE),
+        (FK_OK, 0)
+    );
     // ReLU output: a bit per element, rows padded to 128 bits: 10 rows x 16 bytes
-    assert_eq!(size(&[5, 3], 10, FK_DTYPE_F32, FK_ACT_NONE, FK_ACT_RELU), (FK_OK, 256));
+    assert_eq!(
+        size(&[5, 3], 10, FK_DTYPE_F32, FK_ACT_NONE, FK_ACT_RELU),
+        (FK_OK, 256)
+    );
     // GELU output: 10 rows x 8 (3 padded) x 2 bytes = 160 -> 256
-    assert_eq!(size(&[5, 3], 10, FK_DTYPE_F16, FK_ACT_NONE, FK_ACT_GELU_ERF), (FK_OK, 256));
+    assert_eq!(
+        size(&[5, 3], 10, FK_DTYPE_F16, FK_ACT_NONE, FK_ACT_GELU_ERF),
+        (FK_OK, 256)
+    );
     // two layers, relu hidden (1000 x 300: 1000 x 384 bits = 48000 bytes -> 48128),
     // hidden output 1000 x 300 x 4 = 1200000, none on top
     assert_eq!(
@@ -374,7 +413,13 @@ fn saved_size_query() {
     );
     // compact: the relu mask is 1/32 of a GELU's f32 pre-activation
     let (_, relu) = size(&[64, 4096, 1], 4096, FK_DTYPE_F32, FK_ACT_RELU, FK_ACT_NONE);
-    let (_, gelu) = size(&[64, 4096, 1], 4096, FK_DTYPE_F32, FK_ACT_GELU_TANH, FK_ACT_NONE);
+    let (_, gelu) = size(
+        &[64, 4096, 1],
+        4096,
+        FK_DTYPE_F32,
+        FK_ACT_GELU_TANH,
+        FK_ACT_NONE,
+    );
     let hidden = 4096 * 4096 * 4;
     assert_eq!(relu - hidden, 4096 * 4096 / 8);
     assert_eq!(gelu - hidden, 4096 * 4096 * 4);
@@ -485,7 +530,12 @@ impl Net {
         self.b.iter().map(|b| b.raw() as *const _).collect()
     }
     /// The forward with `w` and `b` as the weight and bias arrays.
-    fn fwd(&self, w: &[*const fk_buffer], b: &[*const fk_buffer], saved: *mut fk_buffer) -> fk_status {
+    fn fwd(
+        &self,
+        w: &[*const fk_buffer],
+        b: &[*const fk_buffer],
+        saved: *mut fk_buffer,
+    ) -> fk_status {
         unsafe {
             fk_mlp_forward(
                 self.x.raw(),
@@ -585,7 +635,9 @@ fn forward_bad_inputs_name_the_argument_and_the_layer() {
     expect_status(
         n.fwd(&n.wp(), &b, null_mut()),
         FK_ERROR_SHAPE_MISMATCH,
-        &["biases[1] has shape [7] but layer 1 has 8 outputs (weights[1] is [8, 8]): it must be [8]"],
+        &[
+            "biases[1] has shape [7] but layer 1 has 8 outputs (weights[1] is [8, 8]): it must be [8]",
+        ],
     );
     // NULL entries: a bias may be missing, a weight may not
     let mut b = n.bp();
@@ -690,7 +742,10 @@ fn forward_bad_inputs_name_the_argument_and_the_layer() {
     expect_status(
         n.fwd(&n.wp(), &n.bp(), small.raw()),
         FK_ERROR_BUFFER_TOO_SMALL,
-        &["saved holds 16 bytes but this call needs", "fk_mlp_saved_size"],
+        &[
+            "saved holds 16 bytes but this call needs",
+            "fk_mlp_saved_size",
+        ],
     );
     expect_status(
         n.fwd(&n.wp(), &n.bp(), n.w[1].raw()),
@@ -741,15 +796,7 @@ fn forward_bad_inputs_name_the_argument_and_the_layer() {
     };
     expect_status(s, FK_ERROR_ALIASING, &["y overlaps x"]);
     // a non-contiguous weight
-    let strided = unsafe {
-        Buf::wrap(
-            ctx,
-            big.data(),
-            FK_DTYPE_F32,
-            &[8, 8],
-            Some(&[16, 1]),
-        )
-    };
+    let strided = unsafe { Buf::wrap(ctx, big.data(), FK_DTYPE_F32, &[8, 8], Some(&[16, 1])) };
     let mut w = n.wp();
     w[1] = strided.raw();
     expect_status(
@@ -764,8 +811,14 @@ fn backward_bad_inputs_name_the_argument_and_the_layer() {
     let n = Net::new();
     let ctx = &n.ctx;
     ok(n.fwd(&n.wp(), &n.bp(), n.saved.raw()));
-    let dw: Vec<Buf> = n.w.iter().map(|w| Buf::new(ctx, FK_DTYPE_F32, &w.shape())).collect();
-    let db: Vec<Buf> = n.b.iter().map(|b| Buf::new(ctx, FK_DTYPE_F32, &b.shape())).collect();
+    let dw: Vec<Buf> =
+        n.w.iter()
+            .map(|w| Buf::new(ctx, FK_DTYPE_F32, &w.shape()))
+            .collect();
+    let db: Vec<Buf> =
+        n.b.iter()
+            .map(|b| Buf::new(ctx, FK_DTYPE_F32, &b.shape()))
+            .collect();
     let dx = Buf::new(ctx, FK_DTYPE_F32, &[4, 6]);
     let dwp = || dw.iter().map(|b| b.raw()).collect::<Vec<_>>();
     let dbp = || db.iter().map(|b| b.raw()).collect::<Vec<_>>();
@@ -815,7 +868,10 @@ fn backward_bad_inputs_name_the_argument_and_the_layer() {
     expect_status(
         n.bwd(&n.wp(), null(), dx.raw(), &dwp(), &dbp()),
         FK_ERROR_NULL_POINTER,
-        &["saved is NULL but the backward of this network (3 layers", "needs the"],
+        &[
+            "saved is NULL but the backward of this network (3 layers",
+            "needs the",
+        ],
     );
     let small = Buf::new(ctx, FK_DTYPE_F32, &[8]);
     expect_status(
@@ -865,7 +921,11 @@ fn backward_bad_inputs_name_the_argument_and_the_layer() {
             null(),
         )
     };
-    expect_status(s, FK_ERROR_SHAPE_MISMATCH, &["dy has shape [4, 4] but must be [4, 3]"]);
+    expect_status(
+        s,
+        FK_ERROR_SHAPE_MISMATCH,
+        &["dy has shape [4, 4] but must be [4, 3]"],
+    );
     // a NULL dweights entry is not wanted; unknown flags and activations
     let mut g = dwp();
     g[0] = null_mut();
@@ -886,7 +946,11 @@ fn backward_bad_inputs_name_the_argument_and_the_layer() {
             null(),
         )
     };
-    expect_status(s, FK_ERROR_INVALID_ARGUMENT, &["fk_mlp_backward", "flags = 0x8"]);
+    expect_status(
+        s,
+        FK_ERROR_INVALID_ARGUMENT,
+        &["fk_mlp_backward", "flags = 0x8"],
+    );
     let s = unsafe {
         fk_mlp_backward(
             n.dy.raw(),

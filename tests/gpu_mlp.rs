@@ -125,7 +125,13 @@ fn against_the_cpu(seed: u64, rounds: usize, paths: (Path, Path)) {
                 let (yi, _) = c.forward(&g, &d, false, null());
                 assert_close_reals(&yi, &yc, tf, &format!("{what}: y without saved"));
                 if let (Some(sc), Some(sg)) = (&sc, &sg) {
-                    c.check_saved(&sg.read_bytes(), &sc.read_bytes(), &yg, tf, &format!("{what}: saved"));
+                    c.check_saved(
+                        &sg.read_bytes(),
+                        &sc.read_bytes(),
+                        &yg,
+                        tf,
+                        &format!("{what}: saved"),
+                    );
                 }
                 set_path(&g, paths.1);
                 // The gradients against the CPU's backward of the GPU's own saved
@@ -197,10 +203,30 @@ fn fused_path_on_large_batches_and_deep_networks() {
     set_path(&general, Path::Lt);
     let big = if sanitizing() { 700 } else { 65543 };
     for (dtype, lead, widths, acts) in [
-        (FK_DTYPE_BF16, vec![big], vec![32, 64, 64, 64, 64, 16], (FK_ACT_RELU, FK_ACT_NONE)),
-        (FK_DTYPE_F16, vec![big / 8, 3], vec![3, 128, 128, 128, 1], (FK_ACT_GELU_ERF, FK_ACT_NONE)),
-        (FK_DTYPE_BF16, vec![999], vec![16; 17], (FK_ACT_GELU_TANH, FK_ACT_RELU)),
-        (FK_DTYPE_F16, vec![5001], vec![7, 33, 100, 65, 9], (FK_ACT_RELU, FK_ACT_GELU_TANH)),
+        (
+            FK_DTYPE_BF16,
+            vec![big],
+            vec![32, 64, 64, 64, 64, 16],
+            (FK_ACT_RELU, FK_ACT_NONE),
+        ),
+        (
+            FK_DTYPE_F16,
+            vec![big / 8, 3],
+            vec![3, 128, 128, 128, 1],
+            (FK_ACT_GELU_ERF, FK_ACT_NONE),
+        ),
+        (
+            FK_DTYPE_BF16,
+            vec![999],
+            vec![16; 17],
+            (FK_ACT_GELU_TANH, FK_ACT_RELU),
+        ),
+        (
+            FK_DTYPE_F16,
+            vec![5001],
+            vec![7, 33, 100, 65, 9],
+            (FK_ACT_RELU, FK_ACT_GELU_TANH),
+        ),
     ] {
         let c = MlpCase::new(dtype, &lead, &widths, acts, true);
         let what = c.describe();
@@ -215,8 +241,18 @@ fn fused_path_on_large_batches_and_deep_networks() {
         check_grads(&gg, &gc, tb, &format!("{what}: fused, against the CPU"));
         let (ye, se) = c.forward(&general, &d, true, null());
         let ge = c.backward(&general, &d, se.as_ref(), &want, null());
-        assert_close_reals(&yg, &ye, tf, &format!("{what}: fused y against the general path"));
-        check_grads(&gg, &ge, tb, &format!("{what}: fused, against the general path"));
+        assert_close_reals(
+            &yg,
+            &ye,
+            tf,
+            &format!("{what}: fused y against the general path"),
+        );
+        check_grads(
+            &gg,
+            &ge,
+            tb,
+            &format!("{what}: fused, against the general path"),
+        );
     }
 }
 
@@ -229,8 +265,16 @@ fn cuda_matches_the_cpu_on_large_and_deep_networks() {
     };
     let big = if sanitizing() { 64 } else { 1000 };
     for (lead, widths, acts) in [
-        (vec![big], vec![257, 512, 129, 10], (FK_ACT_RELU, FK_ACT_NONE)),
-        (vec![big], vec![64, 256, 256, 64], (FK_ACT_GELU_TANH, FK_ACT_GELU_ERF)),
+        (
+            vec![big],
+            vec![257, 512, 129, 10],
+            (FK_ACT_RELU, FK_ACT_NONE),
+        ),
+        (
+            vec![big],
+            vec![64, 256, 256, 64],
+            (FK_ACT_GELU_TANH, FK_ACT_GELU_ERF),
+        ),
         (vec![33], vec![17; 13], (FK_ACT_GELU_ERF, FK_ACT_RELU)),
     ] {
         let c = MlpCase::new(FK_DTYPE_F32, &lead, &widths, acts, true);
@@ -251,7 +295,13 @@ fn empty_batches_and_bad_devices_on_cuda() {
     let Some((g, cpu, mut rng)) = gpu_oracle(75) else {
         return;
     };
-    let c = MlpCase::new(FK_DTYPE_F16, &[0], &[3, 4, 2], (FK_ACT_RELU, FK_ACT_GELU_ERF), true);
+    let c = MlpCase::new(
+        FK_DTYPE_F16,
+        &[0],
+        &[3, 4, 2],
+        (FK_ACT_RELU, FK_ACT_GELU_ERF),
+        true,
+    );
     let d = c.data(&mut rng);
     let (_, saved) = c.forward(&g, &d, true, null());
     let gg = c.backward(&g, &d, saved.as_ref(), &Want::all(2), null());
@@ -260,7 +310,13 @@ fn empty_batches_and_bad_devices_on_cuda() {
         assert!(gg.db[i].as_ref().unwrap().iter().all(|&v| v == 0.0));
     }
     // a weight on the CPU
-    let c = MlpCase::new(FK_DTYPE_F32, &[4], &[3, 4, 2], (FK_ACT_RELU, FK_ACT_NONE), true);
+    let c = MlpCase::new(
+        FK_DTYPE_F32,
+        &[4],
+        &[3, 4, 2],
+        (FK_ACT_RELU, FK_ACT_NONE),
+        true,
+    );
     let d = c.data(&mut rng);
     let x = Buf::from_reals(&g, FK_DTYPE_F32, &c.x_shape(), &d.x);
     let (mut ws, _) = c.params(&g, &d);
@@ -282,7 +338,11 @@ fn empty_batches_and_bad_devices_on_cuda() {
             null(),
         )
     };
-    expect_status(s, FK_ERROR_DEVICE_MISMATCH, &["fk_mlp_forward", "weights[1]"]);
+    expect_status(
+        s,
+        FK_ERROR_DEVICE_MISMATCH,
+        &["fk_mlp_forward", "weights[1]"],
+    );
 }
 
 // ------------------------------------------------------------------ CUDA graphs
@@ -336,7 +396,9 @@ impl Bufs {
             dy: Buf::new_on(g, dt, &c.y_shape(), s),
             dx: Buf::new_on(g, dt, &c.x_shape(), s),
             dw: (0..l).map(|i| Buf::new_on(g, dt, &wshape(i), s)).collect(),
-            db: (0..l).map(|i| Buf::new_on(g, dt, &[c.widths[i + 1]], s)).collect(),
+            db: (0..l)
+                .map(|i| Buf::new_on(g, dt, &[c.widths[i + 1]], s))
+                .collect(),
         }
     }
     /// New inputs, outputs poisoned.
@@ -349,7 +411,11 @@ impl Bufs {
                 upload(b, c.dtype, v, s);
             }
         }
-        for b in [&self.y, &self.dx].into_iter().chain(&self.dw).chain(&self.db) {
+        for b in [&self.y, &self.dx]
+            .into_iter()
+            .chain(&self.dw)
+            .chain(&self.db)
+        {
             poison(b, s);
         }
     }
@@ -409,9 +475,16 @@ fn capture_forward_and_backward_first_use() {
         }
         .expect("cuStreamBeginCapture");
         let st = bufs.call(&c, s.raw());
-        let msg = if st == FK_OK { String::new() } else { last_error() };
+        let msg = if st == FK_OK {
+            String::new()
+        } else {
+            last_error()
+        };
         let ended = unsafe { cu::stream::end_capture(raw) };
-        assert_eq!(st, FK_OK, "{what}: the first call, inside the capture: {msg}");
+        assert_eq!(
+            st, FK_OK,
+            "{what}: the first call, inside the capture: {msg}"
+        );
         let graph = ended.unwrap_or_else(|e| panic!("{what}: the capture was invalidated: {e:?}"));
         assert!(!graph.is_null(), "{what}: empty graph");
         let exec = unsafe { cu::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) }

@@ -140,14 +140,13 @@ impl MlpCase {
                 Buf::from_reals(ctx, self.dtype, &shape, &d.w[i])
             })
             .collect();
-        let bs = d
-            .b
-            .iter()
-            .map(|b| {
-                b.as_ref()
-                    .map(|b| Buf::from_reals(ctx, self.dtype, &[b.len() as i64], b))
-            })
-            .collect();
+        let bs =
+            d.b.iter()
+                .map(|b| {
+                    b.as_ref()
+                        .map(|b| Buf::from_reals(ctx, self.dtype, &[b.len() as i64], b))
+                })
+                .collect();
         (ws, bs)
     }
 
@@ -252,9 +251,8 @@ impl MlpCase {
             .then(|| Buf::poisoned(ctx, self.dtype, &self.x_shape()));
         let dw: Vec<Option<Buf>> = (0..l)
             .map(|i| {
-                want.dw[i].then(|| {
-                    Buf::poisoned(ctx, self.dtype, &[self.widths[i + 1], self.widths[i]])
-                })
+                want.dw[i]
+                    .then(|| Buf::poisoned(ctx, self.dtype, &[self.widths[i + 1], self.widths[i]]))
             })
             .collect();
         let db: Vec<Option<Buf>> = (0..l)
@@ -263,7 +261,10 @@ impl MlpCase {
         let wp: Vec<*const fk_buffer> = ws.iter().map(|w| w.raw() as *const _).collect();
         let dwp: Vec<*mut fk_buffer> = dw.iter().map(raw_or_null).collect();
         let dbp: Vec<*mut fk_buffer> = db.iter().map(raw_or_null).collect();
-        let (saved_p, dx_p) = (saved.map_or(null(), |s| s.raw() as *const _), raw_or_null(&dx));
+        let (saved_p, dx_p) = (
+            saved.map_or(null(), |s| s.raw() as *const _),
+            raw_or_null(&dx),
+        );
         ok_for(
             self.backward_call(dy.raw(), x.raw(), &wp, saved_p, dx_p, &dwp, &dbp, stream),
             self.describe(),
@@ -445,14 +446,22 @@ impl MlpCase {
         let (rows, es) = (self.rows(), dsize(self.dtype));
         let layout = self.saved_layout();
         let vals = |b: &[u8], off: usize, n: usize| -> Vec<f64> {
-            decode(self.dtype, &b[off..off + n * es]).iter().map(|c| c.re).collect()
+            decode(self.dtype, &b[off..off + n * es])
+                .iter()
+                .map(|c| c.re)
+                .collect()
         };
         for (i, r) in layout.iter().enumerate() {
             let n = self.widths[i + 1] as usize;
             let out = match r.hidden {
                 Some(h) => {
                     let g = vals(got, h, rows * n);
-                    assert_close_reals(&g, &vals(want, h, rows * n), tol, &format!("{what}: saved h_{}", i + 1));
+                    assert_close_reals(
+                        &g,
+                        &vals(want, h, rows * n),
+                        tol,
+                        &format!("{what}: saved h_{}", i + 1),
+                    );
                     g
                 }
                 None => y_got.to_vec(),
@@ -465,7 +474,10 @@ impl MlpCase {
                         let bit = |b: &[u8]| b[off + row * ld / 8 + j / 8] >> (j % 8) & 1;
                         let g = bit(got);
                         let own = (j < n && out[row * n + j] > 0.0) as u8;
-                        assert_eq!(g, own, "{what}: layer {i}'s mask bit ({row}, {j}) is not its output's sign");
+                        assert_eq!(
+                            g, own,
+                            "{what}: layer {i}'s mask bit ({row}, {j}) is not its output's sign"
+                        );
                         flips += (g != bit(want)) as usize;
                     }
                 }
@@ -477,9 +489,16 @@ impl MlpCase {
             } else {
                 let z = |b: &[u8]| -> Vec<f64> {
                     let all = vals(b, off, rows * ld);
-                    (0..rows).flat_map(|row| all[row * ld..row * ld + n].to_vec()).collect()
+                    (0..rows)
+                        .flat_map(|row| all[row * ld..row * ld + n].to_vec())
+                        .collect()
                 };
-                assert_close_reals(&z(got), &z(want), tol, &format!("{what}: layer {i}'s saved pre-activation"));
+                assert_close_reals(
+                    &z(got),
+                    &z(want),
+                    tol,
+                    &format!("{what}: layer {i}'s saved pre-activation"),
+                );
             }
         }
     }

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 import glob
-import importlib
 import os
 import re
 import sys
@@ -158,7 +157,19 @@ def enable_route() -> bool:
     try:
         # The family modules import torch, so this torch-free module reaches them
         # only here, once a tensor has been seen (torch is optional).
-        modules = {fam: importlib.import_module(f"{__package__}.{fam}") for fam in FAMILIES}
+        # (import statements, not importlib: torch.compile traces a first plain call
+        # through here, and Dynamo runs an import statement but refuses importlib)
+        from . import elementwise, gaussian, geodesic, linalg, mlp, optim
+
+        modules = {
+            "elementwise": elementwise,
+            "linalg": linalg,
+            "mlp": mlp,
+            "gaussian": gaussian,
+            "geodesic": geodesic,
+            "optim": optim,
+        }
+        assert tuple(modules) == FAMILIES
     except ImportError as e:
         warnings.warn(
             f"{e}. Plain fusekit functions on torch tensors take the slower ctypes path "

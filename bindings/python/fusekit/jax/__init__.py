@@ -199,6 +199,113 @@ def _call(op: str, results, *args, vmap_method: str, aliases=None, **attrs):
     return call(*args, **attrs)
 
 
+# ---------------------------------------------------------------------------
+# vmap: the vmapped axis folded into an op's row axis
+# ---------------------------------------------------------------------------
+#
+# The batch-parallel ops take row operands (``v [B, D]``, ``points [B, 3]``, the
+# per-sample ``a``, ``g`` ...) and shared ones (``U``, ``W``, ``means`` ...); a row
+# of the result depends on its own row and the shared operands only. Under
+# ``vmap`` with only row operands batched, ``[n, B, ...]`` is folded into
+# ``[n * B, ...]``, the op runs once and the result is unfolded: exact, the same
+# arithmetic row by row. A batched shared operand cannot be folded: then a loop
+# (``jax.vmap`` of the call, whose ``ffi_call`` is ``vmap_method="sequential"``).
+#
+# Two places use it:
+#
+# - inside each op's ``custom_vjp`` (the primal and the forward of the rule), the
+#   forward ``ffi_call`` is a ``jax.custom_batching.custom_vmap`` (``_foldable``):
+#   the forward folds wherever vmap meets it (``vmap(jit(f))``, ``vmap(grad(f))``,
+#   a ``scan`` body, the batched ``custom_vjp`` of ``grad(vmap(f))``). The backward
+#   calls stay loops there: ``vmap`` of a ``custom_vjp`` rule needs a shared
+#   operand's cotangent per element (``[n, D, R]`` for ``U``; JAX sums it when the
+#   shared operand is unbatched), and the fused backwards only give the sum over
+#   rows.
+# - around the whole op (``_fold_under_vmap``), when ``vmap`` is the innermost
+#   transformation at the call (``grad(vmap(f))``, ``jit(vmap(f))``, ``vmap(f)``):
+#   the op's ``custom_vjp`` itself runs once on the folded operands, so its fused
+#   backward runs once too and sums the shared operands' gradients over all
+#   ``n * B`` rows, which is what JAX wants for an unbatched ``U``. ``custom_vmap``
+#   has no reverse-mode rule, so it must not be bound where a JVP trace would see
+#   it: it is used only when the current trace is the ``vmap``'s and an operand is
+#   batched by it (then ``vmap`` applies the rule at once and only the op's own
+#   ``custom_vjp`` reaches the traces outside).
+
+
+def _current_batch_trace():
+    """The current trace when it is a ``vmap``'s (``BatchTrace``), else None (also
+    when this jax has no such internals: then only the forwards fold)."""
+    try:
+        from jax._src import core as _core
+        from jax._src.interpreters import batching as _batching
+
+        t = _core.unsafe_get_current_trace()
+        return t if isinstance(t, _batching.BatchTrace) else None
+    except (ImportError, AttributeError):  # pragma: no cover - other jax layouts
+        return None
+
+
+def _mapped_by(trace, x) -> bool:
+    from jax._src.interpreters import batching as _batching
+
+    return isinstance(x, _batching.BatchTracer) and x._trace.tag is trace.tag and isinstance(x.batch_dim, int)
+
+
+def _fold_rule(fn, rows, out_axes, merge, again):
+    """A custom_vmap rule: ``again`` (fn, folding further out) on the folded
+    operands when only row operands (``rows[i]``) are batched, else a loop."""
+
+    def rule(n, in_batched, *xs):
+        if any(b and not r for b, r in zip(in_batched, rows)):
+            out = jax.vmap(fn, in_axes=tuple(0 if b else None for b in in_batched))(*xs)
+            return out, jax.tree.map(lambda _: True, out)
+        folded = []
+        for x, b, r in zip(xs, in_batched, rows):
+            if r and x is not None:
+                if not b:
+                    x = jnp.broadcast_to(x, (n,) + x.shape)
+                if merge:
+                    x = x.reshape((n * x.shape[1],) + x.shape[2:])
+            folded.append(x)
+        out = again(*folded)
+        leaves, tree = jax.tree.flatten(out)
+        unfolded = []
+        for o, a in zip(leaves, out_axes):
+            if merge:
+                o = o.reshape(o.shape[:a] + (n, o.shape[a] // n) + o.shape[a + 1:])
+            unfolded.append(jnp.moveaxis(o, a, 0))
+        return jax.tree.unflatten(tree, unfolded), jax.tree.unflatten(tree, [True] * len(leaves))
+
+    return rule
+
+
+def _foldable(fn, rows, out_axes=(0,), merge=True):
+    """``fn`` (arrays or None in, arrays out; a forward ``ffi_call``) as a
+    ``custom_vmap`` that folds the vmapped axis into the row axis of the operands
+    ``rows`` marks (axis 0) and of the results (axis ``out_axes[i]``), or loops
+    when a shared operand is batched. ``merge=False``: the op takes the vmapped
+    axis as one more leading row axis (``linear``), nothing is reshaped."""
+    cv = jax.custom_batching.custom_vmap(fn)
+    cv.def_vmap(_fold_rule(fn, rows, out_axes, merge, lambda *a: cv(*a)))
+    return cv
+
+
+def _fold_under_vmap(fn, args, rows, out_axes=(0,), merge=True):
+    """``fn(*args)``, where ``fn`` is a whole op (its ``custom_vjp`` included): when
+    the current trace is a ``vmap``'s that batches some operand and no shared one,
+    ``fn`` runs once on the folded operands (see above), else as it is."""
+    trace = _current_batch_trace()
+    if trace is None:
+        return fn(*args)
+    batched = [x is not None and _mapped_by(trace, x) for x in args]
+    if not any(batched) or any(b and not r for b, r in zip(batched, rows)):
+        return fn(*args)
+    again = lambda *a: _fold_under_vmap(fn, a, rows, out_axes, merge)  # noqa: E731
+    cv = jax.custom_batching.custom_vmap(lambda *a: fn(*a))
+    cv.def_vmap(_fold_rule(fn, rows, out_axes, merge, again))
+    return cv(*args)
+
+
 def _check(status: int, where: str) -> None:
     if status != 0:
         _lib.raise_error(status, where, _lib.last_error_message())
@@ -843,16 +950,11 @@ def _geo_inputs(where: str, vname: str, v, U, W, **rows):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _christoffel(v, U, W, c, flags):
-    return _call(
-        "christoffel_forward",
-        jax.ShapeDtypeStruct(v.shape, v.dtype),
-        v,
-        U,
-        W,
-        vmap_method="sequential",
-        c=np.float64(c),
-        flags=np.int64(flags),
-    )
+    def call(v, U, W):
+        return _call("christoffel_forward", jax.ShapeDtypeStruct(v.shape, v.dtype), v, U, W,
+                     vmap_method="sequential", c=np.float64(c), flags=np.int64(flags))
+
+    return _foldable(call, rows=(True, False, False))(v, U, W)
 
 
 def _christoffel_fwd(v, U, W, c, flags):
@@ -885,7 +987,9 @@ def christoffel(v, U, W, c: float = DEFAULT_C, *, precision=None):
     shards along ``B`` (``shard_map``)."""
     v, U, W = _geo_inputs("christoffel", "v", v, U, W)
     c = _static(c, "c", "christoffel")
-    return _christoffel(*_unify(v, U, W), c, _geo_flags(precision, x3=False))
+    flags = _geo_flags(precision, x3=False)
+    return _fold_under_vmap(lambda v, U, W: _christoffel(v, U, W, c, flags), _unify(v, U, W),
+                            rows=(True, False, False))
 
 
 def _leapfrog_attrs(f, mu, dt, steps, c, flags):
@@ -899,13 +1003,22 @@ def _leapfrog_attrs(f, mu, dt, steps, c, flags):
     )
 
 
+#: which of the leapfrog's (x0, v0, U, W, f, mu) are row operands
+_LEAPFROG_ROWS = (True, True, False, False, True, False)
+
+
 def _leapfrog_call(x0, v0, U, W, f, mu, dt, steps, c, flags, traj: bool):
-    res = [jax.ShapeDtypeStruct(x0.shape, x0.dtype), jax.ShapeDtypeStruct(v0.shape, v0.dtype)]
-    if traj:
-        res.append(jax.ShapeDtypeStruct((steps, 2) + tuple(v0.shape), v0.dtype))
-    args = [x for x in (x0, v0, U, W, f, mu) if x is not None]
-    return _call("leapfrog_forward", res, *args, vmap_method="sequential",
-                 **_leapfrog_attrs(f, mu, dt, steps, c, flags))
+    attrs = _leapfrog_attrs(f, mu, dt, steps, c, flags)
+
+    def call(x0, v0, U, W, f, mu):
+        args = [x for x in (x0, v0, U, W, f, mu) if x is not None]
+        shapes = [jax.ShapeDtypeStruct(x0.shape, x0.dtype), jax.ShapeDtypeStruct(v0.shape, v0.dtype)]
+        if traj:
+            shapes.append(jax.ShapeDtypeStruct((steps, 2) + tuple(v0.shape), v0.dtype))
+        return tuple(_call("leapfrog_forward", shapes, *args, vmap_method="sequential", **attrs))
+
+    # the trajectory [steps, 2, B, D] has its rows on axis 2
+    return _foldable(call, rows=_LEAPFROG_ROWS, out_axes=(0, 0, 2) if traj else (0, 0))(x0, v0, U, W, f, mu)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
@@ -973,8 +1086,9 @@ def leapfrog(x0, v0, U, W, dt: float, steps: int, f=None, mu=None, c: float = DE
     if steps < 1:
         raise ValueError(f"fusekit.jax.leapfrog: steps must be >= 1, got {steps}")
     c = _static(c, "c", where)
-    x0, v0, U, W, f, mu = _unify(x0, v0, U, W, f, mu)
-    return _leapfrog(x0, v0, U, W, f, mu, dt, steps, c, _geo_flags(precision, x3=True), bool(save_traj))
+    flags, save_traj = _geo_flags(precision, x3=True), bool(save_traj)
+    return _fold_under_vmap(lambda *a: _leapfrog(*a, dt, steps, c, flags, save_traj), _unify(x0, v0, U, W, f, mu),
+                            rows=_LEAPFROG_ROWS, out_axes=(0, 0))
 
 
 # ---------------------------------------------------------------------------

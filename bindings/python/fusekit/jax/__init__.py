@@ -708,13 +708,16 @@ _ACTIVATIONS = {"none": 0, None: 0, "relu": 1, "gelu_tanh": 2, "gelu": 3, "gelu_
 
 
 def _linear_fwd_call(x, w, b, act: int):
-    shape = x.shape[:-1] + (w.shape[0],)
-    res = [jax.ShapeDtypeStruct(shape, x.dtype)]
-    if act in (2, 3):
-        res.append(jax.ShapeDtypeStruct(shape, x.dtype))
-    args = (x, w) if b is None else (x, w, b)
-    out = _call("linear_forward", res, *args, vmap_method="sequential", act=np.int64(act))
-    return out[0], (out[1] if len(out) == 2 else None)
+    def call(x, w, b):
+        shape = x.shape[:-1] + (w.shape[0],)
+        res = [jax.ShapeDtypeStruct(shape, x.dtype)] * (2 if act in (2, 3) else 1)
+        args = (x, w) if b is None else (x, w, b)
+        return tuple(_call("linear_forward", res, *args, vmap_method="sequential", act=np.int64(act)))
+
+    # x's leading axes are all rows: a vmapped axis of x is one more (nothing reshaped)
+    nres = 2 if act in (2, 3) else 1
+    out = _foldable(call, rows=(True, False, False), out_axes=(0,) * nres, merge=False)(x, w, b)
+    return out[0], (out[1] if nres == 2 else None)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -763,8 +766,9 @@ def linear(x, w, b=None, activation: str = "none"):
     _shape(w, "w", (None, x.shape[-1]), f"[n, {x.shape[-1]}] (x has {x.shape[-1]} features)", "linear")
     if b is not None:
         _shape(b, "b", (w.shape[0],), f"[{w.shape[0]}]", "linear")
-    x, w, b = _unify(x, w, b)
-    return _linear(x, w, b, _ACTIVATIONS[activation])
+    act = _ACTIVATIONS[activation]
+    return _fold_under_vmap(lambda x, w, b: _linear(x, w, b, act), _unify(x, w, b), rows=(True, False, False),
+                            merge=False)
 
 
 # ---------------------------------------------------------------------------
@@ -812,16 +816,12 @@ def _eps(eps, where: str) -> float:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _mahalanobis(points, means, chol, eps):
-    shape = (points.shape[0], means.shape[0])
-    return _call(
-        "mahalanobis_forward",
-        jax.ShapeDtypeStruct(shape, points.dtype),
-        points,
-        means,
-        chol,
-        vmap_method="sequential",
-        eps=np.float64(eps),
-    )
+    def call(points, means, chol):
+        shape = (points.shape[0], means.shape[0])
+        return _call("mahalanobis_forward", jax.ShapeDtypeStruct(shape, points.dtype), points, means, chol,
+                     vmap_method="sequential", eps=np.float64(eps))
+
+    return _foldable(call, rows=(True, False, False))(points, means, chol)
 
 
 def _mahalanobis_fwd(points, means, chol, eps):
@@ -852,21 +852,18 @@ def mahalanobis(points, means, chol, eps: float = 0.0):
     (lower-triangular factors; the upper part is ignored), f32 or f64; ``eps``
     static. The gradient is fusekit's fused backward (fk_mahalanobis_backward)."""
     points, means, chol, _ = _gaussian_inputs("mahalanobis", points, means, chol)
-    return _mahalanobis(*_unify(points, means, chol), _eps(eps, "mahalanobis"))
+    eps = _eps(eps, "mahalanobis")
+    return _fold_under_vmap(lambda p, m, L: _mahalanobis(p, m, L, eps), _unify(points, means, chol),
+                            rows=(True, False, False))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _field(points, means, chol, weights, eps):
-    return _call(
-        "field_forward",
-        jax.ShapeDtypeStruct((points.shape[0],), points.dtype),
-        points,
-        means,
-        chol,
-        weights,
-        vmap_method="sequential",
-        eps=np.float64(eps),
-    )
+    def call(points, means, chol, weights):
+        return _call("field_forward", jax.ShapeDtypeStruct((points.shape[0],), points.dtype), points, means, chol,
+                     weights, vmap_method="sequential", eps=np.float64(eps))
+
+    return _foldable(call, rows=(True, False, False, False))(points, means, chol, weights)
 
 
 def _field_fwd(points, means, chol, weights, eps):
@@ -898,7 +895,9 @@ def gaussian_field(points, means, chol, weights, eps: float = 0.0):
     gradient is fusekit's fused backward (fk_gaussian_field_backward, no ``[B, N]``
     intermediate)."""
     points, means, chol, weights = _gaussian_inputs("gaussian_field", points, means, chol, weights)
-    return _field(*_unify(points, means, chol, weights), _eps(eps, "gaussian_field"))
+    eps = _eps(eps, "gaussian_field")
+    return _fold_under_vmap(lambda p, m, L, w: _field(p, m, L, w, eps), _unify(points, means, chol, weights),
+                            rows=(True, False, False, False))
 
 
 # ---------------------------------------------------------------------------
@@ -1335,9 +1334,13 @@ def _clipped_ref(a, g, max_norm):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _per_sample_grads(a, g, flags):
-    shape = (a.shape[0], g.shape[-1], a.shape[-1])
-    return _call("per_sample_grads", jax.ShapeDtypeStruct(shape, a.dtype), a, g, vmap_method="sequential",
-                 flags=np.int64(flags))
+    def call(a, g):
+        shape = (a.shape[0], g.shape[-1], a.shape[-1])
+        return _call("per_sample_grads", jax.ShapeDtypeStruct(shape, a.dtype), a, g, vmap_method="sequential",
+                     flags=np.int64(flags))
+
+    # samples are independent: a vmapped axis folds into B (the backward is jnp's)
+    return _foldable(call, rows=(True, True))(a, g)
 
 
 _per_sample_grads.defvjp(
@@ -1358,8 +1361,11 @@ def per_sample_grads(a, g, *, precision=None):
 
 @jax.custom_vjp
 def _norms(a, g):
-    return _call("per_sample_grad_norms", jax.ShapeDtypeStruct((a.shape[0],), a.dtype), a, g,
-                 vmap_method="sequential")
+    def call(a, g):
+        return _call("per_sample_grad_norms", jax.ShapeDtypeStruct((a.shape[0],), a.dtype), a, g,
+                     vmap_method="sequential")
+
+    return _foldable(call, rows=(True, True))(a, g)
 
 
 _norms.defvjp(lambda a, g: (_norms(a, g), (a, g)), lambda res, ct: jax.vjp(_norms_ref, *res)[1](ct))

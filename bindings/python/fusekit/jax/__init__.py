@@ -749,9 +749,9 @@ def linear(x, w, b=None, activation: str = "none"):
     ``[..., k]``, ``w`` ``[n, k]``, ``b`` ``[n]`` or None; ``activation`` one of
     ``"none"``, ``"relu"``, ``"gelu_tanh"``, ``"gelu"`` (exact, erf). f16, bf16 or
     f32 (one dtype). Its gradient is fusekit's fused backward
-    (fk_linear_backward); under ``vmap`` it runs once per batch element
-    (``vmap_method="sequential"``): fold a batch into ``x``'s leading axes for
-    one call."""
+    (fk_linear_backward). ``vmap``: a batched ``x`` alone is one more leading
+    axis, one call (and one fused backward for ``grad`` of ``vmap``); a batched
+    ``w`` or ``b`` loops."""
     x, w = _arr(x, "x", "linear"), _arr(w, "w", "linear")
     if activation not in _ACTIVATIONS:
         raise ValueError(f"fusekit.jax.linear: activation {activation!r} is not one of none, relu, gelu_tanh, gelu")
@@ -850,7 +850,10 @@ def mahalanobis(points, means, chol, eps: float = 0.0):
     """Squared Mahalanobis distances ``out[b, n] = |(L_n + eps I)^-1 (p_b - mu_n)|^2``
     (fk_mahalanobis_forward): ``points [B, 3]``, ``means [N, 3]``, ``chol [N, 3, 3]``
     (lower-triangular factors; the upper part is ignored), f32 or f64; ``eps``
-    static. The gradient is fusekit's fused backward (fk_mahalanobis_backward)."""
+    static. The gradient is fusekit's fused backward (fk_mahalanobis_backward).
+    ``vmap``: with only ``points`` batched the vmapped axis is folded into ``B``,
+    one call (and one fused backward for ``grad`` of ``vmap``); a batched
+    ``means`` or ``chol`` loops."""
     points, means, chol, _ = _gaussian_inputs("mahalanobis", points, means, chol)
     eps = _eps(eps, "mahalanobis")
     return _fold_under_vmap(lambda p, m, L: _mahalanobis(p, m, L, eps), _unify(points, means, chol),
@@ -893,7 +896,8 @@ def gaussian_field(points, means, chol, weights, eps: float = 0.0):
     """The fused Gaussian field ``out[b] = sum_n w_n exp(-m[b, n] / 2)``
     (fk_gaussian_field_forward; ``m`` as :func:`mahalanobis`), ``weights [N]``. The
     gradient is fusekit's fused backward (fk_gaussian_field_backward, no ``[B, N]``
-    intermediate)."""
+    intermediate). ``vmap``: as :func:`mahalanobis` (a batched ``weights`` loops
+    too)."""
     points, means, chol, weights = _gaussian_inputs("gaussian_field", points, means, chol, weights)
     eps = _eps(eps, "gaussian_field")
     return _fold_under_vmap(lambda p, m, L, w: _field(p, m, L, w, eps), _unify(points, means, chol, weights),
@@ -981,9 +985,11 @@ def christoffel(v, U, W, c: float = DEFAULT_C, *, precision=None):
     (fk_christoffel_backward; strict f32). ``precision`` (see
     :func:`precision_mode`): TF32 lets the f32 CUDA forward use tensor cores
     (``FK_GEO_ALLOW_TF32``, ~5e-4 relative); None follows
-    ``jax_default_matmul_precision``. Under ``vmap`` it runs once per batch
-    element: fold a batch into ``B`` for one call. Rows are independent, so it
-    shards along ``B`` (``shard_map``)."""
+    ``jax_default_matmul_precision``. ``vmap``: with only ``v`` batched the
+    vmapped axis is folded into ``B``, one call (and one fused backward for
+    ``grad`` of ``vmap``, ``U``, ``W`` gradients summed over all rows); a batched
+    ``U`` or ``W`` loops. Rows are independent, so it shards along ``B``
+    (``shard_map``)."""
     v, U, W = _geo_inputs("christoffel", "v", v, U, W)
     c = _static(c, "c", "christoffel")
     flags = _geo_flags(precision, x3=False)
@@ -1071,8 +1077,9 @@ def leapfrog(x0, v0, U, W, dt: float, steps: int, f=None, mu=None, c: float = DE
     memory and the backward recomputes it. ``precision`` (see
     :func:`precision_mode`): TF32 (``FK_GEO_ALLOW_TF32``) or 3xTF32
     (``FK_GEO_ALLOW_TF32X3``, f32-level accuracy) for the f32 CUDA forward; None
-    follows ``jax_default_matmul_precision``. ``vmap``: a loop, as
-    :func:`christoffel`; rows are independent, so it shards along ``B``."""
+    follows ``jax_default_matmul_precision``. ``vmap``: as :func:`christoffel`,
+    one call with only the rows (``x0``, ``v0``, ``f``) batched, a loop with a
+    batched ``U``, ``W`` or ``mu``; rows are independent, so it shards along ``B``."""
     where = "leapfrog"
     v0, U, W, x0, f = _geo_inputs(where, "v0", v0, U, W, x0=x0, f=f)
     if mu is not None:
@@ -1354,7 +1361,8 @@ def per_sample_grads(a, g, *, precision=None):
     (fk_per_sample_grads): ``out[b] = g_b^T a_b`` ``[B, out, in]`` for ``a``
     ``[B, in]`` or ``[B, T, in]`` and ``g`` ``[B, out]`` or ``[B, T, out]``; f32 or
     f64. ``precision``: TF32 for f32 sequences on CUDA. Differentiable (JAX's
-    rule); ``vmap``: a loop; shards along ``B``."""
+    rule); ``vmap``: the vmapped axis folds into ``B``, one call; shards along
+    ``B``."""
     a, g = _psg_inputs("per_sample_grads", a, g)
     return _per_sample_grads(a, g, _GEMM_ALLOW_TF32 if allow_tf32(precision) else 0)
 
@@ -1375,7 +1383,8 @@ def per_sample_grad_norms(a, g):
     """Squared Frobenius norms ``|g_b^T a_b|_F^2`` ``[B]`` of a linear layer's
     per-sample gradients without forming them (fk_per_sample_grad_norms): ``a``,
     ``g`` as :func:`per_sample_grads` (``|g_b|^2 |a_b|^2``, or the Gram form for
-    sequences). Differentiable (JAX's rule of the formula); ``vmap``: a loop.
+    sequences). Differentiable (JAX's rule of the formula); ``vmap``: folded into
+    ``B``, one call.
     Samples are independent: it shards along ``B`` (``shard_map``)."""
     a, g = _psg_inputs("per_sample_grad_norms", a, g)
     return _norms(a, g)
@@ -1401,7 +1410,8 @@ def dp_clipped_grad_sum(a, g, max_norm: float, *, return_norms: bool = False, pr
     (fk_dp_clipped_grad_sum); ``a``, ``g`` as :func:`per_sample_grads`. With
     ``return_norms`` also the squared norms ``[B]``. ``precision``: TF32 for the
     final f32 GEMM on CUDA. Differentiable (JAX's rule of the formula); ``vmap``: a
-    loop. Under ``shard_map`` along ``B`` each shard sums its samples: ``psum``
+    loop (each element sums its own samples: folding them into ``B`` would sum
+    across elements). Under ``shard_map`` along ``B`` each shard sums its samples: ``psum``
     the result."""
     a, g = _psg_inputs("dp_clipped_grad_sum", a, g)
     max_norm = _static(max_norm, "max_norm", "dp_clipped_grad_sum")

@@ -199,6 +199,113 @@ def _call(op: str, results, *args, vmap_method: str, aliases=None, **attrs):
     return call(*args, **attrs)
 
 
+# ---------------------------------------------------------------------------
+# vmap: the vmapped axis folded into an op's row axis
+# ---------------------------------------------------------------------------
+#
+# The batch-parallel ops take row operands (``v [B, D]``, ``points [B, 3]``, the
+# per-sample ``a``, ``g`` ...) and shared ones (``U``, ``W``, ``means`` ...); a row
+# of the result depends on its own row and the shared operands only. Under
+# ``vmap`` with only row operands batched, ``[n, B, ...]`` is folded into
+# ``[n * B, ...]``, the op runs once and the result is unfolded: exact, the same
+# arithmetic row by row. A batched shared operand cannot be folded: then a loop
+# (``jax.vmap`` of the call, whose ``ffi_call`` is ``vmap_method="sequential"``).
+#
+# Two places use it:
+#
+# - inside each op's ``custom_vjp`` (the primal and the forward of the rule), the
+#   forward ``ffi_call`` is a ``jax.custom_batching.custom_vmap`` (``_foldable``):
+#   the forward folds wherever vmap meets it (``vmap(jit(f))``, ``vmap(grad(f))``,
+#   a ``scan`` body, the batched ``custom_vjp`` of ``grad(vmap(f))``). The backward
+#   calls stay loops there: ``vmap`` of a ``custom_vjp`` rule needs a shared
+#   operand's cotangent per element (``[n, D, R]`` for ``U``; JAX sums it when the
+#   shared operand is unbatched), and the fused backwards only give the sum over
+#   rows.
+# - around the whole op (``_fold_under_vmap``), when ``vmap`` is the innermost
+#   transformation at the call (``grad(vmap(f))``, ``jit(vmap(f))``, ``vmap(f)``):
+#   the op's ``custom_vjp`` itself runs once on the folded operands, so its fused
+#   backward runs once too and sums the shared operands' gradients over all
+#   ``n * B`` rows, which is what JAX wants for an unbatched ``U``. ``custom_vmap``
+#   has no reverse-mode rule, so it must not be bound where a JVP trace would see
+#   it: it is used only when the current trace is the ``vmap``'s and an operand is
+#   batched by it (then ``vmap`` applies the rule at once and only the op's own
+#   ``custom_vjp`` reaches the traces outside).
+
+
+def _current_batch_trace():
+    """The current trace when it is a ``vmap``'s (``BatchTrace``), else None (also
+    when this jax has no such internals: then only the forwards fold)."""
+    try:
+        from jax._src import core as _core
+        from jax._src.interpreters import batching as _batching
+
+        t = _core.unsafe_get_current_trace()
+        return t if isinstance(t, _batching.BatchTrace) else None
+    except (ImportError, AttributeError):  # pragma: no cover - other jax layouts
+        return None
+
+
+def _mapped_by(trace, x) -> bool:
+    from jax._src.interpreters import batching as _batching
+
+    return isinstance(x, _batching.BatchTracer) and x._trace.tag is trace.tag and isinstance(x.batch_dim, int)
+
+
+def _fold_rule(fn, rows, out_axes, merge, again):
+    """A custom_vmap rule: ``again`` (fn, folding further out) on the folded
+    operands when only row operands (``rows[i]``) are batched, else a loop."""
+
+    def rule(n, in_batched, *xs):
+        if any(b and not r for b, r in zip(in_batched, rows)):
+            out = jax.vmap(fn, in_axes=tuple(0 if b else None for b in in_batched))(*xs)
+            return out, jax.tree.map(lambda _: True, out)
+        folded = []
+        for x, b, r in zip(xs, in_batched, rows):
+            if r and x is not None:
+                if not b:
+                    x = jnp.broadcast_to(x, (n,) + x.shape)
+                if merge:
+                    x = x.reshape((n * x.shape[1],) + x.shape[2:])
+            folded.append(x)
+        out = again(*folded)
+        leaves, tree = jax.tree.flatten(out)
+        unfolded = []
+        for o, a in zip(leaves, out_axes):
+            if merge:
+                o = o.reshape(o.shape[:a] + (n, o.shape[a] // n) + o.shape[a + 1:])
+            unfolded.append(jnp.moveaxis(o, a, 0))
+        return jax.tree.unflatten(tree, unfolded), jax.tree.unflatten(tree, [True] * len(leaves))
+
+    return rule
+
+
+def _foldable(fn, rows, out_axes=(0,), merge=True):
+    """``fn`` (arrays or None in, arrays out; a forward ``ffi_call``) as a
+    ``custom_vmap`` that folds the vmapped axis into the row axis of the operands
+    ``rows`` marks (axis 0) and of the results (axis ``out_axes[i]``), or loops
+    when a shared operand is batched. ``merge=False``: the op takes the vmapped
+    axis as one more leading row axis (``linear``), nothing is reshaped."""
+    cv = jax.custom_batching.custom_vmap(fn)
+    cv.def_vmap(_fold_rule(fn, rows, out_axes, merge, lambda *a: cv(*a)))
+    return cv
+
+
+def _fold_under_vmap(fn, args, rows, out_axes=(0,), merge=True):
+    """``fn(*args)``, where ``fn`` is a whole op (its ``custom_vjp`` included): when
+    the current trace is a ``vmap``'s that batches some operand and no shared one,
+    ``fn`` runs once on the folded operands (see above), else as it is."""
+    trace = _current_batch_trace()
+    if trace is None:
+        return fn(*args)
+    batched = [x is not None and _mapped_by(trace, x) for x in args]
+    if not any(batched) or any(b and not r for b, r in zip(batched, rows)):
+        return fn(*args)
+    again = lambda *a: _fold_under_vmap(fn, a, rows, out_axes, merge)  # noqa: E731
+    cv = jax.custom_batching.custom_vmap(lambda *a: fn(*a))
+    cv.def_vmap(_fold_rule(fn, rows, out_axes, merge, again))
+    return cv(*args)
+
+
 def _check(status: int, where: str) -> None:
     if status != 0:
         _lib.raise_error(status, where, _lib.last_error_message())
@@ -601,13 +708,16 @@ _ACTIVATIONS = {"none": 0, None: 0, "relu": 1, "gelu_tanh": 2, "gelu": 3, "gelu_
 
 
 def _linear_fwd_call(x, w, b, act: int):
-    shape = x.shape[:-1] + (w.shape[0],)
-    res = [jax.ShapeDtypeStruct(shape, x.dtype)]
-    if act in (2, 3):
-        res.append(jax.ShapeDtypeStruct(shape, x.dtype))
-    args = (x, w) if b is None else (x, w, b)
-    out = _call("linear_forward", res, *args, vmap_method="sequential", act=np.int64(act))
-    return out[0], (out[1] if len(out) == 2 else None)
+    def call(x, w, b):
+        shape = x.shape[:-1] + (w.shape[0],)
+        res = [jax.ShapeDtypeStruct(shape, x.dtype)] * (2 if act in (2, 3) else 1)
+        args = (x, w) if b is None else (x, w, b)
+        return tuple(_call("linear_forward", res, *args, vmap_method="sequential", act=np.int64(act)))
+
+    # x's leading axes are all rows: a vmapped axis of x is one more (nothing reshaped)
+    nres = 2 if act in (2, 3) else 1
+    out = _foldable(call, rows=(True, False, False), out_axes=(0,) * nres, merge=False)(x, w, b)
+    return out[0], (out[1] if nres == 2 else None)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -639,9 +749,9 @@ def linear(x, w, b=None, activation: str = "none"):
     ``[..., k]``, ``w`` ``[n, k]``, ``b`` ``[n]`` or None; ``activation`` one of
     ``"none"``, ``"relu"``, ``"gelu_tanh"``, ``"gelu"`` (exact, erf). f16, bf16 or
     f32 (one dtype). Its gradient is fusekit's fused backward
-    (fk_linear_backward); under ``vmap`` it runs once per batch element
-    (``vmap_method="sequential"``): fold a batch into ``x``'s leading axes for
-    one call."""
+    (fk_linear_backward). ``vmap``: a batched ``x`` alone is one more leading
+    axis, one call (and one fused backward for ``grad`` of ``vmap``); a batched
+    ``w`` or ``b`` loops."""
     x, w = _arr(x, "x", "linear"), _arr(w, "w", "linear")
     if activation not in _ACTIVATIONS:
         raise ValueError(f"fusekit.jax.linear: activation {activation!r} is not one of none, relu, gelu_tanh, gelu")
@@ -656,8 +766,9 @@ def linear(x, w, b=None, activation: str = "none"):
     _shape(w, "w", (None, x.shape[-1]), f"[n, {x.shape[-1]}] (x has {x.shape[-1]} features)", "linear")
     if b is not None:
         _shape(b, "b", (w.shape[0],), f"[{w.shape[0]}]", "linear")
-    x, w, b = _unify(x, w, b)
-    return _linear(x, w, b, _ACTIVATIONS[activation])
+    act = _ACTIVATIONS[activation]
+    return _fold_under_vmap(lambda x, w, b: _linear(x, w, b, act), _unify(x, w, b), rows=(True, False, False),
+                            merge=False)
 
 
 # ---------------------------------------------------------------------------
@@ -705,16 +816,12 @@ def _eps(eps, where: str) -> float:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _mahalanobis(points, means, chol, eps):
-    shape = (points.shape[0], means.shape[0])
-    return _call(
-        "mahalanobis_forward",
-        jax.ShapeDtypeStruct(shape, points.dtype),
-        points,
-        means,
-        chol,
-        vmap_method="sequential",
-        eps=np.float64(eps),
-    )
+    def call(points, means, chol):
+        shape = (points.shape[0], means.shape[0])
+        return _call("mahalanobis_forward", jax.ShapeDtypeStruct(shape, points.dtype), points, means, chol,
+                     vmap_method="sequential", eps=np.float64(eps))
+
+    return _foldable(call, rows=(True, False, False))(points, means, chol)
 
 
 def _mahalanobis_fwd(points, means, chol, eps):
@@ -743,23 +850,23 @@ def mahalanobis(points, means, chol, eps: float = 0.0):
     """Squared Mahalanobis distances ``out[b, n] = |(L_n + eps I)^-1 (p_b - mu_n)|^2``
     (fk_mahalanobis_forward): ``points [B, 3]``, ``means [N, 3]``, ``chol [N, 3, 3]``
     (lower-triangular factors; the upper part is ignored), f32 or f64; ``eps``
-    static. The gradient is fusekit's fused backward (fk_mahalanobis_backward)."""
+    static. The gradient is fusekit's fused backward (fk_mahalanobis_backward).
+    ``vmap``: with only ``points`` batched the vmapped axis is folded into ``B``,
+    one call (and one fused backward for ``grad`` of ``vmap``); a batched
+    ``means`` or ``chol`` loops."""
     points, means, chol, _ = _gaussian_inputs("mahalanobis", points, means, chol)
-    return _mahalanobis(*_unify(points, means, chol), _eps(eps, "mahalanobis"))
+    eps = _eps(eps, "mahalanobis")
+    return _fold_under_vmap(lambda p, m, L: _mahalanobis(p, m, L, eps), _unify(points, means, chol),
+                            rows=(True, False, False))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _field(points, means, chol, weights, eps):
-    return _call(
-        "field_forward",
-        jax.ShapeDtypeStruct((points.shape[0],), points.dtype),
-        points,
-        means,
-        chol,
-        weights,
-        vmap_method="sequential",
-        eps=np.float64(eps),
-    )
+    def call(points, means, chol, weights):
+        return _call("field_forward", jax.ShapeDtypeStruct((points.shape[0],), points.dtype), points, means, chol,
+                     weights, vmap_method="sequential", eps=np.float64(eps))
+
+    return _foldable(call, rows=(True, False, False, False))(points, means, chol, weights)
 
 
 def _field_fwd(points, means, chol, weights, eps):
@@ -789,9 +896,12 @@ def gaussian_field(points, means, chol, weights, eps: float = 0.0):
     """The fused Gaussian field ``out[b] = sum_n w_n exp(-m[b, n] / 2)``
     (fk_gaussian_field_forward; ``m`` as :func:`mahalanobis`), ``weights [N]``. The
     gradient is fusekit's fused backward (fk_gaussian_field_backward, no ``[B, N]``
-    intermediate)."""
+    intermediate). ``vmap``: as :func:`mahalanobis` (a batched ``weights`` loops
+    too)."""
     points, means, chol, weights = _gaussian_inputs("gaussian_field", points, means, chol, weights)
-    return _field(*_unify(points, means, chol, weights), _eps(eps, "gaussian_field"))
+    eps = _eps(eps, "gaussian_field")
+    return _fold_under_vmap(lambda p, m, L, w: _field(p, m, L, w, eps), _unify(points, means, chol, weights),
+                            rows=(True, False, False, False))
 
 
 # ---------------------------------------------------------------------------
@@ -843,16 +953,11 @@ def _geo_inputs(where: str, vname: str, v, U, W, **rows):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _christoffel(v, U, W, c, flags):
-    return _call(
-        "christoffel_forward",
-        jax.ShapeDtypeStruct(v.shape, v.dtype),
-        v,
-        U,
-        W,
-        vmap_method="sequential",
-        c=np.float64(c),
-        flags=np.int64(flags),
-    )
+    def call(v, U, W):
+        return _call("christoffel_forward", jax.ShapeDtypeStruct(v.shape, v.dtype), v, U, W,
+                     vmap_method="sequential", c=np.float64(c), flags=np.int64(flags))
+
+    return _foldable(call, rows=(True, False, False))(v, U, W)
 
 
 def _christoffel_fwd(v, U, W, c, flags):
@@ -880,12 +985,16 @@ def christoffel(v, U, W, c: float = DEFAULT_C, *, precision=None):
     (fk_christoffel_backward; strict f32). ``precision`` (see
     :func:`precision_mode`): TF32 lets the f32 CUDA forward use tensor cores
     (``FK_GEO_ALLOW_TF32``, ~5e-4 relative); None follows
-    ``jax_default_matmul_precision``. Under ``vmap`` it runs once per batch
-    element: fold a batch into ``B`` for one call. Rows are independent, so it
-    shards along ``B`` (``shard_map``)."""
+    ``jax_default_matmul_precision``. ``vmap``: with only ``v`` batched the
+    vmapped axis is folded into ``B``, one call (and one fused backward for
+    ``grad`` of ``vmap``, ``U``, ``W`` gradients summed over all rows); a batched
+    ``U`` or ``W`` loops. Rows are independent, so it shards along ``B``
+    (``shard_map``)."""
     v, U, W = _geo_inputs("christoffel", "v", v, U, W)
     c = _static(c, "c", "christoffel")
-    return _christoffel(*_unify(v, U, W), c, _geo_flags(precision, x3=False))
+    flags = _geo_flags(precision, x3=False)
+    return _fold_under_vmap(lambda v, U, W: _christoffel(v, U, W, c, flags), _unify(v, U, W),
+                            rows=(True, False, False))
 
 
 def _leapfrog_attrs(f, mu, dt, steps, c, flags):
@@ -899,13 +1008,22 @@ def _leapfrog_attrs(f, mu, dt, steps, c, flags):
     )
 
 
+#: which of the leapfrog's (x0, v0, U, W, f, mu) are row operands
+_LEAPFROG_ROWS = (True, True, False, False, True, False)
+
+
 def _leapfrog_call(x0, v0, U, W, f, mu, dt, steps, c, flags, traj: bool):
-    res = [jax.ShapeDtypeStruct(x0.shape, x0.dtype), jax.ShapeDtypeStruct(v0.shape, v0.dtype)]
-    if traj:
-        res.append(jax.ShapeDtypeStruct((steps, 2) + tuple(v0.shape), v0.dtype))
-    args = [x for x in (x0, v0, U, W, f, mu) if x is not None]
-    return _call("leapfrog_forward", res, *args, vmap_method="sequential",
-                 **_leapfrog_attrs(f, mu, dt, steps, c, flags))
+    attrs = _leapfrog_attrs(f, mu, dt, steps, c, flags)
+
+    def call(x0, v0, U, W, f, mu):
+        args = [x for x in (x0, v0, U, W, f, mu) if x is not None]
+        shapes = [jax.ShapeDtypeStruct(x0.shape, x0.dtype), jax.ShapeDtypeStruct(v0.shape, v0.dtype)]
+        if traj:
+            shapes.append(jax.ShapeDtypeStruct((steps, 2) + tuple(v0.shape), v0.dtype))
+        return tuple(_call("leapfrog_forward", shapes, *args, vmap_method="sequential", **attrs))
+
+    # the trajectory [steps, 2, B, D] has its rows on axis 2
+    return _foldable(call, rows=_LEAPFROG_ROWS, out_axes=(0, 0, 2) if traj else (0, 0))(x0, v0, U, W, f, mu)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
@@ -959,8 +1077,9 @@ def leapfrog(x0, v0, U, W, dt: float, steps: int, f=None, mu=None, c: float = DE
     memory and the backward recomputes it. ``precision`` (see
     :func:`precision_mode`): TF32 (``FK_GEO_ALLOW_TF32``) or 3xTF32
     (``FK_GEO_ALLOW_TF32X3``, f32-level accuracy) for the f32 CUDA forward; None
-    follows ``jax_default_matmul_precision``. ``vmap``: a loop, as
-    :func:`christoffel`; rows are independent, so it shards along ``B``."""
+    follows ``jax_default_matmul_precision``. ``vmap``: as :func:`christoffel`,
+    one call with only the rows (``x0``, ``v0``, ``f``) batched, a loop with a
+    batched ``U``, ``W`` or ``mu``; rows are independent, so it shards along ``B``."""
     where = "leapfrog"
     v0, U, W, x0, f = _geo_inputs(where, "v0", v0, U, W, x0=x0, f=f)
     if mu is not None:
@@ -973,8 +1092,9 @@ def leapfrog(x0, v0, U, W, dt: float, steps: int, f=None, mu=None, c: float = DE
     if steps < 1:
         raise ValueError(f"fusekit.jax.leapfrog: steps must be >= 1, got {steps}")
     c = _static(c, "c", where)
-    x0, v0, U, W, f, mu = _unify(x0, v0, U, W, f, mu)
-    return _leapfrog(x0, v0, U, W, f, mu, dt, steps, c, _geo_flags(precision, x3=True), bool(save_traj))
+    flags, save_traj = _geo_flags(precision, x3=True), bool(save_traj)
+    return _fold_under_vmap(lambda *a: _leapfrog(*a, dt, steps, c, flags, save_traj), _unify(x0, v0, U, W, f, mu),
+                            rows=_LEAPFROG_ROWS, out_axes=(0, 0))
 
 
 # ---------------------------------------------------------------------------
@@ -1221,9 +1341,13 @@ def _clipped_ref(a, g, max_norm):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _per_sample_grads(a, g, flags):
-    shape = (a.shape[0], g.shape[-1], a.shape[-1])
-    return _call("per_sample_grads", jax.ShapeDtypeStruct(shape, a.dtype), a, g, vmap_method="sequential",
-                 flags=np.int64(flags))
+    def call(a, g):
+        shape = (a.shape[0], g.shape[-1], a.shape[-1])
+        return _call("per_sample_grads", jax.ShapeDtypeStruct(shape, a.dtype), a, g, vmap_method="sequential",
+                     flags=np.int64(flags))
+
+    # samples are independent: a vmapped axis folds into B (the backward is jnp's)
+    return _foldable(call, rows=(True, True))(a, g)
 
 
 _per_sample_grads.defvjp(
@@ -1237,15 +1361,19 @@ def per_sample_grads(a, g, *, precision=None):
     (fk_per_sample_grads): ``out[b] = g_b^T a_b`` ``[B, out, in]`` for ``a``
     ``[B, in]`` or ``[B, T, in]`` and ``g`` ``[B, out]`` or ``[B, T, out]``; f32 or
     f64. ``precision``: TF32 for f32 sequences on CUDA. Differentiable (JAX's
-    rule); ``vmap``: a loop; shards along ``B``."""
+    rule); ``vmap``: the vmapped axis folds into ``B``, one call; shards along
+    ``B``."""
     a, g = _psg_inputs("per_sample_grads", a, g)
     return _per_sample_grads(a, g, _GEMM_ALLOW_TF32 if allow_tf32(precision) else 0)
 
 
 @jax.custom_vjp
 def _norms(a, g):
-    return _call("per_sample_grad_norms", jax.ShapeDtypeStruct((a.shape[0],), a.dtype), a, g,
-                 vmap_method="sequential")
+    def call(a, g):
+        return _call("per_sample_grad_norms", jax.ShapeDtypeStruct((a.shape[0],), a.dtype), a, g,
+                     vmap_method="sequential")
+
+    return _foldable(call, rows=(True, True))(a, g)
 
 
 _norms.defvjp(lambda a, g: (_norms(a, g), (a, g)), lambda res, ct: jax.vjp(_norms_ref, *res)[1](ct))
@@ -1255,7 +1383,8 @@ def per_sample_grad_norms(a, g):
     """Squared Frobenius norms ``|g_b^T a_b|_F^2`` ``[B]`` of a linear layer's
     per-sample gradients without forming them (fk_per_sample_grad_norms): ``a``,
     ``g`` as :func:`per_sample_grads` (``|g_b|^2 |a_b|^2``, or the Gram form for
-    sequences). Differentiable (JAX's rule of the formula); ``vmap``: a loop.
+    sequences). Differentiable (JAX's rule of the formula); ``vmap``: folded into
+    ``B``, one call.
     Samples are independent: it shards along ``B`` (``shard_map``)."""
     a, g = _psg_inputs("per_sample_grad_norms", a, g)
     return _norms(a, g)
@@ -1281,7 +1410,8 @@ def dp_clipped_grad_sum(a, g, max_norm: float, *, return_norms: bool = False, pr
     (fk_dp_clipped_grad_sum); ``a``, ``g`` as :func:`per_sample_grads`. With
     ``return_norms`` also the squared norms ``[B]``. ``precision``: TF32 for the
     final f32 GEMM on CUDA. Differentiable (JAX's rule of the formula); ``vmap``: a
-    loop. Under ``shard_map`` along ``B`` each shard sums its samples: ``psum``
+    loop (each element sums its own samples: folding them into ``B`` would sum
+    across elements). Under ``shard_map`` along ``B`` each shard sums its samples: ``psum``
     the result."""
     a, g = _psg_inputs("dp_clipped_grad_sum", a, g)
     max_norm = _static(max_norm, "max_norm", "dp_clipped_grad_sum")

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from ..ops.linalg import FK_GEMM_ALLOW_TF32, LINEAR_ACTIVATIONS, _act
 from . import _ext
-from ._register import _below_autograd, _is_compiling, register
+from ._register import _below_autograd, _fast_apply, _is_compiling, register
 
 __all__ = ["mlp"]
 
@@ -159,6 +159,11 @@ class _MLPFn(torch.autograd.Function):
         return (None, None, None, None, None, *grads)
 
 
+# (the C++ apply: Function.apply's Python prologue unwraps every argument for
+# functorch on each call, a cost per call that grows with the layers)
+_mlp_fn_apply = _fast_apply(_MLPFn)
+
+
 def _code(act):
     a = LINEAR_ACTIVATIONS.get(act) if isinstance(act, str) else None
     return _act(act) if a is None else a
@@ -177,7 +182,7 @@ def mlp(x: Tensor, weights, biases=None, hidden_act="relu", out_act="none", *, a
     try:
         if torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)
                                         or any(b.requires_grad for b in biases)):
-            return _MLPFn.apply(ha, oa, flags, len(weights), bool(biases), x, *weights, *biases)[0]
+            return _mlp_fn_apply(ha, oa, flags, len(weights), bool(biases), x, *weights, *biases)[0]
         with _below_autograd():  # nothing kept for a backward
             return _mlp_infer(x, weights, biases, ha, oa, flags)
     except RuntimeError as e:  # the library's errors as fusekit.Error subclasses

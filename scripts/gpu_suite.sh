@@ -87,7 +87,11 @@ want gelu && step gelu 900 bash -c '"$0/bin/gpu_linalg" linear --test-threads=1 
     bindings/python/tests/test_torch_graphs.py -k "linear or gelu"' "$B"
 # fusekit.jax alone (the "python" step runs it too): the XLA FFI handlers under jit/grad/vmap on
 # CUDA jax, CUDA against the CPU handlers, and replay from XLA's CUDA graphs (-s: the counts)
-want jax && step jax 600 python3 -m pytest -q -s bindings/python/tests/test_jax.py bindings/python/tests/test_jax_gpu.py
+want jax && step jax 600 python3 -m pytest -q -s bindings/python/tests/test_jax.py bindings/python/tests/test_jax_gpu.py \
+  bindings/python/tests/test_jax_vmap.py
+# the geodesic precision modes in torch alone (the "python" step runs it too): each torch setting
+# and explicit mode on CUDA against the CPU's strict values and gradients
+want precision && step precision 600 python3 -m pytest -q bindings/python/tests/test_geodesic_precision.py
 # the MLP op alone (the "python" step runs it too): fusekit.mlp_* and FusedMLP on CUDA (the fully
 # fused path for f16 / bf16 networks up to width 128, the general path otherwise)
 want mlp && step mlp 600 python3 -m pytest -q bindings/python/tests/test_mlp.py bindings/python/tests/test_mlp_torch.py
@@ -131,6 +135,11 @@ san memcheck_geodesic && step memcheck_geodesic 900 compute-sanitizer --tool mem
 san racecheck_geodesic && step racecheck_geodesic 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_geodesic" --test-threads=1
 san memcheck_optim && step memcheck_optim 900 compute-sanitizer --tool memcheck --error-exitcode 9 --leak-check full "$B/bin/gpu_optim" --test-threads=1
 san racecheck_optim && step racecheck_optim 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/bin/gpu_optim" --test-threads=1
+# a jitted JAX training step under memcheck: the Gaussian-field fit (field forward and backward
+# through the XLA handlers, optax Shampoo on fusekit's roots) at its --smoke size; XLA's own
+# allocator not preallocating, so that memcheck sees its buffers as they are made
+san memcheck_jax && XLA_PYTHON_CLIENT_PREALLOCATE=false step memcheck_jax 900 compute-sanitizer --tool memcheck \
+  --error-exitcode 9 python3 examples/jax_field_fit.py --smoke --out "$OUT/jax_field_fit_memcheck.png"
 san memcheck_c && [ -x target/c-tests/test_fusekit ] && \
   step memcheck_c 300 compute-sanitizer --tool memcheck --error-exitcode 9 target/c-tests/test_fusekit cuda
 unset FK_SANITIZE

@@ -97,8 +97,11 @@ def test_partial_gradients():
     assert m.layers[0].weight.grad is None and x.grad is None
     assert m.layers[0].bias.grad is not None and m.layers[1].weight.grad is not None
     seq = m.to_sequential()
-    seq[0].weight.requires_grad_(False)
+    # the frozen weight stays frozen in the copy (and only it)
+    assert [p.requires_grad for p in seq.parameters()] == [p.requires_grad for p in m.parameters()] \
+        == [False, True, True]
     seq(x).sum().backward()
+    assert seq[0].weight.grad is None
     torch.testing.assert_close(m.layers[0].bias.grad, seq[0].bias.grad, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(m.layers[1].weight.grad, seq[2].weight.grad, rtol=1e-5, atol=1e-5)
 

@@ -268,12 +268,15 @@ class FusedMLP(nn.Module):
         return m
 
     def to_sequential(self) -> nn.Sequential:
-        """The equivalent ``nn.Sequential`` (copies of the parameters)."""
+        """The equivalent ``nn.Sequential`` (copies of the parameters, with their
+        ``requires_grad``: a frozen layer stays frozen, as in :meth:`from_sequential`)."""
         mods = []
         for i, layer in enumerate(self.layers):
             lin = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
                             device=layer.weight.device, dtype=layer.weight.dtype)
             lin.load_state_dict(layer.state_dict())
+            for name, p in lin.named_parameters():
+                p.requires_grad_(getattr(layer, name).requires_grad)
             mods.append(lin)
             act = self.out_activation if i == len(self._layer_names) - 1 else self.hidden_activation
             if act != "none":

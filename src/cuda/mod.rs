@@ -3,6 +3,8 @@
 //! library calls; `launch` holds the helpers they share and the module catalogue.
 
 pub mod elementwise;
+#[cfg(test)]
+mod emu_build;
 pub mod gaussian;
 pub mod geodesic;
 pub mod launch;

@@ -1,5 +1,6 @@
 use super::*;
 use crate::addr::Addr;
+use crate::cuda::emu_build::Build;
 use crate::cuda::launch::kernel_suffix;
 use crate::cuda::linalg::source;
 use crate::dtype::ALL_DTYPES;
@@ -232,45 +233,19 @@ fn kron_launch_invariants() {
 #[test]
 fn kron_kernel_in_the_cpu_emulator() {
     use std::process::Command;
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-    if Command::new(&cxx).arg("--version").output().is_err() {
-        println!("SKIPPED: no C++ compiler ({cxx})");
+    let Some(emu) = (Build {
+        name: "kron_emu",
+        keep_env: "FK_KRON_EMU_DIR",
+        file: "linalg.cu",
+        source: source(),
+        emu_dir: "tests/cuda_emu",
+        common: "tests/cuda_emu/linalg_common.cuh",
+        std: "c++20",
+        sources: &["tests/cuda_emu/kron_emu.cpp"],
+    })
+    .run() else {
         return;
-    }
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    // FK_KRON_EMU_DIR: build there and keep it (linalg.cu and its headers, cases.txt, kron_emu)
-    let keep = std::env::var_os("FK_KRON_EMU_DIR");
-    let dir = keep.clone().map_or_else(
-        || std::env::temp_dir().join(format!("fusekit-kron-emu-{}", std::process::id())),
-        std::path::PathBuf::from,
-    );
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("linalg.cu"), source()).unwrap();
-    std::fs::copy(
-        root.join("tests/cuda_emu/linalg_common.cuh"),
-        dir.join("common.cuh"),
-    )
-    .unwrap();
-    std::fs::copy(
-        root.join("kernels/activation.cuh"),
-        dir.join("activation.cuh"),
-    )
-    .unwrap();
-    let exe = dir.join("kron_emu");
-    let out = Command::new(&cxx)
-        .args(["-std=c++20", "-O1", "-w"])
-        .arg(format!("-I{}", dir.display()))
-        .arg(format!("-I{}", root.join("tests/cuda_emu").display()))
-        .arg(root.join("tests/cuda_emu/kron_emu.cpp"))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "compiling the emulated kernels failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    };
     let mut lines = String::new();
     for (p, l) in emu_cases() {
         let a = &l.args;
@@ -308,13 +283,10 @@ fn kron_kernel_in_the_cpu_emulator() {
             l.block.1
         ));
     }
-    let cases = dir.join("cases.txt");
+    let cases = emu.dir.join("cases.txt");
     std::fs::write(&cases, lines).unwrap();
-    let run = Command::new(&exe).arg(&cases).output().unwrap();
+    let run = Command::new(&emu.exe).arg(&cases).output().unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
-    if keep.is_none() {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
     assert!(
         run.status.success(),
         "emulated Kronecker kernels:\n{stdout}\n{}",

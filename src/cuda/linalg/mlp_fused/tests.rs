@@ -3,6 +3,7 @@ use std::process::Command;
 use half::{bf16, f16};
 
 use super::*;
+use crate::cuda::emu_build::Build;
 use crate::plan::linalg::Activation;
 use crate::plan::mlp::{SavedLayout, layer_acts};
 
@@ -381,45 +382,20 @@ fn case_file(a: &mut Arena, launches: &[(&str, u32, usize, u32, &MfArgs)]) -> Ve
 /// `FK_MLP_EMU_DIR` keeps the build).
 #[test]
 fn mlp_fused_kernels_in_the_cpu_emulator() {
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-    if Command::new(&cxx).arg("--version").output().is_err() {
-        println!("SKIPPED: no C++ compiler ({cxx})");
+    let Some(emu_build) = (Build {
+        name: "mlp_emu",
+        keep_env: "FK_MLP_EMU_DIR",
+        file: "mlp_fused.cu",
+        source: source(),
+        emu_dir: "tests/emu",
+        common: "tests/emu/mlp_common.cuh",
+        std: "c++17",
+        sources: &["tests/emu/mlp_emu.cpp", "tests/emu/emu.cpp"],
+    })
+    .run() else {
         return;
-    }
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let keep = std::env::var_os("FK_MLP_EMU_DIR");
-    let dir = keep.clone().map_or_else(
-        || std::env::temp_dir().join(format!("fusekit-mlp-emu-{}", std::process::id())),
-        std::path::PathBuf::from,
-    );
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("mlp_fused.cu"), source()).unwrap();
-    std::fs::copy(
-        root.join("tests/emu/mlp_common.cuh"),
-        dir.join("common.cuh"),
-    )
-    .unwrap();
-    std::fs::copy(
-        root.join("kernels/activation.cuh"),
-        dir.join("activation.cuh"),
-    )
-    .unwrap();
-    let exe = dir.join("mlp_emu");
-    let out = Command::new(&cxx)
-        .args(["-std=c++17", "-O1", "-w"])
-        .arg(format!("-I{}", dir.display()))
-        .arg(format!("-I{}", root.join("tests/emu").display()))
-        .arg(root.join("tests/emu/mlp_emu.cpp"))
-        .arg(root.join("tests/emu/emu.cpp"))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "compiling the emulated kernels failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    };
+    let (dir, exe) = (&emu_build.dir, &emu_build.exe);
     let mut rng = Rng(0x5eed);
     for (ci, c) in cases().iter().enumerate() {
         let what = format!(
@@ -606,8 +582,5 @@ fn mlp_fused_kernels_in_the_cpu_emulator() {
             }
         }
         println!("{what}: passed");
-    }
-    if keep.is_none() {
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -254,3 +254,41 @@ def test_handler_errors_carry_fusekits_message(rng):
                              vmap_method="sequential")
     with pytest.raises(Exception, match=r"saved holds 4 bytes but this call needs \d+ .*FK_ERROR_BUFFER_TOO_SMALL"):
         jax.block_until_ready(small(x, w0, w1, **attrs))
+
+
+# ---------------------------------------------------------------- fusekit.jax.nn.FusedMLP
+
+
+def test_fused_mlp_module():
+    import fusekit.jax.nn as fknn
+
+    net_ = fknn.FusedMLP((8, 6, 5, 3), bias=(True, False, True), hidden_activation="gelu", out_activation="relu")
+    # fusekit.nn.FusedMLP's child names: nn.Sequential(Linear, GELU, Linear, GELU, Linear, ReLU)
+    assert net_.layer_names == ("0", "2", "4")
+    assert fknn.FusedMLP((4, 3, 2), hidden_activation="none").layer_names == ("0", "1")
+    params = net_.init(jax.random.key(0))
+    assert {k: sorted(v) for k, v in params.items()} == {"0": ["bias", "weight"], "2": ["weight"],
+                                                          "4": ["bias", "weight"]}
+    assert params["2"]["weight"].shape == (5, 6) and params["4"]["bias"].shape == (3,)
+    bound = 1 / np.sqrt(6)  # nn.Linear's: uniform in +-1/sqrt(in_features)
+    assert 0.8 * bound < float(jnp.abs(params["2"]["weight"]).max()) <= bound
+    x = jax.random.normal(jax.random.key(1), (4, 8), jnp.float32)
+    ws = [params[n]["weight"] for n in net_.layer_names]
+    bs = [params["0"]["bias"], None, params["4"]["bias"]]
+    close(jax.jit(net_)(params, x), mlp_ref(x, ws, bs, "gelu", "relu"), 2e-5)
+    g = jax.grad(lambda p: sq(net_)(p, x))(params)
+    gr = jax.grad(sq(lambda ws, bs: mlp_ref(x, ws, bs, "gelu", "relu")), (0, 1))(ws, bs)
+    close(g["2"]["weight"], gr[0][1], 2e-4)
+    close(g["4"]["bias"], gr[1][2], 2e-4)
+    assert fknn.FusedMLP((4, 3)) == fknn.FusedMLP([4, 3], bias=(True,)) and hash(fknn.FusedMLP((4, 3))) == hash(
+        fknn.FusedMLP([4, 3]))
+    with pytest.raises(ValueError, match="FusedMLP: widths must have 2 to 65 entries"):
+        fknn.FusedMLP((4,))
+    with pytest.raises(ValueError, match="FusedMLP: bias has 1 entries but there are 2 layers"):
+        fknn.FusedMLP((4, 3, 2), bias=(True,))
+    with pytest.raises(ValueError, match="FusedMLP: widths\\[1\\] must be >= 1, got 0"):
+        fknn.FusedMLP((4, 0))
+    with pytest.raises(ValueError, match="FusedMLP: activation must be one of"):
+        fknn.FusedMLP((4, 3), out_activation="swish")
+    with pytest.raises(TypeError, match="FusedMLP: dtype must be one of float16, bfloat16, float32, not float64"):
+        fknn.FusedMLP((4, 3), dtype=jnp.float64)

@@ -53,8 +53,8 @@ from .._args import check_int as _int
 from .._args import check_volume as _volume
 from . import DEFAULT_C, christoffel, gaussian_field, leapfrog, linear, mlp
 
-__all__ = ["ACTIVATIONS", "DEFAULT_EPS", "DEFAULT_FRICTION", "FusedLinear", "FusedMLP", "GaussianField", "LowRankChristoffel",
-           "LeapfrogIntegrator"]
+__all__ = ["ACTIVATIONS", "DEFAULT_EPS", "DEFAULT_FRICTION", "FusedLinear", "FusedMLP", "GaussianField",
+           "LowRankChristoffel", "LeapfrogIntegrator"]
 
 #: The activations of :class:`FusedLinear`, named as ``fusekit.nn`` (torch) names
 #: them: ``"gelu"`` is the exact (erf) GELU, ``jax.nn.gelu(z, approximate=False)``;

@@ -21,14 +21,24 @@ use crate::plan::elementwise::Scalar;
 use crate::plan::linalg::{Activation, Trans};
 
 fn activation(c: &Call) -> Result<Activation> {
-    Ok(match c.attr_i64("act")? {
+    act_attr(c, "act")
+}
+
+/// The `fk_activation` attribute `name`.
+pub(super) fn act_attr(c: &Call, name: &str) -> Result<Activation> {
+    act_value(c.attr_i64(name)?, name)
+}
+
+/// An `fk_activation` value `v` (named `name` in messages).
+pub(super) fn act_value(v: i64, name: &str) -> Result<Activation> {
+    Ok(match v {
         0 => Activation::None,
         1 => Activation::Relu,
         2 => Activation::GeluTanh,
         3 => Activation::GeluErf,
         v => crate::bail!(
             FK_ERROR_INVALID_ARGUMENT,
-            "act = {v} is not a valid fk_activation (FK_ACT_NONE=0, FK_ACT_RELU=1, FK_ACT_GELU_TANH=2, FK_ACT_GELU_ERF=3)"
+            "{name} = {v} is not a valid fk_activation (FK_ACT_NONE=0, FK_ACT_RELU=1, FK_ACT_GELU_TANH=2, FK_ACT_GELU_ERF=3)"
         ),
     })
 }

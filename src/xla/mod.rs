@@ -36,6 +36,7 @@ mod elementwise;
 mod gaussian;
 mod geodesic;
 mod linalg;
+mod mlp;
 mod optim;
 
 use std::ffi::{CString, c_void};

@@ -283,6 +283,7 @@ mod tests {
     use crate::xla::gaussian::*;
     use crate::xla::geodesic::*;
     use crate::xla::linalg::*;
+    use crate::xla::mlp::*;
     use crate::xla::optim::*;
 
     fn close(a: &[f64], b: &[f64], tol: f64) {
@@ -304,6 +305,13 @@ mod tests {
                 XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
             ),
             (fk_xla_linear_backward_cuda, 0),
+            // the MLP forward with `saved` allocates nothing; the backward's
+            // scratch is a stream-ordered allocation under capture
+            (
+                fk_xla_mlp_forward_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
+            (fk_xla_mlp_backward_cuda, 0),
             (
                 fk_xla_gaussian_field_backward_cpu,
                 XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
@@ -985,5 +993,189 @@ mod tests {
         error_of(&mut c, fk_xla_dp_clipped_grad_sum_cpu, |m| {
             m.starts_with("fk_xla_dp_clipped_grad_sum_cpu: max_norm")
         });
+    }
+
+    // ------------------------------------------------------------ MLP
+
+    /// `a [m, k]` times `b^T` (`b [n, k]`): `[m, n]`.
+    fn mm_t(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+        (0..m)
+            .flat_map(|i| (0..n).map(move |j| (i, j)))
+            .map(|(i, j)| (0..k).map(|t| a[i * k + t] * b[j * k + t]).sum())
+            .collect()
+    }
+
+    /// `a^T [k, m]` (`a [m, k]`).
+    fn tr(a: &[f64], m: usize, k: usize) -> Vec<f64> {
+        (0..k)
+            .flat_map(|j| (0..m).map(move |i| (i, j)))
+            .map(|(i, j)| a[i * k + j])
+            .collect()
+    }
+
+    fn f64s(v: &[f32]) -> Vec<f64> {
+        v.iter().map(|&v| v as f64).collect()
+    }
+
+    fn saved_bytes(kind: i32, widths: &[i64], rows: i64, hidden: i32, out: i32) -> (i32, usize) {
+        let mut v = usize::MAX;
+        let n = widths.len() as i32 - 1;
+        // SAFETY: widths holds n + 1 entries; v is writable.
+        let s = unsafe {
+            fk_xla_mlp_saved_bytes(kind, n, widths.as_ptr(), rows, 3, hidden, out, &mut v)
+        };
+        (s, v)
+    }
+
+    #[test]
+    fn mlp_forward_and_backward_on_the_cpu() {
+        // x [2, 3] -> relu(x W0^T) [2, 4] -> h W1^T + b1 [2, 2]; layer 0 has no bias
+        let x = [1.0f32, -2.0, 0.5, 0.25, 1.5, -1.0];
+        let w0: Vec<f32> = (0..12).map(|i| ((i * 7 % 11) as f32 - 5.0) / 8.0).collect();
+        let w1: Vec<f32> = (0..8).map(|i| ((i * 5 % 9) as f32 - 4.0) / 6.0).collect();
+        let b1 = [0.3f32, -0.7];
+        let (xd, w0d, w1d) = (f64s(&x), f64s(&w0), f64s(&w1));
+        let z0 = mm_t(&xd, &w0d, 2, 3, 4);
+        assert!(z0.iter().any(|&v| v < 0.0) && z0.iter().any(|&v| v > 0.0));
+        let h: Vec<f64> = z0.iter().map(|v| v.max(0.0)).collect();
+        let y: Vec<f64> = mm_t(&h, &w1d, 2, 4, 2)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v + b1[i % 2] as f64)
+            .collect();
+
+        let (s, nbytes) = saved_bytes(1, &[3, 4, 2], 2, 1, 0);
+        assert_eq!(s, 0);
+        assert!(nbytes > 0);
+        // the same size on both kinds (no device opened)
+        assert_eq!(saved_bytes(2, &[3, 4, 2], 2, 1, 0), (0, nbytes));
+        let words = nbytes.div_ceil(4) as i64;
+        let mut c = FakeCall::new()
+            .arg_f32(&x, &[2, 3])
+            .arg_f32(&w0, &[4, 3])
+            .arg_f32(&w1, &[2, 4])
+            .arg_f32(&b1, &[2])
+            .ret_f32(&[2, 2])
+            .ret_f32(&[words])
+            .attr_i64("n_layers", 2)
+            .attr_i64("hidden_act", 1)
+            .attr_i64("out_act", 0)
+            .attr_i64("bias_mask", 0b10);
+        assert!(c.call(fk_xla_mlp_forward_cpu).is_none());
+        close(&f64s(&c.out_f32(0)), &y, 1e-6);
+        let saved = c.out_f32(1);
+
+        // backward: dx, dW0, dW1, db1
+        let dy = [1.0f32, -0.5, 0.25, 2.0];
+        let dyd = f64s(&dy);
+        let dw1 = mm_t(&tr(&dyd, 2, 2), &tr(&h, 2, 4), 2, 2, 4);
+        let db1 = [dyd[0] + dyd[2], dyd[1] + dyd[3]];
+        let dh = mm_t(&dyd, &tr(&w1d, 2, 4), 2, 2, 4);
+        let dz0: Vec<f64> = dh
+            .iter()
+            .zip(&z0)
+            .map(|(g, z)| if *z > 0.0 { *g } else { 0.0 })
+            .collect();
+        let dw0 = mm_t(&tr(&dz0, 2, 4), &tr(&xd, 2, 3), 4, 2, 3);
+        let dx = mm_t(&dz0, &tr(&w0d, 4, 3), 2, 4, 3);
+        let backward = |want_dx: bool, dw_mask: i64, db_mask: i64, rets: &[&[i64]]| {
+            let mut c = FakeCall::new()
+                .arg_f32(&dy, &[2, 2])
+                .arg_f32(&x, &[2, 3])
+                .arg_f32(&w0, &[4, 3])
+                .arg_f32(&w1, &[2, 4])
+                .arg_f32(&saved, &[words]);
+            for r in rets {
+                c = c.ret_f32(r);
+            }
+            let mut c = c
+                .attr_i64("n_layers", 2)
+                .attr_i64("hidden_act", 1)
+                .attr_i64("out_act", 0)
+                .attr_i64("want_dx", want_dx as i64)
+                .attr_i64("dw_mask", dw_mask)
+                .attr_i64("db_mask", db_mask);
+            let e = c.call(fk_xla_mlp_backward_cpu);
+            assert!(e.is_none(), "{e:?}");
+            c
+        };
+        let c = backward(true, 0b11, 0b10, &[&[2, 3], &[4, 3], &[2, 4], &[2]]);
+        close(&f64s(&c.out_f32(0)), &dx, 1e-6);
+        close(&f64s(&c.out_f32(1)), &dw0, 1e-6);
+        close(&f64s(&c.out_f32(2)), &dw1, 1e-6);
+        close(&f64s(&c.out_f32(3)), &db1, 1e-6);
+        // only some gradients: dW0 alone, then dx alone
+        let c = backward(false, 0b01, 0, &[&[4, 3]]);
+        close(&f64s(&c.out_f32(0)), &dw0, 1e-6);
+        let c = backward(true, 0, 0, &[&[2, 3]]);
+        close(&f64s(&c.out_f32(0)), &dx, 1e-6);
+    }
+
+    #[test]
+    fn mlp_errors_are_fusekits() {
+        let forward = |w1: &[i64], bias_mask: i64, saved: i64| {
+            let n: i64 = w1.iter().product();
+            FakeCall::new()
+                .arg_f32(&[0.0; 6], &[2, 3])
+                .arg_f32(&[0.0; 12], &[4, 3])
+                .arg_f32(&vec![0.0; n as usize], w1)
+                .ret_f32(&[2, w1[0]])
+                .ret_f32(&[saved])
+                .attr_i64("n_layers", 2)
+                .attr_i64("hidden_act", 3)
+                .attr_i64("out_act", 0)
+                .attr_i64("bias_mask", bias_mask)
+        };
+        // layers that do not chain: the ops layer's message
+        let mut c = forward(&[2, 5], 0, 64);
+        let e = error_of(&mut c, fk_xla_mlp_forward_cpu, |m| {
+            m == "fk_xla_mlp_forward_cpu: weights[1] has shape [2, 5] but layer 1 takes 4 inputs (layer 0 gives 4) (FK_ERROR_SHAPE_MISMATCH)"
+        });
+        assert_eq!(e.errc, XLA_FFI_ERROR_CODE_INVALID_ARGUMENT);
+        // saved too small
+        let (_, need) = saved_bytes(1, &[3, 4, 2], 2, 3, 0);
+        let mut c = forward(&[2, 4], 0, (need / 4) as i64 - 1);
+        error_of(&mut c, fk_xla_mlp_forward_cpu, |m| {
+            m.starts_with("fk_xla_mlp_forward_cpu: saved holds")
+                && m.ends_with("(FK_ERROR_BUFFER_TOO_SMALL)")
+        });
+        // a bias bit with no operand for it: the operand count
+        let mut c = forward(&[2, 4], 0b01, 64);
+        error_of(&mut c, fk_xla_mlp_forward_cpu, |m| {
+            m.contains("the call has 3 operands and 2 results; this handler takes 4 operands")
+        });
+        // a mask bit beyond the layers, n_layers out of range, an unknown activation
+        let mut c = forward(&[2, 4], 0b100, 64);
+        error_of(&mut c, fk_xla_mlp_forward_cpu, |m| {
+            m.contains("bias_mask = 0x4 has a bit at or above n_layers = 2")
+        });
+        let mut c = FakeCall::new()
+            .arg_f32(&[0.0; 6], &[2, 3])
+            .ret_f32(&[2, 3])
+            .ret_f32(&[1])
+            .attr_i64("n_layers", 65)
+            .attr_i64("hidden_act", 0)
+            .attr_i64("out_act", 0);
+        error_of(&mut c, fk_xla_mlp_forward_cpu, |m| {
+            m == "fk_xla_mlp_forward_cpu: n_layers = 65 is outside 1..=64 (FK_MLP_MAX_LAYERS) (FK_ERROR_INVALID_ARGUMENT)"
+        });
+        let mut c = FakeCall::new()
+            .attr_i64("n_layers", 1)
+            .attr_i64("hidden_act", 0)
+            .attr_i64("out_act", 7);
+        error_of(&mut c, fk_xla_mlp_backward_cpu, |m| {
+            m.starts_with("fk_xla_mlp_backward_cpu: out_act = 7 is not a valid fk_activation")
+        });
+        // the size query's checks
+        assert_eq!(
+            saved_bytes(1, &[3, -1], 2, 0, 0).0,
+            crate::error::FK_ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            saved_bytes(7, &[3, 4], 2, 0, 0).0,
+            crate::error::FK_ERROR_INVALID_ARGUMENT
+        );
+        // one layer without activation saves nothing
+        assert_eq!(saved_bytes(1, &[3, 4], 2, 0, 0), (0, 0));
     }
 }

@@ -13,7 +13,7 @@ Each op is an XLA custom call (``jax.ffi.ffi_call``) to a handler in ``libfuseki
 ``jax.ffi.pycapsule``; nothing is compiled against jaxlib). The handlers take
 XLA's buffers without copying, XLA's CUDA stream, and run the op through the
 same validation as the C ABI. Gradients are ``jax.custom_vjp`` rules: the fused
-linear layer, the Gaussian ops, ``christoffel`` and ``leapfrog`` call fusekit's
+linear layer, the MLP, the Gaussian ops, ``christoffel`` and ``leapfrog`` call fusekit's
 fused backwards; elementwise ops and ``matmul`` differentiate with JAX's own
 rules around fusekit's forward (``matmul``'s products are fusekit GEMMs), the
 Shampoo and per-sample ops with JAX's rule of their formulas; ``matrix_power``
@@ -51,7 +51,7 @@ _OPTIM_OPS = ("matrix_power", "shampoo_stats", "shampoo_precondition", "per_samp
               "per_sample_grad_norms", "dp_clipped_grad_sum")
 
 __all__ = [
-    "SUPPORTED_JAX", "TESTED_WITH", *_BINARY_OPS, *_UNARY_OPS, "matmul", "linear", "mahalanobis",
+    "SUPPORTED_JAX", "TESTED_WITH", *_BINARY_OPS, *_UNARY_OPS, "matmul", "linear", "mlp", "mahalanobis",
     "gaussian_field", "DEFAULT_C", "christoffel", "leapfrog", *_OPTIM_OPS, "warmup", "call_count",
     "count_calls", "allow_tf32", "precision_mode",
 ]
@@ -92,6 +92,8 @@ _HANDLERS = {
     "gemm": "gemm",
     "linear_forward": "linear_forward",
     "linear_backward": "linear_backward",
+    "mlp_forward": "mlp_forward",
+    "mlp_backward": "mlp_backward",
     "mahalanobis_forward": "mahalanobis_forward",
     "mahalanobis_backward": "mahalanobis_backward",
     "field_forward": "gaussian_field_forward",
@@ -129,6 +131,17 @@ def _library():
         ctypes.POINTER(ctypes.c_size_t),
     ]
     L.fk_xla_gaussian_workspace_bytes.restype = ctypes.c_int32
+    L.fk_xla_mlp_saved_bytes.argtypes = [
+        ctypes.c_int32,
+        ctypes.c_int32,
+        ctypes.POINTER(ctypes.c_int64),
+        ctypes.c_int64,
+        ctypes.c_int32,
+        ctypes.c_int32,
+        ctypes.c_int32,
+        ctypes.POINTER(ctypes.c_size_t),
+    ]
+    L.fk_xla_mlp_saved_bytes.restype = ctypes.c_int32
     return L
 
 
@@ -769,6 +782,169 @@ def linear(x, w, b=None, activation: str = "none"):
     act = _ACTIVATIONS[activation]
     return _fold_under_vmap(lambda x, w, b: _linear(x, w, b, act), _unify(x, w, b), rows=(True, False, False),
                             merge=False)
+
+
+# ---------------------------------------------------------------------------
+# Multi-layer perceptron
+# ---------------------------------------------------------------------------
+
+_MLP_DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32)
+_MLP_MAX_LAYERS = 64  # FK_MLP_MAX_LAYERS
+
+
+@functools.lru_cache(maxsize=256)
+def _mlp_saved_elems(widths: tuple, rows: int, dtype, hidden: int, out: int) -> int:
+    """Elements of ``dtype`` in the forward's ``saved`` result: fk_xla_mlp_saved_bytes
+    for the CPU and, when jax has a CUDA backend, CUDA (the larger of the two:
+    tracing does not say where the call will run)."""
+    _register()
+    L = _library()
+    code = {np.dtype(jnp.float16): _lib.DTYPE_F16, np.dtype(jnp.bfloat16): _lib.DTYPE_BF16,
+            np.dtype(jnp.float32): _lib.DTYPE_F32}[np.dtype(dtype)]
+    arr = (ctypes.c_int64 * len(widths))(*widths)
+    nbytes = 0
+    for kind in (_lib.DEVICE_CPU,) + ((_lib.DEVICE_CUDA,) if "CUDA" in _registered else ()):
+        v = ctypes.c_size_t(0)
+        _check(L.fk_xla_mlp_saved_bytes(kind, len(widths) - 1, arr, rows, code, hidden, out, ctypes.byref(v)),
+               "fk_xla_mlp_saved_bytes")
+        nbytes = max(nbytes, v.value)
+    itemsize = np.dtype(dtype).itemsize
+    return (nbytes + itemsize - 1) // itemsize
+
+
+def _mask(bits) -> np.int64:
+    """A layer bit mask as the handlers' int64 attribute (bit i: layer i)."""
+    m = sum(1 << i for i, b in enumerate(bits) if b)
+    return np.int64(m - (1 << 64) if m >= 1 << 63 else m)
+
+
+def _mlp_attrs(n_layers: int, cfg) -> dict:
+    hidden, out, flags, _ = cfg
+    return dict(n_layers=np.int64(n_layers), hidden_act=np.int64(hidden), out_act=np.int64(out),
+                flags=np.int64(flags))
+
+
+def _mlp_call(x, ws, bs, cfg):
+    """The forward handler: (y, saved). ``bs``: the biases of the layers that have
+    one (``cfg[3]``, a tuple of bools), in layer order."""
+    hidden, out, _, has_bias = cfg
+    widths = (x.shape[-1],) + tuple(w.shape[0] for w in ws)
+    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
+    saved = jax.ShapeDtypeStruct((_mlp_saved_elems(widths, rows, np.dtype(x.dtype), hidden, out),), x.dtype)
+    y = jax.ShapeDtypeStruct(x.shape[:-1] + (widths[-1],), x.dtype)
+    return tuple(_call("mlp_forward", (y, saved), x, *ws, *bs, vmap_method="sequential",
+                       bias_mask=_mask(has_bias), **_mlp_attrs(len(ws), cfg)))
+
+
+def _mlp_y(x, ws, bs, cfg):
+    """y alone, folding a vmapped axis of x (one more leading row axis)."""
+    n = len(ws)
+    call = lambda x, *p: (_mlp_call(x, p[:n], p[n:], cfg)[0],)  # noqa: E731
+    rows = (True,) + (False,) * (n + len(bs))
+    return _foldable(call, rows=rows, out_axes=(0,), merge=False)(x, *ws, *bs)[0]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _mlp(x, ws, bs, cfg):
+    return _mlp_y(x, ws, bs, cfg)
+
+
+def _wanted(b) -> tuple | None:
+    """A static bool in the residuals' tree structure (residual leaves are arrays)."""
+    return () if b else None
+
+
+def _mlp_fwd(x, ws, bs, cfg):
+    # symbolic_zeros: each differentiable input comes as CustomVJPPrimal(value,
+    # perturbed); only the perturbed ones get gradients from the fused backward.
+    # `saved` is not per row: under vmap this forward loops (as the backward does).
+    xv, wv, bv = x.value, tuple(w.value for w in ws), tuple(b.value for b in bs)
+    y, saved = _mlp_call(xv, wv, bv, cfg)
+    want = (_wanted(x.perturbed), tuple(_wanted(w.perturbed) for w in ws), tuple(_wanted(b.perturbed) for b in bs))
+    return y, (xv, wv, saved, want)
+
+
+def _mlp_bwd(cfg, res, dy):
+    x, ws, saved, (want_x, want_w, want_b) = res
+    n_bias = len(want_b)
+    none = (None, (None,) * len(ws), (None,) * n_bias)
+    if isinstance(dy, jax.custom_derivatives.SymbolicZero):
+        return none
+    want_dx, want_dw = want_x is not None, [w is not None for w in want_w]
+    # the biases' layers, then which of them are wanted
+    layers = [i for i, h in enumerate(cfg[3]) if h]
+    want_db = [False] * len(ws)
+    for i, w in zip(layers, want_b):
+        want_db[i] = w is not None
+    outs = [jax.ShapeDtypeStruct(x.shape, x.dtype)] if want_dx else []
+    outs += [jax.ShapeDtypeStruct(w.shape, w.dtype) for w, k in zip(ws, want_dw) if k]
+    outs += [jax.ShapeDtypeStruct((w.shape[0],), w.dtype) for w, k in zip(ws, want_db) if k]
+    if not outs:
+        return none
+    g = list(_call("mlp_backward", outs, dy, x, *ws, saved, vmap_method="sequential", want_dx=np.int64(want_dx),
+                   dw_mask=_mask(want_dw), db_mask=_mask(want_db), **_mlp_attrs(len(ws), cfg)))
+    dx = g.pop(0) if want_dx else None
+    dws = tuple(g.pop(0) if k else None for k in want_dw)
+    dbs = tuple(g.pop(0) if want_db[i] else None for i in layers)
+    return dx, dws, dbs
+
+
+_mlp.defvjp(_mlp_fwd, _mlp_bwd, symbolic_zeros=True)
+
+
+def mlp(x, weights, biases=None, hidden_act: str = "relu", out_act: str = "none", *, precision=None):
+    """A multi-layer perceptron in one fused call each way (fk_mlp_forward /
+    fk_mlp_backward): ``h = act_i(h @ weights[i].T + biases[i])`` for each layer
+    from ``h = x``, ``act_i`` ``hidden_act`` below the last layer and ``out_act`` on
+    it (``"none"``, ``"relu"``, ``"gelu_tanh"``, ``"gelu"`` (exact, erf)).
+
+    ``x`` ``[..., k_0]`` (any leading shape); ``weights`` a sequence of 1 to 64
+    arrays, ``weights[i]`` ``[n_i, k_i]`` with ``k_{i+1} = n_i``; ``biases`` None
+    (no layer has one) or a sequence of ``len(weights)`` entries, each ``[n_i]`` or
+    None (that layer has none). f16, bf16 or f32 (one dtype; f32 accumulation).
+    ``precision`` (see :func:`allow_tf32`) chooses strict f32 or TF32 products on
+    CUDA; None follows ``jax_default_matmul_precision``. The gradient is the fused
+    backward, computing only the gradients asked for (``jax.grad`` with respect to
+    the weights alone computes no ``dx``). ``vmap``: a batched ``x`` alone is one
+    more leading axis, one call (and one fused backward for ``grad`` of ``vmap``);
+    a batched weight or bias loops."""
+    where = "mlp"
+    x = _arr(x, "x", where)
+    for name, act in (("hidden_act", hidden_act), ("out_act", out_act)):
+        if act not in _ACTIVATIONS:
+            raise ValueError(f"fusekit.jax.mlp: {name} {act!r} is not one of none, relu, gelu_tanh, gelu")
+    if isinstance(weights, (str, bytes)) or not hasattr(weights, "__len__"):
+        raise TypeError(f"fusekit.jax.mlp: weights must be a sequence of arrays, got {type(weights).__name__}")
+    n = len(weights)
+    if not 1 <= n <= _MLP_MAX_LAYERS:
+        raise ValueError(f"fusekit.jax.mlp: weights has {n} layers; the op takes 1 to {_MLP_MAX_LAYERS}")
+    if biases is None:
+        biases = (None,) * n
+    if isinstance(biases, (str, bytes)) or not hasattr(biases, "__len__") or len(biases) != n:
+        raise ValueError(f"fusekit.jax.mlp: biases must be None or a sequence of {n} entries (one per layer, "
+                         "each an array or None)")
+    ws = [_arr(w, f"weights[{i}]", where) for i, w in enumerate(weights)]
+    bs = [None if b is None else _arr(b, f"biases[{i}]", where) for i, b in enumerate(biases)]
+    _dtype_in(x, "x", _MLP_DTYPES, where)
+    arrays = {"x": x, **{f"weights[{i}]": w for i, w in enumerate(ws)},
+              **{f"biases[{i}]": b for i, b in enumerate(bs) if b is not None}}
+    _same_dtype(where, **arrays)
+    if x.ndim < 1:
+        raise ValueError("fusekit.jax.mlp: x must have at least one dimension")
+    k = x.shape[-1]
+    for i, w in enumerate(ws):
+        src = f"x has {k} features" if i == 0 else f"layer {i - 1} gives {k}"
+        _shape(w, f"weights[{i}]", (None, k), f"[n, {k}] (layer {i} takes {k} inputs: {src})", where)
+        if bs[i] is not None:
+            _shape(bs[i], f"biases[{i}]", (w.shape[0],), f"[{w.shape[0]}] (layer {i} has {w.shape[0]} outputs)",
+                   where)
+        k = w.shape[0]
+    has_bias = tuple(b is not None for b in bs)
+    cfg = (_ACTIVATIONS[hidden_act], _ACTIVATIONS[out_act], 1 if allow_tf32(precision) else 0, has_bias)
+    present = [b for b in bs if b is not None]
+    args = _unify(x, *ws, *present)
+    fn = lambda x, *p: _mlp(x, tuple(p[:n]), tuple(p[n:]), cfg)  # noqa: E731
+    return _fold_under_vmap(fn, args, rows=(True,) + (False,) * (len(args) - 1), merge=False)
 
 
 # ---------------------------------------------------------------------------

@@ -25,6 +25,8 @@ and the same formulas through the same fused kernels:
 
 - :class:`FusedLinear`: ``act(x W^T + b)`` (``fusekit.jax.linear``; float16,
   bfloat16, float32).
+- :class:`FusedMLP`: a stack of such layers in one fused op each way
+  (``fusekit.jax.mlp``; the parameters named as ``fusekit.nn.FusedMLP``'s).
 - :class:`GaussianField`: a learnable field of 3-D Gaussians, ``density [B]`` at
   ``points [B, 3]`` (``fusekit.jax.gaussian_field``; float32, float64).
 - :class:`LowRankChristoffel`: ``clamp((v U)^2 W^T, -c, c)``
@@ -49,10 +51,10 @@ from .._args import check_bool as _bool
 from .._args import check_float as _float
 from .._args import check_int as _int
 from .._args import check_volume as _volume
-from . import DEFAULT_C, christoffel, gaussian_field, leapfrog, linear
+from . import DEFAULT_C, christoffel, gaussian_field, leapfrog, linear, mlp
 
-__all__ = ["ACTIVATIONS", "DEFAULT_EPS", "DEFAULT_FRICTION", "FusedLinear", "GaussianField", "LowRankChristoffel",
-           "LeapfrogIntegrator"]
+__all__ = ["ACTIVATIONS", "DEFAULT_EPS", "DEFAULT_FRICTION", "FusedLinear", "FusedMLP", "GaussianField",
+           "LowRankChristoffel", "LeapfrogIntegrator"]
 
 #: The activations of :class:`FusedLinear`, named as ``fusekit.nn`` (torch) names
 #: them: ``"gelu"`` is the exact (erf) GELU, ``jax.nn.gelu(z, approximate=False)``;
@@ -140,6 +142,79 @@ class FusedLinear:
 
     def __call__(self, params, x):
         return linear(x, params["weight"], params["bias"] if self.bias else None, self.activation)
+
+    apply = __call__
+
+
+# ----------------------------------------------------------------------------- FusedMLP
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedMLP:
+    """A multi-layer perceptron as one fused fusekit op each way
+    (``fusekit.jax.mlp``: ``fk_mlp_forward`` / ``fk_mlp_backward``).
+
+    ``init(key)`` gives one ``{"weight": [n_i, k_i], "bias": [n_i]}`` per layer
+    (no ``"bias"`` for a layer without), keyed as ``fusekit.nn.FusedMLP`` names its
+    ``nn.Linear`` children: ``"0"``, ``"2"``, ``"4"``, ... (``"0"``, ``"1"``, ...
+    when ``hidden_activation="none"``), so a torch ``state_dict`` converts key for
+    key (``"2.weight"`` is ``params["2"]["weight"]``); each drawn as
+    :class:`FusedLinear` draws it. ``net(params, x)``: ``x [..., widths[0]]`` of the
+    parameters' dtype gives ``[..., widths[-1]]``.
+
+    Args:
+        widths: ``(in_features, hidden_1, ..., out_features)``, 2 to 65 ints >= 1
+            (1 to 64 layers).
+        bias: whether the layers have biases (a bool for all, or one per layer).
+        hidden_activation: after every layer but the last, one of :data:`ACTIVATIONS`.
+        out_activation: after the last layer (default ``"none"``).
+        dtype: of the parameters: float16, bfloat16 or float32.
+        precision: f32 products strict or TF32 on CUDA (see
+            ``fusekit.jax.allow_tf32``); None follows ``jax_default_matmul_precision``.
+    """
+
+    widths: Tuple[int, ...]
+    bias: Union[bool, Tuple[bool, ...]] = True
+    hidden_activation: str = "relu"
+    out_activation: str = "none"
+    dtype: object = jnp.float32
+    precision: object = None
+
+    def __post_init__(self):
+        where = "FusedMLP"
+        if isinstance(self.widths, (str, bytes)) or not hasattr(self.widths, "__len__"):
+            raise TypeError(f"{where}: widths must be a sequence of ints, not {type(self.widths).__name__}")
+        if not 2 <= len(self.widths) <= 65:
+            raise ValueError(f"{where}: widths must have 2 to 65 entries (1 to 64 layers), got {len(self.widths)}")
+        widths = tuple(_int(where, f"widths[{i}]", w, 1) for i, w in enumerate(self.widths))
+        n = len(widths) - 1
+        bias = (self.bias,) * n if isinstance(self.bias, bool) else self.bias
+        if isinstance(bias, (str, bytes)) or not hasattr(bias, "__len__"):
+            raise TypeError(f"{where}: bias must be a bool or a sequence of bools, not {type(self.bias).__name__}")
+        if len(bias) != n:
+            raise ValueError(f"{where}: bias has {len(bias)} entries but there are {n} layers")
+        _set(self, widths=widths, bias=tuple(_bool(where, f"bias[{i}]", b) for i, b in enumerate(bias)),
+             hidden_activation=_activation(where, self.hidden_activation),
+             out_activation=_activation(where, self.out_activation),
+             dtype=_dtype(where, self.dtype, _LINEAR_DTYPES))
+
+    @property
+    def layer_names(self) -> tuple:
+        """The parameters' keys, one per layer (``fusekit.nn.FusedMLP``'s child names)."""
+        stride = 1 if self.hidden_activation == "none" else 2
+        return tuple(str(stride * i) for i in range(len(self.widths) - 1))
+
+    def init(self, key) -> dict:
+        layers = zip(self.layer_names, self.widths[:-1], self.widths[1:], self.bias)
+        keys = jax.random.split(key, len(self.widths) - 1)
+        return {name: FusedLinear(k, m, bias=b, dtype=self.dtype).init(kl)
+                for (name, k, m, b), kl in zip(layers, keys)}
+
+    def __call__(self, params, x):
+        names = self.layer_names
+        return mlp(x, [params[n]["weight"] for n in names],
+                   [params[n]["bias"] if b else None for n, b in zip(names, self.bias)],
+                   self.hidden_activation, self.out_activation, precision=self.precision)
 
     apply = __call__
 

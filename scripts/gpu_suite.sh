@@ -88,7 +88,7 @@ want gelu && step gelu 900 bash -c '"$0/bin/gpu_linalg" linear --test-threads=1 
 # fusekit.jax alone (the "python" step runs it too): the XLA FFI handlers under jit/grad/vmap on
 # CUDA jax, CUDA against the CPU handlers, and replay from XLA's CUDA graphs (-s: the counts)
 want jax && step jax 600 python3 -m pytest -q -s bindings/python/tests/test_jax.py bindings/python/tests/test_jax_gpu.py \
-  bindings/python/tests/test_jax_vmap.py
+  bindings/python/tests/test_jax_vmap.py bindings/python/tests/test_jax_mlp.py
 # the geodesic precision modes in torch alone (the "python" step runs it too): each torch setting
 # and explicit mode on CUDA against the CPU's strict values and gradients
 want precision && step precision 600 python3 -m pytest -q bindings/python/tests/test_geodesic_precision.py

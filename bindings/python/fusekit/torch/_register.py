@@ -146,20 +146,22 @@ def want_bits(needs) -> int:
     return sum(1 << i for i, n in enumerate(needs) if n)
 
 
-def fused_autograd(n: int, backward_op: str) -> tuple[Callable, Callable]:
+def fused_autograd(n: int, backward_op: str, forward_only: int = 0) -> tuple[Callable, Callable]:
     """``(setup_context, backward)`` of a differentiable op whose first ``n`` inputs
     are the tensors it differentiates and whose other inputs are numbers, with a
     fused backward op ``fusekit::<backward_op>(*those tensors, grad, *the numbers,
-    want)`` returning one gradient per tensor (an empty one where not wanted)."""
+    want)`` returning one gradient per tensor (an empty one where not wanted). The
+    last ``forward_only`` numbers are the forward's alone (its precision flags, say)
+    and do not go to the backward op."""
 
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(*inputs[:n])
-        ctx.rest = inputs[n:]
+        ctx.rest = inputs[n:len(inputs) - forward_only]
 
     def backward(ctx, grad):
         need = ctx.needs_input_grad[:n]
         grads = getattr(torch.ops.fusekit, backward_op)(*ctx.saved_tensors, grad, *ctx.rest, want_bits(need))
-        return (*[g if wanted else None for g, wanted in zip(grads, need)], *[None] * len(ctx.rest))
+        return (*[g if wanted else None for g, wanted in zip(grads, need)], *[None] * (len(ctx.rest) + forward_only))
 
     return setup_context, backward
 

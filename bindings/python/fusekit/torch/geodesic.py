@@ -64,7 +64,7 @@ import torch
 from torch import Tensor
 
 from ..ops.geodesic import DEFAULT_C, GEO_ALLOW_TF32, GEO_ALLOW_TF32X3, _dims
-from ._register import d, eager_call, new, no_output, outputs, register, run, want_bits
+from ._register import d, eager_call, fused_autograd, new, no_output, outputs, register, run, want_bits
 
 __all__ = ["christoffel", "leapfrog", "PRECISIONS", "TORCH_MODES", "mode_for_torch_setting", "precision_mode",
            "geo_flags"]
@@ -244,16 +244,8 @@ def _chr_fake(v, U, W, c, flags=0):
     return v.new_empty(v.shape)
 
 
-def _chr_setup(ctx, inputs, output):
-    v, U, W, c, flags = inputs  # flags: the forward's only (the backward is strict)
-    ctx.save_for_backward(v, U, W)
-    ctx.c = c
-
-
-def _chr_backward(ctx, grad):
-    need = ctx.needs_input_grad[:3]
-    grads = torch.ops.fusekit.christoffel_backward(*ctx.saved_tensors, grad, ctx.c, want_bits(need))
-    return (*[g if wanted else None for g, wanted in zip(grads, need)], None, None)
+# (flags: the forward's only; the backward is strict)
+_chr_setup, _chr_backward = fused_autograd(3, "christoffel_backward", forward_only=1)
 
 _chr = eager_call(register("christoffel", fake=_chr_fake, backward=_chr_backward, setup_context=_chr_setup),
                   _chr_backward, _chr_setup, (0, 1, 2))

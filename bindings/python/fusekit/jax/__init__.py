@@ -789,7 +789,6 @@ def linear(x, w, b=None, activation: str = "none"):
 # ---------------------------------------------------------------------------
 
 _MLP_DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32)
-_MLP_MAX_LAYERS = 64  # FK_MLP_MAX_LAYERS
 
 
 @functools.lru_cache(maxsize=256)
@@ -916,8 +915,8 @@ def mlp(x, weights, biases=None, hidden_act: str = "relu", out_act: str = "none"
     if isinstance(weights, (str, bytes)) or not hasattr(weights, "__len__"):
         raise TypeError(f"fusekit.jax.mlp: weights must be a sequence of arrays, got {type(weights).__name__}")
     n = len(weights)
-    if not 1 <= n <= _MLP_MAX_LAYERS:
-        raise ValueError(f"fusekit.jax.mlp: weights has {n} layers; the op takes 1 to {_MLP_MAX_LAYERS}")
+    if not 1 <= n <= _lib.MLP_MAX_LAYERS:
+        raise ValueError(f"fusekit.jax.mlp: weights has {n} layers; the op takes 1 to {_lib.MLP_MAX_LAYERS}")
     if biases is None:
         biases = (None,) * n
     if isinstance(biases, (str, bytes)) or not hasattr(biases, "__len__") or len(biases) != n:

@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _lib
 from .._args import ACTIVATIONS as _ACTIVATIONS
 from .._args import check_activation as _activation
 from .._args import check_bool as _bool
@@ -184,8 +185,10 @@ class FusedMLP:
         where = "FusedMLP"
         if isinstance(self.widths, (str, bytes)) or not hasattr(self.widths, "__len__"):
             raise TypeError(f"{where}: widths must be a sequence of ints, not {type(self.widths).__name__}")
-        if not 2 <= len(self.widths) <= 65:
-            raise ValueError(f"{where}: widths must have 2 to 65 entries (1 to 64 layers), got {len(self.widths)}")
+        most = _lib.MLP_MAX_LAYERS
+        if not 2 <= len(self.widths) <= most + 1:
+            raise ValueError(f"{where}: widths must have 2 to {most + 1} entries (1 to {most} layers), "
+                             f"got {len(self.widths)}")
         widths = tuple(_int(where, f"widths[{i}]", w, 1) for i, w in enumerate(self.widths))
         n = len(widths) - 1
         bias = (self.bias,) * n if isinstance(self.bias, bool) else self.bias

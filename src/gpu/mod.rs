@@ -599,22 +599,12 @@ impl CudaDevice {
         Ok(m)
     }
 
-    /// Looks up `function` in kernel module `module`, compiling it on first use
-    /// (its source from `catalog`).
-    pub fn function(
-        &self,
-        module: &'static str,
-        function: &'static str,
-        catalog: Catalog,
-    ) -> Result<sys::CUfunction> {
-        self.function_for_smem(module, function, 0, catalog)
-    }
-
-    /// `function`, opted in to `smem_bytes` of dynamic shared memory where that is
-    /// above the default 48 KB. `cuFuncSetAttribute` is a driver call of several
-    /// microseconds on the per-launch path, so it is made once per function and larger
-    /// size (remembered beside the handle); the caller checks `smem_bytes` against the
-    /// device's opt-in limit.
+    /// Looks up `function` in kernel module `module`, compiling it on first use (its
+    /// source from `catalog`), opted in to `smem_bytes` of dynamic shared memory
+    /// where that is above the default 48 KB. `cuFuncSetAttribute` is a driver call
+    /// of several microseconds on the per-launch path, so it is made once per
+    /// function and larger size (remembered beside the handle); the caller checks
+    /// `smem_bytes` against the device's opt-in limit.
     pub fn function_for_smem(
         &self,
         module: &'static str,

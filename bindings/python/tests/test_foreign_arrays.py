@@ -27,6 +27,16 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _jax_on_the_cpu():
+    """This file's arrays are host memory (numpy, the fakes): its jax arrays are made
+    on the CPU device too (on a GPU machine jax's default device is CUDA, and a CUDA
+    jax array next to host memory is a device mismatch; test_foreign_gpu.py covers
+    CUDA arrays)."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 class FakeNamespace:
     """The fake library's namespace: ``from_dlpack`` counts what it imports."""
 

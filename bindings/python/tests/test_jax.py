@@ -389,7 +389,8 @@ def test_geodesic_precision_flags(rng):
     assert _flags_in_hlo(lambda v: fkj.christoffel(v, U, W, precision=True), v) == {"1"}
     assert _flags_in_hlo(lambda v: fkj.leapfrog(v, v, U, W, 0.1, 2, precision="TF32_TF32_F32_X3")[0], v) == {"4"}
     assert fkj.precision_mode(jax.lax.Precision.HIGH) == "tf32x3" and not fkj.allow_tf32("high")
-    # CPU results do not depend on it
+    # CPU results do not depend on it (on the CPU device: jax's default is CUDA on a GPU machine)
+    v, U, W = jax.device_put((v, U, W), jax.devices("cpu")[0])
     with jax.default_matmul_precision("tensorfloat32"):
         close(fkj.christoffel(v, U, W), chr_ref(v, U, W, fkj.DEFAULT_C), 2e-5)
 

@@ -201,7 +201,8 @@ def test_precision_sets_the_tf32_flag(rng):
     with jax.default_matmul_precision("tensorfloat32"):
         assert flags() == "1"
         assert flags(precision=jax.lax.Precision.HIGHEST) == "0"
-    # strict f32 on the CPU either way
+    # strict f32 on the CPU either way (the CPU device: jax's default is CUDA on a GPU machine)
+    x, ws, bs = jax.device_put((x, ws, bs), jax.devices("cpu")[0])
     with jax.default_matmul_precision("tensorfloat32"):
         close(fkj.mlp(x, ws, bs), mlp_ref(x, ws, bs), 2e-5)
 

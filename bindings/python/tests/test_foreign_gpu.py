@@ -107,8 +107,9 @@ def test_cupy_in_place_is_zero_copy(rng):
 
 @need_cupy
 def test_cupy_runs_on_cupys_current_stream(rng):
-    x = cp.random.rand(1 << 22)
     with cp.cuda.Stream(non_blocking=True) as s:
+        # x made on s: a non-blocking stream does not wait for CuPy's null stream
+        x = cp.random.rand(1 << 22)
         with fusekit.Invocation("test") as inv:
             inv.input(x, "x")
             assert inv.stream.cuda_stream == s.ptr
@@ -124,8 +125,8 @@ def test_cupy_results_are_cupys_own_memory(monkeypatch, rng):
     op: fusekit allocates nothing, CuPy's allocator frees it."""
     made = record_allocations(monkeypatch)
     pool = cp.get_default_memory_pool()
-    x = cp.random.rand(1 << 20)
     with cp.cuda.Stream(non_blocking=True) as s:
+        x = cp.random.rand(1 << 20)  # on s (see test_cupy_runs_on_cupys_current_stream)
         before = pool.used_bytes()
         y = fusekit.exp(x)
         assert made == [] and pool.used_bytes() >= before + y.nbytes
@@ -179,6 +180,7 @@ def test_a_buffer_written_on_cupys_stream_keeps_no_reference_to_it(rng):
     destroyed first."""
     x = cp.random.rand(1 << 20)
     out = fusekit.Buffer.empty(fusekit.default_context(f"cuda:{x.device.id}"), x.shape, "float64")
+    cp.cuda.Stream.null.synchronize()  # x is written before a non-blocking stream reads it
     with cp.cuda.Stream(non_blocking=True) as s:
         assert fusekit.exp(x, out=out) is out
         ptr = s.ptr

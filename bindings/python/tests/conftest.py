@@ -25,6 +25,13 @@ for p in (TESTS_DIR,) if INSTALLED else (TESTS_DIR.parent, TESTS_DIR):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
+# XLA's command buffers (on by default on GPUs) replay custom calls that declare the
+# CUDA-graph trait from graphs, without entering their handlers: the tests that count
+# handler entries (fkj.count_calls) count executions, so this process runs jax with them
+# off. test_jax_gpu.py's graph tests turn them on in their own processes (run_script).
+if "xla_gpu_enable_command_buffer" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=").strip()
+
 import fusekit  # noqa: E402
 
 PKG_ROOT = Path(fusekit.__file__).resolve().parents[1]

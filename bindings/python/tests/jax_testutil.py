@@ -14,7 +14,11 @@ def run_script(script: str, *args: str, env=None, timeout: int = 600) -> str:
     appended to). Asserts it succeeded; returns its standard output."""
     e = dict(os.environ)
     for k, v in (env or {}).items():
-        e[k] = (e.get(k, "") + " " + v).strip() if k == "XLA_FLAGS" else v
+        if k == "XLA_FLAGS":  # appended, replacing the inherited value of a flag set again
+            names = {t.split("=")[0] for t in v.split()}
+            kept = [t for t in e.get(k, "").split() if t.split("=")[0] not in names]
+            v = " ".join(kept + v.split())
+        e[k] = v
     e["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     r = subprocess.run([sys.executable, "-c", script, *args], env=e, capture_output=True, text=True,
                        timeout=timeout)

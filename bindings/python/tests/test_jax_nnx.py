@@ -68,3 +68,72 @@ def test_nnx_training_step_with_shampoo():
     losses = [float(step(model, opt)) for _ in range(30)]
     assert losses[-1] < 0.5 * losses[0]
     np.testing.assert_array_equal(np.asarray(flow.mu[...]), mu0)  # the friction is not trained
+
+
+def test_fused_mlp_wrapper():
+    """fknnx.FusedMLP: the state's paths are fusekit.nn.FusedMLP's state_dict keys,
+    the parameters those of the plain module's init, the call the plain module's,
+    gradients through nnx.grad those of jax.grad of the plain module, layers by
+    name or index, and a fit under nnx.jit with nnx.Optimizer."""
+    import fusekit.jax.nn as fknn
+
+    model = fknnx.FusedMLP((5, 8, 7, 3), bias=(True, False, True), hidden_activation="gelu",
+                           out_activation="relu", rngs=nnx.Rngs(0))
+    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    assert sorted(".".join(p) for p, _ in flat) == ["0.bias", "0.weight", "2.weight", "4.bias", "4.weight"]
+    plain = fknn.FusedMLP((5, 8, 7, 3), bias=(True, False, True), hidden_activation="gelu", out_activation="relu")
+    assert model.spec == plain
+    params = plain.init(nnx.Rngs(0).params())
+    close(model.params(), params, 0)
+    x = jax.random.normal(jax.random.key(1), (2, 4, 5), jnp.float32)
+    close(model(x), plain(params, x), 0)
+    g = nnx.grad(lambda m: (m(x) ** 2).sum())(model)
+    want = jax.grad(lambda p: (plain(p, x) ** 2).sum())(params)
+    close({n: {k: v[...] for k, v in g[n].items()} for n in plain.layer_names}, want, 0)
+
+    assert len(model) == 3 and model[1] is model["2"] and model[-1] is model["4"]
+    assert isinstance(model[0], fknnx.FusedLinear) and model["2"].spec.activation == "gelu"
+    assert model["4"].spec.activation == "relu" and not model["2"].spec.bias
+    h = model[0](x.reshape(-1, 5))
+    close(model[2](model[1](h)), model(x).reshape(-1, 3), 1e-6)  # each layer alone, chained
+    with pytest.raises(KeyError, match=r"FusedMLP: no layer '1'; the layers are 0, 2, 4 \(or their indices 0 to 2\)"):
+        model["1"]
+    with pytest.raises(KeyError, match="no layer 3"):
+        model[3]
+    with pytest.raises(ValueError, match="FusedMLP: bias has 1 entries but there are 2 layers"):
+        fknnx.FusedMLP((4, 3, 2), bias=(True,), rngs=nnx.Rngs(0))
+
+    # a fit of a smooth target under nnx.jit, Adam through nnx.Optimizer
+    net = fknnx.FusedMLP((2, 32, 32, 1), hidden_activation="gelu_tanh", rngs=nnx.Rngs(3))
+    pts = jax.random.uniform(jax.random.key(4), (256, 2), jnp.float32, -1, 1)
+    target = jnp.sin(3 * pts[:, :1]) * jnp.cos(2 * pts[:, 1:])
+    opt = nnx.Optimizer(net, optax.adam(1e-2), wrt=nnx.Param)
+
+    @nnx.jit
+    def step(net, opt):
+        loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(pts) - target) ** 2))(net)
+        opt.update(net, grads)
+        return loss
+
+    losses = [float(step(net, opt)) for _ in range(150)]
+    assert losses[-1] < 0.1 * losses[0], losses[::30]
+
+
+def test_fused_mlp_wrapper_loads_a_torch_state_dict():
+    """A fusekit.nn.FusedMLP's state_dict, key for key, into the nnx wrapper's state
+    (nnx.update): the same outputs."""
+    torch = pytest.importorskip("torch")
+    import fusekit.nn as fkn
+
+    torch.manual_seed(0)
+    tmodel = fkn.FusedMLP([6, 16, 16, 2], hidden_activation="gelu_tanh")
+    model = fknnx.FusedMLP((6, 16, 16, 2), hidden_activation="gelu_tanh", rngs=nnx.Rngs(0))
+    state = {}
+    for key, value in tmodel.state_dict().items():
+        layer, name = key.split(".")
+        state.setdefault(layer, {})[name] = jnp.asarray(value.numpy())
+    nnx.update(model, nnx.State(state))
+    x = np.random.default_rng(1).standard_normal((9, 6)).astype(np.float32)
+    with torch.no_grad():
+        want = tmodel(torch.from_numpy(x)).numpy()
+    close(model(jnp.asarray(x)), want, 1e-5)

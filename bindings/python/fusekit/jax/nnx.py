@@ -1,7 +1,9 @@
 """``flax.nnx`` versions of :mod:`fusekit.jax.nn`'s modules, for models written
 with flax's NNX API. Each is a thin ``nnx.Module`` around the plain module: the
 parameters are ``nnx.Param`` attributes under the plain module's names, and the
-call is the plain module's, so the numbers are the same::
+call is the plain module's, so the numbers are the same (:class:`FusedMLP` holds
+one :class:`FusedLinear` child per layer, under ``fusekit.nn.FusedMLP``'s child
+names)::
 
     from flax import nnx
     import fusekit.jax.nnx as fknnx
@@ -28,7 +30,7 @@ import jax.numpy as jnp
 
 from . import nn as _nn
 
-__all__ = ["Friction", "FusedLinear", "GaussianField", "LowRankChristoffel", "LeapfrogIntegrator"]
+__all__ = ["Friction", "FusedLinear", "FusedMLP", "GaussianField", "LowRankChristoffel", "LeapfrogIntegrator"]
 
 
 class Friction(nnx.Variable):
@@ -57,6 +59,55 @@ class FusedLinear(_Wrapped):
                  dtype=jnp.float32, rngs: nnx.Rngs):
         spec = _nn.FusedLinear(in_features, out_features, bias, activation, dtype)
         self._adopt(spec, spec.init(rngs.params()))
+
+    def __call__(self, x):
+        return self.spec(self.params(), x)
+
+
+class _MLPLayer(FusedLinear):
+    """A :class:`FusedLinear` of a :class:`FusedMLP`, holding the parameters the
+    network drew for it."""
+
+    def __init__(self, spec, params: dict):
+        self._adopt(spec, params)
+
+
+class FusedMLP(nnx.Module):
+    """:class:`fusekit.jax.nn.FusedMLP` as an ``nnx.Module``: one child per layer,
+    a :class:`FusedLinear` (``weight``, ``bias`` as ``nnx.Param``; no ``bias`` for
+    a layer without) under ``fusekit.nn.FusedMLP``'s child names, so the state's
+    paths are a torch ``state_dict``'s keys (``("2", "weight")`` is
+    ``"2.weight"``); ``model["2"]`` (or ``model[1]``, by layer index) is that
+    layer. ``model(x)`` is the whole network as one fused op each way
+    (``fusekit.jax.mlp``); the parameters are drawn as the plain module's
+    ``init(rngs.params())`` draws them. A layer called alone applies its own
+    activation (the hidden one, or ``out_activation`` for the last)."""
+
+    def __init__(self, widths, *, bias=True, hidden_activation: str = "relu", out_activation: str = "none",
+                 dtype=jnp.float32, precision=None, rngs: nnx.Rngs):
+        self.spec = spec = _nn.FusedMLP(widths, bias, hidden_activation, out_activation, dtype, precision)
+        params = spec.init(rngs.params())
+        names = spec.layer_names
+        for i, name in enumerate(names):
+            act = spec.out_activation if i == len(names) - 1 else spec.hidden_activation
+            layer = _nn.FusedLinear(spec.widths[i], spec.widths[i + 1], spec.bias[i], act, spec.dtype)
+            setattr(self, name, _MLPLayer(layer, params[name]))
+
+    def __getitem__(self, key) -> FusedLinear:
+        names = self.spec.layer_names
+        if isinstance(key, int) and not isinstance(key, bool) and -len(names) <= key < len(names):
+            key = names[key]
+        if key not in names:
+            raise KeyError(f"FusedMLP: no layer {key!r}; the layers are {', '.join(names)} "
+                           f"(or their indices 0 to {len(names) - 1})")
+        return getattr(self, key)
+
+    def __len__(self) -> int:
+        return len(self.spec.layer_names)
+
+    def params(self) -> dict:
+        """The parameters as the plain module takes them (``{"0": {"weight": ...}, ...}``)."""
+        return {n: getattr(self, n).params() for n in self.spec.layer_names}
 
     def __call__(self, x):
         return self.spec(self.params(), x)

@@ -58,10 +58,10 @@ class _Record(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def _problem(dtype=torch.float32, b=4, d=6, r=3, seed=0, grad=True):
+def _problem(dtype=torch.float32, b=4, d=6, r=3, seed=0, grad=True, uw=0.5):
     rng = np.random.default_rng(seed)
     x, v, f = (torch.tensor(rng.standard_normal((b, d)) * 0.5, dtype=dtype) for _ in range(3))
-    U, W = (torch.tensor(rng.standard_normal((d, r)) * 0.5, dtype=dtype) for _ in range(2))
+    U, W = (torch.tensor(rng.standard_normal((d, r)) * uw, dtype=dtype) for _ in range(2))
     mu = torch.full((d,), 0.1, dtype=dtype)
     ts = [x, v, U, W, f]
     if grad:
@@ -382,14 +382,23 @@ def test_module_compile_fullgraph_training_matches_eager(setting):
 
 
 @pytest.mark.skipif(fusekit.device_count() == 0 or not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("setting,mode,tol", [("highest", None, 1e-5), ("high", None, 1e-5), ("medium", None, 1e-5),
-                                              ("highest", "tf32x3", 1e-5), ("highest", "tf32", 5e-3)])
-def test_cuda_modes_against_cpu(setting, mode, tol):
-    """f32 on CUDA in each mode against the CPU's strict result (tolerances of
-    tests/gpu_geodesic.rs: TF32 5e-3; strict and 3xTF32 at f32 level), gradients
-    (strict backwards) included."""
+@pytest.mark.parametrize("setting,mode,uw,tol", [("highest", None, 0.5, 1e-5), ("high", None, 0.5, 1e-5),
+                                               ("medium", None, 0.5, 1e-5), ("highest", "tf32x3", 0.5, 1e-5),
+                                               ("highest", "tf32", 0.15, 3e-3)])
+def test_cuda_modes_against_cpu(setting, mode, uw, tol):
+    """f32 on CUDA in each mode against the CPU's strict result, every output and
+    gradient within ``tol`` as the largest error relative to the largest value.
+
+    The strict and 3xTF32 rows take U, W of scale 0.5, where 81% of the
+    Christoffel terms sit at the clamp. That problem is too ill-conditioned for
+    TF32: rounding only the inputs to TF32 on the CPU's strict path already moves
+    vT by 8e-3 and the gradients by 0.1-0.3 (terms cross the clamp, whose
+    derivative jumps), which is what the TF32 kernels gave on the H200 (vT 1.1e-2,
+    df 0.18). The TF32 row takes U, W of scale 0.15 (nothing clamped), where that
+    input rounding moves every output by 3e-4 to 6e-4 (docs/geodesic.md,
+    precision modes)."""
     torch.set_float32_matmul_precision(setting)
-    cpu = _problem(b=64, d=128, r=16, seed=7)
+    cpu = _problem(b=64, d=128, r=16, seed=7, uw=uw)
     gpu = [t.detach().cuda().requires_grad_(t.requires_grad) for t in cpu]
 
     def run(x, v, U, W, f, mu):
@@ -398,6 +407,9 @@ def test_cuda_modes_against_cpu(setting, mode, tol):
         outs = (xT, vT, g)
         return (*outs, *torch.autograd.grad(sum((o * o).sum() for o in outs), (x, v, U, W, f)))
 
-    for a, b in zip(run(*gpu), run(*cpu)):
-        a = a.double().cpu()
-        assert ((a - b.double()).abs().max() / b.double().abs().max()).item() <= tol
+    names = ("xT", "vT", "christoffel", "dx", "dv", "dU", "dW", "df")
+    err = {n: ((a.double().cpu() - b.double()).abs().max() / b.double().abs().max()).item()
+           for n, a, b in zip(names, run(*gpu), run(*cpu))}
+    print(f"relative errors, {setting} / {mode}:", {n: f"{e:.2e}" for n, e in err.items()})
+    for n, e in err.items():
+        assert e <= tol, (n, e)

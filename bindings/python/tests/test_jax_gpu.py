@@ -296,3 +296,94 @@ def test_eigh_handler_is_kept_out_of_cuda_graphs():
     print(f"eigh: {runs} runs; without graphs {plain}, with graphs {graphed}")
     assert plain == 2 * runs  # matrix_power_eigh and exp
     assert graphed >= runs  # the eigendecomposition is entered on every run
+
+
+# ---------------------------------------------------------------- the fused MLP
+
+
+def mlp_net(rng, widths, dtype, bias):
+    ws = [jnp.asarray(rng.standard_normal((n, k)) / np.sqrt(k), dtype) for k, n in zip(widths[:-1], widths[1:])]
+    bs = [jnp.asarray(0.1 * rng.standard_normal(n), dtype) if has else None for n, has in zip(widths[1:], bias)]
+    return ws, bs
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 2e-4), (jnp.float16, 2e-2), (jnp.bfloat16, 8e-2)])
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh", "none"])
+def test_mlp_cuda_matches_cpu(rng, dtype, tol, act):
+    """fusekit.jax.mlp on CUDA against the CPU handlers, values and every gradient
+    of the fused backward, on odd shapes (rows 3 x 37, widths 29 -> 64 -> 50 -> 7,
+    the middle layer without bias), strict f32."""
+    x = jnp.asarray(rng.standard_normal((3, 37, 29)), dtype)
+    ws, bs = mlp_net(rng, (29, 64, 50, 7), dtype, (True, False, True))
+    f = jax.jit(lambda x, ws, bs: fkj.mlp(x, ws, bs, act, "gelu_tanh", precision="highest"))
+    close(np.asarray(f(*on(GPU, x, ws, bs)), np.float64), np.asarray(f(*on(CPU, x, ws, bs)), np.float64), tol)
+    loss = lambda x, ws, bs: (fkj.mlp(x, ws, bs, act, precision="highest").astype(jnp.float32) ** 2).sum()  # noqa: E731
+    g = jax.jit(jax.grad(loss, (0, 1, 2)))
+    for a, b in zip(jax.tree.leaves(g(*on(GPU, x, ws, bs))), jax.tree.leaves(g(*on(CPU, x, ws, bs)))):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        scale = np.abs(b).max() + 1e-30
+        close(a / scale, b / scale, tol * 4)
+
+
+def test_mlp_tf32_follows_precision(rng):
+    """The MLP's f32 products: strict at "highest", TF32 at "tensorfloat32" (a
+    measurably larger error against f64 on CUDA)."""
+    x = jnp.asarray(rng.standard_normal((256, 512)), jnp.float32)
+    ws, bs = mlp_net(rng, (512, 512, 256), jnp.float32, (True, True))
+    h = np.asarray(x, np.float64)  # the f64 reference: relu hidden, no output activation
+    for i, (w, b) in enumerate(zip(ws, bs)):
+        h = h @ np.asarray(w, np.float64).T + np.asarray(b, np.float64)
+        h = np.maximum(h, 0) if i < len(ws) - 1 else h
+    want = h
+    err = {}
+    for prec in ("highest", "tensorfloat32"):
+        with jax.default_matmul_precision(prec):
+            got = jax.jit(fkj.mlp)(*on(GPU, x, ws, bs))
+        err[prec] = float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
+    print("MLP relative error, strict f32:", err["highest"], "TF32:", err["tensorfloat32"])
+    assert err["highest"] < 1e-5
+    assert err["tensorfloat32"] > 4 * err["highest"]
+
+
+GRAPH_SCRIPT_MLP = textwrap.dedent(
+    """
+    import sys, jax, jax.numpy as jnp, numpy as np
+    import fusekit.jax as fkj
+    from jax_testutil import timed_runs
+    backward = sys.argv[1] == "backward"
+    fkj.warmup("cuda")
+    rng = np.random.default_rng(0)
+    r = lambda *s: jnp.asarray(rng.standard_normal(s) / np.sqrt(s[-1]), jnp.float32)
+    args = (r(300, 48), [r(64, 48), r(64, 64), r(5, 64)], [r(64), None, r(5)])
+
+    def fwd(x, ws, bs):
+        return fkj.mlp(x, ws, bs, "gelu_tanh", precision="highest")
+
+    def grad(x, ws, bs):
+        return jax.grad(lambda *p: (fwd(*p) ** 2).sum(), (0, 1))(x, ws, bs)
+
+    f = jax.jit(grad if backward else fwd)
+    timed_runs(f, args, lambda exp: 2e-3 * float(np.abs(exp).max()))
+    """
+)
+
+
+def test_mlp_forward_is_replayed_from_cuda_graphs():
+    """The MLP forward handler declares the command-buffer trait (workspace from
+    the pool, capturable): with command buffers on, XLA replays it from a graph."""
+    runs, plain = _graph_run("forward", graphs=False, script=GRAPH_SCRIPT_MLP)
+    _, graphed = _graph_run("forward", graphs=True, script=GRAPH_SCRIPT_MLP)
+    print(f"mlp forward: {runs} runs; handler entries without graphs {plain}, with graphs {graphed}")
+    assert plain == runs
+    assert graphed <= 4, "the MLP forward was not replayed from XLA's CUDA graphs"
+
+
+def test_mlp_backward_is_kept_out_of_cuda_graphs():
+    """The MLP backward (a second stream for the weight gradients, scratch under
+    capture) declares no command-buffer trait: with command buffers on, the
+    program still runs, matches the CPU, and enters the backward on every run."""
+    runs, plain = _graph_run("backward", graphs=False, script=GRAPH_SCRIPT_MLP)
+    _, graphed = _graph_run("backward", graphs=True, script=GRAPH_SCRIPT_MLP)
+    print(f"mlp backward: {runs} runs; handler entries without graphs {plain}, with graphs {graphed}")
+    assert plain == 2 * runs  # forward and backward
+    assert graphed >= runs

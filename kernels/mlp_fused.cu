@@ -83,19 +83,50 @@ __device__ __forceinline__ void mf_st2(T* p, i64 r, int c, i64 m, int cols, i64 
     }
 }
 
-// The derivative of layer l's activation at (r, c) times g, from what the forward
-// saved (a bit of the ReLU mask, the GELU's pre-activation); 0 outside [m, n].
-template <typename T>
+// Activations are dispatched once per layer, not per element: the kernels switch on
+// a layer's activation code (MF_BY_ACT) into code compiled for that one activation.
+// Per element, the run-time code would inline every activation's formula (tanh, erf)
+// into each of the tile's unrolled elements: on the H200 the forward's instruction
+// fetch then stalled its warps 44% of the time (Nsight Compute, "no instruction").
+#define MF_BY_ACT(act, F, ...)                                        \
+    switch (act) {                                                    \
+        case FK_LA_ACT_RELU: F<FK_LA_ACT_RELU>(__VA_ARGS__); break;           \
+        case FK_LA_ACT_GELU_TANH: F<FK_LA_ACT_GELU_TANH>(__VA_ARGS__); break; \
+        case FK_LA_ACT_GELU_ERF: F<FK_LA_ACT_GELU_ERF>(__VA_ARGS__); break;   \
+        default: F<FK_LA_ACT_NONE>(__VA_ARGS__); break;                       \
+    }
+
+// The derivative of layer L's activation ACT at (r, c) times g, from what the
+// forward saved (a bit of the ReLU mask, the GELU's pre-activation); 0 outside [m, n].
+template <typename T, int ACT>
 __device__ __forceinline__ float mf_deriv(const MfLayer& L, i64 r, int c, i64 m, float g) {
     if (r >= m || c >= L.n) return 0.0f;
-    if (L.act == FK_LA_ACT_NONE) return g;
-    if (L.act == FK_LA_ACT_RELU) {
+    if (ACT == FK_LA_ACT_NONE) return g;
+    if (ACT == FK_LA_ACT_RELU) {
         const unsigned char* bits = reinterpret_cast<const unsigned char*>(L.aux);
         return (bits[r * (L.aux_ld / 8) + c / 8] >> (c % 8)) & 1u ? g : 0.0f;
     }
     const T* z = reinterpret_cast<const T*>(L.aux);
-    return act_grad_f(L.act, to_compute(z[r * L.aux_ld + c]), g);
+    return act_grad_f(ACT, to_compute(z[r * L.aux_ld + c]), g);
 }
+
+// d = act'(z) gr over a warp's tile (accumulator layout), for layer L's activation ACT.
+template <typename T, int MT, int NT> struct MfDerivs {
+    template <int ACT>
+    static __device__ __forceinline__ void run(float (&d)[MT][NT][4], const float (&gr)[MT][NT][4], const MfLayer& L,
+                                               i64 r0, i64 m, int g, int t) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const i64 r = r0 + mt * 16 + g + 8 * (e >> 1);
+                    const int c = nt * 8 + 2 * t + (e & 1);
+                    d[mt][nt][e] = mf_deriv<T, ACT>(L, r, c, m, gr[mt][nt][e]);
+                }
+    }
+};
 
 // Stages layer L's weights ([n, k], row-major) into shared memory, zero-padded to
 // [np, kp] (both the instance's width W): as they are (pitch kp + 8) for the
@@ -160,6 +191,64 @@ __device__ __forceinline__ void mf_mask_bytes(bool p0, bool p1, bool p2, bool p3
     hi |= MF_SHFL_XOR(hi, 2);
 }
 
+// A layer's forward epilogue over a warp's tile, for its activation ACT: bias and
+// activation applied in f32 (acc holds z + b), one rounding; the output stored
+// (`out`: y, or the hidden output kept for the backward; none in inference), the
+// GELU's pre-activation or the ReLU's bit mask kept where the layer has `aux`,
+// and, but for the last layer, the result put in the registers as the next
+// layer's A operand.
+template <typename T, int MT, int KT, int NT> struct MfEpilogue {
+    template <int ACT>
+    static __device__ __forceinline__ void run(const float (&acc)[MT][NT][4], u32 (&A)[MT][KT][4], const MfLayer& L,
+                                               T* out, bool vec, bool last, i64 r0, i64 m, int g, int t) {
+        T* zs = ACT == FK_LA_ACT_GELU_TANH || ACT == FK_LA_ACT_GELU_ERF ? reinterpret_cast<T*>(L.aux) : nullptr;
+        unsigned char* bits = ACT == FK_LA_ACT_RELU ? reinterpret_cast<unsigned char*>(L.aux) : nullptr;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const i64 ra = r0 + mt * 16 + g, rb = ra + 8;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const int c = nt * 8 + 2 * t;
+                T h[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) h[e] = from_compute<T>(act_f(ACT, acc[mt][nt][e]));
+                if (out) {
+                    mf_st2(out, ra, c, m, L.n, L.n, vec, h[0], h[1]);
+                    mf_st2(out, rb, c, m, L.n, L.n, vec, h[2], h[3]);
+                }
+                if (zs) {
+                    const bool zv = L.aux_ld % 2 == 0;
+                    mf_st2(zs, ra, c, m, L.n, L.aux_ld, zv, from_compute<T>(acc[mt][nt][0]),
+                           from_compute<T>(acc[mt][nt][1]));
+                    mf_st2(zs, rb, c, m, L.n, L.aux_ld, zv, from_compute<T>(acc[mt][nt][2]),
+                           from_compute<T>(acc[mt][nt][3]));
+                }
+                if (bits) {
+                    // the mask of the rounded output (> 0 exactly where z > 0, as
+                    // the general path's mlp_epilogue derives it); padding bits 0
+                    u32 lo, hi;
+                    mf_mask_bytes(c < L.n && to_compute(h[0]) > 0.0f, c + 1 < L.n && to_compute(h[1]) > 0.0f,
+                                  c < L.n && to_compute(h[2]) > 0.0f, c + 1 < L.n && to_compute(h[3]) > 0.0f, t,
+                                  lo, hi);
+                    const i64 pitch = L.aux_ld / 8;
+                    if (t == 0 && ra < m) bits[ra * pitch + nt] = (unsigned char)lo;
+                    if (t == 0 && rb < m) bits[rb * pitch + nt] = (unsigned char)hi;
+                }
+                // the next layer's input, without leaving the registers
+                if (!last) mf_put<T, MT, KT>(A, mt, nt, h[0], h[1], h[2], h[3]);
+            }
+            if (bits && t == 0) {
+                // the row's mask bytes past the instance's width
+                const i64 pitch = L.aux_ld / 8;
+                for (int j = NT; j < pitch; ++j) {
+                    if (ra < m) bits[ra * pitch + j] = 0;
+                    if (rb < m) bits[rb * pitch + j] = 0;
+                }
+            }
+        }
+    }
+};
+
 template <typename T, int MAXW, int MT> __device__ void mlpf_fwd(const MfArgs& a) {
     constexpr int KT = MAXW / 16, NT = MAXW / 8;
     MF_SMEM_DECL
@@ -207,53 +296,9 @@ template <typename T, int MAXW, int MT> __device__ void mlpf_fwd(const MfArgs& a
             mf_product<T, MT, KT, NT>(acc, A, ws + L.w_smem, L.pitch, g, t);
             // bias and activation applied in f32, one rounding; then what is kept
             T* out = reinterpret_cast<T*>(last ? a.y : L.hidden);
-            T* zs = L.act == FK_LA_ACT_GELU_TANH || L.act == FK_LA_ACT_GELU_ERF ? reinterpret_cast<T*>(L.aux) : nullptr;
-            unsigned char* bits = L.act == FK_LA_ACT_RELU ? reinterpret_cast<unsigned char*>(L.aux) : nullptr;
             const bool vec = last ? a.y_vec != 0 : L.n % 2 == 0;
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                const i64 ra = r0 + mt * 16 + g, rb = ra + 8;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    const int c = nt * 8 + 2 * t;
-                    T h[4];
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) h[e] = from_compute<T>(act_f(L.act, acc[mt][nt][e]));
-                    if (out) {
-                        mf_st2(out, ra, c, m, L.n, L.n, vec, h[0], h[1]);
-                        mf_st2(out, rb, c, m, L.n, L.n, vec, h[2], h[3]);
-                    }
-                    if (zs) {
-                        const bool zv = L.aux_ld % 2 == 0;
-                        mf_st2(zs, ra, c, m, L.n, L.aux_ld, zv, from_compute<T>(acc[mt][nt][0]),
-                               from_compute<T>(acc[mt][nt][1]));
-                        mf_st2(zs, rb, c, m, L.n, L.aux_ld, zv, from_compute<T>(acc[mt][nt][2]),
-                               from_compute<T>(acc[mt][nt][3]));
-                    }
-                    if (bits) {
-                        // the mask of the rounded output (> 0 exactly where z > 0, as
-                        // the general path's mlp_epilogue derives it); padding bits 0
-                        u32 lo, hi;
-                        mf_mask_bytes(c < L.n && to_compute(h[0]) > 0.0f,
-                                      c + 1 < L.n && to_compute(h[1]) > 0.0f,
-                                      c < L.n && to_compute(h[2]) > 0.0f,
-                                      c + 1 < L.n && to_compute(h[3]) > 0.0f, t, lo, hi);
-                        const i64 pitch = L.aux_ld / 8;
-                        if (t == 0 && ra < m) bits[ra * pitch + nt] = (unsigned char)lo;
-                        if (t == 0 && rb < m) bits[rb * pitch + nt] = (unsigned char)hi;
-                    }
-                    // the next layer's input, without leaving the registers
-                    if (!last) mf_put<T, MT, KT>(A, mt, nt, h[0], h[1], h[2], h[3]);
-                }
-                if (bits && t == 0) {
-                    // the row's mask bytes past the instance's width
-                    const i64 pitch = L.aux_ld / 8;
-                    for (int j = NT; j < pitch; ++j) {
-                        if (ra < m) bits[ra * pitch + j] = 0;
-                        if (rb < m) bits[rb * pitch + j] = 0;
-                    }
-                }
-            }
+            using Epilogue = MfEpilogue<T, MT, KT, NT>;
+            MF_BY_ACT(L.act, Epilogue::template run, acc, A, L, out, vec, last, r0, m, g, t)
         }
     }
 }
@@ -277,9 +322,11 @@ template <typename T, int MAXW, int MT> __device__ void mlpf_bwd(const MfArgs& a
     float* mydb = dbs + warp * a.db_stride;
     for (i64 tile = (i64)blockIdx.x * FK_MF_WARPS + warp; tile < tiles; tile += (i64)gridDim.x * FK_MF_WARPS) {
         const i64 r0 = tile * 16 * MT;
+        using Derivs = MfDerivs<T, MT, NT>;
         float d[MT][NT][4];  // dz of layer l, f32, accumulator layout
         {
             const MfLayer& L = a.layers[top];
+            float gy[MT][NT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -288,8 +335,9 @@ template <typename T, int MAXW, int MT> __device__ void mlpf_bwd(const MfArgs& a
                     for (int e = 0; e < 4; ++e) {
                         const i64 r = r0 + mt * 16 + g + 8 * (e >> 1);
                         const int c = nt * 8 + 2 * t + (e & 1);
-                        d[mt][nt][e] = mf_deriv<T>(L, r, c, m, to_compute(mf_ld(dy, r, c, m, L.n, L.n)));
+                        gy[mt][nt][e] = to_compute(mf_ld(dy, r, c, m, L.n, L.n));
                     }
+            MF_BY_ACT(L.act, Derivs::template run, d, gy, L, r0, m, g, t)
         }
         for (int l = top;; --l) {
             const MfLayer& L = a.layers[l];
@@ -361,16 +409,7 @@ template <typename T, int MAXW, int MT> __device__ void mlpf_bwd(const MfArgs& a
             }
             // dz of the layer below: dh times its activation's derivative
             const MfLayer& B = a.layers[l - 1];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const i64 r = r0 + mt * 16 + g + 8 * (e >> 1);
-                        const int c = nt * 8 + 2 * t + (e & 1);
-                        d[mt][nt][e] = mf_deriv<T>(B, r, c, m, acc[mt][nt][e]);
-                    }
+            MF_BY_ACT(B.act, Derivs::template run, d, acc, B, r0, m, g, t)
         }
     }
     __syncthreads();

@@ -433,11 +433,11 @@ template <typename T, int MAXW, int MT> __device__ void mlpf_bwd(const MfArgs& a
     extern "C" __global__ void __launch_bounds__(FK_MF_WARPS * 32) mlpf_bwd_w##W##_##T(__grid_constant__ const MfArgs a) { \
         mlpf_bwd<T, W, MT>(a);                                                                      \
     }
-FK_MF_KERNELS(16, 2, f16)
-FK_MF_KERNELS(32, 2, f16)
-FK_MF_KERNELS(64, 2, f16)
+FK_MF_KERNELS(16, 1, f16)
+FK_MF_KERNELS(32, 1, f16)
+FK_MF_KERNELS(64, 1, f16)
 FK_MF_KERNELS(128, 1, f16)
-FK_MF_KERNELS(16, 2, bf16)
-FK_MF_KERNELS(32, 2, bf16)
-FK_MF_KERNELS(64, 2, bf16)
+FK_MF_KERNELS(16, 1, bf16)
+FK_MF_KERNELS(32, 1, bf16)
+FK_MF_KERNELS(64, 1, bf16)
 FK_MF_KERNELS(128, 1, bf16)

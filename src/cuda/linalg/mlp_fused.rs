@@ -38,7 +38,7 @@ pub(crate) const MAX_WIDTH: i64 = 128;
 /// The most layers it takes (the kernels' layer table).
 pub(crate) const MAX_LAYERS: usize = 16;
 /// Warps per block of both kernels.
-const WARPS: i32 = 4;
+const WARPS: i32 = 16;
 /// Widths are padded to multiples of this (the mma tile's k).
 const PAD: i64 = 16;
 /// Extra elements at the end of each staged weight row (conflict-free operand loads).
@@ -259,9 +259,12 @@ pub fn takes(dev: &CudaDevice, p: &MlpPlan) -> Result<Option<FusedShape>> {
     ))
 }
 
-/// Rows each warp carries (16 per row tile of the instance).
-fn rows_per_warp(instance: usize) -> i64 {
-    if INSTANCES[instance] >= 128 { 16 } else { 32 }
+/// Rows each warp carries: one 16-row tile (`MT = 1` in every instance of
+/// kernels/mlp_fused.cu). On the H200 two tiles per warp (32 rows below width 128)
+/// and 4 warps per block ran the forward 1.5-2.3x slower: 158 registers a thread
+/// left 12 warps per multiprocessor.
+fn rows_per_warp(_instance: usize) -> i64 {
+    16
 }
 
 /// Blocks of the grid-stride launch: enough to keep every multiprocessor as full

@@ -45,8 +45,10 @@ fn the_fused_path_is_a_pure_function_of_widths_dtype_and_device() {
         Some(3)
     );
     // shared memory: the staged weights must fit the device's opt-in limit
-    // 6 layers of 128 x 128 fit an H100's 227 KB, 7 do not
-    assert_eq!(fused_shape(&[128; 8], DType::BF16, H100, SMEM), None);
+    // 5 layers of 128 x 128 fit an H100's 227 KB, 6 do not (the backward: the
+    // transposed weights and each of the 16 warps' bias-gradient accumulators)
+    assert!(fused_shape(&[128; 6], DType::BF16, H100, SMEM).is_some());
+    assert_eq!(fused_shape(&[128; 7], DType::BF16, H100, SMEM), None);
     let deep = [128; 7];
     let need = fused_shape(&deep, DType::BF16, H100, usize::MAX).unwrap();
     assert!(need.fwd_smem > 96 << 10 && need.fwd_smem <= SMEM);

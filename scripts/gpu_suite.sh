@@ -168,6 +168,8 @@ unset FK_SANITIZE
 { sel bench || sel torch_host_breakdown; } && step torch_host_breakdown 300 python3 benches/torch_host_breakdown.py
 { sel bench || sel bench_geodesic; } && step bench_geodesic 900 python3 benches/bench_geodesic.py --json "$OUT/bench_geodesic.json"
 { sel bench || sel bench_gaussian; } && step bench_gaussian 900 python3 benches/bench_gaussian.py --json "$OUT/bench_gaussian.json"
+# fusekit.jax training steps against XLA's jit of the same jnp formulas (field, leapfrog, MLP), f32 at "highest"
+{ sel bench || sel bench_jax; } && step bench_jax 600 python3 benches/bench_jax.py --large --json "$OUT/bench_jax.json"
 { sel bench || sel bench_torch_path; } && step bench_torch_path 900 python3 benches/bench_torch_path.py --json "$OUT/bench_torch_path.json"
 # FK_BENCH_MLP_ARGS: extra arguments (e.g. --cases 'w64' --no-compile); bench_mlp_fused times
 # FusedMLP on the fully fused kernels (FK_MLP_FUSED=1) beside the default run's general path
@@ -180,7 +182,7 @@ want huge && step chunked_huge 900 env FK_TEST_HUGE=1 "$B/bin/gpu_linalg" chunke
 
 echo
 echo "---- benchmark rows"
-grep -E "^(device|add|mul|axpby|host|driver|device-to-device|cuda: pooled|overlap|all-reduce|torch.distributed|fusekit busbw|relu|gelu|gemm|chunked|kron|field_|mahalanobis_|christoffel|leapfrog|float64 check|inverse|per-sample|ghost|DP clipped|DP-SGD|  check: fusekit vs Opacus|Shampoo|torch.add|fusekit.add|  fusekit.ops|  torch.ops|  PyTorch eager|torch_path|bench_mlp)" "$LOG" | grep -v "^===" | head -140
+grep -E "^(device|add|mul|axpby|host|driver|device-to-device|cuda: pooled|overlap|all-reduce|torch.distributed|fusekit busbw|relu|gelu|gemm|chunked|kron|field_|mahalanobis_|christoffel|leapfrog|float64 check|inverse|per-sample|ghost|DP clipped|DP-SGD|  check: fusekit vs Opacus|Shampoo|torch.add|fusekit.add|  fusekit.ops|  torch.ops|  PyTorch eager|torch_path|bench_mlp|bench_jax)" "$LOG" | grep -v "^===" | head -140
 echo
 echo "---- GPU suite summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
 printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"

@@ -107,6 +107,8 @@ echo "==> examples/jax_field_fit.py (fusekit.jax.nn.GaussianField + fusekit.jax.
 rm -f "$ROOT/target/jax_field_fit.png"
 src_py examples/jax_field_fit.py --smoke --out "$ROOT/target/jax_field_fit.png"
 test -s "$ROOT/target/jax_field_fit.png"
+echo "==> benches/bench_jax.py --smoke (fusekit.jax steps against XLA's jit of the jnp formulas; CPU, tiny sizes)"
+src_py benches/bench_jax.py --smoke
 echo "==> examples/mlp_image_fit.py (a fusekit.nn.FusedMLP coordinate network fitting an image with Adam; CPU smoke run, writes its PNG)"
 rm -f "$ROOT/target/mlp_image_fit.png"
 src_py examples/mlp_image_fit.py --smoke --out "$ROOT/target/mlp_image_fit.png"

@@ -67,6 +67,12 @@ from .ops.geodesic import *  # noqa: F401,F403
 from .ops.geodesic import __all__ as _geodesic_all
 from .ops.optim import *  # noqa: F401,F403
 from .ops.optim import __all__ as _optim_all
+from . import _route
+from .torch import enable_route as _enable_route
+
+# the plain functions reach the compiled torch ops through fusekit/_route.py, which the
+# torch layer fills at their first tensor: installed here, above both layers
+_route.install(_enable_route)
 
 Error.__module__ = "fusekit"
 LibraryLoadError.__module__ = "fusekit"

@@ -10,7 +10,8 @@ import importlib
 from . import torch as _torch_pkg
 from ._deprecated import moved
 from .torch import _ext
-from .torch._ext import NOT_BUILT, enable_route, plain, route, translate  # noqa: F401
+from .torch import enable_route  # noqa: F401
+from .torch._ext import NOT_BUILT, plain, route, translate  # noqa: F401
 
 moved(__name__, "fusekit.torch._ext")
 

@@ -29,20 +29,22 @@ def module_name(path: Path, root: Path, pkg: str) -> str:
     return ".".join(parts)
 
 
-def _top_level_imports(tree: ast.AST):
-    """Import nodes executed at import time: everything but function bodies."""
+def _top_level_imports(tree: ast.AST, functions: bool = False):
+    """Import nodes executed at import time: everything but function bodies
+    (``functions``: those too)."""
     stack = list(ast.iter_child_nodes(tree))
     while stack:
         node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        if not functions and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
         stack.extend(ast.iter_child_nodes(node))
 
 
-def import_graph(root: Path, pkg: str) -> dict:
-    """{module: set of package modules its module-level imports run}."""
+def import_graph(root: Path, pkg: str, functions: bool = False) -> dict:
+    """{module: set of package modules its module-level imports run} (``functions``:
+    with the imports inside functions as edges too)."""
     files = {module_name(p, root, pkg): p for p in root.rglob("*.py") if "__pycache__" not in p.parts}
     modules = set(files)
     graph = {}
@@ -62,7 +64,7 @@ def import_graph(root: Path, pkg: str) -> dict:
             if whole and target in modules and target != name:
                 edges.add(target)
 
-        for node in _top_level_imports(ast.parse(path.read_text(), str(path))):
+        for node in _top_level_imports(ast.parse(path.read_text(), str(path)), functions):
             if isinstance(node, ast.Import):
                 for a in node.names:
                     if a.name.split(".")[0] == pkg:
@@ -147,6 +149,28 @@ def test_fusekit_has_no_import_cycle():
     assert "fusekit.ops.elementwise" in graph and graph["fusekit"], "the graph missed the package's modules"
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_fusekit_has_no_import_cycle_through_functions():
+    """Imports inside functions counted too: the plain functions reach the torch
+    layer only through fusekit/_route.py, which fusekit.torch fills, so no
+    function-level import runs back up (the op modules once imported the torch
+    layer's loader, whose route imported the torch families, which import the op
+    modules: a 13-file circle)."""
+    graph = import_graph(PKG_DIR, PKG, functions=True)
+    assert "fusekit.torch.mlp" in graph["fusekit.torch"], "the function-level import of the families was missed"
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle through functions: " + " -> ".join(cycle)
+
+
+def test_graph_builder_counts_function_bodies_when_asked(tmp_path):
+    pkg = tmp_path / "pk"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import b\n")
+    (pkg / "b.py").write_text("def f():\n    from . import a\n")
+    assert find_cycle(import_graph(pkg, "pk")) is None
+    assert find_cycle(import_graph(pkg, "pk", functions=True)) == ["pk.a", "pk.b", "pk.a"]
 
 
 @pytest.mark.parametrize("module", ["fusekit._buffer", "fusekit._invocation", "fusekit.runtime"])

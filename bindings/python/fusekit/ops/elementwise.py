@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from .._core import DType, Invocation
 from .._lib import lib, scalar
-from ..torch._ext import plain as _plain  # torch tensors: the compiled ops
-from ..torch._ext import route as _route  # _route.elementwise: fusekit.torch.elementwise
+from .._route import plain as _plain  # torch tensors: the compiled ops
+from .._route import route as _route  # _route.elementwise: fusekit.torch.elementwise
 
 
 __all__ = [

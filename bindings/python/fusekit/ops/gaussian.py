@@ -22,8 +22,8 @@ from ctypes import byref, c_size_t
 
 from .._core import DType, Invocation, as_dtype, default_context
 from .._lib import lib
-from ..torch._ext import plain as _plain  # torch tensors: the compiled ops
-from ..torch._ext import route as _route  # _route.gaussian: fusekit.torch.gaussian
+from .._route import plain as _plain  # torch tensors: the compiled ops
+from .._route import route as _route  # _route.gaussian: fusekit.torch.gaussian
 
 
 __all__ = [

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from .._core import Invocation
 from .._lib import GEO_ALLOW_TF32, GEO_ALLOW_TF32X3, GEO_FORCE_GENERIC, lib
-from ..torch._ext import plain as _plain  # torch tensors: the compiled ops
-from ..torch._ext import route as _route  # _route.geodesic: fusekit.torch.geodesic
+from .._route import plain as _plain  # torch tensors: the compiled ops
+from .._route import route as _route  # _route.geodesic: fusekit.torch.geodesic
 
 
 __all__ = [

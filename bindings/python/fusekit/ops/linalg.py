@@ -33,8 +33,8 @@ import ctypes
 
 from .._core import Invocation, as_dtype
 from .._lib import ERROR_INVALID_ARGUMENT, lib, raise_error, scalar
-from ..torch._ext import plain as _plain  # torch tensors: the compiled ops
-from ..torch._ext import route as _route  # _route.linalg: fusekit.torch.linalg
+from .._route import plain as _plain  # torch tensors: the compiled ops
+from .._route import route as _route  # _route.linalg: fusekit.torch.linalg
 
 
 __all__ = ["gemm", "gemm_chunked", "linear_aux_size", "linear_forward", "linear_backward", "kron"]

@@ -46,8 +46,8 @@ from .._lib import (
     lib,
     raise_error,
 )
-from ..torch._ext import plain as _plain  # torch tensors: the compiled ops
-from ..torch._ext import route as _route  # _route.optim: fusekit.torch.optim
+from .._route import plain as _plain  # torch tensors: the compiled ops
+from .._route import route as _route  # _route.optim: fusekit.torch.optim
 
 
 __all__ = [

@@ -32,13 +32,16 @@ is missing.
 """
 
 import importlib
+import sys
+import warnings
 
+from .. import _route
 from . import _ext
 
-__all__ = ["load", "FAMILIES", "axpby", "scalar_mul", "relu", "linear", "gaussian_field", "mahalanobis",
+__all__ = ["load", "enable_route", "FAMILIES", "axpby", "scalar_mul", "relu", "linear", "gaussian_field", "mahalanobis",
            "christoffel", "leapfrog", "register", "eager_call", "NAMESPACE"]
 
-FAMILIES = _ext.FAMILIES
+FAMILIES = _route.FAMILIES
 
 # public names of the family modules (and of _register), reachable here
 _HOME = {
@@ -55,6 +58,49 @@ def load() -> str:
     for fam in FAMILIES:
         importlib.import_module(f"{__name__}.{fam}")
     return path
+
+
+def enable_route() -> bool:
+    """Fills the plain functions' route (``fusekit/_route.py``; installed there by
+    ``import fusekit``): called when they see a torch tensor and the route is not
+    decided yet. Loads the extension and the family modules (torch is imported by
+    then); whether the route is open."""
+    route = _route.route
+    if route.tried:
+        return route.tensor is not None
+    route.tried = True
+    torch = sys.modules.get("torch")
+    if torch is None:
+        route.tried = False
+        return False
+    try:
+        # The family modules import torch, so this torch-free package reaches them
+        # only here, once a tensor has been seen (torch is optional).
+        # (import statements, not importlib: torch.compile traces a first plain call
+        # through here, and Dynamo runs an import statement but refuses importlib)
+        from . import elementwise, gaussian, geodesic, linalg, mlp, optim
+
+        modules = {
+            "elementwise": elementwise,
+            "linalg": linalg,
+            "mlp": mlp,
+            "gaussian": gaussian,
+            "geodesic": geodesic,
+            "optim": optim,
+        }
+        assert tuple(modules) == FAMILIES
+    except ImportError as e:
+        warnings.warn(
+            f"{e}. Plain fusekit functions on torch tensors take the slower ctypes path "
+            "(about 20 us more per call).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    for fam, module in modules.items():
+        setattr(route, fam, module)
+    route.tensor = torch.Tensor
+    return True
 
 
 def __getattr__(name):

@@ -16,8 +16,8 @@ Where it is looked for: ``$FUSEKIT_TORCH_LIBRARY`` (full path), then
 Errors: the C++ side raises ``RuntimeError("fusekit[<status>]: <message>")``;
 :func:`translate` turns that into the matching :class:`fusekit.Error` subclass.
 
-This module does not import torch: the op modules of ``fusekit.ops`` import it
-for :data:`route`, and ``import fusekit`` must work without torch.
+This module does not import torch (``import fusekit`` must work without torch);
+``route``, ``plain`` and ``FAMILIES`` here are those of ``fusekit/_route.py``.
 """
 
 from __future__ import annotations
@@ -26,13 +26,12 @@ import ctypes
 import glob
 import os
 import re
-import sys
 import threading
-import warnings
 
 from .. import _lib
+from .._route import FAMILIES, plain, route  # noqa: F401  (the plain functions' route, reachable here too)
 
-__all__ = ["load", "available", "translate", "library_path", "NOT_BUILT", "route", "enable_route", "plain"]
+__all__ = ["load", "available", "translate", "library_path", "NOT_BUILT", "route", "plain"]
 
 _LOCK = threading.Lock()
 _PATH: str | None = None
@@ -119,87 +118,3 @@ def translate(e: BaseException) -> BaseException:
     if status == -1:
         return RuntimeError(msg)
     return _lib.error_for(status, msg)
-
-
-# ---------------------------------------------------------------------------
-# The plain functions' route for torch tensors
-# ---------------------------------------------------------------------------
-
-
-class _Route:
-    """``tensor``: the torch.Tensor class once the extension is loaded (None before,
-    and for good when it cannot load: the plain functions then take the ctypes
-    path, with one warning). Then one attribute per op family (``elementwise``,
-    ``linalg``, ``mlp``, ``gaussian``, ``geodesic``, ``optim``): the family's module of
-    ``fusekit.torch``, whose functions run the plain functions on tensors."""
-
-    tensor = None
-    tried = False
-
-
-route = _Route()
-
-#: The op families of the C ABI, one module each here and in ``fusekit.ops``.
-FAMILIES = ("elementwise", "linalg", "mlp", "gaussian", "geodesic", "optim")
-
-
-def enable_route() -> bool:
-    """Called by the plain functions when they see a torch tensor and the route is
-    not decided yet: loads the extension and the family modules (torch is
-    imported by then)."""
-    if route.tried:
-        return route.tensor is not None
-    route.tried = True
-    torch = sys.modules.get("torch")
-    if torch is None:
-        route.tried = False
-        return False
-    try:
-        # The family modules import torch, so this torch-free module reaches them
-        # only here, once a tensor has been seen (torch is optional).
-        # (import statements, not importlib: torch.compile traces a first plain call
-        # through here, and Dynamo runs an import statement but refuses importlib)
-        from . import elementwise, gaussian, geodesic, linalg, mlp, optim
-
-        modules = {
-            "elementwise": elementwise,
-            "linalg": linalg,
-            "mlp": mlp,
-            "gaussian": gaussian,
-            "geodesic": geodesic,
-            "optim": optim,
-        }
-        assert tuple(modules) == FAMILIES
-    except ImportError as e:
-        warnings.warn(
-            f"{e}. Plain fusekit functions on torch tensors take the slower ctypes path "
-            "(about 20 us more per call).",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return False
-    for fam, module in modules.items():
-        setattr(route, fam, module)
-    route.tensor = torch.Tensor
-    return True
-
-
-def plain(*arrays) -> bool:
-    """Whether a plain function's arrays (None entries skipped; at least one given)
-    all take the compiled route: torch tensors, the extension loaded, no lazily
-    conjugated/negated view. The caller also requires ``stream=None``."""
-    t = route.tensor
-    if t is None:
-        torch = sys.modules.get("torch")
-        first = next((x for x in arrays if x is not None), None)
-        if route.tried or torch is None or not isinstance(first, torch.Tensor) or not enable_route():
-            return False
-        t = route.tensor
-    seen = False
-    for x in arrays:
-        if x is None:
-            continue
-        if not isinstance(x, t) or (x.is_complex() and (x.is_conj() or x.is_neg())):
-            return False
-        seen = True
-    return seen

@@ -263,19 +263,11 @@ pub fn takes(dev: &CudaDevice, p: &MlpPlan) -> Result<Option<FusedShape>> {
 /// kernels/mlp_fused.cu). On the H200 two tiles per warp (32 rows below width 128)
 /// and 4 warps per block ran the forward 1.5-2.3x slower: 158 registers a thread
 /// left 12 warps per multiprocessor.
-fn rows_per_warp(_instance: usize) -> i64 {
-    16
-}
+const ROWS_PER_WARP: i64 = 16;
 
 /// Blocks of the grid-stride launch: enough to keep every multiprocessor as full
 /// as the kernel's occupancy allows, never more than the row tiles need.
-fn blocks(
-    dev: &CudaDevice,
-    name: &'static str,
-    smem: usize,
-    rows: i64,
-    instance: usize,
-) -> Result<u32> {
+fn blocks(dev: &CudaDevice, name: &'static str, smem: usize, rows: i64) -> Result<u32> {
     // (device ordinal, kernel name's address, dynamic shared bytes) -> blocks per SM
     type Key = (usize, usize, usize);
     static OCC: Mutex<Option<HashMap<Key, i32>>> = Mutex::new(None);
@@ -297,7 +289,7 @@ fn blocks(
             v
         }
     };
-    let tiles = (rows + rows_per_warp(instance) - 1) / rows_per_warp(instance);
+    let tiles = (rows + ROWS_PER_WARP - 1) / ROWS_PER_WARP;
     let needed = (tiles + WARPS as i64 - 1) / WARPS as i64;
     Ok(needed.min(per_sm as i64 * dev.sm_count as i64).max(1) as u32)
 }
@@ -389,7 +381,7 @@ fn layer(l: &Layer, w: i64) -> MfLayer {
 pub fn forward(dev: &CudaDevice, f: FusedShape, p: &MlpPlan, stream: &Stream) -> Result<()> {
     dev.bind()?;
     let (name, smem, mut a) = forward_args(f, p)?;
-    let grid = blocks(dev, name, smem, p.rows, f.instance)?;
+    let grid = blocks(dev, name, smem, p.rows)?;
     launch(dev, name, grid, smem, &mut a, stream)
 }
 
@@ -487,7 +479,7 @@ pub fn backward(dev: &CudaDevice, f: FusedShape, p: &MlpPlan, stream: &Stream) -
     let slot = slot_of(dev, stream)?;
     let mut g = lock(&slot);
     let (name, sm) = backward_kernel(f, p)?;
-    let grid = blocks(dev, name, sm.bytes, p.rows, f.instance)?;
+    let grid = blocks(dev, name, sm.bytes, p.rows)?;
     let s = bwd_scratch(p, grid);
     let scratch_mem = g.scratch(dev, s.bytes)?;
     let base = scratch_mem.addr();

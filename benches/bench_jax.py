@@ -46,7 +46,6 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import time
 
@@ -57,6 +56,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import fusekit.jax as fkj  # noqa: E402
+from bench_info import git_commit  # noqa: E402
 
 EPS = 1e-3
 LR = 1e-3
@@ -65,15 +65,6 @@ ROWS = []
 
 def log(*a):
     print(*a, flush=True)
-
-
-def commit() -> str:
-    try:
-        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except Exception:  # no git history (the device copy)
-        return "unknown"
 
 
 # ---------------------------------------------------------------- formulas in jax.numpy
@@ -245,7 +236,7 @@ def main(argv=None) -> int:
         jax.config.update("jax_platforms", "cpu")
     dev = jax.devices()[0]
     info = {"device": getattr(dev, "device_kind", str(dev)), "platform": dev.platform, "jax": jax.__version__,
-            "commit": commit(), "precision": args.precision, "host": platform.node(),
+            "commit": git_commit(), "precision": args.precision, "host": platform.node(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     log(f"bench_jax on {info['device']} ({info['platform']}), jax {info['jax']}, commit {info['commit']}, "
         f"precision {args.precision}, {info['date']}")

@@ -50,7 +50,6 @@ import os
 import pathlib
 import re
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -65,6 +64,7 @@ sys.path.append(str(ROOT / "bindings" / "python"))  # last: an installed package
 
 import fusekit  # noqa: E402
 import fusekit.torch  # noqa: E402
+from bench_info import git_commit  # noqa: E402
 from fusekit.torch.elementwise import axpby as fk_axpby  # noqa: E402
 from fusekit.torch.gaussian import gaussian_field  # noqa: E402
 from fusekit.torch.geodesic import christoffel, leapfrog  # noqa: E402
@@ -591,16 +591,7 @@ def host_rows(args):
 
 # ---------------------------------------------------------------- main
 def header():
-    commit = "unknown"
-    try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip() or "unknown"
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        if dirty:
-            commit += " (+ uncommitted changes)"
-    except Exception:  # noqa: BLE001
-        pass
+    commit = git_commit(ROOT)
     device = torch.cuda.get_device_name() if CUDA else "CPU (no CUDA: smoke run, timings meaningless)"
     info = dict(device=device, torch=torch.__version__, date=datetime.datetime.now().isoformat(timespec="seconds"),
                 commit=commit, fusekit_library=os.environ.get("FUSEKIT_LIBRARY"))

@@ -26,8 +26,8 @@ use crate::buffer::{Buffer, check_same_device};
 use crate::context::Device;
 use crate::dtype::DType;
 use crate::error::{
-    FK_ERROR_ALIASING, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH, FK_ERROR_UNSUPPORTED,
-    FK_ERROR_UNSUPPORTED_DTYPE, Result,
+    FK_ERROR_ALIASING, FK_ERROR_DTYPE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH,
+    FK_ERROR_UNSUPPORTED, FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
 use crate::plan::elementwise::Scalar;
 use crate::stream::Stream;
@@ -68,6 +68,20 @@ pub fn same_dtypes(bufs: &[Named]) -> Result<()> {
     for &(b, name) in &bufs[1..] {
         same_dtype(b, name, first.dtype, fname)?;
     }
+    Ok(())
+}
+
+/// The inputs `a`, `b` and the output `out` (named `out_name`) share one dtype; the
+/// message names all three ("dtypes differ: a is f32, b is f64, out is f32").
+pub fn binary_dtypes(a: &Buffer, b: &Buffer, out: &Buffer, out_name: &str) -> Result<()> {
+    crate::ensure!(
+        a.dtype == b.dtype && a.dtype == out.dtype,
+        FK_ERROR_DTYPE_MISMATCH,
+        "dtypes differ: a is {}, b is {}, {out_name} is {}",
+        a.dtype,
+        b.dtype,
+        out.dtype
+    );
     Ok(())
 }
 

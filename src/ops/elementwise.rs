@@ -62,14 +62,7 @@ pub fn binary(
         &[(Some(a), "a"), (Some(b), "b"), (Some(out), "out")],
         stream,
     )?;
-    crate::ensure!(
-        a.dtype == b.dtype && a.dtype == out.dtype,
-        FK_ERROR_DTYPE_MISMATCH,
-        "dtypes differ: a is {}, b is {}, out is {}",
-        a.dtype,
-        b.dtype,
-        out.dtype
-    );
+    check::binary_dtypes(a, b, out, "out")?;
     check::real_scalar(alpha, a.dtype, "alpha")?;
     check::real_scalar(beta, a.dtype, "beta")?;
     let shape = layout::broadcast_shapes(&a.shape, &b.shape)

@@ -16,8 +16,8 @@ use crate::buffer::Buffer;
 use crate::context::Device;
 use crate::dtype::DType;
 use crate::error::{
-    FK_ERROR_DTYPE_MISMATCH, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH,
-    FK_ERROR_UNSUPPORTED, FK_ERROR_UNSUPPORTED_DTYPE, Result,
+    FK_ERROR_INVALID_ARGUMENT, FK_ERROR_SHAPE_MISMATCH, FK_ERROR_UNSUPPORTED,
+    FK_ERROR_UNSUPPORTED_DTYPE, Result,
 };
 use crate::ops::check::{self, Named};
 use crate::plan::elementwise::Scalar;
@@ -121,14 +121,7 @@ pub fn gemm_plan(
     let device = c.device();
     check::devices(device, &[(Some(a), "a"), (Some(b), "b")], stream)?;
     let tf32 = gemm_flags(flags)?;
-    crate::ensure!(
-        a.dtype == b.dtype && a.dtype == c.dtype,
-        FK_ERROR_DTYPE_MISMATCH,
-        "dtypes differ: a is {}, b is {}, c is {}",
-        a.dtype,
-        b.dtype,
-        c.dtype
-    );
+    check::binary_dtypes(a, b, c, "c")?;
     let dtype = a.dtype;
     check::real_scalar(alpha, dtype, "alpha")?;
     check::real_scalar(beta, dtype, "beta")?;
@@ -588,14 +581,7 @@ fn kron_operand(buf: &Buffer, what: &str) -> Result<(i64, i64, i64, [i64; 3])> {
 pub fn kron(a: &Buffer, b: &Buffer, out: &Buffer, stream: &Stream) -> Result<()> {
     let device = out.device();
     check::devices(device, &[(Some(a), "a"), (Some(b), "b")], stream)?;
-    crate::ensure!(
-        a.dtype == b.dtype && a.dtype == out.dtype,
-        FK_ERROR_DTYPE_MISMATCH,
-        "dtypes differ: a is {}, b is {}, out is {}",
-        a.dtype,
-        b.dtype,
-        out.dtype
-    );
+    check::binary_dtypes(a, b, out, "out")?;
     let (ba, m, n, sa) = kron_operand(a, "a")?;
     let (bb, p, q, sb) = kron_operand(b, "b")?;
     let batch = if ba == 1 { bb } else { ba };

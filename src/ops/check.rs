@@ -130,6 +130,19 @@ pub fn rank(buf: &Buffer, name: &str, ndim: usize, form: &str) -> Result<()> {
     Ok(())
 }
 
+/// `buf` has 2 or 3 dimensions (a matrix, or a batch of them); `rule` ends the
+/// message ("it must be [rows, cols] or [batch, rows, cols]"). Returns the rank.
+pub fn rank_2_or_3(buf: &Buffer, name: &str, rule: &str) -> Result<usize> {
+    let nd = buf.shape.len();
+    crate::ensure!(
+        nd == 2 || nd == 3,
+        FK_ERROR_SHAPE_MISMATCH,
+        "{name} has shape {:?}; {rule}",
+        buf.shape
+    );
+    Ok(nd)
+}
+
 /// `buf` is contiguous (row-major, dense).
 pub fn contiguous(buf: &Buffer, name: &str) -> Result<()> {
     crate::ensure!(

@@ -28,23 +28,29 @@ use crate::stream::Stream;
 
 const GEMM_KNOWN_FLAGS: u32 = GEMM_ALLOW_TF32;
 
-/// Reads a matrix operand `[r, c]` or `[batch, r, c]`; `what` names the argument.
-fn matrix(buf: &Buffer, what: &str) -> Result<(i64, Mat)> {
+/// The batch of a matrix operand `[r, c]` or `[batch, r, c]` (1 for 2-D) and its
+/// batch stride (0 unless there are several matrices).
+fn batch_of(buf: &Buffer) -> (i64, i64) {
     let nd = buf.shape.len();
-    crate::ensure!(
-        nd == 2 || nd == 3,
-        FK_ERROR_SHAPE_MISMATCH,
-        "{what} has shape {:?}; a matrix operand is [rows, cols] or [batch, rows, cols]",
-        buf.shape
-    );
-    let (rows, cols) = (buf.shape[nd - 2], buf.shape[nd - 1]);
-    let (rs, cs) = (buf.strides[nd - 2], buf.strides[nd - 1]);
     let batch = if nd == 3 { buf.shape[0] } else { 1 };
     let bs = if nd == 3 && batch > 1 {
         buf.strides[0]
     } else {
         0
     };
+    (batch, bs)
+}
+
+/// Reads a matrix operand `[r, c]` or `[batch, r, c]`; `what` names the argument.
+fn matrix(buf: &Buffer, what: &str) -> Result<(i64, Mat)> {
+    let nd = check::rank_2_or_3(
+        buf,
+        what,
+        "a matrix operand is [rows, cols] or [batch, rows, cols]",
+    )?;
+    let (rows, cols) = (buf.shape[nd - 2], buf.shape[nd - 1]);
+    let (rs, cs) = (buf.strides[nd - 2], buf.strides[nd - 1]);
+    let (batch, bs) = batch_of(buf);
     let empty = rows == 0 || cols == 0 || batch == 0;
     crate::ensure!(
         empty || cols == 1 || cs == 1,
@@ -556,19 +562,8 @@ pub fn linear_backward(
 // ------------------------------------------------------------------ Kronecker
 
 fn kron_operand(buf: &Buffer, what: &str) -> Result<(i64, i64, i64, [i64; 3])> {
-    let nd = buf.shape.len();
-    crate::ensure!(
-        nd == 2 || nd == 3,
-        FK_ERROR_SHAPE_MISMATCH,
-        "{what} has shape {:?}; it must be [rows, cols] or [batch, rows, cols]",
-        buf.shape
-    );
-    let batch = if nd == 3 { buf.shape[0] } else { 1 };
-    let bs = if nd == 3 && batch > 1 {
-        buf.strides[0]
-    } else {
-        0
-    };
+    let nd = check::rank_2_or_3(buf, what, "it must be [rows, cols] or [batch, rows, cols]")?;
+    let (batch, bs) = batch_of(buf);
     Ok((
         batch,
         buf.shape[nd - 2],

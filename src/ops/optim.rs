@@ -566,13 +566,7 @@ fn sample_plan(
     let allow_tf32 = gemm_flags(flags)?;
     real_dtype(a, "a")?;
     check::same_dtypes(&[(a, "a"), (g, "g")])?;
-    let nd = a.shape.len();
-    crate::ensure!(
-        nd == 2 || nd == 3,
-        FK_ERROR_SHAPE_MISMATCH,
-        "a has shape {:?}; it must be [B, in] or [B, T, in]",
-        a.shape
-    );
+    let nd = check::rank_2_or_3(a, "a", "it must be [B, in] or [B, T, in]")?;
     crate::ensure!(
         g.shape.len() == nd && g.shape[..nd - 1] == a.shape[..nd - 1],
         FK_ERROR_SHAPE_MISMATCH,

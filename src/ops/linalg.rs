@@ -270,7 +270,7 @@ fn linear_dtype(d: DType, what: &str) -> Result<()> {
 }
 
 /// `(m, k)` of `x [..., k]` (the leading dimensions flattened).
-fn rows_of(x: &Buffer, what: &str) -> Result<(i64, i64)> {
+pub(crate) fn rows_of(x: &Buffer, what: &str) -> Result<(i64, i64)> {
     crate::ensure!(
         !x.shape.is_empty(),
         FK_ERROR_SHAPE_MISMATCH,
@@ -282,7 +282,7 @@ fn rows_of(x: &Buffer, what: &str) -> Result<(i64, i64)> {
 }
 
 /// `y`'s expected shape: `x`'s with the last dimension `n`.
-fn with_last(shape: &[i64], n: i64) -> Vec<i64> {
+pub(crate) fn with_last(shape: &[i64], n: i64) -> Vec<i64> {
     let mut s = shape.to_vec();
     *s.last_mut().unwrap() = n;
     s

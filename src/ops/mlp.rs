@@ -15,11 +15,11 @@ use crate::buffer::Buffer;
 use crate::context::{Context, Device};
 use crate::dtype::DType;
 use crate::error::{
-    FK_ERROR_ALIASING, FK_ERROR_BUFFER_TOO_SMALL, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_NULL_POINTER,
+    FK_ERROR_BUFFER_TOO_SMALL, FK_ERROR_INVALID_ARGUMENT, FK_ERROR_NULL_POINTER,
     FK_ERROR_SHAPE_MISMATCH, Result,
 };
 use crate::ops::check::{self, Named};
-use crate::ops::linalg::{gemm_flags, int32};
+use crate::ops::linalg::{gemm_flags, int32, rows_of, with_last};
 use crate::plan::linalg::Activation;
 use crate::plan::mlp::{Layer, MAX_LAYERS, MlpPlan, SAVED_ALIGN, SavedLayout, layer_acts};
 use crate::stream::Stream;
@@ -90,13 +90,7 @@ fn chain(
     bias_name: &str,
 ) -> Result<Net> {
     mlp_dtype(x.dtype, "x")?;
-    crate::ensure!(
-        !x.shape.is_empty(),
-        FK_ERROR_SHAPE_MISMATCH,
-        "x is 0-dimensional; it must be [..., features]"
-    );
-    let k0 = *x.shape.last().unwrap();
-    let rows: i64 = x.shape[..x.shape.len() - 1].iter().product();
+    let (rows, k0) = rows_of(x, "x")?;
     let mut widths = vec![k0];
     for (i, w) in weights.iter().enumerate() {
         let name = format!("weights[{i}]");
@@ -137,11 +131,22 @@ fn chain(
     Ok(Net { rows, widths })
 }
 
-/// `y`'s (and `dy`'s) shape: `x`'s leading shape and the last layer's width.
-fn out_shape(x: &Buffer, n: i64) -> Vec<i64> {
-    let mut s = x.shape.clone();
-    *s.last_mut().unwrap() = n;
-    s
+/// `out` (`y`, or `dy` with `what` ", the shape of y") has `x`'s dtype and the
+/// network's output shape: `x`'s leading shape and the last layer's width.
+fn net_output(out: &Buffer, name: &str, what: &str, x: &Buffer, net: &Net) -> Result<()> {
+    check::same_dtype(out, name, x.dtype, "x")?;
+    let l = net.widths.len() - 1;
+    let want = with_last(&x.shape, net.widths[l]);
+    crate::ensure!(
+        out.shape == want,
+        FK_ERROR_SHAPE_MISMATCH,
+        "{name} has shape {:?} but must be {want:?}{what} (x's leading shape {:?}, layer {} gives {})",
+        out.shape,
+        &x.shape[..x.shape.len() - 1],
+        l - 1,
+        net.widths[l]
+    );
+    Ok(())
 }
 
 /// Fills each layer's saved addresses from the layout (`saved` `None`: inference).
@@ -232,14 +237,22 @@ fn indexed(base: &str, n: usize) -> Vec<String> {
 fn output(out: &Buffer, name: &str, others: &[Named]) -> Result<()> {
     check::contiguous(out, name)?;
     out.check_writable(name)?;
-    for &(o, oname) in others {
-        crate::ensure!(
-            !out.overlaps(o),
-            FK_ERROR_ALIASING,
-            "{name} overlaps {oname}; outputs must not share memory with inputs or other outputs"
-        );
+    check::disjoint(out, name, others)
+}
+
+/// The plan of `x` through `layers`, with `y`, `dy` and `dx` absent (the forward
+/// names `y`, the backward `dy` and `dx`).
+fn plan(x: &Buffer, net: &Net, tf32: bool, layers: Vec<Layer>) -> MlpPlan {
+    MlpPlan {
+        dtype: x.dtype,
+        rows: net.rows,
+        allow_tf32: tf32 && x.dtype == DType::F32,
+        layers,
+        x: Addr::of(x),
+        y: None,
+        dy: None,
+        dx: None,
     }
-    Ok(())
 }
 
 /// The forward (`fk_mlp_forward`).
@@ -267,17 +280,7 @@ pub fn forward(
     devs.extend(named(biases, &bn));
     check::devices(device, &devs, stream)?;
     let net = chain(x, weights, biases, "biases")?;
-    check::same_dtype(y, "y", x.dtype, "x")?;
-    let want = out_shape(x, net.widths[l]);
-    crate::ensure!(
-        y.shape == want,
-        FK_ERROR_SHAPE_MISMATCH,
-        "y has shape {:?} but must be {want:?} (x's leading shape {:?}, layer {} gives {})",
-        y.shape,
-        &x.shape[..x.shape.len() - 1],
-        l - 1,
-        net.widths[l]
-    );
+    net_output(y, "y", "", x, &net)?;
     let mut inputs: Vec<Named> = vec![(x, "x")];
     inputs.extend(weights.iter().zip(&wn).map(|(w, n)| (*w, n.as_str())));
     inputs.extend(
@@ -310,14 +313,8 @@ pub fn forward(
         layer.bias = Addr::of_opt(*b);
     }
     let p = MlpPlan {
-        dtype: x.dtype,
-        rows: net.rows,
-        allow_tf32: tf32 && x.dtype == DType::F32,
-        layers,
-        x: Addr::of(x),
         y: Addr::of(y),
-        dy: None,
-        dx: None,
+        ..plan(x, &net, tf32, layers)
     };
     match device {
         Device::Cpu => crate::cpu::mlp::forward(&p),
@@ -360,17 +357,7 @@ pub fn backward(
     devs.extend(named(dbiases, &dbn));
     check::devices(device, &devs, stream)?;
     let net = chain(x, weights, dbiases, "dbiases")?;
-    check::same_dtype(dy, "dy", x.dtype, "x")?;
-    let want = out_shape(x, net.widths[l]);
-    crate::ensure!(
-        dy.shape == want,
-        FK_ERROR_SHAPE_MISMATCH,
-        "dy has shape {:?} but must be {want:?}, the shape of y (x's leading shape {:?}, layer {} gives {})",
-        dy.shape,
-        &x.shape[..x.shape.len() - 1],
-        l - 1,
-        net.widths[l]
-    );
+    net_output(dy, "dy", ", the shape of y", x, &net)?;
     if let Some(g) = dx {
         check::same_dtype(g, "dx", x.dtype, "x")?;
         crate::ensure!(
@@ -437,14 +424,9 @@ pub fn backward(
         layer.db = Addr::of_opt(dbiases[i]);
     }
     let p = MlpPlan {
-        dtype: x.dtype,
-        rows: net.rows,
-        allow_tf32: tf32 && x.dtype == DType::F32,
-        layers,
-        x: Addr::of(x),
-        y: None,
         dy: Addr::of(dy),
         dx: Addr::of_opt(dx),
+        ..plan(x, &net, tf32, layers)
     };
     match device {
         Device::Cpu => crate::cpu::mlp::backward(&p),

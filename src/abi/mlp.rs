@@ -45,12 +45,24 @@ use crate::buffer::Buffer;
 use crate::dtype::{DType, fk_dtype};
 use crate::error::{FK_ERROR_NULL_POINTER, Result, fk_status};
 use crate::ops::mlp;
+use crate::plan::linalg::Activation;
 
 /// The most layers `fk_mlp_forward` / `fk_mlp_backward` take in one call.
 pub const FK_MLP_MAX_LAYERS: i32 = 64;
 
 // cbindgen copies literal values only; the crate's constant must agree.
 const _: () = assert!(FK_MLP_MAX_LAYERS as usize == crate::plan::mlp::MAX_LAYERS);
+
+/// `hidden_act` and `out_act`, checked in that order.
+fn activations(
+    hidden_act: fk_activation,
+    out_act: fk_activation,
+) -> Result<(Activation, Activation)> {
+    Ok((
+        activation_arg(hidden_act, "hidden_act")?,
+        activation_arg(out_act, "out_act")?,
+    ))
+}
 
 /// `n_layers` checked, then the `n_layers` entries of the array `p` (`what`).
 unsafe fn array<'a, T>(p: *const T, n_layers: usize, what: &str) -> Result<&'a [T]> {
@@ -125,10 +137,7 @@ pub unsafe extern "C" fn fk_mlp_saved_size(
         let l = mlp::check_n_layers(n_layers)?;
         let widths = array(widths, l + 1, "widths")?;
         let d = DType::from_abi(dtype, "dtype")?;
-        let (h, o) = (
-            activation_arg(hidden_act, "hidden_act")?,
-            activation_arg(out_act, "out_act")?,
-        );
+        let (h, o) = activations(hidden_act, out_act)?;
         let need = mlp::saved_size(c, widths, rows, d, h, o)?;
         write_out(bytes, "bytes", need)
     })
@@ -168,10 +177,7 @@ pub unsafe extern "C" fn fk_mlp_forward(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_mlp_forward", || unsafe {
-        let (h, o) = (
-            activation_arg(hidden_act, "hidden_act")?,
-            activation_arg(out_act, "out_act")?,
-        );
+        let (h, o) = activations(hidden_act, out_act)?;
         let (x, y) = buffers!(x, y);
         let l = mlp::check_n_layers(n_layers)?;
         let w = required(weights, l, "weights")?;
@@ -226,10 +232,7 @@ pub unsafe extern "C" fn fk_mlp_backward(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_mlp_backward", || unsafe {
-        let (h, o) = (
-            activation_arg(hidden_act, "hidden_act")?,
-            activation_arg(out_act, "out_act")?,
-        );
+        let (h, o) = activations(hidden_act, out_act)?;
         let (dy, x) = buffers!(dy, x);
         let l = mlp::check_n_layers(n_layers)?;
         let w = required(weights, l, "weights")?;

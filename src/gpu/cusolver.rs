@@ -442,6 +442,32 @@ trait Syev {
     ) -> Result<()>;
 }
 
+/// The two calls of one of cuSOLVER's legacy eigensolvers on `n x n` matrices at `q`
+/// (eigenvectors, lower triangle; eigenvalues to `w`, a status to `info`): `$size`
+/// asks for the workspace in elements of `$t`, then `$run` runs with it. The operands
+/// follow the first `;`; after a second `;` come the trailing arguments both calls
+/// take (`syevjBatched`'s parameters and batch).
+/// Evaluates to the run's `Result<()>`; for the bodies of `Syev`'s unsafe methods,
+/// whose contract covers both calls.
+macro_rules! legacy_syev {
+    ($t:ty, $size:ident, $run:ident; $h:expr, $dev:expr, $stream:expr, $n:expr, $q:expr, $w:expr, $info:expr $(; $($extra:expr),+)?) => {{
+        let vec = sv::cusolverEigMode_t::CUSOLVER_EIG_MODE_VECTOR;
+        let lower = sv::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER;
+        let (a, w) = ($q.ptr::<$t>(), $w.ptr::<$t>());
+        let mut lwork = 0i32;
+        // SAFETY (both calls): the caller's contract; the workspace has the size
+        // cuSOLVER asked for.
+        check(stringify!($size), unsafe {
+            api::$size($h.raw, vec, lower, $n, a, $n, w, &mut lwork $($(, $extra)+)?)
+        })?;
+        let bytes = (lwork as usize * size_of::<$t>()).max(16);
+        let work = Workspace::new($dev, bytes, $stream)?;
+        check(stringify!($run), unsafe {
+            api::$run($h.raw, vec, lower, $n, a, $n, w, ptr::<$t>(work.addr()), lwork, $info $($(, $extra)+)?)
+        })
+    }};
+}
+
 macro_rules! syev {
     ($t:ty, $syevj_size:ident, $syevj:ident, $syevd_size:ident, $syevd:ident) => {
         impl Syev for $t {
@@ -455,43 +481,7 @@ macro_rules! syev {
                 w: Addr,
                 info: *mut i32,
             ) -> Result<()> {
-                let vec = sv::cusolverEigMode_t::CUSOLVER_EIG_MODE_VECTOR;
-                let lower = sv::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER;
-                let mut lwork = 0i32;
-                // SAFETY (both calls): the caller's contract; the workspace has the
-                // size cuSOLVER asked for.
-                check(stringify!($syevj_size), unsafe {
-                    api::$syevj_size(
-                        h.raw,
-                        vec,
-                        lower,
-                        n,
-                        q.ptr::<$t>(),
-                        n,
-                        w.ptr::<$t>(),
-                        &mut lwork,
-                        h.syevj,
-                        batch,
-                    )
-                })?;
-                let bytes = (lwork as usize * size_of::<$t>()).max(16);
-                let work = Workspace::new(dev, bytes, stream)?;
-                check(stringify!($syevj), unsafe {
-                    api::$syevj(
-                        h.raw,
-                        vec,
-                        lower,
-                        n,
-                        q.ptr::<$t>(),
-                        n,
-                        w.ptr::<$t>(),
-                        ptr::<$t>(work.addr()),
-                        lwork,
-                        info,
-                        h.syevj,
-                        batch,
-                    )
-                })
+                legacy_syev!($t, $syevj_size, $syevj; h, dev, stream, n, q, w, info; h.syevj, batch)
             }
 
             unsafe fn syevd(
@@ -503,38 +493,7 @@ macro_rules! syev {
                 w: Addr,
                 info: *mut i32,
             ) -> Result<()> {
-                let vec = sv::cusolverEigMode_t::CUSOLVER_EIG_MODE_VECTOR;
-                let lower = sv::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER;
-                let mut lwork = 0i32;
-                // SAFETY (both calls): as in syevj_batched.
-                check(stringify!($syevd_size), unsafe {
-                    api::$syevd_size(
-                        h.raw,
-                        vec,
-                        lower,
-                        n,
-                        q.ptr::<$t>(),
-                        n,
-                        w.ptr::<$t>(),
-                        &mut lwork,
-                    )
-                })?;
-                let bytes = (lwork as usize * size_of::<$t>()).max(16);
-                let work = Workspace::new(dev, bytes, stream)?;
-                check(stringify!($syevd), unsafe {
-                    api::$syevd(
-                        h.raw,
-                        vec,
-                        lower,
-                        n,
-                        q.ptr::<$t>(),
-                        n,
-                        w.ptr::<$t>(),
-                        ptr::<$t>(work.addr()),
-                        lwork,
-                        info,
-                    )
-                })
+                legacy_syev!($t, $syevd_size, $syevd; h, dev, stream, n, q, w, info)
             }
         }
     };

@@ -81,17 +81,20 @@ thread_local! {
     static GROUP_DEPTH: Cell<u32> = const { Cell::new(0) };
 }
 
+/// Calls NCCL's `ncclGroupStart` or `ncclGroupEnd` (`what`, picked from the table by
+/// `call`) when NCCL can be loaded.
+fn nccl_group(call: fn(&nccl::Nccl) -> unsafe extern "C" fn() -> c_int, what: &str) -> Result<()> {
+    if let Ok(n) = nccl::nccl() {
+        // SAFETY: both take no arguments.
+        n.check(unsafe { call(n)() }, what, std::ptr::null_mut())?;
+    }
+    Ok(())
+}
+
 /// Opens a group (NCCL's `ncclGroupStart` when NCCL can be loaded; on a machine
 /// without NCCL only the CPU's single-rank communicators exist, which need none).
 pub fn group_start() -> Result<()> {
-    if let Ok(n) = nccl::nccl() {
-        // SAFETY: no arguments.
-        n.check(
-            unsafe { (n.group_start)() },
-            "ncclGroupStart",
-            std::ptr::null_mut(),
-        )?;
-    }
+    nccl_group(|n| n.group_start, "ncclGroupStart")?;
     GROUP_DEPTH.with(|d| d.set(d.get() + 1));
     Ok(())
 }
@@ -106,15 +109,7 @@ pub fn group_end() -> Result<()> {
         "no group is open on this thread (call fk_comm_group_start first)"
     );
     GROUP_DEPTH.with(|d| d.set(depth - 1));
-    if let Ok(n) = nccl::nccl() {
-        // SAFETY: no arguments.
-        n.check(
-            unsafe { (n.group_end)() },
-            "ncclGroupEnd",
-            std::ptr::null_mut(),
-        )?;
-    }
-    Ok(())
+    nccl_group(|n| n.group_end, "ncclGroupEnd")
 }
 
 fn in_group() -> bool {

@@ -13,6 +13,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::plan::geodesic::{Job, Kind};
 use crate::plan::linalg::{GemmPlan, Mat, Trans};
+use crate::testing::Lcg;
 
 /// A host buffer of `n` elements of `dtype` (8-byte aligned storage).
 struct HostBuf {
@@ -352,19 +353,9 @@ impl Steps for HostRoute {
     }
 }
 
-struct Lcg(u64);
-impl Lcg {
-    fn vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
-        (0..n)
-            .map(|_| {
-                self.0 = self
-                    .0
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                lo + (hi - lo) * ((self.0 >> 11) as f64 / (1u64 << 53) as f64)
-            })
-            .collect()
-    }
+/// `n` values uniform in `[lo, hi)`.
+fn random_vec(rng: &mut Lcg, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+    (0..n).map(|_| lo + (hi - lo) * rng.unit_f64()).collect()
 }
 
 /// The inputs of one problem: x, v, f, U, W, mu, g, gx, gv.
@@ -389,7 +380,8 @@ impl HostProb {
     fn new(dtype: DType, b: usize, d: usize, r: usize, t: usize, seed: u64) -> HostProb {
         let mut rng = Lcg(seed);
         let (su, sw) = (1.0 / (d as f64).sqrt(), 1.0 / r as f64);
-        let mut m = |n: usize, lo: f64, hi: f64| HostBuf::new(dtype, &rng.vec(n, lo, hi));
+        let mut m =
+            |n: usize, lo: f64, hi: f64| HostBuf::new(dtype, &random_vec(&mut rng, n, lo, hi));
         HostProb {
             dtype,
             b,

@@ -4,6 +4,7 @@ use crate::cuda::linalg::tiles::MAX_DEPTH;
 use crate::dtype::DType;
 use crate::plan::elementwise::Scalar;
 use crate::plan::linalg::Trans;
+use crate::testing::Lcg;
 
 #[derive(Debug, Clone)]
 struct Access {
@@ -148,23 +149,14 @@ impl Queue for SimQueue {
     }
 }
 
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> f64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
-    }
-}
-
 /// A row-major f64 operand `[batch, rows, cols]` with row stride `cols + pad`
 /// (batch 0: one matrix broadcast, batch stride 0).
 fn operand(rng: &mut Lcg, batch: i64, rows: i64, cols: i64, pad: i64) -> (Vec<f64>, Mat) {
     let ld = cols + pad;
     let count = batch.max(1);
-    let v: Vec<f64> = (0..count * rows * ld).map(|_| rng.next()).collect();
+    let v: Vec<f64> = (0..count * rows * ld)
+        .map(|_| rng.unit_f64() * 2.0 - 1.0)
+        .collect();
     let mat = Mat {
         // SAFETY: v goes back with the matrix; the test keeps it alive and unmoved.
         addr: unsafe { Addr::from_ptr(v.as_ptr()) },

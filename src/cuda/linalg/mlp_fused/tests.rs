@@ -6,6 +6,7 @@ use super::*;
 use crate::cuda::emu_build::Build;
 use crate::plan::linalg::Activation;
 use crate::plan::mlp::{SavedLayout, layer_acts};
+use crate::testing::Lcg;
 
 const H100: (i32, i32) = (9, 0);
 const SMEM: usize = 227 << 10;
@@ -247,18 +248,11 @@ fn rel_err(got: &[f64], want: &[f64]) -> f64 {
     (num / den.max(1e-300)).sqrt()
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.next() * scale).collect()
-    }
+/// `n` values uniform in `[-scale, scale)`.
+fn random_vec(rng: &mut Lcg, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| (rng.unit_f32() * 2.0 - 1.0) * scale)
+        .collect()
 }
 
 fn cases() -> Vec<Case> {
@@ -398,7 +392,7 @@ fn mlp_fused_kernels_in_the_cpu_emulator() {
         return;
     };
     let (dir, exe) = (&emu_build.dir, &emu_build.exe);
-    let mut rng = Rng(0x5eed);
+    let mut rng = Lcg(0x5eed);
     for (ci, c) in cases().iter().enumerate() {
         let what = format!(
             "case {ci} ({:?}, widths {:?}, rows {})",
@@ -413,15 +407,19 @@ fn mlp_fused_kernels_in_the_cpu_emulator() {
         let l = c.widths.len() - 1;
         let (m, k0, nl) = (c.rows as usize, c.widths[0] as usize, c.widths[l] as usize);
         let mut emu = Arena::new(r.bytes);
-        emu.put(r.x, c.dtype, &rng.vec(m * k0, 1.0));
+        emu.put(r.x, c.dtype, &random_vec(&mut rng, m * k0, 1.0));
         for i in 0..l {
             let (k, n) = (c.widths[i] as usize, c.widths[i + 1] as usize);
-            emu.put(r.w[i], c.dtype, &rng.vec(n * k, 1.5 / (k as f32).sqrt()));
+            emu.put(
+                r.w[i],
+                c.dtype,
+                &random_vec(&mut rng, n * k, 1.5 / (k as f32).sqrt()),
+            );
             if let Some(o) = r.b[i] {
-                emu.put(o, c.dtype, &rng.vec(n, 0.3));
+                emu.put(o, c.dtype, &random_vec(&mut rng, n, 0.3));
             }
         }
-        emu.put(r.dy, c.dtype, &rng.vec(m * nl, 1.0));
+        emu.put(r.dy, c.dtype, &random_vec(&mut rng, m * nl, 1.0));
         let mut cpu = Arena::new(r.bytes);
         let init = emu.bytes().to_vec();
         cpu.bytes().copy_from_slice(&init);

@@ -93,56 +93,67 @@ fn check_invariants(p: &KronPlan, l: &KronLaunch, what: &str) {
 
 #[test]
 fn kron_launch_shapes() {
-    // the benchmark rows: 16-byte stores, enough blocks for an H100 (132 SMs)
-    let p = plan(
-        DType::F32,
-        1,
-        (false, 64, 64),
-        (false, 64, 64),
-        ("contiguous", "contiguous"),
-        (0, 0, 0),
-    );
-    let l = kron_config(&p, 132).unwrap();
-    check_invariants(&p, &l, "64x64 (x) 64x64");
-    assert_eq!(l.name, "kron_w4_f32");
+    /// (batched, rows, cols) of an operand
+    type Side = (bool, i64, i64);
+    // (dtype, batch, a, b, (a, b, out) modulo 64, the kernel chosen), contiguous operands
+    let cases: [(DType, i64, Side, Side, (usize, usize, usize), &str); 4] = [
+        // the benchmark rows: 16-byte stores
+        (
+            DType::F32,
+            1,
+            (false, 64, 64),
+            (false, 64, 64),
+            (0, 0, 0),
+            "kron_w4_f32",
+        ),
+        (
+            DType::F32,
+            32,
+            (true, 16, 16),
+            (true, 16, 16),
+            (0, 0, 0),
+            "kron_w4_f32",
+        ),
+        // misaligned output rows: narrower stores; complex aligned to components: split
+        (
+            DType::F16,
+            1,
+            (false, 3, 5),
+            (false, 2, 4),
+            (0, 0, 4),
+            "kron_w2_f16",
+        ),
+        (
+            DType::C128,
+            1,
+            (false, 3, 5),
+            (false, 2, 4),
+            (0, 0, 8),
+            "kron_split_c128",
+        ),
+    ];
+    let contiguous = ("contiguous", "contiguous");
+    let launches: Vec<KronLaunch> = cases
+        .iter()
+        .map(|&(dtype, batch, a, b, mods, name)| {
+            let p = plan(dtype, batch, a, b, contiguous, mods);
+            let l = kron_config(&p, 132).unwrap();
+            check_invariants(&p, &l, &format!("{p:?}"));
+            assert_eq!(l.name, name, "{p:?}");
+            l
+        })
+        .collect();
+    // enough blocks for an H100 (132 SMs)
+    let l = &launches[0];
     assert!(l.grid.0 as u64 * l.grid.1 as u64 >= 132 * 8, "{l:?}");
-    let p = plan(
-        DType::F32,
-        32,
-        (true, 16, 16),
-        (true, 16, 16),
-        ("contiguous", "contiguous"),
-        (0, 0, 0),
-    );
-    let l = kron_config(&p, 132).unwrap();
-    check_invariants(&p, &l, "32 x 16x16 (x) 16x16");
-    assert_eq!((l.name, l.block), ("kron_w4_f32", (64, 4, 1)));
-    // misaligned output rows: narrower stores; complex aligned to components: split
-    let p = plan(
-        DType::F16,
-        1,
-        (false, 3, 5),
-        (false, 2, 4),
-        ("contiguous", "contiguous"),
-        (0, 0, 4),
-    );
-    assert_eq!(kron_config(&p, 132).unwrap().name, "kron_w2_f16");
-    let p = plan(
-        DType::C128,
-        1,
-        (false, 3, 5),
-        (false, 2, 4),
-        ("contiguous", "contiguous"),
-        (0, 0, 8),
-    );
-    assert_eq!(kron_config(&p, 132).unwrap().name, "kron_split_c128");
+    assert_eq!(launches[1].block, (64, 4, 1));
     // a pointer not aligned to its components is refused, not faulted on
     let p = plan(
         DType::F32,
         1,
         (false, 3, 5),
         (false, 2, 4),
-        ("contiguous", "contiguous"),
+        contiguous,
         (2, 0, 0),
     );
     let e = kron_config(&p, 132).unwrap_err();

@@ -363,10 +363,6 @@ fn gemm_half<H: Half>(p: &GemmPlan) {
     } else {
         vec![0f32; p.batch as usize * m * n]
     };
-    let (asz, bsz) = (
-        (p.a.rows * p.a.cols) as usize,
-        (p.b.rows * p.b.cols) as usize,
-    );
     // SAFETY: the f32 copies live unmoved until the end of this function.
     let (ap, bp, cp) = unsafe {
         (
@@ -375,23 +371,19 @@ fn gemm_half<H: Half>(p: &GemmPlan) {
             scratch(c32.as_mut_ptr().cast_const()),
         )
     };
-    // SAFETY (three): matrix i < batch (or the one broadcast matrix) of the copies.
-    let a_at = |i: usize| {
-        let i = if ca == 1 { 0 } else { i };
-        op_view(
-            unsafe { element::<f32>(ap, i * asz) },
-            p.a.cols.max(1),
-            p.op_a,
-        )
+    // The view of matrix i of the copy of operand `x` at `base` (`count` matrices;
+    // one broadcasts over the batch).
+    let copy_at = |base: Option<Addr>, count: i64, x: &Mat, op: Trans| {
+        let (size, cols) = ((x.rows * x.cols) as usize, x.cols.max(1));
+        move |i: usize| {
+            let i = if count == 1 { 0 } else { i };
+            // SAFETY: matrix i < count of the copy.
+            op_view(unsafe { element::<f32>(base, i * size) }, cols, op)
+        }
     };
-    let b_at = |i: usize| {
-        let i = if cb == 1 { 0 } else { i };
-        op_view(
-            unsafe { element::<f32>(bp, i * bsz) },
-            p.b.cols.max(1),
-            p.op_b,
-        )
-    };
+    let a_at = copy_at(ap, ca, &p.a, p.op_a);
+    let b_at = copy_at(bp, cb, &p.b, p.op_b);
+    // SAFETY: matrix i < batch of the copy.
     let c_at = |i: usize| {
         op_view(
             unsafe { element::<f32>(cp, i * m * n) },

@@ -275,6 +275,17 @@ pub unsafe extern "C" fn fk_event_destroy(event: *mut fk_event) -> fk_status {
     guard("fk_event_destroy", || unsafe { destroy(event) })
 }
 
+/// The event handle `event`, then `stream` (NULL: the default stream of the
+/// event's device).
+unsafe fn event_and_stream<'a>(
+    event: *const fk_event,
+    stream: *const fk_stream,
+) -> Result<(&'a Event, std::sync::Arc<crate::stream::Stream>)> {
+    let e = unsafe { event_ref(event, "event") }?;
+    let s = unsafe { stream_or_default(stream, &e.ctx) }?;
+    Ok((e, s))
+}
+
 /// Records `event` on `stream` (NULL = the default stream of the event's device):
 /// it completes when the work queued there before it has completed. On the CPU it
 /// takes the host time now (every op before it has finished). Recording again
@@ -287,8 +298,7 @@ pub unsafe extern "C" fn fk_event_record(
     stream: *const fk_stream,
 ) -> fk_status {
     guard("fk_event_record", || {
-        let e = unsafe { event_ref(event, "event") }?;
-        let s = unsafe { stream_or_default(stream, &e.ctx) }?;
+        let (e, s) = unsafe { event_and_stream(event, stream) }?;
         e.record(&s)
     })
 }
@@ -306,8 +316,7 @@ pub unsafe extern "C" fn fk_stream_wait_event(
     event: *const fk_event,
 ) -> fk_status {
     guard("fk_stream_wait_event", || {
-        let e = unsafe { event_ref(event, "event") }?;
-        let s = unsafe { stream_or_default(stream, &e.ctx) }?;
+        let (e, s) = unsafe { event_and_stream(event, stream) }?;
         e.wait_on(&s)
     })
 }

@@ -240,6 +240,6 @@ pub unsafe extern "C" fn fk_mlp_backward(
         let dw = optional(dweights as *const *const fk_buffer, l, "dweights")?;
         let db = optional(dbiases as *const *const fk_buffer, l, "dbiases")?;
         let s = stream_or_default(stream, &dy.ctx)?;
-        mlp::backward(dy, x, &w, h, o, flags, saved, dx, &dw, &db, &s)
+        mlp::backward(dy, x, &w, h, o, flags, saved, dx, &dw, &db, None, &s)
     })
 }

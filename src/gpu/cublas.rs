@@ -344,6 +344,15 @@ impl CallScratch<'_> {
     pub fn addr(&self) -> Option<Addr> {
         self.addr
     }
+
+    /// Scratch the caller owns (a workspace it passed in): nothing is allocated or
+    /// freed.
+    pub fn borrowed(addr: Addr) -> Self {
+        CallScratch {
+            addr: Some(addr),
+            _owned: None,
+        }
+    }
 }
 
 impl Slot {

@@ -252,6 +252,7 @@ fn plan(x: &Buffer, net: &Net, tf32: bool, layers: Vec<Layer>) -> MlpPlan {
         y: None,
         dy: None,
         dx: None,
+        workspace: None,
     }
 }
 
@@ -338,6 +339,7 @@ pub fn backward(
     dx: Option<&Buffer>,
     dweights: &[Option<&Buffer>],
     dbiases: &[Option<&Buffer>],
+    workspace: Option<&Buffer>,
     stream: &Stream,
 ) -> Result<()> {
     let l = weights.len();
@@ -348,7 +350,12 @@ pub fn backward(
         indexed("dweights", l),
         indexed("dbiases", l),
     );
-    let mut devs = vec![(Some(x), "x"), (saved, "saved"), (dx, "dx")];
+    let mut devs = vec![
+        (Some(x), "x"),
+        (saved, "saved"),
+        (dx, "dx"),
+        (workspace, "workspace"),
+    ];
     devs.extend(named(
         &weights.iter().map(|w| Some(*w)).collect::<Vec<_>>(),
         &wn,
@@ -414,6 +421,22 @@ pub fn backward(
         let others: Vec<Named> = inputs.iter().chain(&outs[j + 1..]).copied().collect();
         output(o, name, &others)?;
     }
+    if let Some(ws) = workspace {
+        let others: Vec<Named> = inputs.iter().chain(&outs).copied().collect();
+        output(ws, "workspace", &others)?;
+        if matches!(device, Device::Cuda(_)) {
+            let need =
+                crate::cuda::linalg::mlp_backward_workspace_bytes(&net.widths, net.rows, x.dtype);
+            crate::ensure!(
+                ws.nbytes() >= need,
+                FK_ERROR_INVALID_ARGUMENT,
+                "workspace has {} bytes but must have at least {need} (fk_xla_mlp_workspace_bytes for these widths, {} rows, {})",
+                ws.nbytes(),
+                net.rows,
+                x.dtype.name()
+            );
+        }
+    }
     if outs.is_empty() || net.rows == 0 {
         // nothing wanted, or no rows: the gradients of an empty batch are 0
         return zero_grads(device, &outs, stream, dy);
@@ -426,6 +449,7 @@ pub fn backward(
     let p = MlpPlan {
         dy: Addr::of(dy),
         dx: Addr::of_opt(dx),
+        workspace: workspace.and_then(|w| Addr::of(w).map(|a| (a, w.nbytes()))),
         ..plan(x, &net, tf32, layers)
     };
     match device {

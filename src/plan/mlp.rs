@@ -146,6 +146,11 @@ pub struct MlpPlan {
     pub y: Option<Addr>,
     pub dy: Option<Addr>,
     pub dx: Option<Addr>,
+    /// The backward's scratch from the caller (address, bytes; an XLA result, so
+    /// that the call allocates nothing and XLA can capture it into its CUDA
+    /// graphs), at least `cuda::linalg::mlp_backward_workspace_bytes`; `None`: the
+    /// backend's own (the CPU backend needs none).
+    pub workspace: Option<(Addr, usize)>,
 }
 
 impl MlpPlan {

@@ -16,14 +16,8 @@
 //! call; empty on the CPU).
 
 use super::{Call, Graph::Capturable, handlers};
-use crate::buffer::Buffer;
 use crate::error::Result;
 use crate::ops::gaussian as g;
-
-fn workspace(c: &Call, i: usize) -> Result<Option<Buffer>> {
-    let ws = c.ret(i, "workspace")?;
-    Ok(if ws.nbytes() == 0 { None } else { Some(ws) })
-}
 
 fn mahalanobis_forward(c: &Call) -> Result<()> {
     c.expect((3, 3), (1, 1))?;
@@ -41,7 +35,7 @@ fn mahalanobis_backward(c: &Call) -> Result<()> {
         c.ret(1, "dmeans")?,
         c.ret(2, "dchol")?,
     );
-    let ws = workspace(c, 3)?;
+    let ws = c.workspace(3)?;
     g::mahalanobis_backward(
         &p,
         &m,
@@ -74,7 +68,7 @@ fn field_backward(c: &Call) -> Result<()> {
         c.ret(2, "dchol")?,
     );
     let dw = c.ret(3, "dweights")?;
-    let ws = workspace(c, 4)?;
+    let ws = c.workspace(4)?;
     g::field_backward(
         &p,
         &m,

@@ -12,11 +12,13 @@
 //! - `mlp_backward`: operands `dy`, `x`, the `L` weights, `saved`; results `dx`
 //!   when the attribute `want_dx` is 1 (default 1), then the weight gradients of
 //!   the layers set in `dw_mask`, then the bias gradients of the layers set in
-//!   `db_mask` (each in layer order; both masks 0 when absent). Not capturable:
-//!   its scratch is a stream-ordered allocation under capture (see `mod.rs`).
+//!   `db_mask` (each in layer order; both masks 0 when absent), and last
+//!   `workspace`, the call's scratch (at least `fk_xla_mlp_workspace_bytes` bytes,
+//!   any dtype of the call; empty on the CPU). Capturable: with `workspace` given
+//!   the backward allocates nothing.
 
 use super::linalg::act_value;
-use super::{Call, Graph::Capturable, Graph::NotCapturable, Platform, context, handlers};
+use super::{Call, Graph::Capturable, Platform, context, handlers};
 use crate::buffer::Buffer;
 use crate::dtype::DType;
 use crate::error::{FK_ERROR_INVALID_ARGUMENT, FK_ERROR_NULL_POINTER, Result, fk_status};
@@ -85,7 +87,7 @@ fn mlp_backward(c: &Call) -> Result<()> {
     let flags = c.attr_flags("flags")?;
     let want_dx = c.attr_bool("want_dx", true)?;
     let (dwm, dbm) = (mask(c, "dw_mask", l)?, mask(c, "db_mask", l)?);
-    let nr = want_dx as usize + (dwm.count_ones() + dbm.count_ones()) as usize;
+    let nr = want_dx as usize + (dwm.count_ones() + dbm.count_ones()) as usize + 1;
     c.expect((3 + l, 3 + l), (nr, nr))?;
     let (dy, x) = (c.arg(0, "dy")?, c.arg(1, "x")?);
     let w = (0..l)
@@ -102,6 +104,7 @@ fn mlp_backward(c: &Call) -> Result<()> {
     for i in 0..l {
         db.push(rets.opt(has(dbm, i), &format!("dbiases[{i}]"))?);
     }
+    let ws = c.workspace(nr - 1)?;
     let w: Vec<&Buffer> = w.iter().collect();
     let dw: Vec<Option<&Buffer>> = dw.iter().map(Option::as_ref).collect();
     let db: Vec<Option<&Buffer>> = db.iter().map(Option::as_ref).collect();
@@ -116,6 +119,7 @@ fn mlp_backward(c: &Call) -> Result<()> {
         dx.as_ref(),
         &dw,
         &db,
+        ws.as_ref(),
         &c.stream,
     )
 }
@@ -163,9 +167,49 @@ pub unsafe extern "C" fn fk_xla_mlp_saved_bytes(
     })
 }
 
+/// Bytes of the `workspace` result of the `mlp_backward` handler on `kind`
+/// (`FK_DEVICE_CPU`: 0; `FK_DEVICE_CUDA`: enough for either CUDA path and any
+/// gradients wanted, on any device), for `n_layers` layers of `widths` (`n_layers +
+/// 1` entries: `k_0, n_0, ..., n_{L-1}`) over `rows` rows of `dtype`, written to
+/// `*bytes`. No device is opened.
+///
+/// # Safety
+/// `widths` is NULL or holds `n_layers + 1` entries; `bytes` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fk_xla_mlp_workspace_bytes(
+    kind: crate::context::fk_device_kind,
+    n_layers: i32,
+    widths: *const i64,
+    rows: i64,
+    dtype: crate::dtype::fk_dtype,
+    bytes: *mut usize,
+) -> fk_status {
+    crate::abi::guard("fk_xla_mlp_workspace_bytes", || {
+        let p = super::platform_of(kind)?;
+        let l = mlp::check_n_layers(n_layers)?;
+        crate::ensure!(!widths.is_null(), FK_ERROR_NULL_POINTER, "widths is NULL");
+        // SAFETY: the caller's array of n_layers + 1 widths.
+        let widths = unsafe { std::slice::from_raw_parts(widths, l + 1) };
+        let d = DType::from_abi(dtype, "dtype")?;
+        crate::ensure!(
+            rows >= 0 && widths.iter().all(|&w| w >= 0),
+            FK_ERROR_INVALID_ARGUMENT,
+            "rows = {rows} and widths = {widths:?} must not be negative"
+        );
+        let v = match p {
+            Platform::Cpu => 0,
+            Platform::Cuda => crate::cuda::linalg::mlp_backward_workspace_bytes(widths, rows, d),
+        };
+        crate::ensure!(!bytes.is_null(), FK_ERROR_NULL_POINTER, "bytes is NULL");
+        // SAFETY: non-NULL out-parameter of the caller.
+        unsafe { bytes.write(v) };
+        Ok(())
+    })
+}
+
 handlers! {
     /// Forward of a multi-layer perceptron (fk_mlp_forward), with `saved`.
     "mlp_forward": fk_xla_mlp_forward_cpu, fk_xla_mlp_forward_cuda, Capturable, mlp_forward;
     /// Backward of the multi-layer perceptron (fk_mlp_backward).
-    "mlp_backward": fk_xla_mlp_backward_cpu, fk_xla_mlp_backward_cuda, NotCapturable, mlp_backward;
+    "mlp_backward": fk_xla_mlp_backward_cpu, fk_xla_mlp_backward_cuda, Capturable, mlp_backward;
 }

@@ -291,6 +291,13 @@ impl<'a> Call<'a> {
         self.buffer_in("result", list, XLA_FFI_RETTYPE_BUFFER, i, what)
     }
 
+    /// Result `i`, a workspace XLA allocated for the handler's scratch (any dtype):
+    /// None when it is empty (the CPU backends need none).
+    pub fn workspace(&self, i: usize) -> Result<Option<Buffer>> {
+        let ws = self.ret(i, "workspace")?;
+        Ok(if ws.nbytes() == 0 { None } else { Some(ws) })
+    }
+
     /// Operand `i` when the call has it, None when it has fewer operands (a trailing
     /// optional operand; `expect` bounds the count).
     pub fn opt_arg(&self, i: usize, what: &str) -> Result<Option<Buffer>> {

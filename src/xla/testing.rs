@@ -305,13 +305,16 @@ mod tests {
                 XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
             ),
             (fk_xla_linear_backward_cuda, 0),
-            // the MLP forward with `saved` allocates nothing; the backward's
-            // scratch is a stream-ordered allocation under capture
+            // the MLP forward with `saved` and the backward with `workspace`
+            // allocate nothing
             (
                 fk_xla_mlp_forward_cuda,
                 XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
             ),
-            (fk_xla_mlp_backward_cuda, 0),
+            (
+                fk_xla_mlp_backward_cuda,
+                XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
+            ),
             (
                 fk_xla_gaussian_field_backward_cpu,
                 XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE,
@@ -1027,6 +1030,54 @@ mod tests {
         (s, v)
     }
 
+    fn mlp_workspace(kind: i32, widths: &[i64], rows: i64, dtype: i32) -> (i32, usize) {
+        let mut v = usize::MAX;
+        let n = widths.len() as i32 - 1;
+        // SAFETY: widths holds n + 1 entries; v is writable.
+        let s =
+            unsafe { fk_xla_mlp_workspace_bytes(kind, n, widths.as_ptr(), rows, dtype, &mut v) };
+        (s, v)
+    }
+
+    #[test]
+    fn mlp_workspace_query() {
+        use crate::error::{FK_ERROR_INVALID_ARGUMENT, FK_OK};
+        // the CPU needs none; CUDA at least every layer's dz (bf16: 2 bytes) and
+        // grows with the rows
+        assert_eq!(
+            mlp_workspace(1, &[32, 64, 64, 16], 1000, 2),
+            (FK_OK, 0)
+        );
+        let (s, small) = mlp_workspace(2, &[32, 64, 64, 16], 1000, 2);
+        assert_eq!(s, FK_OK);
+        assert!(small >= 1000 * (64 + 64 + 16) * 2, "{small}");
+        let (_, large) = mlp_workspace(2, &[32, 64, 64, 16], 100_000, 2);
+        assert!(large > 50 * small, "{small} -> {large}");
+        // bad layer counts, widths, rows, dtypes
+        assert_eq!(mlp_workspace(2, &[3], 8, 3).0, FK_ERROR_INVALID_ARGUMENT);
+        assert_eq!(
+            mlp_workspace(2, &[3, -4], 8, 3).0,
+            FK_ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            mlp_workspace(2, &[3, 4], -8, 3).0,
+            FK_ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            mlp_workspace(2, &[3, 4], 8, 99).0,
+            FK_ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            mlp_workspace(7, &[3, 4], 8, 3).0,
+            FK_ERROR_INVALID_ARGUMENT
+        );
+        // SAFETY: a NULL out-parameter is refused, not written
+        let s = unsafe {
+            fk_xla_mlp_workspace_bytes(2, 1, [3i64, 4].as_ptr(), 8, 3, std::ptr::null_mut())
+        };
+        assert_eq!(s, crate::error::FK_ERROR_NULL_POINTER);
+    }
+
     #[test]
     fn mlp_forward_and_backward_on_the_cpu() {
         // x [2, 3] -> relu(x W0^T) [2, 4] -> h W1^T + b1 [2, 2]; layer 0 has no bias
@@ -1088,7 +1139,9 @@ mod tests {
             for r in rets {
                 c = c.ret_f32(r);
             }
+            // the workspace (empty: the CPU needs none)
             let mut c = c
+                .ret_f32(&[0])
                 .attr_i64("n_layers", 2)
                 .attr_i64("hidden_act", 1)
                 .attr_i64("out_act", 0)
@@ -1158,6 +1211,19 @@ mod tests {
             .attr_i64("out_act", 0);
         error_of(&mut c, fk_xla_mlp_forward_cpu, |m| {
             m == "fk_xla_mlp_forward_cpu: n_layers = 65 is outside 1..=64 (FK_MLP_MAX_LAYERS) (FK_ERROR_INVALID_ARGUMENT)"
+        });
+        // a backward without its workspace result: the result count
+        let mut c = FakeCall::new()
+            .arg_f32(&[0.0; 2], &[2, 1])
+            .arg_f32(&[0.0; 6], &[2, 3])
+            .arg_f32(&[0.0; 3], &[1, 3])
+            .arg_f32(&[0.0; 1], &[1])
+            .ret_f32(&[2, 3])
+            .attr_i64("n_layers", 1)
+            .attr_i64("hidden_act", 0)
+            .attr_i64("out_act", 0);
+        error_of(&mut c, fk_xla_mlp_backward_cpu, |m| {
+            m.contains("the call has 4 operands and 1 results; this handler takes 4 operands and 2 results")
         });
         let mut c = FakeCall::new()
             .attr_i64("n_layers", 1)

@@ -54,5 +54,6 @@ def timed_runs(f, args, atol, runs: int = 40) -> None:
     calls = n()
     want = f(*(jax.device_put(v, jax.devices("cpu")[0]) for v in args))  # the CPU handlers
     for got, exp in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(want)):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(exp), rtol=2e-3, atol=atol(np.asarray(exp)))
+        got, exp = np.asarray(got, np.float64), np.asarray(exp, np.float64)
+        np.testing.assert_allclose(got, exp, rtol=2e-3, atol=atol(exp))
     print("RUNS", runs, "HANDLER_ENTRIES", calls)

@@ -372,6 +372,63 @@ fn dgrad(
     }
 }
 
+/// The most multiprocessors `mlp_backward_workspace_bytes` provides for (the
+/// general path's column partials grow with their number); a call checks its
+/// exact need against the workspace it got.
+const WORKSPACE_MAX_SMS: u64 = 1024;
+
+/// Alignment of the scratch inside a caller's workspace (which may start at any
+/// address XLA hands out).
+const WORKSPACE_ALIGN: u64 = 256;
+
+/// Bytes of a caller's backward workspace (`MlpPlan::workspace`) that serve either
+/// path, for any gradients wanted, on any device of up to `WORKSPACE_MAX_SMS`
+/// multiprocessors: a function of the shapes alone (`widths`: `k_0, n_0, ...,
+/// n_{L-1}`), so a host can size it before it knows the device.
+pub fn mlp_backward_workspace_bytes(widths: &[i64], rows: i64, dtype: DType) -> usize {
+    let (m, es) = (rows.max(0) as u64, dtype.size() as u64);
+    let ns = || widths[1..].iter().map(|&n| n.max(0) as u64);
+    let dz: u64 = ns().map(|n| (m * n * es).next_multiple_of(256)).sum();
+    let general = ns()
+        .map(|n| {
+            let gx = n.div_ceil(DZ_COLS as u64).max(1);
+            let splits = (WORKSPACE_MAX_SMS * 8)
+                .div_ceil(gx)
+                .clamp(1, m.div_ceil(DZ_ROWS as u64).max(1))
+                .min(65535);
+            splits * n * 4
+        })
+        .max()
+        .unwrap_or(0);
+    let fused = super::mlp_fused::max_blocks(rows) * ns().sum::<u64>() * 4;
+    (dz + general.max(fused)).max(256) as usize + WORKSPACE_ALIGN as usize
+}
+
+/// The call's scratch of `bytes`: inside the caller's workspace where the plan
+/// carries one (nothing allocated, so XLA can capture the call into its graphs),
+/// else the slot's (`Slot::scratch`).
+pub(super) fn call_scratch<'d>(
+    g: &mut Slot,
+    dev: &'d CudaDevice,
+    p: &MlpPlan,
+    bytes: usize,
+) -> Result<cublas::CallScratch<'d>> {
+    let Some((base, have)) = p.workspace else {
+        return g.scratch(dev, bytes);
+    };
+    let pad = base.get().next_multiple_of(WORKSPACE_ALIGN) - base.get();
+    crate::ensure!(
+        have as u64 >= pad + bytes as u64,
+        crate::error::FK_ERROR_INVALID_ARGUMENT,
+        "workspace has {have} bytes but this backward needs {} (its scratch and {pad} bytes of alignment); size it with fk_xla_mlp_workspace_bytes",
+        pad + bytes as u64
+    );
+    // SAFETY: the workspace holds `have` bytes, at least the padding and `bytes`.
+    Ok(cublas::CallScratch::borrowed(unsafe {
+        base.align_up(WORKSPACE_ALIGN)
+    }))
+}
+
 /// The backward: the fused path where it applies (`mlp_fused::takes`); else `dz` of the top layer (`mlp_dz` from `dy`), then for each layer
 /// from the top down to the lowest one wanted its weight gradient on the side
 /// lane (forked once `dz_i` is queued) and its data gradient on the caller's
@@ -404,7 +461,7 @@ pub fn mlp_backward(dev: &CudaDevice, p: &MlpPlan, stream: &Stream) -> Result<()
         .map(|(s, l)| s.splits * l.n as u64 * 4)
         .max()
         .unwrap_or(0);
-    let scratch_mem = g.scratch(dev, (at + partial_bytes).max(256) as usize)?;
+    let scratch_mem = call_scratch(&mut g, dev, p, (at + partial_bytes).max(256) as usize)?;
     let base = scratch_mem.addr();
     // SAFETY (both): the scratch holds every dz region, then the partials.
     let partial = base.map(|b| unsafe { b.byte_add(partial_off) });

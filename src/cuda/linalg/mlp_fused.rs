@@ -289,9 +289,16 @@ fn blocks(dev: &CudaDevice, name: &'static str, smem: usize, rows: i64) -> Resul
             v
         }
     };
-    let tiles = (rows + ROWS_PER_WARP - 1) / ROWS_PER_WARP;
-    let needed = (tiles + WARPS as i64 - 1) / WARPS as i64;
-    Ok(needed.min(per_sm as i64 * dev.sm_count as i64).max(1) as u32)
+    Ok((max_blocks(rows) as i64)
+        .min(per_sm as i64 * dev.sm_count as i64)
+        .max(1) as u32)
+}
+
+/// The most blocks `blocks` launches for `rows` rows, on any device: one per
+/// `WARPS` row tiles.
+pub(super) fn max_blocks(rows: i64) -> u64 {
+    let tiles = (rows.max(0) + ROWS_PER_WARP - 1) / ROWS_PER_WARP;
+    ((tiles + WARPS as i64 - 1) / WARPS as i64).max(1) as u64
 }
 
 fn launch(
@@ -481,7 +488,7 @@ pub fn backward(dev: &CudaDevice, f: FusedShape, p: &MlpPlan, stream: &Stream) -
     let (name, sm) = backward_kernel(f, p)?;
     let grid = blocks(dev, name, sm.bytes, p.rows)?;
     let s = bwd_scratch(p, grid);
-    let scratch_mem = g.scratch(dev, s.bytes)?;
+    let scratch_mem = super::mlp::call_scratch(&mut g, dev, p, s.bytes)?;
     let base = scratch_mem.addr();
     let mut a = backward_args(f, p, &sm, &s, base);
     launch(dev, name, grid, sm.bytes, &mut a, stream)?;

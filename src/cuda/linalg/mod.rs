@@ -21,7 +21,7 @@ mod tiles;
 pub use chunked::gemm_chunked;
 pub use kron::kron;
 pub use linear::{linear_backward, linear_forward};
-pub use mlp::{mlp_backward, mlp_forward, mlp_zero};
+pub use mlp::{mlp_backward, mlp_backward_workspace_bytes, mlp_forward, mlp_zero};
 
 use super::launch::defines;
 use crate::error::{Result, lock};

@@ -142,6 +142,15 @@ def _library():
         ctypes.POINTER(ctypes.c_size_t),
     ]
     L.fk_xla_mlp_saved_bytes.restype = ctypes.c_int32
+    L.fk_xla_mlp_workspace_bytes.argtypes = [
+        ctypes.c_int32,
+        ctypes.c_int32,
+        ctypes.POINTER(ctypes.c_int64),
+        ctypes.c_int64,
+        ctypes.c_int32,
+        ctypes.POINTER(ctypes.c_size_t),
+    ]
+    L.fk_xla_mlp_workspace_bytes.restype = ctypes.c_int32
     return L
 
 
@@ -811,6 +820,24 @@ def _mlp_saved_elems(widths: tuple, rows: int, dtype, hidden: int, out: int) -> 
     return (nbytes + itemsize - 1) // itemsize
 
 
+@functools.lru_cache(maxsize=256)
+def _mlp_workspace(widths: tuple, rows: int, dtype) -> jax.ShapeDtypeStruct:
+    """The backward's ``workspace`` result: fk_xla_mlp_workspace_bytes for CUDA when
+    jax has a CUDA backend (the CPU needs none), in elements of ``dtype``."""
+    _register()
+    nbytes = 0
+    if "CUDA" in _registered:
+        code = {np.dtype(jnp.float16): _lib.DTYPE_F16, np.dtype(jnp.bfloat16): _lib.DTYPE_BF16,
+                np.dtype(jnp.float32): _lib.DTYPE_F32}[np.dtype(dtype)]
+        arr = (ctypes.c_int64 * len(widths))(*widths)
+        v = ctypes.c_size_t(0)
+        _check(_library().fk_xla_mlp_workspace_bytes(_lib.DEVICE_CUDA, len(widths) - 1, arr, rows, code,
+                                                     ctypes.byref(v)), "fk_xla_mlp_workspace_bytes")
+        nbytes = v.value
+    itemsize = np.dtype(dtype).itemsize
+    return jax.ShapeDtypeStruct(((nbytes + itemsize - 1) // itemsize,), dtype)
+
+
 def _mask(bits) -> np.int64:
     """A layer bit mask as the handlers' int64 attribute (bit i: layer i)."""
     m = sum(1 << i for i, b in enumerate(bits) if b)
@@ -880,8 +907,11 @@ def _mlp_bwd(cfg, res, dy):
     outs += [jax.ShapeDtypeStruct((w.shape[0],), w.dtype) for w, k in zip(ws, want_db) if k]
     if not outs:
         return none
+    widths = (x.shape[-1],) + tuple(w.shape[0] for w in ws)
+    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
+    outs.append(_mlp_workspace(widths, rows, np.dtype(x.dtype)))
     g = list(_call("mlp_backward", outs, dy, x, *ws, saved, vmap_method="sequential", want_dx=np.int64(want_dx),
-                   dw_mask=_mask(want_dw), db_mask=_mask(want_db), **_mlp_attrs(len(ws), cfg)))
+                   dw_mask=_mask(want_dw), db_mask=_mask(want_db), **_mlp_attrs(len(ws), cfg)))[:-1]
     dx = g.pop(0) if want_dx else None
     dws = tuple(g.pop(0) if k else None for k in want_dw)
     dbs = tuple(g.pop(0) if want_db[i] else None for i in layers)

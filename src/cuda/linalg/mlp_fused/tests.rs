@@ -222,6 +222,7 @@ fn plans(c: &Case, r: &Regions, a: &Arena) -> (MlpPlan, MlpPlan) {
         y: a.at(r.y),
         dy: None,
         dx: None,
+        workspace: None,
     };
     let mut bwd = MlpPlan {
         y: None,

@@ -27,6 +27,7 @@
 //! it while the context (and, for an owned stream, the stream) lives, and not
 //! concurrently with other work of the capturing stream.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::path::PathBuf;
@@ -173,6 +174,11 @@ pub struct Slot {
     copy_stream: usize,
     download_stream: usize,
     side: Option<SideLane>,
+    /// cuBLASLt's matmul and layout descriptors of each configuration this slot ran
+    /// (`lt_matmul`), made once and reused: only the bias and aux pointers change
+    /// between calls of one configuration. Borrowed only inside `lt_matmul`, with
+    /// the slot's mutex held.
+    descs: RefCell<HashMap<AlgoKey, Descs>>,
 }
 
 /// A second stream beside a slot's stream and the two events that fork it from
@@ -264,6 +270,7 @@ impl BlasCache {
             copy_stream: 0,
             download_stream: 0,
             side: None,
+            descs: RefCell::new(HashMap::new()),
         };
         let slot = Arc::new(Mutex::new(slot));
         let mut slots = lock(&self.slots);
@@ -418,6 +425,7 @@ impl Slot {
         self.workspace = 0;
         self.scratch = 0;
         self.scratch_bytes = 0;
+        self.descs.get_mut().clear();
         if let Some(side) = self.side.take() {
             for e in [side.fork, side.join] {
                 // SAFETY: created in side_lane, destroyed once (CUDA defers it
@@ -713,11 +721,17 @@ fn alignment(p: *mut c_void) -> i64 {
     }
 }
 
+/// The descriptors of one matmul configuration: the operation (compute type,
+/// transposes, epilogue) and the layouts of A, B and D; host objects of
+/// cuBLASLt, cached per slot (`Slot::descs`).
 struct Descs {
     op: lt::cublasLtMatmulDesc_t,
     layouts: [lt::cublasLtMatrixLayout_t; 3],
-    pref: lt::cublasLtMatmulPreference_t,
 }
+
+// SAFETY: cuBLASLt descriptors are host memory with no thread affinity; a slot's
+// are used only with its mutex held.
+unsafe impl Send for Descs {}
 
 impl Drop for Descs {
     fn drop(&mut self) {
@@ -725,7 +739,7 @@ impl Drop for Descs {
         if api().is_err() {
             return;
         }
-        // SAFETY: created in lt_matmul, destroyed once (null ones skipped).
+        // SAFETY: created in Descs::new, destroyed once (null ones skipped).
         unsafe {
             if !self.op.is_null() {
                 ltf::cublasLtMatmulDescDestroy(self.op);
@@ -735,9 +749,66 @@ impl Drop for Descs {
                     ltf::cublasLtMatrixLayoutDestroy(l);
                 }
             }
-            if !self.pref.is_null() {
-                ltf::cublasLtMatmulPreferenceDestroy(self.pref);
+        }
+    }
+}
+
+impl Descs {
+    /// The descriptors of `c` (its pointers excepted: `lt_matmul` sets the bias
+    /// and aux pointers of each call).
+    fn new(c: &LtCall) -> Result<Descs> {
+        use lt::cublasLtMatmulDescAttributes_t as A;
+        let t = lt_type(c.dtype);
+        let mut d = Descs {
+            op: std::ptr::null_mut(),
+            layouts: [std::ptr::null_mut(); 3],
+        };
+        // SAFETY: descriptors are created here and destroyed by `d`'s drop (also on
+        // an early return); attribute values have the documented types (int32
+        // ops, uint32 epilogue, int64 leading dimension).
+        unsafe {
+            check_lt(
+                "cublasLtMatmulDescCreate",
+                ltf::cublasLtMatmulDescCreate(
+                    &mut d.op,
+                    if c.tf32 && c.dtype == DType::F32 {
+                        lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+                    } else {
+                        lt::cublasComputeType_t::CUBLAS_COMPUTE_32F
+                    },
+                    lt::cudaDataType_t::CUDA_R_32F,
+                ),
+            )?;
+            let (ta, tb) = (c.trans_a as i32, c.trans_b as i32);
+            set_desc(d.op, A::CUBLASLT_MATMUL_DESC_TRANSA, &ta)?;
+            set_desc(d.op, A::CUBLASLT_MATMUL_DESC_TRANSB, &tb)?;
+            let epi = c.epilogue as u32;
+            set_desc(d.op, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
+            if c.aux.is_some() {
+                set_desc(d.op, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &c.aux_ld)?;
             }
+            let (ar, ac) = if c.trans_a { (c.k, c.m) } else { (c.m, c.k) };
+            let (br, bc) = if c.trans_b { (c.n, c.k) } else { (c.k, c.n) };
+            let dims = [(ar, ac, c.lda), (br, bc, c.ldb), (c.m, c.n, c.ldd)];
+            for (l, (r, cols, ld)) in d.layouts.iter_mut().zip(dims) {
+                check_lt(
+                    "cublasLtMatrixLayoutCreate",
+                    ltf::cublasLtMatrixLayoutCreate(l, t, r, cols, ld),
+                )?;
+            }
+        }
+        Ok(d)
+    }
+}
+
+/// A heuristic query's preference, destroyed on drop.
+struct Pref(lt::cublasLtMatmulPreference_t);
+
+impl Drop for Pref {
+    fn drop(&mut self) {
+        if !self.0.is_null() && api().is_ok() {
+            // SAFETY: created in lt_matmul, destroyed once.
+            unsafe { ltf::cublasLtMatmulPreferenceDestroy(self.0) };
         }
     }
 }
@@ -794,6 +865,9 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
         alignment(bias),
         alignment(aux),
         c.tf32 as i64,
+        // with or without each pointer: the cached descriptors (Descs::new) differ
+        bias.is_null() as i64,
+        aux.is_null() as i64,
     ]);
     let cached = dev.blas.cached_algo(&key);
     let describe = |what: &str| {
@@ -806,33 +880,17 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
         declined(describe("cached decline"));
         return Ok(false);
     }
-    let t = lt_type(c.dtype);
     let h = slot.handle()?;
-    let mut descs = Descs {
-        op: std::ptr::null_mut(),
-        layouts: [std::ptr::null_mut(); 3],
-        pref: std::ptr::null_mut(),
+    let mut cache = slot.descs.borrow_mut();
+    let descs = match cache.entry(key.clone()) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => e.insert(Descs::new(c)?),
     };
-    // SAFETY: descriptors are created here and destroyed by `descs`; attribute
-    // values have the documented types (int32 ops, uint32 epilogue, pointers).
+    // SAFETY: the descriptors are the slot's (destroyed only with its cache);
+    // attribute values have the documented types (device pointers). The key tells
+    // configurations with and without each pointer apart, so a cached descriptor
+    // never holds a pointer its call lacks.
     unsafe {
-        check_lt(
-            "cublasLtMatmulDescCreate",
-            ltf::cublasLtMatmulDescCreate(
-                &mut descs.op,
-                if c.tf32 && c.dtype == DType::F32 {
-                    lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
-                } else {
-                    lt::cublasComputeType_t::CUBLAS_COMPUTE_32F
-                },
-                lt::cudaDataType_t::CUDA_R_32F,
-            ),
-        )?;
-        let (ta, tb) = (c.trans_a as i32, c.trans_b as i32);
-        set_desc(descs.op, A::CUBLASLT_MATMUL_DESC_TRANSA, &ta)?;
-        set_desc(descs.op, A::CUBLASLT_MATMUL_DESC_TRANSB, &tb)?;
-        let epi = c.epilogue as u32;
-        set_desc(descs.op, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
         if !bias.is_null() {
             let p = bias.cast_const();
             set_desc(descs.op, A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p)?;
@@ -840,44 +898,35 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
         if !aux.is_null() {
             let p = aux.cast_const();
             set_desc(descs.op, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p)?;
-            set_desc(descs.op, A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &c.aux_ld)?;
-        }
-        let (ar, ac) = if c.trans_a { (c.k, c.m) } else { (c.m, c.k) };
-        let (br, bc) = if c.trans_b { (c.n, c.k) } else { (c.k, c.n) };
-        let dims = [(ar, ac, c.lda), (br, bc, c.ldb), (c.m, c.n, c.ldd)];
-        for (l, (r, cols, ld)) in descs.layouts.iter_mut().zip(dims) {
-            check_lt(
-                "cublasLtMatrixLayoutCreate",
-                ltf::cublasLtMatrixLayoutCreate(l, t, r, cols, ld),
-            )?;
         }
         let algo = match cached {
             Some(Some(a)) => a,
             _ => {
+                let mut pref = Pref(std::ptr::null_mut());
                 check_lt(
                     "cublasLtMatmulPreferenceCreate",
-                    ltf::cublasLtMatmulPreferenceCreate(&mut descs.pref),
+                    ltf::cublasLtMatmulPreferenceCreate(&mut pref.0),
                 )?;
                 let ws = WORKSPACE_BYTES as u64;
-                set_pref(descs.pref, P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws)?;
+                set_pref(pref.0, P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws)?;
                 let al = |p: *mut c_void| alignment(p) as u32;
                 set_pref(
-                    descs.pref,
+                    pref.0,
                     P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                     &al(a),
                 )?;
                 set_pref(
-                    descs.pref,
+                    pref.0,
                     P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                     &al(b),
                 )?;
                 set_pref(
-                    descs.pref,
+                    pref.0,
                     P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
                     &al(d),
                 )?;
                 set_pref(
-                    descs.pref,
+                    pref.0,
                     P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                     &al(d),
                 )?;
@@ -890,7 +939,7 @@ pub fn lt_matmul(dev: &CudaDevice, slot: &Slot, c: &LtCall) -> Result<bool> {
                     descs.layouts[1],
                     descs.layouts[2],
                     descs.layouts[2],
-                    descs.pref,
+                    pref.0,
                     1,
                     &mut res,
                     &mut count,

@@ -1044,10 +1044,7 @@ mod tests {
         use crate::error::{FK_ERROR_INVALID_ARGUMENT, FK_OK};
         // the CPU needs none; CUDA at least every layer's dz (bf16: 2 bytes) and
         // grows with the rows
-        assert_eq!(
-            mlp_workspace(1, &[32, 64, 64, 16], 1000, 2),
-            (FK_OK, 0)
-        );
+        assert_eq!(mlp_workspace(1, &[32, 64, 64, 16], 1000, 2), (FK_OK, 0));
         let (s, small) = mlp_workspace(2, &[32, 64, 64, 16], 1000, 2);
         assert_eq!(s, FK_OK);
         assert!(small >= 1000 * (64 + 64 + 16) * 2, "{small}");
@@ -1067,10 +1064,7 @@ mod tests {
             mlp_workspace(2, &[3, 4], 8, 99).0,
             FK_ERROR_INVALID_ARGUMENT
         );
-        assert_eq!(
-            mlp_workspace(7, &[3, 4], 8, 3).0,
-            FK_ERROR_INVALID_ARGUMENT
-        );
+        assert_eq!(mlp_workspace(7, &[3, 4], 8, 3).0, FK_ERROR_INVALID_ARGUMENT);
         // SAFETY: a NULL out-parameter is refused, not written
         let s = unsafe {
             fk_xla_mlp_workspace_bytes(2, 1, [3i64, 4].as_ptr(), 8, 3, std::ptr::null_mut())

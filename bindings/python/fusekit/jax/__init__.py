@@ -798,6 +798,14 @@ def linear(x, w, b=None, activation: str = "none"):
 # ---------------------------------------------------------------------------
 
 _MLP_DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32)
+_MLP_DTYPE_CODES = {np.dtype(jnp.float16): _lib.DTYPE_F16, np.dtype(jnp.bfloat16): _lib.DTYPE_BF16,
+                    np.dtype(jnp.float32): _lib.DTYPE_F32}
+
+
+def _mlp_net(x, ws) -> tuple[tuple, int]:
+    """The network's widths (``k_0, n_0, ..., n_{L-1}``) and rows (x's leading
+    elements), as the size queries take them."""
+    return (x.shape[-1],) + tuple(w.shape[0] for w in ws), int(np.prod(x.shape[:-1], dtype=np.int64))
 
 
 @functools.lru_cache(maxsize=256)
@@ -807,8 +815,7 @@ def _mlp_saved_elems(widths: tuple, rows: int, dtype, hidden: int, out: int) -> 
     tracing does not say where the call will run)."""
     _register()
     L = _library()
-    code = {np.dtype(jnp.float16): _lib.DTYPE_F16, np.dtype(jnp.bfloat16): _lib.DTYPE_BF16,
-            np.dtype(jnp.float32): _lib.DTYPE_F32}[np.dtype(dtype)]
+    code = _MLP_DTYPE_CODES[np.dtype(dtype)]
     arr = (ctypes.c_int64 * len(widths))(*widths)
     nbytes = 0
     for kind in (_lib.DEVICE_CPU,) + ((_lib.DEVICE_CUDA,) if "CUDA" in _registered else ()):
@@ -827,8 +834,7 @@ def _mlp_workspace(widths: tuple, rows: int, dtype) -> jax.ShapeDtypeStruct:
     _register()
     nbytes = 0
     if "CUDA" in _registered:
-        code = {np.dtype(jnp.float16): _lib.DTYPE_F16, np.dtype(jnp.bfloat16): _lib.DTYPE_BF16,
-                np.dtype(jnp.float32): _lib.DTYPE_F32}[np.dtype(dtype)]
+        code = _MLP_DTYPE_CODES[np.dtype(dtype)]
         arr = (ctypes.c_int64 * len(widths))(*widths)
         v = ctypes.c_size_t(0)
         _check(_library().fk_xla_mlp_workspace_bytes(_lib.DEVICE_CUDA, len(widths) - 1, arr, rows, code,
@@ -854,8 +860,7 @@ def _mlp_call(x, ws, bs, cfg):
     """The forward handler: (y, saved). ``bs``: the biases of the layers that have
     one (``cfg[3]``, a tuple of bools), in layer order."""
     hidden, out, _, has_bias = cfg
-    widths = (x.shape[-1],) + tuple(w.shape[0] for w in ws)
-    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
+    widths, rows = _mlp_net(x, ws)
     saved = jax.ShapeDtypeStruct((_mlp_saved_elems(widths, rows, np.dtype(x.dtype), hidden, out),), x.dtype)
     y = jax.ShapeDtypeStruct(x.shape[:-1] + (widths[-1],), x.dtype)
     return tuple(_call("mlp_forward", (y, saved), x, *ws, *bs, vmap_method="sequential",
@@ -907,9 +912,7 @@ def _mlp_bwd(cfg, res, dy):
     outs += [jax.ShapeDtypeStruct((w.shape[0],), w.dtype) for w, k in zip(ws, want_db) if k]
     if not outs:
         return none
-    widths = (x.shape[-1],) + tuple(w.shape[0] for w in ws)
-    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
-    outs.append(_mlp_workspace(widths, rows, np.dtype(x.dtype)))
+    outs.append(_mlp_workspace(*_mlp_net(x, ws), np.dtype(x.dtype)))
     g = list(_call("mlp_backward", outs, dy, x, *ws, saved, vmap_method="sequential", want_dx=np.int64(want_dx),
                    dw_mask=_mask(want_dw), db_mask=_mask(want_db), **_mlp_attrs(len(ws), cfg)))[:-1]
     dx = g.pop(0) if want_dx else None
